@@ -1,0 +1,57 @@
+# kbroker: a Kafka-compatible broker built from gRPC microservices.
+#   make run    a whole local cluster, Kafka on 127.0.0.1:9092 (Ctrl-C stops it)
+#   make test   every test, set-up included
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PROTOS := $(shell find proto/kbroker -name '*.proto')
+GEN := proto/gen/.stamp
+
+.PHONY: all venv proto run test test-fast lint bench clean test-deps
+
+all: venv
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	# The generated stubs (package kbroker) live in proto/gen, outside the source packages.
+	echo "$(CURDIR)/proto/gen" > "$$($(PY) -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')/kbroker-proto.pth"
+	touch $@
+
+venv: $(STAMP) $(GEN)
+
+# Regenerate the Kafka message contract from kio, then compile every contract to Python.
+proto: $(STAMP)
+	$(PY) tools/gen_kafka_proto.py proto/kbroker/kafka/v1/kafka.proto
+	rm -f $(GEN)
+	$(MAKE) $(GEN)
+
+$(GEN): $(STAMP) $(PROTOS)
+	rm -rf proto/gen && mkdir -p proto/gen
+	$(PY) -m grpc_tools.protoc -I proto --python_out=proto/gen --pyi_out=proto/gen \
+		--grpc_python_out=proto/gen $(PROTOS)
+	find proto/gen/kbroker -type d -exec touch {}/__init__.py \;
+	touch $@
+
+run: venv
+	$(VENV)/bin/kbroker up
+
+# Things the end-to-end tests drive besides Python clients: kcat (Debian) and kafkajs (npm).
+test-deps:
+	@command -v kcat >/dev/null || { apt-get update -qq && apt-get install -y -qq kcat >/dev/null; }
+	@test -d tests/clients/js/node_modules/kafkajs || (cd tests/clients/js && npm ci --no-audit --no-fund --silent)
+
+test: venv test-deps
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+lint: venv
+	$(VENV)/bin/ruff check services tools tests bench spark
+
+bench: venv
+	$(PY) bench/throughput.py
+
+clean:
+	rm -rf $(VENV) proto/gen data
