@@ -28,6 +28,8 @@ SERVER_OPTIONS = [
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.so_reuseport", 0),
+    # Bursts of parked operations (thousands of long-poll fetches) must queue, not be cancelled.
+    ("grpc.server.max_pending_requests", 100_000),
 ]
 
 

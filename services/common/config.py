@@ -61,7 +61,7 @@ def load(cls: type[T], argv: Sequence[str] | None = None, env: dict[str, str] | 
     return cls(**values)
 
 
-def option(default: object, help: str) -> typing.Any:  # noqa: A002 - mirrors argparse
+def option(default: object, help: str) -> typing.Any:
     """A config field with documentation."""
     return dataclasses.field(default=default, metadata={"help": help})
 

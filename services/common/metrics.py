@@ -44,7 +44,7 @@ class MetricsServicer(metrics_pb2_grpc.MetricsServicer):
         self._service = service
         self._instance = instance
 
-    async def Snapshot(self, request, context):  # noqa: N802 (gRPC method name)
+    async def Snapshot(self, request, context):
         return snapshot(self._service, self._instance, list(request.prefixes))
 
 

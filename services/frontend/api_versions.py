@@ -1,0 +1,60 @@
+"""The Kafka APIs this broker speaks and the version range of each: the single source of truth
+for what ApiVersions advertises, what the frontend accepts, and which handler RPC serves an API.
+
+A request of an API missing here, or of a version outside its range, is not decodable and closes
+the connection (ApiVersions excepted: KIP-511 asks for an UNSUPPORTED_VERSION answer instead).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kio.schema.index import api_key_map
+
+
+@dataclass(frozen=True, slots=True)
+class SupportedApi:
+    """One Kafka API: its key, the versions accepted, and the handler RPC that serves it.
+
+    ``retry_safe`` says whether the request may be sent to another handler after one failed
+    mid-request: true for APIs that only read, false for those whose effect could be doubled.
+    """
+
+    key: int
+    name: str
+    min_version: int
+    max_version: int
+    rpc: str | None
+    retry_safe: bool
+
+    @property
+    def schema_name(self) -> str:
+        """kio's name of the API (``metadata``), which indexes its schemas."""
+        return api_key_map[self.key]
+
+    def supports(self, version: int) -> bool:
+        return self.min_version <= version <= self.max_version
+
+
+API_VERSIONS_KEY = 18
+
+# rpc None: answered by the frontend itself.
+SUPPORTED_APIS: dict[int, SupportedApi] = {
+    api.key: api
+    for api in (
+        SupportedApi(0, "Produce", 3, 11, "Produce", retry_safe=False),
+        SupportedApi(1, "Fetch", 4, 15, "Fetch", retry_safe=True),
+        SupportedApi(2, "ListOffsets", 1, 8, "ListOffsets", retry_safe=True),
+        SupportedApi(3, "Metadata", 0, 12, "Metadata", retry_safe=True),
+        SupportedApi(API_VERSIONS_KEY, "ApiVersions", 0, 4, None, retry_safe=True),
+        SupportedApi(19, "CreateTopics", 2, 7, "CreateTopics", retry_safe=False),
+        SupportedApi(20, "DeleteTopics", 1, 6, "DeleteTopics", retry_safe=False),
+        SupportedApi(60, "DescribeCluster", 0, 1, "DescribeCluster", retry_safe=True),
+    )
+}
+
+
+def supported_versions() -> list[tuple[int, int, int]]:
+    """(api key, min version, max version) of every API, in key order."""
+    return [(a.key, a.min_version, a.max_version) for a in sorted(
+        SUPPORTED_APIS.values(), key=lambda a: a.key)]

@@ -1,0 +1,315 @@
+"""One Kafka request's journey through the frontend (Kafka's RequestChannel + the dispatch part
+of KafkaApis): decode the frame with kio, answer ApiVersions locally, convert anything else to
+its version-free protobuf request, call the handler RPC, and encode the handler's answer in the
+client's version.
+
+A request that cannot be decoded raises :class:`UnanswerableRequestError`, and so does one that
+has no safe answer (see :mod:`.error_responses`); the connection then closes. Nothing else
+escapes :meth:`Dispatcher.handle`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import struct
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote
+
+from google.protobuf.message import Message
+from kio.schema.errors import ErrorCode
+from kio.serial import entity_reader, entity_writer
+from kio.static.constants import EntityType
+
+from kbroker.kafka.v1 import kafka_pb2
+
+from . import converter, headers
+from .api_versions import API_VERSIONS_KEY, SUPPORTED_APIS, SupportedApi, supported_versions
+from .error_responses import UNAVAILABLE_CODES, error_response
+from .framing import SIZE, FrameWriter
+from .handler_pool import HandlerCallError, HandlerPool, Metadata
+from .metrics import HANDLER_FAILURES, ApiMetrics
+
+log = logging.getLogger(__name__)
+
+PRODUCE_KEY = 0
+FETCH_KEY = 1
+# Extra time a handler gets beyond the wait the client asked for, before the frontend gives up.
+PRODUCE_GRACE_SECONDS = 5.0
+FETCH_GRACE_SECONDS = 10.0
+DEFAULT_DEADLINE_SECONDS = 30.0
+
+# KIP-511: client software name and version must look like this (Kafka's own pattern).
+_SOFTWARE_PATTERN = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
+# gRPC metadata values are printable ASCII; anything else in a client id is percent-encoded.
+_METADATA_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
+
+
+class UnanswerableRequestError(Exception):
+    """The connection must close: the request is malformed or has no safe answer."""
+
+    def __init__(self, reason: str, *, kind: str = "malformed") -> None:
+        super().__init__(reason)
+        self.kind = kind
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Schema:
+    """The compiled pieces of one (API, version)."""
+
+    api: SupportedApi
+    version: int
+    request_cls: type
+    response_cls: type
+    read_request: Callable[[bytes, int], tuple[Any, int]]
+    request_to_proto: Callable[[Any], dict[str, Any]]
+    request_message: type[Message]
+    response_from_proto: Callable[[Message], Any]
+    write_response: Callable[[FrameWriter, Any], None]
+    flexible_response: bool
+
+
+def _compile_schemas() -> dict[tuple[int, int], _Schema]:
+    """Every supported (API key, version) with its codec functions, built at start-up so no
+    request pays for a first-time compilation."""
+    out = {}
+    for api in SUPPORTED_APIS.values():
+        if api.rpc is None:
+            continue
+        for version in range(api.min_version, api.max_version + 1):
+            request_cls = converter.load_schema(api.schema_name, version, EntityType.request)
+            response_cls = converter.load_schema(api.schema_name, version, EntityType.response)
+            out[(api.key, version)] = _Schema(
+                api=api, version=version, request_cls=request_cls, response_cls=response_cls,
+                read_request=entity_reader(request_cls),
+                request_to_proto=converter.to_proto_fn(request_cls),
+                request_message=converter.proto_class(api.schema_name, EntityType.request),
+                response_from_proto=converter.from_proto_fn(response_cls),
+                write_response=entity_writer(response_cls),  # type: ignore[arg-type]
+                flexible_response=response_cls.__flexible__,  # type: ignore[attr-defined]
+            )
+    return out
+
+
+@dataclasses.dataclass(slots=True)
+class Request:
+    """A decoded request: its API, version and header fields, and the kio body (None for an
+    ApiVersions request of a version too new to decode)."""
+
+    api: SupportedApi
+    version: int
+    correlation_id: int
+    client_id: str | None
+    body: Any
+    schema: _Schema | None
+    metrics: ApiMetrics
+    remote_seconds: float = 0.0
+
+    @property
+    def expects_response(self) -> bool:
+        # Produce with acks=0 is processed but never answered.
+        return not (self.api.key == PRODUCE_KEY and self.body.acks == 0)
+
+
+class _ApiVersionsAnswers:
+    """The ApiVersions responses, encoded once per version: they differ only in the header."""
+
+    def __init__(self) -> None:
+        keys = [{"api_key": key, "min_version": lo, "max_version": hi}
+                for key, lo, hi in supported_versions()]
+        api = SUPPORTED_APIS[API_VERSIONS_KEY]
+        self._bodies: dict[int, bytes] = {}
+        self._invalid: dict[int, bytes] = {}
+        # Per version: whether the request is flexible, and its reader.
+        self.readers: dict[int, tuple[bool, Callable[[bytes, int], tuple[Any, int]]]] = {}
+        ok = kafka_pb2.ApiVersionsResponse(
+            error_code=0, api_keys=keys, throttle_time_ms=0, finalized_features_epoch=-1,
+            zk_migration_ready=False)
+        invalid = kafka_pb2.ApiVersionsResponse(error_code=int(ErrorCode.invalid_request))
+        for version in range(api.min_version, api.max_version + 1):
+            request_cls = converter.load_schema(api.schema_name, version, EntityType.request)
+            self.readers[version] = (request_cls.__flexible__,  # type: ignore[attr-defined]
+                                     entity_reader(request_cls))
+            self._bodies[version] = _encode_body(api.schema_name, version, ok)
+            self._invalid[version] = _encode_body(api.schema_name, version, invalid)
+        # KIP-511: a client newer than the broker gets the error and the ranges in v0, the
+        # one body every client version can read, so it can pick a version both support.
+        self._unsupported = _encode_body(api.schema_name, 0, kafka_pb2.ApiVersionsResponse(
+            error_code=int(ErrorCode.unsupported_version), api_keys=keys))
+
+    def answer(self, request: Request) -> list[bytes]:
+        if request.body is None:
+            body = self._unsupported
+        elif _valid_software(request.version, request.body):
+            body = self._bodies[request.version]
+        else:
+            body = self._invalid[request.version]
+        # ApiVersions responses always use response header v0.
+        header = headers.response_header(API_VERSIONS_KEY, request.correlation_id, False)
+        return [SIZE.pack(len(header) + len(body)), header, body]
+
+
+def _valid_software(version: int, body: Any) -> bool:
+    if version < 3:
+        return True
+    return bool(_SOFTWARE_PATTERN.fullmatch(body.client_software_name)
+                and _SOFTWARE_PATTERN.fullmatch(body.client_software_version))
+
+
+def _encode_body(api: str, version: int, message: Message) -> bytes:
+    cls = converter.load_schema(api, version, EntityType.response)
+    out = FrameWriter()
+    entity_writer(cls)(out, converter.from_proto(message, cls))  # type: ignore[arg-type]
+    return b"".join(out.finish()[1:])
+
+
+def _deadline_seconds(api_key: int, request: Message) -> float:
+    if api_key == PRODUCE_KEY:
+        return max(request.timeout_ms, 0) / 1000 + PRODUCE_GRACE_SECONDS  # type: ignore[attr-defined]
+    if api_key == FETCH_KEY:
+        return max(request.max_wait_ms, 0) / 1000 + FETCH_GRACE_SECONDS  # type: ignore[attr-defined]
+    return DEFAULT_DEADLINE_SECONDS
+
+
+def _produce_failed(response: Message) -> bool:
+    return any(p.error_code for topic in response.responses  # type: ignore[attr-defined]
+               for p in topic.partition_responses)
+
+
+def _top_level_error(message: Message) -> int:
+    # Only the top-level code: counting inside nested results would cost a walk per response.
+    return getattr(message, "error_code", 0)
+
+
+class Dispatcher:
+    """Decodes, routes and encodes requests for every connection of one frontend."""
+
+    def __init__(self, pool: HandlerPool, advertised: str, instance: str,
+                 broker_ports: int = 1) -> None:
+        self._pool = pool
+        self._advertised = advertised
+        self._broker_ports = str(broker_ports)
+        self._instance = instance
+        self._schemas = _compile_schemas()
+        self._api_versions = _ApiVersionsAnswers()
+        self._metrics = {key: ApiMetrics(api.name) for key, api in SUPPORTED_APIS.items()}
+        self._grpc_metadata: dict[tuple[str | None, str], Metadata] = {}
+
+    def decode(self, frame: bytes) -> Request:
+        """The request in ``frame``; raises :class:`UnanswerableRequestError` if unreadable."""
+        try:
+            api_key, version, correlation_id = headers.peek(frame)
+        except struct.error:
+            raise UnanswerableRequestError(
+                f"frame of {len(frame)} bytes is shorter than a header") from None
+        api = SUPPORTED_APIS.get(api_key)
+        if api is None:
+            raise UnanswerableRequestError(f"unknown API key {api_key}")
+        metrics = self._metrics[api_key]
+        if not api.supports(version):
+            if api_key == API_VERSIONS_KEY:
+                return Request(api, version, correlation_id, None, None, None, metrics)
+            raise UnanswerableRequestError(f"{api.name} v{version} is not supported "
+                                           f"({api.min_version}..{api.max_version})")
+        schema = self._schemas.get((api_key, version))
+        try:
+            if schema is None:  # ApiVersions: decoded here, answered locally
+                flexible, read = self._api_versions.readers[version]
+                header, offset = headers.read_request_header(frame, flexible)
+                body, _ = read(frame, offset)
+            else:
+                header, offset = headers.read_request_header(
+                    frame, schema.request_cls.__flexible__)  # type: ignore[attr-defined]
+                body, _ = schema.read_request(frame, offset)
+        except Exception as e:  # noqa: BLE001 - any decode failure means a malformed request
+            raise UnanswerableRequestError(f"cannot decode {api.name} v{version}: "
+                                           f"{type(e).__name__}: {e}") from None
+        return Request(api, version, correlation_id, header.client_id, body, schema, metrics)
+
+    async def handle(self, request: Request, client_host: str) -> list[bytes] | None:
+        """The response frame (as buffers) for ``request``, or None when none is due."""
+        if request.schema is None:
+            return self._api_versions.answer(request)
+        schema = request.schema
+        api = schema.api
+        metrics = request.metrics
+        message = schema.request_message(**schema.request_to_proto(request.body))
+        converter.normalise_request(api.key, request.version, message)
+        assert api.rpc is not None
+        started = time.perf_counter()
+        try:
+            response = await self._pool.call(
+                api.rpc, message, metadata=self._metadata(request.client_id, client_host),
+                time_limit=_deadline_seconds(api.key, message), retry_safe=api.retry_safe)
+        except HandlerCallError as e:
+            response = self._failure_response(request, message, e)
+        finally:
+            request.remote_seconds = time.perf_counter() - started
+        if not request.expects_response:
+            if _produce_failed(response):
+                # As Kafka does: an acks=0 producer learns of a failure only by the connection
+                # closing, which makes it refresh metadata before sending again.
+                raise UnanswerableRequestError(
+                    "Produce with acks=0 failed on at least one partition", kind="acks0_failure")
+            return None
+        code = _top_level_error(response)
+        if code:
+            metrics.error(code)
+        try:
+            return self._encode(request, response)
+        except Exception:
+            log.exception("%s v%d: cannot encode the handler's response", api.name,
+                          request.version)
+            fallback = error_response(api.key, message, ErrorCode.unknown_server_error)
+            if fallback is None:
+                raise UnanswerableRequestError(f"{api.name}: unencodable response",
+                                               kind="bad_response") from None
+            metrics.error(int(ErrorCode.unknown_server_error))
+            return self._encode(request, fallback)
+
+    def _encode(self, request: Request, response: Message) -> list[bytes]:
+        schema = request.schema
+        assert schema is not None
+        out = FrameWriter()
+        out.write(headers.response_header(schema.api.key, request.correlation_id,
+                                          schema.flexible_response))
+        schema.write_response(out, schema.response_from_proto(response))
+        return out.finish()  # type: ignore[return-value]
+
+    def _failure_response(self, request: Request, message: Message,
+                          error: HandlerCallError) -> Message:
+        api = request.api
+        HANDLER_FAILURES.labels(api.name, error.status.name).inc()
+        if not error.availability:
+            code = ErrorCode.unknown_server_error
+        elif api.retry_safe:
+            code = UNAVAILABLE_CODES.get(api.key, ErrorCode.request_timed_out)
+        else:
+            code = ErrorCode.request_timed_out
+        response = error_response(api.key, message, code)
+        if response is None:
+            raise UnanswerableRequestError(f"{api.name}: no handler answered ({error})",
+                                           kind="no_handler_answer")
+        log.warning("%s v%d from %s: %s; answering %s", api.name, request.version,
+                    request.client_id, error, code.name.upper())
+        request.metrics.error(int(code))
+        return response
+
+    def _metadata(self, client_id: str | None, client_host: str) -> Metadata:
+        key = (client_id, client_host)
+        metadata = self._grpc_metadata.get(key)
+        if metadata is None:
+            pairs = [("kafka-client-host", client_host),
+                     ("kafka-advertised", self._advertised),
+                     ("kafka-broker-ports", self._broker_ports),
+                     ("kafka-frontend-id", self._instance)]
+            if client_id is not None:
+                pairs.insert(0, ("kafka-client-id", quote(client_id, safe=_METADATA_SAFE)))
+            metadata = tuple(pairs)
+            if len(self._grpc_metadata) > 10_000:  # bounded: client ids come from clients
+                self._grpc_metadata.clear()
+            self._grpc_metadata[key] = metadata
+        return metadata

@@ -1,0 +1,359 @@
+"""Fetch for consumers: read record batches from the partitions' leaders, waiting for data when
+there is too little (Kafka's ``KafkaApis.handleFetchRequest``, ``ReplicaManager.fetchMessages``
+and ``DelayedFetch``).
+
+    Fetch Request => replica_id max_wait_ms min_bytes max_bytes isolation_level session_id
+                     session_epoch [topics] [forgotten_topics_data] rack_id
+      topics => topic topic_id [partitions]
+        partitions => partition current_leader_epoch fetch_offset log_start_offset
+                      partition_max_bytes
+    Fetch Response => throttle_time_ms error_code session_id [responses]
+      responses => topic topic_id [partitions]
+        partitions => partition_index error_code high_watermark last_stable_offset
+                      log_start_offset [aborted_transactions] preferred_read_replica records
+
+- Fetch sessions (KIP-227) are declined: every answer has session_id 0, which tells clients to
+  send full fetches. A full fetch (session epoch 0 or -1) is served whatever session id it
+  names, as Kafka does; an incremental one (any other epoch) refers to a session this broker
+  never created: FETCH_SESSION_ID_NOT_FOUND for the whole request.
+- Only consumers fetch through Kafka (replica id < 0); log nodes replicate through the
+  replicator, so a fetch from a broker id is answered NOT_LEADER_OR_FOLLOWER per partition.
+- Topics are named, or from v13 identified by topic id (unknown: UNKNOWN_TOPIC_ID).
+- Reads stop at the high watermark. Sizes: the first partition with data returns at least one
+  whole batch; after that, each partition gets at most ``partition_max_bytes`` and all of them
+  at most ``max_bytes`` in total, in whole batches.
+- Waiting: with fewer than ``min_bytes`` and ``max_wait_ms`` left, the fetch parks in the
+  purgatory on every partition it reads (woken when any high watermark moves past the one
+  seen), then reads again, until the deadline. A partition error or nothing to read answers at
+  once. Without a purgatory the fetch waits out the deadline and reads once more.
+- Without transactions the last stable offset is the high watermark and nothing is aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from services.common.errors import ErrorCode, KafkaError
+
+from ..collaborators import (
+    CallError,
+    LogNodes,
+    PartitionRead,
+    Purgatory,
+    ReadLimit,
+    ReadResult,
+    WaitKind,
+    partition_key,
+)
+from ..metadata_cache import (
+    ClusterMetadata,
+    LogNode,
+    MetadataCache,
+    MetadataUnavailableError,
+    TopicInfo,
+)
+from ..record_batches import trim_to_whole_batches
+from ..routing import (
+    Route,
+    by_partition,
+    call_per_node,
+    group_by_leader,
+    leader_epoch_error,
+    leader_error,
+    locate,
+)
+from ..topic_identity import canonical_topic_id
+
+log = logging.getLogger(__name__)
+
+MAX_INT32 = 2**31 - 1
+# Session ids and epochs of KIP-227.
+NO_SESSION_ID = 0
+INITIAL_EPOCH = 0
+FINAL_EPOCH = -1
+READ_COMMITTED = 1
+# A read is a local page-cache read; a leader that takes longer than this is in trouble.
+READ_TIMEOUT_S = 10.0
+# When unset (a hand-made request), a partition may return as much as consumers default to.
+DEFAULT_PARTITION_MAX_BYTES = 1024 * 1024
+# Errors found before reading that do not end a wait early: as in Kafka, partitions of
+# unknown topics are answered with their error while the others wait for data.
+_NON_BLOCKING_ERRORS = frozenset(
+    {ErrorCode.unknown_topic_or_partition.value, ErrorCode.unknown_topic_id.value}
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FetchPartition:
+    partition: int
+    fetch_offset: int
+    partition_max_bytes: int = DEFAULT_PARTITION_MAX_BYTES
+    current_leader_epoch: int = -1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FetchTopic:
+    topic: str | None = None
+    topic_id: str | None = None
+    partitions: Sequence[FetchPartition] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FetchRequest:
+    replica_id: int = -1
+    max_wait_ms: int = 0
+    min_bytes: int = 0
+    max_bytes: int = MAX_INT32
+    isolation_level: int = 0
+    session_id: int = NO_SESSION_ID
+    session_epoch: int = FINAL_EPOCH
+    topics: Sequence[FetchTopic] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartitionData:
+    partition_index: int
+    error_code: int = 0
+    high_watermark: int = -1
+    last_stable_offset: int = -1
+    log_start_offset: int = -1
+    # None: null (read_uncommitted and errors); [] for read_committed.
+    aborted_transactions: list[tuple[int, int]] | None = None
+    preferred_read_replica: int = -1
+    records: bytes = b""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FetchableTopic:
+    topic: str | None
+    topic_id: str | None
+    partitions: list[PartitionData] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FetchResponse:
+    error_code: int = 0
+    session_id: int = NO_SESSION_ID
+    topics: list[FetchableTopic] = field(default_factory=list)
+
+
+def error_response(request: FetchRequest, code: int) -> FetchResponse:
+    """Every partition of ``request`` failed with ``code``."""
+    return FetchResponse(
+        topics=[
+            FetchableTopic(
+                topic=t.topic,
+                topic_id=t.topic_id,
+                partitions=[PartitionData(partition_index=p.partition, error_code=code)
+                            for p in t.partitions],
+            )
+            for t in request.topics
+        ]
+    )
+
+
+@dataclass(slots=True)
+class _Slot:
+    """One requested partition: its route (None when it failed before reading), its fixed
+    error if any, and the latest read."""
+
+    request: FetchPartition
+    route: Route | None
+    error_code: int = 0
+    read: ReadResult | None = None
+
+    @property
+    def topic_name(self) -> str:
+        assert self.route is not None
+        return self.route.topic.name
+
+    @property
+    def key(self) -> str:
+        return partition_key(self.topic_name, self.request.partition)
+
+
+@dataclass(slots=True)
+class _TopicSlots:
+    topic: str | None
+    topic_id: str | None
+    slots: list[_Slot]
+
+
+class FetchApi:
+    def __init__(
+        self,
+        cache: MetadataCache,
+        log_nodes: LogNodes,
+        purgatory: Purgatory,
+        *,
+        read_timeout: float = READ_TIMEOUT_S,
+    ) -> None:
+        self._cache = cache
+        self._log_nodes = log_nodes
+        self._purgatory = purgatory
+        self._read_timeout = read_timeout
+
+    async def handle(self, request: FetchRequest) -> FetchResponse:
+        deadline = time.monotonic() + max(request.max_wait_ms, 0) / 1000
+        if request.session_epoch not in (INITIAL_EPOCH, FINAL_EPOCH):
+            return FetchResponse(error_code=ErrorCode.fetch_session_id_not_found.value)
+        try:
+            metadata = await self._cache.current()
+        except MetadataUnavailableError:
+            return error_response(request, ErrorCode.not_leader_or_follower.value)
+        plan = self._plan(metadata, request)
+        reading = [s for t in plan for s in t.slots if s.route is not None]
+        blocked = any(
+            s.error_code and s.error_code not in _NON_BLOCKING_ERRORS
+            for t in plan for s in t.slots)
+        while True:
+            await self._read(reading, request)
+            response, size = self._assemble(plan, request)
+            remaining = deadline - time.monotonic()
+            if (
+                request.max_wait_ms <= 0
+                or not reading
+                or blocked
+                or size >= request.min_bytes
+                or remaining <= 0
+                or any(s.read is not None and s.read.error_code for s in reading)
+            ):
+                return response
+            if not await self._wait(reading, deadline):
+                # Expired, or woken by a partition error: answer with one more read.
+                await self._read(reading, request)
+                return self._assemble(plan, request)[0]
+
+    def _plan(self, metadata: ClusterMetadata, request: FetchRequest) -> list[_TopicSlots]:
+        plan = []
+        consumer = request.replica_id < 0
+        for topic in request.topics:
+            topic_id = canonical_topic_id(topic.topic_id)
+            info: TopicInfo | None
+            if topic_id is not None:
+                info = metadata.topic_by_id(topic_id)
+                missing = ErrorCode.unknown_topic_id.value
+            else:
+                info = metadata.topic(topic.topic or "")
+                missing = ErrorCode.unknown_topic_or_partition.value
+            slots = []
+            for p in topic.partitions:
+                if info is None:
+                    slots.append(_Slot(p, None, missing))
+                    continue
+                if not consumer:
+                    slots.append(_Slot(p, None, ErrorCode.not_leader_or_follower.value))
+                    continue
+                try:
+                    route = locate(metadata, info, p.partition)
+                except KafkaError as exc:
+                    slots.append(_Slot(p, None, exc.errno))
+                    continue
+                epoch_error = leader_epoch_error(p.current_leader_epoch,
+                                                 route.partition.leader_epoch)
+                if epoch_error is not None:
+                    slots.append(_Slot(p, None, epoch_error.value))
+                    continue
+                slots.append(_Slot(p, route))
+            plan.append(_TopicSlots(
+                topic=info.name if info else topic.topic,
+                topic_id=info.topic_id if info else topic_id,
+                slots=slots,
+            ))
+        return plan
+
+    async def _read(self, slots: list[_Slot], request: FetchRequest) -> None:
+        """Read every routed partition from its leader, one Read per node, concurrently."""
+        if not slots:
+            return
+        groups = group_by_leader((s.route, s) for s in slots if s.route is not None)
+
+        async def read_on(node: LogNode, items: list[_Slot]) -> list[ReadResult]:
+            reads = [
+                PartitionRead(topic=s.topic_name, partition=s.request.partition,
+                              offset=s.request.fetch_offset,
+                              max_bytes=s.request.partition_max_bytes)
+                for s in items
+            ]
+            return await self._log_nodes.read(node, reads, request.max_bytes,
+                                              ReadLimit.HIGH_WATERMARK, self._read_timeout)
+
+        outcomes = await call_per_node(groups, read_on)
+        for node_id, (_node, items) in groups.items():
+            outcome = outcomes[node_id]
+            if isinstance(outcome, Exception):
+                # Reads have no effect, so any failure is "this leader cannot serve you now":
+                # consumers refresh metadata and retry on NOT_LEADER_OR_FOLLOWER.
+                if isinstance(outcome, CallError):
+                    log.info("read failed: %s", outcome)
+                else:
+                    log.error("read failed unexpectedly", exc_info=outcome)
+                for s in items:
+                    s.read = ReadResult(topic=s.topic_name, partition=s.request.partition,
+                                        error_code=ErrorCode.not_leader_or_follower.value)
+                continue
+            results = by_partition(outcome, lambda r: (r.topic, r.partition))
+            for s in items:
+                key = (s.topic_name, s.request.partition)
+                s.read = results.get(key) or ReadResult(
+                    topic=key[0], partition=key[1],
+                    error_code=ErrorCode.unknown_server_error.value)
+
+    @staticmethod
+    def _assemble(plan: list[_TopicSlots], request: FetchRequest) -> tuple[FetchResponse, int]:
+        """The response from the latest reads, sized as Kafka sizes it; and its record bytes."""
+        committed = request.isolation_level == READ_COMMITTED
+        budget = max(request.max_bytes, 0)
+        first = True
+        total = 0
+        topics = []
+        for t in plan:
+            partitions = []
+            for s in t.slots:
+                read = s.read
+                code = s.error_code or (leader_error(read.error_code) if read is not None else 0)
+                if code or read is None:
+                    partitions.append(PartitionData(partition_index=s.request.partition,
+                                                    error_code=code))
+                    continue
+                limit = min(max(s.request.partition_max_bytes, 0), budget - total)
+                records = trim_to_whole_batches(read.records, limit, at_least_one=first)
+                if records:
+                    first = False
+                    total += len(records)
+                partitions.append(PartitionData(
+                    partition_index=s.request.partition,
+                    high_watermark=read.high_watermark,
+                    last_stable_offset=read.high_watermark,
+                    log_start_offset=read.log_start_offset,
+                    aborted_transactions=[] if committed else None,
+                    records=records,
+                ))
+            topics.append(FetchableTopic(topic=t.topic, topic_id=t.topic_id,
+                                         partitions=partitions))
+        return FetchResponse(topics=topics), total
+
+    async def _wait(self, slots: list[_Slot], deadline: float) -> bool:
+        """Park until a partition's high watermark moves past the one last read, or the
+        deadline. True when woken by progress (worth reading and checking again); False when
+        the wait expired or a partition reported an error (the fetch answers now)."""
+        thresholds = {}
+        for s in slots:
+            assert s.read is not None
+            thresholds[s.key] = max(s.read.high_watermark, s.request.fetch_offset) + 1
+        timeout_ms = max(math.ceil((deadline - time.monotonic()) * 1000), 1)
+        try:
+            outcome = await self._purgatory.wait(
+                WaitKind.FETCH, thresholds, require_all=False, timeout_ms=timeout_ms)
+        except CallError as exc:
+            log.debug("purgatory unavailable (%s); waiting out the fetch", exc)
+            await asyncio.sleep(max(deadline - time.monotonic(), 0))
+            return False
+        if not outcome.completed:
+            return False
+        return not any(state.error_code for state in outcome.keys.values())

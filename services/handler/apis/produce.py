@@ -1,0 +1,274 @@
+"""Produce: append record batches to the partitions' leader log nodes (Kafka's
+``KafkaApis.handleProduceRequest`` with ``ReplicaManager.appendRecords``).
+
+    Produce Request => transactional_id acks timeout_ms [topic_data]
+      topic_data => name [partition_data]
+        partition_data => index records
+    Produce Response => [responses] throttle_time_ms
+      responses => name [partition_responses]
+        partition_responses => index error_code base_offset log_append_time_ms
+                               log_start_offset error_message
+
+The batches travel untouched to the leader, which validates them and assigns offsets. Work is
+grouped per leader node, one Append per node, the nodes concurrently.
+
+- acks outside {0, 1, -1}: INVALID_REQUIRED_ACKS for every partition, nothing appended.
+- transactional_id set: there is no transaction coordinator, so no transactional id is ever
+  granted to a producer; every partition gets TRANSACTIONAL_ID_AUTHORIZATION_FAILED (what Kafka
+  answers a producer that may not use its transactional id: final, so the client stops rather
+  than retrying forever) and nothing is appended.
+- A leader that cannot be reached: NOT_LEADER_OR_FOLLOWER when nothing was appended (the client
+  refreshes metadata and retries), REQUEST_TIMED_OUT when the append may have happened.
+- acks=-1: the write is acknowledged once the high watermark passes its last offset. Until
+  replication exists the leader's append is the whole write (its high watermark is its log
+  end), so this is only awaited when ``await_replication`` is on: then partitions whose high
+  watermark is still short park a DelayedProduce in the purgatory (all keys must reach their
+  threshold) and whatever is still short when it expires gets REQUEST_TIMED_OUT.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from services.common.errors import ErrorCode, KafkaError
+
+from ..collaborators import (
+    AppendResult,
+    CallError,
+    LogNodes,
+    OutcomeUnknownError,
+    PartitionAppend,
+    Purgatory,
+    UnreachableError,
+    WaitKind,
+    partition_key,
+)
+from ..metadata_cache import LogNode, MetadataCache, MetadataUnavailableError
+from ..routing import Route, by_partition, call_per_node, group_by_leader, leader_error, locate
+
+log = logging.getLogger(__name__)
+
+VALID_ACKS = (0, 1, -1)
+ACKS_ALL = -1
+# An append is a local disk write; a leader that takes longer than this is in trouble.
+APPEND_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartitionData:
+    index: int
+    records: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopicData:
+    name: str | None = None
+    topic_id: str | None = None
+    partitions: Sequence[PartitionData] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProduceRequest:
+    acks: int = 0
+    timeout_ms: int = 0
+    transactional_id: str | None = None
+    topics: Sequence[TopicData] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartitionResponse:
+    index: int
+    error_code: int = 0
+    error_message: str | None = None
+    base_offset: int = -1
+    log_append_time_ms: int = -1
+    log_start_offset: int = -1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopicResponse:
+    name: str | None
+    topic_id: str | None
+    partitions: list[PartitionResponse] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProduceResponse:
+    topics: list[TopicResponse] = field(default_factory=list)
+
+
+def error_response(
+    request: ProduceRequest, code: int, message: str | None = None
+) -> ProduceResponse:
+    """Every partition of ``request`` failed with ``code``."""
+    return ProduceResponse(
+        topics=[
+            TopicResponse(
+                name=t.name,
+                topic_id=t.topic_id,
+                partitions=[
+                    PartitionResponse(index=p.index, error_code=code, error_message=message)
+                    for p in t.partitions
+                ],
+            )
+            for t in request.topics
+        ]
+    )
+
+
+def _failure(exc: Exception) -> tuple[int, str]:
+    """The error (code, message) of partitions whose leader's Append call failed."""
+    if isinstance(exc, UnreachableError):
+        log.info("append not delivered: %s", exc)
+        return ErrorCode.not_leader_or_follower.value, "the partition leader cannot be reached"
+    if isinstance(exc, OutcomeUnknownError):
+        log.warning("append outcome unknown: %s", exc)
+        return ErrorCode.request_timed_out.value, "the partition leader did not answer in time"
+    log.error("append failed unexpectedly", exc_info=exc)
+    return ErrorCode.unknown_server_error.value, "the append failed"
+
+
+@dataclass(slots=True)
+class _Slot:
+    """One requested partition on its way through the request."""
+
+    index: int
+    name: str
+    response: PartitionResponse | None = None
+    appended: AppendResult | None = None
+
+
+class ProduceApi:
+    def __init__(
+        self,
+        cache: MetadataCache,
+        log_nodes: LogNodes,
+        purgatory: Purgatory,
+        *,
+        await_replication: bool = False,
+        append_timeout: float = APPEND_TIMEOUT_S,
+    ) -> None:
+        self._cache = cache
+        self._log_nodes = log_nodes
+        self._purgatory = purgatory
+        self._await_replication = await_replication
+        self._append_timeout = append_timeout
+
+    async def handle(self, request: ProduceRequest) -> ProduceResponse:
+        if request.acks not in VALID_ACKS:
+            return error_response(request, ErrorCode.invalid_required_acks.value)
+        if request.transactional_id is not None:
+            return error_response(
+                request,
+                ErrorCode.transactional_id_authorization_failed.value,
+                "transactions are not supported by this cluster",
+            )
+        try:
+            metadata = await self._cache.current()
+        except MetadataUnavailableError as exc:
+            return error_response(request, ErrorCode.not_leader_or_follower.value, exc.message)
+
+        slots: list[list[_Slot]] = []
+        routed: list[tuple[Route, tuple[_Slot, PartitionAppend]]] = []
+        for topic in request.topics:
+            info = metadata.topic(topic.name) if topic.name else metadata.topic_by_id(
+                topic.topic_id)
+            row = []
+            for p in topic.partitions:
+                slot = _Slot(p.index, info.name if info else (topic.name or ""))
+                row.append(slot)
+                try:
+                    route = locate(metadata, info, p.index)
+                except KafkaError as exc:
+                    code = exc.errno
+                    if info is None and not topic.name and topic.topic_id:
+                        code = ErrorCode.unknown_topic_id.value
+                    slot.response = PartitionResponse(index=p.index, error_code=code,
+                                                      error_message=exc.message)
+                    continue
+                append = PartitionAppend(topic=route.topic.name, partition=p.index,
+                                         records=p.records)
+                routed.append((route, (slot, append)))
+            slots.append(row)
+
+        groups = group_by_leader(routed)
+
+        async def append_on(
+            node: LogNode, items: list[tuple[_Slot, PartitionAppend]]
+        ) -> list[AppendResult]:
+            return await self._log_nodes.append(
+                node, [a for _, a in items], self._append_timeout)
+
+        outcomes = await call_per_node(groups, append_on)
+        for node_id, (_node, items) in groups.items():
+            outcome = outcomes[node_id]
+            if isinstance(outcome, Exception):
+                code, message = _failure(outcome)
+                for slot, _ in items:
+                    slot.response = PartitionResponse(index=slot.index, error_code=code,
+                                                      error_message=message)
+                continue
+            results = by_partition(outcome, lambda r: (r.topic, r.partition))
+            for slot, append in items:
+                result = results.get((append.topic, append.partition))
+                if result is None:
+                    slot.response = PartitionResponse(
+                        index=slot.index, error_code=ErrorCode.unknown_server_error.value,
+                        error_message="the log node returned no result for this partition")
+                elif result.error_code:
+                    slot.response = PartitionResponse(
+                        index=slot.index, error_code=leader_error(result.error_code),
+                        error_message=result.error_message)
+                else:
+                    slot.appended = result
+
+        if request.acks == ACKS_ALL and self._await_replication:
+            await self._await_high_watermarks(
+                [s for row in slots for s in row if s.appended is not None], request.timeout_ms)
+
+        topics = []
+        for topic, row in zip(request.topics, slots, strict=True):
+            topics.append(TopicResponse(
+                name=topic.name, topic_id=topic.topic_id,
+                partitions=[s.response or _success(s) for s in row]))
+        return ProduceResponse(topics=topics)
+
+    async def _await_high_watermarks(self, slots: list[_Slot], timeout_ms: int) -> None:
+        """Hold acks=-1 answers until each partition's high watermark passes the appended
+        batches (log end right after the append = last offset + 1): Kafka's DelayedProduce."""
+        pending = {}
+        for slot in slots:
+            assert slot.appended is not None
+            if slot.appended.high_watermark < slot.appended.log_end_offset:
+                pending[partition_key(slot.name, slot.index)] = slot
+        if not pending:
+            return
+        thresholds = {key: s.appended.log_end_offset for key, s in pending.items()
+                      if s.appended is not None}
+        try:
+            outcome = await self._purgatory.wait(
+                WaitKind.PRODUCE, thresholds, require_all=True, timeout_ms=max(timeout_ms, 0))
+            states = outcome.keys
+        except CallError as exc:
+            log.warning("awaiting replication failed: %s", exc)
+            states = {}
+        for key, slot in pending.items():
+            state = states.get(key)
+            if state is not None and state.error_code:
+                slot.response = PartitionResponse(index=slot.index, error_code=state.error_code)
+            elif state is None or state.position < thresholds[key]:
+                slot.response = PartitionResponse(
+                    index=slot.index, error_code=ErrorCode.request_timed_out.value)
+
+
+def _success(slot: _Slot) -> PartitionResponse:
+    result = slot.appended
+    assert result is not None
+    return PartitionResponse(
+        index=slot.index,
+        base_offset=result.base_offset,
+        log_append_time_ms=result.log_append_time_ms,
+        log_start_offset=result.log_start_offset,
+    )

@@ -1,0 +1,330 @@
+"""CreateTopics and DeleteTopics, carried out by the replicator in its controller role (Kafka's
+``ControllerApis.createTopics`` / ``deleteTopics`` in front of the quorum controller).
+
+    CreateTopics Request => [topics] timeout_ms validate_only
+      topics => name num_partitions replication_factor [assignments] [configs]
+    CreateTopics Response => throttle_time_ms [topics]
+      topics => name topic_id error_code error_message num_partitions replication_factor
+                [configs]
+        configs => name value read_only config_source is_sensitive
+
+    DeleteTopics Request => [topic_names] timeout_ms   (v6: [topics] => name topic_id)
+    DeleteTopics Response => throttle_time_ms [responses]
+      responses => name topic_id error_code error_message
+
+The handler checks what the replicator's contract cannot express (names given twice, manual
+assignments next to explicit counts, assignments naming a partition twice, null config values,
+a topic named by both name and id) and what must never reach it (illegal names); everything
+else (existing topics, partition counts, replication factors, configs) is the controller's to
+judge. A replicator that cannot be reached leaves the request timed out (REQUEST_TIMED_OUT,
+which admin clients retry). After a change the metadata cache is reloaded, so a Metadata
+request that follows on this handler sees it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from services.common.errors import ErrorCode
+
+from ..collaborators import CallError, Controller, NewTopic, TopicResult
+from ..metadata_cache import MetadataCache, MetadataUnavailableError
+from ..topic_identity import canonical_topic_id, invalid_name_reason
+
+log = logging.getLogger(__name__)
+
+# Kafka's ConfigSource codes for topic configs.
+TOPIC_CONFIG = 1
+DEFAULT_CONFIG = 5
+# Bounds on how long the replicator may take, whatever the client's timeout says.
+MIN_CONTROLLER_TIMEOUT_S = 5.0
+DEFAULT_CONTROLLER_TIMEOUT_S = 30.0
+
+
+def controller_timeout(timeout_ms: int) -> float:
+    """Seconds to give the replicator for a request with this ``timeout_ms``."""
+    if timeout_ms <= 0:
+        return DEFAULT_CONTROLLER_TIMEOUT_S
+    return max(timeout_ms / 1000, MIN_CONTROLLER_TIMEOUT_S)
+
+
+# --- CreateTopics ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CreatableTopic:
+    name: str
+    num_partitions: int = -1
+    replication_factor: int = -1
+    # (partition index, broker ids) in request order; an index may repeat (an error).
+    assignments: Sequence[tuple[int, tuple[int, ...]]] = ()
+    # (name, value) in request order; a null value is an error.
+    configs: Sequence[tuple[str, str | None]] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CreateTopicsRequest:
+    topics: Sequence[CreatableTopic] = ()
+    timeout_ms: int = 60_000
+    validate_only: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopicConfig:
+    name: str
+    value: str | None
+    config_source: int
+    read_only: bool = False
+    is_sensitive: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CreatableTopicResult:
+    name: str
+    error_code: int = 0
+    error_message: str | None = None
+    topic_id: str | None = None
+    num_partitions: int = -1
+    replication_factor: int = -1
+    configs: list[TopicConfig] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CreateTopicsResponse:
+    topics: list[CreatableTopicResult] = field(default_factory=list)
+
+
+def create_error_response(request: CreateTopicsRequest, code: int) -> CreateTopicsResponse:
+    """Every topic of ``request`` failed with ``code`` (each name once)."""
+    names = dict.fromkeys(t.name for t in request.topics)
+    return CreateTopicsResponse(
+        topics=[CreatableTopicResult(name=n, error_code=code) for n in names])
+
+
+def creation_error(topic: CreatableTopic) -> tuple[ErrorCode, str] | None:
+    """What is wrong with ``topic`` before the controller sees it, or None."""
+    reason = invalid_name_reason(topic.name)
+    if reason is not None:
+        return ErrorCode.invalid_topic_exception, reason
+    if topic.assignments:
+        if topic.replication_factor != -1:
+            return ErrorCode.invalid_request, (
+                "A manual partition assignment was specified, but replication factor was not"
+                " set to -1.")
+        if topic.num_partitions != -1:
+            return ErrorCode.invalid_request, (
+                "A manual partition assignment was specified, but numPartitions was not set"
+                " to -1.")
+        counts = Counter(index for index, _ in topic.assignments)
+        for index, count in counts.items():
+            if count > 1:
+                return ErrorCode.invalid_replica_assignment, (
+                    f"Found multiple manual partition assignments for partition {index}")
+    for name, value in topic.configs:
+        if value is None:
+            return ErrorCode.invalid_config, (
+                f"Null value not supported for topic configs: {name}")
+    return None
+
+
+class CreateTopicsApi:
+    def __init__(self, cache: MetadataCache, controller: Controller) -> None:
+        self._cache = cache
+        self._controller = controller
+
+    async def handle(self, request: CreateTopicsRequest) -> CreateTopicsResponse:
+        counts = Counter(t.name for t in request.topics)
+        answers: dict[str, CreatableTopicResult] = {}
+        to_create: list[CreatableTopic] = []
+        for topic in request.topics:
+            if topic.name in answers:
+                continue
+            if counts[topic.name] > 1:
+                answers[topic.name] = CreatableTopicResult(
+                    name=topic.name, error_code=ErrorCode.invalid_request.value,
+                    error_message="Duplicate topic name.")
+                continue
+            problem = creation_error(topic)
+            if problem is not None:
+                answers[topic.name] = CreatableTopicResult(
+                    name=topic.name, error_code=problem[0].value, error_message=problem[1])
+                continue
+            to_create.append(topic)
+
+        if to_create:
+            answers.update(await self._create(to_create, request))
+        names = dict.fromkeys(t.name for t in request.topics)
+        return CreateTopicsResponse(topics=[answers[n] for n in names])
+
+    async def _create(
+        self, topics: list[CreatableTopic], request: CreateTopicsRequest
+    ) -> dict[str, CreatableTopicResult]:
+        new_topics = [
+            NewTopic(
+                name=t.name,
+                num_partitions=t.num_partitions,
+                replication_factor=t.replication_factor,
+                configs={name: value for name, value in t.configs if value is not None},
+                assignments={index: brokers for index, brokers in t.assignments},
+            )
+            for t in topics
+        ]
+        try:
+            results = await self._controller.create_topics(
+                new_topics, request.validate_only, controller_timeout(request.timeout_ms))
+        except CallError as exc:
+            log.warning("creating topics failed: %s", exc)
+            return {t.name: CreatableTopicResult(
+                name=t.name, error_code=ErrorCode.request_timed_out.value,
+                error_message=f"the controller did not answer: {exc}") for t in topics}
+        by_name = {r.name: r for r in results}
+        answers = {}
+        for topic in topics:
+            result = by_name.get(topic.name)
+            if result is None:
+                answers[topic.name] = CreatableTopicResult(
+                    name=topic.name, error_code=ErrorCode.unknown_server_error.value,
+                    error_message="the controller returned no result for this topic")
+            else:
+                answers[topic.name] = _created(topic, result)
+        if not request.validate_only and any(not r.error_code for r in results):
+            await _reload(self._cache)
+        return answers
+
+
+def _created(topic: CreatableTopic, result: TopicResult) -> CreatableTopicResult:
+    if result.error_code:
+        return CreatableTopicResult(name=topic.name, error_code=result.error_code,
+                                    error_message=result.error_message or None)
+    overridden = {name for name, _ in topic.configs}
+    return CreatableTopicResult(
+        name=topic.name,
+        topic_id=canonical_topic_id(result.topic_id),
+        num_partitions=result.num_partitions,
+        replication_factor=result.replication_factor,
+        configs=[
+            TopicConfig(name=name, value=value,
+                        config_source=TOPIC_CONFIG if name in overridden else DEFAULT_CONFIG)
+            for name, value in sorted(result.configs.items())
+        ],
+    )
+
+
+async def _reload(cache: MetadataCache) -> None:
+    try:
+        await cache.refresh()
+    except MetadataUnavailableError as exc:
+        log.warning("reloading metadata after a topic change failed: %s", exc)
+
+
+# --- DeleteTopics ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopicToDelete:
+    name: str | None = None
+    topic_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeleteTopicsRequest:
+    topics: Sequence[TopicToDelete] = ()
+    timeout_ms: int = 30_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeletableTopicResult:
+    name: str | None = None
+    topic_id: str | None = None
+    error_code: int = 0
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeleteTopicsResponse:
+    topics: list[DeletableTopicResult] = field(default_factory=list)
+
+
+def delete_error_response(request: DeleteTopicsRequest, code: int) -> DeleteTopicsResponse:
+    return DeleteTopicsResponse(topics=[
+        DeletableTopicResult(name=t.name, topic_id=canonical_topic_id(t.topic_id),
+                             error_code=code)
+        for t in request.topics
+    ])
+
+
+class DeleteTopicsApi:
+    def __init__(self, cache: MetadataCache, controller: Controller) -> None:
+        self._cache = cache
+        self._controller = controller
+
+    async def handle(self, request: DeleteTopicsRequest) -> DeleteTopicsResponse:
+        refs = [(t.name, canonical_topic_id(t.topic_id)) for t in request.topics]
+        # Only entries naming a topic one way count towards duplicates, as in Kafka.
+        name_counts = Counter(name for name, topic_id in refs
+                              if name is not None and topic_id is None)
+        id_counts = Counter(topic_id for name, topic_id in refs
+                            if topic_id is not None and name is None)
+        out: list[DeletableTopicResult] = []
+        names: list[str] = []
+        ids: list[str] = []
+        # Slots to fill from the controller's answer: index in ``out`` -> ("name"|"id", key).
+        pending: dict[int, tuple[str, str]] = {}
+        for name, topic_id in refs:
+            error: str | None = None
+            if name is None and topic_id is None:
+                error = "Neither topic name nor id were specified."
+            elif name is not None and topic_id is not None:
+                error = "You may not specify both topic name and topic id."
+            elif name is not None and name_counts[name] > 1:
+                error = "Duplicate topic name."
+            elif topic_id is not None and id_counts[topic_id] > 1:
+                error = "Duplicate topic id."
+            if error is not None:
+                out.append(DeletableTopicResult(name=name, topic_id=topic_id,
+                                                error_code=ErrorCode.invalid_request.value,
+                                                error_message=error))
+                continue
+            pending[len(out)] = ("name", name) if name is not None else ("id", topic_id or "")
+            out.append(DeletableTopicResult(name=name, topic_id=topic_id))
+            if name is not None:
+                names.append(name)
+            else:
+                ids.append(topic_id or "")
+        if not pending:
+            return DeleteTopicsResponse(topics=out)
+
+        try:
+            results = await self._controller.delete_topics(
+                names, ids, controller_timeout(request.timeout_ms))
+        except CallError as exc:
+            log.warning("deleting topics failed: %s", exc)
+            for index in pending:
+                out[index] = DeletableTopicResult(
+                    name=out[index].name, topic_id=out[index].topic_id,
+                    error_code=ErrorCode.request_timed_out.value,
+                    error_message=f"the controller did not answer: {exc}")
+            return DeleteTopicsResponse(topics=out)
+
+        by_name = {r.name: r for r in results if r.name}
+        by_id = {tid: r for r in results if (tid := canonical_topic_id(r.topic_id))}
+        for index, (kind, key) in pending.items():
+            result = by_name.get(key) if kind == "name" else by_id.get(key)
+            if result is None:
+                out[index] = DeletableTopicResult(
+                    name=out[index].name, topic_id=out[index].topic_id,
+                    error_code=ErrorCode.unknown_server_error.value,
+                    error_message="the controller returned no result for this topic")
+                continue
+            out[index] = DeletableTopicResult(
+                name=result.name or out[index].name,
+                topic_id=canonical_topic_id(result.topic_id) or out[index].topic_id,
+                error_code=result.error_code,
+                error_message=result.error_message or None,
+            )
+        if any(not r.error_code for r in results):
+            await _reload(self._cache)
+        return DeleteTopicsResponse(topics=out)

@@ -1,0 +1,39 @@
+"""Who sent a Kafka request and where its answer tells clients to connect (Kafka's
+``RequestContext``): the client id and host, and the advertised address of the frontend that
+received it. Any frontend reaches every log node through the handlers, so every broker is
+advertised at that frontend: broker N at the advertised port + N when the frontend serves a
+port per broker id (``broker_ports`` > N), else at the advertised port itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestContext:
+    advertised_host: str
+    advertised_port: int
+    broker_ports: int = 1
+    client_id: str = ""
+    client_host: str = ""
+    frontend_id: str = ""
+
+
+def broker_port(context: RequestContext, node_id: int) -> int:
+    """The port broker ``node_id`` is advertised at for this request's client."""
+    if 0 <= node_id < context.broker_ports:
+        return context.advertised_port + node_id
+    return context.advertised_port
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` too) as (host, port). Raises ValueError when malformed."""
+    host, sep, port = address.strip().rpartition(":")
+    if not sep or not host or not port:
+        raise ValueError(f"not host:port: {address!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    number = int(port)
+    if not 0 < number < 65536:
+        raise ValueError(f"port out of range: {address!r}")
+    return host, number

@@ -1,0 +1,490 @@
+"""gRPC glue for kbroker.handler.v1.KafkaHandler: Kafka protobuf messages to and from the API
+modules' domain objects, request context from gRPC metadata, per-request metrics, and the
+guarantee that no request kills the handler (an unexpected failure is logged and answered with
+UNKNOWN_SERVER_ERROR for every item of the request).
+
+Unset optional request fields take Kafka's defaults (callers such as grpcurl may leave them
+out), except where a hand-made request means something else: an unset replica id is a
+consumer's (-1), unset partition counts and replication factors of CreateTopics mean the broker
+default (-1), and a Metadata request that neither lists topics nor says its topic list is null
+asks for every topic. Unset response fields are left for the frontend to fill with the
+client version's defaults.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
+from urllib.parse import unquote
+
+import grpc
+
+from kbroker.handler.v1 import handler_pb2_grpc
+from kbroker.kafka.v1 import kafka_pb2 as k
+from services.common.errors import ErrorCode
+
+from .apis import cluster, fetch, metadata, offsets, produce, topics
+from .config import HandlerConfig
+from .metrics import REQUEST_SECONDS, REQUESTS
+from .request_context import RequestContext, split_host_port
+
+log = logging.getLogger(__name__)
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+
+UNKNOWN_SERVER_ERROR = ErrorCode.unknown_server_error.value
+
+
+def _opt(message: Any, name: str, default: Any) -> Any:
+    """An optional field's value, or ``default`` when unset."""
+    return getattr(message, name) if message.HasField(name) else default
+
+
+def _set_opt(message: Any, name: str, value: Any) -> None:
+    """Set an optional field unless ``value`` is None (null: left to the frontend)."""
+    if value is not None:
+        setattr(message, name, value)
+
+
+def _first_error(codes: Iterable[int]) -> int:
+    return next((c for c in codes if c), 0)
+
+
+# --- Metadata ----------------------------------------------------------------------------------
+
+
+def metadata_request(m: k.MetadataRequest) -> metadata.MetadataRequest:
+    refs = [metadata.TopicRef(name=_opt(t, "name", None), topic_id=_opt(t, "topic_id", None))
+            for t in m.topics]
+    if m.HasField("topics_is_null"):
+        requested = None if m.topics_is_null else refs
+    else:
+        requested = refs or None
+    return metadata.MetadataRequest(
+        topics=requested,
+        allow_auto_topic_creation=_opt(m, "allow_auto_topic_creation", True),
+        include_cluster_authorized_operations=_opt(
+            m, "include_cluster_authorized_operations", False),
+        include_topic_authorized_operations=_opt(m, "include_topic_authorized_operations", False),
+    )
+
+
+def metadata_response(r: metadata.MetadataResponse) -> k.MetadataResponse:
+    out = k.MetadataResponse(
+        throttle_time_ms=0,
+        controller_id=r.controller_id,
+        cluster_authorized_operations=r.cluster_authorized_operations,
+    )
+    _set_opt(out, "cluster_id", r.cluster_id)
+    for b in r.brokers:
+        broker = out.brokers.add(node_id=b.node_id, host=b.host, port=b.port)
+        _set_opt(broker, "rack", b.rack)
+    for t in r.topics:
+        topic = out.topics.add(
+            error_code=t.error_code,
+            is_internal=t.is_internal,
+            topic_authorized_operations=t.topic_authorized_operations,
+        )
+        _set_opt(topic, "name", t.name)
+        _set_opt(topic, "topic_id", t.topic_id)
+        for p in t.partitions:
+            topic.partitions.add(
+                error_code=p.error_code,
+                partition_index=p.partition_index,
+                leader_id=p.leader_id,
+                leader_epoch=p.leader_epoch,
+                replica_nodes=p.replica_nodes,
+                isr_nodes=p.isr_nodes,
+                offline_replicas=p.offline_replicas,
+            )
+    return out
+
+
+def metadata_failed(request: metadata.MetadataRequest, code: int) -> metadata.MetadataResponse:
+    return metadata.MetadataResponse(topics=[
+        metadata.TopicMetadata(error_code=code, name=t.name, topic_id=t.topic_id)
+        for t in request.topics or ()
+    ])
+
+
+def metadata_error(r: metadata.MetadataResponse) -> int:
+    return _first_error(t.error_code for t in r.topics)
+
+
+# --- Produce -----------------------------------------------------------------------------------
+
+
+def produce_request(m: k.ProduceRequest) -> produce.ProduceRequest:
+    return produce.ProduceRequest(
+        acks=_opt(m, "acks", 0),
+        timeout_ms=_opt(m, "timeout_ms", 0),
+        # A null transactional id may arrive as an empty string; neither names a transaction.
+        transactional_id=_opt(m, "transactional_id", None) or None,
+        topics=[
+            produce.TopicData(
+                name=_opt(t, "name", None),
+                topic_id=_opt(t, "topic_id", None),
+                partitions=[produce.PartitionData(index=p.index, records=p.records)
+                            for p in t.partition_data],
+            )
+            for t in m.topic_data
+        ],
+    )
+
+
+def produce_response(r: produce.ProduceResponse) -> k.ProduceResponse:
+    out = k.ProduceResponse(throttle_time_ms=0)
+    for t in r.topics:
+        topic = out.responses.add()
+        _set_opt(topic, "name", t.name)
+        _set_opt(topic, "topic_id", t.topic_id)
+        for p in t.partitions:
+            partition = topic.partition_responses.add(
+                index=p.index,
+                error_code=p.error_code,
+                base_offset=p.base_offset,
+                log_append_time_ms=p.log_append_time_ms,
+                log_start_offset=p.log_start_offset,
+            )
+            _set_opt(partition, "error_message", p.error_message)
+    return out
+
+
+def produce_error(r: produce.ProduceResponse) -> int:
+    return _first_error(p.error_code for t in r.topics for p in t.partitions)
+
+
+# --- Fetch -------------------------------------------------------------------------------------
+
+
+def fetch_request(m: k.FetchRequest) -> fetch.FetchRequest:
+    replica_id = _opt(m, "replica_id", -1)
+    if m.HasField("replica_state") and _opt(m.replica_state, "replica_id", -1) != -1:
+        replica_id = m.replica_state.replica_id
+    return fetch.FetchRequest(
+        replica_id=replica_id,
+        max_wait_ms=_opt(m, "max_wait_ms", 0),
+        min_bytes=_opt(m, "min_bytes", 0),
+        max_bytes=_opt(m, "max_bytes", fetch.MAX_INT32),
+        isolation_level=_opt(m, "isolation_level", 0),
+        session_id=_opt(m, "session_id", fetch.NO_SESSION_ID),
+        session_epoch=_opt(m, "session_epoch", fetch.FINAL_EPOCH),
+        topics=[
+            fetch.FetchTopic(
+                topic=_opt(t, "topic", None),
+                topic_id=_opt(t, "topic_id", None),
+                partitions=[
+                    fetch.FetchPartition(
+                        partition=p.partition,
+                        fetch_offset=p.fetch_offset,
+                        partition_max_bytes=_opt(p, "partition_max_bytes",
+                                                 fetch.DEFAULT_PARTITION_MAX_BYTES),
+                        current_leader_epoch=_opt(p, "current_leader_epoch", -1),
+                    )
+                    for p in t.partitions
+                ],
+            )
+            for t in m.topics
+        ],
+    )
+
+
+def fetch_response(r: fetch.FetchResponse) -> k.FetchResponse:
+    out = k.FetchResponse(throttle_time_ms=0, error_code=r.error_code, session_id=r.session_id)
+    for t in r.topics:
+        topic = out.responses.add()
+        _set_opt(topic, "topic", t.topic)
+        _set_opt(topic, "topic_id", t.topic_id)
+        for p in t.partitions:
+            partition = topic.partitions.add(
+                partition_index=p.partition_index,
+                error_code=p.error_code,
+                high_watermark=p.high_watermark,
+                last_stable_offset=p.last_stable_offset,
+                log_start_offset=p.log_start_offset,
+                preferred_read_replica=p.preferred_read_replica,
+                records=p.records,
+            )
+            if p.aborted_transactions is None:
+                partition.aborted_transactions_is_null = True
+            else:
+                partition.aborted_transactions_is_null = False
+                for producer_id, first_offset in p.aborted_transactions:
+                    partition.aborted_transactions.add(producer_id=producer_id,
+                                                       first_offset=first_offset)
+    return out
+
+
+def fetch_error(r: fetch.FetchResponse) -> int:
+    return r.error_code or _first_error(p.error_code for t in r.topics for p in t.partitions)
+
+
+# --- ListOffsets -------------------------------------------------------------------------------
+
+
+def list_offsets_request(m: k.ListOffsetsRequest) -> offsets.ListOffsetsRequest:
+    return offsets.ListOffsetsRequest(
+        replica_id=_opt(m, "replica_id", offsets.CONSUMER_REPLICA_ID),
+        isolation_level=_opt(m, "isolation_level", 0),
+        topics=[
+            offsets.ListOffsetsTopic(
+                name=t.name,
+                partitions=[
+                    offsets.ListOffsetsPartition(
+                        partition_index=p.partition_index,
+                        timestamp=_opt(p, "timestamp", 0),
+                        current_leader_epoch=_opt(p, "current_leader_epoch", -1),
+                    )
+                    for p in t.partitions
+                ],
+            )
+            for t in m.topics
+        ],
+    )
+
+
+def list_offsets_response(r: offsets.ListOffsetsResponse) -> k.ListOffsetsResponse:
+    out = k.ListOffsetsResponse(throttle_time_ms=0)
+    for t in r.topics:
+        topic = out.topics.add(name=t.name)
+        for p in t.partitions:
+            topic.partitions.add(
+                partition_index=p.partition_index,
+                error_code=p.error_code,
+                timestamp=p.timestamp,
+                offset=p.offset,
+                leader_epoch=p.leader_epoch,
+            )
+    return out
+
+
+def list_offsets_error(r: offsets.ListOffsetsResponse) -> int:
+    return _first_error(p.error_code for t in r.topics for p in t.partitions)
+
+
+# --- CreateTopics / DeleteTopics ---------------------------------------------------------------
+
+
+def create_topics_request(m: k.CreateTopicsRequest) -> topics.CreateTopicsRequest:
+    return topics.CreateTopicsRequest(
+        timeout_ms=_opt(m, "timeout_ms", 60_000),
+        validate_only=_opt(m, "validate_only", False),
+        topics=[
+            topics.CreatableTopic(
+                name=t.name,
+                num_partitions=_opt(t, "num_partitions", -1),
+                replication_factor=_opt(t, "replication_factor", -1),
+                assignments=[(a.partition_index, tuple(a.broker_ids)) for a in t.assignments],
+                configs=[(c.name, _opt(c, "value", None)) for c in t.configs],
+            )
+            for t in m.topics
+        ],
+    )
+
+
+def create_topics_response(r: topics.CreateTopicsResponse) -> k.CreateTopicsResponse:
+    out = k.CreateTopicsResponse(throttle_time_ms=0)
+    for t in r.topics:
+        topic = out.topics.add(
+            name=t.name,
+            error_code=t.error_code,
+            topic_config_error_code=0,
+            num_partitions=t.num_partitions,
+            replication_factor=t.replication_factor,
+            configs_is_null=False,
+        )
+        _set_opt(topic, "error_message", t.error_message)
+        _set_opt(topic, "topic_id", t.topic_id)
+        for c in t.configs:
+            config = topic.configs.add(
+                name=c.name,
+                read_only=c.read_only,
+                config_source=c.config_source,
+                is_sensitive=c.is_sensitive,
+            )
+            _set_opt(config, "value", c.value)
+    return out
+
+
+def create_topics_error(r: topics.CreateTopicsResponse) -> int:
+    return _first_error(t.error_code for t in r.topics)
+
+
+def delete_topics_request(m: k.DeleteTopicsRequest) -> topics.DeleteTopicsRequest:
+    refs = [topics.TopicToDelete(name=name) for name in m.topic_names]
+    refs += [
+        topics.TopicToDelete(name=_opt(t, "name", None), topic_id=_opt(t, "topic_id", None))
+        for t in m.topics
+    ]
+    return topics.DeleteTopicsRequest(topics=refs, timeout_ms=_opt(m, "timeout_ms", 30_000))
+
+
+def delete_topics_response(r: topics.DeleteTopicsResponse) -> k.DeleteTopicsResponse:
+    out = k.DeleteTopicsResponse(throttle_time_ms=0)
+    for t in r.topics:
+        topic = out.responses.add(error_code=t.error_code)
+        _set_opt(topic, "name", t.name)
+        _set_opt(topic, "topic_id", t.topic_id)
+        _set_opt(topic, "error_message", t.error_message)
+    return out
+
+
+def delete_topics_error(r: topics.DeleteTopicsResponse) -> int:
+    return _first_error(t.error_code for t in r.topics)
+
+
+# --- DescribeCluster ---------------------------------------------------------------------------
+
+
+def describe_cluster_request(m: k.DescribeClusterRequest) -> cluster.DescribeClusterRequest:
+    return cluster.DescribeClusterRequest(
+        include_cluster_authorized_operations=_opt(
+            m, "include_cluster_authorized_operations", False),
+        endpoint_type=_opt(m, "endpoint_type", cluster.EndpointType.BROKER),
+    )
+
+
+def describe_cluster_response(r: cluster.DescribeClusterResponse) -> k.DescribeClusterResponse:
+    out = k.DescribeClusterResponse(
+        throttle_time_ms=0,
+        error_code=r.error_code,
+        cluster_id=r.cluster_id,
+        controller_id=r.controller_id,
+        cluster_authorized_operations=r.cluster_authorized_operations,
+        endpoint_type=r.endpoint_type,
+    )
+    _set_opt(out, "error_message", r.error_message)
+    for b in r.brokers:
+        broker = out.brokers.add(broker_id=b.node_id, host=b.host, port=b.port, is_fenced=False)
+        _set_opt(broker, "rack", b.rack)
+    return out
+
+
+# --- the service -------------------------------------------------------------------------------
+
+
+class KafkaHandlerServicer(handler_pb2_grpc.KafkaHandlerServicer):
+    """One RPC per Kafka API; each converts, delegates to its API module and records metrics."""
+
+    def __init__(
+        self,
+        config: HandlerConfig,
+        *,
+        metadata_api: metadata.MetadataApi,
+        produce_api: produce.ProduceApi,
+        fetch_api: fetch.FetchApi,
+        list_offsets_api: offsets.ListOffsetsApi,
+        create_topics_api: topics.CreateTopicsApi,
+        delete_topics_api: topics.DeleteTopicsApi,
+        describe_cluster_api: cluster.DescribeClusterApi,
+    ) -> None:
+        self._default_advertised = split_host_port(config.advertised)
+        self._metadata = metadata_api
+        self._produce = produce_api
+        self._fetch = fetch_api
+        self._list_offsets = list_offsets_api
+        self._create_topics = create_topics_api
+        self._delete_topics = delete_topics_api
+        self._describe_cluster = describe_cluster_api
+
+    def request_context(self, context: grpc.aio.ServicerContext) -> RequestContext:
+        values = {key: value for key, value in (context.invocation_metadata() or ())}
+        host, port = self._default_advertised
+        advertised = values.get("kafka-advertised")
+        if advertised:
+            try:
+                host, port = split_host_port(str(advertised))
+            except ValueError:
+                log.warning("ignoring malformed kafka-advertised %r", advertised)
+        try:
+            broker_ports = int(values.get("kafka-broker-ports", 1))
+        except ValueError:
+            broker_ports = 1
+        return RequestContext(
+            advertised_host=host,
+            advertised_port=port,
+            broker_ports=broker_ports,
+            # The frontend percent-encodes client ids (gRPC metadata is printable ASCII).
+            client_id=unquote(str(values.get("kafka-client-id", ""))),
+            client_host=str(values.get("kafka-client-host", "")),
+            frontend_id=str(values.get("kafka-frontend-id", "")),
+        )
+
+    async def _serve(
+        self,
+        api: str,
+        message: Any,
+        to_domain: Callable[[Any], Req],
+        handle: Callable[[Req], Awaitable[Resp]],
+        failed: Callable[[Req, int], Resp],
+        error_of: Callable[[Resp], int],
+        to_proto: Callable[[Resp], Any],
+    ) -> Any:
+        started = time.perf_counter()
+        request = to_domain(message)
+        try:
+            response = await handle(request)
+            answer = to_proto(response)
+        except Exception:
+            log.exception("%s failed", api)
+            response = failed(request, UNKNOWN_SERVER_ERROR)
+            answer = to_proto(response)
+        REQUESTS.labels(api, str(error_of(response))).inc()
+        REQUEST_SECONDS.labels(api).observe(time.perf_counter() - started)
+        return answer
+
+    async def Metadata(
+        self, request: k.MetadataRequest, context: grpc.aio.ServicerContext
+    ) -> k.MetadataResponse:
+        ctx = self.request_context(context)
+        return await self._serve(
+            "Metadata", request, metadata_request, lambda r: self._metadata.handle(r, ctx),
+            metadata_failed, metadata_error, metadata_response)
+
+    async def Produce(
+        self, request: k.ProduceRequest, context: grpc.aio.ServicerContext
+    ) -> k.ProduceResponse:
+        return await self._serve(
+            "Produce", request, produce_request, self._produce.handle,
+            produce.error_response, produce_error, produce_response)
+
+    async def Fetch(
+        self, request: k.FetchRequest, context: grpc.aio.ServicerContext
+    ) -> k.FetchResponse:
+        return await self._serve(
+            "Fetch", request, fetch_request, self._fetch.handle,
+            fetch.error_response, fetch_error, fetch_response)
+
+    async def ListOffsets(
+        self, request: k.ListOffsetsRequest, context: grpc.aio.ServicerContext
+    ) -> k.ListOffsetsResponse:
+        return await self._serve(
+            "ListOffsets", request, list_offsets_request, self._list_offsets.handle,
+            offsets.error_response, list_offsets_error, list_offsets_response)
+
+    async def CreateTopics(
+        self, request: k.CreateTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> k.CreateTopicsResponse:
+        return await self._serve(
+            "CreateTopics", request, create_topics_request, self._create_topics.handle,
+            topics.create_error_response, create_topics_error, create_topics_response)
+
+    async def DeleteTopics(
+        self, request: k.DeleteTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> k.DeleteTopicsResponse:
+        return await self._serve(
+            "DeleteTopics", request, delete_topics_request, self._delete_topics.handle,
+            topics.delete_error_response, delete_topics_error, delete_topics_response)
+
+    async def DescribeCluster(
+        self, request: k.DescribeClusterRequest, context: grpc.aio.ServicerContext
+    ) -> k.DescribeClusterResponse:
+        ctx = self.request_context(context)
+        return await self._serve(
+            "DescribeCluster", request, describe_cluster_request,
+            lambda r: self._describe_cluster.handle(r, ctx),
+            lambda _r, code: cluster.DescribeClusterResponse(error_code=code),
+            lambda r: r.error_code, describe_cluster_response)

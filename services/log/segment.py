@@ -1,0 +1,331 @@
+"""One log segment (Kafka's ``LogSegment``): a file of record batches and its offset index.
+
+Files, named by the segment's base offset in 20 digits (``00000000000000000000.log``):
+
+- ``<base>.log``: whole record batches back to back, exactly as appended (offsets assigned).
+  Invariants: the base offset is <= the first batch's base offset; each batch starts after the
+  previous batch's last offset; the file holds only whole, CRC-valid batches once recovered.
+- ``<base>.index``: the sparse :class:`~services.log.offset_index.OffsetIndex` of that file.
+
+Bytes are read with ``os.pread`` straight from the page cache and never decoded past the batch
+headers. Writes are plain OS writes; flushing to disk is left to the OS (page cache), as Kafka
+does by default. Not thread-safe: the owning partition log serialises appends.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+from .offset_index import MAX_RELATIVE_OFFSET, IndexEntry, OffsetIndex
+from .record_batch import (
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    MIN_BATCH_LENGTH,
+    Batch,
+    batch_length_at,
+    read_header,
+    stored_batch_problem,
+)
+
+log = logging.getLogger(__name__)
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+OFFSET_DIGITS = 20
+
+# Header scans read this much at a time, so walking small batches costs few system calls.
+_SCAN_CHUNK = 16 * 1024
+# Recovery reads (and CRC-checks) the log in pieces of this size.
+_RECOVERY_CHUNK = 1024 * 1024
+
+
+def file_stem(base_offset: int) -> str:
+    return f"{base_offset:0{OFFSET_DIGITS}d}"
+
+
+class TimestampMark(NamedTuple):
+    """The batch holding a segment's largest maxTimestamp (the first one, on ties)."""
+
+    timestamp: int
+    last_offset: int
+    leader_epoch: int
+
+
+class LogSegment:
+    """A segment's files and what is known about them: size, next offset, max timestamp."""
+
+    def __init__(self, directory: Path, base_offset: int, index_interval_bytes: int) -> None:
+        """Open the segment's files (creating them if missing); call :meth:`load` or
+        :meth:`recover` before use, unless the segment is new and empty."""
+        self.directory = directory
+        self.base_offset = base_offset
+        self.index_interval_bytes = index_interval_bytes
+        stem = file_stem(base_offset)
+        self.log_path = directory / (stem + LOG_SUFFIX)
+        self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.index = OffsetIndex(directory / (stem + INDEX_SUFFIX), base_offset)
+        self.size = os.fstat(self._fd).st_size
+        self.next_offset = base_offset
+        self._bytes_since_index_entry = 0
+        # None until a scan or the appends since creation determined it.
+        self._max_mark: TimestampMark | None = None
+        self._max_mark_known = False
+        # Whether appends since the last flush may still be only in the page cache.
+        self.dirty = False
+
+    @classmethod
+    def create(cls, directory: Path, base_offset: int, index_interval_bytes: int) -> LogSegment:
+        """A new, empty segment (any stale files of that name are emptied)."""
+        segment = cls(directory, base_offset, index_interval_bytes)
+        if segment.size or len(segment.index):
+            segment._truncate(0)
+            segment.index.reset([])
+        segment._max_mark_known = True
+        return segment
+
+    # ----------------------------------------------------------------- loading and recovery
+
+    def load(self) -> None:
+        """Open a segment that is not the last one: its data was complete before the last
+        segment was rolled, so batches are only walked by their framing, from the last index
+        entry on, to find the next offset and add any index entries that are missing (a
+        missing index file is rebuilt that way). An inconsistent index, or framing that does
+        not end exactly at the end of the file, makes it a full :meth:`recover`."""
+        last = self.index.last_entry
+        problem = self.index.problem(self.size)
+        if problem is None and last is not None:
+            problem = self._entry_problem(last)
+        if problem is None:
+            start = last.position if last else 0
+            self._bytes_since_index_entry = 0
+            end = start
+            for batch in self._scan(start, self.size):
+                if batch.position + batch.header.size > self.size:
+                    break
+                self._note_batch(batch)
+                end = batch.position + batch.header.size
+            if end != self.size:
+                problem = f"batches end at byte {end} of {self.size}"
+        if problem is not None:
+            log.warning("%s: index unusable (%s); recovering the segment", self.log_path, problem)
+            self.recover(trust_index=False)
+
+    def recover(self, trust_index: bool = True) -> int:
+        """Validate the batches (framing, magic, CRC, growing offsets) and truncate the file at
+        the first one that is torn or corrupt, as after a crash. With ``trust_index`` and a
+        sane index whose last entry points at its batch, validation starts at that entry
+        (batches before it were indexed, hence complete); otherwise the whole segment is
+        validated and the index rebuilt. Returns the number of bytes truncated."""
+        start, expected = 0, self.base_offset
+        last = self.index.last_entry if trust_index else None
+        problem = self.index.problem(self.size) if trust_index else "not trusted"
+        if problem is None and last is not None:
+            problem = self._entry_problem(last)
+            if problem is None:
+                start, expected = last.position, read_header(
+                    os.pread(self._fd, HEADER_SIZE, last.position)).base_offset
+        if problem is not None:
+            if trust_index:
+                log.warning("%s: rebuilding index (%s)", self.index.path, problem)
+            self.index.reset([])
+            start, expected = 0, self.base_offset
+        self._bytes_since_index_entry = 0
+        self._max_mark, self._max_mark_known = None, start == 0
+        valid_end, bad = self._validate_from(start, expected)
+        truncated = self.size - valid_end
+        if truncated:
+            log.warning(
+                "%s: truncated %d bytes at byte %d (%s)", self.log_path, truncated, valid_end, bad
+            )
+            self._truncate(valid_end)
+            self.index.truncate_to_position(valid_end)
+            self.dirty = True
+        return truncated
+
+    def _entry_problem(self, entry: IndexEntry) -> str | None:
+        raw = os.pread(self._fd, HEADER_SIZE, entry.position)
+        if len(raw) < HEADER_SIZE:
+            return f"entry {entry} points past the log"
+        header = read_header(raw)
+        if header.batch_length < MIN_BATCH_LENGTH or header.last_offset != entry.offset:
+            return f"entry {entry} does not point at its batch"
+        return None
+
+    def _validate_from(self, start: int, expected_offset: int) -> tuple[int, str | None]:
+        """Walk batches from ``start``, indexing and noting them; return where the valid data
+        ends and why it ends there (None at the end of the file)."""
+        position = start
+        self.next_offset = expected_offset
+        while position < self.size:
+            chunk = os.pread(self._fd, _RECOVERY_CHUNK, position)
+            if len(chunk) >= LOG_OVERHEAD:
+                first_size = batch_length_at(chunk, 0) + LOG_OVERHEAD
+                if len(chunk) < first_size <= self.size - position:
+                    chunk = os.pread(self._fd, first_size, position)
+            offset_in_chunk = 0
+            while offset_in_chunk < len(chunk):
+                remaining = len(chunk) - offset_in_chunk
+                if offset_in_chunk and (
+                    remaining < HEADER_SIZE
+                    or batch_length_at(chunk, offset_in_chunk) + LOG_OVERHEAD > remaining
+                ) and position + len(chunk) < self.size:
+                    break  # the batch continues past this chunk: read on from it
+                problem = stored_batch_problem(chunk, offset_in_chunk, self.next_offset)
+                if problem is not None:
+                    return position + offset_in_chunk, problem
+                header = read_header(chunk, offset_in_chunk)
+                self._note_batch(Batch(position + offset_in_chunk, header))
+                offset_in_chunk += header.size
+            position += offset_in_chunk
+        return position, None
+
+    def _note_batch(self, batch: Batch) -> None:
+        """Account for a batch now at the end of the segment: index entry, offsets, times."""
+        header = batch.header
+        if self._bytes_since_index_entry > self.index_interval_bytes:
+            self.index.append(header.last_offset, batch.position)
+            self._bytes_since_index_entry = 0
+        self._bytes_since_index_entry += header.size
+        self.next_offset = header.next_offset
+        if self._max_mark_known and (
+            self._max_mark is None or header.max_timestamp > self._max_mark.timestamp
+        ):
+            self._max_mark = TimestampMark(
+                header.max_timestamp, header.last_offset, header.partition_leader_epoch
+            )
+
+    # ----------------------------------------------------------------------------- appends
+
+    def can_hold(self, last_offset: int) -> bool:
+        """Whether offsets up to ``last_offset`` fit the index's relative-offset range."""
+        return last_offset - self.base_offset <= MAX_RELATIVE_OFFSET
+
+    def append(self, buffer: bytearray | bytes, positions: Iterable[int]) -> None:
+        """Write batches (offsets already assigned) at the end of the segment; ``positions``
+        are where each batch starts in ``buffer``. On a write error the file is cut back to
+        its previous size, so no partial append stays behind."""
+        physical = self.size
+        view = memoryview(buffer)
+        try:
+            written = 0
+            while written < len(view):
+                written += os.pwrite(self._fd, view[written:], physical + written)
+        except OSError:
+            self._truncate(physical)
+            raise
+        self.size = physical + len(view)
+        self.dirty = True
+        for position in positions:
+            self._note_batch(Batch(physical + position, read_header(view, position)))
+
+    # ------------------------------------------------------------------------------- reads
+
+    def _scan(self, start: int, end: int) -> Iterator[Batch]:
+        """Batches from ``start`` (a batch boundary) whose headers lie before ``end``, by
+        framing alone. Stops at a header that cannot be a batch."""
+        chunk, chunk_start = b"", start
+        position = start
+        while position + HEADER_SIZE <= end:
+            in_chunk = position - chunk_start
+            if in_chunk + HEADER_SIZE > len(chunk):
+                chunk = os.pread(self._fd, min(_SCAN_CHUNK, end - position), position)
+                chunk_start, in_chunk = position, 0
+                if len(chunk) < HEADER_SIZE:
+                    return
+            header = read_header(chunk, in_chunk)
+            if header.batch_length < MIN_BATCH_LENGTH:
+                return
+            yield Batch(position, header)
+            position += header.size
+
+    def batches(self) -> Iterator[Batch]:
+        """Every batch of the segment, in offset order."""
+        return self._scan(0, self.size)
+
+    def find_batch(self, offset: int) -> Batch | None:
+        """The first batch whose last offset is >= ``offset`` (the batch that holds it, or the
+        next one after a gap), or None when the segment ends before ``offset``."""
+        if offset >= self.next_offset:
+            return None
+        for batch in self._scan(self.index.lookup(offset).position, self.size):
+            if batch.header.last_offset >= offset:
+                return batch
+        return None
+
+    def position_of(self, offset: int) -> int:
+        """Where the batch holding ``offset`` starts; the segment size if none does. Batches
+        from here on hold ``offset`` or later ones."""
+        batch = self.find_batch(offset)
+        return self.size if batch is None else batch.position
+
+    def read(self, first: Batch, end_position: int, max_bytes: int, min_one: bool) -> bytes:
+        """Whole batches from ``first`` up to ``end_position`` (a batch boundary), at most
+        ``max_bytes`` of them, except that with ``min_one`` the first batch comes whole even if
+        larger (KIP-74). Empty when nothing fits."""
+        start = first.position
+        first_end = start + first.header.size
+        if first_end > end_position:
+            return b""
+        limit = min(end_position, start + (max(max_bytes, first.header.size) if min_one
+                                           else max_bytes))
+        stop = limit
+        if limit < end_position:
+            # The greatest batch boundary <= limit, walking from the nearest indexed batch.
+            stop = max(self.index.floor_position(limit), start)
+            for batch in self._scan(stop, end_position):
+                batch_end = batch.position + batch.header.size
+                if batch_end > limit:
+                    break
+                stop = batch_end
+        if stop <= start:
+            return b""
+        return os.pread(self._fd, stop - start, start)
+
+    def max_timestamp_mark(self) -> TimestampMark | None:
+        """The batch with the largest maxTimestamp (None if the segment is empty); scans the
+        segment's headers the first time for a segment loaded from disk."""
+        if not self._max_mark_known:
+            mark: TimestampMark | None = None
+            for _, header in self.batches():
+                if mark is None or header.max_timestamp > mark.timestamp:
+                    mark = TimestampMark(
+                        header.max_timestamp, header.last_offset, header.partition_leader_epoch
+                    )
+            self._max_mark, self._max_mark_known = mark, True
+        return self._max_mark
+
+    def find_by_timestamp(self, timestamp: int) -> Batch | None:
+        """The first batch whose maxTimestamp is >= ``timestamp``, or None."""
+        mark = self.max_timestamp_mark()
+        if mark is None or mark.timestamp < timestamp:
+            return None
+        for batch in self.batches():
+            if batch.header.max_timestamp >= timestamp:
+                return batch
+        return None
+
+    # --------------------------------------------------------------------------- life cycle
+
+    def _truncate(self, size: int) -> None:
+        os.ftruncate(self._fd, size)
+        self.size = size
+
+    def flush(self) -> None:
+        os.fsync(self._fd)
+        self.index.flush()
+        self.dirty = False
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self.index.close()
+
+    def delete(self) -> None:
+        self.close()
+        self.log_path.unlink(missing_ok=True)
+        self.index.path.unlink(missing_ok=True)

@@ -1,0 +1,83 @@
+"""Start and stop a log node: reload the replicas from disk, then serve LogService (with the
+health, reflection and metrics services every port has)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import grpc
+from grpc_health.v1._async import HealthServicer
+
+from kbroker.log.v1 import log_pb2, log_pb2_grpc
+from services.common.server import ServiceBinding, create_server
+
+from . import metrics
+from .config import LogConfig
+from .log_manager import LogManager
+from .purgatory_notifier import PurgatoryNotifier
+from .servicer import LogServicer
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = log_pb2.DESCRIPTOR.services_by_name["LogService"].full_name
+
+
+class LogService:
+    """A running log node."""
+
+    def __init__(
+        self,
+        config: LogConfig,
+        manager: LogManager,
+        server: grpc.aio.Server,
+        port: int,
+        health: HealthServicer,
+        notifier: PurgatoryNotifier | None,
+    ) -> None:
+        self.config = config
+        self.manager = manager
+        self.port = port
+        self._server = server
+        self._health = health
+        self._notifier = notifier
+
+    async def stop(self, grace: float = 1.0) -> None:
+        """Finish in-flight calls (up to ``grace`` seconds), then flush and close the logs."""
+        await self._health.enter_graceful_shutdown()
+        await self._server.stop(grace)
+        if self._notifier is not None:
+            await self._notifier.close()
+        self.manager.close()
+        metrics.PARTITIONS.set(0)
+
+
+async def start(config: LogConfig) -> LogService:
+    """Load the node's replicas from ``config.data_dir`` and start serving."""
+    notifier = PurgatoryNotifier(config.purgatory_address) if config.purgatory_address else None
+    manager = LogManager(
+        Path(config.data_dir),
+        config.topic_defaults(),
+        notifier.on_high_watermark if notifier is not None else None,
+    )
+    try:
+        manager.load()
+        metrics.PARTITIONS.set(len(manager))
+        metrics.TRUNCATED_BYTES.inc(sum(p.truncated_at_open for p in manager.partitions()))
+        server, port, health = await create_server(
+            "log",
+            [ServiceBinding(SERVICE_NAME, log_pb2_grpc.add_LogServiceServicer_to_server,
+                            LogServicer(manager))],
+            config.grpc_address,
+            instance=f"log-{config.node_id}",
+        )
+    except BaseException:
+        manager.close()
+        if notifier is not None:
+            await notifier.close()
+        raise
+    log.info(
+        "log node %d serving on port %d with %d replica(s) in %s",
+        config.node_id, port, len(manager), config.data_dir,
+    )
+    return LogService(config, manager, server, port, health, notifier)

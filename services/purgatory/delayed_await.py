@@ -1,0 +1,104 @@
+"""The operation behind the Await RPC: wait until watched keys reach their thresholds.
+
+Each watched key has a threshold. A key is *done* for an operation once its last reported
+position is >= its threshold, or once a non-zero error was reported for it after the operation
+was parked. Errors reported before parking do not count: the latest state of a quiet key may be
+an old error, and honouring it would answer every new waiter at once with stale news. A done key
+stays done (a key that failed keeps its error in the answer even if a later report clears it),
+which is how Kafka's DelayedProduce treats a partition that is no longer pending.
+
+The operation completes when any key is done (``require_all`` false: DelayedFetch) or when every
+key is done (``require_all`` true: DelayedProduce); with no keys at all, "every" holds at once
+and "any" never does, so the latter is a plain delay. It answers exactly once through
+``result``: COMPLETED with each key's state, or EXPIRED after ``timeout_ms``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from .delayed_operation import DelayedOperation
+from .key_states import KeyState, KeyStates
+
+
+class Outcome(enum.Enum):
+    COMPLETED = "completed"
+    EXPIRED = "expired"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AwaitResult:
+    """How an operation ended; ``keys`` in the order they were given, each with the state that
+    decided it (its error) or else its last reported state; ``waited`` in seconds."""
+
+    outcome: Outcome
+    keys: tuple[KeyState, ...]
+    waited: float
+
+
+class DelayedAwait(DelayedOperation):
+    """An operation of some kind ("fetch", "produce", ...) waiting on keys.
+
+    Must be created on the event loop that will complete it (``result`` is a future of it).
+    """
+
+    def __init__(
+        self,
+        *,
+        kind: str,
+        thresholds: Mapping[str, int],
+        require_all: bool,
+        timeout_ms: int,
+        states: KeyStates,
+        listener: Callable[[DelayedAwait, AwaitResult], None] | None = None,
+    ) -> None:
+        super().__init__(timeout_ms)
+        self.kind = kind
+        self.thresholds = dict(thresholds)
+        self.require_all = require_all
+        self.result: asyncio.Future[AwaitResult] = asyncio.get_running_loop().create_future()
+        self._states = states
+        # Only reports numbered above this one happened after parking.
+        self._parked_after = states.sequence
+        self._waiting = dict(self.thresholds)
+        self._failed: dict[str, KeyState] = {}
+        self._satisfied = False
+        self._listener = listener
+        self._started = time.monotonic()
+
+    def try_complete(self) -> bool:
+        waiting = self._waiting
+        for key, threshold in tuple(waiting.items()):
+            state = self._states.get(key)
+            if state is None:
+                continue
+            if state.error_code and state.sequence > self._parked_after:
+                self._failed[key] = state
+                del waiting[key]
+            elif state.position >= threshold:
+                del waiting[key]
+        done = not waiting if self.require_all else len(waiting) < len(self.thresholds)
+        if not done:
+            return False
+        self._satisfied = True
+        return self.force_complete()
+
+    def on_complete(self) -> None:
+        outcome = Outcome.COMPLETED if self._satisfied else Outcome.EXPIRED
+        failed = self._failed
+        keys = tuple(
+            failed[key] if key in failed else self._states.current(key) for key in self.thresholds
+        )
+        answer = AwaitResult(outcome=outcome, keys=keys, waited=time.monotonic() - self._started)
+        if self._listener is not None:
+            self._listener(self, answer)
+        if not self.result.done():
+            self.result.set_result(answer)
+
+    def on_expiration(self) -> None:
+        # The answer already says EXPIRED (on_complete ran first); nothing else to undo.
+        pass

@@ -1,0 +1,72 @@
+"""The last reported state of each operation key (position and error), and a report sequence.
+
+Reports are stored as they come: a later report replaces the earlier one even if its position
+is lower (a leader change may legitimately move a high watermark observation backwards), so the
+reporter decides what a position means. Each report gets the next sequence number, which lets
+an operation tell reports made after it was parked from older ones.
+
+The table is bounded: past ``capacity`` keys the least recently reported key is forgotten, so
+churning keys (members of groups that come and go) cannot grow it without limit. Forgetting a
+key only means a later waiter on it does not see its old position and waits for the next report.
+
+Not thread-safe (one event loop).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+DEFAULT_CAPACITY = 1_000_000
+
+# The position of a key nobody has reported yet.
+UNKNOWN_POSITION = -1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeyState:
+    """One report: ``position`` of ``key`` (e.g. a high watermark), ``error_code`` a Kafka
+    error (0 if none), ``sequence`` the report's number (0: never reported)."""
+
+    key: str
+    position: int
+    error_code: int = 0
+    sequence: int = 0
+
+
+class KeyStates:
+    """Last report per key, least recently reported first."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be positive")
+        self._capacity = capacity
+        self._states: OrderedDict[str, KeyState] = OrderedDict()
+        self._sequence = 0
+
+    @property
+    def sequence(self) -> int:
+        """The number of the latest report (0 before any)."""
+        return self._sequence
+
+    def report(self, key: str, position: int, error_code: int = 0) -> KeyState:
+        self._sequence += 1
+        state = KeyState(key=key, position=position, error_code=error_code,
+                         sequence=self._sequence)
+        states = self._states
+        states[key] = state
+        states.move_to_end(key)
+        if len(states) > self._capacity:
+            states.popitem(last=False)
+        return state
+
+    def get(self, key: str) -> KeyState | None:
+        return self._states.get(key)
+
+    def current(self, key: str) -> KeyState:
+        """The last report of ``key``, or an unknown position if there is none."""
+        state = self._states.get(key)
+        return state if state is not None else KeyState(key=key, position=UNKNOWN_POSITION)
+
+    def __len__(self) -> int:
+        return len(self._states)

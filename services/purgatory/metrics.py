@@ -1,0 +1,30 @@
+"""Prometheus metrics of the purgatory service (times in seconds)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from services.common.metrics import LATENCY_BUCKETS
+
+PENDING = Gauge(
+    "kbroker_purgatory_pending_operations", "Operations parked and not yet answered.", ["kind"]
+)
+WATCHED_KEYS = Gauge(
+    "kbroker_purgatory_watched_keys", "Keys with at least one parked operation.", ["kind"]
+)
+COMPLETED = Counter(
+    "kbroker_purgatory_completed_total", "Operations completed by their condition.", ["kind"]
+)
+EXPIRED = Counter(
+    "kbroker_purgatory_expired_total", "Operations completed by their timeout.", ["kind"]
+)
+ABANDONED = Counter(
+    "kbroker_purgatory_abandoned_total", "Operations dropped because the waiter went away.",
+    ["kind"],
+)
+COMPLETION_DELAY = Histogram(
+    "kbroker_purgatory_completion_delay_seconds",
+    "Time from parking an operation to answering it.",
+    ["kind", "outcome"],
+    buckets=LATENCY_BUCKETS,
+)

@@ -1,0 +1,82 @@
+"""gRPC glue of the Purgatory service: protobuf <-> :class:`Purgatories` calls."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+
+from kbroker.purgatory.v1 import purgatory_pb2, purgatory_pb2_grpc
+
+from .delayed_await import AwaitResult, Outcome
+from .purgatories import Purgatories
+
+_PREFIX = "OPERATION_KIND_"
+KIND_NAMES: dict[int, str] = {
+    number: name[len(_PREFIX):].lower()
+    for name, number in purgatory_pb2.OperationKind.items()
+    if number != purgatory_pb2.OPERATION_KIND_UNSPECIFIED
+}
+
+_OUTCOMES = {
+    Outcome.COMPLETED: purgatory_pb2.OUTCOME_COMPLETED,
+    Outcome.EXPIRED: purgatory_pb2.OUTCOME_EXPIRED,
+}
+
+
+class PurgatoryServicer(purgatory_pb2_grpc.PurgatoryServicer):
+    def __init__(self, purgatories: Purgatories) -> None:
+        self._purgatories = purgatories
+
+    async def Await(
+        self, request: purgatory_pb2.AwaitRequest, context: grpc.aio.ServicerContext
+    ) -> purgatory_pb2.AwaitResponse:
+        kind = KIND_NAMES.get(request.kind)
+        if kind is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"unknown operation kind {request.kind}")
+        thresholds: dict[str, int] = {}
+        for watched in request.keys:
+            # A key named twice must satisfy the stricter threshold.
+            previous = thresholds.get(watched.key)
+            if previous is None or watched.threshold > previous:
+                thresholds[watched.key] = watched.threshold
+        op = self._purgatories.park(
+            kind=kind,
+            thresholds=thresholds,
+            require_all=request.require_all,
+            timeout_ms=request.timeout_ms,
+        )
+        try:
+            result = await op.result
+        except asyncio.CancelledError:
+            # The caller cancelled or the server is stopping: take the operation off every list.
+            self._purgatories.cancel(op)
+            raise
+        return _to_response(result)
+
+    async def CheckAndComplete(
+        self, request: purgatory_pb2.CheckAndCompleteRequest, context: grpc.aio.ServicerContext
+    ) -> purgatory_pb2.CheckAndCompleteResponse:
+        completed = self._purgatories.report(
+            (state.key, state.position, state.error_code) for state in request.keys
+        )
+        return purgatory_pb2.CheckAndCompleteResponse(completed=completed)
+
+    async def Describe(
+        self, request: purgatory_pb2.DescribeRequest, context: grpc.aio.ServicerContext
+    ) -> purgatory_pb2.DescribeResponse:
+        description = self._purgatories.describe()
+        return purgatory_pb2.DescribeResponse(
+            pending_by_kind=description.pending_by_kind, watched_keys=description.watched_keys
+        )
+
+
+def _to_response(result: AwaitResult) -> purgatory_pb2.AwaitResponse:
+    return purgatory_pb2.AwaitResponse(
+        outcome=_OUTCOMES[result.outcome],
+        keys=[
+            purgatory_pb2.KeyState(key=s.key, position=s.position, error_code=s.error_code)
+            for s in result.keys
+        ],
+    )

@@ -1,0 +1,25 @@
+"""Settings of the replicator service."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.common.config import option
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicatorConfig:
+    """The replicator: cluster metadata (the controller role) for the log nodes."""
+
+    grpc_address: str = option("127.0.0.1:19400", "host:port of the Replicator gRPC service")
+    metrics_port: int = option(0, "Prometheus HTTP port (0: disabled)")
+    data_dir: str = option("data/replicator", "directory holding metadata.json")
+    log_nodes: tuple[str, ...] = option(
+        ("0=127.0.0.1:19200",), "log nodes as node_id=host:port entries, comma separated"
+    )
+    num_partitions: int = option(1, "partitions of a new topic that asks for the default")
+    default_replication_factor: int = option(
+        1, "replication factor of a new topic that asks for the default"
+    )
+    cluster_id: str = option("", "cluster id (empty: generate one once and persist it)")
+    node_check_interval_ms: int = option(1000, "how often each log node's health is checked")

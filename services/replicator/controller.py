@@ -1,0 +1,540 @@
+"""The controller: owner of the cluster metadata (Kafka's QuorumController with its
+ReplicationControlManager and ClusterControlManager, reduced to what a single active replicator
+needs). Creates and deletes topics, tracks log node liveness, and publishes each new image.
+
+Consistency rules:
+
+- Topic creation and deletion run one at a time (an asyncio lock), so of two concurrent requests
+  for the same name exactly one creates it, and a deletion's replica removal cannot interleave
+  with a re-creation of the same name.
+- A new topic is committed to the metadata only after every live replica's log node confirmed
+  creating its partitions. If any of them fails, the topic's result carries the error, the topic
+  is not committed, and the replicas already created are deleted again (best effort; leftovers
+  become pending deletions). The other topics of the same request are unaffected.
+- Deletion commits first (clients stop seeing the topic), then asks the log nodes to delete the
+  replicas. Replicas that could not be deleted (node down) stay in ``pending_deletions``, which
+  is persisted and retried after each node check and before a topic of the same name is placed
+  on that node again.
+- Each committed change is saved durably before it becomes visible; a failed save leaves the
+  previous image in place. Creation and deletion go on even if the caller goes away, so a
+  request is never half applied.
+- Liveness: a node is alive while its latest health check answered SERVING. Only live nodes
+  receive new replicas and count toward the replication factor limit. Liveness changes bump the
+  version. (Leader election, ISR changes and re-creating replicas on a returning node belong to
+  the replication role, not yet here.)
+
+Not thread-safe: one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from services.common.errors import ErrorCode, KafkaError
+
+from . import metrics
+from .assignment import assign_replicas
+from .log_nodes import LogNodeClient, LogNodeError, PartitionFailure, PartitionSpec
+from .metadata import (
+    LogNode,
+    MetadataImage,
+    NodeId,
+    PartitionRegistration,
+    TopicName,
+    TopicRegistration,
+    new_cluster_id,
+    new_topic_id,
+)
+from .metadata_store import MetadataStore
+from .publisher import ImagePublisher
+from .topic_rules import (
+    collision_key,
+    resolve_num_partitions,
+    resolve_replication_factor,
+    validate_assignment,
+    validate_configs,
+    validate_topic_name,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# A guard against requests that would exhaust memory; far above any real topic.
+MAX_PARTITIONS_PER_TOPIC = 100_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewTopic:
+    """A topic to create. -1 counts mean the configured defaults; with ``assignments`` (replica
+    node ids per partition index) both counts must be -1."""
+
+    name: str
+    num_partitions: int = -1
+    replication_factor: int = -1
+    configs: Mapping[str, str] = field(default_factory=dict)
+    assignments: Mapping[int, Sequence[int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopicResult:
+    """The outcome for one topic of a create or delete request."""
+
+    name: str
+    topic_id: str = ""
+    error: ErrorCode = ErrorCode.none
+    message: str = ""
+    num_partitions: int = -1
+    replication_factor: int = -1
+    configs: Mapping[str, str] = field(default_factory=dict)
+
+
+class Controller:
+    """Cluster metadata operations over a :class:`MetadataStore` and the log nodes."""
+
+    def __init__(
+        self,
+        *,
+        image: MetadataImage,
+        store: MetadataStore,
+        client: LogNodeClient,
+        num_partitions: int,
+        default_replication_factor: int,
+    ) -> None:
+        if num_partitions < 1:
+            raise ValueError("num_partitions must be at least 1")
+        if default_replication_factor < 1:
+            raise ValueError("default_replication_factor must be at least 1")
+        self._image = image
+        self._store = store
+        self._client = client
+        self._num_partitions = num_partitions
+        self._default_replication_factor = default_replication_factor
+        self._lock = asyncio.Lock()
+        self.publisher = ImagePublisher(image)
+        metrics.observe(image)
+
+    @classmethod
+    async def open(
+        cls,
+        *,
+        store: MetadataStore,
+        client: LogNodeClient,
+        log_nodes: Sequence[LogNode],
+        cluster_id: str = "",
+        num_partitions: int = 1,
+        default_replication_factor: int = 1,
+    ) -> Controller:
+        """Load the stored metadata (or start a new cluster), save it, and check every log node
+        once, so the controller starts with real liveness.
+
+        Raises ValueError if the stored cluster id differs from a configured one."""
+        stored = store.load()
+        if stored is None:
+            image = MetadataImage(cluster_id=cluster_id or new_cluster_id(), version=1)
+        elif cluster_id and stored.cluster_id != cluster_id:
+            raise ValueError(
+                f"the stored metadata belongs to cluster {stored.cluster_id!r}, "
+                f"not the configured {cluster_id!r}"
+            )
+        else:
+            image = stored
+        image = image.replace(log_nodes=tuple(log_nodes))
+        store.save(image)
+        controller = cls(
+            image=image,
+            store=store,
+            client=client,
+            num_partitions=num_partitions,
+            default_replication_factor=default_replication_factor,
+        )
+        await controller.check_nodes()
+        return controller
+
+    @property
+    def image(self) -> MetadataImage:
+        return self._image
+
+    # -- log node liveness ------------------------------------------------------------------
+
+    async def check_nodes(self) -> None:
+        """Health-check every log node once and record who is alive; then retry pending
+        replica deletions on live nodes (unless a topic operation is running)."""
+        nodes = self._image.log_nodes
+        serving = await asyncio.gather(*(self._client.is_serving(n.node_id) for n in nodes))
+        self._apply_liveness({n.node_id: ok for n, ok in zip(nodes, serving, strict=True)})
+        if self._image.pending_deletions and not self._lock.locked():
+            async with self._lock:
+                await self._flush_deletions(self._image.live_node_ids)
+
+    async def run_node_checks(self, interval: float) -> None:
+        """Check the log nodes every ``interval`` seconds until cancelled."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.check_nodes()
+            except Exception:  # the monitor must survive any one bad round
+                log.exception("log node check failed")
+
+    def _apply_liveness(self, alive: Mapping[NodeId, bool]) -> None:
+        current = self._image
+        nodes = tuple(
+            dataclasses.replace(n, alive=alive.get(n.node_id, n.alive)) for n in current.log_nodes
+        )
+        if nodes == current.log_nodes:
+            return
+        for before, after in zip(current.log_nodes, nodes, strict=True):
+            if before.alive != after.alive:
+                log.info("log node %d (%s) is %s", after.node_id, after.address,
+                         "alive" if after.alive else "not responding")
+        try:
+            self._commit(lambda image: image.replace(log_nodes=nodes))
+        except OSError:
+            log.exception("could not save log node liveness; will retry at the next check")
+
+    # -- topic creation ---------------------------------------------------------------------
+
+    async def create_topics(
+        self, topics: Sequence[NewTopic], *, validate_only: bool = False
+    ) -> list[TopicResult]:
+        """Validate and create ``topics``; one result per request entry, in order."""
+        return await self._exclusive(lambda: self._create_topics(topics, validate_only))
+
+    async def _create_topics(
+        self, requests: Sequence[NewTopic], validate_only: bool
+    ) -> list[TopicResult]:
+        image = self._image
+        results: list[TopicResult] = [TopicResult(name=r.name) for r in requests]
+        occurrences = Counter(r.name for r in requests)
+        taken_names = {collision_key(name): name for name in image.topics}
+        taken_ids = {t.topic_id for t in image.topics.values()}
+        start_index = image.next_leader_index
+        planned: dict[int, TopicRegistration] = {}
+        for i, request in enumerate(requests):
+            try:
+                if occurrences[request.name] > 1:
+                    raise KafkaError(ErrorCode.invalid_request,
+                                     "Duplicate topic name in the request.")
+                topic = self._plan(request, image, taken_names, taken_ids, start_index)
+            except KafkaError as e:
+                results[i] = _failed(request.name, e)
+                continue
+            if not request.assignments:
+                start_index += 1
+            taken_names[collision_key(topic.name)] = topic.name
+            taken_ids.add(topic.topic_id)
+            planned[i] = topic
+            results[i] = _created(topic, with_id=not validate_only)
+        if validate_only or not planned:
+            return results
+
+        failures, cleared = await self._create_on_log_nodes(list(planned.values()), image)
+        created = [t for t in planned.values() if t.name not in failures]
+        try:
+            self._commit(lambda current: _without_cleared(
+                current.with_topics(added=created).replace(next_leader_index=start_index),
+                cleared,
+            ), bump=bool(created))
+        except OSError as e:
+            log.exception("could not save the metadata of new topics")
+            for topic in created:
+                failures[topic.name] = KafkaError(
+                    ErrorCode.unknown_server_error, f"Could not save the cluster metadata: {e}")
+            created = []
+        for i, topic in planned.items():
+            if topic.name in failures:
+                results[i] = _failed(topic.name, failures[topic.name])
+        undo = [t for t in planned.values() if t.name in failures]
+        if undo:
+            await self._remove_replicas(undo)
+        for topic in created:
+            log.info("created topic %s (%s) with %d partition(s), replication factor %d",
+                     topic.name, topic.topic_id, len(topic.partitions), topic.replication_factor)
+        return results
+
+    def _plan(
+        self,
+        request: NewTopic,
+        image: MetadataImage,
+        taken_names: Mapping[str, str],
+        taken_ids: Iterable[str],
+        start_index: int,
+    ) -> TopicRegistration:
+        name = request.name
+        validate_topic_name(name)
+        if name in image.topics:
+            raise KafkaError(ErrorCode.topic_already_exists, f"Topic '{name}' already exists.")
+        other = taken_names.get(collision_key(name))
+        if other is not None:
+            raise KafkaError(ErrorCode.invalid_topic_exception,
+                             f"Topic '{name}' collides with existing topic: {other}")
+        live = image.live_node_ids
+        if request.assignments:
+            replica_lists = validate_assignment(
+                request.assignments,
+                num_partitions=request.num_partitions,
+                replication_factor=request.replication_factor,
+                known_nodes={n.node_id for n in image.log_nodes},
+                live_nodes=live,
+            )
+            if len(replica_lists) > MAX_PARTITIONS_PER_TOPIC:
+                raise KafkaError(ErrorCode.invalid_partitions,
+                                 f"A topic may have at most {MAX_PARTITIONS_PER_TOPIC} partitions.")
+        else:
+            partitions = resolve_num_partitions(request.num_partitions, self._num_partitions)
+            if partitions > MAX_PARTITIONS_PER_TOPIC:
+                raise KafkaError(ErrorCode.invalid_partitions,
+                                 f"A topic may have at most {MAX_PARTITIONS_PER_TOPIC} partitions.")
+            factor = resolve_replication_factor(
+                request.replication_factor, self._default_replication_factor, len(live))
+            replica_lists = assign_replicas(num_partitions=partitions, replication_factor=factor,
+                                            nodes=live, start_index=start_index)
+        configs = validate_configs(request.configs)
+        live_set = set(live)
+        partition_registrations = []
+        for index, replicas in enumerate(replica_lists):
+            isr = tuple(r for r in replicas if r in live_set)
+            partition_registrations.append(PartitionRegistration(
+                partition=index, leader=isr[0], leader_epoch=0, replicas=replicas, isr=isr))
+        return TopicRegistration(
+            name=TopicName(name),
+            topic_id=new_topic_id(taken_ids),
+            configs=configs,
+            partitions=tuple(partition_registrations),
+        )
+
+    async def _create_on_log_nodes(
+        self, topics: Sequence[TopicRegistration], image: MetadataImage
+    ) -> tuple[dict[str, KafkaError], dict[NodeId, set[tuple[str, int]]]]:
+        """Create the replicas on their live nodes, one call per node. Returns the failed
+        topics with their error, and the pending deletions that were carried out on the way."""
+        live = set(image.live_node_ids)
+        specs: dict[NodeId, list[PartitionSpec]] = {}
+        for topic in topics:
+            for p in topic.partitions:
+                for node in p.replicas:
+                    if node in live:
+                        specs.setdefault(node, []).append(PartitionSpec(
+                            topic=topic.name, partition=p.partition, topic_id=topic.topic_id,
+                            configs=topic.configs))
+        nodes = list(specs)
+        cleared: dict[NodeId, set[tuple[str, int]]] = {}
+
+        async def create_on(node: NodeId) -> list[PartitionFailure]:
+            wanted = {(s.topic, s.partition) for s in specs[node]}
+            # Remnants of an earlier topic with the same name go first, or the new topic would
+            # inherit their records.
+            stale = sorted(wanted & image.pending_deletions.get(node, frozenset()))
+            if stale:
+                failed = await self._client.delete_partitions(node, stale)
+                if failed:
+                    return failed
+                cleared[node] = set(stale)
+            return await self._client.create_partitions(node, specs[node])
+
+        outcomes = await asyncio.gather(*(create_on(n) for n in nodes), return_exceptions=True)
+        failures: dict[str, KafkaError] = {}
+        for node, outcome in zip(nodes, outcomes, strict=True):
+            if isinstance(outcome, LogNodeError):
+                for spec in specs[node]:
+                    failures.setdefault(spec.topic, KafkaError(outcome.error, outcome.message))
+            elif isinstance(outcome, BaseException):
+                log.error("creating partitions on log node %d failed", node, exc_info=outcome)
+                for spec in specs[node]:
+                    failures.setdefault(spec.topic, KafkaError(
+                        ErrorCode.unknown_server_error, f"log node {node}: {outcome!r}"))
+            else:
+                for failure in outcome:
+                    failures.setdefault(failure.topic, KafkaError(
+                        failure.error,
+                        f"log node {node}, partition {failure.partition}: {failure.message}"))
+        return failures, cleared
+
+    # -- topic deletion ---------------------------------------------------------------------
+
+    async def delete_topics(
+        self, names: Sequence[str] = (), topic_ids: Sequence[str] = ()
+    ) -> list[TopicResult]:
+        """Delete topics named by name or id; one result per entry, names first."""
+        return await self._exclusive(lambda: self._delete_topics(names, topic_ids))
+
+    async def _delete_topics(
+        self, names: Sequence[str], topic_ids: Sequence[str]
+    ) -> list[TopicResult]:
+        image = self._image
+        results: list[TopicResult] = []
+        doomed: dict[str, TopicRegistration] = {}
+        name_count, id_count = Counter(names), Counter(topic_ids)
+        for name in names:
+            topic = image.topics.get(TopicName(name))
+            if name_count[name] > 1:
+                results.append(TopicResult(name=name, error=ErrorCode.invalid_request,
+                                           message="Duplicate topic name in the request."))
+            elif topic is None:
+                results.append(TopicResult(name=name, error=ErrorCode.unknown_topic_or_partition,
+                                           message="This server does not host this topic."))
+            else:
+                doomed[name] = topic
+                results.append(TopicResult(name=name, topic_id=topic.topic_id))
+        for text in topic_ids:
+            canonical = _canonical_uuid(text)
+            topic = image.topic_by_id(canonical) if canonical else None
+            if id_count[text] > 1:
+                results.append(TopicResult(name="", topic_id=text, error=ErrorCode.invalid_request,
+                                           message="Duplicate topic id in the request."))
+            elif topic is None:
+                results.append(TopicResult(name="", topic_id=text,
+                                           error=ErrorCode.unknown_topic_id,
+                                           message="This server does not host this topic ID."))
+            else:
+                doomed[topic.name] = topic
+                results.append(TopicResult(name=topic.name, topic_id=topic.topic_id))
+        if not doomed:
+            return results
+        replicas = _replicas_by_node(doomed.values())
+        try:
+            self._commit(lambda current: _with_pending(current.with_topics(removed=doomed),
+                                                       replicas))
+        except OSError as e:
+            log.exception("could not save the metadata without the deleted topics")
+            return [
+                TopicResult(name=r.name, topic_id=r.topic_id, error=ErrorCode.unknown_server_error,
+                            message=f"Could not save the cluster metadata: {e}")
+                if r.name in doomed else r
+                for r in results
+            ]
+        for topic in doomed.values():
+            log.info("deleted topic %s (%s)", topic.name, topic.topic_id)
+        await self._flush_deletions(self._image.live_node_ids)
+        return results
+
+    async def _remove_replicas(self, topics: Sequence[TopicRegistration]) -> None:
+        """Delete the replicas of topics that were not committed; what cannot be deleted now
+        becomes a pending deletion."""
+        replicas = _replicas_by_node(topics)
+        try:
+            self._commit(lambda current: _with_pending(current, replicas), bump=False)
+        except OSError:
+            log.exception("could not save pending replica deletions")
+        await self._flush_deletions(self._image.live_node_ids)
+
+    async def _flush_deletions(self, nodes: Iterable[NodeId]) -> None:
+        """Ask ``nodes`` to delete their pending replicas; forget those that are gone."""
+        pending = self._image.pending_deletions
+        work = {n: sorted(pending[n]) for n in nodes if pending.get(n)}
+        if not work:
+            return
+        outcomes = await asyncio.gather(
+            *(self._client.delete_partitions(n, parts) for n, parts in work.items()),
+            return_exceptions=True,
+        )
+        done: dict[NodeId, set[tuple[str, int]]] = {}
+        for (node, parts), outcome in zip(work.items(), outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                log.warning("log node %d: replica deletion deferred: %s", node, outcome)
+                continue
+            failed = {(f.topic, f.partition) for f in outcome}
+            for f in outcome:
+                log.warning("log node %d: could not delete %s-%d: %s", node, f.topic,
+                            f.partition, f.message)
+            done[node] = set(parts) - failed
+        if any(done.values()):
+            try:
+                self._commit(lambda current: _without_cleared(current, done), bump=False)
+            except OSError:
+                log.exception("could not save completed replica deletions")
+
+    # -- committing -------------------------------------------------------------------------
+
+    async def _exclusive(self, operation: Callable[[], Awaitable[T]]) -> T:
+        async def locked() -> T:
+            async with self._lock:
+                return await operation()
+
+        # Shielded: a caller that goes away must not leave an operation half applied.
+        return await asyncio.shield(locked())
+
+    def _commit(
+        self, change: Callable[[MetadataImage], MetadataImage], *, bump: bool = True
+    ) -> MetadataImage:
+        """Apply ``change`` to the current image, save it, then make it current. With ``bump``
+        the version increases and watchers are told; bookkeeping that clients cannot see
+        (pending deletions) is saved without a new version."""
+        current = self._image
+        image = change(current)
+        if bump:
+            image = image.replace(version=current.version + 1)
+        elif image == current:
+            return current
+        self._store.save(image)
+        self._image = image
+        if bump:
+            self.publisher.publish(image)
+        metrics.observe(image)
+        return image
+
+    async def close(self) -> None:
+        self.publisher.close()
+
+
+def _created(topic: TopicRegistration, *, with_id: bool) -> TopicResult:
+    return TopicResult(
+        name=topic.name,
+        topic_id=topic.topic_id if with_id else "",
+        num_partitions=len(topic.partitions),
+        replication_factor=topic.replication_factor,
+        configs=dict(topic.configs),
+    )
+
+
+def _failed(name: str, error: KafkaError) -> TopicResult:
+    return TopicResult(name=name, error=error.code, message=error.message or "")
+
+
+def _replicas_by_node(
+    topics: Iterable[TopicRegistration],
+) -> dict[NodeId, set[tuple[str, int]]]:
+    replicas: dict[NodeId, set[tuple[str, int]]] = {}
+    for topic in topics:
+        for p in topic.partitions:
+            for node in p.replicas:
+                replicas.setdefault(node, set()).add((topic.name, p.partition))
+    return replicas
+
+
+def _with_pending(
+    image: MetadataImage, replicas: Mapping[NodeId, set[tuple[str, int]]]
+) -> MetadataImage:
+    def add(pending: dict[NodeId, set[tuple[str, int]]]) -> None:
+        for node, parts in replicas.items():
+            pending.setdefault(node, set()).update(parts)
+
+    return image.with_pending_deletions(add)
+
+
+def _without_cleared(
+    image: MetadataImage, cleared: Mapping[NodeId, set[tuple[str, int]]]
+) -> MetadataImage:
+    if not any(cleared.values()):
+        return image
+
+    def remove(pending: dict[NodeId, set[tuple[str, int]]]) -> None:
+        for node, parts in cleared.items():
+            if node in pending:
+                pending[node] -= parts
+
+    return image.with_pending_deletions(remove)
+
+
+def _canonical_uuid(text: str) -> str | None:
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        return None

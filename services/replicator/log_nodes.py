@@ -1,0 +1,180 @@
+"""Talking to log nodes: parsing their configured addresses, health checks, and creating and
+deleting partition replicas (the kbroker.log.v1 LogService), with gRPC failures turned into
+Kafka error codes here and nowhere else in the replicator.
+
+:class:`LogNodeClient` is what the controller needs; :class:`GrpcLogNodes` implements it with
+one long-lived channel per node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from kbroker.log.v1 import log_pb2, log_pb2_grpc
+from services.common.channels import insecure_channel
+from services.common.errors import ErrorCode
+
+from .metadata import LogNode, NodeId
+
+LOG_SERVICE_NAME = log_pb2.DESCRIPTOR.services_by_name["LogService"].full_name
+
+# Creating or deleting replicas touches a few files; anything slower is a sick node.
+CALL_TIMEOUT = 10.0
+
+
+def parse_log_nodes(entries: Iterable[str]) -> tuple[LogNode, ...]:
+    """``["0=host:port", ...]`` -> log nodes (not yet known alive), by ascending id.
+
+    Raises ValueError for a malformed entry or a repeated node id."""
+    nodes: dict[int, LogNode] = {}
+    for entry in entries:
+        node_id, sep, address = entry.strip().partition("=")
+        host, colon, port = address.strip().rpartition(":")
+        if not sep or not colon or not host or not port.isdigit():
+            raise ValueError(f"log node entry {entry!r} is not node_id=host:port")
+        try:
+            number = int(node_id)
+        except ValueError:
+            raise ValueError(f"log node entry {entry!r}: node id is not an integer") from None
+        if number < 0:
+            raise ValueError(f"log node entry {entry!r}: node id must not be negative")
+        if number in nodes:
+            raise ValueError(f"log node id {number} is configured twice")
+        nodes[number] = LogNode(node_id=NodeId(number), address=address.strip())
+    return tuple(nodes[n] for n in sorted(nodes))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartitionSpec:
+    """A replica to create: the topic's name, id and configs, and the partition index."""
+
+    topic: str
+    partition: int
+    topic_id: str
+    configs: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartitionFailure:
+    topic: str
+    partition: int
+    error: ErrorCode
+    message: str
+
+
+class LogNodeError(Exception):
+    """A call to a log node failed as a whole (unreachable, timed out, internal error);
+    ``error`` is the Kafka error the affected topics report."""
+
+    def __init__(self, node_id: int, error: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.node_id = node_id
+        self.error = error
+        self.message = message
+
+
+class LogNodeClient(Protocol):
+    async def is_serving(self, node_id: NodeId) -> bool:
+        """Whether the node's LogService health check answers SERVING (False on any failure)."""
+        ...
+
+    async def create_partitions(
+        self, node_id: NodeId, specs: Sequence[PartitionSpec]
+    ) -> list[PartitionFailure]:
+        """Create (or confirm) replicas; per-partition failures are returned, a failure of the
+        whole call raises :class:`LogNodeError`."""
+        ...
+
+    async def delete_partitions(
+        self, node_id: NodeId, partitions: Sequence[tuple[str, int]]
+    ) -> list[PartitionFailure]:
+        """Delete replicas (unknown ones are not an error); as :meth:`create_partitions`."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class GrpcLogNodes:
+    """:class:`LogNodeClient` over gRPC, one channel per configured node."""
+
+    def __init__(self, nodes: Sequence[LogNode], health_timeout: float = 1.0) -> None:
+        self._health_timeout = health_timeout
+        self._nodes = {n.node_id: n for n in nodes}
+        self._channels = {n.node_id: insecure_channel(n.address) for n in nodes}
+        self._log = {i: log_pb2_grpc.LogServiceStub(c) for i, c in self._channels.items()}
+        self._health = {i: health_pb2_grpc.HealthStub(c) for i, c in self._channels.items()}
+
+    async def is_serving(self, node_id: NodeId) -> bool:
+        stub = self._health.get(node_id)
+        if stub is None:
+            return False
+        try:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=LOG_SERVICE_NAME),
+                                     timeout=self._health_timeout)
+        except grpc.aio.AioRpcError:
+            return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+    async def create_partitions(
+        self, node_id: NodeId, specs: Sequence[PartitionSpec]
+    ) -> list[PartitionFailure]:
+        request = log_pb2.CreatePartitionsRequest(partitions=[
+            log_pb2.PartitionSpec(topic=s.topic, partition=s.partition, topic_id=s.topic_id,
+                                  configs=dict(s.configs))
+            for s in specs
+        ])
+        reply = await self._call(node_id, "create partitions", self._stub(node_id).CreatePartitions,
+                                 request)
+        return _failures(reply.results)
+
+    async def delete_partitions(
+        self, node_id: NodeId, partitions: Sequence[tuple[str, int]]
+    ) -> list[PartitionFailure]:
+        request = log_pb2.DeletePartitionsRequest(partitions=[
+            log_pb2.TopicPartition(topic=topic, partition=partition)
+            for topic, partition in partitions
+        ])
+        reply = await self._call(node_id, "delete partitions", self._stub(node_id).DeletePartitions,
+                                 request)
+        return _failures(reply.results)
+
+    def _stub(self, node_id: NodeId) -> log_pb2_grpc.LogServiceStub:
+        stub = self._log.get(node_id)
+        if stub is None:
+            raise LogNodeError(node_id, ErrorCode.request_timed_out,
+                                     f"log node {node_id} is not configured")
+        return stub
+
+    async def _call(self, node_id: NodeId, what: str, method, request):  # type: ignore[no-untyped-def]
+        address = self._nodes[node_id].address
+        try:
+            return await method(request, timeout=CALL_TIMEOUT)
+        except grpc.aio.AioRpcError as e:
+            # Retriable for clients: the next health check takes a dead node out of placement.
+            raise LogNodeError(
+                node_id, ErrorCode.request_timed_out,
+                f"log node {node_id} ({address}) could not {what}: {e.code().name} {e.details()}",
+            ) from e
+
+    async def close(self) -> None:
+        await asyncio.gather(*(c.close() for c in self._channels.values()))
+
+
+def _failures(results: Iterable[log_pb2.PartitionError]) -> list[PartitionFailure]:
+    failures = []
+    for r in results:
+        if r.error_code == 0:
+            continue
+        try:
+            error = ErrorCode(r.error_code)
+        except ValueError:
+            error = ErrorCode.unknown_server_error
+        failures.append(PartitionFailure(topic=r.topic, partition=r.partition, error=error,
+                                         message=r.error_message or error.name.upper()))
+    return failures

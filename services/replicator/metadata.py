@@ -1,0 +1,160 @@
+"""The cluster metadata image: an immutable snapshot of everything the controller knows (Kafka's
+``MetadataImage``): the cluster id, the metadata version, the log nodes and their liveness, and
+every topic with its partitions' replicas, leader, leader epoch and ISR.
+
+Every change produces a new image with ``version`` one higher; readers hold an image without
+locks. Replicas on log nodes that are not alive are the partition's offline replicas; they are
+derived from liveness, not stored.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import NewType
+
+NodeId = NewType("NodeId", int)
+TopicName = NewType("TopicName", str)
+
+NO_NODE = NodeId(-1)
+
+# Topics the broker itself uses; flagged internal in metadata (Kafka's Topic.INTERNAL_TOPICS).
+INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LogNode:
+    """A log node from configuration, and whether its last health check succeeded."""
+
+    node_id: NodeId
+    address: str
+    rack: str = ""
+    alive: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartitionRegistration:
+    """One partition's replica set. ``replicas[0]`` is the preferred leader; ``isr`` is a
+    subset of ``replicas``; ``leader`` is in ``isr`` (or -1 when no replica can lead)."""
+
+    partition: int
+    leader: NodeId
+    leader_epoch: int
+    replicas: tuple[NodeId, ...]
+    isr: tuple[NodeId, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopicRegistration:
+    """A topic: its name, its id (a UUID in canonical text form), its explicitly set configs
+    (Kafka names, values as given) and its partitions, indexed 0..n-1."""
+
+    name: TopicName
+    topic_id: str
+    configs: Mapping[str, str]
+    partitions: tuple[PartitionRegistration, ...]
+
+    @property
+    def internal(self) -> bool:
+        return self.name in INTERNAL_TOPICS
+
+    @property
+    def replication_factor(self) -> int:
+        return len(self.partitions[0].replicas) if self.partitions else 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MetadataImage:
+    """The whole cluster metadata at one version.
+
+    ``next_leader_index`` is where the next automatic assignment starts its round-robin;
+    ``pending_deletions`` are partition replicas of deleted topics that a log node has not yet
+    confirmed deleting (it was unreachable), retried later.
+    """
+
+    cluster_id: str
+    version: int
+    log_nodes: tuple[LogNode, ...] = ()
+    topics: Mapping[TopicName, TopicRegistration] = field(default_factory=dict)
+    next_leader_index: int = 0
+    pending_deletions: Mapping[NodeId, frozenset[tuple[str, int]]] = field(default_factory=dict)
+
+    @property
+    def live_node_ids(self) -> tuple[NodeId, ...]:
+        """Ids of the log nodes that are alive, ascending."""
+        return tuple(sorted(n.node_id for n in self.log_nodes if n.alive))
+
+    @property
+    def controller_id(self) -> NodeId:
+        """What clients are told the controller is: the lowest live log node id (they want a
+        real broker id), -1 when none is alive."""
+        live = self.live_node_ids
+        return live[0] if live else NO_NODE
+
+    def node(self, node_id: int) -> LogNode | None:
+        for node in self.log_nodes:
+            if node.node_id == node_id:
+                return node
+        return None
+
+    def offline_replicas(self, partition: PartitionRegistration) -> tuple[NodeId, ...]:
+        live = set(self.live_node_ids)
+        return tuple(r for r in partition.replicas if r not in live)
+
+    def topic_by_id(self, topic_id: str) -> TopicRegistration | None:
+        for topic in self.topics.values():
+            if topic.topic_id == topic_id:
+                return topic
+        return None
+
+    def replace(self, **changes: object) -> MetadataImage:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    def with_topics(
+        self,
+        added: Iterable[TopicRegistration] = (),
+        removed: Iterable[str] = (),
+    ) -> MetadataImage:
+        topics = dict(self.topics)
+        for name in removed:
+            topics.pop(TopicName(name), None)
+        for topic in added:
+            topics[topic.name] = topic
+        return self.replace(topics=topics)
+
+    def with_pending_deletions(
+        self, change: Callable[[dict[NodeId, set[tuple[str, int]]]], None]
+    ) -> MetadataImage:
+        """A copy whose pending deletions ``change`` edited (in a mutable copy)."""
+        pending = {node: set(parts) for node, parts in self.pending_deletions.items()}
+        change(pending)
+        return self.replace(
+            pending_deletions={node: frozenset(p) for node, p in pending.items() if p}
+        )
+
+
+def kafka_uuid_text(value: uuid.UUID) -> str:
+    """Kafka's text form of a UUID (``Uuid.toString``): URL-safe base64 without padding."""
+    return base64.urlsafe_b64encode(value.bytes).decode("ascii").rstrip("=")
+
+
+def new_cluster_id() -> str:
+    """A fresh cluster id in Kafka's form (22 characters, never starting with '-')."""
+    while True:
+        text = kafka_uuid_text(uuid.uuid4())
+        if not text.startswith("-"):
+            return text
+
+
+def new_topic_id(taken: Iterable[str] = ()) -> str:
+    """A fresh topic id as canonical UUID text, unique among ``taken``. Like Kafka, avoids ids
+    whose base64 form starts with '-' (command-line tools would read them as flags)."""
+    used = set(taken)
+    while True:
+        value = uuid.uuid4()
+        text = str(value)
+        if text not in used and not kafka_uuid_text(value).startswith("-"):
+            return text

@@ -1,0 +1,149 @@
+"""Durable copy of the cluster metadata: the :class:`MetadataStore` interface and its first
+implementation, a JSON file rewritten atomically on every change.
+
+Kept behind a two-method interface (``load``/``save``) so that moving the metadata into a
+replicated metadata log on the log nodes replaces this module only.
+
+On-disk format of ``<data_dir>/metadata.json`` (UTF-8 JSON)::
+
+    {"format": 1, "cluster_id": "...", "version": 12, "next_leader_index": 3,
+     "topics": [{"name": "t", "topic_id": "<uuid>", "configs": {"k": "v"},
+                 "partitions": [{"partition": 0, "leader": 1, "leader_epoch": 0,
+                                 "replicas": [1, 2], "isr": [1, 2]}]}],
+     "pending_deletions": {"2": [["old-topic", 0]]}}
+
+Log node liveness is not stored (it is re-learned by health checks after a restart), but the
+version is, so versions keep increasing across restarts.
+
+Invariant: ``metadata.json`` is always a complete document. A save writes
+``metadata.json.tmp``, fsyncs it, renames it over ``metadata.json`` and fsyncs the directory;
+a crash at any point leaves either the old or the new document. A leftover ``.tmp`` is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+from .metadata import MetadataImage, NodeId, PartitionRegistration, TopicName, TopicRegistration
+
+FORMAT = 1
+FILE_NAME = "metadata.json"
+
+
+class MetadataStore(Protocol):
+    def load(self) -> MetadataImage | None:
+        """The last saved image (without log nodes), or None if nothing was ever saved."""
+        ...
+
+    def save(self, image: MetadataImage) -> None:
+        """Make ``image`` durable before returning; raises OSError on failure."""
+        ...
+
+
+class CorruptMetadataError(Exception):
+    """The metadata file exists but cannot be read; refusing to start beats forgetting every
+    topic."""
+
+
+class JsonFileMetadataStore:
+    """:class:`MetadataStore` as one JSON file in ``data_dir``. Not thread-safe."""
+
+    def __init__(self, data_dir: str | os.PathLike[str]) -> None:
+        self.directory = Path(data_dir)
+        self.path = self.directory / FILE_NAME
+
+    def load(self) -> MetadataImage | None:
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            return _decode(json.loads(raw))
+        except (ValueError, KeyError, TypeError) as e:
+            raise CorruptMetadataError(f"{self.path}: {e}") from e
+
+    def save(self, image: MetadataImage) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        data = json.dumps(_encode(image), indent=1, sort_keys=True).encode()
+        tmp = self.path.with_name(FILE_NAME + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        dir_fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def _encode(image: MetadataImage) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "cluster_id": image.cluster_id,
+        "version": image.version,
+        "next_leader_index": image.next_leader_index,
+        "topics": [
+            {
+                "name": t.name,
+                "topic_id": t.topic_id,
+                "configs": dict(t.configs),
+                "partitions": [
+                    {
+                        "partition": p.partition,
+                        "leader": p.leader,
+                        "leader_epoch": p.leader_epoch,
+                        "replicas": list(p.replicas),
+                        "isr": list(p.isr),
+                    }
+                    for p in t.partitions
+                ],
+            }
+            for t in sorted(image.topics.values(), key=lambda t: t.name)
+        ],
+        "pending_deletions": {
+            str(node): sorted([topic, partition] for topic, partition in parts)
+            for node, parts in sorted(image.pending_deletions.items())
+        },
+    }
+
+
+def _decode(doc: Any) -> MetadataImage:
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ValueError("not a metadata document of format 1")
+    topics = {}
+    for t in doc["topics"]:
+        topic = TopicRegistration(
+            name=TopicName(str(t["name"])),
+            topic_id=str(t["topic_id"]),
+            configs={str(k): str(v) for k, v in t["configs"].items()},
+            partitions=tuple(
+                PartitionRegistration(
+                    partition=int(p["partition"]),
+                    leader=NodeId(int(p["leader"])),
+                    leader_epoch=int(p["leader_epoch"]),
+                    replicas=tuple(NodeId(int(r)) for r in p["replicas"]),
+                    isr=tuple(NodeId(int(r)) for r in p["isr"]),
+                )
+                for p in t["partitions"]
+            ),
+        )
+        topics[topic.name] = topic
+    return MetadataImage(
+        cluster_id=str(doc["cluster_id"]),
+        version=int(doc["version"]),
+        topics=topics,
+        next_leader_index=int(doc["next_leader_index"]),
+        pending_deletions={
+            NodeId(int(node)): frozenset((str(topic), int(partition)) for topic, partition in parts)
+            for node, parts in doc["pending_deletions"].items()
+        },
+    )

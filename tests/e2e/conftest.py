@@ -1,0 +1,47 @@
+"""End-to-end fixtures: one real local cluster (every service as its own process, free loopback
+ports, data in a temporary folder) shared by the end-to-end tests of a session."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from services.cluster import ClusterSpec, LocalCluster
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    data = tmp_path_factory.mktemp("cluster")
+    spec = ClusterSpec(
+        data_dir=data,
+        kafka_port=0,
+        base_port=0,
+        handlers=2,
+        log_nodes=3,
+        num_partitions=3,
+        log_level=os.environ.get("KBROKER_TEST_LOG_LEVEL", "INFO"),
+    )
+    local = LocalCluster(spec)
+    local.start()
+    try:
+        yield local
+    finally:
+        local.stop()
+        for name in local.services:
+            # Leave the service logs beside the data for a failing run.
+            Path(data / "logs" / f"{name}.log").touch()
+
+
+_counter = itertools.count()
+
+
+@pytest.fixture()
+def topic_name(request: pytest.FixtureRequest) -> str:
+    """A fresh topic name per test (names stay valid Kafka topic names)."""
+    base = request.node.name.replace("[", "-").replace("]", "").replace("_", "-")[:60]
+    return f"{base}-{next(_counter)}-{uuid.uuid4().hex[:6]}"

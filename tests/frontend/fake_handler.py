@@ -1,0 +1,138 @@
+"""A stand-in for the handler service: a real gRPC KafkaHandler on a port-0 server that
+answers with simple canned content and records what it was asked, with knobs to make it block
+(to kill it mid-request) or be slow."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+
+from kbroker.handler.v1 import handler_pb2_grpc
+from kbroker.kafka.v1 import kafka_pb2 as k
+
+TOPIC_ID = "6b1c6ad4-62a2-4c3c-9a64-3e1ea9a0b9f1"
+
+
+class FakeHandler(handler_pb2_grpc.KafkaHandlerServicer):
+    """Answers every API; ``block`` names RPCs that never answer (until the server stops)."""
+
+    def __init__(self, name: str = "handler", node_id: int = 1,
+                 block: tuple[str, ...] = ()) -> None:
+        self.name = name
+        self.node_id = node_id
+        self.block = set(block)
+        self.calls: list[tuple[str, Any, dict[str, str]]] = []
+        self.entered = asyncio.Event()  # a blocking RPC was entered
+        self.received = asyncio.Event()  # any RPC was entered
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.delays: dict[str, float] = {}
+        self.errors: dict[str, grpc.StatusCode] = {}
+        self.produce_errors: dict[str, int] = {}  # topic -> error code for its partitions
+        self.next_offset: dict[tuple[str, int], int] = {}
+        self.server: grpc.aio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> FakeHandler:
+        self.server = grpc.aio.server()
+        handler_pb2_grpc.add_KafkaHandlerServicer_to_server(self, self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        await self.server.start()
+        return self
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            await self.server.stop(0)
+            self.server = None
+
+    def called(self, rpc: str) -> list[Any]:
+        return [request for name, request, _ in self.calls if name == rpc]
+
+    async def _enter(self, rpc: str, request: Any, context: grpc.aio.ServicerContext) -> None:
+        self.calls.append((rpc, request, dict(context.invocation_metadata())))
+        self.received.set()
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if rpc in self.block:
+                self.entered.set()
+                await asyncio.Event().wait()
+            delay = self.delays.get(rpc)
+            if delay:
+                await asyncio.sleep(delay)
+            if rpc in self.errors:
+                await context.abort(self.errors[rpc], f"{self.name} fails {rpc}")
+        finally:
+            self.in_flight -= 1
+
+    async def Metadata(self, request, context):
+        await self._enter("Metadata", request, context)
+        metadata = dict(context.invocation_metadata())
+        host, _, port = metadata.get("kafka-advertised", "127.0.0.1:9092").rpartition(":")
+        names = ["canned"] if request.topics_is_null else [t.name for t in request.topics]
+        return k.MetadataResponse(
+            brokers=[{"node_id": self.node_id, "host": host, "port": int(port)}],
+            cluster_id=self.name, controller_id=self.node_id,
+            topics=[{"error_code": 0, "name": name, "topic_id": TOPIC_ID, "is_internal": False,
+                     "partitions": [{"error_code": 0, "partition_index": 0,
+                                     "leader_id": self.node_id, "leader_epoch": 0,
+                                     "replica_nodes": [self.node_id],
+                                     "isr_nodes": [self.node_id]}]}
+                    for name in names])
+
+    async def Produce(self, request, context):
+        await self._enter("Produce", request, context)
+        topics = []
+        for topic in request.topic_data:
+            partitions = []
+            for p in topic.partition_data:
+                key = (topic.name, p.index)
+                base = self.next_offset.get(key, 0)
+                self.next_offset[key] = base + 1
+                partitions.append({"index": p.index, "base_offset": base, "log_start_offset": 0,
+                                   "error_code": self.produce_errors.get(topic.name, 0)})
+            topics.append({"name": topic.name, "partition_responses": partitions})
+        return k.ProduceResponse(responses=topics)
+
+    async def Fetch(self, request, context):
+        await self._enter("Fetch", request, context)
+        return k.FetchResponse(responses=[
+            {"topic": t.topic, "partitions": [
+                {"partition_index": p.partition, "high_watermark": 0, "last_stable_offset": 0,
+                 "log_start_offset": 0, "records": b""} for p in t.partitions]}
+            for t in request.topics])
+
+    async def ListOffsets(self, request, context):
+        await self._enter("ListOffsets", request, context)
+        return k.ListOffsetsResponse(topics=[
+            {"name": t.name, "partitions": [
+                {"partition_index": p.partition_index, "timestamp": -1, "offset": 0,
+                 "leader_epoch": 0} for p in t.partitions]}
+            for t in request.topics])
+
+    async def CreateTopics(self, request, context):
+        await self._enter("CreateTopics", request, context)
+        return k.CreateTopicsResponse(topics=[
+            {"name": t.name, "error_code": 0, "topic_id": TOPIC_ID,
+             "num_partitions": max(t.num_partitions, 1),
+             "replication_factor": max(t.replication_factor, 1)}
+            for t in request.topics])
+
+    async def DeleteTopics(self, request, context):
+        await self._enter("DeleteTopics", request, context)
+        names = list(request.topic_names) + [t.name for t in request.topics]
+        return k.DeleteTopicsResponse(responses=[{"name": n, "error_code": 0} for n in names])
+
+    async def DescribeCluster(self, request, context):
+        await self._enter("DescribeCluster", request, context)
+        metadata = dict(context.invocation_metadata())
+        host, _, port = metadata.get("kafka-advertised", "127.0.0.1:9092").rpartition(":")
+        return k.DescribeClusterResponse(
+            cluster_id=self.name, controller_id=self.node_id,
+            brokers=[{"broker_id": self.node_id, "host": host, "port": int(port)}])

@@ -1,0 +1,278 @@
+"""In-memory stand-ins for the handler's collaborators, for unit tests of the API modules."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from services.handler.collaborators import (
+    AppendResult,
+    CallError,
+    KeyState,
+    NewTopic,
+    OffsetQuery,
+    OffsetResult,
+    PartitionAppend,
+    PartitionRead,
+    ReadLimit,
+    ReadResult,
+    TopicResult,
+    WaitKind,
+    WaitResult,
+)
+from services.handler.metadata_cache import (
+    ClusterMetadata,
+    LogNode,
+    MetadataCache,
+    PartitionInfo,
+    TopicInfo,
+)
+from services.handler.request_context import RequestContext
+
+from .batches import batch_offsets, record_batch
+
+CONTEXT = RequestContext(advertised_host="kafka.example", advertised_port=9092)
+
+
+def topic(
+    name: str,
+    partitions: int = 1,
+    *,
+    leaders: Sequence[int] | None = None,
+    topic_id: str | None = None,
+    epoch: int = 0,
+) -> TopicInfo:
+    leaders = leaders or [0] * partitions
+    return TopicInfo(
+        name=name,
+        topic_id=topic_id,
+        partitions={
+            p: PartitionInfo(partition=p, leader=leaders[p], leader_epoch=epoch,
+                             replicas=(leaders[p],), isr=(leaders[p],))
+            for p in range(partitions)
+        },
+    )
+
+
+def cluster(
+    *topics: TopicInfo,
+    nodes: Sequence[int] = (0,),
+    dead: Sequence[int] = (),
+    version: int = 1,
+    controller: int = 0,
+) -> ClusterMetadata:
+    return ClusterMetadata(
+        version=version,
+        cluster_id="test-cluster",
+        controller_id=controller,
+        log_nodes=[LogNode(node_id=n, address=f"node-{n}:1", alive=n not in dead)
+                   for n in (*nodes, *dead)],
+        topics=topics,
+    )
+
+
+def cache_of(metadata: ClusterMetadata) -> MetadataCache:
+    cache = MetadataCache(_constant(metadata))
+    cache.install(metadata)
+    return cache
+
+
+def _constant(metadata: ClusterMetadata):  # type: ignore[no-untyped-def]
+    async def load() -> ClusterMetadata:
+        return metadata
+    return load
+
+
+@dataclass
+class FakePartition:
+    batches: list[bytes] = field(default_factory=list)
+    log_end: int = 0
+    high_watermark: int = 0
+
+
+class FakeLogNodes:
+    """Log nodes holding batches in memory; the high watermark follows the log end unless
+    ``lagging_high_watermark`` is set. ``failures[node_id]`` makes calls to a node raise."""
+
+    def __init__(self) -> None:
+        self.partitions: dict[tuple[str, int], FakePartition] = {}
+        self.calls: list[tuple[str, int, list]] = []
+        self.failures: dict[int, Exception] = {}
+        self.lagging_high_watermark = False
+        self.appended = asyncio.Event()
+
+    def partition(self, topic: str, partition: int) -> FakePartition:
+        return self.partitions.setdefault((topic, partition), FakePartition())
+
+    def _check(self, node: LogNode) -> None:
+        failure = self.failures.get(node.node_id)
+        if failure is not None:
+            raise failure
+
+    def put(self, topic: str, partition: int, values: list[bytes]) -> None:
+        """Append a batch directly, as if produced."""
+        p = self.partition(topic, partition)
+        p.batches.append(record_batch(values, base_offset=p.log_end))
+        p.log_end += len(values)
+        p.high_watermark = p.log_end
+
+    async def append(
+        self, node: LogNode, appends: Sequence[PartitionAppend], time_limit: float
+    ) -> list[AppendResult]:
+        self.calls.append(("append", node.node_id, list(appends)))
+        self._check(node)
+        out = []
+        for a in appends:
+            p = self.partition(a.topic, a.partition)
+            count = sum(n for _, n in batch_offsets(a.records))
+            base = p.log_end
+            p.batches.append(a.records)
+            p.log_end += count
+            if not self.lagging_high_watermark:
+                p.high_watermark = p.log_end
+            out.append(AppendResult(topic=a.topic, partition=a.partition, base_offset=base,
+                                    log_start_offset=0, log_end_offset=p.log_end,
+                                    high_watermark=p.high_watermark))
+        self.appended.set()
+        return out
+
+    async def read(
+        self, node: LogNode, reads: Sequence[PartitionRead], max_bytes: int, limit: ReadLimit,
+        time_limit: float,
+    ) -> list[ReadResult]:
+        self.calls.append(("read", node.node_id, list(reads)))
+        self._check(node)
+        out = []
+        for r in reads:
+            p = self.partition(r.topic, r.partition)
+            if r.offset > p.log_end or r.offset < 0:
+                out.append(ReadResult(topic=r.topic, partition=r.partition, error_code=1))
+                continue
+            data = b""
+            for batch in p.batches:
+                (base, count), = batch_offsets(batch)
+                if base + count <= r.offset or base >= p.high_watermark:
+                    continue
+                if data and len(data) + len(batch) > r.max_bytes:
+                    break
+                data += batch
+            out.append(ReadResult(topic=r.topic, partition=r.partition, records=data,
+                                  high_watermark=p.high_watermark, log_start_offset=0,
+                                  log_end_offset=p.log_end))
+        return out
+
+    async def list_offsets(
+        self, node: LogNode, queries: Sequence[OffsetQuery], limit: ReadLimit, time_limit: float
+    ) -> list[OffsetResult]:
+        self.calls.append(("list_offsets", node.node_id, list(queries)))
+        self._check(node)
+        out = []
+        for q in queries:
+            p = self.partition(q.topic, q.partition)
+            end = p.high_watermark if limit == ReadLimit.HIGH_WATERMARK else p.log_end
+            offset = {-1: end, -2: 0}.get(q.timestamp, 0)
+            out.append(OffsetResult(topic=q.topic, partition=q.partition, offset=offset,
+                                    timestamp=-1, leader_epoch=-1))
+        return out
+
+
+class FakePurgatory:
+    """Records waits; answers with ``answer`` (a WaitResult, an exception to raise, or None to
+    sleep out the timeout and expire). ``wake`` completes a pending wait early."""
+
+    def __init__(self, answer: WaitResult | Exception | None = None) -> None:
+        self.answer = answer
+        self.waits: list[tuple[WaitKind, dict[str, int], bool, int]] = []
+        self.wake = asyncio.Event()
+        self.parked = asyncio.Event()
+
+    async def wait(
+        self, kind: WaitKind, thresholds: Mapping[str, int], require_all: bool, timeout_ms: int
+    ) -> WaitResult:
+        self.waits.append((kind, dict(thresholds), require_all, timeout_ms))
+        self.parked.set()
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        if self.answer is not None:
+            return self.answer
+        try:
+            await asyncio.wait_for(self.wake.wait(), timeout_ms / 1000)
+        except TimeoutError:
+            return WaitResult(completed=False)
+        self.wake.clear()
+        return WaitResult(completed=True,
+                          keys={k: KeyState(position=t) for k, t in thresholds.items()})
+
+
+class FakeController:
+    """A controller keeping topics in a ClusterMetadata it hands out on load."""
+
+    def __init__(self, metadata: ClusterMetadata, *, failure: CallError | None = None) -> None:
+        self.metadata = metadata
+        self.failure = failure
+        self.created: list[tuple[list[NewTopic], bool]] = []
+        self.deleted: list[tuple[list[str], list[str]]] = []
+        self.loads = 0
+
+    async def load_metadata(self) -> ClusterMetadata:
+        self.loads += 1
+        return self.metadata
+
+    async def create_topics(
+        self, topics: Sequence[NewTopic], validate_only: bool, time_limit: float
+    ) -> list[TopicResult]:
+        self.created.append((list(topics), validate_only))
+        if self.failure is not None:
+            raise self.failure
+        out = []
+        known = dict(self.metadata.topics)
+        for t in topics:
+            if t.name in known:
+                out.append(TopicResult(name=t.name, error_code=36,
+                                       error_message=f"Topic '{t.name}' already exists."))
+                continue
+            count = 1 if t.num_partitions == -1 else t.num_partitions
+            if count <= 0:
+                out.append(TopicResult(name=t.name, error_code=37))
+                continue
+            topic_id = f"00000000-0000-0000-0000-{len(known) + 1:012d}"
+            configs = {"cleanup.policy": "delete", "retention.ms": "604800000", **t.configs}
+            out.append(TopicResult(name=t.name, topic_id=topic_id, num_partitions=count,
+                                   replication_factor=1, configs=configs))
+            if not validate_only:
+                known[t.name] = topic_ids(topic(t.name, count), topic_id)
+        self.metadata = ClusterMetadata(
+            version=self.metadata.version + 1, cluster_id=self.metadata.cluster_id,
+            controller_id=self.metadata.controller_id,
+            log_nodes=self.metadata.log_nodes.values(), topics=known.values())
+        return out
+
+    async def delete_topics(
+        self, names: Sequence[str], topic_ids: Sequence[str], time_limit: float
+    ) -> list[TopicResult]:
+        self.deleted.append((list(names), list(topic_ids)))
+        if self.failure is not None:
+            raise self.failure
+        known = dict(self.metadata.topics)
+        out = []
+        for name in names:
+            gone = known.pop(name, None)
+            out.append(TopicResult(name=name, topic_id=gone.topic_id if gone else None,
+                                   error_code=0 if gone else 3))
+        for topic_id in topic_ids:
+            match = next((t for t in known.values() if t.topic_id == topic_id), None)
+            if match is not None:
+                known.pop(match.name)
+            out.append(TopicResult(name=match.name if match else "", topic_id=topic_id,
+                                   error_code=0 if match else 100))
+        self.metadata = ClusterMetadata(
+            version=self.metadata.version + 1, cluster_id=self.metadata.cluster_id,
+            controller_id=self.metadata.controller_id,
+            log_nodes=self.metadata.log_nodes.values(), topics=known.values())
+        return out
+
+
+def topic_ids(info: TopicInfo, topic_id: str) -> TopicInfo:
+    return TopicInfo(name=info.name, topic_id=topic_id, internal=info.internal,
+                     configs=info.configs, partitions=info.partitions)

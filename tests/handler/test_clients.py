@@ -1,0 +1,80 @@
+"""The gRPC clients' own logic: failure classification, metadata conversion and channel
+upkeep (the calls themselves run in test_service.py)."""
+
+import asyncio
+
+import grpc
+
+from kbroker.replicator.v1 import replicator_pb2
+from services.handler.clients import (
+    LogNodeClients,
+    PurgatoryClient,
+    call_failure,
+    metadata_from_proto,
+)
+from services.handler.collaborators import OutcomeUnknownError, UnreachableError, WaitKind
+
+from .fakes import cluster
+
+
+def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
+def test_only_failures_to_connect_are_unreachable():
+    refused = rpc_error(grpc.StatusCode.UNAVAILABLE,
+                        "failed to connect to all addresses; last error: UNKNOWN: "
+                        "ipv4:127.0.0.1:1: Failed to connect to remote host: Connection refused")
+    assert isinstance(call_failure(refused, "x"), UnreachableError)
+    for code, details in [(grpc.StatusCode.UNAVAILABLE, "Socket closed"),
+                          (grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"),
+                          (grpc.StatusCode.INTERNAL, "boom")]:
+        assert isinstance(call_failure(rpc_error(code, details), "x"), OutcomeUnknownError)
+
+
+def test_replicator_metadata_becomes_a_snapshot():
+    message = replicator_pb2.ClusterMetadata(
+        version=4, cluster_id="c", controller_id=1,
+        log_nodes=[replicator_pb2.LogNode(node_id=1, address="h:1", rack="", alive=True),
+                   replicator_pb2.LogNode(node_id=2, address="h:2", rack="r2", alive=False)],
+        topics=[replicator_pb2.TopicMetadata(
+            name="t", topic_id="5F7C0E53-7BD1-4D52-9B67-1B2A1C3E4F50", configs={"a": "b"},
+            partitions=[replicator_pb2.PartitionMetadata(partition=0, leader=2, leader_epoch=3,
+                                                         replicas=[2, 1], isr=[2])])])
+    snapshot = metadata_from_proto(message)
+    assert (snapshot.version, snapshot.cluster_id, snapshot.controller_id) == (4, "c", 1)
+    assert snapshot.log_nodes[1].rack is None and snapshot.log_nodes[2].rack == "r2"
+    topic = snapshot.topic("t")
+    assert topic.topic_id == "5f7c0e53-7bd1-4d52-9b67-1b2a1c3e4f50"
+    assert dict(topic.configs) == {"a": "b"}
+    assert topic.partitions[0].replicas == (2, 1)
+    assert snapshot.offline_replicas(topic.partitions[0]) == [2]
+
+
+def test_channels_of_departed_log_nodes_are_closed():
+    async def main():
+        clients = LogNodeClients()
+        snapshot = cluster(nodes=(0, 1))
+        for node in snapshot.log_nodes.values():
+            clients._stub(node)
+        assert clients.addresses == {"node-0:1", "node-1:1"}
+        clients.on_metadata(cluster(nodes=(1,)))
+        assert clients.addresses == {"node-1:1"}
+        await clients.close()
+        assert clients.addresses == set()
+
+    asyncio.run(main())
+
+
+def test_an_unreachable_purgatory_fails_fast():
+    async def main():
+        purgatory = PurgatoryClient("127.0.0.1:1")
+        try:
+            return await asyncio.wait_for(
+                purgatory.wait(WaitKind.FETCH, {"t-0": 1}, False, 10_000), 5)
+        except UnreachableError:
+            return "unreachable"
+        finally:
+            await purgatory.close()
+
+    assert asyncio.run(main()) == "unreachable"

@@ -1,0 +1,201 @@
+import asyncio
+import time
+
+from services.handler.apis.fetch import FetchApi, FetchPartition, FetchRequest, FetchTopic
+from services.handler.collaborators import KeyState, UnreachableError, WaitResult
+
+from .batches import batch_offsets
+from .fakes import FakeLogNodes, FakePurgatory, cache_of, cluster, topic
+
+TOPIC_ID = "5f7c0e53-7bd1-4d52-9b67-1b2a1c3e4f50"
+
+
+def fetch(*topics, **fields):
+    return FetchRequest(
+        topics=[FetchTopic(topic=name, partitions=[
+            FetchPartition(partition=p, fetch_offset=offset, partition_max_bytes=1 << 20)
+            for p, offset in parts]) for name, parts in topics],
+        **fields,
+    )
+
+
+def serve(req, snapshot, log_nodes, purgatory=None):
+    api = FetchApi(cache_of(snapshot), log_nodes, purgatory or FakePurgatory())
+    return asyncio.run(api.handle(req))
+
+
+def parts(response):
+    return [(t.topic, p.partition_index, p.error_code, p.high_watermark,
+             batch_offsets(p.records))
+            for t in response.topics for p in t.partitions]
+
+
+def test_reads_from_the_leaders_up_to_the_high_watermark():
+    log_nodes = FakeLogNodes()
+    log_nodes.put("t", 0, [b"a", b"b"])
+    log_nodes.put("t", 0, [b"c"])
+    log_nodes.put("t", 1, [b"x"])
+    snapshot = cluster(topic("t", 2, leaders=[0, 1]), nodes=(0, 1))
+    response = serve(fetch(("t", [(0, 1), (1, 0)])), snapshot, log_nodes)
+    assert response.error_code == 0
+    assert response.session_id == 0
+    assert parts(response) == [("t", 0, 0, 3, [(0, 2), (2, 1)]), ("t", 1, 0, 1, [(0, 1)])]
+    p = response.topics[0].partitions[0]
+    assert (p.last_stable_offset, p.log_start_offset, p.preferred_read_replica) == (3, 0, -1)
+    assert p.aborted_transactions is None
+    assert sorted(node for kind, node, _ in log_nodes.calls) == [0, 1]
+
+
+def test_read_committed_has_an_empty_aborted_list():
+    log_nodes = FakeLogNodes()
+    log_nodes.put("t", 0, [b"a"])
+    response = serve(fetch(("t", [(0, 0)]), isolation_level=1), cluster(topic("t")), log_nodes)
+    assert response.topics[0].partitions[0].aborted_transactions == []
+
+
+def test_incremental_fetches_name_a_session_that_does_not_exist():
+    log_nodes = FakeLogNodes()
+    for session_id, epoch in [(7, 1), (0, 3)]:
+        response = serve(fetch(("t", [(0, 0)]), session_id=session_id, session_epoch=epoch),
+                         cluster(topic("t")), log_nodes)
+        assert (response.error_code, response.session_id, response.topics) == (70, 0, [])
+    assert log_nodes.calls == []
+    # A full fetch that closes or opens a session is served sessionless.
+    for epoch in (-1, 0):
+        response = serve(fetch(("t", [(0, 0)]), session_id=7, session_epoch=epoch),
+                         cluster(topic("t")), log_nodes)
+        assert (response.error_code, response.session_id) == (0, 0)
+
+
+def test_topic_ids_resolve_and_unknown_ids_are_reported():
+    log_nodes = FakeLogNodes()
+    log_nodes.put("t", 0, [b"a"])
+    other = "11111111-2222-3333-4444-555555555555"
+    req = FetchRequest(topics=[
+        FetchTopic(topic_id=TOPIC_ID, partitions=[FetchPartition(partition=0, fetch_offset=0)]),
+        FetchTopic(topic_id=other, partitions=[FetchPartition(partition=0, fetch_offset=0)]),
+    ])
+    response = serve(req, cluster(topic("t", topic_id=TOPIC_ID)), log_nodes)
+    assert [(t.topic, t.topic_id) for t in response.topics] == [("t", TOPIC_ID), (None, other)]
+    assert [p.error_code for t in response.topics for p in t.partitions] == [0, 100]
+
+
+def test_errors_per_partition():
+    log_nodes = FakeLogNodes()
+    log_nodes.put("t", 0, [b"a"])
+    snapshot = cluster(topic("t", 2, leaders=[0, 1], epoch=5), nodes=(0,), dead=(1,))
+    req = FetchRequest(topics=[
+        FetchTopic(topic="t", partitions=[
+            FetchPartition(partition=0, fetch_offset=99),
+            FetchPartition(partition=1, fetch_offset=0),
+            FetchPartition(partition=0, fetch_offset=0, current_leader_epoch=6),
+            FetchPartition(partition=0, fetch_offset=0, current_leader_epoch=4),
+            FetchPartition(partition=7, fetch_offset=0),
+        ]),
+        FetchTopic(topic="missing", partitions=[FetchPartition(partition=0, fetch_offset=0)]),
+    ])
+    response = serve(req, snapshot, log_nodes)
+    assert [p.error_code for t in response.topics for p in t.partitions] == [1, 6, 75, 74, 3, 3]
+    errored = response.topics[0].partitions[0]
+    assert (errored.high_watermark, errored.log_start_offset, errored.records) == (-1, -1, b"")
+
+
+def test_only_consumers_fetch():
+    log_nodes = FakeLogNodes()
+    response = serve(fetch(("t", [(0, 0)]), replica_id=1), cluster(topic("t")), log_nodes)
+    assert parts(response) == [("t", 0, 6, -1, [])]
+    assert log_nodes.calls == []
+
+
+def test_max_bytes_cuts_at_whole_batches_and_the_first_batch_always_comes():
+    log_nodes = FakeLogNodes()
+    for _ in range(3):
+        log_nodes.put("t", 0, [b"v" * 100])
+        log_nodes.put("t", 1, [b"v" * 100])
+    size = len(log_nodes.partition("t", 0).batches[0])
+    snapshot = cluster(topic("t", 2))
+    response = serve(fetch(("t", [(0, 0), (1, 0)]), max_bytes=1), snapshot, log_nodes)
+    assert [len(batch_offsets(p.records)) for p in response.topics[0].partitions] == [1, 0]
+    response = serve(fetch(("t", [(0, 0), (1, 0)]), max_bytes=size * 4), snapshot, log_nodes)
+    assert [len(batch_offsets(p.records)) for p in response.topics[0].partitions] == [3, 1]
+    req = FetchRequest(topics=[FetchTopic(topic="t", partitions=[
+        FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=size * 2),
+        FetchPartition(partition=1, fetch_offset=0, partition_max_bytes=1)])])
+    response = serve(req, snapshot, log_nodes)
+    assert [len(batch_offsets(p.records)) for p in response.topics[0].partitions] == [2, 0]
+
+
+def test_too_little_data_waits_in_the_purgatory_and_reads_again_when_woken():
+    log_nodes = FakeLogNodes()
+    log_nodes.put("t", 0, [b"a"])
+    purgatory = FakePurgatory()
+    snapshot = cluster(topic("t", 2))
+
+    async def main():
+        api = FetchApi(cache_of(snapshot), log_nodes, purgatory)
+        task = asyncio.create_task(api.handle(fetch(("t", [(0, 1), (1, 0)]), min_bytes=1,
+                                                    max_wait_ms=5000)))
+        await asyncio.wait_for(purgatory.parked.wait(), 2)
+        log_nodes.put("t", 1, [b"late"])
+        purgatory.wake.set()
+        return await asyncio.wait_for(task, 2)
+
+    started = time.monotonic()
+    response = asyncio.run(main())
+    assert time.monotonic() - started < 2
+    assert parts(response) == [("t", 0, 0, 1, []), ("t", 1, 0, 1, [(0, 1)])]
+    ((kind, thresholds, require_all, timeout_ms),) = purgatory.waits
+    assert kind.value == "fetch"
+    assert thresholds == {"t-0": 2, "t-1": 1}
+    assert not require_all
+    assert 4000 < timeout_ms <= 5000
+
+
+def test_the_wait_expires_at_max_wait():
+    log_nodes = FakeLogNodes()
+    started = time.monotonic()
+    response = serve(fetch(("t", [(0, 0)]), min_bytes=1, max_wait_ms=200), cluster(topic("t")),
+                     log_nodes)
+    elapsed = time.monotonic() - started
+    assert 0.18 <= elapsed < 1.0
+    assert parts(response) == [("t", 0, 0, 0, [])]
+    # Read before the wait and once after it.
+    assert len(log_nodes.calls) == 2
+
+
+def test_without_a_purgatory_the_fetch_waits_out_max_wait_without_spinning():
+    log_nodes = FakeLogNodes()
+    started = time.monotonic()
+    response = serve(fetch(("t", [(0, 0)]), min_bytes=1, max_wait_ms=200), cluster(topic("t")),
+                     log_nodes, FakePurgatory(UnreachableError("down")))
+    assert 0.18 <= time.monotonic() - started < 1.0
+    assert parts(response) == [("t", 0, 0, 0, [])]
+    assert len(log_nodes.calls) == 2
+
+
+def test_no_wait_when_enough_data_an_error_or_nothing_to_read():
+    log_nodes = FakeLogNodes()
+    log_nodes.put("t", 0, [b"a"])
+    purgatory = FakePurgatory()
+    snapshot = cluster(topic("t", 2, leaders=[0, 1]), nodes=(0,), dead=(1,))
+    for req in [
+        fetch(("t", [(0, 0)]), min_bytes=1, max_wait_ms=5000),  # enough data
+        fetch(("t", [(0, 1), (1, 0)]), min_bytes=1, max_wait_ms=5000),  # partition error
+        fetch(("missing", [(0, 0)]), min_bytes=1, max_wait_ms=5000),  # nothing to read
+        fetch(("t", [(0, 9)]), min_bytes=1, max_wait_ms=5000),  # out of range
+    ]:
+        started = time.monotonic()
+        serve(req, snapshot, log_nodes, purgatory)
+        assert time.monotonic() - started < 1
+    assert purgatory.waits == []
+
+
+def test_a_key_error_reported_by_the_purgatory_answers_at_once():
+    log_nodes = FakeLogNodes()
+    purgatory = FakePurgatory(WaitResult(completed=True,
+                                         keys={"t-0": KeyState(position=0, error_code=6)}))
+    started = time.monotonic()
+    serve(fetch(("t", [(0, 0)]), min_bytes=1, max_wait_ms=5000), cluster(topic("t")),
+          log_nodes, purgatory)
+    assert time.monotonic() - started < 1
+    assert len(purgatory.waits) == 1

@@ -1,0 +1,125 @@
+import asyncio
+
+from services.handler.apis.cluster import (
+    AUTHORIZED_OPERATIONS_OMITTED,
+    CLUSTER_OPERATIONS,
+    TOPIC_OPERATIONS,
+)
+from services.handler.apis.metadata import MetadataApi, MetadataRequest, TopicRef
+from services.handler.collaborators import UnreachableError
+from services.handler.metadata_cache import MetadataCache
+
+from .fakes import CONTEXT, FakeController, cluster, topic
+
+TOPIC_ID = "5f7c0e53-7bd1-4d52-9b67-1b2a1c3e4f50"
+
+
+def serve(request, snapshot, *, auto_create=True, controller=None):
+    controller = controller or FakeController(snapshot)
+    cache = MetadataCache(controller.load_metadata)
+    cache.install(snapshot)
+    api = MetadataApi(cache, controller, auto_create)
+    return asyncio.run(api.handle(request, CONTEXT)), controller
+
+
+def names(response):
+    return [(t.name, t.error_code) for t in response.topics]
+
+
+def test_null_topics_lists_every_topic_and_empty_lists_none():
+    snapshot = cluster(topic("b"), topic("a", 2), nodes=(0, 1))
+    response, _ = serve(MetadataRequest(topics=None), snapshot)
+    assert names(response) == [("a", 0), ("b", 0)]
+    assert [(b.node_id, b.host, b.port) for b in response.brokers] == [
+        (0, "kafka.example", 9092), (1, "kafka.example", 9092)]
+    assert response.cluster_id == "test-cluster"
+    assert response.controller_id == 0
+    assert response.cluster_authorized_operations == AUTHORIZED_OPERATIONS_OMITTED
+    assert response.topics[0].topic_authorized_operations == AUTHORIZED_OPERATIONS_OMITTED
+    response, _ = serve(MetadataRequest(topics=[]), snapshot)
+    assert response.topics == []
+    assert len(response.brokers) == 2
+
+
+def test_partitions_describe_leaders_replicas_and_dead_leaders():
+    snapshot = cluster(topic("t", 2, leaders=[0, 1], epoch=3), nodes=(0,), dead=(1,))
+    response, _ = serve(MetadataRequest(topics=[TopicRef(name="t")]), snapshot)
+    (t,) = response.topics
+    live, dead = t.partitions
+    assert (live.partition_index, live.error_code, live.leader_id, live.leader_epoch) == (
+        0, 0, 0, 3)
+    assert (live.replica_nodes, live.isr_nodes, live.offline_replicas) == ([0], [0], [])
+    assert (dead.error_code, dead.leader_id, dead.leader_epoch) == (5, -1, 3)
+    assert dead.offline_replicas == [1]
+    # Dead log nodes are not brokers.
+    assert [b.node_id for b in response.brokers] == [0]
+
+
+def test_missing_topics_are_auto_created_and_answered_in_full():
+    snapshot = cluster(topic("old"))
+    request = MetadataRequest(topics=[TopicRef(name="old"), TopicRef(name="new"),
+                                      TopicRef(name="bad name")])
+    response, controller = serve(request, snapshot)
+    assert names(response) == [("old", 0), ("new", 0), ("bad name", 17)]
+    assert response.topics[1].partitions[0].leader_id == 0
+    assert response.topics[1].topic_id is not None
+    ((created, validate_only),) = controller.created
+    assert [(t.name, t.num_partitions, t.replication_factor) for t in created] == [
+        ("new", -1, -1)]
+    assert not validate_only
+
+
+def test_no_auto_creation_when_the_request_or_the_config_forbids_it():
+    snapshot = cluster()
+    request = MetadataRequest(topics=[TopicRef(name="new"), TopicRef(name="")],
+                              allow_auto_topic_creation=False)
+    response, controller = serve(request, snapshot)
+    assert names(response) == [("new", 3), ("", 17)]
+    assert controller.created == []
+    response, controller = serve(MetadataRequest(topics=[TopicRef(name="new")]), snapshot,
+                                 auto_create=False)
+    assert names(response) == [("new", 3)]
+    assert controller.created == []
+
+
+def test_creation_failures_are_retriable_leader_not_available():
+    snapshot = cluster()
+    response, _ = serve(MetadataRequest(topics=[TopicRef(name="new")]), snapshot,
+                        controller=FakeController(snapshot, failure=UnreachableError("down")))
+    assert names(response) == [("new", 5)]
+
+
+def test_by_topic_id_never_creates():
+    snapshot = cluster(topic("a", topic_id=TOPIC_ID))
+    other = "11111111-2222-3333-4444-555555555555"
+    request = MetadataRequest(topics=[TopicRef(topic_id=TOPIC_ID.upper()),
+                                      TopicRef(topic_id=other), TopicRef(topic_id=TOPIC_ID)])
+    response, controller = serve(request, snapshot)
+    assert [(t.name, t.topic_id, t.error_code) for t in response.topics] == [
+        ("a", TOPIC_ID, 0), (None, other, 100)]
+    assert controller.created == []
+
+
+def test_authorized_operations_when_asked():
+    snapshot = cluster(topic("a"))
+    response, _ = serve(MetadataRequest(topics=None, include_cluster_authorized_operations=True,
+                                        include_topic_authorized_operations=True), snapshot)
+    assert response.cluster_authorized_operations == CLUSTER_OPERATIONS
+    assert response.topics[0].topic_authorized_operations == TOPIC_OPERATIONS
+    # READ (3), WRITE (4) and DESCRIBE (8) among them.
+    assert TOPIC_OPERATIONS & (1 << 3) and TOPIC_OPERATIONS & (1 << 4)
+    assert TOPIC_OPERATIONS & (1 << 8)
+
+
+def test_without_any_metadata_topics_are_leader_not_available():
+    async def main():
+        async def down():
+            raise ConnectionError("no replicator")
+
+        api = MetadataApi(MetadataCache(down), FakeController(cluster()), True)
+        return await api.handle(MetadataRequest(topics=[TopicRef(name="x")]), CONTEXT)
+
+    response = asyncio.run(main())
+    assert names(response) == [("x", 5)]
+    assert response.brokers == []
+

@@ -1,0 +1,129 @@
+import asyncio
+
+import pytest
+
+from services.handler.apis.produce import PartitionData, ProduceApi, ProduceRequest, TopicData
+from services.handler.collaborators import (
+    KeyState,
+    OutcomeUnknownError,
+    UnreachableError,
+    WaitResult,
+)
+
+from .batches import record_batch
+from .fakes import FakeLogNodes, FakePurgatory, cache_of, cluster, topic
+
+BATCH = record_batch([b"a", b"b", b"c"])
+
+
+def request(*topics, acks=1, transactional_id=None, timeout_ms=1000):
+    return ProduceRequest(
+        acks=acks, timeout_ms=timeout_ms, transactional_id=transactional_id,
+        topics=[TopicData(name=name, partitions=[PartitionData(index=p, records=BATCH)
+                                                 for p in parts])
+                for name, parts in topics],
+    )
+
+
+def serve(req, snapshot, log_nodes=None, purgatory=None, **options):
+    log_nodes = log_nodes or FakeLogNodes()
+    purgatory = purgatory or FakePurgatory()
+    api = ProduceApi(cache_of(snapshot), log_nodes, purgatory, **options)
+    return asyncio.run(api.handle(req)), log_nodes, purgatory
+
+
+def outcome(response):
+    return [(t.name, p.index, p.error_code, p.base_offset)
+            for t in response.topics for p in t.partitions]
+
+
+def test_appends_go_to_each_leader_once_and_offsets_come_back():
+    snapshot = cluster(topic("t", 3, leaders=[0, 1, 0]), topic("u", 1, leaders=[1]),
+                       nodes=(0, 1))
+    log_nodes = FakeLogNodes()
+    log_nodes.put("t", 2, [b"x"])
+    response, log_nodes, _ = serve(request(("t", [0, 1, 2]), ("u", [0])), snapshot, log_nodes)
+    assert outcome(response) == [("t", 0, 0, 0), ("t", 1, 0, 0), ("t", 2, 0, 1), ("u", 0, 0, 0)]
+    calls = sorted((node, sorted((a.topic, a.partition) for a in appends))
+                   for kind, node, appends in log_nodes.calls if kind == "append")
+    assert calls == [(0, [("t", 0), ("t", 2)]), (1, [("t", 1), ("u", 0)])]
+    assert all(p.log_start_offset == 0 for p in response.topics[0].partitions)
+
+
+@pytest.mark.parametrize("acks", [2, -2, 3])
+def test_invalid_acks_fail_every_partition_and_append_nothing(acks):
+    response, log_nodes, _ = serve(request(("t", [0]), ("u", [0, 1]), acks=acks),
+                                   cluster(topic("t")))
+    assert [p.error_code for t in response.topics for p in t.partitions] == [21, 21, 21]
+    assert log_nodes.calls == []
+
+
+def test_transactional_produce_is_refused():
+    response, log_nodes, _ = serve(request(("t", [0]), transactional_id="tx"),
+                                   cluster(topic("t")))
+    assert outcome(response) == [("t", 0, 53, -1)]
+    assert log_nodes.calls == []
+
+
+def test_unknown_partitions_and_dead_leaders():
+    snapshot = cluster(topic("t", 2, leaders=[0, 1]), nodes=(0,), dead=(1,))
+    response, _, _ = serve(request(("t", [0, 1, 9]), ("nope", [0])), snapshot)
+    assert outcome(response) == [("t", 0, 0, 0), ("t", 1, 6, -1), ("t", 9, 3, -1),
+                                 ("nope", 0, 3, -1)]
+
+
+def test_unreachable_leader_versus_unknown_outcome():
+    snapshot = cluster(topic("t", 2, leaders=[0, 1]), nodes=(0, 1))
+    log_nodes = FakeLogNodes()
+    log_nodes.failures = {0: UnreachableError("refused"), 1: OutcomeUnknownError("deadline")}
+    response, _, _ = serve(request(("t", [0, 1])), snapshot, log_nodes)
+    assert [p.error_code for p in response.topics[0].partitions] == [6, 7]
+
+
+def test_log_node_errors_pass_through_and_unknown_partitions_mean_not_leader():
+    class Rejecting(FakeLogNodes):
+        async def append(self, node, appends, time_limit):
+            from services.handler.collaborators import AppendResult
+            return [AppendResult(topic=a.topic, partition=a.partition,
+                                 error_code=2 if a.partition == 0 else 3,
+                                 error_message="bad crc" if a.partition == 0 else None)
+                    for a in appends]
+
+    response, _, _ = serve(request(("t", [0, 1])), cluster(topic("t", 2)), Rejecting())
+    first, second = response.topics[0].partitions
+    assert (first.error_code, first.error_message, first.base_offset) == (2, "bad crc", -1)
+    # The leader does not host a partition the metadata gives it: not (yet) its leader.
+    assert second.error_code == 6
+
+
+def test_acks_all_is_answered_by_the_leader_append_until_replication_exists():
+    log_nodes = FakeLogNodes()
+    log_nodes.lagging_high_watermark = True
+    response, _, purgatory = serve(request(("t", [0]), acks=-1), cluster(topic("t")), log_nodes)
+    assert outcome(response) == [("t", 0, 0, 0)]
+    assert purgatory.waits == []
+
+
+def test_acks_all_awaits_the_high_watermark_in_the_purgatory():
+    log_nodes = FakeLogNodes()
+    log_nodes.lagging_high_watermark = True
+    snapshot = cluster(topic("t", 3))
+    purgatory = FakePurgatory(WaitResult(completed=False, keys={
+        "t-0": KeyState(position=3), "t-1": KeyState(position=1),
+        "t-2": KeyState(position=0, error_code=6)}))
+    response, _, purgatory = serve(request(("t", [0, 1, 2]), acks=-1, timeout_ms=1234),
+                                   snapshot, log_nodes, purgatory, await_replication=True)
+    assert [p.error_code for p in response.topics[0].partitions] == [0, 7, 6]
+    ((kind, thresholds, require_all, timeout_ms),) = purgatory.waits
+    assert kind.value == "produce"
+    assert thresholds == {"t-0": 3, "t-1": 3, "t-2": 3}
+    assert require_all
+    assert timeout_ms == 1234
+
+
+def test_acks_all_without_a_purgatory_times_out():
+    log_nodes = FakeLogNodes()
+    log_nodes.lagging_high_watermark = True
+    response, _, _ = serve(request(("t", [0]), acks=-1), cluster(topic("t")), log_nodes,
+                           FakePurgatory(UnreachableError("down")), await_replication=True)
+    assert outcome(response) == [("t", 0, 7, -1)]

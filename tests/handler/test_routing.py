@@ -1,0 +1,78 @@
+import asyncio
+
+import pytest
+
+from services.common.errors import ErrorCode, KafkaError
+from services.handler.collaborators import UnreachableError
+from services.handler.routing import (
+    call_per_node,
+    group_by_leader,
+    leader_epoch_error,
+    leader_error,
+    locate,
+)
+
+from .fakes import cluster, topic
+
+
+def test_locate_finds_the_live_leader():
+    snapshot = cluster(topic("t", 2, leaders=[0, 1]), nodes=(0, 1))
+    route = locate(snapshot, snapshot.topic("t"), 1)
+    assert route.leader.node_id == 1
+    assert route.partition.partition == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "partition", "code"),
+    [
+        ("missing", 0, ErrorCode.unknown_topic_or_partition),
+        ("t", 5, ErrorCode.unknown_topic_or_partition),
+        ("t", -1, ErrorCode.unknown_topic_or_partition),
+        ("t", 1, ErrorCode.not_leader_or_follower),
+    ],
+)
+def test_locate_errors(name, partition, code):
+    snapshot = cluster(topic("t", 2, leaders=[0, 1]), nodes=(0,), dead=(1,))
+    with pytest.raises(KafkaError) as failure:
+        locate(snapshot, snapshot.topic(name), partition)
+    assert failure.value.code == code
+
+
+def test_a_leader_that_does_not_know_its_partition_is_not_its_leader():
+    assert leader_error(3) == 6
+    assert leader_error(1) == 1
+    assert leader_error(0) == 0
+
+
+def test_leader_epoch_checks():
+    assert leader_epoch_error(-1, 5) is None
+    assert leader_epoch_error(5, 5) is None
+    assert leader_epoch_error(6, 5) == ErrorCode.unknown_leader_epoch
+    assert leader_epoch_error(4, 5) == ErrorCode.fenced_leader_epoch
+    assert ErrorCode.fenced_leader_epoch.value == 74
+    assert ErrorCode.unknown_leader_epoch.value == 75
+
+
+def test_calls_go_once_per_node_concurrently_and_failures_stay_per_node():
+    snapshot = cluster(topic("t", 4, leaders=[0, 1, 0, 2]), nodes=(0, 1, 2))
+    items = [(locate(snapshot, snapshot.topic("t"), p), p) for p in range(4)]
+    groups = group_by_leader(items)
+    assert {n: parts for n, (_, parts) in groups.items()} == {0: [0, 2], 1: [1], 2: [3]}
+    running = 0
+    peak = 0
+
+    async def call(node, parts):
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.01)
+        running -= 1
+        if node.node_id == 1:
+            raise UnreachableError("down")
+        return parts
+
+    outcomes = asyncio.run(call_per_node(groups, call))
+    assert outcomes[0] == [0, 2]
+    assert isinstance(outcomes[1], UnreachableError)
+    assert outcomes[2] == [3]
+    assert peak == 3

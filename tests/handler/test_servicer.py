@@ -1,0 +1,138 @@
+"""The gRPC glue: protobuf <-> domain conversion, defaults for unset fields, request context,
+and unexpected failures answered as UNKNOWN_SERVER_ERROR."""
+
+import asyncio
+
+from kbroker.kafka.v1 import kafka_pb2 as k
+from services.handler import servicer as glue
+from services.handler.apis import cluster, fetch, metadata, offsets, produce, topics
+from services.handler.config import HandlerConfig
+
+from .fakes import FakeController, FakeLogNodes, FakePurgatory, cache_of, topic
+from .fakes import cluster as snapshot
+
+
+class Context:
+    def __init__(self, metadata=()):
+        self._metadata = tuple(metadata)
+
+    def invocation_metadata(self):
+        return self._metadata
+
+
+def make_servicer(metadata_snapshot, log_nodes=None, controller=None):
+    cache = cache_of(metadata_snapshot)
+    log_nodes = log_nodes or FakeLogNodes()
+    purgatory = FakePurgatory()
+    controller = controller or FakeController(metadata_snapshot)
+    return glue.KafkaHandlerServicer(
+        HandlerConfig(advertised="default.host:9000"),
+        metadata_api=metadata.MetadataApi(cache, controller, True),
+        produce_api=produce.ProduceApi(cache, log_nodes, purgatory),
+        fetch_api=fetch.FetchApi(cache, log_nodes, purgatory),
+        list_offsets_api=offsets.ListOffsetsApi(cache, log_nodes),
+        create_topics_api=topics.CreateTopicsApi(cache, controller),
+        delete_topics_api=topics.DeleteTopicsApi(cache, controller),
+        describe_cluster_api=cluster.DescribeClusterApi(cache),
+    )
+
+
+def test_unset_fields_take_kafka_defaults():
+    req = glue.fetch_request(k.FetchRequest(topics=[k.FetchRequest.FetchTopic(
+        topic="t", partitions=[k.FetchRequest.FetchPartition(partition=0, fetch_offset=3)])]))
+    assert (req.replica_id, req.session_id, req.session_epoch, req.max_bytes) == (
+        -1, 0, -1, 2**31 - 1)
+    assert req.topics[0].partitions[0].current_leader_epoch == -1
+    assert req.topics[0].topic_id is None
+    req = glue.produce_request(k.ProduceRequest(acks=-1, transactional_id=""))
+    assert (req.acks, req.transactional_id) == (-1, None)
+    req = glue.metadata_request(k.MetadataRequest())
+    assert req.topics is None and req.allow_auto_topic_creation
+    req = glue.metadata_request(k.MetadataRequest(topics_is_null=False))
+    assert req.topics == []
+    req = glue.describe_cluster_request(k.DescribeClusterRequest())
+    assert req.endpoint_type == 1
+    req = glue.create_topics_request(k.CreateTopicsRequest(topics=[
+        k.CreateTopicsRequest.CreatableTopic(name="a", configs=[
+            k.CreateTopicsRequest.CreatableTopicConfig(name="x")])]))
+    assert (req.topics[0].num_partitions, req.topics[0].configs) == (-1, [("x", None)])
+    req = glue.delete_topics_request(k.DeleteTopicsRequest(
+        topic_names=["a"], topics=[k.DeleteTopicsRequest.DeleteTopicState(topic_id="x")]))
+    assert [(t.name, t.topic_id) for t in req.topics] == [("a", None), (None, "x")]
+
+
+def test_replica_state_names_the_replica_from_fetch_v15():
+    req = glue.fetch_request(k.FetchRequest(
+        replica_id=-1, replica_state=k.FetchRequest.ReplicaState(replica_id=2)))
+    assert req.replica_id == 2
+    req = glue.fetch_request(k.FetchRequest(
+        replica_state=k.FetchRequest.ReplicaState(replica_id=-1, replica_epoch=-1)))
+    assert req.replica_id == -1
+
+
+def test_responses_leave_nulls_unset():
+    out = glue.fetch_response(fetch.FetchResponse(topics=[fetch.FetchableTopic(
+        topic="t", topic_id=None, partitions=[fetch.PartitionData(partition_index=0),
+                                              fetch.PartitionData(partition_index=1,
+                                                                  aborted_transactions=[])])]))
+    first, second = out.responses[0].partitions
+    assert first.aborted_transactions_is_null and not second.aborted_transactions_is_null
+    assert not out.responses[0].HasField("topic_id")
+    assert out.session_id == 0 and out.error_code == 0
+    out = glue.metadata_response(metadata.MetadataResponse(topics=[
+        metadata.TopicMetadata(error_code=3, name="x")]))
+    assert not out.HasField("cluster_id")
+    assert not out.topics[0].HasField("topic_id")
+    assert out.topics[0].topic_authorized_operations == -(2**31)
+
+
+def test_the_advertised_address_comes_from_the_frontend_or_the_config():
+    servicer = make_servicer(snapshot(topic("t"), nodes=(0, 1)))
+
+    async def main():
+        request = k.MetadataRequest(topics_is_null=True)
+        with_frontend = await servicer.Metadata(
+            request, Context([("kafka-advertised", "front.example:19092"),
+                              ("kafka-client-id", "me")]))
+        without = await servicer.Metadata(request, Context())
+        malformed = await servicer.Metadata(request, Context([("kafka-advertised", "junk")]))
+        return with_frontend, without, malformed
+
+    with_frontend, without, malformed = asyncio.run(main())
+    assert {(b.host, b.port) for b in with_frontend.brokers} == {("front.example", 19092)}
+    assert {(b.host, b.port) for b in without.brokers} == {("default.host", 9000)}
+    assert {(b.host, b.port) for b in malformed.brokers} == {("default.host", 9000)}
+    assert [b.node_id for b in without.brokers] == [0, 1]
+
+
+def test_unexpected_failures_become_unknown_server_error_per_item():
+    class Broken(FakeLogNodes):
+        async def append(self, node, appends, time_limit):
+            raise RuntimeError("boom")
+
+        async def list_offsets(self, node, queries, limit, time_limit):
+            return [None]  # a malformed answer
+
+    class BrokenController(FakeController):
+        async def create_topics(self, topics, validate_only, time_limit):
+            raise RuntimeError("boom")
+
+    servicer = make_servicer(snapshot(topic("t")), Broken(),
+                             BrokenController(snapshot(topic("t"))))
+
+    async def main():
+        produced = await servicer.Produce(k.ProduceRequest(acks=1, topic_data=[
+            k.ProduceRequest.TopicProduceData(name="t", partition_data=[
+                k.ProduceRequest.PartitionProduceData(index=0, records=b"x")])]), Context())
+        listed = await servicer.ListOffsets(k.ListOffsetsRequest(topics=[
+            k.ListOffsetsRequest.ListOffsetsTopic(name="t", partitions=[
+                k.ListOffsetsRequest.ListOffsetsPartition(partition_index=0, timestamp=-1)])]),
+            Context())
+        created = await servicer.CreateTopics(k.CreateTopicsRequest(topics=[
+            k.CreateTopicsRequest.CreatableTopic(name="n")]), Context())
+        return produced, listed, created
+
+    produced, listed, created = asyncio.run(main())
+    assert produced.responses[0].partition_responses[0].error_code == -1
+    assert listed.topics[0].partitions[0].error_code == -1
+    assert [(t.name, t.error_code) for t in created.topics] == [("n", -1)]

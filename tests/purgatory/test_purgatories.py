@@ -1,0 +1,243 @@
+"""The purgatory's domain on a manual clock: completion rules, expiry, cancellation, and a
+property test that no operation completes twice, is missed, or leaks."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from services.purgatory.delayed_await import DelayedAwait, Outcome
+from services.purgatory.delayed_operation import DelayedOperation
+from services.purgatory.purgatories import KINDS, Purgatories
+
+from .fakes import ManualTimer
+
+
+def on_loop(test: Callable[[Purgatories, ManualTimer], None]) -> None:
+    """Run a synchronous scenario inside an event loop (operations own futures)."""
+
+    async def scenario() -> None:
+        timer = ManualTimer()
+        test(Purgatories(timer), timer)
+
+    asyncio.run(scenario())
+
+
+def outcome(op: DelayedAwait) -> Outcome | None:
+    return op.result.result().outcome if op.result.done() else None
+
+
+def test_any_key_completes_when_one_reaches_its_threshold():
+    def scenario(p: Purgatories, timer: ManualTimer) -> None:
+        op = p.park(kind="fetch", thresholds={"a": 5, "b": 5}, require_all=False,
+                    timeout_ms=100)
+        assert p.report([("a", 4, 0)]) == 0 and outcome(op) is None
+        assert p.report([("b", 5, 0)]) == 1
+        answer = op.result.result()
+        assert answer.outcome is Outcome.COMPLETED
+        assert [(s.key, s.position) for s in answer.keys] == [("a", 4), ("b", 5)]
+        assert p.describe().pending_by_kind["fetch"] == 0 and p.describe().watched_keys == 0
+        assert timer.size == 0
+
+    on_loop(scenario)
+
+
+def test_all_keys_must_reach_their_thresholds():
+    def scenario(p: Purgatories, timer: ManualTimer) -> None:
+        op = p.park(kind="produce", thresholds={"a": 5, "b": 7}, require_all=True,
+                    timeout_ms=100)
+        assert p.report([("a", 9, 0)]) == 0
+        assert p.report([("b", 6, 0)]) == 0
+        assert outcome(op) is None
+        assert p.report([("b", 7, 0)]) == 1
+        assert outcome(op) is Outcome.COMPLETED
+
+    on_loop(scenario)
+
+
+def test_a_report_made_before_parking_is_seen_at_parking():
+    def scenario(p: Purgatories, timer: ManualTimer) -> None:
+        p.report([("a", 10, 0)])
+        op = p.park(kind="fetch", thresholds={"a": 10}, require_all=False, timeout_ms=100)
+        assert outcome(op) is Outcome.COMPLETED
+        assert p.describe().pending_by_kind["fetch"] == 0 and timer.size == 0
+
+    on_loop(scenario)
+
+
+def test_errors_count_only_when_reported_after_parking():
+    def scenario(p: Purgatories, timer: ManualTimer) -> None:
+        p.report([("a", 0, 6)])
+        op = p.park(kind="fetch", thresholds={"a": 10}, require_all=False, timeout_ms=100)
+        assert outcome(op) is None  # the old error is history
+        assert p.report([("a", 0, 6)]) == 1
+        answer = op.result.result()
+        assert answer.outcome is Outcome.COMPLETED and answer.keys[0].error_code == 6
+
+    on_loop(scenario)
+
+
+def test_with_require_all_an_error_settles_its_key_and_the_others_are_still_awaited():
+    def scenario(p: Purgatories, timer: ManualTimer) -> None:
+        op = p.park(kind="produce", thresholds={"a": 5, "b": 5}, require_all=True,
+                    timeout_ms=100)
+        assert p.report([("a", 3, 6)]) == 0
+        assert p.report([("a", 3, 0)]) == 0  # a recovered, but its failure stands for this op
+        assert p.report([("b", 5, 0)]) == 1
+        keys = {s.key: s for s in op.result.result().keys}
+        assert keys["a"].error_code == 6 and keys["b"].position == 5
+
+    on_loop(scenario)
+
+
+def test_expiry_answers_expired_once_and_releases_the_keys():
+    def scenario(p: Purgatories, timer: ManualTimer) -> None:
+        op = p.park(kind="fetch", thresholds={"a": 1}, require_all=False, timeout_ms=100)
+        timer.advance(99)
+        assert outcome(op) is None
+        timer.advance(1)
+        assert outcome(op) is Outcome.EXPIRED
+        assert op.result.result().keys[0].position == -1  # never reported
+        assert p.report([("a", 5, 0)]) == 0
+        assert p.describe().watched_keys == 0
+
+    on_loop(scenario)
+
+
+def test_non_positive_timeout_checks_once_and_answers_at_once():
+    def scenario(p: Purgatories, timer: ManualTimer) -> None:
+        p.report([("a", 3, 0)])
+        met = p.park(kind="fetch", thresholds={"a": 3}, require_all=False, timeout_ms=0)
+        unmet = p.park(kind="fetch", thresholds={"a": 4}, require_all=False, timeout_ms=-1)
+        assert outcome(met) is Outcome.COMPLETED and outcome(unmet) is Outcome.EXPIRED
+        assert timer.size == 0 and p.describe().pending_by_kind["fetch"] == 0
+
+    on_loop(scenario)
+
+
+def test_no_keys_means_every_holds_at_once_and_any_is_a_plain_delay():
+    def scenario(p: Purgatories, timer: ManualTimer) -> None:
+        every = p.park(kind="join", thresholds={}, require_all=True, timeout_ms=50)
+        delay = p.park(kind="join", thresholds={}, require_all=False, timeout_ms=50)
+        assert outcome(every) is Outcome.COMPLETED and outcome(delay) is None
+        timer.advance(50)
+        assert outcome(delay) is Outcome.EXPIRED
+
+    on_loop(scenario)
+
+
+def test_cancel_removes_the_operation_from_every_list():
+    def scenario(p: Purgatories, timer: ManualTimer) -> None:
+        ops = [p.park(kind="fetch", thresholds={"a": 1, f"b{i}": 1}, require_all=True,
+                      timeout_ms=100) for i in range(10)]
+        assert p.describe().watched_keys == 11 and timer.size == 10
+        for op in ops:
+            assert p.cancel(op)
+            assert not p.cancel(op)
+        assert p.describe().pending_by_kind["fetch"] == 0 and p.describe().watched_keys == 0
+        assert timer.size == 0
+        timer.advance(1000)
+        assert p.report([("a", 1, 0)]) == 0
+        assert not any(op.result.done() for op in ops)
+
+    on_loop(scenario)
+
+
+def test_force_complete_runs_the_completion_exactly_once():
+    class Counting(DelayedOperation):
+        completions = 0
+        expirations = 0
+
+        def try_complete(self) -> bool:
+            return self.force_complete()
+
+        def on_complete(self) -> None:
+            self.completions += 1
+
+        def on_expiration(self) -> None:
+            self.expirations += 1
+
+    op = Counting(10)
+    assert op.force_complete()
+    assert not op.force_complete() and not op.try_complete() and not op.abandon()
+    op.run()
+    assert (op.completions, op.expirations) == (1, 0)
+    expired = Counting(10)
+    expired.run()
+    expired.run()
+    assert (expired.completions, expired.expirations) == (1, 1)
+
+
+KEYS = ("a", "b", "c")
+
+actions = st.lists(
+    st.one_of(
+        st.tuples(st.just("park"), st.sampled_from(KINDS),
+                  st.dictionaries(st.sampled_from(KEYS), st.integers(0, 6), max_size=3),
+                  st.booleans(), st.integers(-1, 20)),
+        st.tuples(st.just("report"), st.sampled_from(KEYS), st.integers(0, 6),
+                  st.sampled_from((0, 0, 0, 6))),
+        st.tuples(st.just("advance"), st.integers(0, 8)),
+        st.tuples(st.just("cancel"), st.integers(0, 50)),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(actions)
+def test_random_histories_complete_each_operation_at_most_once_and_leak_nothing(history):
+    async def scenario() -> None:
+        timer = ManualTimer()
+        p = Purgatories(timer)
+        ops: list[tuple[DelayedAwait, int]] = []
+        answers: dict[int, int] = {}
+        positions: dict[str, int] = {}
+        abandoned: set[int] = set()
+
+        for action in history:
+            if action[0] == "park":
+                _, kind, thresholds, require_all, timeout = action
+                op = p.park(kind=kind, thresholds=thresholds, require_all=require_all,
+                            timeout_ms=timeout)
+                key = id(op)
+                op.result.add_done_callback(
+                    lambda _f, i=key: answers.__setitem__(i, answers.get(i, 0) + 1))
+                ops.append((op, timer.now_ms))
+            elif action[0] == "report":
+                _, key, position, error = action
+                p.report([(key, position, error)])
+                positions[key] = position
+            elif action[0] == "advance":
+                timer.advance(action[1])
+            elif ops:
+                op, _ = ops[action[1] % len(ops)]
+                if p.cancel(op):
+                    abandoned.add(id(op))
+            await asyncio.sleep(0)  # let future callbacks run
+
+            pending = [op for op, _ in ops if not op.is_completed]
+            description = p.describe()
+            assert sum(description.pending_by_kind.values()) == len(pending)
+            assert description.watched_keys == len({k for op in pending for k in op.thresholds})
+            assert timer.size == len(pending)
+            for op in pending:
+                reached = [positions.get(k, -1) >= t for k, t in op.thresholds.items()]
+                # A pending operation must not be one whose condition already holds.
+                assert not (all(reached) if op.require_all else any(reached))
+            for op, parked_at in ops:
+                if not op.result.done():
+                    continue
+                answer = op.result.result()
+                if answer.outcome is Outcome.EXPIRED:
+                    assert timer.now_ms >= parked_at + op.delay_ms
+        assert all(count == 1 for count in answers.values())
+        for op, _ in ops:
+            assert op.result.done() == (op.is_completed and id(op) not in abandoned)
+        p.shutdown()
+        assert timer.size == 0 and p.describe().watched_keys == 0
+
+    asyncio.run(scenario())
