@@ -214,7 +214,9 @@ def test_racing_completion_and_expiry_answer_each_operation_exactly_once():
         async with purgatory() as (_, stub):
             completed_before = metrics.COMPLETED.labels("produce")._value.get()
             expired_before = metrics.EXPIRED.labels("produce")._value.get()
-            n, keys, timeout = 400, 20, 0.3
+            # Long enough that all operations are parked before the first expires, even on a
+            # loaded machine.
+            n, keys, timeout = 400, 20, 2.0
             first_sent = time.monotonic()
             calls = [asyncio.ensure_future(stub.Await(
                 await_request({f"k{i % keys}": 1}, int(timeout * 1000), PRODUCE)))
