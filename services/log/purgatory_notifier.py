@@ -3,10 +3,11 @@ watching ``<topic>-<partition>`` (DelayedProduce, DelayedFetch) complete without
 their timeout.
 
 An append must never wait for, or fail because of, the purgatory: :meth:`notify` only records
-the key's latest position in memory; one background task sends the pending keys in a single
-``CheckAndComplete`` call at a time, so positions reported while a call is in flight coalesce
-(the latest position per key wins). Failed calls are logged and dropped - a parked operation
-still completes by timeout - and the channel reconnects on its own.
+the key's latest position in memory; one background task writes the pending keys as one
+message on a long-lived ``ReportProgress`` stream (far cheaper than a call per append), so
+positions reported while a write is in flight coalesce (the latest position per key wins). When
+the stream breaks the positions in hand are dropped - a parked operation still completes by
+timeout - and the next report opens a new stream; the channel reconnects on its own.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class PurgatoryNotifier:
         self._channel = insecure_channel(address)
         self._stub = purgatory_pb2_grpc.PurgatoryStub(self._channel)
         self._pending: dict[str, int] = {}
+        self._stream: grpc.aio.StreamUnaryCall | None = None
         self._wake = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="purgatory-notify")
         self._last_failure_log = 0.0
@@ -70,25 +72,40 @@ class PurgatoryNotifier:
                   for key, position in positions.items()]
         )
         try:
-            await self._stub.CheckAndComplete(request, timeout=CALL_TIMEOUT_SECONDS)
-        except grpc.aio.AioRpcError as exc:
+            if self._stream is None or self._stream.done():
+                self._stream = self._stub.ReportProgress()
+            await asyncio.wait_for(self._stream.write(request), CALL_TIMEOUT_SECONDS)
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError,
+                TimeoutError) as exc:
+            self._drop_stream()
             PURGATORY_NOTIFICATIONS.labels("failed").inc()
             now = time.monotonic()
             if now - self._last_failure_log >= _FAILURE_LOG_INTERVAL_SECONDS:
                 self._last_failure_log = now
-                log.warning(
-                    "purgatory %s: CheckAndComplete failed (%s: %s); %d key(s) dropped",
-                    self.address, exc.code().name, exc.details(), len(positions),
-                )
+                log.warning("purgatory %s: progress report failed (%s); %d key(s) dropped",
+                            self.address, _describe(exc), len(positions))
         except Exception:
+            self._drop_stream()
             PURGATORY_NOTIFICATIONS.labels("failed").inc()
-            log.exception("purgatory %s: CheckAndComplete failed", self.address)
+            log.exception("purgatory %s: progress report failed", self.address)
         else:
             PURGATORY_NOTIFICATIONS.labels("sent").inc()
+
+    def _drop_stream(self) -> None:
+        if self._stream is not None:
+            self._stream.cancel()
+            self._stream = None
 
     async def close(self) -> None:
         """Stop sending (pending positions are dropped) and close the channel."""
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
+        self._drop_stream()
         await self._channel.close()
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return type(exc).__name__

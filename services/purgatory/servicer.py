@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import grpc
 
@@ -61,6 +62,17 @@ class PurgatoryServicer(purgatory_pb2_grpc.PurgatoryServicer):
         completed = self._purgatories.report(
             (state.key, state.position, state.error_code) for state in request.keys
         )
+        return purgatory_pb2.CheckAndCompleteResponse(completed=completed)
+
+    async def ReportProgress(
+        self, request_iterator: AsyncIterator[purgatory_pb2.CheckAndCompleteRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> purgatory_pb2.CheckAndCompleteResponse:
+        completed = 0
+        async for request in request_iterator:
+            completed += self._purgatories.report(
+                (state.key, state.position, state.error_code) for state in request.keys
+            )
         return purgatory_pb2.CheckAndCompleteResponse(completed=completed)
 
     async def Describe(

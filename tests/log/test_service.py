@@ -4,6 +4,7 @@ and a minimal in-test purgatory to receive high watermark notifications."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -259,16 +260,19 @@ def test_a_restarted_node_serves_its_replicas(tmp_path: Path) -> None:
 
 
 class RecordingPurgatory(purgatory_pb2_grpc.PurgatoryServicer):
-    """Only CheckAndComplete, recording what it was told."""
+    """Only the progress reports, recording what it was told."""
 
     def __init__(self) -> None:
         self.positions: dict[str, int] = {}
         self.changed = asyncio.Event()
+        self.streams = 0
 
-    async def CheckAndComplete(self, request, context):
-        for key in request.keys:
-            self.positions[key.key] = key.position
-        self.changed.set()
+    async def ReportProgress(self, request_iterator, context):
+        self.streams += 1
+        async for request in request_iterator:
+            for key in request.keys:
+                self.positions[key.key] = key.position
+            self.changed.set()
         return purgatory_pb2.CheckAndCompleteResponse(completed=0)
 
 
@@ -294,6 +298,8 @@ def test_appends_notify_the_purgatory(tmp_path: Path) -> None:
             while purgatory.positions != {"t-0": 10, "t-1": 3}:
                 purgatory.changed.clear()
                 await asyncio.wait_for(purgatory.changed.wait(), 10)
+            # Every report travelled on one long-lived stream.
+            assert purgatory.streams == 1
 
         config = LogConfig(data_dir=str(tmp_path / "data"), grpc_address="127.0.0.1:0",
                            purgatory_address=address)
@@ -304,6 +310,57 @@ def test_appends_notify_the_purgatory(tmp_path: Path) -> None:
         finally:
             await channel.close()
             await service.stop(0)
+
+    asyncio.run(asyncio.wait_for(main(), TIMEOUT))
+
+
+def test_reports_resume_after_the_purgatory_restarts(tmp_path: Path) -> None:
+    async def serve(port: int, purgatory: RecordingPurgatory) -> grpc.aio.Server:
+        server = grpc.aio.server()
+        purgatory_pb2_grpc.add_PurgatoryServicer_to_server(purgatory, server)
+        assert server.add_insecure_port(f"127.0.0.1:{port}") == port
+        await server.start()
+        return server
+
+    async def reported(purgatory: RecordingPurgatory, stub: log_pb2_grpc.LogServiceStub) -> None:
+        """Append until ``purgatory`` hears of the latest high watermark (the first reports after
+        a restart may go down with the old stream)."""
+        deadline = time.monotonic() + 20
+        while True:
+            await append(stub, "t", build_batch(values(1)))
+            high_watermark = await describe_end(stub)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(purgatory.changed.wait(), 0.5)
+            purgatory.changed.clear()
+            if purgatory.positions.get("t-0") == high_watermark:
+                return
+            assert time.monotonic() < deadline, (purgatory.positions, high_watermark)
+
+    async def describe_end(stub: log_pb2_grpc.LogServiceStub) -> int:
+        answer = await stub.DescribePartitions(log_pb2.DescribePartitionsRequest())
+        return answer.partitions[0].high_watermark
+
+    async def main() -> None:
+        port = free_port()
+        first = RecordingPurgatory()
+        server = await serve(port, first)
+        config = LogConfig(data_dir=str(tmp_path / "data"), grpc_address="127.0.0.1:0",
+                           purgatory_address=f"127.0.0.1:{port}")
+        service = await start(config)
+        channel = insecure_channel(f"127.0.0.1:{service.port}")
+        second = RecordingPurgatory()
+        try:
+            stub = log_pb2_grpc.LogServiceStub(channel)
+            await create(stub, "t")
+            await reported(first, stub)
+            await server.stop(0)
+            server = await serve(port, second)
+            await reported(second, stub)
+            assert second.streams == 1
+        finally:
+            await channel.close()
+            await service.stop(0)
+            await server.stop(0)
 
     asyncio.run(asyncio.wait_for(main(), TIMEOUT))
 
