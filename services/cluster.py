@@ -153,6 +153,7 @@ class LocalCluster:
                     "--replicator-address", replicator.grpc_address,
                     "--purgatory-address", purgatory.grpc_address,
                     "--advertised", self.advertised,
+                    "--broker-ports", str(spec.log_nodes),
                     "--instance", f"handler-{i}",
                 ],
             )

@@ -51,3 +51,4 @@ def test_services_are_wired_to_each_other(tmp_path: Path):
         assert handler.replicator_address == s["replicator"].grpc_address
         assert handler.purgatory_address == s["purgatory"].grpc_address
         assert handler.advertised == "127.0.0.1:9092"
+        assert handler.broker_ports == configs["frontend"].broker_ports == 3

@@ -22,4 +22,9 @@ class HandlerConfig:
         "127.0.0.1:9092",
         "host:port brokers are advertised at when a request carries no kafka-advertised metadata",
     )
+    broker_ports: int = option(
+        1,
+        "with no kafka-broker-ports metadata: broker N is advertised at the advertised port + N "
+        "for N below this (a frontend port per broker id), else at the advertised port",
+    )
     instance: str = option("handler-0", "this instance's name (metrics, logs)")

@@ -382,6 +382,7 @@ class KafkaHandlerServicer(handler_pb2_grpc.KafkaHandlerServicer):
         describe_cluster_api: cluster.DescribeClusterApi,
     ) -> None:
         self._default_advertised = split_host_port(config.advertised)
+        self._default_broker_ports = config.broker_ports
         self._metadata = metadata_api
         self._produce = produce_api
         self._fetch = fetch_api
@@ -400,9 +401,9 @@ class KafkaHandlerServicer(handler_pb2_grpc.KafkaHandlerServicer):
             except ValueError:
                 log.warning("ignoring malformed kafka-advertised %r", advertised)
         try:
-            broker_ports = int(values.get("kafka-broker-ports", 1))
+            broker_ports = int(values.get("kafka-broker-ports", self._default_broker_ports))
         except ValueError:
-            broker_ports = 1
+            broker_ports = self._default_broker_ports
         return RequestContext(
             advertised_host=host,
             advertised_port=port,

@@ -20,13 +20,13 @@ class Context:
         return self._metadata
 
 
-def make_servicer(metadata_snapshot, log_nodes=None, controller=None):
+def make_servicer(metadata_snapshot, log_nodes=None, controller=None, broker_ports=1):
     cache = cache_of(metadata_snapshot)
     log_nodes = log_nodes or FakeLogNodes()
     purgatory = FakePurgatory()
     controller = controller or FakeController(metadata_snapshot)
     return glue.KafkaHandlerServicer(
-        HandlerConfig(advertised="default.host:9000"),
+        HandlerConfig(advertised="default.host:9000", broker_ports=broker_ports),
         metadata_api=metadata.MetadataApi(cache, controller, True),
         produce_api=produce.ProduceApi(cache, log_nodes, purgatory),
         fetch_api=fetch.FetchApi(cache, log_nodes, purgatory),
@@ -103,6 +103,27 @@ def test_the_advertised_address_comes_from_the_frontend_or_the_config():
     assert {(b.host, b.port) for b in without.brokers} == {("default.host", 9000)}
     assert {(b.host, b.port) for b in malformed.brokers} == {("default.host", 9000)}
     assert [b.node_id for b in without.brokers] == [0, 1]
+
+
+def test_each_broker_id_gets_a_port_of_its_own_when_the_frontend_serves_one():
+    async def main(servicer, metadata=()):
+        response = await servicer.Metadata(k.MetadataRequest(topics_is_null=True),
+                                           Context(metadata))
+        return [(b.node_id, b.host, b.port) for b in response.brokers]
+
+    nodes = snapshot(topic("t"), nodes=(0, 1, 2))
+    from_frontend = asyncio.run(main(make_servicer(nodes), [
+        ("kafka-advertised", "front.example:19092"), ("kafka-broker-ports", "3")]))
+    assert from_frontend == [(0, "front.example", 19092), (1, "front.example", 19093),
+                             (2, "front.example", 19094)]
+    # Brokers beyond the frontend's ports share its first port.
+    two_ports = asyncio.run(main(make_servicer(nodes), [
+        ("kafka-advertised", "front.example:19092"), ("kafka-broker-ports", "2")]))
+    assert [port for _, _, port in two_ports] == [19092, 19093, 19092]
+    # Called directly (grpcurl): the handler's own configuration.
+    direct = asyncio.run(main(make_servicer(nodes, broker_ports=3)))
+    assert direct == [(0, "default.host", 9000), (1, "default.host", 9001),
+                      (2, "default.host", 9002)]
 
 
 def test_unexpected_failures_become_unknown_server_error_per_item():
