@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 
 def setup_logging(service: str) -> None:
@@ -65,3 +66,27 @@ def run(service: str, main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
         await main(stop)
 
     uvloop.run(_wrapper())
+
+
+def serve_main(service: str, config_cls: type, start: Callable[[Any], Awaitable[Any]]) -> None:
+    """The whole ``python -m services.<service>``: read the config from flags and environment,
+    serve Prometheus text on ``metrics_port`` (same interface as the gRPC port), start the
+    service, and stop it gracefully on SIGTERM/SIGINT."""
+    from .config import load
+    from .metrics import serve_prometheus
+
+    config = load(config_cls, sys.argv[1:])
+    log = logging.getLogger(f"services.{service}")
+
+    async def serve(stop: asyncio.Event) -> None:
+        if config.metrics_port:
+            host = config.grpc_address.rsplit(":", 1)[0].strip("[]") or "127.0.0.1"
+            serve_prometheus(config.metrics_port, host)
+        running = await start(config)
+        log.info("%s ready: gRPC on %s", service, config.grpc_address)
+        try:
+            await stop.wait()
+        finally:
+            await running.stop()
+
+    run(service, serve)
