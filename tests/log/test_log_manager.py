@@ -13,7 +13,7 @@ from services.log.log_manager import LogManager
 from services.log.partition_metadata import FILE_NAME
 from services.log.topic_config import TimestampType, TopicConfig
 
-from .batches import build_batch, values
+from ..record_batches import build_batch, values
 
 
 def manager_at(data_dir: Path, **defaults: object) -> LogManager:

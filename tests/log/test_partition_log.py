@@ -22,7 +22,7 @@ from services.log.partition_log import (
 from services.log.record_batch import iter_batches, read_header, stored_batch_problem
 from services.log.topic_config import TimestampType, TopicConfig
 
-from .batches import build_batch, values
+from ..record_batches import build_batch, values
 
 HW, END = ReadLimit.HIGH_WATERMARK, ReadLimit.LOG_END
 

@@ -28,7 +28,7 @@ from services.log.record_batch import (
     validate_append,
 )
 
-from .batches import build_batch, values
+from ..record_batches import build_batch, values
 
 LIMIT = 1_048_588
 

@@ -25,7 +25,7 @@ from services.log.config import LogConfig
 from services.log.record_batch import iter_batches
 from services.log.server import LogService, start
 
-from .batches import build_batch, values
+from ..record_batches import build_batch, values
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 60.0

@@ -1,5 +1,12 @@
-"""Builds v2 record batches for the log tests, byte by byte (records use zigzag varints), so
-the tests do not depend on the code under test to produce their input."""
+"""Builds v2 record batches for tests, byte by byte (records use zigzag varints; CRC32C over
+the bytes after the CRC field, as a producer computes it), so tests do not depend on the code
+under test to produce their input.
+
+    RecordBatch => BaseOffset:int64 BatchLength:int32 PartitionLeaderEpoch:int32 Magic:int8
+                   CRC:uint32 Attributes:int16 LastOffsetDelta:int32 BaseTimestamp:int64
+                   MaxTimestamp:int64 ProducerId:int64 ProducerEpoch:int16 BaseSequence:int32
+                   RecordCount:int32 Records
+"""
 
 from __future__ import annotations
 
@@ -40,6 +47,7 @@ def record(
 def build_batch(
     values: Sequence[bytes],
     *,
+    keys: Sequence[bytes | None] | None = None,
     base_offset: int = 0,
     base_timestamp: int = 1_700_000_000_000,
     timestamp_step: int = 1,
@@ -53,10 +61,14 @@ def build_batch(
     last_offset_delta: int | None = None,
     max_timestamp: int | None = None,
 ) -> bytes:
-    """A valid batch of one record per value (record i has timestamp base + i * step); the
-    keyword overrides make deliberately inconsistent headers (the CRC stays right)."""
+    """A valid batch of one record per value (record i has key ``keys[i]``, default ``k<i>``,
+    and timestamp base + i * step); the keyword overrides make deliberately inconsistent headers
+    (the CRC stays right)."""
+    if keys is None:
+        keys = [f"k{i}".encode() for i in range(len(values))]
     records = b"".join(
-        record(i, i * timestamp_step, f"k{i}".encode(), value) for i, value in enumerate(values)
+        record(i, i * timestamp_step, key, value)
+        for i, (key, value) in enumerate(zip(keys, values, strict=True))
     )
     count = len(values) if record_count is None else record_count
     delta = len(values) - 1 if last_offset_delta is None else last_offset_delta
@@ -73,3 +85,17 @@ def build_batch(
 
 def values(n: int, size: int = 10, tag: str = "v") -> list[bytes]:
     return [f"{tag}{i}".encode().ljust(size, b".") for i in range(n)]
+
+
+def batch_offsets(records: bytes) -> list[tuple[int, int]]:
+    """(base offset, record count) of each whole batch in ``records``."""
+    out = []
+    pos = 0
+    while pos + 61 <= len(records):
+        base_offset, length = struct.unpack_from(">qi", records, pos)
+        if pos + 12 + length > len(records):
+            break
+        (count,) = struct.unpack_from(">i", records, pos + 57)
+        out.append((base_offset, count))
+        pos += 12 + length
+    return out
