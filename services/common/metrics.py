@@ -130,6 +130,30 @@ class _MetricsInterceptor(grpc.aio.ServerInterceptor):
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
+        if handler.stream_unary is not None:
+            inner_client_stream = handler.stream_unary
+            labels = (service, method, "client_stream")
+
+            async def client_stream(request_iterator, context):
+                GRPC_STARTED.labels(*labels).inc()
+                start = time.perf_counter()
+                code = "OK"
+                try:
+                    return await inner_client_stream(request_iterator, context)
+                except BaseException:
+                    code = _code_of(context, "CANCELLED")
+                    raise
+                finally:
+                    if code == "OK":
+                        code = _code_of(context, "OK")
+                    GRPC_HANDLED.labels(*labels, code).inc()
+                    GRPC_SECONDS.labels(*labels).observe(time.perf_counter() - start)
+
+            return grpc.stream_unary_rpc_method_handler(
+                client_stream,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
         return handler
 
 
