@@ -35,3 +35,15 @@ def test_handler_serves_one_rpc_per_kafka_api():
     for method in service.methods:
         assert method.input_type.name == method.name + "Request"
         assert method.output_type.name == method.name + "Response"
+
+
+def test_the_frontend_routes_every_supported_api_to_a_handler_rpc_and_back():
+    from kbroker.handler.v1 import handler_pb2
+    from services.frontend.api_versions import SUPPORTED_APIS
+
+    rpcs = {m.name for m in handler_pb2.DESCRIPTOR.services_by_name["KafkaHandler"].methods}
+    routed = {api.rpc for api in SUPPORTED_APIS.values() if api.rpc is not None}
+    assert routed == rpcs
+    for api in SUPPORTED_APIS.values():
+        if api.rpc is not None:
+            assert api.rpc == api.name
