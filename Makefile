@@ -19,6 +19,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	# The generated stubs (package kbroker) live in proto/gen, outside the source packages.
 	echo "$(CURDIR)/proto/gen" > "$$($(PY) -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')/kbroker-proto.pth"
+	$(PY) deploy/tools/install_k8s_tools.py $(VENV)/bin
 	touch $@
 
 venv: $(STAMP) $(GEN)
@@ -48,7 +49,7 @@ test: venv test-deps
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 lint: venv
-	$(VENV)/bin/ruff check services tools tests bench spark
+	$(VENV)/bin/ruff check services tools tests bench spark deploy
 
 bench: venv
 	$(PY) bench/throughput.py

@@ -2,6 +2,8 @@
 
     kbroker up [--kafka-port 9092] [--data-dir data] [--handlers 2] [--log-nodes 3] ...
         a whole local cluster on loopback until Ctrl-C
+    kbroker k8s status [--namespace kbroker] [--release kbroker] [--wait]
+        a release on Kubernetes: pods per role, rollouts, partition health
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 from pathlib import Path
 
 from .cluster import ClusterSpec, LocalCluster
+from .k8s import cli as k8s_cli
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -87,9 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--replication-factor", type=int, default=1,
                     help="default.replication.factor for new topics")
     up.add_argument("--log-level", default="INFO")
+    k8s_cli.add_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "up":
         return _up(args)
+    if args.command == "k8s":
+        return k8s_cli.run(args)
     return 2
 
 
