@@ -2,6 +2,10 @@
 spread round-robin (starting with the first address), channels in TRANSIENT_FAILURE skipped
 while another is usable.
 
+The handlers are found through ``services.common.discovery``: a static list stays as given; a
+``dns:///`` or ``k8s:///`` address is re-resolved every few seconds, channels opening for new
+handlers and closing (after the calls in flight, within a grace period) for those that left.
+
 Retries follow what a failure proves. A call that failed to connect never reached a handler and
 is retried on another for any API. A call that reached a handler and then failed (the handler
 died, the stream was cut) is retried only when the API is safe to repeat (it only reads); for
@@ -12,14 +16,17 @@ are never retried. Attempts are bounded: every handler once, plus one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import grpc
 from google.protobuf.message import Message
 
 from kbroker.handler.v1 import handler_pb2_grpc
 from services.common.channels import insecure_channel
+from services.common.discovery import Resolver, StaticResolver, changes, resolver_for
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +39,11 @@ _NOT_CONNECTED_MARKERS = (
 _MID_REQUEST_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
 
 Metadata = tuple[tuple[str, str], ...]
+
+# How often a DNS or Kubernetes address is resolved again, and how long a channel to a handler
+# that left may finish its calls.
+RESOLVE_INTERVAL_SECONDS = 5.0
+CLOSE_GRACE_SECONDS = 30.0
 
 
 class HandlerCallError(Exception):
@@ -58,34 +70,92 @@ def _never_reached(error: grpc.aio.AioRpcError) -> bool:
     return any(marker in details for marker in _NOT_CONNECTED_MARKERS)
 
 
+@dataclass(slots=True)
+class _Handler:
+    address: str
+    channel: grpc.aio.Channel
+    stub: handler_pb2_grpc.KafkaHandlerStub
+
+
 class HandlerPool:
-    """The handlers, seen as one service. Not thread-safe: used from one event loop."""
+    """The handlers, seen as one service. Not thread-safe: used from one event loop.
 
-    def __init__(self, addresses: Sequence[str]) -> None:
-        if not addresses:
-            raise ValueError("at least one handler address is needed")
-        self.addresses = tuple(addresses)
-        self._channels = [insecure_channel(a) for a in self.addresses]
-        self._stubs = [handler_pb2_grpc.KafkaHandlerStub(c) for c in self._channels]
+    Create, then ``await start()`` (the first resolution); ``close()`` ends it."""
+
+    def __init__(self, targets: Sequence[str] | str,
+                 resolve_interval: float = RESOLVE_INTERVAL_SECONDS,
+                 resolver: Resolver | None = None) -> None:
+        self._resolver: Resolver = resolver or resolver_for(targets)
+        self._resolve_interval = resolve_interval
+        self._handlers: list[_Handler] = []
         self._next = 0
-        self.max_attempts = len(self._channels) + 1
+        self._watch: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Task[None]] = set()
 
-    def _pick(self, tried: set[int]) -> int:
-        """Next channel in turn, preferring untried ones not known to be failing."""
-        n = len(self._channels)
-        start = self._next
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        return tuple(h.address for h in self._handlers)
+
+    @property
+    def max_attempts(self) -> int:
+        """Every handler once, plus one."""
+        return len(self._handlers) + 1
+
+    async def start(self) -> None:
+        """Resolve the handlers once; DNS or Kubernetes addresses are then followed."""
+        if isinstance(self._resolver, StaticResolver):
+            # In the order given: round-robin starts with the first address.
+            self.update(self._resolver.addresses)
+            return
+        updates = changes(self._resolver, self._resolve_interval)
+        self.update(await anext(updates))
+        self._watch = asyncio.get_running_loop().create_task(
+            self._follow(updates), name="handler-discovery")
+
+    async def _follow(self, updates) -> None:
+        async for addresses in updates:
+            self.update(addresses)
+
+    def update(self, addresses: Sequence[str]) -> None:
+        """Open channels to new handlers, close those of handlers no longer listed."""
+        wanted = list(dict.fromkeys(addresses))
+        known = {h.address: h for h in self._handlers}
+        for gone in set(known) - set(wanted):
+            task = asyncio.get_running_loop().create_task(
+                known[gone].channel.close(CLOSE_GRACE_SECONDS))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+        handlers = []
+        for address in wanted:
+            handler = known.get(address)
+            if handler is None:
+                channel = insecure_channel(address)
+                handler = _Handler(address, channel, handler_pb2_grpc.KafkaHandlerStub(channel))
+            handlers.append(handler)
+        if [h.address for h in handlers] != [h.address for h in self._handlers]:
+            log.info("handlers: %s", ", ".join(wanted) or "none")
+        self._handlers = handlers
+        self._next = self._next % len(handlers) if handlers else 0
+
+    def _pick(self, tried: set[str]) -> _Handler | None:
+        """Next handler in turn, preferring untried ones not known to be failing."""
+        handlers = self._handlers
+        n = len(handlers)
+        if n == 0:
+            return None
+        start = self._next % n
         self._next = (start + 1) % n
         fallback = None
         for step in range(n):
-            i = (start + step) % n
-            if i in tried:
+            handler = handlers[(start + step) % n]
+            if handler.address in tried:
                 continue
-            state = self._channels[i].get_state(try_to_connect=False)
+            state = handler.channel.get_state(try_to_connect=False)
             if state != grpc.ChannelConnectivity.TRANSIENT_FAILURE:
-                return i
+                return handler
             if fallback is None:
-                fallback = i
-        return start if fallback is None else fallback
+                fallback = handler
+        return handlers[start] if fallback is None else fallback
 
     async def call(self, rpc: str, request: Message, *, metadata: Metadata,
                    time_limit: float, retry_safe: bool) -> Message:
@@ -93,28 +163,31 @@ class HandlerPool:
         within ``time_limit`` seconds. Raises :class:`HandlerCallError` when no answer came."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + time_limit
-        tried: set[int] = set()
+        tried: set[str] = set()
         reached = False
         last: grpc.aio.AioRpcError | None = None
         for attempt in range(self.max_attempts):
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
-            i = self._pick(tried)
-            tried.add(i)
+            handler = self._pick(tried)
+            if handler is None:
+                raise HandlerCallError(rpc, grpc.StatusCode.UNAVAILABLE, "no handler is known",
+                                       reached=reached, availability=True)
+            tried.add(handler.address)
             try:
-                return await getattr(self._stubs[i], rpc)(
+                return await getattr(handler.stub, rpc)(
                     request, metadata=metadata, timeout=remaining)
             except grpc.aio.AioRpcError as e:
                 last = e
                 if _never_reached(e):
-                    log.debug("%s: handler %s unreachable: %s", rpc, self.addresses[i],
+                    log.debug("%s: handler %s unreachable: %s", rpc, handler.address,
                               e.details())
                     continue
                 reached = True
                 if e.code() in _MID_REQUEST_CODES:
                     log.warning("%s: handler %s failed mid-request (attempt %d): %s", rpc,
-                                self.addresses[i], attempt + 1, e.details())
+                                handler.address, attempt + 1, e.details())
                     if retry_safe:
                         continue
                     raise HandlerCallError(rpc, e.code(), e.details() or "", reached=True,
@@ -129,4 +202,10 @@ class HandlerPool:
                                availability=True)
 
     async def close(self) -> None:
-        await asyncio.gather(*(c.close() for c in self._channels), return_exceptions=True)
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+        channels = [h.channel.close() for h in self._handlers]
+        self._handlers = []
+        await asyncio.gather(*channels, *self._closing, return_exceptions=True)

@@ -115,6 +115,7 @@ class FrontendService:
 async def start(config: FrontendConfig) -> FrontendService:
     """Start the frontend: its gRPC port, then the Kafka listener."""
     pool = HandlerPool(config.handlers)
+    await pool.start()
     try:
         grpc_server, port, _health = await create_server(
             "frontend", [], config.grpc_address, config.instance)
