@@ -13,3 +13,7 @@ class PurgatoryConfig:
 
     grpc_address: str = option("127.0.0.1:19300", "host:port of the Purgatory gRPC service")
     metrics_port: int = option(0, "Prometheus HTTP port (0: disabled)")
+    tick_ms: int = option(1, "Tick of the finest timing wheel, in milliseconds")
+    wheel_size: int = option(20, "Buckets per timing wheel")
+    purge_interval: int = option(
+        1000, "Purge completed operations from watcher lists once this many entries pile up")

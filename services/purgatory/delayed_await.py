@@ -1,4 +1,5 @@
-"""The operation behind the Await RPC: wait until watched keys reach their thresholds.
+"""The operation behind the Await RPC: wait until watched keys reach their thresholds. The
+kinds with rules of their own build on it: :mod:`.delayed_fetch` and :mod:`.delayed_produce`.
 
 Each watched key has a threshold. A key is *done* for an operation once its last reported
 position is >= its threshold, or once a non-zero error was reported for it after the operation
@@ -10,7 +11,8 @@ which is how Kafka's DelayedProduce treats a partition that is no longer pending
 The operation completes when any key is done (``require_all`` false: DelayedFetch) or when every
 key is done (``require_all`` true: DelayedProduce); with no keys at all, "every" holds at once
 and "any" never does, so the latter is a plain delay. It answers exactly once through
-``result``: COMPLETED with each key's state, or EXPIRED after ``timeout_ms``.
+``result``: COMPLETED with each key's state, or EXPIRED after ``timeout_ms`` with each key's
+state as :meth:`DelayedAwait.expired_state` reports it.
 """
 
 from __future__ import annotations
@@ -87,13 +89,25 @@ class DelayedAwait(DelayedOperation):
         self._satisfied = True
         return self.force_complete()
 
+    def expired_state(self, state: KeyState) -> KeyState:
+        """The answer for a key still awaited when the operation expires: its last state."""
+        return state
+
     def on_complete(self) -> None:
-        outcome = Outcome.COMPLETED if self._satisfied else Outcome.EXPIRED
+        satisfied = self._satisfied
+        outcome = Outcome.COMPLETED if satisfied else Outcome.EXPIRED
         failed = self._failed
-        keys = tuple(
-            failed[key] if key in failed else self._states.current(key) for key in self.thresholds
-        )
-        answer = AwaitResult(outcome=outcome, keys=keys, waited=time.monotonic() - self._started)
+        waiting = self._waiting
+        keys: list[KeyState] = []
+        for key in self.thresholds:
+            if key in failed:
+                keys.append(failed[key])
+            elif not satisfied and key in waiting:
+                keys.append(self.expired_state(self._states.current(key)))
+            else:
+                keys.append(self._states.current(key))
+        answer = AwaitResult(outcome=outcome, keys=tuple(keys),
+                             waited=time.monotonic() - self._started)
         if self._listener is not None:
             self._listener(self, answer)
         if not self.result.done():

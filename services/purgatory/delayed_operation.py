@@ -20,7 +20,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Callable
 
-from .timer import TimerTask
+from .timer_task import TimerTask
 
 
 class DelayedOperation(TimerTask):

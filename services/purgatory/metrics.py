@@ -10,7 +10,9 @@ PENDING = Gauge(
     "kbroker_purgatory_pending_operations", "Operations parked and not yet answered.", ["kind"]
 )
 WATCHED_KEYS = Gauge(
-    "kbroker_purgatory_watched_keys", "Keys with at least one parked operation.", ["kind"]
+    "kbroker_purgatory_watched_keys",
+    "Keys with a watcher list (parked operations, or completed ones awaiting the purge).",
+    ["kind"],
 )
 COMPLETED = Counter(
     "kbroker_purgatory_completed_total", "Operations completed by their condition.", ["kind"]
@@ -27,4 +29,15 @@ COMPLETION_DELAY = Histogram(
     "Time from parking an operation to answering it.",
     ["kind", "outcome"],
     buckets=LATENCY_BUCKETS,
+)
+EXPIRATION_LATENESS = Histogram(
+    "kbroker_purgatory_expiration_lateness_seconds",
+    "How long after its timeout an expired operation was answered (timer and loop delay).",
+    ["kind"],
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+)
+PURGED = Counter(
+    "kbroker_purgatory_purged_total",
+    "Entries of completed operations dropped from watcher lists by the periodic purge.",
+    ["kind"],
 )

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 from . import metrics
 from .delayed_await import AwaitResult, DelayedAwait, Outcome
-from .delayed_operation_purgatory import DelayedOperationPurgatory
+from .delayed_fetch import DelayedFetch
+from .delayed_operation_purgatory import DEFAULT_PURGE_INTERVAL, DelayedOperationPurgatory
+from .delayed_produce import DelayedProduce
 from .key_states import KeyStates
 from .timer import Timer
 
@@ -25,15 +27,22 @@ KINDS = ("fetch", "produce", "join", "heartbeat")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Description:
     pending_by_kind: dict[str, int]
-    # Distinct keys with at least one parked operation, over all kinds.
+    # Distinct keys with a watcher list, over all kinds (see DelayedOperationPurgatory).
     watched_keys: int
 
 
 class Purgatories:
     """Parks, completes and expires :class:`DelayedAwait` operations of every kind."""
 
-    def __init__(self, timer: Timer, states: KeyStates | None = None) -> None:
+    def __init__(
+        self,
+        timer: Timer,
+        states: KeyStates | None = None,
+        *,
+        purge_interval: int = DEFAULT_PURGE_INTERVAL,
+    ) -> None:
         self._timer = timer
+        self._purge_interval = purge_interval
         self._states = states if states is not None else KeyStates()
         self._by_kind: dict[str, DelayedOperationPurgatory[DelayedAwait]] = {}
         for kind in KINDS:
@@ -43,7 +52,8 @@ class Purgatories:
         purgatory = self._by_kind.get(kind)
         if purgatory is None:
             purgatory = DelayedOperationPurgatory(
-                kind, self._timer, on_watched_keys_changed=metrics.WATCHED_KEYS.labels(kind).set
+                kind, self._timer, on_watched_keys_changed=metrics.WATCHED_KEYS.labels(kind).set,
+                purge_interval=self._purge_interval, on_purge=metrics.PURGED.labels(kind).inc,
             )
             self._by_kind[kind] = purgatory
         return purgatory
@@ -56,15 +66,21 @@ class Purgatories:
         self, *, kind: str, thresholds: Mapping[str, int], require_all: bool, timeout_ms: int
     ) -> DelayedAwait:
         """Create an operation and complete it at once if it can, else watch it. Await
-        ``op.result`` for the answer; call :meth:`cancel` if the waiter goes away."""
-        op = DelayedAwait(
-            kind=kind,
-            thresholds=thresholds,
-            require_all=require_all,
-            timeout_ms=timeout_ms,
-            states=self._states,
-            listener=_record_outcome,
-        )
+        ``op.result`` for the answer; call :meth:`cancel` if the waiter goes away.
+
+        A fetch waiting on any key is a :class:`DelayedFetch`, a produce waiting on every key a
+        :class:`DelayedProduce`; any other combination is a plain :class:`DelayedAwait`."""
+        op: DelayedAwait
+        if kind == DelayedFetch.KIND and not require_all:
+            op = DelayedFetch(thresholds=thresholds, max_wait_ms=timeout_ms,
+                              states=self._states, listener=_record_outcome)
+        elif kind == DelayedProduce.KIND and require_all:
+            op = DelayedProduce(thresholds=thresholds, timeout_ms=timeout_ms,
+                                states=self._states, listener=_record_outcome)
+        else:
+            op = DelayedAwait(kind=kind, thresholds=thresholds, require_all=require_all,
+                              timeout_ms=timeout_ms, states=self._states,
+                              listener=_record_outcome)
         if not self._purgatory(kind).try_complete_else_watch(op, op.thresholds):
             pending = metrics.PENDING.labels(kind)
             pending.inc()
@@ -92,6 +108,10 @@ class Purgatories:
             return True
         return False
 
+    def purge_completed(self) -> int:
+        """Purge completed operations from every kind's watcher lists now."""
+        return sum(p.purge_completed() for p in self._by_kind.values())
+
     def describe(self) -> Description:
         pending = {kind: p.pending for kind, p in self._by_kind.items()}
         watched = [p.watched_keys() for p in self._by_kind.values() if p.watched_keys()]
@@ -113,4 +133,6 @@ def _record_outcome(op: DelayedAwait, result: AwaitResult) -> None:
         metrics.COMPLETED.labels(op.kind).inc()
     else:
         metrics.EXPIRED.labels(op.kind).inc()
+        metrics.EXPIRATION_LATENESS.labels(op.kind).observe(
+            max(result.waited - op.delay_ms / 1000, 0.0))
     metrics.COMPLETION_DELAY.labels(op.kind, result.outcome.value).observe(result.waited)

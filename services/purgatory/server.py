@@ -13,7 +13,7 @@ from services.common.server import ServiceBinding, create_server
 from .config import PurgatoryConfig
 from .purgatories import Purgatories
 from .servicer import PurgatoryServicer
-from .timer import LoopTimer
+from .timer import SystemTimer
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,9 @@ class PurgatoryService:
 
 
 async def start(config: PurgatoryConfig) -> PurgatoryService:
-    purgatories = Purgatories(LoopTimer(asyncio.get_running_loop()))
+    timer = SystemTimer(loop=asyncio.get_running_loop(), tick_ms=config.tick_ms,
+                        wheel_size=config.wheel_size)
+    purgatories = Purgatories(timer, purge_interval=config.purge_interval)
     server, port, _health = await create_server(
         "purgatory",
         [ServiceBinding(SERVICE_NAME, purgatory_pb2_grpc.add_PurgatoryServicer_to_server,

@@ -1,58 +1,57 @@
 """Timers for delayed operations: run a task once after its delay unless it is cancelled first
-(the role of Kafka's ``org.apache.kafka.server.util.timer.Timer``/``TimerTask``).
+(Kafka's ``Timer`` and ``SystemTimer``).
 
-:class:`Timer` is the small interface the purgatory depends on, so the implementation can be
-swapped (a hierarchical timing wheel) without touching the operations. :class:`LoopTimer` is
-the simple implementation: one event-loop timer handle per task, O(log n) add and O(1) cancel.
+:class:`Timer` is the small interface the purgatory depends on. :class:`SystemTimer` implements
+it with a hierarchical :class:`~.timing_wheel.TimingWheel` (tick 1 ms and 20 buckets per wheel
+by default), so adding and cancelling cost O(1) however many operations are pending, and with
+one :class:`~.delay_queue.DelayQueue` of buckets ordered by expiration. The reaper (Kafka's
+``SystemTimer.advanceClock`` and its reaper thread) is :meth:`SystemTimer.advance_clock`: it
+takes every bucket that has expired, advances the wheels' clocks to it and re-adds its tasks,
+which moves tasks of coarse wheels into finer ones and runs the ones that are due.
 
-Not thread-safe: a timer and its tasks belong to the event loop that created the timer, and
-every method must be called on that loop.
+Driving: given an event loop, the timer reads the monotonic clock (the one asyncio and uvloop
+schedule on) and sleeps until the earliest bucket expires (one ``loop.call_at`` wakeup, moved
+earlier when a new earlier bucket appears; no polling) and reaps then. Without a loop it is
+driven by hand (tests, benchmarks) with :meth:`SystemTimer.advance_clock` on its own clock.
+
+Timing: a task added at clock time t with delay d is due at t + d rounded up to the tick, and it
+runs at the first reap at or after that instant: never early, at most one tick plus the loop's
+scheduling delay late. A task whose delay is <= 0 runs at the next reap (on the next loop
+iteration), never inside :meth:`SystemTimer.add`. A cancelled task never runs, even one
+cancelled by another task running in the same reap.
+
+Not thread-safe: a timer and its tasks belong to one event loop (or one driving thread).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
+import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
+from .delay_queue import DelayQueue
+from .timer_task import TimerTask
+from .timer_task_list import TimerTaskList
+from .timing_wheel import TimingWheel
 
-class TimerTask(ABC):
-    """Work that a :class:`Timer` runs once, ``delay_ms`` after it was added.
+log = logging.getLogger(__name__)
 
-    A task is on at most one timer at a time; :meth:`cancel` takes it off (a no-op when it was
-    never added, already ran, or was already cancelled).
-    """
-
-    def __init__(self, delay_ms: int) -> None:
-        self.delay_ms = delay_ms
-        self._timer: Timer | None = None
-
-    @abstractmethod
-    def run(self) -> None:
-        """Called by the timer when the delay has elapsed."""
-
-    def cancel(self) -> None:
-        timer, self._timer = self._timer, None
-        if timer is not None:
-            timer.remove(self)
-
-    @property
-    def scheduled(self) -> bool:
-        return self._timer is not None
+DEFAULT_TICK_MS = 1
+DEFAULT_WHEEL_SIZE = 20
 
 
 class Timer(ABC):
-    """Runs tasks after their delay."""
+    """Runs tasks after their delay; :meth:`TimerTask.cancel` takes a task off in O(1)."""
 
     @abstractmethod
     def add(self, task: TimerTask) -> None:
-        """Schedule ``task`` to run ``task.delay_ms`` from now (at once when <= 0).
+        """Schedule ``task`` to run ``task.delay_ms`` from now (at the next reap when <= 0).
 
         Raises ValueError if the task is already scheduled.
         """
-
-    @abstractmethod
-    def remove(self, task: TimerTask) -> None:
-        """Forget ``task`` (called through :meth:`TimerTask.cancel`); unknown tasks are ignored."""
 
     @property
     @abstractmethod
@@ -64,41 +63,139 @@ class Timer(ABC):
         """Drop every scheduled task without running it."""
 
 
-class LoopTimer(Timer):
-    """A :class:`Timer` on an asyncio event loop, one ``call_at`` handle per task."""
+class SystemTimer(Timer):
+    """A :class:`Timer` over a hierarchical timing wheel, reaped on an event loop or by hand."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        self._loop = loop or asyncio.get_running_loop()
-        self._handles: dict[TimerTask, asyncio.TimerHandle] = {}
+    def __init__(
+        self,
+        *,
+        loop: asyncio.AbstractEventLoop | None = None,
+        clock_ms: Callable[[], float] | None = None,
+        tick_ms: int = DEFAULT_TICK_MS,
+        wheel_size: int = DEFAULT_WHEEL_SIZE,
+    ) -> None:
+        if clock_ms is None:
+            if loop is None:
+                raise ValueError("a timer needs an event loop or a clock")
+            # The monotonic clock itself, not loop.time(): uvloop's loop time is cached once per
+            # loop iteration in whole milliseconds, and a stale "now" would make tasks due early.
+            # Event loops schedule on the same clock, so wakeups line up with deadlines.
+            monotonic = time.monotonic
+
+            def clock_ms() -> float:
+                return monotonic() * 1000.0
+
+        self._loop = loop
+        self._clock = clock_ms
+        self._tick_ms = tick_ms
+        self._queue = DelayQueue()
+        self._wheel = TimingWheel(tick_ms, wheel_size, math.floor(clock_ms()), self._queue)
+        # Tasks found due when added or reaped, run in order by the reap.
+        self._due = TimerTaskList()
+        self._wakeup: asyncio.TimerHandle | None = None
+        self._wakeup_at = math.inf
+        self._reaping = False
+
+    @property
+    def tick_ms(self) -> int:
+        return self._tick_ms
 
     def add(self, task: TimerTask) -> None:
-        if task._timer is not None:
+        if task._list is not None:
             raise ValueError("timer task is already scheduled")
-        task._timer = self
-        deadline = self._loop.time() + max(task.delay_ms, 0) / 1000.0
-        self._handles[task] = self._loop.call_at(deadline, self._fire, task, deadline)
+        now = self._clock()
+        tick = self._tick_ms
+        if tick == 1:
+            expiration = math.ceil(now + task.delay_ms)
+        else:
+            expiration = math.ceil((now + task.delay_ms) / tick) * tick
+        task.expiration_ms = expiration
+        wheel = self._wheel
+        if now >= wheel.current_time_ms + wheel.interval_ms:
+            # Catch the clock up after a quiet spell, so a short delay lands in the finest wheel
+            # rather than cascading down from a coarse one; safe while nothing queued is due.
+            earliest = self._queue.earliest_expiration()
+            if earliest is None or earliest > now:
+                wheel.advance_clock(math.floor(now))
+        if not wheel.add(task):
+            self._due.add(task)
+            expiration = -1
+        if self._loop is not None and not self._reaping:
+            earliest = self._queue.earliest_expiration() if expiration >= 0 else -1
+            if earliest is not None and earliest < self._wakeup_at:
+                self._schedule(earliest)
 
-    def _fire(self, task: TimerTask, deadline: float) -> None:
-        if self._loop.time() < deadline:
-            # Event loops run timers up to their clock resolution early; a delayed operation
-            # must never expire before its timeout, so wait out the remainder.
-            self._handles[task] = self._loop.call_at(deadline, self._fire, task, deadline)
-            return
-        del self._handles[task]
-        task._timer = None
-        task.run()
+    def advance_clock(self, now_ms: float | None = None) -> int:
+        """Reap: flush every bucket expired by ``now_ms`` (default: the clock), cascading its
+        tasks down the wheels, then run the tasks that are due. Returns how many ran."""
+        now = self._clock() if now_ms is None else now_ms
+        wheel = self._wheel
+        queue = self._queue
+        due = self._due
+        self._reaping = True
+        ran = 0
+        try:
+            bucket = queue.poll(now)
+            while bucket is not None:
+                wheel.advance_clock(bucket.expiration_ms)
+                for task in bucket.flush():
+                    if not wheel.add(task):
+                        due.add(task)
+                bucket = queue.poll(now)
+            # Popped one at a time: a task cancelled by another's run is off the list already.
+            task = due.pop()
+            while task is not None:
+                ran += 1
+                try:
+                    task.run()
+                except Exception:
+                    log.exception("timer task %r failed", task)
+                task = due.pop()
+        finally:
+            self._reaping = False
+        return ran
 
-    def remove(self, task: TimerTask) -> None:
-        handle = self._handles.pop(task, None)
-        if handle is not None:
-            handle.cancel()
+    def next_expiration_ms(self) -> float | None:
+        """When the next reap has work: the earliest queued bucket, -inf if tasks are already
+        due, None if nothing is scheduled."""
+        if self._due.count:
+            return -math.inf
+        return self._queue.earliest_expiration()
+
+    def _schedule(self, at_ms: float) -> None:
+        assert self._loop is not None
+        if self._wakeup is not None:
+            self._wakeup.cancel()
+        self._wakeup_at = at_ms
+        # A time in the past runs on the next loop iteration.
+        self._wakeup = self._loop.call_at(max(at_ms, 0) / 1000.0, self._on_wakeup)
+
+    def _on_wakeup(self) -> None:
+        self._wakeup = None
+        self._wakeup_at = math.inf
+        try:
+            self.advance_clock()
+        finally:
+            following = self.next_expiration_ms()
+            if following is not None:
+                self._schedule(following)
 
     @property
     def size(self) -> int:
-        return len(self._handles)
+        return self._due.count + sum(
+            bucket.count for wheel in self._wheel.wheels() for bucket in wheel.buckets)
+
+    @property
+    def wheel_count(self) -> int:
+        return sum(1 for _ in self._wheel.wheels())
 
     def shutdown(self) -> None:
-        handles, self._handles = self._handles, {}
-        for task, handle in handles.items():
-            handle.cancel()
-            task._timer = None
+        for wheel in self._wheel.wheels():
+            for bucket in wheel.buckets:
+                bucket.flush()
+        self._due.flush()
+        self._queue.clear()
+        if self._wakeup is not None:
+            self._wakeup.cancel()
+            self._wakeup = None
+        self._wakeup_at = math.inf

@@ -9,8 +9,11 @@ from collections.abc import Callable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from services.purgatory import metrics
 from services.purgatory.delayed_await import DelayedAwait, Outcome
+from services.purgatory.delayed_fetch import DelayedFetch
 from services.purgatory.delayed_operation import DelayedOperation
+from services.purgatory.delayed_produce import DelayedProduce
 from services.purgatory.purgatories import KINDS, Purgatories
 
 from .fakes import ManualTimer
@@ -39,8 +42,47 @@ def test_any_key_completes_when_one_reaches_its_threshold():
         answer = op.result.result()
         assert answer.outcome is Outcome.COMPLETED
         assert [(s.key, s.position) for s in answer.keys] == [("a", 4), ("b", 5)]
-        assert p.describe().pending_by_kind["fetch"] == 0 and p.describe().watched_keys == 0
+        # Completed through "b", the operation stays on "a" until "a" is checked or purged.
+        assert p.describe().pending_by_kind["fetch"] == 0 and p.describe().watched_keys == 1
         assert timer.size == 0
+        assert p.report([("a", 4, 0)]) == 0
+        assert p.describe().watched_keys == 0
+
+    on_loop(scenario)
+
+
+def test_completed_operations_are_purged_from_their_other_keys_past_the_interval():
+    async def scenario() -> None:
+        timer = ManualTimer()
+        p = Purgatories(timer, purge_interval=5)
+        fetch = p._by_kind["fetch"]
+        before = metrics.PURGED.labels("fetch")._value.get()
+        ops = [p.park(kind="fetch", thresholds={"hot": 1, f"cold-{i}": 1}, require_all=False,
+                      timeout_ms=1000) for i in range(4)]
+        assert p.report([("hot", 1, 0)]) == 4
+        assert all(outcome(op) is Outcome.COMPLETED for op in ops)
+        # Four completed entries linger on the cold keys: below the interval of five.
+        assert fetch.completed_entries == 4 and p.describe().watched_keys == 4
+        more = p.park(kind="fetch", thresholds={"hot": 2, "cold-9": 1}, require_all=False,
+                      timeout_ms=1000)
+        assert p.report([("hot", 2, 0)]) == 1 and outcome(more) is Outcome.COMPLETED
+        # The fifth reached the interval: every list was purged.
+        assert fetch.completed_entries == 0 and p.describe().watched_keys == 0
+        assert metrics.PURGED.labels("fetch")._value.get() - before == 5
+
+    asyncio.run(scenario())
+
+
+def test_expired_and_cancelled_operations_leave_every_list_at_once():
+    def scenario(p: Purgatories, timer: ManualTimer) -> None:
+        expiring = p.park(kind="fetch", thresholds={"a": 1, "b": 1}, require_all=False,
+                          timeout_ms=10)
+        cancelled = p.park(kind="fetch", thresholds={"c": 1, "d": 1}, require_all=False,
+                           timeout_ms=1000)
+        assert p.describe().watched_keys == 4
+        assert p.cancel(cancelled) and p.describe().watched_keys == 2
+        timer.advance(10)
+        assert outcome(expiring) is Outcome.EXPIRED and p.describe().watched_keys == 0
 
     on_loop(scenario)
 
@@ -192,8 +234,8 @@ actions = st.lists(
 def test_random_histories_complete_each_operation_at_most_once_and_leak_nothing(history):
     async def scenario() -> None:
         timer = ManualTimer()
-        p = Purgatories(timer)
-        ops: list[tuple[DelayedAwait, int]] = []
+        p = Purgatories(timer, purge_interval=4)
+        ops: list[tuple[DelayedAwait, float]] = []
         answers: dict[int, int] = {}
         positions: dict[str, int] = {}
         abandoned: set[int] = set()
@@ -222,7 +264,15 @@ def test_random_histories_complete_each_operation_at_most_once_and_leak_nothing(
             pending = [op for op, _ in ops if not op.is_completed]
             description = p.describe()
             assert sum(description.pending_by_kind.values()) == len(pending)
-            assert description.watched_keys == len({k for op in pending for k in op.thresholds})
+            pending_keys = {k for op in pending for k in op.thresholds}
+            watched = {k for kind in KINDS for k in p._by_kind[kind].watched_keys()}
+            # Completed operations may linger on their other keys, but boundedly.
+            assert pending_keys <= watched and description.watched_keys == len(watched)
+            for kind in KINDS:
+                purgatory = p._by_kind[kind]
+                lingering = sum(op.is_completed for key in purgatory.watched_keys()
+                                for op in purgatory._watchers[key])
+                assert lingering == purgatory.completed_entries < 4
             assert timer.size == len(pending)
             for op in pending:
                 reached = [positions.get(k, -1) >= t for k, t in op.thresholds.items()]
@@ -237,7 +287,43 @@ def test_random_histories_complete_each_operation_at_most_once_and_leak_nothing(
         assert all(count == 1 for count in answers.values())
         for op, _ in ops:
             assert op.result.done() == (op.is_completed and id(op) not in abandoned)
+        p.purge_completed()
+        pending = [op for op, _ in ops if not op.is_completed]
+        assert p.describe().watched_keys == len({k for op in pending for k in op.thresholds})
         p.shutdown()
         assert timer.size == 0 and p.describe().watched_keys == 0
 
     asyncio.run(scenario())
+
+
+def test_an_expired_produce_times_out_only_its_pending_partitions():
+    def scenario(p: Purgatories, timer: ManualTimer) -> None:
+        op = p.park(kind="produce", thresholds={"t-0": 5, "t-1": 5, "t-2": 5},
+                    require_all=True, timeout_ms=30)
+        assert isinstance(op, DelayedProduce)
+        p.report([("t-0", 5, 0), ("t-1", 2, 6), ("t-2", 4, 0)])
+        timer.advance(29)
+        assert outcome(op) is None
+        timer.advance(1)
+        answer = op.result.result()
+        assert answer.outcome is Outcome.EXPIRED
+        assert [(s.key, s.position, s.error_code) for s in answer.keys] == [
+            ("t-0", 5, 0),  # replicated in time
+            ("t-1", 2, 6),  # its leader moved: NOT_LEADER_OR_FOLLOWER stands
+            ("t-2", 4, 7),  # still short: REQUEST_TIMED_OUT
+        ]
+
+    on_loop(scenario)
+
+
+def test_an_expired_fetch_answers_what_is_there():
+    def scenario(p: Purgatories, timer: ManualTimer) -> None:
+        op = p.park(kind="fetch", thresholds={"t-0": 5}, require_all=False, timeout_ms=800)
+        assert isinstance(op, DelayedFetch)
+        p.report([("t-0", 4, 0)])
+        timer.advance(800)
+        answer = op.result.result()
+        assert answer.outcome is Outcome.EXPIRED
+        assert [(s.key, s.position, s.error_code) for s in answer.keys] == [("t-0", 4, 0)]
+
+    on_loop(scenario)

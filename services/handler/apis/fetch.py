@@ -25,7 +25,9 @@ and ``DelayedFetch``).
 - Waiting: with fewer than ``min_bytes`` and ``max_wait_ms`` left, the fetch parks in the
   purgatory on every partition it reads (woken when any high watermark moves past the one
   seen), then reads again, until the deadline. A partition error or nothing to read answers at
-  once. Without a purgatory the fetch waits out the deadline and reads once more.
+  once. Without a reachable purgatory the fetch waits out the deadline and reads once more; if
+  the purgatory fails while the fetch is parked (a restart) or stalls past the deadline, the
+  fetch reads once more and answers at once instead of hanging.
 - Without transactions the last stable offset is the high watermark and nothing is aborted.
 """
 
@@ -47,6 +49,7 @@ from ..collaborators import (
     Purgatory,
     ReadLimit,
     ReadResult,
+    UnreachableError,
     WaitKind,
     partition_key,
 )
@@ -79,6 +82,8 @@ FINAL_EPOCH = -1
 READ_COMMITTED = 1
 # A read is a local page-cache read; a leader that takes longer than this is in trouble.
 READ_TIMEOUT_S = 10.0
+# How long past its deadline a parked fetch waits for the purgatory's answer.
+PURGATORY_SLACK_S = 0.2
 # When unset (a hand-made request), a partition may return as much as consumers default to.
 DEFAULT_PARTITION_MAX_BYTES = 1024 * 1024
 # Errors found before reading that do not end a wait early: as in Kafka, partitions of
@@ -346,13 +351,23 @@ class FetchApi:
         for s in slots:
             assert s.read is not None
             thresholds[s.key] = max(s.read.high_watermark, s.request.fetch_offset) + 1
-        timeout_ms = max(math.ceil((deadline - time.monotonic()) * 1000), 1)
+        remaining = deadline - time.monotonic()
+        timeout_ms = max(math.ceil(remaining * 1000), 1)
         try:
-            outcome = await self._purgatory.wait(
-                WaitKind.FETCH, thresholds, require_all=False, timeout_ms=timeout_ms)
-        except CallError as exc:
-            log.debug("purgatory unavailable (%s); waiting out the fetch", exc)
+            # Bounded here too: a purgatory that stalls must not hold the fetch past its wait.
+            outcome = await asyncio.wait_for(
+                self._purgatory.wait(WaitKind.FETCH, thresholds, require_all=False,
+                                     timeout_ms=timeout_ms),
+                max(remaining, 0) + PURGATORY_SLACK_S)
+        except UnreachableError as exc:
+            # No purgatory to park in: wait out the deadline rather than have consumers spin.
+            log.debug("purgatory unreachable (%s); waiting out the fetch", exc)
             await asyncio.sleep(max(deadline - time.monotonic(), 0))
+            return False
+        except (CallError, TimeoutError) as exc:
+            # The purgatory went away while the fetch was parked (a restart) or stalled: answer
+            # with what there is now, before the deadline, and let the consumer fetch again.
+            log.debug("purgatory failed mid-wait (%r); answering the fetch now", exc)
             return False
         if not outcome.completed:
             return False
