@@ -49,6 +49,7 @@ SUPPORTED_APIS: dict[int, SupportedApi] = {
         SupportedApi(API_VERSIONS_KEY, "ApiVersions", 0, 4, None, retry_safe=True),
         SupportedApi(19, "CreateTopics", 2, 7, "CreateTopics", retry_safe=False),
         SupportedApi(20, "DeleteTopics", 1, 6, "DeleteTopics", retry_safe=False),
+        SupportedApi(21, "DeleteRecords", 0, 2, "DeleteRecords", retry_safe=False),
         SupportedApi(60, "DescribeCluster", 0, 1, "DescribeCluster", retry_safe=True),
     )
 }

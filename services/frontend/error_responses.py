@@ -87,6 +87,16 @@ def _delete_topics(request: k.DeleteTopicsRequest, code: int) -> k.DeleteTopicsR
     return k.DeleteTopicsResponse(responses=results)
 
 
+def _delete_records(request: k.DeleteRecordsRequest, code: int) -> k.DeleteRecordsResponse:
+    return k.DeleteRecordsResponse(topics=[
+        {"name": topic.name, "partitions": [
+            {"partition_index": p.partition_index, "low_watermark": -1, "error_code": code}
+            for p in topic.partitions
+        ]}
+        for topic in request.topics
+    ])
+
+
 def _describe_cluster(request: k.DescribeClusterRequest, code: int) -> k.DescribeClusterResponse:
     return k.DescribeClusterResponse(error_code=code, cluster_id="", controller_id=-1)
 
@@ -97,6 +107,7 @@ _BUILDERS: dict[int, Callable[[Message, int], Message]] = {
     2: _list_offsets,  # type: ignore[dict-item]
     19: _create_topics,  # type: ignore[dict-item]
     20: _delete_topics,  # type: ignore[dict-item]
+    21: _delete_records,  # type: ignore[dict-item]
     60: _describe_cluster,  # type: ignore[dict-item]
 }
 

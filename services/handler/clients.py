@@ -26,6 +26,7 @@ from .collaborators import (
     AppendResult,
     CallError,
     KeyState,
+    LowWatermark,
     NewTopic,
     OffsetQuery,
     OffsetResult,
@@ -34,6 +35,7 @@ from .collaborators import (
     PartitionRead,
     ReadLimit,
     ReadResult,
+    RecordDeletion,
     TopicResult,
     UnreachableError,
     WaitKind,
@@ -280,6 +282,20 @@ class LogNodeClients:
                 timestamp=r.timestamp,
                 leader_epoch=r.leader_epoch,
             )
+            for r in response.results
+        ]
+
+    async def delete_records(
+        self, node: LogNode, deletions: Sequence[RecordDeletion], time_limit: float
+    ) -> list[LowWatermark]:
+        request = log_pb2.DeleteRecordsRequest(partitions=[
+            log_pb2.PartitionDeleteRecords(topic=d.topic, partition=d.partition, offset=d.offset)
+            for d in deletions
+        ])
+        response = await _call(self._stub(node).DeleteRecords, request, time_limit, _peer(node))
+        return [
+            LowWatermark(topic=r.topic, partition=r.partition, error_code=r.error_code,
+                         low_watermark=r.low_watermark)
             for r in response.results
         ]
 

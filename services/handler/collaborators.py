@@ -135,6 +135,30 @@ class LogNodes(Protocol):
     ) -> list[OffsetResult]: ...
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordDeletion:
+    topic: str
+    partition: int
+    # The new log start offset; -1: the high watermark.
+    offset: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LowWatermark:
+    topic: str
+    partition: int
+    error_code: int = 0
+    low_watermark: int = -1
+
+
+class RecordDeleter(Protocol):
+    """Log nodes that move log start offsets (DeleteRecords), one call per node."""
+
+    async def delete_records(
+        self, node: LogNode, deletions: Sequence[RecordDeletion], time_limit: float
+    ) -> list[LowWatermark]: ...
+
+
 # --- purgatory ---------------------------------------------------------------------------------
 
 

@@ -17,6 +17,7 @@ from .apis.fetch import FetchApi
 from .apis.metadata import MetadataApi
 from .apis.offsets import ListOffsetsApi
 from .apis.produce import ProduceApi
+from .apis.records import DeleteRecordsApi
 from .apis.topics import CreateTopicsApi, DeleteTopicsApi
 from .clients import LogNodeClients, PurgatoryClient, ReplicatorClient
 from .config import HandlerConfig
@@ -75,6 +76,7 @@ async def start(config: HandlerConfig) -> HandlerService:
         create_topics_api=CreateTopicsApi(cache, replicator),
         delete_topics_api=DeleteTopicsApi(cache, replicator),
         describe_cluster_api=DescribeClusterApi(cache),
+        delete_records_api=DeleteRecordsApi(cache, log_nodes),
     )
     follower = asyncio.create_task(cache.follow(replicator.watch), name="metadata-follower")
     try:

@@ -25,7 +25,7 @@ from kbroker.handler.v1 import handler_pb2_grpc
 from kbroker.kafka.v1 import kafka_pb2 as k
 from services.common.errors import ErrorCode
 
-from .apis import cluster, fetch, metadata, offsets, produce, topics
+from .apis import cluster, fetch, metadata, offsets, produce, records, topics
 from .config import HandlerConfig
 from .metrics import REQUEST_SECONDS, REQUESTS
 from .request_context import RequestContext, split_host_port
@@ -363,6 +363,38 @@ def describe_cluster_response(r: cluster.DescribeClusterResponse) -> k.DescribeC
     return out
 
 
+# --- DeleteRecords -----------------------------------------------------------------------------
+
+
+def delete_records_request(m: k.DeleteRecordsRequest) -> records.DeleteRecordsRequest:
+    return records.DeleteRecordsRequest(
+        topics=[
+            records.DeleteRecordsTopic(
+                name=t.name,
+                partitions=[records.DeleteRecordsPartition(
+                    partition_index=p.partition_index, offset=_opt(p, "offset", -1))
+                    for p in t.partitions],
+            )
+            for t in m.topics
+        ],
+        timeout_ms=_opt(m, "timeout_ms", 30_000),
+    )
+
+
+def delete_records_response(r: records.DeleteRecordsResponse) -> k.DeleteRecordsResponse:
+    out = k.DeleteRecordsResponse(throttle_time_ms=0)
+    for t in r.topics:
+        topic = out.topics.add(name=t.name)
+        for p in t.partitions:
+            topic.partitions.add(partition_index=p.partition_index,
+                                 low_watermark=p.low_watermark, error_code=p.error_code)
+    return out
+
+
+def delete_records_error(r: records.DeleteRecordsResponse) -> int:
+    return _first_error(p.error_code for t in r.topics for p in t.partitions)
+
+
 # --- the service -------------------------------------------------------------------------------
 
 
@@ -380,6 +412,7 @@ class KafkaHandlerServicer(handler_pb2_grpc.KafkaHandlerServicer):
         create_topics_api: topics.CreateTopicsApi,
         delete_topics_api: topics.DeleteTopicsApi,
         describe_cluster_api: cluster.DescribeClusterApi,
+        delete_records_api: records.DeleteRecordsApi | None = None,
     ) -> None:
         self._default_advertised = split_host_port(config.advertised)
         self._default_broker_ports = config.broker_ports
@@ -390,6 +423,7 @@ class KafkaHandlerServicer(handler_pb2_grpc.KafkaHandlerServicer):
         self._create_topics = create_topics_api
         self._delete_topics = delete_topics_api
         self._describe_cluster = describe_cluster_api
+        self._delete_records = delete_records_api
 
     def request_context(self, context: grpc.aio.ServicerContext) -> RequestContext:
         values = {key: value for key, value in (context.invocation_metadata() or ())}
@@ -465,6 +499,20 @@ class KafkaHandlerServicer(handler_pb2_grpc.KafkaHandlerServicer):
         return await self._serve(
             "ListOffsets", request, list_offsets_request, self._list_offsets.handle,
             offsets.error_response, list_offsets_error, list_offsets_response)
+
+    async def DeleteRecords(
+        self, request: k.DeleteRecordsRequest, context: grpc.aio.ServicerContext
+    ) -> k.DeleteRecordsResponse:
+        api = self._delete_records
+
+        async def handle(r: records.DeleteRecordsRequest) -> records.DeleteRecordsResponse:
+            if api is None:
+                return records.error_response(r, ErrorCode.unsupported_version.value)
+            return await api.handle(r)
+
+        return await self._serve(
+            "DeleteRecords", request, delete_records_request, handle,
+            records.error_response, delete_records_error, delete_records_response)
 
     async def CreateTopics(
         self, request: k.CreateTopicsRequest, context: grpc.aio.ServicerContext

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from services.common.config import option
 
-from .topic_config import TopicConfig
+from .log_manager import Schedule
+from .topic_config import NEVER, TopicConfig
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,6 +32,25 @@ class LogConfig:
     message_timestamp_type: str = option(
         "CreateTime", "default message.timestamp.type: CreateTime or LogAppendTime"
     )
+    segment_ms: int = option(604800000, "default segment.ms: roll segments this old")
+    retention_ms: int = option(
+        604800000, "default retention.ms: delete segments older than this (-1: never)")
+    retention_bytes: int = option(
+        -1, "default retention.bytes: delete old segments beyond this size (-1: never)")
+    cleanup_policy: str = option("delete", "default cleanup.policy: delete, compact or both")
+    delete_retention_ms: int = option(
+        86400000, "default delete.retention.ms: how long compaction keeps tombstones")
+    flush_messages: int = option(
+        NEVER, "default flush.messages: fsync every this many messages (default: never)")
+    flush_ms: int = option(NEVER, "default flush.ms: fsync this often (default: never)")
+    retention_check_interval_ms: int = option(
+        300000, "how often retention runs over every replica (log.retention.check.interval.ms)")
+    flush_check_interval_ms: int = option(
+        1000, "how often flush.ms is checked (log.flush.scheduler.interval.ms)")
+    checkpoint_interval_ms: int = option(
+        60000, "how often recovery points and log start offsets are checkpointed")
+    cleaner_backoff_ms: int = option(
+        15000, "how often the log cleaner looks for logs to compact (log.cleaner.backoff.ms)")
 
     def topic_defaults(self) -> TopicConfig:
         """The topic config every partition starts from before its own overrides."""
@@ -39,4 +59,18 @@ class LogConfig:
             index_interval_bytes=self.index_interval_bytes,
             max_message_bytes=self.max_message_bytes,
             message_timestamp_type=self.message_timestamp_type,  # type: ignore[arg-type]
+            segment_ms=self.segment_ms,
+            retention_ms=self.retention_ms,
+            retention_bytes=self.retention_bytes,
+            cleanup_policy=self.cleanup_policy,
+            delete_retention_ms=self.delete_retention_ms,
+            flush_messages=self.flush_messages,
+            flush_ms=self.flush_ms,
+        )
+
+    def schedule(self) -> Schedule:
+        return Schedule(
+            retention_check_ms=self.retention_check_interval_ms,
+            flush_check_ms=self.flush_check_interval_ms,
+            checkpoint_ms=self.checkpoint_interval_ms,
         )

@@ -1,25 +1,34 @@
 """The partition replicas of one log node (Kafka's ``LogManager``): the data directory, replica
-creation, deletion and lookup, and reloading every replica on start-up.
+creation, deletion and lookup, reloading every replica on start-up, the node's checkpoint files
+and the background work over all replicas (retention, time-based flushes, checkpoints).
 
 Layout of ``data_dir``: one directory per replica, ``<topic>-<partition>/`` (see
 :mod:`services.log.partition_log`). Topic names are restricted to Kafka's legal characters
 (``[a-zA-Z0-9._-]``, at most 249), so they are safe as file names. A replica being deleted is
 first renamed to ``<topic>-<partition>.<random>-delete`` so that a crash mid-deletion never
 leaves a half-deleted replica that would be reloaded; leftovers are removed at start-up.
-Not thread-safe: used from the event loop.
+``recovery-point-offset-checkpoint`` and ``log-start-offset-checkpoint`` (see
+:mod:`services.log.checkpoint`) hold each replica's recovery point and log start offset: the
+first is written periodically and on a clean shutdown (after a flush), the second whenever
+DeleteRecords moves a log start offset, periodically and on shutdown. Not thread-safe: used
+from the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import re
 import shutil
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from services.common.errors import ErrorCode, KafkaError
 
+from .checkpoint import LOG_START_OFFSET_FILE, RECOVERY_POINT_FILE, OffsetCheckpoint
 from .partition_log import HighWatermarkListener, PartitionLog, directory_name
 from .partition_metadata import PartitionMetadata, fsync_directory
 from .topic_config import TopicConfig
@@ -41,6 +50,15 @@ def check_topic_name(topic: str) -> None:
         raise KafkaError(ErrorCode.invalid_topic_exception, f"illegal topic name {topic!r}")
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Schedule:
+    """How often the background work runs, in milliseconds (Kafka's ``log.*.interval.ms``)."""
+
+    retention_check_ms: int = 300_000
+    flush_check_ms: int = 1_000
+    checkpoint_ms: int = 60_000
+
+
 class LogManager:
     """Creates, finds, deletes and reloads the partition logs under one data directory."""
 
@@ -49,16 +67,25 @@ class LogManager:
         data_dir: Path,
         defaults: TopicConfig,
         on_high_watermark: HighWatermarkListener | None = None,
+        schedule: Schedule | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.defaults = defaults
+        self.schedule = schedule or Schedule()
         self._on_high_watermark = on_high_watermark
         self._logs: dict[TopicPartition, PartitionLog] = {}
+        self._recovery_points = OffsetCheckpoint(data_dir / RECOVERY_POINT_FILE)
+        self._log_starts = OffsetCheckpoint(data_dir / LOG_START_OFFSET_FILE)
+        self._saved_recovery_points: dict[TopicPartition, int] = {}
+        self._saved_log_starts: dict[TopicPartition, int] = {}
+        self._tasks: list[asyncio.Task[None]] = []
 
     def load(self) -> None:
         """Reload every replica in the data directory (recovering their last segments) and
         finish deletions a crash interrupted."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._saved_recovery_points = self._recovery_points.read()
+        self._saved_log_starts = self._log_starts.read()
         for directory in sorted(self.data_dir.iterdir()):
             if not directory.is_dir():
                 continue
@@ -89,15 +116,19 @@ class LogManager:
         if directory.name != directory_name(metadata.topic, metadata.partition):
             raise ValueError(f"metadata names {metadata.topic}-{metadata.partition}")
         config = self.defaults.with_overrides(metadata.configs)
+        key = (metadata.topic, metadata.partition)
         partition_log = PartitionLog.open(
             directory, metadata.topic, metadata.partition, metadata.topic_id, config,
             self._on_high_watermark,
+            recovery_point=self._saved_recovery_points.get(key, 0),
+            log_start_offset=self._saved_log_starts.get(key, 0),
         )
-        self._logs[(metadata.topic, metadata.partition)] = partition_log
+        self._logs[key] = partition_log
         log.info(
-            "loaded %s-%d: offsets [%d, %d), %d segment(s)", metadata.topic, metadata.partition,
-            partition_log.log_start_offset, partition_log.log_end_offset,
-            partition_log.segment_count,
+            "loaded %s-%d: offsets [%d, %d), %d segment(s), recovery point %d, %d byte(s) "
+            "truncated", metadata.topic, metadata.partition, partition_log.log_start_offset,
+            partition_log.log_end_offset, partition_log.segment_count,
+            self._saved_recovery_points.get(key, 0), partition_log.truncated_at_open,
         )
 
     def create(
@@ -161,7 +192,82 @@ class LogManager:
         partition_log.directory.rename(doomed)
         fsync_directory(self.data_dir)
         shutil.rmtree(doomed, ignore_errors=True)
+        # A replica created again under this name must not inherit the old one's offsets.
+        self._saved_recovery_points.pop((topic, partition), None)
+        self._saved_log_starts.pop((topic, partition), None)
+        self.write_recovery_checkpoint()
+        self.write_log_start_checkpoint()
         return True
+
+    async def delete_records(self, topic: str, partition: int, offset: int) -> int:
+        """Move a replica's log start offset (see :meth:`PartitionLog.delete_records`) and
+        persist it before answering, so deleted records never come back after a restart."""
+        partition_log = self.get(topic, partition)
+        before = partition_log.log_start_offset
+        low_watermark = await partition_log.delete_records(offset)
+        if low_watermark != before:
+            self.write_log_start_checkpoint()
+        return low_watermark
+
+    def update_configs(self, topic: str, partition: int, configs: Mapping[str, str]) -> None:
+        """Replace a replica's topic config overrides (stored, and in effect at once)."""
+        partition_log = self.get(topic, partition)
+        self.create(topic, partition, partition_log.topic_id, configs)
+
+    # ----------------------------------------------------------------- checkpoints, tasks
+
+    def write_recovery_checkpoint(self) -> None:
+        self._recovery_points.write(
+            {key: log_.recovery_point for key, log_ in self._logs.items()})
+
+    def write_log_start_checkpoint(self) -> None:
+        self._log_starts.write({
+            key: log_.log_start_offset for key, log_ in self._logs.items()
+            if log_.log_start_offset > log_.segments[0].base_offset
+        })
+
+    async def enforce_retention(self) -> int:
+        """One retention pass over every replica; returns the segments deleted."""
+        deleted = 0
+        for partition_log in list(self._logs.values()):
+            try:
+                deleted += await partition_log.enforce_retention()
+            except OSError as exc:
+                log.error("%s: retention failed: %s", partition_log.directory, exc)
+        return deleted
+
+    async def flush_by_time(self) -> None:
+        for partition_log in list(self._logs.values()):
+            try:
+                await partition_log.maybe_flush_by_time()
+            except (OSError, KafkaError) as exc:
+                log.error("%s: flush failed: %s", partition_log.directory, exc)
+
+    def start_background(self) -> None:
+        """Start the periodic retention, flush and checkpoint work on the running loop."""
+        schedule = self.schedule
+
+        async def checkpoints() -> None:
+            self.write_recovery_checkpoint()
+            self.write_log_start_checkpoint()
+
+        self._tasks = [
+            asyncio.create_task(_every(schedule.retention_check_ms, self.enforce_retention,
+                                       "retention")),
+            asyncio.create_task(_every(schedule.flush_check_ms, self.flush_by_time, "flush")),
+            asyncio.create_task(_every(schedule.checkpoint_ms, checkpoints, "checkpoint")),
+        ]
+
+    async def stop_background(self) -> None:
+        """Stop the periodic work and wait for the replicas' background flushes."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        for partition_log in list(self._logs.values()):
+            await partition_log.drain()
 
     def partitions(self) -> list[PartitionLog]:
         """Every replica, ordered by topic and partition."""
@@ -171,10 +277,27 @@ class LogManager:
         return len(self._logs)
 
     def close(self) -> None:
-        """Flush and close every replica (a clean shutdown)."""
+        """Flush and close every replica, then checkpoint their recovery points and log start
+        offsets (a clean shutdown: the next start validates nothing it need not)."""
         for partition_log in self._logs.values():
             try:
                 partition_log.close(flush=True)
             except OSError as exc:
                 log.error("%s: close failed: %s", partition_log.directory, exc)
+        if self._logs:
+            try:
+                self.write_recovery_checkpoint()
+                self.write_log_start_checkpoint()
+            except OSError as exc:
+                log.error("%s: cannot write checkpoints: %s", self.data_dir, exc)
         self._logs.clear()
+
+
+async def _every(interval_ms: int, work: Callable[[], Awaitable[object]], name: str) -> None:
+    """Run ``work()`` every ``interval_ms``; a failure is logged and the next round runs."""
+    while True:
+        await asyncio.sleep(interval_ms / 1000)
+        try:
+            await work()
+        except Exception:  # background work must keep going
+            log.exception("background %s failed", name)

@@ -1,17 +1,32 @@
 """One partition replica's log (Kafka's ``UnifiedLog`` over a ``LocalLog``): its segments, log
 start and end offsets and high watermark, and the append, read and offset-lookup operations.
 
-Directory ``<data_dir>/<topic>-<partition>/`` holds the segments (``<base>.log`` and
-``<base>.index``, see :mod:`services.log.segment`) and ``partition.metadata.json``.
+Directory ``<data_dir>/<topic>-<partition>/`` holds the segments (``<base>.log``,
+``<base>.index`` and ``<base>.timeindex``, see :mod:`services.log.segment`) and
+``partition.metadata.json``.
 
 Invariants: segments are ordered by base offset and only the last (active) one is appended to;
-log start offset = the first segment's base offset; log end offset (LEO) = the active
-segment's next offset; log start <= high watermark <= LEO.
+first segment's base offset <= log start offset <= high watermark <= LEO, where LEO (log end
+offset) is the active segment's next offset. The log start offset moves forward only: when
+retention deletes the oldest segments, or DeleteRecords moves it (the node persists it then in
+its log-start-offset checkpoint). Offsets below it are out of range for readers. The recovery
+point is the offset below which everything is known to be flushed to disk.
 
-Appends are serialised per partition by an asyncio lock and assign offsets by patching batch
-headers; reads and lookups run on the event loop without the lock, which is safe because an
-append changes the in-memory state only after its bytes are written, with no await in between.
-Not thread-safe.
+Retention (``retention.ms``, ``retention.bytes``) and the log start offset delete whole
+segments, never the active one and never one holding offsets at or past the high watermark.
+The active segment rolls when it would pass ``segment.bytes`` or its first batch is more than
+``segment.ms`` older than an append's; the rolled segment is flushed in the background and the
+recovery point moves to the new segment. ``flush.messages`` and ``flush.ms`` force flushes
+(default: never, relying on the page cache as Kafka does).
+
+Start-up (:meth:`PartitionLog.open`) validates every segment holding offsets at or past the
+recovery point in full (framing, magic, CRC32C, growing offsets) and rebuilds its indexes; at the
+first torn or corrupt batch the log is truncated, and later segments are deleted.
+
+Mutations (appends, segment deletion, flushes) are serialised per partition by an asyncio lock;
+offsets are assigned by patching batch headers; reads and lookups run on the event loop without
+the lock, which is safe because a mutation changes the in-memory state only after its bytes are
+written, with no await in between. Not thread-safe.
 """
 
 from __future__ import annotations
@@ -20,16 +35,17 @@ import asyncio
 import logging
 import time
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from services.common.errors import ErrorCode, KafkaError
 
 from .offset_index import MAX_RELATIVE_OFFSET
 from .record_batch import NO_TIMESTAMP, assign_offsets, validate_append
-from .segment import INDEX_SUFFIX, LOG_SUFFIX, OFFSET_DIGITS, LogSegment
+from .segment import INDEX_SUFFIX, LOG_SUFFIX, OFFSET_DIGITS, TIME_INDEX_SUFFIX, LogSegment
 from .topic_config import TimestampType, TopicConfig
 
 log = logging.getLogger(__name__)
@@ -46,6 +62,10 @@ NO_LEADER_EPOCH = -1
 
 HighWatermarkListener = Callable[[str, int, int], None]
 """Called with (topic, partition, new high watermark) whenever the high watermark moves."""
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 class ReadLimit(Enum):
@@ -104,6 +124,7 @@ class PartitionLog:
         segments: list[LogSegment],
         on_high_watermark: HighWatermarkListener | None = None,
         advance_high_watermark_on_append: bool = True,
+        log_start_offset: int = 0,
     ) -> None:
         self.directory = directory
         self.topic = topic
@@ -116,11 +137,18 @@ class PartitionLog:
         # Without replication the leader is the only replica, so an append is committed at
         # once; replication turns this off and moves the high watermark through the setter.
         self.advance_high_watermark_on_append = advance_high_watermark_on_append
+        self._log_start_offset = min(
+            max(log_start_offset, segments[0].base_offset), self.log_end_offset)
         self._high_watermark = self.log_end_offset
         self._lock = asyncio.Lock()
         self._closed = False
-        # Bytes of torn or corrupt tail that recovery removed when the log was opened.
+        # Bytes of torn or corrupt data that recovery removed when the log was opened.
         self.truncated_at_open = 0
+        # Everything below this offset is on disk.
+        self.recovery_point = self.log_end_offset
+        self._unflushed_messages = 0
+        self._last_flush_ms = now_ms()
+        self._background: set[asyncio.Task[None]] = set()
 
     @classmethod
     def open(
@@ -131,29 +159,53 @@ class PartitionLog:
         topic_id: str,
         config: TopicConfig,
         on_high_watermark: HighWatermarkListener | None = None,
+        recovery_point: int = 0,
+        log_start_offset: int = 0,
     ) -> PartitionLog:
-        """Load the segments in ``directory`` (created if missing): the last one is recovered
-        (torn or corrupt tail truncated), earlier ones have their index checked; an empty
-        directory gets an empty segment at offset 0."""
+        """Load the segments in ``directory`` (created if missing); an empty directory gets an
+        empty segment at offset 0.
+
+        Segments wholly below ``recovery_point`` were flushed before: only their indexes are
+        checked (and rebuilt if unusable). Every segment holding offsets at or past it is
+        validated batch by batch with its indexes rebuilt; the first torn or corrupt batch
+        truncates the log there and any later segment is deleted, as nothing after a hole can
+        be trusted. What was recovered is flushed, so the recovery point is then the log end.
+        ``log_start_offset`` (from the node's checkpoint) is kept within the loaded offsets."""
         directory.mkdir(parents=True, exist_ok=True)
         bases = sorted(
             int(path.stem) for path in directory.glob("*" + LOG_SUFFIX)
             if len(path.stem) == OFFSET_DIGITS and path.stem.isdigit()
         )
-        for index_path in directory.glob("*" + INDEX_SUFFIX):
-            if not index_path.stem.isdigit() or int(index_path.stem) not in bases:
-                log.warning("%s: removing an index without its log", index_path)
-                index_path.unlink()
+        for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            for index_path in directory.glob("*" + suffix):
+                if not index_path.stem.isdigit() or int(index_path.stem) not in bases:
+                    log.warning("%s: removing an index without its log", index_path)
+                    index_path.unlink()
         segments: list[LogSegment] = []
         truncated = 0
         try:
             for position, base in enumerate(bases):
                 segment = LogSegment(directory, base, config.index_interval_bytes)
                 segments.append(segment)
-                if position == len(bases) - 1:
-                    truncated = segment.recover()
-                else:
+                is_last = position == len(bases) - 1
+                if truncated:
+                    log.warning("%s: deleting segment %d after a truncated one",
+                                directory, base)
+                    segments.pop().delete()
+                    continue
+                if not is_last and bases[position + 1] <= recovery_point:
                     segment.load()
+                    continue
+                if is_last and base < recovery_point:
+                    segment.load()
+                    if segment.next_offset <= recovery_point:
+                        continue
+                cut = segment.recover(trust_index=False)
+                log.info("%s: validated segment %d past the recovery point %d: offsets up "
+                         "to %d, %d byte(s) truncated", directory, base, recovery_point,
+                         segment.next_offset, cut)
+                truncated += cut
+                segment.flush()
             if not segments:
                 segments.append(LogSegment.create(directory, 0, config.index_interval_bytes))
         except BaseException:
@@ -161,7 +213,8 @@ class PartitionLog:
                 segment.close()
             raise
         partition_log = cls(
-            directory, topic, partition, topic_id, config, segments, on_high_watermark
+            directory, topic, partition, topic_id, config, segments, on_high_watermark,
+            log_start_offset=log_start_offset,
         )
         partition_log.truncated_at_open = truncated
         return partition_log
@@ -170,7 +223,7 @@ class PartitionLog:
 
     @property
     def log_start_offset(self) -> int:
-        return self._segments[0].base_offset
+        return self._log_start_offset
 
     @property
     def log_end_offset(self) -> int:
@@ -220,17 +273,21 @@ class PartitionLog:
         if config.message_timestamp_type is TimestampType.LOG_APPEND_TIME:
             append_time = int(time.time() * 1000) if now_ms is None else now_ms
         async with self._lock:
-            if self._closed:
-                raise KafkaError(ErrorCode.unknown_topic_or_partition,
-                                 f"{self.topic}-{self.partition} was deleted")
+            self._check_open()
             base_offset = self.log_end_offset
             next_offset = assign_offsets(buffer, batches, base_offset, append_time)
             if next_offset - 1 - base_offset > MAX_RELATIVE_OFFSET:
                 raise KafkaError(ErrorCode.invalid_record, "offset range of the append too large")
-            segment = self._maybe_roll(len(buffer), next_offset - 1)
+            max_timestamp = max(batch.header.max_timestamp for batch in batches)
+            if append_time is not None:
+                max_timestamp = append_time
+            segment = self._maybe_roll(len(buffer), next_offset - 1, max_timestamp)
             segment.append(buffer, [batch.position for batch in batches])
             if self.advance_high_watermark_on_append:
                 self.high_watermark = self.log_end_offset
+            self._unflushed_messages += next_offset - base_offset
+            if self._unflushed_messages >= config.flush_messages:
+                await self._flush_locked()
             return AppendInfo(
                 base_offset=base_offset,
                 last_offset=next_offset - 1,
@@ -242,22 +299,67 @@ class PartitionLog:
                 batch_count=len(batches),
             )
 
-    def _maybe_roll(self, append_size: int, last_offset: int) -> LogSegment:
+    def _maybe_roll(self, append_size: int, last_offset: int, max_timestamp: int) -> LogSegment:
         """The segment to append to: a new one when the active one would grow past
-        segment.bytes or cannot index ``last_offset``. An empty segment always takes the
-        append, so a set of batches larger than segment.bytes still fits somewhere."""
+        segment.bytes, cannot index ``last_offset``, or is too old for segment.ms: its first
+        batch's timestamp (else its creation time) is more than segment.ms before the append's
+        largest timestamp (else now). An empty segment always takes the append, so a set of
+        batches larger than segment.bytes still fits somewhere."""
         active = self._segments[-1]
         if active.size == 0:
             return active
-        if active.size + append_size <= self.config.segment_bytes and active.can_hold(last_offset):
+        first = active.first_timestamp()
+        if first >= 0 and max_timestamp >= 0:
+            waited = max_timestamp - first
+        else:
+            waited = now_ms() - active.created_ms
+        if (
+            active.size + append_size <= self.config.segment_bytes
+            and active.can_hold(last_offset)
+            and waited <= self.config.segment_ms
+        ):
             return active
+        return self._roll()
+
+    def _roll(self) -> LogSegment:
+        """Start a new active segment at the log end; the previous one is flushed in the
+        background, after which the recovery point moves to the new segment."""
+        previous = self._segments[-1]
         rolled = LogSegment.create(
             self.directory, self.log_end_offset, self.config.index_interval_bytes
         )
         self._segments.append(rolled)
         self._bases.append(rolled.base_offset)
         log.debug("%s-%d: rolled segment %d", self.topic, self.partition, rolled.base_offset)
+        self._spawn(self._flush_rolled(previous, rolled.base_offset))
         return rolled
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        try:
+            task = asyncio.get_running_loop().create_task(coroutine)
+        except RuntimeError:
+            coroutine.close()  # no loop (a synchronous caller): the next flush covers it
+            return
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _flush_rolled(self, segment: LogSegment, upto: int) -> None:
+        """Flush a segment that just stopped being active, then advance the recovery point.
+        Its data no longer changes, so the fsync runs in a thread without the lock; the
+        segment is kept from deletion meanwhile."""
+        segment.pinned += 1
+        try:
+            if segment.dirty:
+                await asyncio.to_thread(segment.flush)
+        except OSError as exc:
+            log.error("%s: flushing a rolled segment failed: %s", segment.log_path, exc)
+            return
+        finally:
+            segment.pinned -= 1
+        if not self._closed and all(
+            not s.dirty for s in self._segments if s.base_offset < upto
+        ):
+            self.recovery_point = max(self.recovery_point, upto)
 
     # ------------------------------------------------------------------------------ reads
 
@@ -337,18 +439,137 @@ class PartitionLog:
             return OffsetAndTimestamp(
                 offset=best.last_offset, timestamp=best.timestamp, leader_epoch=best.leader_epoch
             )
-        for segment in self._segments:
+        start = self._log_start_offset
+        slot = max(bisect_right(self._bases, start) - 1, 0)
+        for segment in self._segments[slot:]:
             batch = segment.find_by_timestamp(timestamp)
+            while batch is not None and batch.header.last_offset < start:
+                # Below the log start (DeleteRecords): look on in this segment.
+                batch = segment.find_by_timestamp(timestamp, batch.position + batch.header.size)
             if batch is not None:
                 header = batch.header
                 if header.base_offset >= fetchable_end:
                     return NOT_FOUND
                 return OffsetAndTimestamp(
-                    offset=header.base_offset,
+                    offset=max(header.base_offset, start),
                     timestamp=header.max_timestamp,
                     leader_epoch=header.partition_leader_epoch,
                 )
         return NOT_FOUND
+
+    # ------------------------------------------------------- log start offset and retention
+
+    async def delete_records(self, offset: int) -> int:
+        """Kafka's DeleteRecords for this partition: move the log start offset up to
+        ``offset`` (-1: the high watermark) and delete the segments wholly below it. Returns
+        the new log start offset (the "low watermark"). An offset beyond the high watermark,
+        or negative other than -1, is OFFSET_OUT_OF_RANGE; one below the current log start
+        changes nothing."""
+        async with self._lock:
+            self._check_open()
+            if offset == -1:
+                offset = self._high_watermark
+            if offset < 0 or offset > self._high_watermark:
+                raise KafkaError(
+                    ErrorCode.offset_out_of_range,
+                    f"cannot delete records of {self.topic}-{self.partition} before {offset}: "
+                    f"the high watermark is {self._high_watermark}",
+                )
+            if offset > self._log_start_offset:
+                log.info("%s-%d: log start offset %d -> %d (DeleteRecords)", self.topic,
+                         self.partition, self._log_start_offset, offset)
+                self._log_start_offset = offset
+            self._delete_segments(lambda segment, next_base: next_base <= self._log_start_offset,
+                                  "log start offset")
+            return self._log_start_offset
+
+    async def enforce_retention(self, now: int | None = None) -> int:
+        """Kafka's ``deleteOldSegments``: with cleanup.policy delete, remove the oldest
+        segments whose newest batch is older than retention.ms, then the oldest ones while
+        the log exceeds retention.bytes; whatever the policy, the segments wholly below the
+        log start offset. Never the active segment, nor one reaching the high watermark.
+        Returns the number of segments deleted."""
+        now = now_ms() if now is None else now
+        async with self._lock:
+            if self._closed:
+                return 0
+            config = self.config
+            deleted = 0
+            if config.deletes and config.retention_ms >= 0:
+                deleted += self._delete_segments(
+                    lambda segment, _: now - segment.largest_timestamp() > config.retention_ms,
+                    "retention.ms")
+            if config.deletes and config.retention_bytes >= 0:
+                excess = self.size_bytes - config.retention_bytes
+
+                def over_size(segment: LogSegment, _: int) -> bool:
+                    nonlocal excess
+                    if excess - segment.size < 0:
+                        return False
+                    excess -= segment.size
+                    return True
+
+                deleted += self._delete_segments(over_size, "retention.bytes")
+            deleted += self._delete_segments(
+                lambda segment, next_base: next_base <= self._log_start_offset,
+                "log start offset")
+            return deleted
+
+    def _delete_segments(
+        self, deletable: Callable[[LogSegment, int], bool], reason: str
+    ) -> int:
+        """Delete segments from the oldest on while ``deletable(segment, next base offset)``,
+        leaving the active one and any reaching the high watermark; the log start offset
+        follows the first remaining segment. Call with the lock held."""
+        count = 0
+        while len(self._segments) > 1:
+            segment, next_base = self._segments[0], self._segments[1].base_offset
+            if next_base > self._high_watermark or segment.pinned or not deletable(
+                segment, next_base
+            ):
+                break
+            self._segments.pop(0)
+            self._bases.pop(0)
+            segment.delete()
+            count += 1
+            log.info("%s-%d: deleted segment %d (%s)", self.topic, self.partition,
+                     segment.base_offset, reason)
+        if count:
+            self._log_start_offset = max(self._log_start_offset, self._segments[0].base_offset)
+        return count
+
+    # ------------------------------------------------------------------------------ flush
+
+    async def flush(self) -> None:
+        """Force everything appended so far to disk; the recovery point becomes the log
+        end offset."""
+        async with self._lock:
+            self._check_open()
+            await self._flush_locked()
+
+    async def maybe_flush_by_time(self, now: int | None = None) -> bool:
+        """Flush if flush.ms passed since the last flush and something is unflushed."""
+        now = now_ms() if now is None else now
+        if self._closed or now - self._last_flush_ms < self.config.flush_ms:
+            return False
+        if not any(segment.dirty for segment in self._segments):
+            return False
+        await self.flush()
+        return True
+
+    async def _flush_locked(self) -> None:
+        end = self.log_end_offset
+        dirty = [segment for segment in self._segments if segment.dirty]
+        self._unflushed_messages = 0
+        self._last_flush_ms = now_ms()
+        if dirty:
+            await asyncio.to_thread(_flush_all, dirty)
+        self.recovery_point = max(self.recovery_point, end)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise KafkaError(ErrorCode.unknown_topic_or_partition,
+                             f"{self.topic}-{self.partition} was deleted")
 
     # ------------------------------------------------------------------------- life cycle
 
@@ -358,13 +579,28 @@ class PartitionLog:
         for segment in self._segments:
             segment.index_interval_bytes = config.index_interval_bytes
 
+    async def drain(self) -> None:
+        """Wait for background flushes to finish (before closing)."""
+        while self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
     def close(self, flush: bool = True) -> None:
         """Close the files; with ``flush``, first force what is only in the page cache to
-        disk (as on a clean shutdown)."""
+        disk (as on a clean shutdown), after which the recovery point is the log end."""
         if self._closed:
             return
         self._closed = True
-        for segment in self._segments:
-            if flush and segment.dirty:
-                segment.flush()
-            segment.close()
+        try:
+            if flush:
+                for segment in self._segments:
+                    if segment.dirty:
+                        segment.flush()
+                self.recovery_point = self.log_end_offset
+        finally:
+            for segment in self._segments:
+                segment.close()
+
+
+def _flush_all(segments: list[LogSegment]) -> None:
+    for segment in segments:
+        segment.flush()

@@ -1,4 +1,4 @@
-"""One log segment (Kafka's ``LogSegment``): a file of record batches and its offset index.
+"""One log segment (Kafka's ``LogSegment``): a file of record batches and its two indexes.
 
 Files, named by the segment's base offset in 20 digits (``00000000000000000000.log``):
 
@@ -6,6 +6,9 @@ Files, named by the segment's base offset in 20 digits (``00000000000000000000.l
   Invariants: the base offset is <= the first batch's base offset; each batch starts after the
   previous batch's last offset; the file holds only whole, CRC-valid batches once recovered.
 - ``<base>.index``: the sparse :class:`~services.log.offset_index.OffsetIndex` of that file.
+- ``<base>.timeindex``: its sparse :class:`~services.log.time_index.TimeIndex`, which gets an
+  entry (the largest maxTimestamp so far, and the batch holding it) whenever the offset index
+  does and that maximum grew.
 
 Bytes are read with ``os.pread`` straight from the page cache and never decoded past the batch
 headers. Writes are plain OS writes; flushing to disk is left to the OS (page cache), as Kafka
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -25,16 +29,19 @@ from .record_batch import (
     HEADER_SIZE,
     LOG_OVERHEAD,
     MIN_BATCH_LENGTH,
+    NO_TIMESTAMP,
     Batch,
     batch_length_at,
     read_header,
     stored_batch_problem,
 )
+from .time_index import TimeIndex
 
 log = logging.getLogger(__name__)
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
 OFFSET_DIGITS = 20
 
 # Header scans read this much at a time, so walking small batches costs few system calls.
@@ -68,22 +75,33 @@ class LogSegment:
         self.log_path = directory / (stem + LOG_SUFFIX)
         self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
         self.index = OffsetIndex(directory / (stem + INDEX_SUFFIX), base_offset)
-        self.size = os.fstat(self._fd).st_size
+        self.time_index = TimeIndex(directory / (stem + TIME_INDEX_SUFFIX), base_offset)
+        stat = os.fstat(self._fd)
+        self.size = stat.st_size
+        # When the segment came into being, for segment.ms when its batches carry no time.
+        self.created_ms = int(stat.st_mtime * 1000) if self.size else int(time.time() * 1000)
         self.next_offset = base_offset
         self._bytes_since_index_entry = 0
+        # The largest maxTimestamp noted so far and the last offset of its first batch: what
+        # the time index gets at its next entry.
+        self._max_so_far = (NO_TIMESTAMP, base_offset - 1)
+        self._first_timestamp: int | None = None
         # None until a scan or the appends since creation determined it.
         self._max_mark: TimestampMark | None = None
         self._max_mark_known = False
         # Whether appends since the last flush may still be only in the page cache.
         self.dirty = False
+        # Background work (a flush in a thread) using the files: not to be deleted meanwhile.
+        self.pinned = 0
 
     @classmethod
     def create(cls, directory: Path, base_offset: int, index_interval_bytes: int) -> LogSegment:
         """A new, empty segment (any stale files of that name are emptied)."""
         segment = cls(directory, base_offset, index_interval_bytes)
-        if segment.size or len(segment.index):
+        if segment.size or len(segment.index) or len(segment.time_index):
             segment._truncate(0)
             segment.index.reset([])
+            segment.time_index.reset()
         segment._max_mark_known = True
         return segment
 
@@ -96,11 +114,10 @@ class LogSegment:
         missing index file is rebuilt that way). An inconsistent index, or framing that does
         not end exactly at the end of the file, makes it a full :meth:`recover`."""
         last = self.index.last_entry
-        problem = self.index.problem(self.size)
-        if problem is None and last is not None:
-            problem = self._entry_problem(last)
+        problem = self._indexes_problem()
         if problem is None:
             start = last.position if last else 0
+            self._resume_time_index()
             self._bytes_since_index_entry = 0
             end = start
             for batch in self._scan(start, self.size):
@@ -122,16 +139,18 @@ class LogSegment:
         validated and the index rebuilt. Returns the number of bytes truncated."""
         start, expected = 0, self.base_offset
         last = self.index.last_entry if trust_index else None
-        problem = self.index.problem(self.size) if trust_index else "not trusted"
+        problem = self._indexes_problem() if trust_index else "not trusted"
         if problem is None and last is not None:
-            problem = self._entry_problem(last)
-            if problem is None:
-                start, expected = last.position, read_header(
-                    os.pread(self._fd, HEADER_SIZE, last.position)).base_offset
-        if problem is not None:
+            start, expected = last.position, read_header(
+                os.pread(self._fd, HEADER_SIZE, last.position)).base_offset
+        if problem is None:
+            self._resume_time_index()
+        else:
             if trust_index:
-                log.warning("%s: rebuilding index (%s)", self.index.path, problem)
+                log.warning("%s: rebuilding indexes (%s)", self.index.path, problem)
             self.index.reset([])
+            self.time_index.reset()
+            self._max_so_far = (NO_TIMESTAMP, self.base_offset - 1)
             start, expected = 0, self.base_offset
         self._bytes_since_index_entry = 0
         self._max_mark, self._max_mark_known = None, start == 0
@@ -143,8 +162,32 @@ class LogSegment:
             )
             self._truncate(valid_end)
             self.index.truncate_to_position(valid_end)
+            self.time_index.truncate_to_offset(self.next_offset)
             self.dirty = True
         return truncated
+
+    def _indexes_problem(self) -> str | None:
+        """Why the two indexes cannot be trusted as a starting point, or None. Both get their
+        entries together, so a time index entry past the last offset entry, or an empty time
+        index beside a non-empty offset index (a lost file), is a problem too."""
+        problem = self.index.problem(self.size) or self.time_index.problem()
+        last, last_time = self.index.last_entry, self.time_index.last_entry
+        if problem is None and last is not None:
+            problem = self._entry_problem(last)
+            if problem is None and last_time is None:
+                problem = "time index missing"
+        if problem is None and last_time is not None and (
+            last is None or last_time.offset > last.offset
+        ):
+            problem = f"time index entry {last_time} beyond the offset index"
+        return problem
+
+    def _resume_time_index(self) -> None:
+        """Continue the time index from its last entry: every batch before the last offset
+        index entry's has a maxTimestamp at most that entry's."""
+        last_time = self.time_index.last_entry
+        if last_time is not None:
+            self._max_so_far = (last_time.timestamp, last_time.offset)
 
     def _entry_problem(self, entry: IndexEntry) -> str | None:
         raw = os.pread(self._fd, HEADER_SIZE, entry.position)
@@ -186,8 +229,13 @@ class LogSegment:
     def _note_batch(self, batch: Batch) -> None:
         """Account for a batch now at the end of the segment: index entry, offsets, times."""
         header = batch.header
+        if header.max_timestamp > self._max_so_far[0]:
+            self._max_so_far = (header.max_timestamp, header.last_offset)
+        if batch.position == 0:
+            self._first_timestamp = header.max_timestamp
         if self._bytes_since_index_entry > self.index_interval_bytes:
             self.index.append(header.last_offset, batch.position)
+            self.time_index.maybe_append(*self._max_so_far)
             self._bytes_since_index_entry = 0
         self._bytes_since_index_entry += header.size
         self.next_offset = header.next_offset
@@ -215,7 +263,10 @@ class LogSegment:
             while written < len(view):
                 written += os.pwrite(self._fd, view[written:], physical + written)
         except OSError:
-            self._truncate(physical)
+            try:
+                self._truncate(physical)
+            except OSError as exc:
+                log.error("%s: cannot cut back a failed append: %s", self.log_path, exc)
             raise
         self.size = physical + len(view)
         self.dirty = True
@@ -298,34 +349,65 @@ class LogSegment:
             self._max_mark, self._max_mark_known = mark, True
         return self._max_mark
 
-    def find_by_timestamp(self, timestamp: int) -> Batch | None:
-        """The first batch whose maxTimestamp is >= ``timestamp``, or None."""
+    def find_by_timestamp(self, timestamp: int, from_position: int = 0) -> Batch | None:
+        """The first batch whose maxTimestamp is >= ``timestamp`` (starting at or after
+        ``from_position``, a batch boundary), or None. The time index says where to start
+        scanning headers; the scan never starts past the answer (see
+        :meth:`~services.log.time_index.TimeIndex.lookup`)."""
         mark = self.max_timestamp_mark()
         if mark is None or mark.timestamp < timestamp:
             return None
-        for batch in self.batches():
+        start = max(self.index.lookup(self.time_index.lookup(timestamp)).position, from_position)
+        for batch in self._scan(start, self.size):
             if batch.header.max_timestamp >= timestamp:
                 return batch
         return None
+
+    def first_timestamp(self) -> int:
+        """The first batch's maxTimestamp (what segment.ms counts from, as Kafka does), or -1
+        for an empty segment."""
+        if self._first_timestamp is None:
+            if self.size < HEADER_SIZE:
+                return NO_TIMESTAMP
+            self._first_timestamp = read_header(os.pread(self._fd, HEADER_SIZE, 0)).max_timestamp
+        return self._first_timestamp
+
+    def largest_timestamp(self) -> int:
+        """The largest maxTimestamp of the segment, or the file's modification time when its
+        batches carry none (what retention.ms compares with, as Kafka does)."""
+        mark = self.max_timestamp_mark()
+        if mark is not None and mark.timestamp > NO_TIMESTAMP:
+            return mark.timestamp
+        return int(os.fstat(self._fd).st_mtime * 1000)
 
     # --------------------------------------------------------------------------- life cycle
 
     def _truncate(self, size: int) -> None:
         os.ftruncate(self._fd, size)
         self.size = size
+        if size == 0:
+            self._first_timestamp = None
 
     def flush(self) -> None:
-        os.fsync(self._fd)
-        self.index.flush()
+        """Force the segment's files to disk."""
         self.dirty = False
+        try:
+            os.fsync(self._fd)
+            self.index.flush()
+            self.time_index.flush()
+        except BaseException:
+            self.dirty = True
+            raise
 
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
         self.index.close()
+        self.time_index.close()
 
     def delete(self) -> None:
         self.close()
         self.log_path.unlink(missing_ok=True)
+        self.time_index.path.unlink(missing_ok=True)
         self.index.path.unlink(missing_ok=True)

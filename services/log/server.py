@@ -46,6 +46,7 @@ class LogService:
         """Finish in-flight calls (up to ``grace`` seconds), then flush and close the logs."""
         await self._health.enter_graceful_shutdown()
         await self._server.stop(grace)
+        await self.manager.stop_background()
         if self._notifier is not None:
             await self._notifier.close()
         self.manager.close()
@@ -59,6 +60,7 @@ async def start(config: LogConfig) -> LogService:
         Path(config.data_dir),
         config.topic_defaults(),
         notifier.on_high_watermark if notifier is not None else None,
+        config.schedule(),
     )
     try:
         manager.load()
@@ -71,6 +73,7 @@ async def start(config: LogConfig) -> LogService:
             config.grpc_address,
             instance=f"log-{config.node_id}",
         )
+        manager.start_background()
     except BaseException:
         manager.close()
         if notifier is not None:

@@ -164,6 +164,29 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
                 state.high_watermark = NO_OFFSET
         return response
 
+    async def DeleteRecords(self, request, context):
+        response = log_pb2.DeleteRecordsResponse()
+        for item in request.partitions:
+            result = response.results.add(topic=item.topic, partition=item.partition)
+            try:
+                result.low_watermark = await self._manager.delete_records(
+                    item.topic, item.partition, item.offset)
+            except Exception as exc:  # noqa: BLE001
+                result.error_code, result.error_message = _error_of("DeleteRecords", exc)
+                result.low_watermark = NO_OFFSET
+        return response
+
+    async def UpdatePartitionConfigs(self, request, context):
+        response = log_pb2.UpdatePartitionConfigsResponse()
+        for spec in request.partitions:
+            result = response.results.add(topic=spec.topic, partition=spec.partition)
+            try:
+                self._manager.update_configs(spec.topic, spec.partition, dict(spec.configs))
+            except Exception as exc:  # noqa: BLE001
+                result.error_code, result.error_message = _error_of(
+                    "UpdatePartitionConfigs", exc)
+        return response
+
 
 def _fill_offsets(result: log_pb2.PartitionReadResult, partition_log: PartitionLog | None) -> None:
     """Offsets of a failed read: the replica's own when it exists (they tell a reader whose

@@ -1,8 +1,11 @@
 """Topic-level log configuration (Kafka's ``LogConfig``): the node's defaults for every topic,
 overridden per topic by the configs given at partition creation (Kafka's names, string values).
 
-Only the settings the log node acts on are typed here; other topic configs (retention, cleanup
-policy, ...) are stored with the partition and ignored until a feature needs them.
+Only the settings the log node acts on are typed here (segments and indexes, validation,
+retention, compaction, flushing); other topic configs (min.insync.replicas, compression.type,
+...) are stored with the partition and left to the services that act on them. Validation of
+names and ranges is the controller's job; values that reach a log node are parsed, and a bad one
+is INVALID_CONFIG.
 """
 
 from __future__ import annotations
@@ -18,6 +21,19 @@ SEGMENT_BYTES = "segment.bytes"
 INDEX_INTERVAL_BYTES = "index.interval.bytes"
 MAX_MESSAGE_BYTES = "max.message.bytes"
 MESSAGE_TIMESTAMP_TYPE = "message.timestamp.type"
+SEGMENT_MS = "segment.ms"
+RETENTION_MS = "retention.ms"
+RETENTION_BYTES = "retention.bytes"
+CLEANUP_POLICY = "cleanup.policy"
+DELETE_RETENTION_MS = "delete.retention.ms"
+MIN_COMPACTION_LAG_MS = "min.compaction.lag.ms"
+FLUSH_MESSAGES = "flush.messages"
+FLUSH_MS = "flush.ms"
+
+# Kafka's "never" for flush.messages and flush.ms: rely on the page cache.
+NEVER = 2**63 - 1
+CLEANUP_DELETE = "delete"
+CLEANUP_COMPACT = "compact"
 
 # Kafka's lower bound for segment.bytes: the smallest (legacy) record.
 MIN_SEGMENT_BYTES = 14
@@ -38,6 +54,32 @@ class TopicConfig:
     index_interval_bytes: int = 4096
     max_message_bytes: int = 1048588
     message_timestamp_type: TimestampType = TimestampType.CREATE_TIME
+    # Roll the active segment when its first batch is this much older than an append's.
+    segment_ms: int = 604800000
+    # Delete non-active segments whose newest batch is older than this (-1: never).
+    retention_ms: int = 604800000
+    # Delete the oldest non-active segments while the log is larger than this (-1: never).
+    retention_bytes: int = -1
+    # "delete", "compact" or both (comma-separated, as Kafka writes lists).
+    cleanup_policy: str = CLEANUP_DELETE
+    # How long the cleaner keeps tombstones (records with a key and no value).
+    delete_retention_ms: int = 86400000
+    # Records younger than this are never compacted away.
+    min_compaction_lag_ms: int = 0
+    # Force appended data to disk every this many messages / milliseconds.
+    flush_messages: int = NEVER
+    flush_ms: int = NEVER
+
+    @property
+    def deletes(self) -> bool:
+        return CLEANUP_DELETE in self._policies()
+
+    @property
+    def compacts(self) -> bool:
+        return CLEANUP_COMPACT in self._policies()
+
+    def _policies(self) -> set[str]:
+        return {item.strip() for item in self.cleanup_policy.split(",") if item.strip()}
 
     def __post_init__(self) -> None:
         if self.segment_bytes < MIN_SEGMENT_BYTES:
@@ -55,6 +97,19 @@ class TopicConfig:
                     " or ".join(t.value for t in TimestampType),
                 ) from None
             object.__setattr__(self, "message_timestamp_type", kind)
+        if self.segment_ms < 1:
+            raise _invalid(SEGMENT_MS, self.segment_ms, ">= 1")
+        if self.retention_ms < -1:
+            raise _invalid(RETENTION_MS, self.retention_ms, ">= -1")
+        for name, value in ((DELETE_RETENTION_MS, self.delete_retention_ms),
+                            (MIN_COMPACTION_LAG_MS, self.min_compaction_lag_ms),
+                            (FLUSH_MS, self.flush_ms)):
+            if value < 0:
+                raise _invalid(name, value, ">= 0")
+        if self.flush_messages < 1:
+            raise _invalid(FLUSH_MESSAGES, self.flush_messages, ">= 1")
+        if not self._policies() <= {CLEANUP_DELETE, CLEANUP_COMPACT}:
+            raise _invalid(CLEANUP_POLICY, self.cleanup_policy, "delete, compact or both")
 
     def with_overrides(self, configs: Mapping[str, str]) -> TopicConfig:
         """These settings overridden by a topic's configs; raises INVALID_CONFIG on a bad
@@ -64,7 +119,7 @@ class TopicConfig:
             if name not in configs:
                 continue
             raw = configs[name]
-            if field == "message_timestamp_type":
+            if field in _TEXT_FIELDS:
                 changes[field] = raw
                 continue
             try:
@@ -79,7 +134,16 @@ _FIELDS = {
     INDEX_INTERVAL_BYTES: "index_interval_bytes",
     MAX_MESSAGE_BYTES: "max_message_bytes",
     MESSAGE_TIMESTAMP_TYPE: "message_timestamp_type",
+    SEGMENT_MS: "segment_ms",
+    RETENTION_MS: "retention_ms",
+    RETENTION_BYTES: "retention_bytes",
+    CLEANUP_POLICY: "cleanup_policy",
+    DELETE_RETENTION_MS: "delete_retention_ms",
+    MIN_COMPACTION_LAG_MS: "min_compaction_lag_ms",
+    FLUSH_MESSAGES: "flush_messages",
+    FLUSH_MS: "flush_ms",
 }
+_TEXT_FIELDS = frozenset({"message_timestamp_type", "cleanup_policy"})
 
 
 def _invalid(name: str, value: object, expected: str) -> KafkaError:

@@ -129,6 +129,10 @@ class FakeHandler(handler_pb2_grpc.KafkaHandlerServicer):
         names = list(request.topic_names) + [t.name for t in request.topics]
         return k.DeleteTopicsResponse(responses=[{"name": n, "error_code": 0} for n in names])
 
+    async def DeleteRecords(self, request, context):
+        await self._enter("DeleteRecords", request, context)
+        return k.DeleteRecordsResponse()
+
     async def DescribeCluster(self, request, context):
         await self._enter("DescribeCluster", request, context)
         metadata = dict(context.invocation_metadata())

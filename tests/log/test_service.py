@@ -177,7 +177,7 @@ def test_unknown_partitions_are_reported(tmp_path: Path) -> None:
         ]))
         assert [r.error_code for r in deleted.results] == [0, 0]
         assert (await read(stub, "t", 0)).error_code == unknown
-        assert list((tmp_path / "data").iterdir()) == []
+        assert [p for p in (tmp_path / "data").iterdir() if p.is_dir()] == []
 
     run_node(tmp_path, body)
 
@@ -412,3 +412,40 @@ def test_the_module_runs_as_a_process(tmp_path: Path) -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_delete_records_and_config_updates(tmp_path: Path) -> None:
+    async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
+        await create(stub, "t", segment_bytes="200")
+        for _ in range(6):
+            await append(stub, "t", build_batch(values(2, size=20), base_timestamp=1000))
+        response = await stub.DeleteRecords(log_pb2.DeleteRecordsRequest(partitions=[
+            log_pb2.PartitionDeleteRecords(topic="t", partition=0, offset=5),
+            log_pb2.PartitionDeleteRecords(topic="t", partition=0, offset=99),
+            log_pb2.PartitionDeleteRecords(topic="nope", partition=0, offset=1),
+        ]))
+        assert [(r.error_code, r.low_watermark) for r in response.results] == [
+            (0, 5), (ErrorCode.offset_out_of_range.value, -1),
+            (ErrorCode.unknown_topic_or_partition.value, -1),
+        ]
+        below = await read(stub, "t", 3)
+        assert (below.error_code, below.log_start_offset) == (
+            ErrorCode.offset_out_of_range.value, 5)
+        segments = (await describe(stub, "t")).segments
+
+        # Retention configured afterwards applies without a restart.
+        updated = await stub.UpdatePartitionConfigs(log_pb2.UpdatePartitionConfigsRequest(
+            partitions=[log_pb2.PartitionSpec(topic="t", partition=0,
+                                              configs={"segment.bytes": "200",
+                                                       "retention.ms": "1000"}),
+                        log_pb2.PartitionSpec(topic="t", partition=0,
+                                              configs={"retention.ms": "soon"}),
+                        log_pb2.PartitionSpec(topic="nope", partition=0)]))
+        assert [r.error_code for r in updated.results] == [
+            0, ErrorCode.invalid_config.value, ErrorCode.unknown_topic_or_partition.value]
+        assert await service.manager.enforce_retention() > 0
+        state = await describe(stub, "t")
+        assert state.segments == 1 < segments
+        assert state.log_start_offset == state.log_end_offset - 2
+
+    run_node(tmp_path, body)

@@ -1,0 +1,167 @@
+"""DeleteRecords: move partitions' log start offsets forward, on their leaders (Kafka's
+``KafkaApis.handleDeleteRecordsRequest``, v0-v2).
+
+    DeleteRecords Request => [topics] timeout_ms
+      topics => name [partitions]
+        partitions => partition_index offset
+    DeleteRecords Response => throttle_time_ms [topics]
+      topics => name [partitions]
+        partitions => partition_index low_watermark error_code
+
+An offset of -1 means the high watermark. Each leader moves its log start offset and deletes the
+segments wholly below it, answering with the new log start offset (the low watermark); an
+offset beyond the high watermark is OFFSET_OUT_OF_RANGE, an unknown partition
+UNKNOWN_TOPIC_OR_PARTITION, a leader that does not know its partition NOT_LEADER_OR_FOLLOWER.
+Followers are not waited for (Kafka's DelayedDeleteRecords waits for every replica's log start
+offset): the answer reflects the leader. A partition named twice keeps the last offset, as
+Kafka's request map does.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from services.common.errors import ErrorCode, KafkaError
+
+from ..collaborators import (
+    CallError,
+    LowWatermark,
+    RecordDeleter,
+    RecordDeletion,
+    UnreachableError,
+)
+from ..metadata_cache import LogNode, MetadataCache, MetadataUnavailableError
+from ..routing import Route, by_partition, call_per_node, group_by_leader, leader_error, locate
+
+log = logging.getLogger(__name__)
+
+DELETE_RECORDS_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeleteRecordsPartition:
+    partition_index: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeleteRecordsTopic:
+    name: str
+    partitions: Sequence[DeleteRecordsPartition] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeleteRecordsRequest:
+    topics: Sequence[DeleteRecordsTopic] = ()
+    timeout_ms: int = 30_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartitionLowWatermark:
+    partition_index: int
+    low_watermark: int = -1
+    error_code: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopicLowWatermarks:
+    name: str
+    partitions: list[PartitionLowWatermark] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeleteRecordsResponse:
+    topics: list[TopicLowWatermarks] = field(default_factory=list)
+
+
+def error_response(request: DeleteRecordsRequest, code: int) -> DeleteRecordsResponse:
+    """Every partition of ``request`` failed with ``code``."""
+    return DeleteRecordsResponse(topics=[
+        TopicLowWatermarks(name=t.name, partitions=[
+            PartitionLowWatermark(partition_index=p.partition_index, error_code=code)
+            for p in t.partitions])
+        for t in request.topics
+    ])
+
+
+class DeleteRecordsApi:
+    def __init__(self, cache: MetadataCache, log_nodes: RecordDeleter) -> None:
+        self._cache = cache
+        self._log_nodes = log_nodes
+
+    async def handle(self, request: DeleteRecordsRequest) -> DeleteRecordsResponse:
+        try:
+            metadata = await self._cache.current()
+        except MetadataUnavailableError:
+            return error_response(request, ErrorCode.not_leader_or_follower.value)
+        # The last offset asked for each partition wins; answers keep the request's order.
+        wanted: dict[tuple[str, int], int] = {}
+        for topic in request.topics:
+            for p in topic.partitions:
+                wanted[(topic.name, p.partition_index)] = p.offset
+        answers: dict[tuple[str, int], PartitionLowWatermark] = {}
+        routed: list[tuple[Route, RecordDeletion]] = []
+        for (name, index), offset in wanted.items():
+            try:
+                route = locate(metadata, metadata.topic(name), index)
+            except KafkaError as exc:
+                answers[(name, index)] = PartitionLowWatermark(
+                    partition_index=index, error_code=exc.errno)
+                continue
+            routed.append((route, RecordDeletion(topic=name, partition=index, offset=offset)))
+
+        groups = group_by_leader(routed)
+        time_limit = max(request.timeout_ms, 1) / 1000 if request.timeout_ms > 0 else (
+            DELETE_RECORDS_TIMEOUT_S)
+
+        async def delete_on(node: LogNode, deletions: list[RecordDeletion]) -> list[LowWatermark]:
+            return await self._log_nodes.delete_records(node, deletions, time_limit)
+
+        outcomes = await call_per_node(groups, delete_on)
+        for node_id, (_node, deletions) in groups.items():
+            outcome = outcomes[node_id]
+            if isinstance(outcome, Exception):
+                if isinstance(outcome, CallError):
+                    log.info("deleting records failed: %s", outcome)
+                    # Unreached: nothing happened, find the leader again; else the outcome is
+                    # unknown, which Kafka reports as a timeout.
+                    code = (ErrorCode.not_leader_or_follower.value
+                            if isinstance(outcome, UnreachableError)
+                            else ErrorCode.request_timed_out.value)
+                else:
+                    log.error("deleting records failed unexpectedly", exc_info=outcome)
+                    code = ErrorCode.unknown_server_error.value
+                for d in deletions:
+                    answers[(d.topic, d.partition)] = PartitionLowWatermark(
+                        partition_index=d.partition, error_code=code)
+                continue
+            results = by_partition(outcome, lambda r: (r.topic, r.partition))
+            for d in deletions:
+                result = results.get((d.topic, d.partition))
+                if result is None:
+                    answer = PartitionLowWatermark(
+                        partition_index=d.partition,
+                        error_code=ErrorCode.unknown_server_error.value)
+                elif result.error_code:
+                    answer = PartitionLowWatermark(partition_index=d.partition,
+                                                   error_code=leader_error(result.error_code))
+                else:
+                    answer = PartitionLowWatermark(partition_index=d.partition,
+                                                   low_watermark=result.low_watermark)
+                answers[(d.topic, d.partition)] = answer
+
+        topics: list[TopicLowWatermarks] = []
+        for topic in request.topics:
+            seen: set[int] = set()
+            row = []
+            for p in topic.partitions:
+                if p.partition_index in seen:
+                    continue
+                seen.add(p.partition_index)
+                row.append(answers.get((topic.name, p.partition_index)) or PartitionLowWatermark(
+                    partition_index=p.partition_index,
+                    error_code=ErrorCode.unknown_server_error.value))
+            topics.append(TopicLowWatermarks(name=topic.name, partitions=row))
+        return DeleteRecordsResponse(topics=topics)
