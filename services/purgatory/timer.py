@@ -12,7 +12,10 @@ which moves tasks of coarse wheels into finer ones and runs the ones that are du
 Driving: given an event loop, the timer reads the monotonic clock (the one asyncio and uvloop
 schedule on) and sleeps until the earliest bucket expires (one ``loop.call_at`` wakeup, moved
 earlier when a new earlier bucket appears; no polling) and reaps then. Without a loop it is
-driven by hand (tests, benchmarks) with :meth:`SystemTimer.advance_clock` on its own clock.
+driven by hand (tests, benchmarks) with :meth:`SystemTimer.advance_clock`, on the monotonic
+clock or one it is given. On a loop, one reap moves at most about ``reap_budget`` tasks down the
+wheels (whole lists at a time) and then yields to the loop, continuing on its next iteration:
+a loop that stalled long enough for many lists to come due catches up without another stall.
 
 Timing: a task added at clock time t with delay d is due at t + d rounded up to the tick, and it
 runs at the first reap at or after that instant: never early, at most one tick plus the loop's
@@ -41,6 +44,11 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TICK_MS = 1
 DEFAULT_WHEEL_SIZE = 20
+# Tasks moved down the wheels per reap on an event loop before the reaper yields to the loop.
+DEFAULT_REAP_BUDGET = 4096
+
+_monotonic = time.monotonic
+_ceil = math.ceil
 
 
 class Timer(ABC):
@@ -73,74 +81,109 @@ class SystemTimer(Timer):
         clock_ms: Callable[[], float] | None = None,
         tick_ms: int = DEFAULT_TICK_MS,
         wheel_size: int = DEFAULT_WHEEL_SIZE,
+        reap_budget: int = DEFAULT_REAP_BUDGET,
     ) -> None:
-        if clock_ms is None:
-            if loop is None:
-                raise ValueError("a timer needs an event loop or a clock")
-            # The monotonic clock itself, not loop.time(): uvloop's loop time is cached once per
-            # loop iteration in whole milliseconds, and a stale "now" would make tasks due early.
-            # Event loops schedule on the same clock, so wakeups line up with deadlines.
-            monotonic = time.monotonic
-
-            def clock_ms() -> float:
-                return monotonic() * 1000.0
-
+        # No clock given: the monotonic clock itself, read inline by add (not loop.time():
+        # uvloop's loop time is cached once per loop iteration in whole milliseconds, and a
+        # stale "now" would make tasks due early). Event loops schedule on the same clock, so
+        # wakeups line up with deadlines.
         self._loop = loop
         self._clock = clock_ms
         self._tick_ms = tick_ms
+        self._reap_budget = reap_budget
         self._queue = DelayQueue()
-        self._wheel = TimingWheel(tick_ms, wheel_size, math.floor(clock_ms()), self._queue)
+        self._wheel = TimingWheel(tick_ms, wheel_size, math.floor(self._now()), self._queue)
         # Tasks found due when added or reaped, run in order by the reap.
         self._due = TimerTaskList()
         self._wakeup: asyncio.TimerHandle | None = None
         self._wakeup_at = math.inf
         self._reaping = False
+        if loop is not None:
+            # Only a list newly queued can be earlier than the wakeup: checked then, not per add.
+            self._queue.on_offer = self._on_list_queued
 
     @property
     def tick_ms(self) -> int:
         return self._tick_ms
 
+    def _now(self) -> float:
+        clock = self._clock
+        return _monotonic() * 1000.0 if clock is None else clock()
+
     def add(self, task: TimerTask) -> None:
         if task._list is not None:
             raise ValueError("timer task is already scheduled")
-        now = self._clock()
+        clock = self._clock
+        now = _monotonic() * 1000.0 if clock is None else clock()
         tick = self._tick_ms
         if tick == 1:
-            expiration = math.ceil(now + task.delay_ms)
+            expiration = _ceil(now + task.delay_ms)
         else:
-            expiration = math.ceil((now + task.delay_ms) / tick) * tick
+            expiration = _ceil((now + task.delay_ms) / tick) * tick
         task.expiration_ms = expiration
         wheel = self._wheel
         if now >= wheel.current_time_ms + wheel.interval_ms:
-            # Catch the clock up after a quiet spell, so a short delay lands in the finest wheel
-            # rather than cascading down from a coarse one; safe while nothing queued is due.
-            earliest = self._queue.earliest_expiration()
-            if earliest is None or earliest > now:
-                wheel.advance_clock(math.floor(now))
-        if not wheel.add(task):
+            self._catch_up(now)
+        # TimingWheel.add, inlined (the method call is a fair share of the cost of an add).
+        delta = expiration - wheel.current_time_ms
+        if delta >= wheel.interval_ms:
+            wheel = wheel.wheel_for(expiration, delta)
+        elif delta < wheel.tick_ms:
             self._due.add(task)
-            expiration = -1
-        if self._loop is not None and not self._reaping:
-            earliest = self._queue.earliest_expiration() if expiration >= 0 else -1
-            if earliest is not None and earliest < self._wakeup_at:
-                self._schedule(earliest)
+            if self._loop is not None and not self._reaping and self._wakeup_at >= 0:
+                self._schedule(-1)
+            return
+        width = wheel._slice_ms
+        bucket = wheel._buckets[expiration // width % wheel._slots]
+        tail = bucket._prev
+        task._prev = tail
+        task._next = bucket
+        tail._next = task
+        bucket._prev = task
+        task._list = bucket
+        bucket.count += 1
+        start = expiration - expiration % width
+        if bucket.expiration_ms != start:
+            bucket.expiration_ms = start
+            self._queue.offer(bucket)
 
-    def advance_clock(self, now_ms: float | None = None) -> int:
-        """Reap: flush every bucket expired by ``now_ms`` (default: the clock), cascading its
-        tasks down the wheels, then run the tasks that are due. Returns how many ran."""
-        now = self._clock() if now_ms is None else now_ms
+    def _catch_up(self, now: float) -> None:
+        # Catch the clock up after a quiet spell, so a short delay lands in the finest wheel
+        # rather than cascading down from a coarse one; safe while nothing queued is due.
+        earliest = self._queue.earliest_expiration()
+        if earliest is None or earliest > now:
+            self._wheel.advance_clock(math.floor(now))
+
+    def _on_list_queued(self, expiration_ms: int) -> None:
+        if expiration_ms < self._wakeup_at and not self._reaping:
+            self._schedule(expiration_ms)
+
+    def advance_clock(self, now_ms: float | None = None, budget: int | None = None) -> int:
+        """Reap: flush every list expired by ``now_ms`` (default: the clock), cascading its
+        tasks down the wheels, then run the tasks that are due. Returns how many ran.
+
+        With a ``budget``, stop taking expired lists once that many tasks were moved (a list
+        is always moved whole): the rest waits for the next reap, so one reap cannot hold the
+        event loop for long; what is already due still runs now."""
+        now = self._now() if now_ms is None else now_ms
         wheel = self._wheel
+        add = wheel.add
         queue = self._queue
         due = self._due
+        left = math.inf if budget is None else budget
         self._reaping = True
         ran = 0
         try:
             bucket = queue.poll(now)
             while bucket is not None:
                 wheel.advance_clock(bucket.expiration_ms)
-                for task in bucket.flush():
-                    if not wheel.add(task):
+                tasks = bucket.flush()
+                for task in tasks:
+                    if not add(task):
                         due.add(task)
+                left -= len(tasks)
+                if left <= 0:
+                    break
                 bucket = queue.poll(now)
             # Popped one at a time: a task cancelled by another's run is off the list already.
             task = due.pop()
@@ -174,7 +217,7 @@ class SystemTimer(Timer):
         self._wakeup = None
         self._wakeup_at = math.inf
         try:
-            self.advance_clock()
+            self.advance_clock(budget=self._reap_budget)
         finally:
             following = self.next_expiration_ms()
             if following is not None:

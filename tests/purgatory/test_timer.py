@@ -318,3 +318,98 @@ def test_shutdown_drops_everything():
         assert log == []
 
     asyncio.run(scenario())
+
+
+# --- the cascade: sliced coarse ticks and bounded reaps ------------------------------------------
+
+
+def test_a_coarse_tick_hands_its_tasks_down_slice_by_slice():
+    timer = ManualTimer(tick_ms=1, wheel_size=20)
+    runs: list[tuple[Recorder, float]] = []
+    # 20,000 tasks in one 400 ms tick of the third wheel (20 ms slices of about 1,000 each).
+    delays = [1_200 + (i * 7919) % 400 for i in range(20_000)]
+    tasks = [Recorder(d, runs, clock=lambda: timer.now_ms) for d in delays]
+    for task in tasks:
+        timer.add(task)
+    assert [w.tick_ms for w in timer._wheel.wheels()] == [1, 20, 400]
+    # How many tasks each list taken off the delay queue held.
+    sizes: list[int] = []
+    poll = DelayQueue.poll
+
+    def spying(queue: DelayQueue, now_ms: float) -> TimerTaskList | None:
+        bucket = poll(queue, now_ms)
+        if bucket is not None:
+            sizes.append(bucket.count)
+        return bucket
+
+    with mock.patch.object(DelayQueue, "poll", spying):
+        while timer.size:
+            timer.advance(1)
+    # No single reap moves the whole coarse tick: at most one 20 ms slice at a time.
+    assert max(sizes) <= 20_000 // 20 + 20, max(sizes)
+    assert sorted(id(t) for t, _ in runs) == sorted(id(t) for t in tasks)
+    assert all(at == task.delay_ms for task, at in runs)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    delays=st.lists(st.integers(-2, 3_000), min_size=1, max_size=300),
+    cancel_every=st.integers(2, 7),
+    budget=st.integers(1, 60),
+    jumps=st.lists(st.integers(0, 700), min_size=1, max_size=12),
+)
+def test_a_bounded_reap_never_runs_early_nor_twice_and_loses_nothing(delays, cancel_every,
+                                                                      budget, jumps):
+    timer = ManualTimer()
+    runs: list[tuple[Recorder, float]] = []
+    tasks = [Recorder(d, runs, clock=lambda: timer.now_ms) for d in delays]
+    for task in tasks:
+        timer.add(task)
+    cancelled = tasks[::cancel_every]
+    for task in cancelled:
+        task.cancel()
+    for jump in [*jumps, 3_100]:
+        timer.now_ms += jump
+        # Reaps at one instant, each moving about ``budget`` tasks, until nothing is left due.
+        while True:
+            timer.advance_clock(budget=budget)
+            following = timer.next_expiration_ms()
+            if following is None or following > timer.now_ms:
+                break
+        # Whatever is due by now has run.
+        assert all(not t.scheduled for t in tasks if max(t.delay_ms, 0) <= timer.now_ms)
+    ran = [id(t) for t, _ in runs]
+    assert len(ran) == len(set(ran)), "a task ran twice"
+    assert set(ran) == {id(t) for t in tasks} - {id(t) for t in cancelled}
+    for task, at in runs:
+        assert at >= task.delay_ms, f"ran at {at}, due at {task.delay_ms}"
+    assert timer.size == 0
+
+
+def test_a_stalled_loop_catches_up_in_bounded_reaps_that_let_the_loop_run():
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        timer = SystemTimer(loop=loop, reap_budget=200)
+        log: list[tuple[Recorder, float]] = []
+        start = time.monotonic()
+        tasks = [Recorder(20 + i % 60, log) for i in range(3_000)]
+        for task in tasks:
+            timer.add(task)
+        stall = time.sleep  # the loop stalls: every task comes due before the first reap
+        stall(0.1)
+        ticks = 0
+
+        async def other_work() -> None:
+            nonlocal ticks
+            while len(log) < len(tasks):
+                ticks += 1
+                await asyncio.sleep(0)
+
+        await asyncio.wait_for(other_work(), 5)
+        # The catch-up took several reaps, with other work running in between.
+        assert ticks >= 5, ticks
+        assert sorted(id(t) for t, _ in log) == sorted(id(t) for t in tasks)
+        for task, at in log:
+            assert at - start >= task.delay_ms / 1000
+
+    asyncio.run(scenario())
