@@ -30,6 +30,7 @@ from kbroker.kafka.v1 import kafka_pb2 as k
 UNAVAILABLE_CODES: dict[int, ErrorCode] = {
     1: ErrorCode.not_leader_or_follower,     # Fetch: refresh metadata, fetch again
     2: ErrorCode.not_leader_or_follower,     # ListOffsets: likewise
+    32: ErrorCode.request_timed_out,         # DescribeConfigs: likewise
     60: ErrorCode.request_timed_out,         # DescribeCluster: retried by the admin client
 }
 
@@ -101,6 +102,39 @@ def _describe_cluster(request: k.DescribeClusterRequest, code: int) -> k.Describ
     return k.DescribeClusterResponse(error_code=code, cluster_id="", controller_id=-1)
 
 
+def _describe_configs(
+    request: k.DescribeConfigsRequest, code: int
+) -> k.DescribeConfigsResponse:
+    return k.DescribeConfigsResponse(results=[
+        {"error_code": code, "resource_type": r.resource_type, "resource_name": r.resource_name}
+        for r in request.resources
+    ])
+
+
+def _alter_configs(request: k.AlterConfigsRequest, code: int) -> k.AlterConfigsResponse:
+    return k.AlterConfigsResponse(responses=[
+        {"error_code": code, "resource_type": r.resource_type, "resource_name": r.resource_name}
+        for r in request.resources
+    ])
+
+
+def _incremental_alter_configs(
+    request: k.IncrementalAlterConfigsRequest, code: int
+) -> k.IncrementalAlterConfigsResponse:
+    return k.IncrementalAlterConfigsResponse(responses=[
+        {"error_code": code, "resource_type": r.resource_type, "resource_name": r.resource_name}
+        for r in request.resources
+    ])
+
+
+def _create_partitions(
+    request: k.CreatePartitionsRequest, code: int
+) -> k.CreatePartitionsResponse:
+    return k.CreatePartitionsResponse(results=[
+        {"name": t.name, "error_code": code} for t in request.topics
+    ])
+
+
 _BUILDERS: dict[int, Callable[[Message, int], Message]] = {
     0: _produce,  # type: ignore[dict-item]
     1: _fetch,  # type: ignore[dict-item]
@@ -108,6 +142,10 @@ _BUILDERS: dict[int, Callable[[Message, int], Message]] = {
     19: _create_topics,  # type: ignore[dict-item]
     20: _delete_topics,  # type: ignore[dict-item]
     21: _delete_records,  # type: ignore[dict-item]
+    32: _describe_configs,  # type: ignore[dict-item]
+    33: _alter_configs,  # type: ignore[dict-item]
+    37: _create_partitions,  # type: ignore[dict-item]
+    44: _incremental_alter_configs,  # type: ignore[dict-item]
     60: _describe_cluster,  # type: ignore[dict-item]
 }
 

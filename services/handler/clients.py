@@ -32,10 +32,12 @@ from .collaborators import (
     OffsetResult,
     OutcomeUnknownError,
     PartitionAppend,
+    PartitionIncrease,
     PartitionRead,
     ReadLimit,
     ReadResult,
     RecordDeletion,
+    TopicConfigChanges,
     TopicResult,
     UnreachableError,
     WaitKind,
@@ -177,6 +179,42 @@ class ReplicatorClient:
     ) -> list[TopicResult]:
         request = replicator_pb2.DeleteTopicsRequest(names=list(names), topic_ids=list(topic_ids))
         response = await _call(self._stub.DeleteTopics, request, time_limit, self._address)
+        return [_topic_result(r) for r in response.topics]
+
+    async def alter_topic_configs(
+        self, topics: Sequence[TopicConfigChanges], validate_only: bool, time_limit: float
+    ) -> list[TopicResult]:
+        request = replicator_pb2.AlterTopicConfigsRequest(
+            validate_only=validate_only,
+            topics=[
+                replicator_pb2.TopicConfigChanges(
+                    topic=t.topic,
+                    replace=t.replace,
+                    changes=[replicator_pb2.ConfigChange(name=name, operation=int(op),
+                                                         value=value)
+                             for name, op, value in t.changes],
+                )
+                for t in topics
+            ],
+        )
+        response = await _call(self._stub.AlterTopicConfigs, request, time_limit, self._address)
+        return [_topic_result(r) for r in response.topics]
+
+    async def create_partitions(
+        self, topics: Sequence[PartitionIncrease], validate_only: bool, time_limit: float
+    ) -> list[TopicResult]:
+        request = replicator_pb2.CreatePartitionsRequest(
+            validate_only=validate_only,
+            topics=[
+                replicator_pb2.PartitionIncrease(
+                    topic=t.topic, count=t.count,
+                    assignments=[replicator_pb2.Replicas(node_ids=list(a))
+                                 for a in t.assignments],
+                )
+                for t in topics
+            ],
+        )
+        response = await _call(self._stub.CreatePartitions, request, time_limit, self._address)
         return [_topic_result(r) for r in response.topics]
 
     async def close(self) -> None:

@@ -228,3 +228,43 @@ class Controller(Protocol):
     async def delete_topics(
         self, names: Sequence[str], topic_ids: Sequence[str], time_limit: float
     ) -> list[TopicResult]: ...
+
+
+class ConfigOperation(enum.IntEnum):
+    """How a config change applies (IncrementalAlterConfigs' codes; AlterConfigs sets)."""
+
+    SET = 0
+    DELETE = 1
+    APPEND = 2
+    SUBTRACT = 3
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopicConfigChanges:
+    topic: str
+    # (name, operation, value) in request order.
+    changes: Sequence[tuple[str, ConfigOperation, str]] = ()
+    # True: the SETs become the topic's whole config set.
+    replace: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartitionIncrease:
+    topic: str
+    # The new total partition count.
+    count: int
+    # Replicas of each new partition in order; empty: placed by the controller.
+    assignments: Sequence[tuple[int, ...]] = ()
+
+
+class TopicAdmin(Protocol):
+    """The controller's operations on existing topics: configs and partition counts. Results
+    are :class:`TopicResult`s, one per entry, in order."""
+
+    async def alter_topic_configs(
+        self, topics: Sequence[TopicConfigChanges], validate_only: bool, time_limit: float
+    ) -> list[TopicResult]: ...
+
+    async def create_partitions(
+        self, topics: Sequence[PartitionIncrease], validate_only: bool, time_limit: float
+    ) -> list[TopicResult]: ...

@@ -13,9 +13,11 @@ from kbroker.handler.v1 import handler_pb2, handler_pb2_grpc
 from services.common.server import ServiceBinding, create_server
 
 from .apis.cluster import DescribeClusterApi
+from .apis.configs import AlterConfigsApi, DescribeConfigsApi
 from .apis.fetch import FetchApi
 from .apis.metadata import MetadataApi
 from .apis.offsets import ListOffsetsApi
+from .apis.partitions import CreatePartitionsApi
 from .apis.produce import ProduceApi
 from .apis.records import DeleteRecordsApi
 from .apis.topics import CreateTopicsApi, DeleteTopicsApi
@@ -77,6 +79,10 @@ async def start(config: HandlerConfig) -> HandlerService:
         delete_topics_api=DeleteTopicsApi(cache, replicator),
         describe_cluster_api=DescribeClusterApi(cache),
         delete_records_api=DeleteRecordsApi(cache, log_nodes),
+        describe_configs_api=DescribeConfigsApi(
+            cache, auto_create_topics_enable=config.auto_create_topics_enable),
+        alter_configs_api=AlterConfigsApi(cache, replicator),
+        create_partitions_api=CreatePartitionsApi(cache, replicator),
     )
     follower = asyncio.create_task(cache.follow(replicator.watch), name="metadata-follower")
     try:

@@ -25,7 +25,7 @@ from kbroker.handler.v1 import handler_pb2_grpc
 from kbroker.kafka.v1 import kafka_pb2 as k
 from services.common.errors import ErrorCode
 
-from .apis import cluster, fetch, metadata, offsets, produce, records, topics
+from .apis import cluster, configs, fetch, metadata, offsets, partitions, produce, records, topics
 from .config import HandlerConfig
 from .metrics import REQUEST_SECONDS, REQUESTS
 from .request_context import RequestContext, split_host_port
@@ -395,6 +395,131 @@ def delete_records_error(r: records.DeleteRecordsResponse) -> int:
     return _first_error(p.error_code for t in r.topics for p in t.partitions)
 
 
+# --- DescribeConfigs / AlterConfigs / IncrementalAlterConfigs ---------------------------------
+
+
+def describe_configs_request(m: k.DescribeConfigsRequest) -> configs.DescribeConfigsRequest:
+    resources = []
+    for r in m.resources:
+        keys = None if _opt(r, "configuration_keys_is_null", False) else list(
+            r.configuration_keys)
+        resources.append(configs.DescribeResource(
+            resource_type=r.resource_type, resource_name=r.resource_name,
+            configuration_keys=keys))
+    return configs.DescribeConfigsRequest(
+        resources=resources,
+        include_synonyms=_opt(m, "include_synonyms", False),
+        include_documentation=_opt(m, "include_documentation", False),
+    )
+
+
+def describe_configs_response(r: configs.DescribeConfigsResponse) -> k.DescribeConfigsResponse:
+    out = k.DescribeConfigsResponse(throttle_time_ms=0)
+    for result in r.results:
+        item = out.results.add(error_code=result.error_code, resource_type=result.resource_type,
+                               resource_name=result.resource_name)
+        _set_opt(item, "error_message", result.error_message)
+        for c in result.configs:
+            entry = item.configs.add(name=c.name, read_only=c.read_only,
+                                     config_source=c.config_source,
+                                     is_sensitive=c.is_sensitive, config_type=c.config_type)
+            _set_opt(entry, "value", c.value)
+            _set_opt(entry, "documentation", c.documentation)
+            for synonym in c.synonyms:
+                added = entry.synonyms.add(name=synonym.name, source=synonym.source)
+                _set_opt(added, "value", synonym.value)
+    return out
+
+
+def describe_configs_error(r: configs.DescribeConfigsResponse) -> int:
+    return _first_error(result.error_code for result in r.results)
+
+
+def alter_configs_request(m: k.AlterConfigsRequest) -> configs.AlterConfigsRequest:
+    return configs.AlterConfigsRequest(
+        validate_only=_opt(m, "validate_only", False),
+        resources=[
+            configs.AlterResource(
+                resource_type=r.resource_type, resource_name=r.resource_name,
+                configs=[configs.AlterableConfig(name=c.name, value=_opt(c, "value", None))
+                         for c in r.configs])
+            for r in m.resources
+        ],
+    )
+
+
+def incremental_alter_configs_request(
+    m: k.IncrementalAlterConfigsRequest,
+) -> configs.AlterConfigsRequest:
+    return configs.AlterConfigsRequest(
+        validate_only=_opt(m, "validate_only", False),
+        incremental=True,
+        resources=[
+            configs.AlterResource(
+                resource_type=r.resource_type, resource_name=r.resource_name,
+                configs=[configs.AlterableConfig(name=c.name, value=_opt(c, "value", None),
+                                                 operation=c.config_operation)
+                         for c in r.configs])
+            for r in m.resources
+        ],
+    )
+
+
+def _alter_results(r: configs.AlterConfigsResponse, out: Any) -> Any:
+    for result in r.results:
+        item = out.responses.add(error_code=result.error_code,
+                                 resource_type=result.resource_type,
+                                 resource_name=result.resource_name)
+        _set_opt(item, "error_message", result.error_message)
+    return out
+
+
+def alter_configs_response(r: configs.AlterConfigsResponse) -> k.AlterConfigsResponse:
+    return _alter_results(r, k.AlterConfigsResponse(throttle_time_ms=0))
+
+
+def incremental_alter_configs_response(
+    r: configs.AlterConfigsResponse,
+) -> k.IncrementalAlterConfigsResponse:
+    return _alter_results(r, k.IncrementalAlterConfigsResponse(throttle_time_ms=0))
+
+
+def alter_configs_error(r: configs.AlterConfigsResponse) -> int:
+    return _first_error(result.error_code for result in r.results)
+
+
+# --- CreatePartitions --------------------------------------------------------------------------
+
+
+def create_partitions_request(m: k.CreatePartitionsRequest) -> partitions.CreatePartitionsRequest:
+    return partitions.CreatePartitionsRequest(
+        timeout_ms=_opt(m, "timeout_ms", 30_000),
+        validate_only=_opt(m, "validate_only", False),
+        topics=[
+            partitions.CreatePartitionsTopic(
+                name=t.name, count=t.count,
+                assignments=None if _opt(t, "assignments_is_null", not t.assignments)
+                else [tuple(a.broker_ids) for a in t.assignments],
+            )
+            for t in m.topics
+        ],
+    )
+
+
+def create_partitions_response(
+    r: partitions.CreatePartitionsResponse,
+) -> k.CreatePartitionsResponse:
+    out = k.CreatePartitionsResponse(throttle_time_ms=0)
+    for result in r.results:
+        item = out.results.add(name=result.name, error_code=result.error_code)
+        _set_opt(item, "error_message", result.error_message)
+    return out
+
+
+def create_partitions_error(r: partitions.CreatePartitionsResponse) -> int:
+    return _first_error(result.error_code for result in r.results)
+
+
 # --- the service -------------------------------------------------------------------------------
 
 
@@ -413,6 +538,9 @@ class KafkaHandlerServicer(handler_pb2_grpc.KafkaHandlerServicer):
         delete_topics_api: topics.DeleteTopicsApi,
         describe_cluster_api: cluster.DescribeClusterApi,
         delete_records_api: records.DeleteRecordsApi | None = None,
+        describe_configs_api: configs.DescribeConfigsApi | None = None,
+        alter_configs_api: configs.AlterConfigsApi | None = None,
+        create_partitions_api: partitions.CreatePartitionsApi | None = None,
     ) -> None:
         self._default_advertised = split_host_port(config.advertised)
         self._default_broker_ports = config.broker_ports
@@ -424,6 +552,9 @@ class KafkaHandlerServicer(handler_pb2_grpc.KafkaHandlerServicer):
         self._delete_topics = delete_topics_api
         self._describe_cluster = describe_cluster_api
         self._delete_records = delete_records_api
+        self._describe_configs = describe_configs_api
+        self._alter_configs = alter_configs_api
+        self._create_partitions = create_partitions_api
 
     def request_context(self, context: grpc.aio.ServicerContext) -> RequestContext:
         values = {key: value for key, value in (context.invocation_metadata() or ())}
@@ -537,3 +668,53 @@ class KafkaHandlerServicer(handler_pb2_grpc.KafkaHandlerServicer):
             lambda r: self._describe_cluster.handle(r, ctx),
             lambda _r, code: cluster.DescribeClusterResponse(error_code=code),
             lambda r: r.error_code, describe_cluster_response)
+
+    async def DescribeConfigs(
+        self, request: k.DescribeConfigsRequest, context: grpc.aio.ServicerContext
+    ) -> k.DescribeConfigsResponse:
+        api = self._describe_configs
+
+        async def handle(r: configs.DescribeConfigsRequest) -> configs.DescribeConfigsResponse:
+            if api is None:
+                return configs.describe_error_response(r, ErrorCode.unsupported_version.value)
+            return await api.handle(r)
+
+        return await self._serve(
+            "DescribeConfigs", request, describe_configs_request, handle,
+            configs.describe_error_response, describe_configs_error, describe_configs_response)
+
+    async def _alter(self, r: configs.AlterConfigsRequest) -> configs.AlterConfigsResponse:
+        if self._alter_configs is None:
+            return configs.alter_error_response(r, ErrorCode.unsupported_version.value)
+        return await self._alter_configs.handle(r)
+
+    async def AlterConfigs(
+        self, request: k.AlterConfigsRequest, context: grpc.aio.ServicerContext
+    ) -> k.AlterConfigsResponse:
+        return await self._serve(
+            "AlterConfigs", request, alter_configs_request, self._alter,
+            configs.alter_error_response, alter_configs_error, alter_configs_response)
+
+    async def IncrementalAlterConfigs(
+        self, request: k.IncrementalAlterConfigsRequest, context: grpc.aio.ServicerContext
+    ) -> k.IncrementalAlterConfigsResponse:
+        return await self._serve(
+            "IncrementalAlterConfigs", request, incremental_alter_configs_request, self._alter,
+            configs.alter_error_response, alter_configs_error,
+            incremental_alter_configs_response)
+
+    async def CreatePartitions(
+        self, request: k.CreatePartitionsRequest, context: grpc.aio.ServicerContext
+    ) -> k.CreatePartitionsResponse:
+        api = self._create_partitions
+
+        async def handle(
+            r: partitions.CreatePartitionsRequest,
+        ) -> partitions.CreatePartitionsResponse:
+            if api is None:
+                return partitions.error_response(r, ErrorCode.unsupported_version.value)
+            return await api.handle(r)
+
+        return await self._serve(
+            "CreatePartitions", request, create_partitions_request, handle,
+            partitions.error_response, create_partitions_error, create_partitions_response)

@@ -1,12 +1,13 @@
 """The controller: owner of the cluster metadata (Kafka's QuorumController with its
 ReplicationControlManager and ClusterControlManager, reduced to what a single active replicator
-needs). Creates and deletes topics, tracks log node liveness, and publishes each new image.
+needs). Creates and deletes topics, changes topic configs, adds partitions, tracks log node
+liveness, and publishes each new image.
 
 Consistency rules:
 
-- Topic creation and deletion run one at a time (an asyncio lock), so of two concurrent requests
-  for the same name exactly one creates it, and a deletion's replica removal cannot interleave
-  with a re-creation of the same name.
+- Topic creation, deletion, config changes and partition additions run one at a time (an
+  asyncio lock), so of two concurrent requests for the same name exactly one creates it, and
+  a deletion's replica removal cannot interleave with a re-creation of the same name.
 - A new topic is committed to the metadata only after every live replica's log node confirmed
   creating its partitions. If any of them fails, the topic's result carries the error, the topic
   is not committed, and the replicas already created are deleted again (best effort; leftovers
@@ -18,6 +19,12 @@ Consistency rules:
 - Each committed change is saved durably before it becomes visible; a failed save leaves the
   previous image in place. Creation and deletion go on even if the caller goes away, so a
   request is never half applied.
+- Config changes commit first, then go to every live log node holding a replica of the topic
+  (one call per node) before the caller is answered. A node that could not take them is
+  brought up to date (all its replicas' configs) after a later node check, as is every node
+  that comes back to life; until then it applies the configs it had.
+- Added partitions follow the rules of creation: committed only after every live replica's
+  log node created them, undone otherwise.
 - Liveness: a node is alive while its latest health check answered SERVING. Only live nodes
   receive new replicas and count toward the replication factor limit. Liveness changes bump the
   version. (Leader election, ISR changes and re-creating replicas on a returning node belong to
@@ -55,6 +62,8 @@ from .metadata import (
 from .metadata_store import MetadataStore
 from .publisher import ImagePublisher
 from .topic_rules import (
+    ConfigOperation,
+    apply_config_changes,
     collision_key,
     resolve_num_partitions,
     resolve_replication_factor,
@@ -96,6 +105,26 @@ class TopicResult:
     configs: Mapping[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConfigChanges:
+    """Config changes for one topic: (name, operation, value) in request order; with
+    ``replace`` the SETs become the whole config set (AlterConfigs)."""
+
+    topic: str
+    changes: Sequence[tuple[str, ConfigOperation, str]] = ()
+    replace: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartitionIncrease:
+    """Grow ``topic`` to ``count`` partitions; ``assignments``: replicas of each new partition
+    in order (empty: placed automatically)."""
+
+    topic: str
+    count: int
+    assignments: Sequence[Sequence[int]] = ()
+
+
 class Controller:
     """Cluster metadata operations over a :class:`MetadataStore` and the log nodes."""
 
@@ -118,6 +147,10 @@ class Controller:
         self._num_partitions = num_partitions
         self._default_replication_factor = default_replication_factor
         self._lock = asyncio.Lock()
+        # Live nodes whose replicas may carry outdated configs (a push failed, or the node
+        # was down); filled only after the first node check, which is the starting state.
+        self._stale_configs: set[NodeId] = set()
+        self._checked_once = False
         self.publisher = ImagePublisher(image)
         metrics.observe(image)
 
@@ -169,10 +202,17 @@ class Controller:
         replica deletions on live nodes (unless a topic operation is running)."""
         nodes = self._image.log_nodes
         serving = await asyncio.gather(*(self._client.is_serving(n.node_id) for n in nodes))
-        self._apply_liveness({n.node_id: ok for n, ok in zip(nodes, serving, strict=True)})
+        revived = self._apply_liveness(
+            {n.node_id: ok for n, ok in zip(nodes, serving, strict=True)})
+        if self._checked_once:
+            self._stale_configs |= revived
+        self._checked_once = True
         if self._image.pending_deletions and not self._lock.locked():
             async with self._lock:
                 await self._flush_deletions(self._image.live_node_ids)
+        if self._stale_configs and not self._lock.locked():
+            async with self._lock:
+                await self._resync_configs()
 
     async def run_node_checks(self, interval: float) -> None:
         """Check the log nodes every ``interval`` seconds until cancelled."""
@@ -183,13 +223,16 @@ class Controller:
             except Exception:  # the monitor must survive any one bad round
                 log.exception("log node check failed")
 
-    def _apply_liveness(self, alive: Mapping[NodeId, bool]) -> None:
+    def _apply_liveness(self, alive: Mapping[NodeId, bool]) -> set[NodeId]:
+        """Record liveness; returns the nodes that came alive."""
         current = self._image
         nodes = tuple(
             dataclasses.replace(n, alive=alive.get(n.node_id, n.alive)) for n in current.log_nodes
         )
         if nodes == current.log_nodes:
-            return
+            return set()
+        revived = {after.node_id for before, after in zip(current.log_nodes, nodes, strict=True)
+                   if after.alive and not before.alive}
         for before, after in zip(current.log_nodes, nodes, strict=True):
             if before.alive != after.alive:
                 log.info("log node %d (%s) is %s", after.node_id, after.address,
@@ -198,6 +241,8 @@ class Controller:
             self._commit(lambda image: image.replace(log_nodes=nodes))
         except OSError:
             log.exception("could not save log node liveness; will retry at the next check")
+            return set()
+        return revived
 
     # -- topic creation ---------------------------------------------------------------------
 
@@ -450,6 +495,201 @@ class Controller:
                 self._commit(lambda current: _without_cleared(current, done), bump=False)
             except OSError:
                 log.exception("could not save completed replica deletions")
+
+    # -- topic configs ----------------------------------------------------------------------
+
+    async def alter_configs(
+        self, requests: Sequence[ConfigChanges], *, validate_only: bool = False
+    ) -> list[TopicResult]:
+        """Apply config changes to topics; one result per entry, in order, carrying the
+        topic's configs after the change."""
+        return await self._exclusive(lambda: self._alter_configs(requests, validate_only))
+
+    async def _alter_configs(
+        self, requests: Sequence[ConfigChanges], validate_only: bool
+    ) -> list[TopicResult]:
+        image = self._image
+        occurrences = Counter(r.topic for r in requests)
+        results: list[TopicResult] = []
+        changed: dict[TopicName, TopicRegistration] = {}
+        for request in requests:
+            topic = image.topics.get(TopicName(request.topic))
+            try:
+                if occurrences[request.topic] > 1:
+                    raise KafkaError(ErrorCode.invalid_request,
+                                     "Duplicate topic in the request.")
+                if topic is None:
+                    raise KafkaError(ErrorCode.unknown_topic_or_partition,
+                                     f"The topic '{request.topic}' does not exist.")
+                configs = apply_config_changes(topic.configs, request.changes,
+                                               replace=request.replace)
+            except KafkaError as e:
+                results.append(_failed(request.topic, e))
+                continue
+            updated = dataclasses.replace(topic, configs=configs)
+            results.append(_created(updated, with_id=True))
+            if configs != dict(topic.configs):
+                changed[updated.name] = updated
+        if validate_only or not changed:
+            return results
+        try:
+            self._commit(lambda current: current.with_topics(added=[
+                dataclasses.replace(current.topics[name], configs=t.configs)
+                for name, t in changed.items() if name in current.topics]))
+        except OSError as e:
+            log.exception("could not save changed topic configs")
+            return [_failed(r.name, KafkaError(ErrorCode.unknown_server_error,
+                                               f"Could not save the cluster metadata: {e}"))
+                    if r.name in changed else r for r in results]
+        for topic in changed.values():
+            log.info("topic %s configs are now %s", topic.name, dict(topic.configs))
+        await self._push_configs(list(changed.values()), self._image.live_node_ids)
+        return results
+
+    async def _push_configs(
+        self, topics: Sequence[TopicRegistration], nodes: Iterable[NodeId]
+    ) -> None:
+        """Send the configs of ``topics`` to those of ``nodes`` holding their replicas; nodes
+        that fail are marked stale. Per-replica failures (a replica the node does not have)
+        are logged only: the configs reach it when it is created."""
+        wanted = set(nodes)
+        specs: dict[NodeId, list[PartitionSpec]] = {}
+        for topic in topics:
+            for p in topic.partitions:
+                for node in p.replicas:
+                    if node in wanted:
+                        specs.setdefault(node, []).append(PartitionSpec(
+                            topic=topic.name, partition=p.partition, topic_id=topic.topic_id,
+                            configs=topic.configs))
+        work = list(specs)
+        outcomes = await asyncio.gather(
+            *(self._client.update_configs(n, specs[n]) for n in work), return_exceptions=True)
+        for node, outcome in zip(work, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                log.warning("log node %d: config update deferred: %s", node, outcome)
+                self._stale_configs.add(node)
+                continue
+            self._stale_configs.discard(node)
+            for f in outcome:
+                log.warning("log node %d: could not update the configs of %s-%d: %s", node,
+                            f.topic, f.partition, f.message)
+
+    async def _resync_configs(self) -> None:
+        """Push every topic's configs to the live nodes marked stale."""
+        live = set(self._image.live_node_ids)
+        nodes = self._stale_configs & live
+        if not nodes:
+            return
+        self._stale_configs -= nodes
+        await self._push_configs(list(self._image.topics.values()), nodes)
+
+    # -- adding partitions ------------------------------------------------------------------
+
+    async def create_partitions(
+        self, requests: Sequence[PartitionIncrease], *, validate_only: bool = False
+    ) -> list[TopicResult]:
+        """Grow topics' partition counts; one result per entry, in order."""
+        return await self._exclusive(lambda: self._create_partitions(requests, validate_only))
+
+    async def _create_partitions(
+        self, requests: Sequence[PartitionIncrease], validate_only: bool
+    ) -> list[TopicResult]:
+        image = self._image
+        occurrences = Counter(r.topic for r in requests)
+        results: list[TopicResult] = []
+        # Topic name -> (the topic with only its new partitions, the whole grown topic).
+        planned: dict[str, tuple[TopicRegistration, TopicRegistration]] = {}
+        for request in requests:
+            try:
+                if occurrences[request.topic] > 1:
+                    raise KafkaError(ErrorCode.invalid_request,
+                                     "Duplicate topic in the request.")
+                added = self._plan_partitions(request, image)
+            except KafkaError as e:
+                results.append(_failed(request.topic, e))
+                continue
+            topic = image.topics[TopicName(request.topic)]
+            grown = dataclasses.replace(topic, partitions=topic.partitions + added.partitions)
+            planned[topic.name] = (added, grown)
+            results.append(_created(grown, with_id=True))
+        if validate_only or not planned:
+            return results
+
+        failures, cleared = await self._create_on_log_nodes(
+            [added for added, _ in planned.values()], image)
+        grown = [g for name, (_, g) in planned.items() if name not in failures]
+        try:
+            self._commit(lambda current: _without_cleared(
+                current.with_topics(added=[g for g in grown if g.name in current.topics]),
+                cleared), bump=bool(grown))
+        except OSError as e:
+            log.exception("could not save the metadata of new partitions")
+            for topic in grown:
+                failures[topic.name] = KafkaError(
+                    ErrorCode.unknown_server_error, f"Could not save the cluster metadata: {e}")
+            grown = []
+        results = [_failed(r.name, failures[r.name]) if r.name in failures and r.name in planned
+                   else r for r in results]
+        undo = [added for name, (added, _) in planned.items() if name in failures]
+        if undo:
+            await self._remove_replicas(undo)
+        for topic in grown:
+            log.info("topic %s now has %d partition(s)", topic.name, len(topic.partitions))
+        return results
+
+    def _plan_partitions(
+        self, request: PartitionIncrease, image: MetadataImage
+    ) -> TopicRegistration:
+        """The topic with only the partitions ``request`` adds, or KafkaError."""
+        topic = image.topics.get(TopicName(request.topic))
+        if topic is None:
+            raise KafkaError(ErrorCode.unknown_topic_or_partition,
+                             f"The topic '{request.topic}' does not exist.")
+        current = len(topic.partitions)
+        if request.count < current:
+            raise KafkaError(ErrorCode.invalid_partitions,
+                             f"Topic currently has {current} partitions, which is higher than "
+                             f"the requested {request.count}.")
+        if request.count == current:
+            raise KafkaError(ErrorCode.invalid_partitions,
+                             f"Topic already has {current} partitions.")
+        if request.count > MAX_PARTITIONS_PER_TOPIC:
+            raise KafkaError(ErrorCode.invalid_partitions,
+                             f"A topic may have at most {MAX_PARTITIONS_PER_TOPIC} partitions.")
+        adding = request.count - current
+        factor = topic.replication_factor
+        live = image.live_node_ids
+        if request.assignments:
+            if len(request.assignments) != adding:
+                raise KafkaError(
+                    ErrorCode.invalid_replica_assignment,
+                    f"Attempted to add {adding} additional partition(s), but only "
+                    f"{len(request.assignments)} assignment(s) were specified.")
+            replica_lists = validate_assignment(
+                dict(enumerate(request.assignments)), num_partitions=-1, replication_factor=-1,
+                known_nodes={n.node_id for n in image.log_nodes}, live_nodes=live)
+            if len(replica_lists[0]) != factor:
+                raise KafkaError(
+                    ErrorCode.invalid_replica_assignment,
+                    f"The manual partition assignment includes a partition with "
+                    f"{len(replica_lists[0])} replica(s), but this is not consistent with "
+                    f"previous partitions, which have {factor} replica(s).")
+        else:
+            resolve_replication_factor(factor, factor, len(live))
+            first_leader = topic.partitions[0].replicas[0] if topic.partitions else None
+            # Continue the topic's ring where it is: partition p led by live[(s + p) % n].
+            start = live.index(first_leader) if first_leader in live else 0
+            replica_lists = assign_replicas(num_partitions=request.count,
+                                            replication_factor=factor, nodes=live,
+                                            start_index=start)[current:]
+        live_set = set(live)
+        partitions = []
+        for offset, replicas in enumerate(replica_lists):
+            isr = tuple(r for r in replicas if r in live_set)
+            partitions.append(PartitionRegistration(
+                partition=current + offset, leader=isr[0], leader_epoch=0,
+                replicas=tuple(replicas), isr=isr))
+        return dataclasses.replace(topic, partitions=tuple(partitions))
 
     # -- committing -------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
-"""Talking to log nodes: parsing their configured addresses, health checks, and creating and
-deleting partition replicas (the kbroker.log.v1 LogService), with gRPC failures turned into
-Kafka error codes here and nowhere else in the replicator.
+"""Talking to log nodes: parsing their configured addresses, health checks, creating and
+deleting partition replicas and updating their topic configs (the kbroker.log.v1 LogService),
+with gRPC failures turned into Kafka error codes here and nowhere else in the replicator.
 
 :class:`LogNodeClient` is what the controller needs; :class:`GrpcLogNodes` implements it with
 one long-lived channel per node.
@@ -97,6 +97,12 @@ class LogNodeClient(Protocol):
         """Delete replicas (unknown ones are not an error); as :meth:`create_partitions`."""
         ...
 
+    async def update_configs(
+        self, node_id: NodeId, specs: Sequence[PartitionSpec]
+    ) -> list[PartitionFailure]:
+        """Replace the topic configs of replicas; as :meth:`create_partitions`."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -142,6 +148,18 @@ class GrpcLogNodes:
         ])
         reply = await self._call(node_id, "delete partitions", self._stub(node_id).DeletePartitions,
                                  request)
+        return _failures(reply.results)
+
+    async def update_configs(
+        self, node_id: NodeId, specs: Sequence[PartitionSpec]
+    ) -> list[PartitionFailure]:
+        request = log_pb2.UpdatePartitionConfigsRequest(partitions=[
+            log_pb2.PartitionSpec(topic=s.topic, partition=s.partition, topic_id=s.topic_id,
+                                  configs=dict(s.configs))
+            for s in specs
+        ])
+        reply = await self._call(node_id, "update configs",
+                                 self._stub(node_id).UpdatePartitionConfigs, request)
         return _failures(reply.results)
 
     def _stub(self, node_id: NodeId) -> log_pb2_grpc.LogServiceStub:

@@ -10,8 +10,9 @@ import grpc
 from kbroker.replicator.v1 import replicator_pb2 as pb
 from kbroker.replicator.v1 import replicator_pb2_grpc
 
-from .controller import Controller, NewTopic, TopicResult
+from .controller import ConfigChanges, Controller, NewTopic, PartitionIncrease, TopicResult
 from .metadata import MetadataImage, TopicName, TopicRegistration
+from .topic_rules import ConfigOperation
 
 
 class ReplicatorServicer(replicator_pb2_grpc.ReplicatorServicer):
@@ -66,6 +67,33 @@ class ReplicatorServicer(replicator_pb2_grpc.ReplicatorServicer):
         results = await self._controller.delete_topics(list(request.names),
                                                        list(request.topic_ids))
         return pb.DeleteTopicsResponse(topics=[to_topic_result(r) for r in results])
+
+    async def AlterTopicConfigs(
+        self, request: pb.AlterTopicConfigsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AlterTopicConfigsResponse:
+        changes = [
+            ConfigChanges(
+                topic=t.topic,
+                replace=t.replace,
+                changes=[(c.name, ConfigOperation(c.operation), c.value) for c in t.changes],
+            )
+            for t in request.topics
+        ]
+        results = await self._controller.alter_configs(changes,
+                                                       validate_only=request.validate_only)
+        return pb.AlterTopicConfigsResponse(topics=[to_topic_result(r) for r in results])
+
+    async def CreatePartitions(
+        self, request: pb.CreatePartitionsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CreatePartitionsResponse:
+        increases = [
+            PartitionIncrease(topic=t.topic, count=t.count,
+                              assignments=[tuple(a.node_ids) for a in t.assignments])
+            for t in request.topics
+        ]
+        results = await self._controller.create_partitions(
+            increases, validate_only=request.validate_only)
+        return pb.CreatePartitionsResponse(topics=[to_topic_result(r) for r in results])
 
 
 def to_cluster_metadata(

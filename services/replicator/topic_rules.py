@@ -8,12 +8,16 @@ controller gives (``Topic.validate``, ``LogConfig.validate``, ``ReplicationContr
 - Manual assignments: counts must be -1; partitions 0..n-1, each a non-empty list of distinct
   known nodes, all of the same length, at least one of them alive.
 - Configs: known topic config names only, values parsed and range-checked per config.
+- Config changes (``apply_config_changes``): SET, DELETE, and APPEND/SUBTRACT for list configs
+  only, applied to the current overrides or, for a list config without one, to its default
+  (as Kafka's ``ConfigAdminManager`` does).
 
 Every check raises :class:`KafkaError` with the Kafka code; nothing here has side effects.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -284,3 +288,58 @@ def validate_configs(configs: Mapping[str, str]) -> dict[str, str]:
                 f"Invalid value {configs[name]} for configuration {name}: {problem}",
             )
     return dict(configs)
+
+
+# List-valued topic configs and their defaults: APPEND and SUBTRACT start from the default
+# when the topic has no override.
+LIST_CONFIG_DEFAULTS: dict[str, str] = {
+    "cleanup.policy": "delete",
+    "follower.replication.throttled.replicas": "",
+    "leader.replication.throttled.replicas": "",
+}
+
+
+class ConfigOperation(enum.IntEnum):
+    """IncrementalAlterConfigs' operations, with Kafka's codes."""
+
+    SET = 0
+    DELETE = 1
+    APPEND = 2
+    SUBTRACT = 3
+
+
+def _items(value: str) -> list[str]:
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def apply_config_changes(
+    current: Mapping[str, str],
+    changes: Sequence[tuple[str, ConfigOperation, str]],
+    *,
+    replace: bool = False,
+) -> dict[str, str]:
+    """The topic configs after ``changes`` (name, operation, value) are applied to ``current``
+    (or, with ``replace``, to nothing), validated.
+
+    Deleting a config that is not set (even an unknown name) is not an error, as in Kafka.
+    Raises INVALID_CONFIG for APPEND/SUBTRACT of a config that is not a list, and for unknown
+    names or bad values in the result."""
+    configs = {} if replace else dict(current)
+    for name, operation, value in changes:
+        if operation == ConfigOperation.SET:
+            configs[name] = value
+        elif operation == ConfigOperation.DELETE:
+            configs.pop(name, None)
+        else:
+            if name not in LIST_CONFIG_DEFAULTS:
+                verb = "append" if operation == ConfigOperation.APPEND else "subtract"
+                raise KafkaError(ErrorCode.invalid_config,
+                                 f"Config value {verb} is not allowed for config key: {name}")
+            items = _items(configs.get(name, LIST_CONFIG_DEFAULTS[name]))
+            given = _items(value)
+            if operation == ConfigOperation.APPEND:
+                items += [item for item in given if item not in items]
+            else:
+                items = [item for item in items if item not in given]
+            configs[name] = ",".join(items)
+    return validate_configs(configs)

@@ -140,3 +140,28 @@ class FakeHandler(handler_pb2_grpc.KafkaHandlerServicer):
         return k.DescribeClusterResponse(
             cluster_id=self.name, controller_id=self.node_id,
             brokers=[{"broker_id": self.node_id, "host": host, "port": int(port)}])
+
+    async def DescribeConfigs(self, request, context):
+        await self._enter("DescribeConfigs", request, context)
+        return k.DescribeConfigsResponse(results=[
+            {"error_code": 0, "resource_type": r.resource_type, "resource_name": r.resource_name,
+             "configs": [{"name": "retention.ms", "value": "604800000", "read_only": False,
+                          "config_source": 5, "is_sensitive": False}]}
+            for r in request.resources])
+
+    async def AlterConfigs(self, request, context):
+        await self._enter("AlterConfigs", request, context)
+        return k.AlterConfigsResponse(responses=[
+            {"error_code": 0, "resource_type": r.resource_type, "resource_name": r.resource_name}
+            for r in request.resources])
+
+    async def IncrementalAlterConfigs(self, request, context):
+        await self._enter("IncrementalAlterConfigs", request, context)
+        return k.IncrementalAlterConfigsResponse(responses=[
+            {"error_code": 0, "resource_type": r.resource_type, "resource_name": r.resource_name}
+            for r in request.resources])
+
+    async def CreatePartitions(self, request, context):
+        await self._enter("CreatePartitions", request, context)
+        return k.CreatePartitionsResponse(results=[
+            {"name": t.name, "error_code": 0} for t in request.topics])

@@ -1,5 +1,6 @@
 """A stand-in log node for replicator tests: a real gRPC LogService (with health) on
-127.0.0.1 that records CreatePartitions/DeletePartitions calls and can be told to fail."""
+127.0.0.1 that records CreatePartitions/DeletePartitions/UpdatePartitionConfigs calls and can
+be told to fail."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ class RecordingLogService(log_pb2_grpc.LogServiceServicer):
     def __init__(self) -> None:
         self.created: list[log_pb2.PartitionSpec] = []
         self.deleted: list[tuple[str, int]] = []
+        self.config_updates: list[log_pb2.PartitionSpec] = []
         # Set to make calls fail: a whole-call gRPC status, or a Kafka error per partition.
         self.fail_status: grpc.StatusCode | None = None
         self.partition_error = 0
@@ -46,6 +48,28 @@ class RecordingLogService(log_pb2_grpc.LogServiceServicer):
             log_pb2.PartitionError(topic=p.topic, partition=p.partition)
             for p in request.partitions
         ])
+
+    async def UpdatePartitionConfigs(
+        self, request: log_pb2.UpdatePartitionConfigsRequest, context: grpc.aio.ServicerContext
+    ) -> log_pb2.UpdatePartitionConfigsResponse:
+        if self.fail_status is not None:
+            await context.abort(self.fail_status, "injected failure")
+        self.config_updates.extend(request.partitions)
+        return log_pb2.UpdatePartitionConfigsResponse(results=[
+            log_pb2.PartitionError(topic=p.topic, partition=p.partition)
+            for p in request.partitions
+        ])
+
+    def configs_of(self, topic: str, partition: int) -> dict[str, str] | None:
+        """The configs last pushed to a replica (creation or update), None if never."""
+        found = None
+        for spec in self.created:
+            if (spec.topic, spec.partition) == (topic, partition):
+                found = dict(spec.configs)
+        for spec in self.config_updates:
+            if (spec.topic, spec.partition) == (topic, partition):
+                found = dict(spec.configs)
+        return found
 
     def created_partitions(self, topic: str | None = None) -> set[tuple[str, int]]:
         return {(p.topic, p.partition) for p in self.created if topic in (None, p.topic)}

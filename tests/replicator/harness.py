@@ -69,6 +69,18 @@ class Cluster:
         reply = await self.stub.DeleteTopics(pb.DeleteTopicsRequest(names=names, topic_ids=ids))
         return list(reply.topics)
 
+    async def alter(self, *topics: pb.TopicConfigChanges, validate_only: bool = False
+                    ) -> list[pb.TopicResult]:
+        reply = await self.stub.AlterTopicConfigs(
+            pb.AlterTopicConfigsRequest(topics=topics, validate_only=validate_only))
+        return list(reply.topics)
+
+    async def grow(self, *topics: pb.PartitionIncrease, validate_only: bool = False
+                   ) -> list[pb.TopicResult]:
+        reply = await self.stub.CreatePartitions(
+            pb.CreatePartitionsRequest(topics=topics, validate_only=validate_only))
+        return list(reply.topics)
+
     async def node_alive(self, node_id: int) -> bool:
         metadata = await self.metadata()
         return next(n.alive for n in metadata.log_nodes if n.node_id == node_id)

@@ -1,0 +1,127 @@
+"""CreatePartitions, carried out by the replicator in its controller role (Kafka's
+``ControllerApis.createPartitions`` in front of the quorum controller).
+
+    CreatePartitions Request => [topics] timeout_ms validate_only
+      topics => name count [assignments => [broker_ids]]
+    CreatePartitions Response => throttle_time_ms [results]
+      results => name error_code error_message
+
+Partition counts only grow; new partitions are placed like a new topic's unless the request
+assigns them. The handler answers names given twice (INVALID_REQUEST) and illegal names; the
+controller judges the rest (unknown topics, counts, assignments). A replicator that cannot be
+reached leaves the topics REQUEST_TIMED_OUT. After a change the metadata cache is reloaded, so
+a Metadata request that follows on this handler sees the new partitions.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from services.common.errors import ErrorCode
+
+from ..collaborators import CallError, PartitionIncrease, TopicAdmin
+from ..metadata_cache import MetadataCache, MetadataUnavailableError
+from ..topic_identity import invalid_name_reason
+from .topics import controller_timeout
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CreatePartitionsTopic:
+    name: str
+    count: int
+    # Broker ids of each new partition; None: placed by the controller.
+    assignments: Sequence[tuple[int, ...]] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CreatePartitionsRequest:
+    topics: Sequence[CreatePartitionsTopic] = ()
+    timeout_ms: int = 30_000
+    validate_only: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CreatePartitionsResult:
+    name: str
+    error_code: int = 0
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CreatePartitionsResponse:
+    results: list[CreatePartitionsResult] = field(default_factory=list)
+
+
+def error_response(request: CreatePartitionsRequest, code: int) -> CreatePartitionsResponse:
+    names = dict.fromkeys(t.name for t in request.topics)
+    return CreatePartitionsResponse(
+        results=[CreatePartitionsResult(name=n, error_code=code) for n in names])
+
+
+class CreatePartitionsApi:
+    def __init__(self, cache: MetadataCache, admin: TopicAdmin) -> None:
+        self._cache = cache
+        self._admin = admin
+
+    async def handle(self, request: CreatePartitionsRequest) -> CreatePartitionsResponse:
+        counts = Counter(t.name for t in request.topics)
+        answers: dict[str, CreatePartitionsResult] = {}
+        to_grow: list[CreatePartitionsTopic] = []
+        for topic in request.topics:
+            if topic.name in answers:
+                continue
+            if counts[topic.name] > 1:
+                answers[topic.name] = CreatePartitionsResult(
+                    name=topic.name, error_code=ErrorCode.invalid_request.value,
+                    error_message="Duplicate topic in request.")
+                continue
+            reason = invalid_name_reason(topic.name)
+            if reason is not None:
+                answers[topic.name] = CreatePartitionsResult(
+                    name=topic.name, error_code=ErrorCode.invalid_topic_exception.value,
+                    error_message=reason)
+                continue
+            answers[topic.name] = CreatePartitionsResult(name=topic.name)
+            to_grow.append(topic)
+        if to_grow:
+            answers.update(await self._grow(to_grow, request))
+        names = dict.fromkeys(t.name for t in request.topics)
+        return CreatePartitionsResponse(results=[answers[n] for n in names])
+
+    async def _grow(
+        self, topics: list[CreatePartitionsTopic], request: CreatePartitionsRequest
+    ) -> dict[str, CreatePartitionsResult]:
+        increases = [PartitionIncrease(topic=t.name, count=t.count,
+                                       assignments=list(t.assignments or ()))
+                     for t in topics]
+        try:
+            results = await self._admin.create_partitions(
+                increases, request.validate_only, controller_timeout(request.timeout_ms))
+        except CallError as exc:
+            log.warning("creating partitions failed: %s", exc)
+            return {t.name: CreatePartitionsResult(
+                name=t.name, error_code=ErrorCode.request_timed_out.value,
+                error_message=f"the controller did not answer: {exc}") for t in topics}
+        by_name = {r.name: r for r in results}
+        answers = {}
+        for topic in topics:
+            result = by_name.get(topic.name)
+            if result is None:
+                answers[topic.name] = CreatePartitionsResult(
+                    name=topic.name, error_code=ErrorCode.unknown_server_error.value,
+                    error_message="the controller returned no result for this topic")
+            else:
+                answers[topic.name] = CreatePartitionsResult(
+                    name=topic.name, error_code=result.error_code,
+                    error_message=result.error_message if result.error_code else None)
+        if not request.validate_only and any(not r.error_code for r in results):
+            try:
+                await self._cache.refresh()
+            except MetadataUnavailableError as exc:
+                log.warning("reloading metadata after adding partitions failed: %s", exc)
+        return answers
