@@ -5,8 +5,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 import grpc
 from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
@@ -71,6 +72,25 @@ def grpc_server_interceptor(service_name: str) -> grpc.aio.ServerInterceptor:
     return _MetricsInterceptor()
 
 
+@contextlib.contextmanager
+def _observed(labels: tuple[str, str, str], context: grpc.aio.ServicerContext,
+              failure_code: str) -> Iterator[None]:
+    """Count and time one RPC under ``labels``; its code is the context's, or ``failure_code``
+    when the handler raised without setting one."""
+    GRPC_STARTED.labels(*labels).inc()
+    start = time.perf_counter()
+    failed = False
+    try:
+        yield
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        code = _code_of(context, failure_code if failed else "OK")
+        GRPC_HANDLED.labels(*labels, code).inc()
+        GRPC_SECONDS.labels(*labels).observe(time.perf_counter() - start)
+
+
 class _MetricsInterceptor(grpc.aio.ServerInterceptor):
     async def intercept_service(
         self,
@@ -81,79 +101,36 @@ class _MetricsInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return handler
         service, method = _split_method(details.method)
+        codec = {"request_deserializer": handler.request_deserializer,
+                 "response_serializer": handler.response_serializer}
         if handler.unary_unary is not None:
-            inner = handler.unary_unary
-            labels = (service, method, "unary")
+            unary_inner = handler.unary_unary
+            unary_labels = (service, method, "unary")
 
             async def unary(request, context):
-                GRPC_STARTED.labels(*labels).inc()
-                start = time.perf_counter()
-                code = "OK"
-                try:
-                    return await inner(request, context)
-                except BaseException:
-                    code = _code_of(context, "UNKNOWN")
-                    raise
-                finally:
-                    if code == "OK":
-                        code = _code_of(context, "OK")
-                    GRPC_HANDLED.labels(*labels, code).inc()
-                    GRPC_SECONDS.labels(*labels).observe(time.perf_counter() - start)
+                with _observed(unary_labels, context, "UNKNOWN"):
+                    return await unary_inner(request, context)
 
-            return grpc.unary_unary_rpc_method_handler(
-                unary,
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
+            return grpc.unary_unary_rpc_method_handler(unary, **codec)
         if handler.unary_stream is not None:
-            inner_stream = handler.unary_stream
-            labels = (service, method, "server_stream")
+            stream_inner = handler.unary_stream
+            stream_labels = (service, method, "server_stream")
 
-            async def stream(request, context):
-                GRPC_STARTED.labels(*labels).inc()
-                start = time.perf_counter()
-                code = "OK"
-                try:
-                    async for item in inner_stream(request, context):
+            async def server_stream(request, context):
+                with _observed(stream_labels, context, "CANCELLED"):
+                    async for item in stream_inner(request, context):
                         yield item
-                except BaseException:
-                    code = _code_of(context, "CANCELLED")
-                    raise
-                finally:
-                    if code == "OK":
-                        code = _code_of(context, "OK")
-                    GRPC_HANDLED.labels(*labels, code).inc()
-                    GRPC_SECONDS.labels(*labels).observe(time.perf_counter() - start)
 
-            return grpc.unary_stream_rpc_method_handler(
-                stream,
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
+            return grpc.unary_stream_rpc_method_handler(server_stream, **codec)
         if handler.stream_unary is not None:
-            inner_client_stream = handler.stream_unary
-            labels = (service, method, "client_stream")
+            client_inner = handler.stream_unary
+            client_labels = (service, method, "client_stream")
 
             async def client_stream(request_iterator, context):
-                GRPC_STARTED.labels(*labels).inc()
-                start = time.perf_counter()
-                code = "OK"
-                try:
-                    return await inner_client_stream(request_iterator, context)
-                except BaseException:
-                    code = _code_of(context, "CANCELLED")
-                    raise
-                finally:
-                    if code == "OK":
-                        code = _code_of(context, "OK")
-                    GRPC_HANDLED.labels(*labels, code).inc()
-                    GRPC_SECONDS.labels(*labels).observe(time.perf_counter() - start)
+                with _observed(client_labels, context, "CANCELLED"):
+                    return await client_inner(request_iterator, context)
 
-            return grpc.stream_unary_rpc_method_handler(
-                client_stream,
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
+            return grpc.stream_unary_rpc_method_handler(client_stream, **codec)
         return handler
 
 
