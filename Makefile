@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 PROTOS := $(shell find proto/kbroker -name '*.proto')
 GEN := proto/gen/.stamp
 
-.PHONY: all venv proto run test test-fast lint bench clean test-deps
+.PHONY: all venv proto run test lint bench clean test-deps spark-report
 
 all: venv
 
@@ -53,6 +53,10 @@ lint: venv
 
 bench: venv
 	$(PY) bench/throughput.py
+
+# The request-latency report (Parquet, PNG, Markdown) over a running `make run` cluster.
+spark-report: venv
+	$(PY) -m spark.jobs.latency_report --cluster local --output reports/latency
 
 clean:
 	rm -rf $(VENV) proto/gen data

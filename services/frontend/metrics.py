@@ -1,6 +1,21 @@
 """The frontend's Prometheus metrics: Kafka's RequestMetrics per API (request count, total time
 from frame read to response written, the phases in between, bytes in and out), open
-connections, error answers and retries. Times in seconds, sizes in bytes."""
+connections, error answers and retries. Times in seconds, sizes in bytes.
+
+The closest of Kafka's JMX names (kafka.network:type=RequestMetrics,request=<api>). The split
+differs: "local" here is the frontend's own work and "remote" the whole handler call, which
+covers Kafka's LocalTimeMs (API logic) and RemoteTimeMs (purgatory) together; RequestBytes is a
+size histogram in Kafka, a byte counter here:
+
+    kbroker_frontend_requests_total{api}                          name=RequestsPerSec
+    kbroker_frontend_request_total_seconds{api}                   name=TotalTimeMs
+    kbroker_frontend_request_phase_seconds{api,phase="local"}     name=LocalTimeMs
+    kbroker_frontend_request_phase_seconds{api,phase="remote"}    name=RemoteTimeMs
+    kbroker_frontend_request_phase_seconds{api,phase="response_send"}  name=ResponseSendTimeMs
+    kbroker_frontend_request_bytes_total{api}                     name=RequestBytes
+    kbroker_frontend_error_responses_total{api,error_code}        name=ErrorsPerSec
+
+The Spark report (spark/jobs/latency_report.py) reads these families by name."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""End-to-end fixtures: one real local cluster (every service as its own process, free loopback
-ports, data in a temporary folder) shared by the end-to-end tests of a session."""
+"""Shared fixtures: one real local cluster (every service as its own process, free loopback
+ports, data in a temporary folder), started on first use and shared by every test of the
+session that asks for it (end-to-end, deployment and Spark tests)."""
 
 from __future__ import annotations
 

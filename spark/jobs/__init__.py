@@ -1,0 +1,1 @@
+"""Spark jobs: the batch request-latency report and the streaming health watch."""

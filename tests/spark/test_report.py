@@ -1,0 +1,109 @@
+"""The batch latency report against a real local cluster after real client traffic: its request
+counts per API equal the frontend's Prometheus counters read over HTTP, and it writes its
+Parquet tables, chart and summary."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from prometheus_client.parser import text_string_to_metric_families
+
+from services.cluster import LocalCluster
+from spark.discovery import cluster_endpoints
+from spark.jobs.latency_report import run
+
+MESSAGES = 200
+
+
+def frontend_requests(cluster: LocalCluster) -> dict[str, int]:
+    port = cluster.services["frontend"].metrics_port
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    counts: dict[str, int] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "kbroker_frontend_requests_total":
+                counts[sample.labels["api"]] = int(sample.value)
+    return counts
+
+
+def settled_requests(cluster: LocalCluster, timeout: float = 10.0) -> dict[str, int]:
+    """The counters once they stop moving: a long-poll Fetch still parked when its consumer
+    closed is counted when it answers (fetch.wait.max.ms = 500 ms later)."""
+    deadline = time.monotonic() + timeout
+    last = frontend_requests(cluster)
+    while True:
+        time.sleep(0.7)
+        now = frontend_requests(cluster)
+        if now == last:
+            return now
+        assert time.monotonic() < deadline, f"frontend counters still moving: {last} -> {now}"
+        last = now
+
+
+def client_traffic(bootstrap: str, topic: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)],
+                                  request_timeout=15)
+    futures[topic].result(timeout=20)
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+    failures: list[str] = []
+    for i in range(MESSAGES):
+        producer.produce(topic, value=b"v%d" % i, key=b"k%d" % (i % 7),
+                         on_delivery=lambda err, _m: err and failures.append(str(err)))
+    assert producer.flush(30) == 0
+    assert failures == []
+    # Assigned partitions, no group: this test is about request metrics, not the group protocol.
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{topic}",
+                         "enable.auto.commit": False, "enable.partition.eof": True})
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(2)])
+        got = 0
+        deadline = time.monotonic() + 30
+        while got < MESSAGES and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            if msg.error():
+                assert msg.error().code() == KafkaError._PARTITION_EOF, msg.error()
+                continue
+            got += 1
+        assert got == MESSAGES
+    finally:
+        consumer.close()
+
+
+def test_report_counts_equal_prometheus_counters(cluster, spark, tmp_path: Path) -> None:
+    topic = f"spark-report-{uuid.uuid4().hex[:8]}"
+    client_traffic(cluster.bootstrap, topic)
+    before = settled_requests(cluster)
+    report = run(spark, {"endpoints": ",".join(cluster_endpoints(cluster))}, tmp_path / "out")
+    after = frontend_requests(cluster)
+    assert before == after
+    assert {"Produce", "Fetch", "CreateTopics", "Metadata"} <= set(before)
+
+    assert {r["api"]: r["requests"] for r in report.requests} == before
+
+    latency = {(r["api"], r["phase"]): r for r in report.latency}
+    for phase in ("local", "remote", "response_send", "total"):
+        row = latency[("Produce", phase)]
+        assert row["count"] == before["Produce"]
+        assert 0 <= row["p50_seconds"] <= row["p99_seconds"] <= row["p999_seconds"]
+    assert latency[("Produce", "remote")]["p99_seconds"] > 0
+
+    topics = {r["topic"]: r for r in report.topics}
+    assert topics[topic]["appended_batches"] > 0
+    assert topics[topic]["read_bytes"] > 0
+
+    out = report.output
+    for name in ("metrics", "requests", "latency", "topics", "purgatory"):
+        assert list((out / f"{name}.parquet").glob("*.parquet")), name
+    assert spark.read.parquet(str(out / "requests.parquet")).count() == len(before)
+    assert (out / "latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = (out / "report.md").read_text()
+    assert "| Produce |" in summary and "latency.png" in summary
