@@ -41,9 +41,14 @@ run: venv
 	$(VENV)/bin/kbroker up
 
 # Things the end-to-end tests drive besides Python clients: kcat (Debian) and kafkajs (npm).
-test-deps:
+JS_STAMP := tests/clients/js/node_modules/.installed
+
+$(JS_STAMP): tests/clients/js/package-lock.json
+	cd tests/clients/js && npm ci --no-audit --no-fund --silent
+	touch $@
+
+test-deps: $(JS_STAMP)
 	@command -v kcat >/dev/null || { apt-get update -qq && apt-get install -y -qq kcat >/dev/null; }
-	@test -d tests/clients/js/node_modules/kafkajs || (cd tests/clients/js && npm ci --no-audit --no-fund --silent)
 
 test: venv test-deps
 	$(PY) -m pytest -q -p no:cacheprovider tests

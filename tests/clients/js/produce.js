@@ -3,12 +3,25 @@
 // Usage: node produce.js BOOTSTRAP TOPIC PARTITIONS COUNT CODEC...
 const { Kafka, CompressionTypes, CompressionCodecs, logLevel } = require("kafkajs");
 const SnappyCodec = require("kafkajs-snappy");
+const lz4 = require("lz4js");
+const zstd = require("@bokuweb/zstd-wasm");
 
+// kafkajs ships gzip only; the other codecs are plugins. The published lz4/zstd plugins are
+// native addons that no longer build on current Node, so these two wrap pure JS / WebAssembly
+// codecs (LZ4 frame format and zstd frames, as Kafka uses).
+const pureCodec = (compress, decompress) => () => ({
+  compress: async (encoder) => Buffer.from(compress(encoder.buffer)),
+  decompress: async (buffer) => Buffer.from(decompress(buffer)),
+});
 CompressionCodecs[CompressionTypes.Snappy] = SnappyCodec;
+CompressionCodecs[CompressionTypes.LZ4] = pureCodec(lz4.compress, lz4.decompress);
+CompressionCodecs[CompressionTypes.ZSTD] = pureCodec((b) => zstd.compress(b, 3), zstd.decompress);
 const CODECS = { none: CompressionTypes.None, gzip: CompressionTypes.GZIP,
-                 snappy: CompressionTypes.Snappy };
+                 snappy: CompressionTypes.Snappy, lz4: CompressionTypes.LZ4,
+                 zstd: CompressionTypes.ZSTD };
 
 async function main() {
+  await zstd.init();
   const [bootstrap, topic, partitionsArg, countArg, ...codecs] = process.argv.slice(2);
   const partitions = Number(partitionsArg);
   const count = Number(countArg);
