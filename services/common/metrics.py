@@ -1,18 +1,97 @@
 """Metrics, in one place: the process's Prometheus registry, its HTTP exposition, the gRPC
-``Metrics`` service over the same registry, and gRPC server metrics in the usual names
+``Metrics`` service over the same registry (``Snapshot`` and ``Stream``, see
+``proto/kbroker/metrics/v1/metrics.proto``), and gRPC server metrics in the usual names
 (grpc_server_started_total, grpc_server_handled_total, grpc_server_handling_seconds).
+
+Every snapshot carries a cursor: this process's random id (drawn at import, i.e. at process
+start) and a sequence number shared by all snapshots the process takes, so a reader can tell a
+restart (counters back at zero) from a gap.
+
+``KBROKER_METRICS_ENABLED=false`` switches recording off for the whole process (to measure
+what metrics cost): :data:`Counter`, :data:`Gauge` and :data:`Histogram` are then stand-ins
+whose calls do nothing, custom collectors are not registered, gRPC calls are not intercepted,
+and the exposition serves only what is still registered (process and platform collectors).
+Service metrics modules take their metric classes from here, never from prometheus_client.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
+import threading
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import grpc
-from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
+import prometheus_client
+from prometheus_client import REGISTRY, start_http_server
+from prometheus_client.registry import Collector
 
 from kbroker.metrics.v1 import metrics_pb2, metrics_pb2_grpc
+
+
+def _enabled_from_env() -> bool:
+    raw = os.environ.get("KBROKER_METRICS_ENABLED", "true").strip().lower()
+    return raw not in ("0", "false", "no", "off")
+
+
+METRICS_ENABLED = _enabled_from_env()
+
+
+class NullMetric:
+    """A Counter, Gauge or Histogram (with or without labels) that records nothing: what the
+    metric classes are when metrics are switched off."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def labels(self, *args: Any, **kwargs: Any) -> NullMetric:
+        return self
+
+    def inc(self, amount: float = 1) -> None:
+        pass
+
+    def dec(self, amount: float = 1) -> None:
+        pass
+
+    def set(self, value: float) -> None:
+        pass
+
+    def observe(self, amount: float) -> None:
+        pass
+
+    def set_function(self, f: Callable[[], float]) -> None:
+        pass
+
+    def remove(self, *labels: Any) -> None:
+        pass
+
+    def clear(self) -> None:
+        pass
+
+
+if METRICS_ENABLED:
+    Counter: Any = prometheus_client.Counter
+    Gauge: Any = prometheus_client.Gauge
+    Histogram: Any = prometheus_client.Histogram
+else:
+    Counter = Gauge = Histogram = NullMetric
+
+
+def register_collector(collector: Collector) -> None:
+    """Add a custom collector (one that reads live state at scrape time) to the registry,
+    unless metrics are off."""
+    if METRICS_ENABLED:
+        REGISTRY.register(collector)
+
+
+def unregister_collector(collector: Collector) -> None:
+    with contextlib.suppress(KeyError):
+        REGISTRY.unregister(collector)
+
 
 LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -38,8 +117,44 @@ def serve_prometheus(port: int, host: str = "127.0.0.1") -> int:
     return int(server.server_port)
 
 
+# This process, for cursors: a restart draws a new id.
+PROCESS_ID = uuid.uuid4().hex
+PROCESS_START_MS = int(time.time() * 1000)
+
+DEFAULT_STREAM_INTERVAL_MS = 1000
+MIN_STREAM_INTERVAL_MS = 100
+
+
+class _Sequence:
+    """Snapshot numbers of this process: 1, 2, 3, ... (thread-safe: the HTTP exposition runs
+    in a thread, and tests take snapshots from several)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last = 0
+
+    def next(self) -> int:
+        with self._lock:
+            self._last += 1
+            return self._last
+
+    @property
+    def last(self) -> int:
+        return self._last
+
+
+SEQUENCE = _Sequence()
+
+
+def stream_interval_seconds(interval_ms: int) -> float:
+    """A Stream request's interval as served: 0 is the default, small ones are raised."""
+    if interval_ms <= 0:
+        interval_ms = DEFAULT_STREAM_INTERVAL_MS
+    return max(interval_ms, MIN_STREAM_INTERVAL_MS) / 1000
+
+
 class MetricsServicer(metrics_pb2_grpc.MetricsServicer):
-    """gRPC view of this process's Prometheus registry."""
+    """gRPC view of this process's Prometheus registry: a snapshot, or a stream of them."""
 
     def __init__(self, service: str, instance: str) -> None:
         self._service = service
@@ -48,11 +163,41 @@ class MetricsServicer(metrics_pb2_grpc.MetricsServicer):
     async def Snapshot(self, request, context):
         return snapshot(self._service, self._instance, list(request.prefixes))
 
+    async def Stream(self, request, context):
+        interval = stream_interval_seconds(request.interval_ms)
+        prefixes = list(request.prefixes)
+        after = request.after
+        reset = False
+        if after.process_id:
+            if after.process_id != PROCESS_ID:
+                reset = True
+            elif after.sequence > SEQUENCE.last:
+                await context.abort(
+                    grpc.StatusCode.OUT_OF_RANGE,
+                    f"cursor {after.sequence} is ahead of this process ({SEQUENCE.last})")
+        loop = asyncio.get_running_loop()
+        due = loop.time()
+        while True:
+            out = snapshot(self._service, self._instance, prefixes)
+            out.reset = reset
+            reset = False
+            yield out
+            # On schedule while the reader keeps up; a slow reader (the write above waited on
+            # flow control) gets the next snapshot one interval after it took this one, not
+            # a burst of catch-up snapshots.
+            due = max(due + interval, loop.time())
+            await asyncio.sleep(due - loop.time())
+
 
 def snapshot(service: str, instance: str, prefixes: list[str]) -> metrics_pb2.MetricsSnapshot:
+    """Every family of the registry (whose name starts with one of ``prefixes``, when given),
+    with the next cursor of this process."""
     out = metrics_pb2.MetricsSnapshot(
-        service=service, instance=instance, timestamp_ms=int(time.time() * 1000)
+        service=service, instance=instance, timestamp_ms=int(time.time() * 1000),
+        process_start_ms=PROCESS_START_MS,
     )
+    out.cursor.process_id = PROCESS_ID
+    out.cursor.sequence = SEQUENCE.next()
     for family in REGISTRY.collect():
         if prefixes and not any(family.name.startswith(p) for p in prefixes):
             continue
@@ -69,7 +214,18 @@ def _split_method(full: str) -> tuple[str, str]:
 
 
 def grpc_server_interceptor(service_name: str) -> grpc.aio.ServerInterceptor:
-    return _MetricsInterceptor()
+    return _MetricsInterceptor() if METRICS_ENABLED else _PassThroughInterceptor()
+
+
+class _PassThroughInterceptor(grpc.aio.ServerInterceptor):
+    """Metrics off: calls go to their handlers untouched."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        return await continuation(details)
 
 
 @contextlib.contextmanager

@@ -1,17 +1,18 @@
-"""Every service's gRPC server: health, reflection, the Metrics service and gRPC server metrics
-for unary and client-streaming calls, on a real server on port 0."""
+"""Every service's gRPC server: health, reflection, the Metrics service (snapshot and stream)
+and gRPC server metrics for unary and client-streaming calls, on a real server on port 0."""
 
 from __future__ import annotations
 
 import asyncio
 
+import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from kbroker.metrics.v1 import metrics_pb2, metrics_pb2_grpc
 from kbroker.purgatory.v1 import purgatory_pb2, purgatory_pb2_grpc
 from services.common.channels import insecure_channel
-from services.common.metrics import GRPC_HANDLED, GRPC_STARTED
+from services.common.metrics import GRPC_HANDLED, GRPC_STARTED, stream_interval_seconds
 from services.common.runtime import tune_allocator
 from services.common.server import ServiceBinding, create_server
 
@@ -86,3 +87,100 @@ def test_server_serves_health_reflection_metrics_and_counts_calls():
 
 def test_allocator_tuning_applies_on_glibc():
     assert tune_allocator() is True
+
+
+def _counter_value(snap: metrics_pb2.MetricsSnapshot, family: str, **labels: str) -> float:
+    for f in snap.families:
+        if f.name != family:
+            continue
+        for s in f.samples:
+            if s.name == family + "_total" and all(s.labels.get(k) == v
+                                                    for k, v in labels.items()):
+                return s.value
+    return 0.0
+
+
+def test_metrics_stream_sends_snapshots_with_cursors_and_resumes():
+    """The Stream RPC on a real server: snapshots every interval with increasing cursors,
+    counters that move between them, and resuming after a cursor of this process (continuation)
+    or of another one (reset)."""
+
+    async def main() -> None:
+        servicer = Counting()
+        server, port, _ = await create_server("test", [ServiceBinding(
+            SERVICE, purgatory_pb2_grpc.add_PurgatoryServicer_to_server, servicer)])
+        channel = insecure_channel(f"127.0.0.1:{port}")
+        try:
+            metrics = metrics_pb2_grpc.MetricsStub(channel)
+            work = purgatory_pb2_grpc.PurgatoryStub(channel)
+            request = purgatory_pb2.CheckAndCompleteRequest(
+                keys=[purgatory_pb2.KeyState(key="t-0", position=1)])
+            labels = {"grpc_method": "CheckAndComplete", "grpc_code": "OK"}
+
+            stream = metrics.Stream(metrics_pb2.StreamRequest(
+                prefixes=["grpc_server_handled"], interval_ms=100))
+            received = []
+            started = asyncio.get_running_loop().time()
+            async for snap in stream:
+                received.append(snap)
+                if len(received) == 3:
+                    break
+                # Work between snapshots: the next one must show it.
+                for _ in range(2):
+                    await work.CheckAndComplete(request)
+            stream.cancel()
+            elapsed = asyncio.get_running_loop().time() - started
+            assert elapsed >= 0.19, "three snapshots at 100 ms need two intervals"
+            assert {f.name for s in received for f in s.families} == {"grpc_server_handled"}
+            ids = {s.cursor.process_id for s in received}
+            assert len(ids) == 1 and ids.pop()
+            sequences = [s.cursor.sequence for s in received]
+            assert sequences == sorted(set(sequences)) and sequences[0] > 0
+            assert not any(s.reset for s in received)
+            counts = [_counter_value(s, "grpc_server_handled", **labels) for s in received]
+            assert counts[1] == counts[0] + 2 and counts[2] == counts[1] + 2
+
+            # Resume after the last cursor: strictly later, same process, counters carry on.
+            last = received[-1]
+            await work.CheckAndComplete(request)
+            resumed = metrics.Stream(metrics_pb2.StreamRequest(
+                prefixes=["grpc_server_handled"], interval_ms=100, after=last.cursor))
+            first = await anext(aiter(resumed))
+            resumed.cancel()
+            assert first.cursor.process_id == last.cursor.process_id
+            assert first.cursor.sequence > last.cursor.sequence
+            assert not first.reset
+            assert _counter_value(first, "grpc_server_handled", **labels) == counts[2] + 1
+
+            # A cursor of another process (as after a restart): the first snapshot says reset.
+            other = metrics_pb2.Cursor(process_id="another-process", sequence=10**9)
+            restarted = metrics.Stream(metrics_pb2.StreamRequest(interval_ms=100, after=other))
+            snap = await anext(aiter(restarted))
+            restarted.cancel()
+            assert snap.reset and snap.cursor.process_id != "another-process"
+
+            # A cursor this process never issued is refused.
+            ahead = metrics_pb2.Cursor(process_id=last.cursor.process_id, sequence=10**12)
+            refused = metrics.Stream(metrics_pb2.StreamRequest(after=ahead))
+            try:
+                await anext(aiter(refused))
+                raise AssertionError("a cursor from the future was accepted")
+            except grpc.aio.AioRpcError as e:
+                assert e.code() == grpc.StatusCode.OUT_OF_RANGE
+
+            # Snapshot shares the numbering.
+            single = await metrics.Snapshot(metrics_pb2.SnapshotRequest(prefixes=["x_none"]))
+            assert single.cursor.process_id == last.cursor.process_id
+            assert single.cursor.sequence > first.cursor.sequence
+            assert single.process_start_ms > 0
+        finally:
+            await channel.close()
+            await server.stop(0)
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_stream_interval_defaults_and_floor():
+    assert stream_interval_seconds(0) == 1.0
+    assert stream_interval_seconds(5) == 0.1
+    assert stream_interval_seconds(2500) == 2.5
