@@ -1,10 +1,32 @@
-"""The handler's Prometheus metrics: Kafka requests by API and outcome, and purgatory waits."""
+"""The handler's Prometheus metrics: Kafka requests by API and outcome, and purgatory waits;
+and the per-request account of time parked in the purgatory that goes back to the frontend.
+
+Remote time (Kafka's RemoteTimeMs: kafka.network:type=RequestMetrics,name=RemoteTimeMs) is the
+part of a request spent waiting in the purgatory, not working. The handler measures it and
+returns it to the frontend, which owns the request phases, as the trailing gRPC metadata
+``kbroker-remote-ms`` (decimal milliseconds; absent when the request never parked):
+
+    with remote_time(context):          # servicer: one account per RPC
+        ...
+        with parked():                  # API code: around each purgatory wait
+            await purgatory.wait(...)
+
+The account lives in a context variable, so the API modules need no extra parameter, and it is
+a mutable object, so waits in tasks spawned from the request (which run on a copy of the
+context) still add to it.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+import contextlib
+import time
+from collections.abc import Iterator
+from contextvars import ContextVar
+from typing import Any
 
-from services.common.metrics import LATENCY_BUCKETS
+from services.common.metrics import LATENCY_BUCKETS, Counter, Histogram
+
+REMOTE_TIME_METADATA_KEY = "kbroker-remote-ms"
 
 REQUESTS = Counter(
     "handler_requests_total",
@@ -30,3 +52,43 @@ PURGATORY_WAIT_SECONDS = Histogram(
     ["kind"],
     buckets=LATENCY_BUCKETS,
 )
+
+
+class RemoteTime:
+    """Seconds one request spent parked, summed over its waits."""
+
+    __slots__ = ("seconds",)
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+
+_REMOTE_TIME: ContextVar[RemoteTime | None] = ContextVar("kbroker_remote_time", default=None)
+
+
+@contextlib.contextmanager
+def parked() -> Iterator[None]:
+    """Count the time inside the block as the current request's remote time (a no-op outside
+    :func:`remote_time`)."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        account = _REMOTE_TIME.get()
+        if account is not None:
+            account.seconds += time.perf_counter() - started
+
+
+@contextlib.contextmanager
+def remote_time(context: Any) -> Iterator[RemoteTime]:
+    """Open the remote-time account of one RPC; on the way out, put what was parked into the
+    trailing metadata of ``context`` (a grpc.aio.ServicerContext)."""
+    account = RemoteTime()
+    token = _REMOTE_TIME.set(account)
+    try:
+        yield account
+    finally:
+        _REMOTE_TIME.reset(token)
+        if account.seconds > 0:
+            context.set_trailing_metadata(
+                ((REMOTE_TIME_METADATA_KEY, f"{account.seconds * 1000:.3f}"),))

@@ -1,7 +1,9 @@
 """gRPC glue for kbroker.handler.v1.KafkaHandler: Kafka protobuf messages to and from the API
-modules' domain objects, request context from gRPC metadata, per-request metrics, and the
-guarantee that no request kills the handler (an unexpected failure is logged and answered with
-UNKNOWN_SERVER_ERROR for every item of the request).
+modules' domain objects, request context from gRPC metadata, per-request metrics (the time a
+Produce or Fetch parked in the purgatory goes back to the frontend as the trailing metadata
+``kbroker-remote-ms``, see :mod:`.metrics`), and the guarantee that no request kills the
+handler (an unexpected failure is logged and answered with UNKNOWN_SERVER_ERROR for every item
+of the request).
 
 Unset optional request fields take Kafka's defaults (callers such as grpcurl may leave them
 out), except where a hand-made request means something else: an unset replica id is a
@@ -27,7 +29,7 @@ from services.common.errors import ErrorCode
 
 from .apis import cluster, configs, fetch, metadata, offsets, partitions, produce, records, topics
 from .config import HandlerConfig
-from .metrics import REQUEST_SECONDS, REQUESTS
+from .metrics import REQUEST_SECONDS, REQUESTS, remote_time
 from .request_context import RequestContext, split_host_port
 
 log = logging.getLogger(__name__)
@@ -613,16 +615,18 @@ class KafkaHandlerServicer(handler_pb2_grpc.KafkaHandlerServicer):
     async def Produce(
         self, request: k.ProduceRequest, context: grpc.aio.ServicerContext
     ) -> k.ProduceResponse:
-        return await self._serve(
-            "Produce", request, produce_request, self._produce.handle,
-            produce.error_response, produce_error, produce_response)
+        with remote_time(context):
+            return await self._serve(
+                "Produce", request, produce_request, self._produce.handle,
+                produce.error_response, produce_error, produce_response)
 
     async def Fetch(
         self, request: k.FetchRequest, context: grpc.aio.ServicerContext
     ) -> k.FetchResponse:
-        return await self._serve(
-            "Fetch", request, fetch_request, self._fetch.handle,
-            fetch.error_response, fetch_error, fetch_response)
+        with remote_time(context):
+            return await self._serve(
+                "Fetch", request, fetch_request, self._fetch.handle,
+                fetch.error_response, fetch_error, fetch_response)
 
     async def ListOffsets(
         self, request: k.ListOffsetsRequest, context: grpc.aio.ServicerContext

@@ -60,6 +60,7 @@ from ..metadata_cache import (
     MetadataUnavailableError,
     TopicInfo,
 )
+from ..metrics import parked
 from ..record_batches import trim_to_whole_batches
 from ..routing import (
     Route,
@@ -355,14 +356,17 @@ class FetchApi:
         timeout_ms = max(math.ceil(remaining * 1000), 1)
         try:
             # Bounded here too: a purgatory that stalls must not hold the fetch past its wait.
-            outcome = await asyncio.wait_for(
-                self._purgatory.wait(WaitKind.FETCH, thresholds, require_all=False,
-                                     timeout_ms=timeout_ms),
-                max(remaining, 0) + PURGATORY_SLACK_S)
+            with parked():
+                outcome = await asyncio.wait_for(
+                    self._purgatory.wait(WaitKind.FETCH, thresholds, require_all=False,
+                                         timeout_ms=timeout_ms),
+                    max(remaining, 0) + PURGATORY_SLACK_S)
         except UnreachableError as exc:
-            # No purgatory to park in: wait out the deadline rather than have consumers spin.
+            # No purgatory to park in: wait out the deadline rather than have consumers spin
+            # (remote time too: the fetch waits as it would have parked).
             log.debug("purgatory unreachable (%s); waiting out the fetch", exc)
-            await asyncio.sleep(max(deadline - time.monotonic(), 0))
+            with parked():
+                await asyncio.sleep(max(deadline - time.monotonic(), 0))
             return False
         except (CallError, TimeoutError) as exc:
             # The purgatory went away while the fetch was parked (a restart) or stalled: answer

@@ -46,6 +46,7 @@ from ..collaborators import (
     partition_key,
 )
 from ..metadata_cache import LogNode, MetadataCache, MetadataUnavailableError
+from ..metrics import parked
 from ..routing import Route, by_partition, call_per_node, group_by_leader, leader_error, locate
 
 log = logging.getLogger(__name__)
@@ -248,8 +249,10 @@ class ProduceApi:
         thresholds = {key: s.appended.log_end_offset for key, s in pending.items()
                       if s.appended is not None}
         try:
-            outcome = await self._purgatory.wait(
-                WaitKind.PRODUCE, thresholds, require_all=True, timeout_ms=max(timeout_ms, 0))
+            with parked():
+                outcome = await self._purgatory.wait(
+                    WaitKind.PRODUCE, thresholds, require_all=True,
+                    timeout_ms=max(timeout_ms, 0))
             states = outcome.keys
         except CallError as exc:
             log.warning("awaiting replication failed: %s", exc)
