@@ -257,10 +257,15 @@ class PartitionLog:
 
     # ----------------------------------------------------------------------------- append
 
-    async def append(self, records: bytes, now_ms: int | None = None) -> AppendInfo:
+    async def append(
+        self, records: bytes, now_ms: int | None = None,
+        expected_log_end_offset: int | None = None,
+    ) -> AppendInfo:
         """Validate and append the record batches of one produce to this partition (as its
         leader), assigning offsets from the log end offset on. All or nothing: a bad batch
-        (see :func:`~services.log.record_batch.validate_append`) stores none of them."""
+        (see :func:`~services.log.record_batch.validate_append`) stores none of them.
+        With ``expected_log_end_offset`` the append is conditional (a compare-and-set): it
+        happens only if the log end offset equals it, else INVALID_UPDATE_VERSION."""
         config = self.config
         batches = validate_append(records, config.max_message_bytes)
         if len(records) > config.segment_bytes:
@@ -275,6 +280,9 @@ class PartitionLog:
         async with self._lock:
             self._check_open()
             base_offset = self.log_end_offset
+            if expected_log_end_offset is not None and expected_log_end_offset != base_offset:
+                raise KafkaError(ErrorCode.invalid_update_version,
+                                 f"log end offset is {base_offset}, not {expected_log_end_offset}")
             next_offset = assign_offsets(buffer, batches, base_offset, append_time)
             if next_offset - 1 - base_offset > MAX_RELATIVE_OFFSET:
                 raise KafkaError(ErrorCode.invalid_record, "offset range of the append too large")

@@ -74,7 +74,10 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
             metrics.APPEND_REQUESTS.labels(topic).inc()
             started = time.perf_counter()
             try:
-                info = await self._manager.get(topic, append.partition).append(append.records)
+                expected = (append.expected_log_end_offset
+                            if append.HasField("expected_log_end_offset") else None)
+                info = await self._manager.get(topic, append.partition).append(
+                    append.records, expected_log_end_offset=expected)
             except Exception as exc:  # noqa: BLE001
                 code, message = _error_of("Append", exc)
                 response.results.add(
