@@ -23,6 +23,11 @@ Start-up (:meth:`PartitionLog.open`) validates every segment holding offsets at 
 recovery point in full (framing, magic, CRC32C, growing offsets) and rebuilds its indexes; at the
 first torn or corrupt batch the log is truncated, and later segments are deleted.
 
+Idempotent producers (:mod:`services.log.producer_state`): appends are checked against each
+producer's epoch and last sequences (a retried batch is answered with its original offsets and
+not stored again); ``<offset>.snapshot`` files beside the segments, written at each roll and on
+a clean close, let start-up rebuild that state by replaying only the batches after them.
+
 Mutations (appends, segment deletion, flushes) are serialised per partition by an asyncio lock;
 offsets are assigned by patching batch headers; reads and lookups run on the event loop without
 the lock, which is safe because a mutation changes the in-memory state only after its bytes are
@@ -44,6 +49,7 @@ from typing import Any
 from services.common.errors import ErrorCode, KafkaError
 
 from .offset_index import MAX_RELATIVE_OFFSET
+from .producer_state import BatchMetadata, ProducerStateManager
 from .record_batch import NO_TIMESTAMP, assign_offsets, validate_append
 from .segment import INDEX_SUFFIX, LOG_SUFFIX, OFFSET_DIGITS, TIME_INDEX_SUFFIX, LogSegment
 from .topic_config import TimestampType, TopicConfig
@@ -149,6 +155,8 @@ class PartitionLog:
         self._unflushed_messages = 0
         self._last_flush_ms = now_ms()
         self._background: set[asyncio.Task[None]] = set()
+        # Idempotent producers' epochs and last batches (rebuilt by open()).
+        self.producer_state = ProducerStateManager(directory)
 
     @classmethod
     def open(
@@ -217,6 +225,7 @@ class PartitionLog:
             log_start_offset=log_start_offset,
         )
         partition_log.truncated_at_open = truncated
+        partition_log.producer_state.load(segments, partition_log.log_end_offset)
         return partition_log
 
     # ---------------------------------------------------------------------------- offsets
@@ -283,6 +292,9 @@ class PartitionLog:
             if expected_log_end_offset is not None and expected_log_end_offset != base_offset:
                 raise KafkaError(ErrorCode.invalid_update_version,
                                  f"log end offset is {base_offset}, not {expected_log_end_offset}")
+            producers = self.producer_state.validate(batches)
+            if producers is not None and producers.duplicate is not None:
+                return self._duplicate_append(producers.duplicate, append_time)
             next_offset = assign_offsets(buffer, batches, base_offset, append_time)
             if next_offset - 1 - base_offset > MAX_RELATIVE_OFFSET:
                 raise KafkaError(ErrorCode.invalid_record, "offset range of the append too large")
@@ -291,6 +303,8 @@ class PartitionLog:
                 max_timestamp = append_time
             segment = self._maybe_roll(len(buffer), next_offset - 1, max_timestamp)
             segment.append(buffer, [batch.position for batch in batches])
+            if producers is not None:
+                self.producer_state.complete(producers, base_offset, append_time)
             if self.advance_high_watermark_on_append:
                 self.high_watermark = self.log_end_offset
             self._unflushed_messages += next_offset - base_offset
@@ -306,6 +320,20 @@ class PartitionLog:
                 size_bytes=len(buffer),
                 batch_count=len(batches),
             )
+
+    def _duplicate_append(self, duplicate: BatchMetadata, append_time: int | None) -> AppendInfo:
+        """The answer to a retried batch that is stored already: its original offsets (and
+        stamp), nothing appended."""
+        return AppendInfo(
+            base_offset=duplicate.first_offset,
+            last_offset=duplicate.last_offset,
+            log_append_time_ms=NO_TIMESTAMP if append_time is None else duplicate.timestamp,
+            log_start_offset=self.log_start_offset,
+            log_end_offset=self.log_end_offset,
+            high_watermark=self._high_watermark,
+            size_bytes=0,
+            batch_count=0,
+        )
 
     def _maybe_roll(self, append_size: int, last_offset: int, max_timestamp: int) -> LogSegment:
         """The segment to append to: a new one when the active one would grow past
@@ -333,6 +361,7 @@ class PartitionLog:
         """Start a new active segment at the log end; the previous one is flushed in the
         background, after which the recovery point moves to the new segment."""
         previous = self._segments[-1]
+        self.producer_state.take_snapshot(self.log_end_offset)
         rolled = LogSegment.create(
             self.directory, self.log_end_offset, self.config.index_interval_bytes
         )
@@ -604,6 +633,7 @@ class PartitionLog:
                     if segment.dirty:
                         segment.flush()
                 self.recovery_point = self.log_end_offset
+                self.producer_state.take_snapshot(self.log_end_offset)
         finally:
             for segment in self._segments:
                 segment.close()
