@@ -60,6 +60,7 @@ from .metadata import (
     new_topic_id,
 )
 from .metadata_store import MetadataStore
+from .producer_ids import ProducerIdBlock, next_block
 from .publisher import ImagePublisher
 from .topic_rules import (
     ConfigOperation,
@@ -690,6 +691,17 @@ class Controller:
                 partition=current + offset, leader=isr[0], leader_epoch=0,
                 replicas=tuple(replicas), isr=isr))
         return dataclasses.replace(topic, partitions=tuple(partitions))
+
+    # -- producer ids -----------------------------------------------------------------------
+
+    def allocate_producer_ids(self) -> ProducerIdBlock:
+        """The next block of producer ids, saved before it is returned (no version bump:
+        clients never see it). Raises KafkaError when ids are exhausted, OSError when the
+        save fails (then nothing was handed out)."""
+        block = next_block(self._image)
+        self._commit(lambda image: image.replace(next_producer_id=block.next_block_first_id),
+                     bump=False)
+        return block
 
     # -- committing -------------------------------------------------------------------------
 

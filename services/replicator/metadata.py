@@ -72,7 +72,8 @@ class MetadataImage:
 
     ``next_leader_index`` is where the next automatic assignment starts its round-robin;
     ``pending_deletions`` are partition replicas of deleted topics that a log node has not yet
-    confirmed deleting (it was unreachable), retried later.
+    confirmed deleting (it was unreachable), retried later; ``next_producer_id`` is the first id
+    of the next block of producer ids to hand out (:mod:`~services.replicator.producer_ids`).
     """
 
     cluster_id: str
@@ -81,6 +82,7 @@ class MetadataImage:
     topics: Mapping[TopicName, TopicRegistration] = field(default_factory=dict)
     next_leader_index: int = 0
     pending_deletions: Mapping[NodeId, frozenset[tuple[str, int]]] = field(default_factory=dict)
+    next_producer_id: int = 0
 
     @property
     def live_node_ids(self) -> tuple[NodeId, ...]:

@@ -10,7 +10,9 @@ On-disk format of ``<data_dir>/metadata.json`` (UTF-8 JSON)::
      "topics": [{"name": "t", "topic_id": "<uuid>", "configs": {"k": "v"},
                  "partitions": [{"partition": 0, "leader": 1, "leader_epoch": 0,
                                  "replicas": [1, 2], "isr": [1, 2]}]}],
-     "pending_deletions": {"2": [["old-topic", 0]]}}
+     "pending_deletions": {"2": [["old-topic", 0]]}, "next_producer_id": 2000}
+
+``next_producer_id`` was added later; a document without it starts producer ids at 0.
 
 Log node liveness is not stored (it is re-learned by health checks after a restart), but the
 version is, so versions keep increasing across restarts.
@@ -113,6 +115,7 @@ def _encode(image: MetadataImage) -> dict[str, Any]:
             str(node): sorted([topic, partition] for topic, partition in parts)
             for node, parts in sorted(image.pending_deletions.items())
         },
+        "next_producer_id": image.next_producer_id,
     }
 
 
@@ -146,4 +149,5 @@ def _decode(doc: Any) -> MetadataImage:
             NodeId(int(node)): frozenset((str(topic), int(partition)) for topic, partition in parts)
             for node, parts in doc["pending_deletions"].items()
         },
+        next_producer_id=int(doc.get("next_producer_id", 0)),
     )

@@ -3,16 +3,20 @@ images, with Kafka error codes in the topic results."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Iterable
 
 import grpc
 
 from kbroker.replicator.v1 import replicator_pb2 as pb
 from kbroker.replicator.v1 import replicator_pb2_grpc
+from services.common.errors import ErrorCode, KafkaError
 
 from .controller import ConfigChanges, Controller, NewTopic, PartitionIncrease, TopicResult
 from .metadata import MetadataImage, TopicName, TopicRegistration
 from .topic_rules import ConfigOperation
+
+log = logging.getLogger(__name__)
 
 
 class ReplicatorServicer(replicator_pb2_grpc.ReplicatorServicer):
@@ -94,6 +98,23 @@ class ReplicatorServicer(replicator_pb2_grpc.ReplicatorServicer):
         results = await self._controller.create_partitions(
             increases, validate_only=request.validate_only)
         return pb.CreatePartitionsResponse(topics=[to_topic_result(r) for r in results])
+
+    async def AllocateProducerIds(
+        self, request: pb.AllocateProducerIdsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AllocateProducerIdsResponse:
+        try:
+            block = self._controller.allocate_producer_ids()
+        except KafkaError as exc:
+            return pb.AllocateProducerIdsResponse(error_code=exc.errno,
+                                                  error_message=exc.message or "")
+        except OSError as exc:
+            log.error("cannot save a producer id block: %s", exc)
+            return pb.AllocateProducerIdsResponse(
+                error_code=ErrorCode.unknown_server_error.value, error_message=str(exc))
+        log.info("producer ids %d-%d handed to %s", block.first_id, block.last_id,
+                 request.requester or "an unnamed requester")
+        return pb.AllocateProducerIdsResponse(producer_id_start=block.first_id,
+                                              producer_id_len=block.size)
 
 
 def to_cluster_metadata(
