@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -22,6 +23,10 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+# Ports picked for local services lie between this and the kernel's ephemeral range.
+_FIRST_PRIVATE_PORT = 20000
+_random = random.SystemRandom()
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,30 +67,50 @@ class ServiceProcess:
         return self.proc is not None and self.proc.poll() is None
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel hands out for outgoing connections and port-0 binds."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port that is free now and that the kernel will not hand to someone else meanwhile.
+
+    A service binds the port only after it started, so a port the kernel chose (port 0) could
+    be given to an outgoing connection in between ("Address already in use"). Ports below the
+    ephemeral range are never chosen by the kernel, so they are picked at random there and
+    checked; if none is free, fall back to the kernel's choice."""
+    low, _ = _ephemeral_range()
+    if low > _FIRST_PRIVATE_PORT + 1000:
+        for _ in range(100):
+            port = _random.randrange(_FIRST_PRIVATE_PORT, low)
+            if _bindable(host, port):
+                return port
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
 def free_port_range(host: str, count: int, attempts: int = 100) -> int:
-    """The first of ``count`` consecutive free ports."""
+    """The first of ``count`` consecutive free ports (see :func:`free_port`)."""
     for _ in range(attempts):
         first = free_port(host)
-        if first + count > 65535:
-            continue
-        sockets = []
-        try:
-            for port in range(first, first + count):
-                s = socket.socket()
-                sockets.append(s)
-                s.bind((host, port))
+        if first + count <= 65535 and all(
+            _bindable(host, port) for port in range(first + 1, first + count)
+        ):
             return first
-        except OSError:
-            continue
-        finally:
-            for s in sockets:
-                s.close()
     raise OSError(f"no {count} consecutive free ports on {host}")
 
 
