@@ -93,6 +93,11 @@ def unregister_collector(collector: Collector) -> None:
         REGISTRY.unregister(collector)
 
 
+# Trailing gRPC metadata of a handler's answer: milliseconds (decimal) the request spent
+# parked in the purgatory, Kafka's RemoteTime; absent when it never parked. The handler
+# measures it, the frontend turns it into the "remote" request phase.
+REMOTE_TIME_METADATA_KEY = "kbroker-remote-ms"
+
 LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )

@@ -63,6 +63,9 @@ class Connection:
     async def _serve(self) -> None:
         reader, writer, dispatcher = self._reader, self._writer, self._dispatcher
         perf_counter = time.perf_counter
+        # When each frame was complete in the reader's buffer (request-queue time starts).
+        completed_at = getattr(reader, "completed_at", None)
+        position = 0
         while not self._stopping:
             self.idle = True
             frame = await read_frame(reader, self._max_request_bytes)
@@ -70,18 +73,16 @@ class Connection:
                 return
             self.idle = False
             started = perf_counter()
+            position += len(frame) + 4
+            received = completed_at(position) if completed_at is not None else started
             request = dispatcher.decode(frame)
-            metrics = request.metrics
             chunks = await dispatcher.handle(request, self.client_host)
-            sending = perf_counter()
+            ready = sending = perf_counter()
+            response_bytes = 0
             if chunks is not None:
                 writer.writelines(chunks)
                 await writer.drain()
-                metrics.response_bytes.inc(sum(map(len, chunks)))
-            done = perf_counter()
-            metrics.requests.inc()
-            metrics.request_bytes.inc(len(frame) + 4)
-            metrics.total.observe(done - started)
-            metrics.remote.observe(request.remote_seconds)
-            metrics.local.observe(sending - started - request.remote_seconds)
-            metrics.send.observe(done - sending)
+                response_bytes = sum(map(len, chunks))
+            done = perf_counter() if chunks is not None else sending
+            request.metrics.observe(len(frame) + 4, response_bytes, received, started,
+                                    request.remote_seconds, ready, sending, done)

@@ -31,7 +31,13 @@ from .api_versions import API_VERSIONS_KEY, SUPPORTED_APIS, SupportedApi, suppor
 from .error_responses import UNAVAILABLE_CODES, error_response
 from .framing import SIZE, FrameWriter
 from .handler_pool import HandlerCallError, HandlerPool, Metadata
-from .metrics import HANDLER_FAILURES, ApiMetrics
+from .metrics import (
+    HANDLER_FAILURES,
+    ApiMetrics,
+    ErrorCodes,
+    count_fetched_bytes,
+    produce_outcome,
+)
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +112,7 @@ class Request:
     body: Any
     schema: _Schema | None
     metrics: ApiMetrics
+    # Time parked in the purgatory, as the handler reported it (Kafka's RemoteTime).
     remote_seconds: float = 0.0
 
     @property
@@ -174,16 +181,6 @@ def _deadline_seconds(api_key: int, request: Message) -> float:
     return DEFAULT_DEADLINE_SECONDS
 
 
-def _produce_failed(response: Message) -> bool:
-    return any(p.error_code for topic in response.responses  # type: ignore[attr-defined]
-               for p in topic.partition_responses)
-
-
-def _top_level_error(message: Message) -> int:
-    # Only the top-level code: counting inside nested results would cost a walk per response.
-    return getattr(message, "error_code", 0)
-
-
 class Dispatcher:
     """Decodes, routes and encodes requests for every connection of one frontend."""
 
@@ -196,6 +193,7 @@ class Dispatcher:
         self._schemas = _compile_schemas()
         self._api_versions = _ApiVersionsAnswers()
         self._metrics = {key: ApiMetrics(api.name) for key, api in SUPPORTED_APIS.items()}
+        self._error_codes = ErrorCodes()
         self._grpc_metadata: dict[tuple[str | None, str], Metadata] = {}
 
     def decode(self, frame: bytes) -> Request:
@@ -239,27 +237,28 @@ class Dispatcher:
         message = schema.request_message(**schema.request_to_proto(request.body))
         converter.normalise_request(api.key, request.version, message)
         assert api.rpc is not None
-        started = time.perf_counter()
+        called = time.perf_counter()
         try:
-            response = await self._pool.call(
+            response, remote = await self._pool.call_timed(
                 api.rpc, message, metadata=self._metadata(request.client_id, client_host),
                 time_limit=_deadline_seconds(api.key, message), retry_safe=api.retry_safe)
+            # Bounded by the call it is part of (the handler's clock is not ours).
+            request.remote_seconds = min(remote, time.perf_counter() - called)
         except HandlerCallError as e:
             response = self._failure_response(request, message, e)
-        finally:
-            request.remote_seconds = time.perf_counter() - started
+        if api.key == PRODUCE_KEY:
+            codes = produce_outcome(request.body, response)
+        else:
+            codes = self._error_codes.of(response)
         if not request.expects_response:
-            if _produce_failed(response):
+            if codes:
                 # As Kafka does: an acks=0 producer learns of a failure only by the connection
                 # closing, which makes it refresh metadata before sending again.
                 raise UnanswerableRequestError(
                     "Produce with acks=0 failed on at least one partition", kind="acks0_failure")
             return None
-        code = _top_level_error(response)
-        if code:
-            metrics.error(code)
         try:
-            return self._encode(request, response)
+            frame = self._encode(request, response)
         except Exception:
             log.exception("%s v%d: cannot encode the handler's response", api.name,
                           request.version)
@@ -267,16 +266,22 @@ class Dispatcher:
             if fallback is None:
                 raise UnanswerableRequestError(f"{api.name}: unencodable response",
                                                kind="bad_response") from None
-            metrics.error(int(ErrorCode.unknown_server_error))
-            return self._encode(request, fallback)
+            codes = {int(ErrorCode.unknown_server_error)}
+            frame = self._encode(request, fallback)
+        if codes:
+            metrics.errors(codes)
+        return frame
 
     def _encode(self, request: Request, response: Message) -> list[bytes]:
         schema = request.schema
         assert schema is not None
+        entity = schema.response_from_proto(response)
         out = FrameWriter()
         out.write(headers.response_header(schema.api.key, request.correlation_id,
                                           schema.flexible_response))
-        schema.write_response(out, schema.response_from_proto(response))
+        schema.write_response(out, entity)
+        if schema.api.key == FETCH_KEY:
+            count_fetched_bytes(response, entity)
         return out.finish()  # type: ignore[return-value]
 
     def _failure_response(self, request: Request, message: Message,
@@ -295,7 +300,6 @@ class Dispatcher:
                                            kind="no_handler_answer")
         log.warning("%s v%d from %s: %s; answering %s", api.name, request.version,
                     request.client_id, error, code.name.upper())
-        request.metrics.error(int(code))
         return response
 
     def _metadata(self, client_id: str | None, client_host: str) -> Metadata:

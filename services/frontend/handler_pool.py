@@ -27,6 +27,7 @@ from google.protobuf.message import Message
 from kbroker.handler.v1 import handler_pb2_grpc
 from services.common.channels import insecure_channel
 from services.common.discovery import Resolver, StaticResolver, changes, resolver_for
+from services.common.metrics import REMOTE_TIME_METADATA_KEY
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +162,14 @@ class HandlerPool:
                    time_limit: float, retry_safe: bool) -> Message:
         """Send ``request`` to the handler RPC ``rpc``; the whole call, retries included, ends
         within ``time_limit`` seconds. Raises :class:`HandlerCallError` when no answer came."""
+        response, _remote = await self.call_timed(
+            rpc, request, metadata=metadata, time_limit=time_limit, retry_safe=retry_safe)
+        return response
+
+    async def call_timed(self, rpc: str, request: Message, *, metadata: Metadata,
+                         time_limit: float, retry_safe: bool) -> tuple[Message, float]:
+        """:meth:`call`, also returning the seconds the answering handler reports the request
+        spent parked in the purgatory (trailing metadata ``kbroker-remote-ms``; 0 if none)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + time_limit
         tried: set[str] = set()
@@ -176,8 +185,9 @@ class HandlerPool:
                                        reached=reached, availability=True)
             tried.add(handler.address)
             try:
-                return await getattr(handler.stub, rpc)(
-                    request, metadata=metadata, timeout=remaining)
+                call = getattr(handler.stub, rpc)(request, metadata=metadata, timeout=remaining)
+                response = await call
+                return response, _remote_seconds(await call.trailing_metadata())
             except grpc.aio.AioRpcError as e:
                 last = e
                 if _never_reached(e):
@@ -209,3 +219,13 @@ class HandlerPool:
         channels = [h.channel.close() for h in self._handlers]
         self._handlers = []
         await asyncio.gather(*channels, *self._closing, return_exceptions=True)
+
+
+def _remote_seconds(trailers: Sequence[tuple[str, str | bytes]] | None) -> float:
+    for key, value in trailers or ():
+        if key == REMOTE_TIME_METADATA_KEY:
+            try:
+                return max(float(value), 0.0) / 1000
+            except ValueError:
+                return 0.0
+    return 0.0

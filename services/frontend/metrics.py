@@ -1,53 +1,107 @@
-"""The frontend's Prometheus metrics: Kafka's RequestMetrics per API (request count, total time
-from frame read to response written, the phases in between, bytes in and out), open
-connections, error answers and retries. Times in seconds, sizes in bytes.
+"""The frontend's Prometheus metrics: Kafka's RequestMetrics per API (requests, the time of
+each request phase, bytes in and out), per-topic bytes (BrokerTopicMetrics), open connections
+and error codes in responses. Times in seconds, sizes in bytes.
 
-The closest of Kafka's JMX names (kafka.network:type=RequestMetrics,request=<api>). The split
-differs: "local" here is the frontend's own work and "remote" the whole handler call, which
-covers Kafka's LocalTimeMs (API logic) and RemoteTimeMs (purgatory) together; RequestBytes is a
-size histogram in Kafka, a byte counter here:
+A request's clock, on its connection (:mod:`.connection`)::
 
-    kbroker_frontend_requests_total{api}                          name=RequestsPerSec
-    kbroker_frontend_request_total_seconds{api}                   name=TotalTimeMs
-    kbroker_frontend_request_phase_seconds{api,phase="local"}     name=LocalTimeMs
-    kbroker_frontend_request_phase_seconds{api,phase="remote"}    name=RemoteTimeMs
-    kbroker_frontend_request_phase_seconds{api,phase="response_send"}  name=ResponseSendTimeMs
-    kbroker_frontend_request_bytes_total{api}                     name=RequestBytes
-    kbroker_frontend_error_responses_total{api,error_code}        name=ErrorsPerSec
+    received  the frame's last byte arrived (the connection buffers what the socket delivers)
+    started   the connection takes the frame up (decode starts)
+    ready     the answer is encoded
+    sending   writing the answer starts
+    done      the answer is written (drained into the socket)
+
+and the phases, which add up to the total, each next to its Kafka JMX name
+(kafka.network:type=RequestMetrics,name=<name>,request=<api>):
+
+    phase="request_queue"   started - received        RequestQueueTimeMs
+        a pipelined request waits here for the ones before it on its connection (requests
+        on a connection are served strictly in order), and any request waits for the event
+        loop to get to its connection
+    phase="local"           ready - started - remote  LocalTimeMs
+        decoding and converting in the frontend, the handler call (network hop, API logic,
+        log node calls) less its purgatory waits, encoding the answer
+    phase="remote"          remote                    RemoteTimeMs
+        time the request was parked in the purgatory (a long-poll Fetch waiting for data;
+        an acks=all Produce waiting for replication), as the handler reports it in the
+        trailing gRPC metadata kbroker-remote-ms
+    phase="response_queue"  sending - ready           ResponseQueueTimeMs
+        the encoded answer waiting to be written; a connection writes its answer as soon as
+        it is encoded, so this stays near zero by design (it is the part that would grow
+        with a separate writer)
+    phase="response_send"   done - sending            ResponseSendTimeMs
+    kbroker_frontend_request_total_seconds  done - received  TotalTimeMs
+
+A Produce with acks=0 has no answer: its response phases are 0.
+
+    kbroker_frontend_requests_total{api}                   RequestsPerSec
+    kbroker_frontend_request_total_seconds{api}            TotalTimeMs
+    kbroker_frontend_request_phase_seconds{api,phase}      the phases above
+    kbroker_frontend_request_bytes_total{api}              RequestBytes (a size histogram
+                                                           in Kafka, a byte counter here)
+    kbroker_frontend_response_bytes_total{api}             (kafka.network ResponseBytes)
+    kbroker_frontend_error_responses_total{api,error_code} ErrorsPerSec (Kafka counts each
+        occurrence, NONE included; here a response counts once per distinct non-zero code
+        anywhere in it: top-level, per topic, per partition)
+    kbroker_frontend_topic_bytes_in_total{topic}           kafka.server:type=BrokerTopicMetrics,
+        name=BytesInPerSec,topic=<t>: record bytes of produced partitions that were appended
+    kbroker_frontend_topic_bytes_out_total{topic}          kafka.server:type=BrokerTopicMetrics,
+        name=BytesOutPerSec,topic=<t>: record bytes in Fetch answers
+    kbroker_frontend_open_connections                      kafka.server:type=socket-server-
+        metrics,name=connection-count
 
 The Spark report (spark/jobs/latency_report.py) reads these families by name."""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from collections.abc import Iterable
+from typing import Any
 
-from services.common.metrics import LATENCY_BUCKETS
+from google.protobuf.descriptor import Descriptor
+from google.protobuf.message import Message
+
+from services.common.metrics import LATENCY_BUCKETS, Counter, Gauge, Histogram
+
+PHASES = ("request_queue", "local", "remote", "response_queue", "response_send")
 
 REQUESTS = Counter(
-    "kbroker_frontend_requests_total", "Kafka requests received, by API.", ["api"])
+    "kbroker_frontend_requests_total", "Kafka requests received, by API (RequestsPerSec).",
+    ["api"])
 REQUEST_TOTAL_SECONDS = Histogram(
     "kbroker_frontend_request_total_seconds",
-    "Time from a request's frame read to its response written, by API.", ["api"],
-    buckets=LATENCY_BUCKETS)
+    "Time from a request's frame read to its response written, by API (TotalTimeMs).",
+    ["api"], buckets=LATENCY_BUCKETS)
 REQUEST_PHASE_SECONDS = Histogram(
     "kbroker_frontend_request_phase_seconds",
-    "Time per request phase, by API: local (decode and conversion in the frontend), remote "
-    "(the handler call, purgatory waits included) and response_send (writing to the socket).",
+    "Time per request phase, by API: request_queue (RequestQueueTimeMs: frame read until "
+    "taken up), local (LocalTimeMs: frontend and handler work), remote (RemoteTimeMs: parked "
+    "in the purgatory), response_queue (ResponseQueueTimeMs: encoded until writing starts), "
+    "response_send (ResponseSendTimeMs: writing to the socket).",
     ["api", "phase"], buckets=LATENCY_BUCKETS)
 REQUEST_BYTES = Counter(
-    "kbroker_frontend_request_bytes_total", "Request bytes received (frames), by API.", ["api"])
+    "kbroker_frontend_request_bytes_total",
+    "Request bytes received (frames), by API (RequestBytes).", ["api"])
 RESPONSE_BYTES = Counter(
     "kbroker_frontend_response_bytes_total", "Response bytes sent (frames), by API.", ["api"])
+TOPIC_BYTES_IN = Counter(
+    "kbroker_frontend_topic_bytes_in_total",
+    "Record bytes produced and appended, by topic (BrokerTopicMetrics BytesInPerSec).",
+    ["topic"])
+TOPIC_BYTES_OUT = Counter(
+    "kbroker_frontend_topic_bytes_out_total",
+    "Record bytes sent in Fetch responses, by topic (BrokerTopicMetrics BytesOutPerSec).",
+    ["topic"])
 OPEN_CONNECTIONS = Gauge(
-    "kbroker_frontend_open_connections", "Kafka client connections open.")
+    "kbroker_frontend_open_connections",
+    "Kafka client connections open (socket-server-metrics connection-count).")
 CLOSED_CONNECTIONS = Counter(
     "kbroker_frontend_connections_closed_total",
     "Connections closed by the frontend, by reason (malformed request, handler unavailable).",
     ["reason"])
 ERROR_RESPONSES = Counter(
     "kbroker_frontend_error_responses_total",
-    "Responses with a non-zero top-level error code, or built by the frontend because no "
-    "handler answered, by API and code.", ["api", "error_code"])
+    "Responses carrying a non-zero error code (top-level or for any topic or partition), "
+    "by API and code, once per distinct code in a response (ErrorsPerSec). Includes the "
+    "answers the frontend builds when no handler answered.", ["api", "error_code"])
 HANDLER_FAILURES = Counter(
     "kbroker_frontend_handler_failures_total",
     "Requests no handler answered, by API and gRPC status.", ["api", "status"])
@@ -61,8 +115,10 @@ class ApiMetrics:
         "local",
         "remote",
         "request_bytes",
+        "request_queue",
         "requests",
         "response_bytes",
+        "response_queue",
         "send",
         "total",
     )
@@ -71,11 +127,138 @@ class ApiMetrics:
         self.api = api
         self.requests = REQUESTS.labels(api)
         self.total = REQUEST_TOTAL_SECONDS.labels(api)
+        self.request_queue = REQUEST_PHASE_SECONDS.labels(api, "request_queue")
         self.local = REQUEST_PHASE_SECONDS.labels(api, "local")
         self.remote = REQUEST_PHASE_SECONDS.labels(api, "remote")
+        self.response_queue = REQUEST_PHASE_SECONDS.labels(api, "response_queue")
         self.send = REQUEST_PHASE_SECONDS.labels(api, "response_send")
         self.request_bytes = REQUEST_BYTES.labels(api)
         self.response_bytes = RESPONSE_BYTES.labels(api)
 
-    def error(self, code: int) -> None:
-        ERROR_RESPONSES.labels(self.api, str(code)).inc()
+    def observe(self, request_bytes: int, response_bytes: int, received: float, started: float,
+                remote: float, ready: float, sending: float, done: float) -> None:
+        """One request's counts and phases, from its clock (see the module docstring)."""
+        self.requests.inc()
+        self.request_bytes.inc(request_bytes)
+        if response_bytes:
+            self.response_bytes.inc(response_bytes)
+        self.total.observe(done - received)
+        self.request_queue.observe(max(started - received, 0.0))
+        self.local.observe(max(ready - started - remote, 0.0))
+        self.remote.observe(remote)
+        self.response_queue.observe(sending - ready)
+        self.send.observe(done - sending)
+
+    def errors(self, codes: Iterable[int]) -> None:
+        for code in codes:
+            ERROR_RESPONSES.labels(self.api, str(code)).inc()
+
+
+class TopicBytes:
+    """Per-topic byte counters with their children cached (topics are few and long-lived;
+    only topics that exist reach here: bytes are counted for appended or fetched data)."""
+
+    __slots__ = ("_family", "_children")
+
+    def __init__(self, family: Any) -> None:
+        self._family = family
+        self._children: dict[str, Any] = {}
+
+    def add(self, topic: str, size: int) -> None:
+        child = self._children.get(topic)
+        if child is None:
+            if len(self._children) > 100_000:  # bounded, whatever clients do
+                self._children.clear()
+            child = self._children[topic] = self._family.labels(topic)
+        child.inc(size)
+
+
+BYTES_IN = TopicBytes(TOPIC_BYTES_IN)
+BYTES_OUT = TopicBytes(TOPIC_BYTES_OUT)
+
+
+def produce_outcome(body: Any, response: Message) -> set[int]:
+    """Count BytesIn for a Produce and return the response's error codes. ``body`` is the
+    decoded (kio) request: its records are the frame's bytes, so sizes cost nothing, where
+    the protobuf request would copy every batch to measure it."""
+    codes: set[int] = set()
+    failed: set[tuple[str, int]] = set()
+    for topic in response.responses:  # type: ignore[attr-defined]
+        for p in topic.partition_responses:
+            code = p.error_code
+            if code:
+                codes.add(code)
+                failed.add((topic.name, p.index))
+    for data in body.topic_data:
+        size = 0
+        for p in data.partition_data:
+            if p.records and (not failed or (data.name, p.index) not in failed):
+                size += len(p.records)
+        if size:
+            BYTES_IN.add(data.name, size)
+    return codes
+
+
+def count_fetched_bytes(response: Message, entity: Any) -> None:
+    """Count BytesOut for a Fetch answer. ``entity`` is the answer converted for the client's
+    version (records as bytes, measured for free); topic names come from the protobuf answer,
+    where the handler sets them even for clients that name topics by id."""
+    for proto_topic, topic in zip(response.responses, entity.responses,  # type: ignore[attr-defined]
+                                  strict=True):
+        size = 0
+        for p in topic.partitions:
+            if p.records:
+                size += len(p.records)
+        if size and proto_topic.topic:
+            BYTES_OUT.add(proto_topic.topic, size)
+
+
+# --- error codes in responses ------------------------------------------------------------------
+
+# A way down a message to an error code: (field name, repeated) per step, the last the code.
+Path = tuple[tuple[str, bool], ...]
+
+
+def error_code_paths(descriptor: Descriptor, prefix: Path = (), depth: int = 0) -> list[Path]:
+    """Every path of message fields from ``descriptor`` to an ``error_code`` field."""
+    paths: list[Path] = []
+    for field in descriptor.fields:
+        step = ((field.name, field.is_repeated),)
+        if field.name == "error_code" and field.message_type is None:
+            paths.append(prefix + step)
+        elif field.message_type is not None and depth < 6:
+            paths.extend(error_code_paths(field.message_type, prefix + step, depth + 1))
+    return paths
+
+
+def _codes_at(message: Any, path: Path, out: set[int]) -> None:
+    name, repeated = path[0]
+    if len(path) == 1:
+        code = getattr(message, name)
+        if code:
+            out.add(code)
+        return
+    rest = path[1:]
+    if repeated:
+        for item in getattr(message, name):
+            _codes_at(item, rest, out)
+    elif message.HasField(name):
+        _codes_at(getattr(message, name), rest, out)
+
+
+class ErrorCodes:
+    """The distinct non-zero error codes of a response, walking only the fields that lead to
+    an ``error_code`` (paths found once per message type)."""
+
+    def __init__(self) -> None:
+        self._paths: dict[Descriptor, list[Path]] = {}
+
+    def of(self, response: Message) -> set[int]:
+        descriptor = response.DESCRIPTOR
+        paths = self._paths.get(descriptor)
+        if paths is None:
+            paths = self._paths[descriptor] = error_code_paths(descriptor)
+        out: set[int] = set()
+        for path in paths:
+            _codes_at(response, path, out)
+        return out

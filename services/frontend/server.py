@@ -16,6 +16,7 @@ from .config import FrontendConfig
 from .connection import Connection
 from .dispatcher import Dispatcher
 from .handler_pool import HandlerPool
+from .timed_reader import TimedStreamReader
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +68,13 @@ class FrontendService:
                  ",".join(self._pool.addresses))
 
     async def _bind(self, port: int) -> asyncio.Server:
-        return await asyncio.start_server(
-            self._on_connect, self.config.listen_host, port, limit=_STREAM_LIMIT,
-            reuse_address=True, start_serving=False)
+        # asyncio.start_server, with a reader that timestamps arrivals (request-queue time).
+        def protocol() -> asyncio.StreamReaderProtocol:
+            return asyncio.StreamReaderProtocol(TimedStreamReader(_STREAM_LIMIT),
+                                                self._on_connect)
+
+        return await asyncio.get_running_loop().create_server(
+            protocol, self.config.listen_host, port, reuse_address=True, start_serving=False)
 
     async def _on_connect(self, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:

@@ -24,9 +24,12 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any
 
-from services.common.metrics import LATENCY_BUCKETS, Counter, Histogram
-
-REMOTE_TIME_METADATA_KEY = "kbroker-remote-ms"
+from services.common.metrics import (
+    LATENCY_BUCKETS,
+    REMOTE_TIME_METADATA_KEY,
+    Counter,
+    Histogram,
+)
 
 REQUESTS = Counter(
     "handler_requests_total",
