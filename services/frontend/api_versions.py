@@ -50,6 +50,8 @@ SUPPORTED_APIS: dict[int, SupportedApi] = {
         SupportedApi(19, "CreateTopics", 2, 7, "CreateTopics", retry_safe=False),
         SupportedApi(20, "DeleteTopics", 1, 6, "DeleteTopics", retry_safe=False),
         SupportedApi(21, "DeleteRecords", 0, 2, "DeleteRecords", retry_safe=False),
+        # Retrying elsewhere at worst wastes a producer id.
+        SupportedApi(22, "InitProducerId", 0, 5, "InitProducerId", retry_safe=True),
         SupportedApi(32, "DescribeConfigs", 1, 4, "DescribeConfigs", retry_safe=True),
         SupportedApi(33, "AlterConfigs", 0, 2, "AlterConfigs", retry_safe=False),
         SupportedApi(37, "CreatePartitions", 0, 3, "CreatePartitions", retry_safe=False),

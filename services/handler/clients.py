@@ -21,6 +21,7 @@ from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from kbroker.purgatory.v1 import purgatory_pb2, purgatory_pb2_grpc
 from kbroker.replicator.v1 import replicator_pb2, replicator_pb2_grpc
 from services.common.channels import insecure_channel
+from services.common.errors import error_name
 
 from .collaborators import (
     AppendResult,
@@ -34,6 +35,7 @@ from .collaborators import (
     PartitionAppend,
     PartitionIncrease,
     PartitionRead,
+    ProducerIdBlock,
     ReadLimit,
     ReadResult,
     RecordDeletion,
@@ -216,6 +218,17 @@ class ReplicatorClient:
         )
         response = await _call(self._stub.CreatePartitions, request, time_limit, self._address)
         return [_topic_result(r) for r in response.topics]
+
+    async def allocate_producer_ids(self, requester: str, time_limit: float) -> ProducerIdBlock:
+        response = await _call(
+            self._stub.AllocateProducerIds,
+            replicator_pb2.AllocateProducerIdsRequest(requester=requester),
+            time_limit, self._address)
+        if response.error_code or response.producer_id_len <= 0:
+            raise CallError(f"{self._address}: no producer ids: "
+                            f"{error_name(response.error_code)} {response.error_message}")
+        return ProducerIdBlock(first_id=response.producer_id_start,
+                               size=response.producer_id_len)
 
     async def close(self) -> None:
         await self._channel.close()

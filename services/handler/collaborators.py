@@ -257,6 +257,26 @@ class PartitionIncrease:
     assignments: Sequence[tuple[int, ...]] = ()
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProducerIdBlock:
+    """Producer ids ``first_id`` .. ``first_id + size - 1``, this handler's alone."""
+
+    first_id: int
+    size: int
+
+    @property
+    def last_id(self) -> int:
+        return self.first_id + self.size - 1
+
+
+class ProducerIdSource(Protocol):
+    """The controller's producer id blocks (KIP-730)."""
+
+    async def allocate_producer_ids(self, requester: str, time_limit: float) -> ProducerIdBlock:
+        """The next block; raises :class:`CallError` when none can be had."""
+        ...
+
+
 class TopicAdmin(Protocol):
     """The controller's operations on existing topics: configs and partition counts. Results
     are :class:`TopicResult`s, one per entry, in order."""

@@ -19,6 +19,7 @@ from .apis.metadata import MetadataApi
 from .apis.offsets import ListOffsetsApi
 from .apis.partitions import CreatePartitionsApi
 from .apis.produce import ProduceApi
+from .apis.producer_ids import InitProducerIdApi, ProducerIdBlocks
 from .apis.records import DeleteRecordsApi
 from .apis.topics import CreateTopicsApi, DeleteTopicsApi
 from .clients import LogNodeClients, PurgatoryClient, ReplicatorClient
@@ -43,6 +44,7 @@ class HandlerService:
         replicator: ReplicatorClient,
         log_nodes: LogNodeClients,
         purgatory: PurgatoryClient,
+        producer_id_blocks: ProducerIdBlocks | None = None,
     ) -> None:
         self.server = server
         self.port = port
@@ -51,6 +53,7 @@ class HandlerService:
         self._replicator = replicator
         self._log_nodes = log_nodes
         self._purgatory = purgatory
+        self._producer_id_blocks = producer_id_blocks
 
     async def stop(self, grace: float = 1.0) -> None:
         """Finish in-flight requests (up to ``grace`` seconds), then close every channel."""
@@ -58,6 +61,8 @@ class HandlerService:
         self._follower.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._follower
+        if self._producer_id_blocks is not None:
+            await self._producer_id_blocks.close()
         await self._replicator.close()
         await self._log_nodes.close()
         await self._purgatory.close()
@@ -69,6 +74,7 @@ async def start(config: HandlerConfig) -> HandlerService:
     purgatory = PurgatoryClient(config.purgatory_address)
     cache = MetadataCache(replicator.load_metadata)
     cache.add_listener(log_nodes.on_metadata)
+    producer_id_blocks = ProducerIdBlocks(replicator, requester=config.instance)
     servicer = KafkaHandlerServicer(
         config,
         metadata_api=MetadataApi(cache, replicator, config.auto_create_topics_enable),
@@ -83,6 +89,7 @@ async def start(config: HandlerConfig) -> HandlerService:
             cache, auto_create_topics_enable=config.auto_create_topics_enable),
         alter_configs_api=AlterConfigsApi(cache, replicator),
         create_partitions_api=CreatePartitionsApi(cache, replicator),
+        init_producer_id_api=InitProducerIdApi(producer_id_blocks),
     )
     follower = asyncio.create_task(cache.follow(replicator.watch), name="metadata-follower")
     try:
@@ -101,4 +108,5 @@ async def start(config: HandlerConfig) -> HandlerService:
         await purgatory.close()
         raise
     log.info("handler %s serving on port %d", config.instance, port)
-    return HandlerService(server, port, cache, follower, replicator, log_nodes, purgatory)
+    return HandlerService(server, port, cache, follower, replicator, log_nodes, purgatory,
+                          producer_id_blocks)

@@ -27,7 +27,18 @@ from kbroker.handler.v1 import handler_pb2_grpc
 from kbroker.kafka.v1 import kafka_pb2 as k
 from services.common.errors import ErrorCode
 
-from .apis import cluster, configs, fetch, metadata, offsets, partitions, produce, records, topics
+from .apis import (
+    cluster,
+    configs,
+    fetch,
+    metadata,
+    offsets,
+    partitions,
+    produce,
+    producer_ids,
+    records,
+    topics,
+)
 from .config import HandlerConfig
 from .metrics import REQUEST_SECONDS, REQUESTS, remote_time
 from .request_context import RequestContext, split_host_port
@@ -522,6 +533,25 @@ def create_partitions_error(r: partitions.CreatePartitionsResponse) -> int:
     return _first_error(result.error_code for result in r.results)
 
 
+# --- InitProducerId ----------------------------------------------------------------------------
+
+
+def init_producer_id_request(m: k.InitProducerIdRequest) -> producer_ids.InitProducerIdRequest:
+    return producer_ids.InitProducerIdRequest(
+        transactional_id=_opt(m, "transactional_id", None),
+        transaction_timeout_ms=_opt(m, "transaction_timeout_ms", 0),
+        producer_id=_opt(m, "producer_id", producer_ids.NO_PRODUCER_ID),
+        producer_epoch=_opt(m, "producer_epoch", producer_ids.NO_PRODUCER_EPOCH),
+    )
+
+
+def init_producer_id_response(
+    r: producer_ids.InitProducerIdResponse,
+) -> k.InitProducerIdResponse:
+    return k.InitProducerIdResponse(throttle_time_ms=0, error_code=r.error_code,
+                                    producer_id=r.producer_id, producer_epoch=r.producer_epoch)
+
+
 # --- the service -------------------------------------------------------------------------------
 
 
@@ -543,6 +573,7 @@ class KafkaHandlerServicer(handler_pb2_grpc.KafkaHandlerServicer):
         describe_configs_api: configs.DescribeConfigsApi | None = None,
         alter_configs_api: configs.AlterConfigsApi | None = None,
         create_partitions_api: partitions.CreatePartitionsApi | None = None,
+        init_producer_id_api: producer_ids.InitProducerIdApi | None = None,
     ) -> None:
         self._default_advertised = split_host_port(config.advertised)
         self._default_broker_ports = config.broker_ports
@@ -557,6 +588,7 @@ class KafkaHandlerServicer(handler_pb2_grpc.KafkaHandlerServicer):
         self._describe_configs = describe_configs_api
         self._alter_configs = alter_configs_api
         self._create_partitions = create_partitions_api
+        self._init_producer_id = init_producer_id_api
 
     def request_context(self, context: grpc.aio.ServicerContext) -> RequestContext:
         values = {key: value for key, value in (context.invocation_metadata() or ())}
@@ -722,3 +754,19 @@ class KafkaHandlerServicer(handler_pb2_grpc.KafkaHandlerServicer):
         return await self._serve(
             "CreatePartitions", request, create_partitions_request, handle,
             partitions.error_response, create_partitions_error, create_partitions_response)
+
+    async def InitProducerId(
+        self, request: k.InitProducerIdRequest, context: grpc.aio.ServicerContext
+    ) -> k.InitProducerIdResponse:
+        api = self._init_producer_id
+
+        async def handle(
+            r: producer_ids.InitProducerIdRequest,
+        ) -> producer_ids.InitProducerIdResponse:
+            if api is None:
+                return producer_ids.error_response(r, ErrorCode.unsupported_version.value)
+            return await api.handle(r)
+
+        return await self._serve(
+            "InitProducerId", request, init_producer_id_request, handle,
+            producer_ids.error_response, lambda r: r.error_code, init_producer_id_response)

@@ -165,3 +165,7 @@ class FakeHandler(handler_pb2_grpc.KafkaHandlerServicer):
         await self._enter("CreatePartitions", request, context)
         return k.CreatePartitionsResponse(results=[
             {"name": t.name, "error_code": 0} for t in request.topics])
+
+    async def InitProducerId(self, request, context):
+        await self._enter("InitProducerId", request, context)
+        return k.InitProducerIdResponse(error_code=0, producer_id=1000, producer_epoch=0)

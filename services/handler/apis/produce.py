@@ -17,6 +17,9 @@ grouped per leader node, one Append per node, the nodes concurrently.
   granted to a producer; every partition gets TRANSACTIONAL_ID_AUTHORIZATION_FAILED (what Kafka
   answers a producer that may not use its transactional id: final, so the client stops rather
   than retrying forever) and nothing is appended.
+- Idempotent producers (batches with a producer id): the leader checks epochs and sequences.
+  A retried batch it already stored is answered with its original base offset and no error;
+  OUT_OF_ORDER_SEQUENCE_NUMBER and INVALID_PRODUCER_EPOCH come back as the leader gives them.
 - A leader that cannot be reached: NOT_LEADER_OR_FOLLOWER when nothing was appended (the client
   refreshes metadata and retries), REQUEST_TIMED_OUT when the append may have happened.
 - acks=-1: the write is acknowledged once the high watermark passes its last offset. Until

@@ -1,0 +1,161 @@
+"""InitProducerId: producer ids for idempotent producers (Kafka's
+``KafkaApis.handleInitProducerIdRequest``, ``TransactionCoordinator.handleInitProducerId`` for
+requests without a transactional id, and ``RPCProducerIdManager``).
+
+    InitProducerId Request => transactional_id transaction_timeout_ms producer_id producer_epoch
+    InitProducerId Response => throttle_time_ms error_code producer_id producer_epoch
+
+Ids come from blocks the replicator hands out (KIP-730, :class:`ProducerIdBlocks`): a handler
+takes one block when it first needs an id and the next one when 90% of the current one is given
+out, so requests rarely wait. Handlers stay stateless: a handler that dies loses the rest of its
+block, which only wastes ids, as a Kafka broker does.
+
+Answers, as a Java broker without the transaction feature gives them:
+
+- no transactional id: a fresh producer id with epoch 0, always, even when the request names
+  a previous producer id and epoch (KIP-360 re-initialisation bumps epochs only for
+  transactional ids; an idempotent producer bumps its epoch itself).
+- producer_id set without producer_epoch or the other way round: INVALID_REQUEST.
+- an empty transactional id: INVALID_REQUEST (Kafka's coordinator).
+- a transactional id: there is no transaction coordinator, so no transactional id is ever
+  granted; TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as Kafka answers a producer that may not use
+  its transactional id (final, so the client stops rather than retrying forever; the same
+  answer Produce gives).
+- no block can be had (the replicator is unreachable, or failed): COORDINATOR_LOAD_IN_PROGRESS,
+  which every client retries (Kafka answers it while its next block is on the way).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from services.common.errors import ErrorCode
+
+from ..collaborators import CallError, ProducerIdBlock, ProducerIdSource
+
+log = logging.getLogger(__name__)
+
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+# Fetch the next block once this share of the current one is given out (Kafka's
+# PidPrefetchThreshold).
+PREFETCH_THRESHOLD = 0.9
+ALLOCATE_TIMEOUT_S = 10.0
+
+
+class ProducerIdsUnavailableError(Exception):
+    """No producer id block could be obtained."""
+
+
+class ProducerIdBlocks:
+    """The producer ids this handler gives out: the current block, and the next one fetched
+    ahead. One fetch at a time; concurrent callers wait for it. Event-loop only."""
+
+    def __init__(
+        self, source: ProducerIdSource, requester: str = "",
+        time_limit: float = ALLOCATE_TIMEOUT_S,
+    ) -> None:
+        self._source = source
+        self._requester = requester
+        self._time_limit = time_limit
+        self._current: ProducerIdBlock | None = None
+        self._next_id = 0
+        self._ahead: ProducerIdBlock | None = None
+        self._fetching: asyncio.Task[ProducerIdBlock] | None = None
+
+    async def next_id(self) -> int:
+        """A producer id no one else got. Raises :class:`ProducerIdsUnavailableError`."""
+        while True:
+            block = self._current
+            if block is not None and self._next_id <= block.last_id:
+                producer_id = self._next_id
+                self._next_id += 1
+                if self._ahead is None and producer_id == block.first_id + int(
+                    block.size * PREFETCH_THRESHOLD
+                ):
+                    self._start_fetch()
+                return producer_id
+            if self._ahead is not None:
+                self._use(self._ahead)
+                self._ahead = None
+                continue
+            task = self._start_fetch()
+            try:
+                fetched = await asyncio.shield(task)
+            except CallError as exc:
+                raise ProducerIdsUnavailableError(str(exc)) from exc
+            # Another waiter may have switched to it already.
+            if self._ahead is fetched:
+                self._use(fetched)
+                self._ahead = None
+
+    def _use(self, block: ProducerIdBlock) -> None:
+        log.info("giving out producer ids %d-%d", block.first_id, block.last_id)
+        self._current = block
+        self._next_id = block.first_id
+
+    def _start_fetch(self) -> asyncio.Task[ProducerIdBlock]:
+        if self._fetching is None:
+            task = asyncio.get_running_loop().create_task(self._fetch())
+            # A prefetch nobody awaits must not leave its failure unretrieved.
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            self._fetching = task
+        return self._fetching
+
+    async def _fetch(self) -> ProducerIdBlock:
+        try:
+            block = await self._source.allocate_producer_ids(self._requester, self._time_limit)
+            self._ahead = block
+            return block
+        except CallError as exc:
+            log.warning("no producer id block: %s", exc)
+            raise
+        finally:
+            self._fetching = None
+
+    async def close(self) -> None:
+        task = self._fetching
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InitProducerIdRequest:
+    transactional_id: str | None = None
+    transaction_timeout_ms: int = 0
+    producer_id: int = NO_PRODUCER_ID
+    producer_epoch: int = NO_PRODUCER_EPOCH
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InitProducerIdResponse:
+    error_code: int = 0
+    producer_id: int = NO_PRODUCER_ID
+    producer_epoch: int = NO_PRODUCER_EPOCH
+
+
+def error_response(_request: InitProducerIdRequest, code: int) -> InitProducerIdResponse:
+    return InitProducerIdResponse(error_code=code)
+
+
+class InitProducerIdApi:
+    def __init__(self, blocks: ProducerIdBlocks) -> None:
+        self._blocks = blocks
+
+    async def handle(self, request: InitProducerIdRequest) -> InitProducerIdResponse:
+        if request.transactional_id is not None:
+            if not request.transactional_id:
+                return error_response(request, ErrorCode.invalid_request.value)
+            return error_response(request, ErrorCode.transactional_id_authorization_failed.value)
+        if (request.producer_id == NO_PRODUCER_ID) != (
+            request.producer_epoch == NO_PRODUCER_EPOCH
+        ):
+            return error_response(request, ErrorCode.invalid_request.value)
+        try:
+            producer_id = await self._blocks.next_id()
+        except ProducerIdsUnavailableError:
+            return error_response(request, ErrorCode.coordinator_load_in_progress.value)
+        return InitProducerIdResponse(producer_id=producer_id, producer_epoch=0)
