@@ -1,6 +1,7 @@
 """Produce and consume throughput, side by side with the reference broker, in one run.
 
     python bench/throughput.py [--n 200000] [--size 1000] [--partitions 3] [--acks 1]
+                               [--rounds 1]
 
 Starts a local kbroker cluster (every service a process, free loopback ports, a temporary data
 folder) and the reference broker (Tansu, in memory; installed into bench/.venv-ref from the PyPI
@@ -12,7 +13,9 @@ other, with confluent-kafka in a separate process:
 - consume: the same records back with manual assignment (no consumer group), fetch.max.bytes
   50 MB, max.partition.fetch.bytes 10 MB.
 
-Prints one JSON line per broker and workload, then the ratios kbroker / reference.
+Prints one JSON line per broker and workload, then the ratios kbroker / reference. With
+``--rounds R`` the two brokers alternate R times (the machine's load drifts; alternating
+exposes both to it alike) and the last line holds every round's ratios and their medians.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -118,6 +122,32 @@ def run_workload(bootstrap: str, args: argparse.Namespace) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def run_reference(binary: Path, args: argparse.Namespace) -> dict:
+    port = free_port()
+    ref = subprocess.Popen(
+        [str(binary), "broker", "--listener-url", f"tcp://127.0.0.1:{port}",
+         "--advertised-listener-url", f"tcp://127.0.0.1:{port}",
+         "--storage-engine", "memory://tansu/"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(port)
+        return run_workload(f"127.0.0.1:{port}", args)
+    finally:
+        ref.terminate()
+        ref.wait(timeout=10)
+
+
+def run_kbroker(args: argparse.Namespace) -> dict:
+    with tempfile.TemporaryDirectory(prefix="kbroker-bench-") as data:
+        cluster = LocalCluster(ClusterSpec(data_dir=Path(data), kafka_port=0, base_port=0,
+                                           log_level=os.environ.get("LOG_LEVEL", "WARNING")))
+        cluster.start()
+        try:
+            return run_workload(cluster.bootstrap, args)
+        finally:
+            cluster.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -125,39 +155,29 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1000)
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--acks", default="1")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="alternate the two brokers this many times; report every round "
+                             "and the median ratios")
     args = parser.parse_args()
 
-    results = {}
     binary = reference_binary()
-    ref_port = free_port()
-    ref = subprocess.Popen(
-        [str(binary), "broker", "--listener-url", f"tcp://127.0.0.1:{ref_port}",
-         "--advertised-listener-url", f"tcp://127.0.0.1:{ref_port}",
-         "--storage-engine", "memory://tansu/"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_port(ref_port)
-        results["reference"] = run_workload(f"127.0.0.1:{ref_port}", args)
-    finally:
-        ref.terminate()
-        ref.wait(timeout=10)
-    print(json.dumps({"broker": "reference (tansu, memory)", **results["reference"]}), flush=True)
-
-    with tempfile.TemporaryDirectory(prefix="kbroker-bench-") as data:
-        cluster = LocalCluster(ClusterSpec(data_dir=Path(data), kafka_port=0, base_port=0,
-                                           log_level=os.environ.get("LOG_LEVEL", "WARNING")))
-        cluster.start()
-        try:
-            results["kbroker"] = run_workload(cluster.bootstrap, args)
-        finally:
-            cluster.stop()
-    print(json.dumps({"broker": "kbroker", **results["kbroker"]}), flush=True)
-
-    ours, theirs = results["kbroker"], results["reference"]
+    ratios: dict[str, list[float]] = {"produce": [], "consume": []}
+    for round_number in range(1, args.rounds + 1):
+        theirs = run_reference(binary, args)
+        print(json.dumps({"round": round_number, "broker": "reference (tansu, memory)",
+                          **theirs}), flush=True)
+        ours = run_kbroker(args)
+        print(json.dumps({"round": round_number, "broker": "kbroker", **ours}), flush=True)
+        for kind in ratios:
+            ratios[kind].append(round(ours[f"{kind}_MBps"] / theirs[f"{kind}_MBps"], 2))
+        print(json.dumps({"round": round_number,
+                          **{f"{kind}_ratio": values[-1] for kind, values in ratios.items()}}),
+              flush=True)
     print(json.dumps({
         "workload": f"{args.n} x {args.size} B, acks={args.acks}, {args.partitions} partitions",
-        "produce_ratio": round(ours["produce_MBps"] / theirs["produce_MBps"], 2),
-        "consume_ratio": round(ours["consume_MBps"] / theirs["consume_MBps"], 2),
+        "rounds": args.rounds,
+        **{f"{kind}_ratio_median": statistics.median(values) for kind, values in ratios.items()},
+        **{f"{kind}_ratios": values for kind, values in ratios.items()},
     }))
 
 
