@@ -1,11 +1,36 @@
 """The log node's Prometheus metrics (seconds and bytes), registered in the process registry
-that services.common serves over HTTP and gRPC."""
+that services.common serves over HTTP and gRPC.
+
+Rates come from counters (appended and read bytes and batches per topic); per-partition
+state is read from the live logs at scrape time by :class:`PartitionLogCollector`, so the hot
+paths pay nothing for it. Kafka's JMX names beside ours:
+
+    kbroker_log_appended_bytes_total{topic}        kafka.server:type=BrokerTopicMetrics,
+                                                   name=BytesInPerSec (replica appends)
+    kbroker_log_read_bytes_total{topic}            ... name=BytesOutPerSec (replica reads)
+    kbroker_log_partition_segments{topic,partition}  kafka.log:type=Log,name=NumLogSegments
+    kbroker_log_partition_size_bytes{topic,partition}  kafka.log:type=Log,name=Size
+    kbroker_log_partition_log_end_offset{...}      kafka.log:type=Log,name=LogEndOffset
+    kbroker_log_partition_log_start_offset{...}    kafka.log:type=Log,name=LogStartOffset
+    kbroker_log_flush_seconds                      kafka.log:type=LogFlushStats,
+                                                   name=LogFlushRateAndTimeMs (per segment)
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
-from services.common.metrics import LATENCY_BUCKETS
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from services.common.metrics import (
+    LATENCY_BUCKETS,
+    Counter,
+    Gauge,
+    Histogram,
+    register_collector,
+)
 
 APPENDED_BYTES = Counter(
     "kbroker_log_appended_bytes_total", "Bytes of record batches appended.", ["topic"]
@@ -30,6 +55,11 @@ ERRORS = Counter(
     "kbroker_log_errors_total", "Partition-level Kafka errors returned, by API and error name.",
     ["api", "error"],
 )
+FLUSH_SECONDS = Histogram(
+    "kbroker_log_flush_seconds",
+    "Time to force one segment's files (log and indexes) to disk (LogFlushRateAndTimeMs).",
+    buckets=LATENCY_BUCKETS,
+)
 TRUNCATED_BYTES = Counter(
     "kbroker_log_recovery_truncated_bytes_total",
     "Bytes of torn or corrupt log tails removed during recovery at start-up.",
@@ -38,3 +68,56 @@ PURGATORY_NOTIFICATIONS = Counter(
     "kbroker_log_purgatory_notifications_total",
     "CheckAndComplete calls sent to the purgatory, by outcome.", ["outcome"],
 )
+
+
+class PartitionLogCollector(Collector):
+    """Per-partition gauges read from the live partition logs whenever metrics are collected:
+    segments, bytes, log end and log start offsets. Reads public properties only (no locks:
+    a scrape during an append sees one side of it, as any gauge would).
+
+    Sources are callables returning partition logs (``LogManager.partitions``); a process has
+    one log node, tests may run several."""
+
+    def __init__(self) -> None:
+        self.sources: list[Callable[[], Iterable[Any]]] = []
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["topic", "partition"]
+        segments = GaugeMetricFamily(
+            "kbroker_log_partition_segments",
+            "Segments of a partition replica (NumLogSegments).", labels=labels)
+        size = GaugeMetricFamily(
+            "kbroker_log_partition_size_bytes",
+            "Bytes in a partition replica's segments (Log Size).", labels=labels)
+        end = GaugeMetricFamily(
+            "kbroker_log_partition_log_end_offset",
+            "Offset the next append gets (LogEndOffset).", labels=labels)
+        start = GaugeMetricFamily(
+            "kbroker_log_partition_log_start_offset",
+            "First offset still readable (LogStartOffset).", labels=labels)
+        for source in list(self.sources):
+            for log in list(source()):
+                key = [log.topic, str(log.partition)]
+                segments.add_metric(key, log.segment_count)
+                size.add_metric(key, log.size_bytes)
+                end.add_metric(key, log.log_end_offset)
+                start.add_metric(key, log.log_start_offset)
+        yield from (segments, size, end, start)
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        # Registering must not call collect(): the logs may not be loaded yet.
+        return []
+
+
+PARTITION_LOGS = PartitionLogCollector()
+register_collector(PARTITION_LOGS)
+
+
+def watch_partitions(source: Callable[[], Iterable[Any]]) -> None:
+    """Report per-partition gauges from ``source`` (e.g. ``LogManager.partitions``)."""
+    PARTITION_LOGS.sources.append(source)
+
+
+def unwatch_partitions(source: Callable[[], Iterable[Any]]) -> None:
+    if source in PARTITION_LOGS.sources:
+        PARTITION_LOGS.sources.remove(source)

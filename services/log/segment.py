@@ -24,6 +24,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
+from .metrics import FLUSH_SECONDS
 from .offset_index import MAX_RELATIVE_OFFSET, IndexEntry, OffsetIndex
 from .record_batch import (
     HEADER_SIZE,
@@ -391,6 +392,7 @@ class LogSegment:
     def flush(self) -> None:
         """Force the segment's files to disk."""
         self.dirty = False
+        started = time.perf_counter()
         try:
             os.fsync(self._fd)
             self.index.flush()
@@ -398,6 +400,7 @@ class LogSegment:
         except BaseException:
             self.dirty = True
             raise
+        FLUSH_SECONDS.observe(time.perf_counter() - started)
 
     def close(self) -> None:
         if self._fd >= 0:

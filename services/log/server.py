@@ -51,6 +51,7 @@ class LogService:
             await self._notifier.close()
         self.manager.close()
         metrics.PARTITIONS.set(0)
+        metrics.unwatch_partitions(self.manager.partitions)
 
 
 async def start(config: LogConfig) -> LogService:
@@ -65,6 +66,7 @@ async def start(config: LogConfig) -> LogService:
     try:
         manager.load()
         metrics.PARTITIONS.set(len(manager))
+        metrics.watch_partitions(manager.partitions)
         metrics.TRUNCATED_BYTES.inc(sum(p.truncated_at_open for p in manager.partitions()))
         server, port, health = await create_server(
             "log",
@@ -75,6 +77,7 @@ async def start(config: LogConfig) -> LogService:
         )
         manager.start_background()
     except BaseException:
+        metrics.unwatch_partitions(manager.partitions)
         manager.close()
         if notifier is not None:
             await notifier.close()
