@@ -4,7 +4,9 @@ key states shared by all of them.
 
 A progress report on a key is stored first and then offered to every kind's watchers of that key,
 so an operation parked after the report still sees it (it is checked against the stored states
-when parked). Not thread-safe (one event loop).
+when parked). Session timers (:mod:`.delayed_heartbeat`) are operations of the heartbeat kind
+that nobody awaits; :attr:`Purgatories.heartbeats` arms them and publishes their expiries.
+Not thread-safe (one event loop).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from . import metrics
 from .delayed_await import AwaitResult, DelayedAwait, Outcome
 from .delayed_fetch import DelayedFetch
+from .delayed_heartbeat import DelayedHeartbeat, Heartbeats
 from .delayed_operation_purgatory import DEFAULT_PURGE_INTERVAL, DelayedOperationPurgatory
 from .delayed_produce import DelayedProduce
 from .key_states import KeyStates
@@ -47,6 +50,9 @@ class Purgatories:
         self._by_kind: dict[str, DelayedOperationPurgatory[DelayedAwait]] = {}
         for kind in KINDS:
             self._purgatory(kind)
+        # Session timers live in the heartbeat kind's purgatory, beside any Await of that kind.
+        self.heartbeats = Heartbeats(
+            self._purgatory(DelayedHeartbeat.KIND))  # type: ignore[arg-type]
 
     def _purgatory(self, kind: str) -> DelayedOperationPurgatory[DelayedAwait]:
         purgatory = self._by_kind.get(kind)

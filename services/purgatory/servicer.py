@@ -75,6 +75,34 @@ class PurgatoryServicer(purgatory_pb2_grpc.PurgatoryServicer):
             )
         return purgatory_pb2.CheckAndCompleteResponse(completed=completed)
 
+    async def Schedule(
+        self, request: purgatory_pb2.ScheduleRequest, context: grpc.aio.ServicerContext
+    ) -> purgatory_pb2.ScheduleResponse:
+        rearmed = self._purgatories.heartbeats.schedule(
+            {d.key: d.timeout_ms for d in request.deadlines})
+        return purgatory_pb2.ScheduleResponse(rearmed=rearmed)
+
+    async def Unschedule(
+        self, request: purgatory_pb2.UnscheduleRequest, context: grpc.aio.ServicerContext
+    ) -> purgatory_pb2.UnscheduleResponse:
+        removed = self._purgatories.heartbeats.unschedule(request.keys)
+        return purgatory_pb2.UnscheduleResponse(removed=removed)
+
+    async def WatchExpirations(
+        self, request: purgatory_pb2.WatchExpirationsRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[purgatory_pb2.Expirations]:
+        heartbeats = self._purgatories.heartbeats
+        subscription = heartbeats.subscribe()
+        try:
+            # An empty first message tells the subscriber the subscription is in place.
+            yield purgatory_pb2.Expirations()
+            while True:
+                keys = await subscription.next_batch()
+                yield purgatory_pb2.Expirations(keys=keys)
+        finally:
+            heartbeats.unsubscribe(subscription)
+
     async def Describe(
         self, request: purgatory_pb2.DescribeRequest, context: grpc.aio.ServicerContext
     ) -> purgatory_pb2.DescribeResponse:
