@@ -1,10 +1,19 @@
-"""Prometheus metrics of the purgatory service (times in seconds)."""
+"""Prometheus metrics of the purgatory service (times in seconds).
+
+Kafka's JMX names beside ours (delayedOperation = Produce, Fetch, ...):
+
+    kbroker_purgatory_pending_operations{kind}   kafka.server:type=DelayedOperationPurgatory,
+                                                 name=NumDelayedOperations,delayedOperation=..
+    kbroker_purgatory_watched_keys{kind}         (keys with watchers; Kafka's PurgatorySize
+                                                 counts watcher entries, not keys)
+    kbroker_purgatory_expired_total{kind}        kafka.server:type=DelayedFetchMetrics /
+                                                 DelayedProduceMetrics, name=ExpiresPerSec
+    kbroker_purgatory_completed_total{kind}      (no Kafka meter: completions by condition)
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
-
-from services.common.metrics import LATENCY_BUCKETS
+from services.common.metrics import LATENCY_BUCKETS, Counter, Gauge, Histogram
 
 PENDING = Gauge(
     "kbroker_purgatory_pending_operations", "Operations parked and not yet answered.", ["kind"]

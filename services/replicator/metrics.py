@@ -1,8 +1,27 @@
-"""Prometheus metrics of the replicator service, refreshed from each new metadata image."""
+"""Prometheus metrics of the replicator service, refreshed from each new metadata image.
+
+Kafka's JMX names beside ours:
+
+    kbroker_replicator_under_replicated_partitions  kafka.server:type=ReplicaManager,
+                                                    name=UnderReplicatedPartitions
+    kbroker_replicator_offline_partitions           kafka.controller:type=KafkaController,
+                                                    name=OfflinePartitionsCount
+    kbroker_replicator_isr_shrinks_total            kafka.server:type=ReplicaManager,
+                                                    name=IsrShrinksPerSec
+    kbroker_replicator_isr_expands_total            ... name=IsrExpandsPerSec
+    kbroker_replicator_follower_lag_messages{topic,partition,replica}
+                                                    kafka.server:type=FetcherLagMetrics,
+                                                    name=ConsumerLag
+
+ISR changes are counted by comparing each image with the one before (a partition whose ISR
+both lost and gained members counts once each way). Follower lag is what the replicator
+learns from follower fetching; until follower fetching exists it learns nothing, so the family
+has no samples rather than made-up zeros (:func:`set_follower_lag` is its entry point).
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Gauge
+from services.common.metrics import Counter, Gauge
 
 from .metadata import MetadataImage
 
@@ -13,21 +32,42 @@ LOG_NODES = Gauge("kbroker_replicator_log_nodes", "Configured log nodes.")
 METADATA_VERSION = Gauge("kbroker_replicator_metadata_version", "Current metadata version.")
 UNDER_REPLICATED = Gauge(
     "kbroker_replicator_under_replicated_partitions",
-    "Partitions with a replica that is offline or out of the ISR.",
+    "Partitions with a replica that is offline or out of the ISR (UnderReplicatedPartitions).",
 )
 OFFLINE = Gauge(
-    "kbroker_replicator_offline_partitions", "Partitions whose leader is not on a live log node."
+    "kbroker_replicator_offline_partitions",
+    "Partitions whose leader is not on a live log node (OfflinePartitionsCount).",
 )
 WATCHERS = Gauge("kbroker_replicator_metadata_watchers", "Open WatchMetadata streams.")
 PENDING_DELETIONS = Gauge(
     "kbroker_replicator_pending_replica_deletions",
     "Replicas of deleted topics a log node has not confirmed deleting yet.",
 )
+ISR_SHRINKS = Counter(
+    "kbroker_replicator_isr_shrinks_total",
+    "Partitions whose ISR lost a member from one metadata version to the next "
+    "(IsrShrinksPerSec).",
+)
+ISR_EXPANDS = Counter(
+    "kbroker_replicator_isr_expands_total",
+    "Partitions whose ISR gained a member from one metadata version to the next "
+    "(IsrExpandsPerSec).",
+)
+FOLLOWER_LAG = Gauge(
+    "kbroker_replicator_follower_lag_messages",
+    "Messages a follower replica is behind its leader's log end (FetcherLagMetrics "
+    "ConsumerLag); reported only for followers the replicator fetches for.",
+    ["topic", "partition", "replica"],
+)
+
+# The ISR of every partition in the last image observed, to count changes.
+_last_isr: dict[tuple[str, int], frozenset[int]] = {}
 
 
 def observe(image: MetadataImage) -> None:
     live = set(image.live_node_ids)
-    partitions = under_replicated = offline = 0
+    partitions = under_replicated = offline = shrinks = expands = 0
+    isrs: dict[tuple[str, int], frozenset[int]] = {}
     for topic in image.topics.values():
         for p in topic.partitions:
             partitions += 1
@@ -35,6 +75,14 @@ def observe(image: MetadataImage) -> None:
                 under_replicated += 1
             if p.leader not in live:
                 offline += 1
+            key = (topic.name, p.partition)
+            isr = isrs[key] = frozenset(p.isr)
+            before = _last_isr.get(key)
+            if before is not None and before != isr:
+                shrinks += bool(before - isr)
+                expands += bool(isr - before)
+    _last_isr.clear()
+    _last_isr.update(isrs)
     TOPICS.set(len(image.topics))
     PARTITIONS.set(partitions)
     LIVE_LOG_NODES.set(len(live))
@@ -43,3 +91,12 @@ def observe(image: MetadataImage) -> None:
     UNDER_REPLICATED.set(under_replicated)
     OFFLINE.set(offline)
     PENDING_DELETIONS.set(sum(len(p) for p in image.pending_deletions.values()))
+    if shrinks:
+        ISR_SHRINKS.inc(shrinks)
+    if expands:
+        ISR_EXPANDS.inc(expands)
+
+
+def set_follower_lag(topic: str, partition: int, replica: int, lag: int) -> None:
+    """A follower's lag as follower fetching measures it (leader log end - follower log end)."""
+    FOLLOWER_LAG.labels(topic, str(partition), str(replica)).set(max(lag, 0))
