@@ -23,6 +23,7 @@ from kbroker.replicator.v1 import replicator_pb2, replicator_pb2_grpc
 from services.common.channels import insecure_channel
 from services.common.errors import error_name
 
+from .call_streams import CallStream
 from .collaborators import (
     AppendResult,
     CallError,
@@ -242,6 +243,7 @@ class LogNodeClients:
 
     def __init__(self) -> None:
         self._stubs: dict[str, tuple[grpc.aio.Channel, log_pb2_grpc.LogServiceStub]] = {}
+        self._append_streams: dict[str, CallStream] = {}
         self._closing: set[asyncio.Task[None]] = set()
 
     @property
@@ -257,14 +259,23 @@ class LogNodeClients:
             self._stubs[node.address] = entry
         return entry[1]
 
+    def _append_stream(self, node: LogNode) -> CallStream:
+        """Appends go over one long-lived stream per log node (see :mod:`.call_streams`)."""
+        stream = self._append_streams.get(node.address)
+        if stream is None:
+            stream = CallStream(self._stub(node).AppendStream, _peer(node), call_failure)
+            self._append_streams[node.address] = stream
+        return stream
+
     async def append(
         self, node: LogNode, appends: Sequence[PartitionAppend], time_limit: float
     ) -> list[AppendResult]:
-        request = log_pb2.AppendRequest(partitions=[
-            log_pb2.PartitionAppend(topic=a.topic, partition=a.partition, records=a.records)
-            for a in appends
-        ])
-        response = await _call(self._stub(node).Append, request, time_limit, _peer(node))
+        message = log_pb2.AppendStreamRequest()
+        for a in appends:
+            message.request.partitions.add(topic=a.topic, partition=a.partition,
+                                           records=a.records)
+        answer = await self._append_stream(node).call(message, time_limit)
+        response = answer.response
         return [
             AppendResult(
                 topic=r.topic,
@@ -355,7 +366,9 @@ class LogNodeClients:
         calls still running on them fail as calls to a vanished node would."""
         for address in [a for a in self._stubs if a not in addresses]:
             channel, _ = self._stubs.pop(address)
-            task = asyncio.get_running_loop().create_task(channel.close())
+            stream = self._append_streams.pop(address, None)
+            task = asyncio.get_running_loop().create_task(
+                _close_channel(channel, stream))
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
 
@@ -365,11 +378,21 @@ class LogNodeClients:
 
     async def close(self) -> None:
         channels = [channel for channel, _ in self._stubs.values()]
+        streams = list(self._append_streams.values())
         self._stubs.clear()
+        self._append_streams.clear()
+        for stream in streams:
+            await stream.close()
         for channel in channels:
             await channel.close()
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
+
+
+async def _close_channel(channel: grpc.aio.Channel, stream: CallStream | None) -> None:
+    if stream is not None:
+        await stream.close()
+    await channel.close()
 
 
 def _peer(node: LogNode) -> str:

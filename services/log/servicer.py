@@ -6,6 +6,7 @@ KAFKA_STORAGE_ERROR (as Kafka maps I/O failures), anything else UNKNOWN_SERVER_E
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -69,6 +70,36 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
 
     async def Append(self, request, context):
         response = log_pb2.AppendResponse()
+        await self._append(request, response)
+        return response
+
+    async def AppendStream(self, request_iterator, context):
+        """Appends as they arrive, each served concurrently like an ``Append`` and answered
+        when done. An append that started is finished even if the stream breaks meanwhile
+        (its answer is then lost, as a unary call's would be)."""
+        writing = asyncio.Lock()
+        pending: set[asyncio.Task[None]] = set()
+
+        async def serve(message: log_pb2.AppendStreamRequest) -> None:
+            answer = log_pb2.AppendStreamResponse(call_id=message.call_id)
+            await self._append(message.request, answer.response)
+            try:
+                async with writing:
+                    await context.write(answer)
+            except Exception as exc:  # noqa: BLE001 - the caller went away
+                log.debug("AppendStream: answer %d not delivered: %s", message.call_id, exc)
+
+        try:
+            async for message in request_iterator:
+                task = asyncio.create_task(serve(message))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+        finally:
+            if pending:
+                await asyncio.shield(asyncio.gather(*pending, return_exceptions=True))
+
+    async def _append(self, request: log_pb2.AppendRequest,
+                      response: log_pb2.AppendResponse) -> None:
         for append in request.partitions:
             topic = append.topic
             metrics.APPEND_REQUESTS.labels(topic).inc()
@@ -96,7 +127,6 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
                     high_watermark=info.high_watermark,
                 )
             metrics.APPEND_SECONDS.observe(time.perf_counter() - started)
-        return response
 
     async def Read(self, request, context):
         """Reads each partition in order under the request's overall byte limit, as Kafka's

@@ -1,0 +1,120 @@
+"""Many calls over one long-lived bidirectional gRPC stream, matched by call id.
+
+A unary call costs a new HTTP/2 stream, a task on each side and the interceptors; on the
+produce path that fixed cost is paid for every append and weighs as much as the bytes. A
+:class:`CallStream` sends each request as one message on a stream that stays open and resolves
+the caller's future when the answer carrying its id comes back, so answers may arrive in any
+order and many calls share the stream at once.
+
+Failure semantics match a unary call's: when the stream breaks, every call in flight fails with
+:class:`OutcomeUnknownError` (the request may have been served), or with
+:class:`UnreachableError` when the peer could not be reached at all; the next call opens a new
+stream. A call not answered within its time limit fails with :class:`OutcomeUnknownError` and
+its late answer is dropped. Not thread-safe: one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import grpc
+
+from .collaborators import CallError, OutcomeUnknownError
+
+log = logging.getLogger(__name__)
+
+
+class Envelope(Protocol):
+    """A stream message: a ``call_id`` next to the payload."""
+
+    call_id: int
+
+
+FailureOf = Callable[[grpc.aio.AioRpcError, str], CallError]
+
+
+class CallStream:
+    """One stream to ``peer`` opened with ``open_stream`` (e.g. a stub's stream-stream method);
+    answers are matched to requests by their ``call_id``."""
+
+    def __init__(self, open_stream: Callable[[], Any], peer: str, failure_of: FailureOf) -> None:
+        self._open_stream = open_stream
+        self._peer = peer
+        self._failure_of = failure_of
+        self._ids = itertools.count(1)
+        self._call: Any = None
+        self._reader: asyncio.Task[None] | None = None
+        # call id -> (the stream it was sent on, its answer)
+        self._waiting: dict[int, tuple[Any, asyncio.Future[Any]]] = {}
+        self._writing = asyncio.Lock()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._waiting)
+
+    async def call(self, request: Envelope, time_limit: float) -> Any:
+        """Send ``request`` (its ``call_id`` is set here) and return the matching answer."""
+        call_id = next(self._ids)
+        request.call_id = call_id
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(time_limit):
+                async with self._writing:
+                    call = self._stream()
+                    self._waiting[call_id] = (call, answer)
+                    try:
+                        await call.write(request)
+                    except grpc.aio.AioRpcError as exc:
+                        raise self._failure_of(exc, self._peer) from exc
+                    except asyncio.InvalidStateError as exc:
+                        # The stream ended between the check and the write.
+                        raise OutcomeUnknownError(f"{self._peer}: stream closed") from exc
+                return await answer
+        except TimeoutError as exc:
+            raise OutcomeUnknownError(
+                f"{self._peer}: no answer within {time_limit:.1f}s") from exc
+        finally:
+            self._waiting.pop(call_id, None)
+
+    def _stream(self) -> Any:
+        if self._call is None or self._call.done():
+            self._call = self._open_stream()
+            self._reader = asyncio.create_task(self._read(self._call))
+        return self._call
+
+    async def _read(self, call: Any) -> None:
+        failure: CallError
+        try:
+            while True:
+                message = await call.read()
+                if message is grpc.aio.EOF:
+                    failure = OutcomeUnknownError(f"{self._peer}: stream ended")
+                    break
+                entry = self._waiting.get(message.call_id)
+                if entry is not None and entry[0] is call and not entry[1].done():
+                    entry[1].set_result(message)
+        except grpc.aio.AioRpcError as exc:
+            failure = self._failure_of(exc, self._peer)
+        except asyncio.CancelledError:
+            failure = OutcomeUnknownError(f"{self._peer}: stream closed")
+        if self._call is call:
+            self._call = None
+        for sent_on, waiter in self._waiting.values():
+            if sent_on is call and not waiter.done():
+                waiter.set_exception(failure)
+        log.debug("stream to %s closed: %s", self._peer, failure)
+
+    async def close(self) -> None:
+        call, reader = self._call, self._reader
+        self._call = None
+        if call is not None:
+            call.cancel()
+        if reader is not None:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
