@@ -40,6 +40,13 @@ class LogConfig:
     cleanup_policy: str = option("delete", "default cleanup.policy: delete, compact or both")
     delete_retention_ms: int = option(
         86400000, "default delete.retention.ms: how long compaction keeps tombstones")
+    min_compaction_lag_ms: int = option(
+        0, "default min.compaction.lag.ms: records younger than this are not compacted")
+    max_compaction_lag_ms: int = option(
+        NEVER, "default max.compaction.lag.ms: a dirty record this old forces a cleaning")
+    min_cleanable_dirty_ratio: float = option(
+        0.5, "default min.cleanable.dirty.ratio: clean a compacted log whose dirty share "
+        "exceeds this (log.cleaner.min.cleanable.ratio)")
     flush_messages: int = option(
         NEVER, "default flush.messages: fsync every this many messages (default: never)")
     flush_ms: int = option(NEVER, "default flush.ms: fsync this often (default: never)")
@@ -51,6 +58,9 @@ class LogConfig:
         60000, "how often recovery points and log start offsets are checkpointed")
     cleaner_backoff_ms: int = option(
         15000, "how often the log cleaner looks for logs to compact (log.cleaner.backoff.ms)")
+    cleaner_max_map_keys: int = option(
+        4000000, "keys of the log cleaner's offset map per pass (a longer dirty section is "
+        "cleaned over several passes)")
 
     def topic_defaults(self) -> TopicConfig:
         """The topic config every partition starts from before its own overrides."""
@@ -64,6 +74,9 @@ class LogConfig:
             retention_bytes=self.retention_bytes,
             cleanup_policy=self.cleanup_policy,
             delete_retention_ms=self.delete_retention_ms,
+            min_compaction_lag_ms=self.min_compaction_lag_ms,
+            max_compaction_lag_ms=self.max_compaction_lag_ms,
+            min_cleanable_dirty_ratio=self.min_cleanable_dirty_ratio,
             flush_messages=self.flush_messages,
             flush_ms=self.flush_ms,
         )
@@ -73,4 +86,6 @@ class LogConfig:
             retention_check_ms=self.retention_check_interval_ms,
             flush_check_ms=self.flush_check_interval_ms,
             checkpoint_ms=self.checkpoint_interval_ms,
+            cleaner_backoff_ms=self.cleaner_backoff_ms,
+            cleaner_max_map_keys=self.cleaner_max_map_keys,
         )

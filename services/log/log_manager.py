@@ -1,6 +1,7 @@
 """The partition replicas of one log node (Kafka's ``LogManager``): the data directory, replica
 creation, deletion and lookup, reloading every replica on start-up, the node's checkpoint files
-and the background work over all replicas (retention, time-based flushes, checkpoints).
+and the background work over all replicas (retention, time-based flushes, checkpoints, and the
+log cleaner's rounds, see :mod:`services.log.cleaner`).
 
 Layout of ``data_dir``: one directory per replica, ``<topic>-<partition>/`` (see
 :mod:`services.log.partition_log`). Topic names are restricted to Kafka's legal characters
@@ -10,8 +11,9 @@ leaves a half-deleted replica that would be reloaded; leftovers are removed at s
 ``recovery-point-offset-checkpoint`` and ``log-start-offset-checkpoint`` (see
 :mod:`services.log.checkpoint`) hold each replica's recovery point and log start offset: the
 first is written periodically and on a clean shutdown (after a flush), the second whenever
-DeleteRecords moves a log start offset, periodically and on shutdown. Not thread-safe: used
-from the event loop.
+DeleteRecords moves a log start offset, periodically and on shutdown.
+``cleaner-offset-checkpoint`` holds each compacted replica's first dirty offset, written after
+every cleaner round that moved one and on shutdown. Not thread-safe: used from the event loop.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import contextlib
 import logging
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -28,7 +31,9 @@ from pathlib import Path
 
 from services.common.errors import ErrorCode, KafkaError
 
+from . import metrics
 from .checkpoint import LOG_START_OFFSET_FILE, RECOVERY_POINT_FILE, OffsetCheckpoint
+from .cleaner import CLEANER_OFFSET_FILE, DEFAULT_MAX_MAP_KEYS, CleanResult, LogCleaner
 from .partition_log import HighWatermarkListener, PartitionLog, directory_name
 from .partition_metadata import PartitionMetadata, fsync_directory
 from .topic_config import TopicConfig
@@ -57,6 +62,8 @@ class Schedule:
     retention_check_ms: int = 300_000
     flush_check_ms: int = 1_000
     checkpoint_ms: int = 60_000
+    cleaner_backoff_ms: int = 15_000
+    cleaner_max_map_keys: int = DEFAULT_MAX_MAP_KEYS
 
 
 class LogManager:
@@ -79,6 +86,8 @@ class LogManager:
         self._saved_recovery_points: dict[TopicPartition, int] = {}
         self._saved_log_starts: dict[TopicPartition, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self.cleaner = LogCleaner(data_dir / CLEANER_OFFSET_FILE,
+                                  self.schedule.cleaner_max_map_keys)
 
     def load(self) -> None:
         """Reload every replica in the data directory (recovering their last segments) and
@@ -86,6 +95,7 @@ class LogManager:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._saved_recovery_points = self._recovery_points.read()
         self._saved_log_starts = self._log_starts.read()
+        self.cleaner.load()
         for directory in sorted(self.data_dir.iterdir()):
             if not directory.is_dir():
                 continue
@@ -195,8 +205,10 @@ class LogManager:
         # A replica created again under this name must not inherit the old one's offsets.
         self._saved_recovery_points.pop((topic, partition), None)
         self._saved_log_starts.pop((topic, partition), None)
+        self.cleaner.forget(topic, partition)
         self.write_recovery_checkpoint()
         self.write_log_start_checkpoint()
+        self.cleaner.write_checkpoint()
         return True
 
     async def delete_records(self, topic: str, partition: int, offset: int) -> int:
@@ -236,6 +248,21 @@ class LogManager:
                 log.error("%s: retention failed: %s", partition_log.directory, exc)
         return deleted
 
+    async def clean_logs(self, now: int | None = None) -> list[CleanResult]:
+        """One log cleaner round over every compacted replica worth cleaning (see
+        :meth:`LogCleaner.clean_logs`); the first dirty offsets are checkpointed after it."""
+        started = time.perf_counter()
+        results = await self.cleaner.clean_logs(self.partitions(), now)
+        if results:
+            for result in results:
+                metrics.CLEANER_RUNS.inc()
+                metrics.CLEANER_READ_BYTES.inc(result.bytes_read)
+                metrics.CLEANER_REMOVED_BYTES.inc(max(result.bytes_removed, 0))
+                metrics.CLEANER_REMOVED_RECORDS.inc(result.records_removed)
+            metrics.CLEANER_LAST_SECONDS.set(time.perf_counter() - started)
+        self.cleaner.write_checkpoint()
+        return results
+
     async def flush_by_time(self) -> None:
         for partition_log in list(self._logs.values()):
             try:
@@ -244,7 +271,8 @@ class LogManager:
                 log.error("%s: flush failed: %s", partition_log.directory, exc)
 
     def start_background(self) -> None:
-        """Start the periodic retention, flush and checkpoint work on the running loop."""
+        """Start the periodic retention, flush, checkpoint and log cleaner work on the running
+        loop."""
         schedule = self.schedule
 
         async def checkpoints() -> None:
@@ -256,6 +284,8 @@ class LogManager:
                                        "retention")),
             asyncio.create_task(_every(schedule.flush_check_ms, self.flush_by_time, "flush")),
             asyncio.create_task(_every(schedule.checkpoint_ms, checkpoints, "checkpoint")),
+            asyncio.create_task(_every(schedule.cleaner_backoff_ms, self.clean_logs,
+                                       "log cleaner")),
         ]
 
     async def stop_background(self) -> None:
@@ -288,6 +318,7 @@ class LogManager:
             try:
                 self.write_recovery_checkpoint()
                 self.write_log_start_checkpoint()
+                self.cleaner.write_checkpoint()
             except OSError as exc:
                 log.error("%s: cannot write checkpoints: %s", self.data_dir, exc)
         self._logs.clear()

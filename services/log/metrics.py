@@ -68,6 +68,24 @@ PURGATORY_NOTIFICATIONS = Counter(
     "kbroker_log_purgatory_notifications_total",
     "CheckAndComplete calls sent to the purgatory, by outcome.", ["outcome"],
 )
+CLEANER_RUNS = Counter(
+    "kbroker_log_cleaner_runs_total", "Partition logs cleaned (compacted) by the log cleaner."
+)
+CLEANER_READ_BYTES = Counter(
+    "kbroker_log_cleaner_read_bytes_total", "Bytes of segments the log cleaner rewrote."
+)
+CLEANER_REMOVED_BYTES = Counter(
+    "kbroker_log_cleaner_removed_bytes_total",
+    "Bytes the log cleaner removed (read minus written).",
+)
+CLEANER_REMOVED_RECORDS = Counter(
+    "kbroker_log_cleaner_removed_records_total",
+    "Records the log cleaner removed (superseded keys, expired tombstones, keyless records).",
+)
+CLEANER_LAST_SECONDS = Gauge(
+    "kbroker_log_cleaner_last_duration_seconds",
+    "Duration of the last log cleaner round that cleaned something.",
+)
 
 
 class PartitionLogCollector(Collector):

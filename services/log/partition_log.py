@@ -28,6 +28,12 @@ producer's epoch and last sequences (a retried batch is answered with its origin
 not stored again); ``<offset>.snapshot`` files beside the segments, written at each roll and on
 a clean close, let start-up rebuild that state by replaying only the batches after them.
 
+Compaction (:mod:`services.log.cleaner`) rewrites non-active segments below the high
+watermark beside the log and swaps them in under the lock (:meth:`PartitionLog.replace_segments`,
+crash-safely per :mod:`services.log.segment_swap`, whose leftovers :meth:`PartitionLog.open`
+settles first); a cleaned segment may end below the next one's base offset, or be empty, and
+reads step over such gaps. Appends to a compacted topic must give every record a key.
+
 Mutations (appends, segment deletion, flushes) are serialised per partition by an asyncio lock;
 offsets are assigned by patching batch headers; reads and lookups run on the event loop without
 the lock, which is safe because a mutation changes the in-memory state only after its bytes are
@@ -40,7 +46,7 @@ import asyncio
 import logging
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -48,9 +54,11 @@ from typing import Any
 
 from services.common.errors import ErrorCode, KafkaError
 
+from . import segment_swap
 from .offset_index import MAX_RELATIVE_OFFSET
 from .producer_state import BatchMetadata, ProducerStateManager
 from .record_batch import NO_TIMESTAMP, assign_offsets, validate_append
+from .record_codec import check_keys
 from .segment import INDEX_SUFFIX, LOG_SUFFIX, OFFSET_DIGITS, TIME_INDEX_SUFFIX, LogSegment
 from .topic_config import TimestampType, TopicConfig
 
@@ -180,6 +188,7 @@ class PartitionLog:
         be trusted. What was recovered is flushed, so the recovery point is then the log end.
         ``log_start_offset`` (from the node's checkpoint) is kept within the loaded offsets."""
         directory.mkdir(parents=True, exist_ok=True)
+        segment_swap.recover(directory)
         bases = sorted(
             int(path.stem) for path in directory.glob("*" + LOG_SUFFIX)
             if len(path.stem) == OFFSET_DIGITS and path.stem.isdigit()
@@ -277,6 +286,8 @@ class PartitionLog:
         happens only if the log end offset equals it, else INVALID_UPDATE_VERSION."""
         config = self.config
         batches = validate_append(records, config.max_message_bytes)
+        if config.compacts:
+            check_keys(records, batches)  # decodes records: compacted topics only
         if len(records) > config.segment_bytes:
             raise KafkaError(
                 ErrorCode.record_list_too_large,
@@ -574,6 +585,38 @@ class PartitionLog:
         if count:
             self._log_start_offset = max(self._log_start_offset, self._segments[0].base_offset)
         return count
+
+    async def replace_segments(self, old: Sequence[LogSegment], cleaned_base: int) -> bool:
+        """Swap in the cleaned segment written beside this log's files (``<base>.log.cleaned``
+        and its indexes, flushed) for ``old``, consecutive non-active segments of this log
+        starting at ``cleaned_base`` (see :mod:`services.log.segment_swap`). Returns False,
+        with the cleaned files removed, if the log was closed, ``old`` are no longer all its
+        segments (retention or DeleteRecords removed some) or one is in use by a background
+        flush; nothing changes then."""
+        async with self._lock:
+            count = len(old)
+            first = next((i for i, s in enumerate(self._segments) if s is old[0]), -1)
+            current = self._segments[first:first + count] if first >= 0 else []
+            if (
+                self._closed or first < 0 or first + count >= len(self._segments)
+                or any(s is not o for s, o in zip(current, old, strict=False))
+                or len(current) != count or any(s.pinned for s in old)
+                or old[0].base_offset != cleaned_base
+            ):
+                segment_swap.discard(self.directory, cleaned_base)
+                return False
+            deleted = segment_swap.commit(
+                self.directory, cleaned_base, [s.base_offset for s in old])
+            cleaned = LogSegment(self.directory, cleaned_base, self.config.index_interval_bytes)
+            cleaned.load()
+            self._segments[first:first + count] = [cleaned]
+            self._bases[first:first + count] = [cleaned_base]
+            for segment in old:
+                segment.close()
+            segment_swap.remove_deleted(deleted)
+            log.info("%s-%d: swapped in cleaned segment %d for %d segment(s)", self.topic,
+                     self.partition, cleaned_base, count)
+            return True
 
     # ------------------------------------------------------------------------------ flush
 

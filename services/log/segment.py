@@ -66,17 +66,21 @@ class TimestampMark(NamedTuple):
 class LogSegment:
     """A segment's files and what is known about them: size, next offset, max timestamp."""
 
-    def __init__(self, directory: Path, base_offset: int, index_interval_bytes: int) -> None:
+    def __init__(
+        self, directory: Path, base_offset: int, index_interval_bytes: int, suffix: str = ""
+    ) -> None:
         """Open the segment's files (creating them if missing); call :meth:`load` or
-        :meth:`recover` before use, unless the segment is new and empty."""
+        :meth:`recover` before use, unless the segment is new and empty. A ``suffix`` after
+        each file name makes a segment that is not (yet) part of the log, such as the log
+        cleaner's ``.cleaned`` output."""
         self.directory = directory
         self.base_offset = base_offset
         self.index_interval_bytes = index_interval_bytes
         stem = file_stem(base_offset)
-        self.log_path = directory / (stem + LOG_SUFFIX)
+        self.log_path = directory / (stem + LOG_SUFFIX + suffix)
         self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
-        self.index = OffsetIndex(directory / (stem + INDEX_SUFFIX), base_offset)
-        self.time_index = TimeIndex(directory / (stem + TIME_INDEX_SUFFIX), base_offset)
+        self.index = OffsetIndex(directory / (stem + INDEX_SUFFIX + suffix), base_offset)
+        self.time_index = TimeIndex(directory / (stem + TIME_INDEX_SUFFIX + suffix), base_offset)
         stat = os.fstat(self._fd)
         self.size = stat.st_size
         # When the segment came into being, for segment.ms when its batches carry no time.
@@ -96,9 +100,11 @@ class LogSegment:
         self.pinned = 0
 
     @classmethod
-    def create(cls, directory: Path, base_offset: int, index_interval_bytes: int) -> LogSegment:
+    def create(
+        cls, directory: Path, base_offset: int, index_interval_bytes: int, suffix: str = ""
+    ) -> LogSegment:
         """A new, empty segment (any stale files of that name are emptied)."""
-        segment = cls(directory, base_offset, index_interval_bytes)
+        segment = cls(directory, base_offset, index_interval_bytes, suffix)
         if segment.size or len(segment.index) or len(segment.time_index):
             segment._truncate(0)
             segment.index.reset([])

@@ -27,6 +27,8 @@ RETENTION_BYTES = "retention.bytes"
 CLEANUP_POLICY = "cleanup.policy"
 DELETE_RETENTION_MS = "delete.retention.ms"
 MIN_COMPACTION_LAG_MS = "min.compaction.lag.ms"
+MAX_COMPACTION_LAG_MS = "max.compaction.lag.ms"
+MIN_CLEANABLE_DIRTY_RATIO = "min.cleanable.dirty.ratio"
 FLUSH_MESSAGES = "flush.messages"
 FLUSH_MS = "flush.ms"
 
@@ -66,6 +68,10 @@ class TopicConfig:
     delete_retention_ms: int = 86400000
     # Records younger than this are never compacted away.
     min_compaction_lag_ms: int = 0
+    # A dirty record older than this makes the log worth cleaning whatever its dirty ratio.
+    max_compaction_lag_ms: int = NEVER
+    # Clean a compacted log when its dirty bytes exceed this share of its cleanable bytes.
+    min_cleanable_dirty_ratio: float = 0.5
     # Force appended data to disk every this many messages / milliseconds.
     flush_messages: int = NEVER
     flush_ms: int = NEVER
@@ -108,6 +114,11 @@ class TopicConfig:
                 raise _invalid(name, value, ">= 0")
         if self.flush_messages < 1:
             raise _invalid(FLUSH_MESSAGES, self.flush_messages, ">= 1")
+        if self.max_compaction_lag_ms < 1:
+            raise _invalid(MAX_COMPACTION_LAG_MS, self.max_compaction_lag_ms, ">= 1")
+        if not 0 <= self.min_cleanable_dirty_ratio <= 1:
+            raise _invalid(MIN_CLEANABLE_DIRTY_RATIO, self.min_cleanable_dirty_ratio,
+                           "between 0 and 1")
         if not self._policies() <= {CLEANUP_DELETE, CLEANUP_COMPACT}:
             raise _invalid(CLEANUP_POLICY, self.cleanup_policy, "delete, compact or both")
 
@@ -121,6 +132,12 @@ class TopicConfig:
             raw = configs[name]
             if field in _TEXT_FIELDS:
                 changes[field] = raw
+                continue
+            if field in _FLOAT_FIELDS:
+                try:
+                    changes[field] = float(raw)
+                except ValueError:
+                    raise _invalid(name, raw, "a number") from None
                 continue
             try:
                 changes[field] = int(raw)
@@ -140,10 +157,13 @@ _FIELDS = {
     CLEANUP_POLICY: "cleanup_policy",
     DELETE_RETENTION_MS: "delete_retention_ms",
     MIN_COMPACTION_LAG_MS: "min_compaction_lag_ms",
+    MAX_COMPACTION_LAG_MS: "max_compaction_lag_ms",
+    MIN_CLEANABLE_DIRTY_RATIO: "min_cleanable_dirty_ratio",
     FLUSH_MESSAGES: "flush_messages",
     FLUSH_MS: "flush_ms",
 }
 _TEXT_FIELDS = frozenset({"message_timestamp_type", "cleanup_policy"})
+_FLOAT_FIELDS = frozenset({"min_cleanable_dirty_ratio"})
 
 
 def _invalid(name: str, value: object, expected: str) -> KafkaError:
