@@ -318,8 +318,9 @@ class ProducerStateManager:
         now_ms: int | None = None,
     ) -> int:
         """Rebuild the state on start-up from the newest usable snapshot and the batch
-        headers stored after it (see the module docstring). Returns the offset replay started
-        from."""
+        headers stored after it (see the module docstring). Also the way to rebuild it after
+        the log was cut back (a follower truncated to its leader): snapshots past the new end
+        are dropped. Returns the offset replay started from."""
         self._producers.clear()
         for leftover in self.directory.glob("*" + SNAPSHOT_SUFFIX + ".tmp"):
             leftover.unlink(missing_ok=True)
