@@ -46,6 +46,10 @@ class ClusterSpec:
     num_partitions: int = 1
     default_replication_factor: int = 1
     log_level: str = "INFO"
+    # How often log nodes run retention and the log cleaner (Kafka's
+    # log.retention.check.interval.ms and log.cleaner.backoff.ms); tests shorten them.
+    retention_check_interval_ms: int = 300_000
+    cleaner_backoff_ms: int = 15_000
 
 
 @dataclasses.dataclass(slots=True)
@@ -158,6 +162,8 @@ class LocalCluster:
                     "--node-id", str(i),
                     "--data-dir", str(self.data_dir / f"log-{i}"),
                     "--purgatory-address", purgatory.grpc_address,
+                    "--retention-check-interval-ms", str(spec.retention_check_interval_ms),
+                    "--cleaner-backoff-ms", str(spec.cleaner_backoff_ms),
                 ],
             )
             log_addresses.append(f"{i}={node.grpc_address}")

@@ -26,6 +26,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         log_nodes=3,
         num_partitions=3,
         log_level=os.environ.get("KBROKER_TEST_LOG_LEVEL", "INFO"),
+        # Retention and compaction tests wait for these rounds.
+        retention_check_interval_ms=500,
+        cleaner_backoff_ms=300,
     )
     local = LocalCluster(spec)
     local.start()
