@@ -34,6 +34,15 @@ crash-safely per :mod:`services.log.segment_swap`, whose leftovers :meth:`Partit
 settles first); a cleaned segment may end below the next one's base offset, or be empty, and
 reads step over such gaps. Appends to a compacted topic must give every record a key.
 
+Replication (:mod:`services.log.replica_state`, :mod:`services.log.leader_epochs`): a replica
+is a leader or a follower at a leader epoch, as the replicator says. Only a leader takes client
+appends, stamping each batch's partition leader epoch (a replica created without a state
+keeps what the writer gave); a follower takes the leader's batches as
+they are (:meth:`PartitionLog.append_as_follower`). A leader alone in the ISR commits its
+appends at once (high watermark = log end offset); otherwise the replicator moves the high
+watermark, and only a leader reports its moves to the listener (the purgatory). The leader
+epoch cache maps epochs to their first offsets.
+
 Mutations (appends, segment deletion, flushes) are serialised per partition by an asyncio lock;
 offsets are assigned by patching batch headers; reads and lookups run on the event loop without
 the lock, which is safe because a mutation changes the in-memory state only after its bytes are
@@ -44,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Coroutine, Sequence
@@ -54,11 +64,22 @@ from typing import Any
 
 from services.common.errors import ErrorCode, KafkaError
 
-from . import segment_swap
+from . import replica_state, segment_swap
+from .leader_epochs import LeaderEpochCache
 from .offset_index import MAX_RELATIVE_OFFSET
 from .producer_state import BatchMetadata, ProducerStateManager
-from .record_batch import NO_TIMESTAMP, assign_offsets, validate_append
+from .record_batch import (
+    HEADER_SIZE,
+    NO_TIMESTAMP,
+    PARTITION_LEADER_EPOCH_OFFSET,
+    Batch,
+    assign_offsets,
+    read_header,
+    stored_batch_problem,
+    validate_append,
+)
 from .record_codec import check_keys
+from .replica_state import ReplicaState, Role
 from .segment import INDEX_SUFFIX, LOG_SUFFIX, OFFSET_DIGITS, TIME_INDEX_SUFFIX, LogSegment
 from .topic_config import TimestampType, TopicConfig
 
@@ -73,6 +94,8 @@ LATEST_TIERED_TIMESTAMP = -5
 
 NO_OFFSET = -1
 NO_LEADER_EPOCH = -1
+
+_EPOCH_FIELD = struct.Struct(">i")
 
 HighWatermarkListener = Callable[[str, int, int], None]
 """Called with (topic, partition, new high watermark) whenever the high watermark moves."""
@@ -165,6 +188,10 @@ class PartitionLog:
         self._background: set[asyncio.Task[None]] = set()
         # Idempotent producers' epochs and last batches (rebuilt by open()).
         self.producer_state = ProducerStateManager(directory)
+        self.leader_epochs = LeaderEpochCache(directory)
+        self.state: ReplicaState = replica_state.STANDALONE
+        # Set (and replaced) whenever the log end offset grows; long-poll readers wait on it.
+        self._appended: asyncio.Event | None = None
 
     @classmethod
     def open(
@@ -235,7 +262,18 @@ class PartitionLog:
         )
         partition_log.truncated_at_open = truncated
         partition_log.producer_state.load(segments, partition_log.log_end_offset)
+        partition_log.leader_epochs.truncate_from_end(partition_log.log_end_offset)
+        partition_log._restore_state()
         return partition_log
+
+    def _restore_state(self) -> None:
+        state = replica_state.restored(replica_state.read(self.directory))
+        self.state = state
+        self.advance_high_watermark_on_append = state.commits_alone
+        if state.replicated:
+            # What was committed is not known here; the replicator sets it again. Until then
+            # consumers see nothing they might later have to unsee.
+            self._high_watermark = self._log_start_offset
 
     # ---------------------------------------------------------------------------- offsets
 
@@ -258,7 +296,8 @@ class PartitionLog:
         offset = min(max(offset, self.log_start_offset), self.log_end_offset)
         if offset != self._high_watermark:
             self._high_watermark = offset
-            if self._on_high_watermark is not None:
+            # Readers and producers wait on the leader's high watermark only.
+            if self._on_high_watermark is not None and self.state.role is Role.LEADER:
                 self._on_high_watermark(self.topic, self.partition, offset)
 
     @property
@@ -299,6 +338,11 @@ class PartitionLog:
             append_time = int(time.time() * 1000) if now_ms is None else now_ms
         async with self._lock:
             self._check_open()
+            state = self.state
+            if state.role is not Role.LEADER:
+                raise KafkaError(ErrorCode.not_leader_or_follower,
+                                 f"this replica of {self.topic}-{self.partition} is not the "
+                                 f"leader (it is {state.role.value})")
             base_offset = self.log_end_offset
             if expected_log_end_offset is not None and expected_log_end_offset != base_offset:
                 raise KafkaError(ErrorCode.invalid_update_version,
@@ -309,6 +353,13 @@ class PartitionLog:
             next_offset = assign_offsets(buffer, batches, base_offset, append_time)
             if next_offset - 1 - base_offset > MAX_RELATIVE_OFFSET:
                 raise KafkaError(ErrorCode.invalid_record, "offset range of the append too large")
+            if state.leader_epoch >= 0:
+                # Outside the CRC, like the base offset: stamped in place.
+                for batch in batches:
+                    _EPOCH_FIELD.pack_into(
+                        buffer, batch.position + PARTITION_LEADER_EPOCH_OFFSET,
+                        state.leader_epoch)
+                self.leader_epochs.assign(state.leader_epoch, base_offset)
             max_timestamp = max(batch.header.max_timestamp for batch in batches)
             if append_time is not None:
                 max_timestamp = append_time
@@ -316,6 +367,7 @@ class PartitionLog:
             segment.append(buffer, [batch.position for batch in batches])
             if producers is not None:
                 self.producer_state.complete(producers, base_offset, append_time)
+            self._signal_append()
             if self.advance_high_watermark_on_append:
                 self.high_watermark = self.log_end_offset
             self._unflushed_messages += next_offset - base_offset
@@ -408,6 +460,112 @@ class PartitionLog:
             not s.dirty for s in self._segments if s.base_offset < upto
         ):
             self.recovery_point = max(self.recovery_point, upto)
+
+    # ------------------------------------------------------------------------ replication
+
+    async def become(self, state: ReplicaState) -> bool:
+        """Take the place the replicator gives this replica (Kafka's ``makeLeader`` and
+        ``makeFollower``). A state from an older leader epoch than the replica's is refused
+        with FENCED_LEADER_EPOCH. A leader taking office at a new epoch records that the epoch
+        starts at the log end offset; a leader alone in the ISR commits everything it has.
+        The state is stored before it takes effect. Returns whether anything changed."""
+        if state.role is Role.UNKNOWN:
+            raise KafkaError(ErrorCode.invalid_request, "a replica must lead or follow")
+        async with self._lock:
+            self._check_open()
+            current = self.state
+            if state.leader_epoch < current.leader_epoch:
+                raise KafkaError(
+                    ErrorCode.fenced_leader_epoch,
+                    f"{self.topic}-{self.partition} is at leader epoch {current.leader_epoch}, "
+                    f"newer than {state.leader_epoch}")
+            if state == current:
+                return False
+            replica_state.write(self.directory, state)
+            self.state = state
+            if state.role is Role.LEADER:
+                self.leader_epochs.assign(state.leader_epoch, self.log_end_offset)
+            self.advance_high_watermark_on_append = state.commits_alone
+            if state.commits_alone:
+                self.high_watermark = self.log_end_offset
+            log.info("%s-%d: %s at leader epoch %d%s", self.topic, self.partition,
+                     state.role.value, state.leader_epoch,
+                     " (alone in the ISR)" if state.commits_alone else "")
+            return True
+
+    def _check_epoch(self, leader_epoch: int) -> None:
+        current = self.state.leader_epoch
+        if leader_epoch < current:
+            raise KafkaError(ErrorCode.fenced_leader_epoch,
+                             f"leader epoch {leader_epoch} is older than {current}")
+        if leader_epoch > current:
+            raise KafkaError(ErrorCode.unknown_leader_epoch,
+                             f"leader epoch {leader_epoch} is newer than {current}")
+
+    async def append_as_follower(
+        self, records: bytes, leader_epoch: int, high_watermark: int = NO_OFFSET
+    ) -> None:
+        """Append the leader's batches as they are (Kafka's ``appendAsFollower``): offsets,
+        epochs and timestamps were set by the leader. The batches must be intact (framing,
+        magic, CRC) and continue this log exactly: the first starts at the log end offset,
+        each next one where the previous ends, else nothing is stored and the error is
+        OFFSET_OUT_OF_RANGE (a gap or overlap: the caller resumes from the log end).
+        ``leader_epoch`` must be this replica's epoch (FENCED_LEADER_EPOCH when older,
+        UNKNOWN_LEADER_EPOCH when newer) and the replica a follower (else
+        NOT_LEADER_OR_FOLLOWER). Then the high watermark moves up to ``high_watermark``
+        (within the log end; -1: unchanged)."""
+        if self.state.role is not Role.FOLLOWER:
+            raise KafkaError(ErrorCode.not_leader_or_follower,
+                             f"this replica of {self.topic}-{self.partition} is not a follower "
+                             f"(it is {self.state.role.value})")
+        self._check_epoch(leader_epoch)
+        if records:
+            async with self._lock:
+                self._check_open()
+                # The lock was awaited: the state may have moved on meanwhile.
+                if self.state.role is not Role.FOLLOWER:
+                    raise KafkaError(ErrorCode.not_leader_or_follower,
+                                     f"{self.topic}-{self.partition} stopped following")
+                self._check_epoch(leader_epoch)
+                batches = _validate_replicated(records, self.log_end_offset)
+                last = batches[-1].header
+                max_timestamp = max(b.header.max_timestamp for b in batches)
+                segment = self._maybe_roll(len(records), last.last_offset, max_timestamp)
+                segment.append(records, [b.position for b in batches])
+                for batch in batches:
+                    self.producer_state.replay(batch.header)
+                    self.leader_epochs.assign(batch.header.partition_leader_epoch,
+                                              batch.header.base_offset)
+                self._signal_append()
+                self._unflushed_messages += last.next_offset - batches[0].header.base_offset
+                if self._unflushed_messages >= self.config.flush_messages:
+                    await self._flush_locked()
+        if high_watermark >= 0 and high_watermark > self._high_watermark:
+            self.high_watermark = high_watermark
+
+    def update_high_watermark(self, high_watermark: int, leader_epoch: int) -> None:
+        """The replicator's high watermark for this replica at ``leader_epoch`` (which must be
+        the replica's; see :meth:`append_as_follower`). It only moves forward, and never past
+        the log end offset."""
+        self._check_epoch(leader_epoch)
+        if high_watermark > self._high_watermark:
+            self.high_watermark = high_watermark
+
+    def end_offset_for_epoch(self, leader_epoch: int) -> tuple[int, int]:
+        """OffsetForLeaderEpoch on this replica: see
+        :meth:`~services.log.leader_epochs.LeaderEpochCache.end_offset_for`."""
+        return self.leader_epochs.end_offset_for(leader_epoch, self.log_end_offset)
+
+    def _signal_append(self) -> None:
+        appended, self._appended = self._appended, None
+        if appended is not None:
+            appended.set()
+
+    def appended(self) -> asyncio.Event:
+        """An event set by the next append of either kind (a long-poll reader awaits it)."""
+        if self._appended is None:
+            self._appended = asyncio.Event()
+        return self._appended
 
     # ------------------------------------------------------------------------------ reads
 
@@ -680,6 +838,29 @@ class PartitionLog:
         finally:
             for segment in self._segments:
                 segment.close()
+
+
+def _validate_replicated(records: bytes, log_end_offset: int) -> list[Batch]:
+    """The batches of a follower append, each intact and continuing the log exactly; raises
+    CORRUPT_MESSAGE or OFFSET_OUT_OF_RANGE (see :meth:`PartitionLog.append_as_follower`)."""
+    batches: list[Batch] = []
+    position, expected = 0, log_end_offset
+    while position < len(records):
+        if len(records) - position >= HEADER_SIZE:
+            base_offset = read_header(records, position).base_offset
+            if base_offset != expected:
+                raise KafkaError(ErrorCode.offset_out_of_range,
+                                 f"replicated batch starts at offset {base_offset}, the log "
+                                 f"continues at {expected}")
+        problem = stored_batch_problem(records, position, expected)
+        if problem is not None:
+            raise KafkaError(ErrorCode.corrupt_message,
+                             f"replicated batch at byte {position}: {problem}")
+        header = read_header(records, position)
+        batches.append(Batch(position, header))
+        position += header.size
+        expected = header.next_offset
+    return batches
 
 
 def _flush_all(segments: list[LogSegment]) -> None:

@@ -17,6 +17,7 @@ from . import metrics
 from .log_manager import LogManager
 from .partition_log import NO_LEADER_EPOCH, NO_OFFSET, PartitionLog, ReadLimit
 from .record_batch import NO_TIMESTAMP
+from .replica_state import ReplicaState, Role
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,10 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
         for spec in request.partitions:
             result = response.results.add(topic=spec.topic, partition=spec.partition)
             try:
-                self._manager.create(spec.topic, spec.partition, spec.topic_id, dict(spec.configs))
+                created = self._manager.create(spec.topic, spec.partition, spec.topic_id,
+                                               dict(spec.configs))
+                if spec.HasField("state"):
+                    await created.become(_replica_state(spec.state))
             except Exception as exc:  # noqa: BLE001 - becomes the partition's error code
                 result.error_code, result.error_message = _error_of("CreatePartitions", exc)
         metrics.PARTITIONS.set(len(self._manager))
@@ -131,7 +135,27 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
     async def Read(self, request, context):
         """Reads each partition in order under the request's overall byte limit, as Kafka's
         fetch does: only the first partition that returns data may exceed a limit (with one
-        whole batch); after it, partitions get at most what remains of the budget."""
+        whole batch); after it, partitions get at most what remains of the budget. With
+        ``max_wait_ms``, a read that found nothing (and no error) waits for the next append to
+        any of the partitions, or the time limit, and reads again."""
+        response = self._read(request)
+        if request.max_wait_ms <= 0 or any(r.records or r.error_code for r in response.results):
+            return response
+        try:
+            events = [self._manager.get(r.topic, r.partition).appended()
+                      for r in request.partitions]
+        except KafkaError:
+            return response  # deleted meanwhile: the next read reports it
+        waiters = [asyncio.ensure_future(event.wait()) for event in events]
+        try:
+            await asyncio.wait(waiters, timeout=request.max_wait_ms / 1000,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+        return self._read(request)
+
+    def _read(self, request: log_pb2.ReadRequest) -> log_pb2.ReadResponse:
         started = time.perf_counter()
         limit = _READ_LIMITS.get(request.limit, ReadLimit.HIGH_WATERMARK)
         budget = request.max_bytes if request.max_bytes > 0 else None
@@ -221,6 +245,83 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
         return response
 
 
+    async def UpdateReplicaStates(self, request, context):
+        response = log_pb2.UpdateReplicaStatesResponse()
+        for state in request.states:
+            result = response.results.add(topic=state.topic, partition=state.partition)
+            try:
+                await self._manager.get(state.topic, state.partition).become(
+                    _replica_state(state))
+            except Exception as exc:  # noqa: BLE001
+                result.error_code, result.error_message = _error_of("UpdateReplicaStates", exc)
+        return response
+
+    async def ReplicateAppend(self, request, context):
+        response = log_pb2.ReplicateAppendResponse()
+        for item in request.partitions:
+            result = response.results.add(topic=item.topic, partition=item.partition)
+            partition_log: PartitionLog | None = None
+            try:
+                partition_log = self._manager.get(item.topic, item.partition)
+                await partition_log.append_as_follower(item.records, item.leader_epoch,
+                                                       item.high_watermark)
+            except Exception as exc:  # noqa: BLE001
+                result.error_code, result.error_message = _error_of("ReplicateAppend", exc)
+            _fill_ends(result, partition_log)
+        return response
+
+    async def UpdateHighWatermarks(self, request, context):
+        response = log_pb2.UpdateHighWatermarksResponse()
+        for item in request.partitions:
+            result = response.results.add(topic=item.topic, partition=item.partition)
+            try:
+                self._manager.get(item.topic, item.partition).update_high_watermark(
+                    item.high_watermark, item.leader_epoch)
+            except Exception as exc:  # noqa: BLE001
+                result.error_code, result.error_message = _error_of("UpdateHighWatermarks", exc)
+        return response
+
+    async def OffsetForLeaderEpoch(self, request, context):
+        response = log_pb2.OffsetForLeaderEpochResponse()
+        for item in request.partitions:
+            result = response.results.add(topic=item.topic, partition=item.partition)
+            try:
+                result.leader_epoch, result.end_offset = self._manager.get(
+                    item.topic, item.partition).end_offset_for_epoch(item.leader_epoch)
+            except Exception as exc:  # noqa: BLE001
+                result.error_code, _ = _error_of("OffsetForLeaderEpoch", exc)
+                result.leader_epoch, result.end_offset = NO_LEADER_EPOCH, NO_OFFSET
+        return response
+
+
+_ROLES = {
+    log_pb2.REPLICA_ROLE_LEADER: Role.LEADER,
+    log_pb2.REPLICA_ROLE_FOLLOWER: Role.FOLLOWER,
+}
+_ROLE_VALUES = {
+    Role.UNKNOWN: log_pb2.REPLICA_ROLE_UNKNOWN,
+    Role.LEADER: log_pb2.REPLICA_ROLE_LEADER,
+    Role.FOLLOWER: log_pb2.REPLICA_ROLE_FOLLOWER,
+}
+
+
+def _replica_state(message: log_pb2.ReplicaState) -> ReplicaState:
+    role = _ROLES.get(message.role)
+    if role is None:
+        raise KafkaError(ErrorCode.invalid_request, "a replica state must lead or follow")
+    return ReplicaState(role=role, leader_epoch=message.leader_epoch,
+                        in_sync_alone=message.in_sync_alone)
+
+
+def _fill_ends(result: log_pb2.PartitionReplicateResult,
+               partition_log: PartitionLog | None) -> None:
+    if partition_log is None:
+        result.log_end_offset = result.high_watermark = NO_OFFSET
+    else:
+        result.log_end_offset = partition_log.log_end_offset
+        result.high_watermark = partition_log.high_watermark
+
+
 def _fill_offsets(result: log_pb2.PartitionReadResult, partition_log: PartitionLog | None) -> None:
     """Offsets of a failed read: the replica's own when it exists (they tell a reader whose
     offset is out of range where the log is), else unknown (-1)."""
@@ -241,3 +342,6 @@ def _describe(state: log_pb2.PartitionState, partition_log: PartitionLog) -> Non
     state.high_watermark = partition_log.high_watermark
     state.size_bytes = partition_log.size_bytes
     state.segments = partition_log.segment_count
+    state.leader_epoch = partition_log.state.leader_epoch
+    state.role = _ROLE_VALUES[partition_log.state.role]
+    state.latest_log_epoch = partition_log.leader_epochs.latest_epoch

@@ -1,0 +1,270 @@
+"""Service tests of a log node's replication side: replica states (leader, follower, epochs),
+follower appends, high watermark updates, long-poll reads, OffsetForLeaderEpoch, and what a
+replicated replica is after a restart. Real LogService on port 0, data in tmp_path."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from kbroker.log.v1 import log_pb2, log_pb2_grpc
+from services.common.channels import insecure_channel
+from services.common.errors import ErrorCode
+from services.log.config import LogConfig
+from services.log.record_batch import iter_batches
+from services.log.server import LogService, start
+
+from ..record_batches import build_batch, values
+from .test_service import append, describe, read, run_node
+
+LEADER = log_pb2.REPLICA_ROLE_LEADER
+FOLLOWER = log_pb2.REPLICA_ROLE_FOLLOWER
+LOG_END = log_pb2.READ_LIMIT_LOG_END
+
+
+def state(topic: str, role: int, epoch: int, alone: bool = False,
+          partition: int = 0) -> log_pb2.ReplicaState:
+    return log_pb2.ReplicaState(topic=topic, partition=partition, role=role, leader_epoch=epoch,
+                                in_sync_alone=alone)
+
+
+async def create_with(stub: log_pb2_grpc.LogServiceStub, topic: str,
+                      replica: log_pb2.ReplicaState) -> None:
+    response = await stub.CreatePartitions(log_pb2.CreatePartitionsRequest(partitions=[
+        log_pb2.PartitionSpec(topic=topic, partition=0, topic_id="tid", state=replica)]))
+    assert [r.error_code for r in response.results] == [0]
+
+
+async def become(stub: log_pb2_grpc.LogServiceStub, *states: log_pb2.ReplicaState) -> list[int]:
+    response = await stub.UpdateReplicaStates(log_pb2.UpdateReplicaStatesRequest(states=states))
+    return [r.error_code for r in response.results]
+
+
+async def replicate(stub: log_pb2_grpc.LogServiceStub, topic: str, records: bytes, epoch: int,
+                    high_watermark: int = -1) -> log_pb2.PartitionReplicateResult:
+    response = await stub.ReplicateAppend(log_pb2.ReplicateAppendRequest(partitions=[
+        log_pb2.PartitionReplicate(topic=topic, partition=0, leader_epoch=epoch,
+                                   records=records, high_watermark=high_watermark)]))
+    [result] = response.results
+    return result
+
+
+def epochs_of(records: bytes) -> list[int]:
+    return [b.header.partition_leader_epoch for b in iter_batches(records)]
+
+
+def test_a_leader_stamps_its_epoch_and_a_follower_refuses_client_appends(tmp_path: Path) -> None:
+    async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
+        await create_with(stub, "led", state("led", LEADER, 4))
+        await create_with(stub, "followed", state("followed", FOLLOWER, 4))
+        result = await append(stub, "led", build_batch(values(2), partition_leader_epoch=-1))
+        assert (result.error_code, result.log_end_offset) == (0, 2)
+        # Replicated: the leader's own append does not commit anything.
+        assert result.high_watermark == 0
+        stored = await stub.Read(log_pb2.ReadRequest(limit=LOG_END, partitions=[
+            log_pb2.PartitionRead(topic="led", partition=0, offset=0, max_bytes=1 << 20)]))
+        assert epochs_of(stored.results[0].records) == [4]
+        refused = await append(stub, "followed", build_batch(values(1)))
+        assert refused.error_code == ErrorCode.not_leader_or_follower.value
+        described = await describe(stub, "led")
+        assert (described.role, described.leader_epoch, described.latest_log_epoch) == (
+            LEADER, 4, 4)
+
+    run_node(tmp_path, body)
+
+
+def test_a_leader_alone_in_the_isr_commits_at_once(tmp_path: Path) -> None:
+    async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
+        await create_with(stub, "t", state("t", LEADER, 0))
+        await append(stub, "t", build_batch(values(3)))
+        assert (await describe(stub, "t")).high_watermark == 0
+        # The ISR shrank to the leader: everything it has is committed.
+        assert await become(stub, state("t", LEADER, 0, alone=True)) == [0]
+        assert (await describe(stub, "t")).high_watermark == 3
+        result = await append(stub, "t", build_batch(values(2)))
+        assert result.high_watermark == result.log_end_offset == 5
+
+    run_node(tmp_path, body)
+
+
+def test_states_from_older_epochs_are_fenced(tmp_path: Path) -> None:
+    async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
+        await create_with(stub, "t", state("t", FOLLOWER, 5))
+        assert await become(stub, state("t", LEADER, 4)) == [ErrorCode.fenced_leader_epoch.value]
+        assert await become(stub, state("t", LEADER, 6), state("nope", LEADER, 1)) == [
+            0, ErrorCode.unknown_topic_or_partition.value]
+        assert (await describe(stub, "t")).role == LEADER
+
+    run_node(tmp_path, body)
+
+
+def test_follower_appends_copy_the_leaders_batches_exactly(tmp_path: Path) -> None:
+    async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
+        await create_with(stub, "lead", state("lead", LEADER, 2))
+        await create_with(stub, "copy", state("copy", FOLLOWER, 2))
+        await append(stub, "lead", build_batch(values(3), producer_id=9, producer_epoch=0,
+                                               base_sequence=0))
+        await append(stub, "lead", build_batch(values(1)))
+        await append(stub, "lead", build_batch(values(4)))
+        leader = (await stub.Read(log_pb2.ReadRequest(limit=LOG_END, partitions=[
+            log_pb2.PartitionRead(topic="lead", partition=0, offset=0, max_bytes=1 << 20)])))
+        records = leader.results[0].records
+        result = await replicate(stub, "copy", records, epoch=2, high_watermark=6)
+        assert (result.error_code, result.log_end_offset, result.high_watermark) == (0, 8, 6)
+        copied = await stub.Read(log_pb2.ReadRequest(limit=LOG_END, partitions=[
+            log_pb2.PartitionRead(topic="copy", partition=0, offset=0, max_bytes=1 << 20)]))
+        assert copied.results[0].records == records
+        assert (await describe(stub, "copy")).latest_log_epoch == 2
+        # Nothing new: only the high watermark moves, never backwards.
+        moved = await replicate(stub, "copy", b"", epoch=2, high_watermark=8)
+        assert moved.high_watermark == 8
+        assert (await replicate(stub, "copy", b"", epoch=2, high_watermark=1)).high_watermark == 8
+
+    run_node(tmp_path, body)
+
+
+def test_follower_appends_that_do_not_continue_the_log_store_nothing(tmp_path: Path) -> None:
+    async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
+        await create_with(stub, "t", state("t", FOLLOWER, 1))
+        first = build_batch(values(2), base_offset=0)
+        assert (await replicate(stub, "t", first, epoch=1)).log_end_offset == 2
+        gap = await replicate(stub, "t", build_batch(values(2), base_offset=5), epoch=1)
+        assert (gap.error_code, gap.log_end_offset) == (ErrorCode.offset_out_of_range.value, 2)
+        overlap = await replicate(stub, "t", first, epoch=1)
+        assert overlap.error_code == ErrorCode.offset_out_of_range.value
+        corrupt = bytearray(build_batch(values(2), base_offset=2))
+        corrupt[70] ^= 1
+        damaged = await replicate(stub, "t", bytes(corrupt), epoch=1)
+        assert damaged.error_code == ErrorCode.corrupt_message.value
+        assert (await replicate(stub, "t", build_batch(values(1), base_offset=2), epoch=0)
+                ).error_code == ErrorCode.fenced_leader_epoch.value
+        assert (await replicate(stub, "t", build_batch(values(1), base_offset=2), epoch=3)
+                ).error_code == ErrorCode.unknown_leader_epoch.value
+        assert (await describe(stub, "t")).log_end_offset == 2
+
+    run_node(tmp_path, body)
+
+
+def test_a_leader_refuses_follower_appends(tmp_path: Path) -> None:
+    async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
+        await create_with(stub, "t", state("t", LEADER, 1))
+        refused = await replicate(stub, "t", build_batch(values(1)), epoch=1)
+        assert refused.error_code == ErrorCode.not_leader_or_follower.value
+
+    run_node(tmp_path, body)
+
+
+def test_high_watermark_updates_check_the_epoch_and_clamp_to_the_log_end(tmp_path: Path) -> None:
+    async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
+        await create_with(stub, "t", state("t", LEADER, 3))
+        await append(stub, "t", build_batch(values(5)))
+
+        async def update(epoch: int, offset: int) -> int:
+            response = await stub.UpdateHighWatermarks(log_pb2.UpdateHighWatermarksRequest(
+                partitions=[log_pb2.PartitionHighWatermark(
+                    topic="t", partition=0, leader_epoch=epoch, high_watermark=offset)]))
+            return response.results[0].error_code
+
+        assert await update(3, 2) == 0
+        assert (await read(stub, "t", 0)).high_watermark == 2
+        assert await update(2, 4) == ErrorCode.fenced_leader_epoch.value
+        assert await update(3, 99) == 0
+        assert (await describe(stub, "t")).high_watermark == 5
+
+    run_node(tmp_path, body)
+
+
+def test_a_long_poll_read_returns_as_soon_as_data_arrives(tmp_path: Path) -> None:
+    async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
+        await create_with(stub, "t", state("t", LEADER, 0))
+        request = log_pb2.ReadRequest(limit=LOG_END, max_wait_ms=5000, partitions=[
+            log_pb2.PartitionRead(topic="t", partition=0, offset=0, max_bytes=1 << 20)])
+        started = time.monotonic()
+        waiting = asyncio.ensure_future(stub.Read(request))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        await append(stub, "t", build_batch(values(2)))
+        response = await asyncio.wait_for(waiting, 3)
+        assert [b.header.base_offset for b in iter_batches(response.results[0].records)] == [0]
+        assert time.monotonic() - started < 3
+        # Nothing arrives: the read answers empty after its wait.
+        request.partitions[0].offset = 2
+        request.max_wait_ms = 200
+        started = time.monotonic()
+        empty = await stub.Read(request)
+        assert empty.results[0].records == b"" and time.monotonic() - started >= 0.19
+
+    run_node(tmp_path, body)
+
+
+def test_offset_for_leader_epoch(tmp_path: Path) -> None:
+    async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
+        await create_with(stub, "t", state("t", LEADER, 1))
+        await append(stub, "t", build_batch(values(3)))
+        assert await become(stub, state("t", LEADER, 4)) == [0]
+        await append(stub, "t", build_batch(values(2)))
+        response = await stub.OffsetForLeaderEpoch(log_pb2.OffsetForLeaderEpochRequest(
+            partitions=[log_pb2.PartitionLeaderEpoch(topic="t", partition=0, leader_epoch=e)
+                        for e in (1, 2, 4, 7)] + [
+                log_pb2.PartitionLeaderEpoch(topic="x", partition=0, leader_epoch=1)]))
+        assert [(r.error_code, r.leader_epoch, r.end_offset) for r in response.results] == [
+            (0, 1, 3), (0, 1, 3), (0, 4, 5), (0, -1, -1),
+            (ErrorCode.unknown_topic_or_partition.value, -1, -1)]
+
+    run_node(tmp_path, body)
+
+
+def test_a_replicated_replica_waits_for_its_state_after_a_restart(tmp_path: Path) -> None:
+    async def main() -> None:
+        config = LogConfig(data_dir=str(tmp_path / "data"), grpc_address="127.0.0.1:0")
+        service = await start(config)
+        try:
+            channel = insecure_channel(f"127.0.0.1:{service.port}")
+            stub = log_pb2_grpc.LogServiceStub(channel)
+            await create_with(stub, "replicated", state("replicated", LEADER, 2))
+            await create_with(stub, "alone", state("alone", LEADER, 0, alone=True))
+            for topic in ("replicated", "alone"):
+                await append(stub, topic, build_batch(values(4)))
+            await stub.UpdateHighWatermarks(log_pb2.UpdateHighWatermarksRequest(partitions=[
+                log_pb2.PartitionHighWatermark(topic="replicated", partition=0, leader_epoch=2,
+                                               high_watermark=4)]))
+            await channel.close()
+        finally:
+            await service.stop(0)
+        service = await start(config)
+        channel = insecure_channel(f"127.0.0.1:{service.port}")
+        stub = log_pb2_grpc.LogServiceStub(channel)
+        try:
+            replicated = await describe(stub, "replicated")
+            assert (replicated.role, replicated.leader_epoch) == (
+                log_pb2.REPLICA_ROLE_UNKNOWN, 2)
+            # What was committed is for the replicator to say again.
+            assert (replicated.log_end_offset, replicated.high_watermark) == (4, 0)
+            refused = await append(stub, "replicated", build_batch(values(1)))
+            assert refused.error_code == ErrorCode.not_leader_or_follower.value
+            alone = await describe(stub, "alone")
+            assert (alone.role, alone.high_watermark) == (LEADER, 4)
+            assert (await append(stub, "alone", build_batch(values(1)))).error_code == 0
+            assert await become(stub, state("replicated", LEADER, 2)) == [0]
+            assert (await append(stub, "replicated", build_batch(values(1)))).error_code == 0
+        finally:
+            await channel.close()
+            await service.stop(0)
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_only_leaders_report_high_watermarks(tmp_path: Path) -> None:
+    reported: list[tuple[str, int, int]] = []
+
+    async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
+        await create_with(stub, "lead", state("lead", LEADER, 0, alone=True))
+        await create_with(stub, "copy", state("copy", FOLLOWER, 0))
+        for partition_log in service.manager.partitions():
+            partition_log._on_high_watermark = lambda *args: reported.append(args)
+        await append(stub, "lead", build_batch(values(2)))
+        await replicate(stub, "copy", build_batch(values(2)), epoch=0, high_watermark=2)
+        assert reported == [("lead", 0, 2)]
+
+    run_node(tmp_path, body)
