@@ -7,10 +7,11 @@
     purgatory_growth    operations pending in the purgatory, per kind, grew by at least
                         ``growth_threshold`` since the previous micro-batch
 
-Each micro-batch is one snapshot of the endpoints (the data source takes a fresh one per
-trigger); alerts go to the console (one line each) and to the list :func:`watch` returns.
-Replicator gauges are taken as the maximum over instances (a standby may lag the active one),
-purgatory gauges are summed over instances (shards).
+The data source streams a snapshot from every endpoint each ``interval`` (``Metrics/Stream``,
+offsets are the snapshots' cursors); a micro-batch evaluates the newest snapshot of each
+endpoint it received. Alerts go to the console (one line each) and to the list :func:`watch`
+returns. Replicator gauges are taken as the maximum over instances (a standby may lag the
+active one), purgatory gauges are summed over instances (shards).
 
 Run until Ctrl-C, or for a bounded number of batches::
 
@@ -89,6 +90,21 @@ class HealthState:
         return alerts
 
 
+def newest_snapshot(rows: list[Any]) -> list[tuple[str, dict[str, str], float]]:
+    """(family, labels, value) of the newest snapshot per endpoint among ``rows`` of
+    (endpoint, timestamp, process_id, sequence, family, labels, value): a batch holds several
+    snapshots of an endpoint when Spark falls behind the stream. Newest by the snapshot's time,
+    then sequence (a restarted process numbers from 1 again)."""
+    newest: dict[str, tuple[Any, int, str]] = {}
+    for endpoint, timestamp, process_id, sequence, *_ in rows:
+        key = (timestamp, sequence, process_id)
+        if endpoint not in newest or key > newest[endpoint]:
+            newest[endpoint] = key
+    return [(family, labels, value)
+            for endpoint, timestamp, process_id, sequence, family, labels, value in rows
+            if newest[endpoint] == (timestamp, sequence, process_id)]
+
+
 def watch(
     spark: Any,
     options: dict[str, str],
@@ -109,14 +125,16 @@ def watch(
     done = threading.Event()
     stream = (
         spark.readStream.format("kbroker_metrics")
-        .options(**{**options, "prefixes": ",".join(PREFIXES)})
+        .options(**{**options, "prefixes": ",".join(PREFIXES),
+                    "interval_ms": str(max(int(interval * 1000), 100))})
         .load()
     )
 
     def on_batch(frame: Any, batch_id: int) -> None:
-        rows = frame.select("family", "labels", "value").collect()
+        rows = frame.select("endpoint", "timestamp", "process_id", "sequence", "family",
+                            "labels", "value").collect()
         with lock:
-            for alert in state.evaluate(batch_id, [(r[0], r[1], r[2]) for r in rows]):
+            for alert in state.evaluate(batch_id, newest_snapshot(rows)):
                 print(alert.line(), flush=True)
             if max_batches is not None and state.batches >= max_batches:
                 done.set()

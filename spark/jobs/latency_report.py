@@ -5,11 +5,15 @@ Read once (``kbroker_metrics``, cached, so every table comes from the same insta
 
     metrics.parquet     every sample read (the raw snapshot)
     requests.parquet    per API: requests, request/response bytes, error responses (frontend)
-    latency.parquet     per API and phase (local, remote, response_send, total): count, mean,
+    latency.parquet     per API and phase (request_queue, local, remote, response_queue,
+                        response_send, total: Kafka's RequestMetrics): count, mean,
                         p50/p99/p999 seconds, interpolated inside the frontend histogram buckets
                         (Prometheus histogram_quantile), summed over frontend instances first
-    topics.parquet      per topic: bytes and batches appended and bytes read on the log nodes
-                        (appends count every replica: leader appends and follower fetches)
+    topics.parquet      per topic: bytes in and out at the frontends (Kafka's BytesInPerSec /
+                        BytesOutPerSec: produced records appended, records fetched), as totals
+                        and as bytes per second averaged since each frontend started; bytes
+                        and batches appended and bytes read on the log nodes (appends count
+                        every replica: leader appends and follower fetches)
     purgatory.parquet   per operation kind: pending now, completed, expired, p99 park time
     latency.png         p50/p99/p999 total time per API (log scale), and p99 per phase
     report.md           the tables above in Markdown
@@ -31,7 +35,7 @@ from typing import Any
 from spark.histogram import histogram_quantile, parse_le
 
 QUANTILES = {"p50": 0.5, "p99": 0.99, "p999": 0.999}
-PHASES = ("local", "remote", "response_send", "total")
+PHASES = ("request_queue", "local", "remote", "response_queue", "response_send", "total")
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,13 +139,30 @@ def compute(raw: Any) -> dict[str, Any]:
             .agg(F.sum("value").cast("long").alias(name))
         )
 
-    topics = per_topic("kbroker_log_appended_bytes_total", "appended_bytes")
+    def per_topic_rate(sample: str, name: str) -> Any:
+        # Counters since each process started: bytes / uptime per instance, then summed.
+        uptime = (F.unix_millis("timestamp") - F.unix_millis("process_start")) / 1000
+        return (
+            raw.filter(F.col("sample") == sample)
+            .withColumn("rate", F.when(uptime > 0, F.col("value") / uptime).otherwise(0.0))
+            .groupBy(F.col("labels")["topic"].alias("topic"))
+            .agg(F.sum("rate").alias(name))
+        )
+
+    topics = per_topic("kbroker_frontend_topic_bytes_in_total", "bytes_in")
     for sample, name in (
+        ("kbroker_frontend_topic_bytes_out_total", "bytes_out"),
+        ("kbroker_log_appended_bytes_total", "appended_bytes"),
         ("kbroker_log_appended_batches_total", "appended_batches"),
         ("kbroker_log_read_bytes_total", "read_bytes"),
     ):
         topics = topics.join(per_topic(sample, name), "topic", "full")
-    topics = topics.fillna(0).orderBy(F.desc("appended_bytes"), "topic")
+    for sample, name in (
+        ("kbroker_frontend_topic_bytes_in_total", "bytes_in_per_s"),
+        ("kbroker_frontend_topic_bytes_out_total", "bytes_out_per_s"),
+    ):
+        topics = topics.join(per_topic_rate(sample, name), "topic", "full")
+    topics = topics.fillna(0).orderBy(F.desc("bytes_in"), F.desc("appended_bytes"), "topic")
 
     def per_kind(sample: str, name: str) -> Any:
         return (
@@ -184,8 +205,12 @@ def _markdown_table(rows: list[dict[str, Any]]) -> str:
 
 def _markdown_counts(rows: list[dict[str, Any]]) -> str:
     # Counts and bytes tables: no float formatting as milliseconds.
-    return _markdown_table([{k: (str(v) if v is not None else "-") for k, v in r.items()}
-                            for r in rows])
+    def text(value: Any) -> str:
+        if value is None:
+            return "-"
+        return f"{value:.1f}" if isinstance(value, float) else str(value)
+
+    return _markdown_table([{k: text(v) for k, v in r.items()} for r in rows])
 
 
 def write_chart(latency: list[dict[str, Any]], path: Path) -> None:
@@ -208,10 +233,12 @@ def write_chart(latency: list[dict[str, Any]], path: Path) -> None:
         left.set_yscale("log")
         left.legend()
     phases = [p for p in PHASES if p != "total"]
+    phase_width = 0.8 / len(phases)
     for i, phase in enumerate(phases):
         by_api = {r["api"]: r for r in latency if r["phase"] == phase}
         values = [((by_api.get(a) or {}).get("p99_seconds") or 0.0) * 1000 for a in apis]
-        right.bar([x + (i - 1) * width for x in range(len(apis))], values, width, label=phase)
+        offset = (i - (len(phases) - 1) / 2) * phase_width
+        right.bar([x + offset for x in range(len(apis))], values, phase_width, label=phase)
     right.set_xticks(range(len(apis)), apis, rotation=45, ha="right")
     right.set_ylabel("p99 (ms)")
     right.set_title("p99 per request phase")
@@ -230,7 +257,11 @@ def write_markdown(report: Report, path: Path) -> None:
         "by the bucket edges; the last finite bucket is 30 s.\n",
         "## Requests per API (frontend)\n", _markdown_counts(report.requests),
         "## Latency per API and phase\n", _markdown_table(report.latency),
-        "## Throughput per topic (log nodes, all replicas)\n", _markdown_counts(report.topics),
+        "## Throughput per topic\n",
+        "bytes_in / bytes_out: record bytes produced (appended) and fetched through the "
+        "frontends (BytesInPerSec / BytesOutPerSec), totals and per second averaged since "
+        "each frontend started; appended / read: on the log nodes, every replica.\n",
+        _markdown_counts(report.topics),
         "## Purgatory pressure\n", _markdown_table(report.purgatory),
         "![latency](latency.png)\n",
     ]

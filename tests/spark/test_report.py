@@ -90,15 +90,26 @@ def test_report_counts_equal_prometheus_counters(cluster, spark, tmp_path: Path)
     assert {r["api"]: r["requests"] for r in report.requests} == before
 
     latency = {(r["api"], r["phase"]): r for r in report.latency}
-    for phase in ("local", "remote", "response_send", "total"):
-        row = latency[("Produce", phase)]
-        assert row["count"] == before["Produce"]
-        assert 0 <= row["p50_seconds"] <= row["p99_seconds"] <= row["p999_seconds"]
-    assert latency[("Produce", "remote")]["p99_seconds"] > 0
+    for phase in ("request_queue", "local", "remote", "response_queue", "response_send",
+                  "total"):
+        for api in ("Produce", "Fetch"):
+            row = latency[(api, phase)]
+            assert row["count"] == before[api]
+            assert 0 <= row["p50_seconds"] <= row["p99_seconds"] <= row["p999_seconds"]
+    # The consumer's fetches at the end of the data parked in the purgatory (remote time).
+    assert latency[("Fetch", "remote")]["mean_seconds"] > 0
+    assert latency[("Produce", "total")]["mean_seconds"] \
+        >= latency[("Produce", "remote")]["mean_seconds"]
 
     topics = {r["topic"]: r for r in report.topics}
-    assert topics[topic]["appended_batches"] > 0
-    assert topics[topic]["read_bytes"] > 0
+    row = topics[topic]
+    assert row["appended_batches"] > 0
+    assert row["read_bytes"] > 0
+    # Replication factor 1: the frontend's bytes in are exactly the bytes the leaders appended,
+    # and the consumer fetched every record once.
+    assert row["bytes_in"] == row["appended_bytes"] > 0
+    assert row["bytes_out"] >= row["bytes_in"]
+    assert row["bytes_in_per_s"] > 0 and row["bytes_out_per_s"] > 0
 
     out = report.output
     for name in ("metrics", "requests", "latency", "topics", "purgatory"):
