@@ -20,11 +20,14 @@ import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
+from google.protobuf import message_factory
 from google.protobuf.message import Message
 
-from kbroker.handler.v1 import handler_pb2_grpc
+from kbroker.handler.v1 import handler_pb2, handler_pb2_grpc
+from services.common.call_streams import CallStream
 from services.common.channels import insecure_channel
 from services.common.discovery import Resolver, StaticResolver, changes, resolver_for
 from services.common.metrics import REMOTE_TIME_METADATA_KEY
@@ -64,11 +67,42 @@ class HandlerCallError(Exception):
         self.availability = availability
 
 
-def _never_reached(error: grpc.aio.AioRpcError) -> bool:
+def _never_reached(error: grpc.aio.AioRpcError | StreamCallError) -> bool:
     if error.code() != grpc.StatusCode.UNAVAILABLE:
         return False
     details = (error.details() or "").lower()
     return any(marker in details for marker in _NOT_CONNECTED_MARKERS)
+
+
+class StreamCallError(Exception):
+    """A call over a handler stream failed; shaped like ``grpc.aio.AioRpcError`` (``code()``,
+    ``details()``) so both paths share one retry policy. ``answered``: the handler itself
+    answered with this status (as opposed to the stream failing)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, *, answered: bool = False) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self._code = code
+        self._details = details
+        self.answered = answered
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
+_KAFKA_METHODS = handler_pb2.DESCRIPTOR.services_by_name["KafkaHandler"].methods_by_name
+_RESPONSE_TYPES: dict[str, Any] = {}
+
+
+def _response_type(rpc: str) -> Any:
+    response_type = _RESPONSE_TYPES.get(rpc)
+    if response_type is None:
+        response_type = message_factory.GetMessageClass(_KAFKA_METHODS[rpc].output_type)
+        _RESPONSE_TYPES[rpc] = response_type
+    return response_type
 
 
 @dataclass(slots=True)
@@ -76,6 +110,46 @@ class _Handler:
     address: str
     channel: grpc.aio.Channel
     stub: handler_pb2_grpc.KafkaHandlerStub
+    # Calls go over one long-lived KafkaHandlerStream/Exchange stream (cheaper than a unary
+    # call each); a handler without that service gets unary calls.
+    stream: CallStream | None = None
+    streaming: bool = True
+
+    def call_stream(self) -> CallStream:
+        if self.stream is None:
+            stream_stub = handler_pb2_grpc.KafkaHandlerStreamStub(self.channel)
+            self.stream = CallStream(stream_stub.Exchange, StreamCallError)
+        return self.stream
+
+    async def call(self, rpc: str, request: Message, metadata: Metadata,
+                   time_limit: float) -> tuple[Message, Sequence[tuple[str, Any]]]:
+        """One attempt on this handler: the response and its trailing metadata."""
+        if self.streaming:
+            message = handler_pb2.HandlerCall(method=rpc, request=request.SerializeToString())
+            for key, value in metadata:
+                message.metadata.add(key=key, value=value)
+            try:
+                reply = await self.call_stream().call(message, time_limit)
+            except StreamCallError as e:
+                if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                # No stream service there (an older handler): nothing was served.
+                self.streaming = False
+            else:
+                if reply.status_code:
+                    raise StreamCallError(
+                        _STATUS_CODES.get(reply.status_code, grpc.StatusCode.UNKNOWN),
+                        reply.status_details, answered=True)
+                trailers = [(m.key, m.value) for m in reply.trailing_metadata]
+                return _response_type(rpc).FromString(reply.response), trailers
+        call = getattr(self.stub, rpc)(request, metadata=metadata, timeout=time_limit)
+        response = await call
+        return response, await call.trailing_metadata()
+
+    async def close(self, grace: float | None = None) -> None:
+        if self.stream is not None:
+            await self.stream.close()
+        await self.channel.close(grace)
 
 
 class HandlerPool:
@@ -123,7 +197,7 @@ class HandlerPool:
         known = {h.address: h for h in self._handlers}
         for gone in set(known) - set(wanted):
             task = asyncio.get_running_loop().create_task(
-                known[gone].channel.close(CLOSE_GRACE_SECONDS))
+                known[gone].close(CLOSE_GRACE_SECONDS))
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
         handlers = []
@@ -174,7 +248,7 @@ class HandlerPool:
         deadline = loop.time() + time_limit
         tried: set[str] = set()
         reached = False
-        last: grpc.aio.AioRpcError | None = None
+        last: grpc.aio.AioRpcError | StreamCallError | None = None
         for attempt in range(self.max_attempts):
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -185,10 +259,9 @@ class HandlerPool:
                                        reached=reached, availability=True)
             tried.add(handler.address)
             try:
-                call = getattr(handler.stub, rpc)(request, metadata=metadata, timeout=remaining)
-                response = await call
-                return response, _remote_seconds(await call.trailing_metadata())
-            except grpc.aio.AioRpcError as e:
+                response, trailers = await handler.call(rpc, request, metadata, remaining)
+                return response, _remote_seconds(trailers)
+            except (grpc.aio.AioRpcError, StreamCallError) as e:
                 last = e
                 if _never_reached(e):
                     log.debug("%s: handler %s unreachable: %s", rpc, handler.address,
@@ -216,7 +289,7 @@ class HandlerPool:
             self._watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watch
-        channels = [h.channel.close() for h in self._handlers]
+        channels = [h.close() for h in self._handlers]
         self._handlers = []
         await asyncio.gather(*channels, *self._closing, return_exceptions=True)
 

@@ -20,10 +20,10 @@ import grpc
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from kbroker.purgatory.v1 import purgatory_pb2, purgatory_pb2_grpc
 from kbroker.replicator.v1 import replicator_pb2, replicator_pb2_grpc
+from services.common.call_streams import CallStream
 from services.common.channels import insecure_channel
 from services.common.errors import error_name
 
-from .call_streams import CallStream
 from .collaborators import (
     AppendResult,
     CallError,
@@ -67,10 +67,14 @@ METADATA_TIMEOUT_S = 10.0
 
 def call_failure(error: grpc.aio.AioRpcError, peer: str) -> CallError:
     """The domain failure for a failed call: whether the call can have had an effect."""
-    details = (error.details() or "").lower()
-    message = f"{peer}: {error.code().name}: {error.details()}"
-    if error.code() == grpc.StatusCode.UNAVAILABLE and any(
-        marker in details for marker in _CONNECT_FAILURES
+    return status_failure(error.code(), error.details() or "", peer)
+
+
+def status_failure(code: grpc.StatusCode, details: str, peer: str) -> CallError:
+    """:func:`call_failure` from a status code and its details."""
+    message = f"{peer}: {code.name}: {details}"
+    if code == grpc.StatusCode.UNAVAILABLE and any(
+        marker in details.lower() for marker in _CONNECT_FAILURES
     ):
         return UnreachableError(message)
     return OutcomeUnknownError(message)
@@ -263,7 +267,9 @@ class LogNodeClients:
         """Appends go over one long-lived stream per log node (see :mod:`.call_streams`)."""
         stream = self._append_streams.get(node.address)
         if stream is None:
-            stream = CallStream(self._stub(node).AppendStream, _peer(node), call_failure)
+            peer = _peer(node)
+            stream = CallStream(self._stub(node).AppendStream,
+                                lambda code, details: status_failure(code, details, peer))
             self._append_streams[node.address] = stream
         return stream
 

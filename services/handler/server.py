@@ -1,5 +1,6 @@
 """Start and stop a handler: its collaborator channels, the metadata cache and the stream
-that feeds it, and the KafkaHandler gRPC server (with health, reflection and metrics)."""
+that feeds it, and the KafkaHandler gRPC server (with health, reflection and metrics), which
+also serves the same methods multiplexed over streams (KafkaHandlerStream, for frontends)."""
 
 from __future__ import annotations
 
@@ -24,12 +25,14 @@ from .apis.records import DeleteRecordsApi
 from .apis.topics import CreateTopicsApi, DeleteTopicsApi
 from .clients import LogNodeClients, PurgatoryClient, ReplicatorClient
 from .config import HandlerConfig
+from .exchange import ExchangeServicer
 from .metadata_cache import MetadataCache
 from .servicer import KafkaHandlerServicer
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = handler_pb2.DESCRIPTOR.services_by_name["KafkaHandler"].full_name
+STREAM_SERVICE_NAME = handler_pb2.DESCRIPTOR.services_by_name["KafkaHandlerStream"].full_name
 
 
 class HandlerService:
@@ -96,7 +99,10 @@ async def start(config: HandlerConfig) -> HandlerService:
         server, port, _health = await create_server(
             "handler",
             [ServiceBinding(SERVICE_NAME, handler_pb2_grpc.add_KafkaHandlerServicer_to_server,
-                            servicer)],
+                            servicer),
+             ServiceBinding(STREAM_SERVICE_NAME,
+                            handler_pb2_grpc.add_KafkaHandlerStreamServicer_to_server,
+                            ExchangeServicer(servicer))],
             config.grpc_address,
             config.instance,
         )

@@ -12,9 +12,9 @@ import grpc
 import pytest
 
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
+from services.common.call_streams import CallStream
 from services.common.channels import insecure_channel
-from services.handler.call_streams import CallStream
-from services.handler.clients import LogNodeClients, call_failure
+from services.handler.clients import LogNodeClients, status_failure
 from services.handler.collaborators import (
     CallError,
     OutcomeUnknownError,
@@ -140,8 +140,9 @@ def test_a_call_without_an_answer_in_time_fails_with_outcome_unknown() -> None:
         await server.start()
         channel = insecure_channel(f"127.0.0.1:{port}")
         try:
-            stream = CallStream(log_pb2_grpc.LogServiceStub(channel).AppendStream,
-                                "silent peer", call_failure)
+            stream = CallStream(
+                log_pb2_grpc.LogServiceStub(channel).AppendStream,
+                lambda code, details: status_failure(code, details, "silent peer"))
             message = log_pb2.AppendStreamRequest()
             with pytest.raises(OutcomeUnknownError, match="no answer"):
                 await stream.call(message, 0.5)

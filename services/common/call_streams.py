@@ -1,16 +1,18 @@
 """Many calls over one long-lived bidirectional gRPC stream, matched by call id.
 
 A unary call costs a new HTTP/2 stream, a task on each side and the interceptors; on the
-produce path that fixed cost is paid for every append and weighs as much as the bytes. A
+produce path that fixed cost is paid for every request and weighs as much as the bytes. A
 :class:`CallStream` sends each request as one message on a stream that stays open and resolves
 the caller's future when the answer carrying its id comes back, so answers may arrive in any
-order and many calls share the stream at once.
+order and many calls share the stream at once. Used by frontends towards handlers and by
+handlers towards log nodes.
 
-Failure semantics match a unary call's: when the stream breaks, every call in flight fails with
-:class:`OutcomeUnknownError` (the request may have been served), or with
-:class:`UnreachableError` when the peer could not be reached at all; the next call opens a new
-stream. A call not answered within its time limit fails with :class:`OutcomeUnknownError` and
-its late answer is dropped. Not thread-safe: one event loop.
+Failure semantics match a unary call's, expressed through the caller's ``failure_of(code,
+details)``: when the stream breaks, every call sent on it fails with the stream's status
+(UNAVAILABLE with gRPC's "failed to connect" wording when the peer could not be reached at all,
+so callers can tell a request that was never delivered); the next call opens a new stream. A
+call not answered within its time limit fails with DEADLINE_EXCEEDED and its late answer is
+dropped. Not thread-safe: one event loop.
 """
 
 from __future__ import annotations
@@ -24,8 +26,6 @@ from typing import Any, Protocol
 
 import grpc
 
-from .collaborators import CallError, OutcomeUnknownError
-
 log = logging.getLogger(__name__)
 
 
@@ -35,16 +35,16 @@ class Envelope(Protocol):
     call_id: int
 
 
-FailureOf = Callable[[grpc.aio.AioRpcError, str], CallError]
+FailureOf = Callable[[grpc.StatusCode, str], Exception]
+"""Turns a failed call's status code and details into the exception its caller raises."""
 
 
 class CallStream:
-    """One stream to ``peer`` opened with ``open_stream`` (e.g. a stub's stream-stream method);
-    answers are matched to requests by their ``call_id``."""
+    """One stream opened with ``open_stream`` (e.g. a stub's stream-stream method); answers are
+    matched to requests by their ``call_id``."""
 
-    def __init__(self, open_stream: Callable[[], Any], peer: str, failure_of: FailureOf) -> None:
+    def __init__(self, open_stream: Callable[[], Any], failure_of: FailureOf) -> None:
         self._open_stream = open_stream
-        self._peer = peer
         self._failure_of = failure_of
         self._ids = itertools.count(1)
         self._call: Any = None
@@ -70,14 +70,16 @@ class CallStream:
                     try:
                         await call.write(request)
                     except grpc.aio.AioRpcError as exc:
-                        raise self._failure_of(exc, self._peer) from exc
+                        raise self._failure_of(exc.code(), exc.details() or "") from exc
                     except asyncio.InvalidStateError as exc:
                         # The stream ended between the check and the write.
-                        raise OutcomeUnknownError(f"{self._peer}: stream closed") from exc
+                        raise self._failure_of(
+                            grpc.StatusCode.UNAVAILABLE, "stream closed") from exc
                 return await answer
         except TimeoutError as exc:
-            raise OutcomeUnknownError(
-                f"{self._peer}: no answer within {time_limit:.1f}s") from exc
+            raise self._failure_of(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"no answer within {time_limit:.1f}s") from exc
         finally:
             self._waiting.pop(call_id, None)
 
@@ -88,26 +90,26 @@ class CallStream:
         return self._call
 
     async def _read(self, call: Any) -> None:
-        failure: CallError
+        failure: Exception
         try:
             while True:
                 message = await call.read()
                 if message is grpc.aio.EOF:
-                    failure = OutcomeUnknownError(f"{self._peer}: stream ended")
+                    failure = self._failure_of(grpc.StatusCode.UNAVAILABLE, "stream ended")
                     break
                 entry = self._waiting.get(message.call_id)
                 if entry is not None and entry[0] is call and not entry[1].done():
                     entry[1].set_result(message)
         except grpc.aio.AioRpcError as exc:
-            failure = self._failure_of(exc, self._peer)
+            failure = self._failure_of(exc.code(), exc.details() or "")
         except asyncio.CancelledError:
-            failure = OutcomeUnknownError(f"{self._peer}: stream closed")
+            failure = self._failure_of(grpc.StatusCode.CANCELLED, "stream closed")
         if self._call is call:
             self._call = None
         for sent_on, waiter in self._waiting.values():
             if sent_on is call and not waiter.done():
                 waiter.set_exception(failure)
-        log.debug("stream to %s closed: %s", self._peer, failure)
+        log.debug("call stream closed: %s", failure)
 
     async def close(self) -> None:
         call, reader = self._call, self._reader

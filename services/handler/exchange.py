@@ -1,0 +1,107 @@
+"""``kbroker.handler.v1.KafkaHandlerStream``: KafkaHandler calls multiplexed over one stream.
+
+Each :class:`HandlerCall` is served by the same servicer method a unary call reaches, with a
+small stand-in for the gRPC context that carries the call's request metadata in and its
+trailing metadata out, so the API code cannot tell the two paths apart. Calls run
+concurrently; answers are written as they complete. A call that started is finished even if
+the stream breaks meanwhile (its answer is lost, as a unary call's would be). An unknown
+method is answered UNIMPLEMENTED, a request that does not parse INVALID_ARGUMENT, and a
+servicer that raises INTERNAL (the servicer itself turns API failures into Kafka errors).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import grpc
+from google.protobuf import message_factory
+from google.protobuf.message import DecodeError
+
+from kbroker.handler.v1 import handler_pb2, handler_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+Method = Callable[[Any, Any], Awaitable[Any]]
+
+
+class CallContext:
+    """What the servicer methods use of a ``grpc.aio.ServicerContext``, for one call."""
+
+    __slots__ = ("_metadata", "trailing_metadata")
+
+    def __init__(self, metadata: Sequence[tuple[str, str]]) -> None:
+        self._metadata = tuple(metadata)
+        self.trailing_metadata: tuple[tuple[str, str], ...] = ()
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+    def set_trailing_metadata(self, metadata: Sequence[tuple[str, str]]) -> None:
+        self.trailing_metadata = tuple(metadata)
+
+
+def kafka_methods(servicer: object) -> dict[str, tuple[Method, Any]]:
+    """Every KafkaHandler method of ``servicer`` with its request message class."""
+    service = handler_pb2.DESCRIPTOR.services_by_name["KafkaHandler"]
+    return {
+        method.name: (getattr(servicer, method.name),
+                      message_factory.GetMessageClass(method.input_type))
+        for method in service.methods
+    }
+
+
+class ExchangeServicer(handler_pb2_grpc.KafkaHandlerStreamServicer):
+    def __init__(self, servicer: object) -> None:
+        self._methods = kafka_methods(servicer)
+
+    async def Exchange(self, request_iterator, context):
+        writing = asyncio.Lock()
+        pending: set[asyncio.Task[None]] = set()
+
+        async def serve(call: handler_pb2.HandlerCall) -> None:
+            reply = await self.serve_one(call)
+            try:
+                async with writing:
+                    await context.write(reply)
+            except Exception as exc:  # noqa: BLE001 - the caller went away
+                log.debug("Exchange: answer %d (%s) not delivered: %s", call.call_id,
+                          call.method, exc)
+
+        try:
+            async for call in request_iterator:
+                task = asyncio.create_task(serve(call))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+        finally:
+            if pending:
+                await asyncio.shield(asyncio.gather(*pending, return_exceptions=True))
+
+    async def serve_one(self, call: handler_pb2.HandlerCall) -> handler_pb2.HandlerReply:
+        reply = handler_pb2.HandlerReply(call_id=call.call_id)
+        entry = self._methods.get(call.method)
+        if entry is None:
+            reply.status_code = grpc.StatusCode.UNIMPLEMENTED.value[0]
+            reply.status_details = f"no handler method {call.method!r}"
+            return reply
+        method, request_type = entry
+        try:
+            request = request_type.FromString(call.request)
+        except DecodeError as exc:
+            reply.status_code = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+            reply.status_details = f"{call.method}: bad request: {exc}"
+            return reply
+        context = CallContext([(m.key, m.value) for m in call.metadata])
+        try:
+            response = await method(request, context)
+        except Exception as exc:
+            log.exception("%s failed", call.method)
+            reply.status_code = grpc.StatusCode.INTERNAL.value[0]
+            reply.status_details = f"{call.method}: {exc}"
+            return reply
+        reply.response = response.SerializeToString()
+        for key, value in context.trailing_metadata:
+            reply.trailing_metadata.add(key=key, value=str(value))
+        return reply

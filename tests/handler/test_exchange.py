@@ -1,0 +1,118 @@
+"""KafkaHandlerStream/Exchange against a real handler (with real log nodes, purgatory and
+replicator on port 0): calls over the stream get the answers unary calls get, with their
+trailing metadata; unknown methods and unparsable requests are refused per call without
+breaking the stream; and the frontend's handler pool uses the stream, or unary calls for a
+handler that has none."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+
+from kbroker.handler.v1 import handler_pb2, handler_pb2_grpc
+from kbroker.kafka.v1 import kafka_pb2 as k
+from services.common.channels import insecure_channel
+from services.common.metrics import REMOTE_TIME_METADATA_KEY
+from services.frontend.handler_pool import HandlerPool
+
+from ..frontend.fake_handler import FakeHandler
+from .harness import FRONTEND_METADATA, running_cluster
+
+TIMEOUT = 60.0
+
+
+def run(coroutine_factory) -> None:
+    asyncio.run(asyncio.wait_for(coroutine_factory(), TIMEOUT))
+
+
+def _call(call_id: int, method: str, request: bytes,
+          metadata=FRONTEND_METADATA) -> handler_pb2.HandlerCall:
+    call = handler_pb2.HandlerCall(call_id=call_id, method=method, request=request)
+    for key, value in metadata:
+        call.metadata.add(key=key, value=value)
+    return call
+
+
+def test_calls_over_the_stream_answer_as_unary_calls_do(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with running_cluster(tmp_path) as cluster:
+            await cluster.create_topic("t", partitions=2)
+            metadata_request = k.MetadataRequest(
+                topics=[k.MetadataRequest.MetadataRequestTopic(name="t")])
+            unary = await cluster.stub.Metadata(metadata_request, metadata=FRONTEND_METADATA)
+            # An idle long poll parks in the purgatory: its remote time comes back as
+            # trailing metadata.
+            fetch_request = k.FetchRequest(
+                replica_id=-1, max_wait_ms=300, min_bytes=1, max_bytes=1 << 20,
+                topics=[k.FetchRequest.FetchTopic(topic="t", partitions=[
+                    k.FetchRequest.FetchPartition(
+                        partition=0, fetch_offset=0, partition_max_bytes=1 << 20)])])
+            channel = insecure_channel(f"127.0.0.1:{cluster.handler.port}")
+            try:
+                stream = handler_pb2_grpc.KafkaHandlerStreamStub(channel).Exchange()
+                await stream.write(_call(1, "Fetch", fetch_request.SerializeToString()))
+                await stream.write(_call(2, "Metadata", metadata_request.SerializeToString()))
+                await stream.write(_call(3, "NoSuchApi", b""))
+                await stream.write(_call(4, "Metadata", b"\xff\xff\xff"))
+                replies = {}
+                for _ in range(4):
+                    reply = await stream.read()
+                    replies[reply.call_id] = reply
+                await stream.done_writing()
+                assert await stream.read() == grpc.aio.EOF
+            finally:
+                await channel.close()
+            # Answered out of order: the long poll last.
+            assert replies[2].status_code == 0
+            assert k.MetadataResponse.FromString(replies[2].response) == unary
+            assert replies[3].status_code == grpc.StatusCode.UNIMPLEMENTED.value[0]
+            assert replies[4].status_code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+            fetched = k.FetchResponse.FromString(replies[1].response)
+            assert fetched.responses[0].partitions[0].error_code == 0
+            trailers = {m.key: m.value for m in replies[1].trailing_metadata}
+            assert float(trailers[REMOTE_TIME_METADATA_KEY]) >= 250
+
+    run(main)
+
+
+def test_the_handler_pool_streams_to_handlers_that_serve_streams(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with running_cluster(tmp_path) as cluster:
+            pool = HandlerPool([f"127.0.0.1:{cluster.handler.port}"])
+            await pool.start()
+            try:
+                request = k.MetadataRequest(topics_is_null=True)
+                answers = await asyncio.gather(*(
+                    pool.call("Metadata", request, metadata=FRONTEND_METADATA, time_limit=10,
+                              retry_safe=True) for _ in range(20)))
+                [handler] = pool._handlers
+                assert handler.streaming and handler.stream is not None
+                assert len({a.SerializeToString() for a in answers}) == 1
+                assert answers[0].brokers[0].node_id == 0
+            finally:
+                await pool.close()
+
+    run(main)
+
+
+def test_the_handler_pool_falls_back_to_unary_calls_without_a_stream_service() -> None:
+    async def main() -> None:
+        fake = await FakeHandler().start()
+        pool = HandlerPool([fake.address])
+        await pool.start()
+        try:
+            for _ in range(2):
+                response = await pool.call(
+                    "Metadata", k.MetadataRequest(), metadata=(), time_limit=10,
+                    retry_safe=True)
+                assert isinstance(response, k.MetadataResponse)
+            [handler] = pool._handlers
+            assert not handler.streaming
+            assert len(fake.called("Metadata")) == 2
+        finally:
+            await pool.close()
+            await fake.stop()
+
+    run(main)
