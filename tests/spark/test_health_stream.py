@@ -3,9 +3,11 @@ streaming query against a real local cluster."""
 
 from __future__ import annotations
 
+import datetime as dt
+
 from services.cluster import LocalCluster
 from spark.discovery import cluster_endpoints
-from spark.jobs.health_stream import Alert, HealthState, watch
+from spark.jobs.health_stream import Alert, HealthState, newest_snapshot, watch
 
 UNDER = "kbroker_replicator_under_replicated_partitions"
 OFFLINE = "kbroker_replicator_offline_partitions"
@@ -30,6 +32,19 @@ def test_purgatory_growth_is_flagged_against_the_previous_batch() -> None:
     assert state.evaluate(2, [(PENDING, fetch, 14.0)]) == []  # +4 < 5
     assert state.evaluate(3, [(PENDING, fetch, 0.0)]) == []
     assert state.batches == 4 and len(state.alerts) == 1
+
+
+def test_a_batch_is_judged_by_each_endpoints_newest_snapshot() -> None:
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    t1 = t0 + dt.timedelta(seconds=1)
+    rows = [
+        ("a:1", t0, "p", 7, UNDER, {}, 3.0),
+        ("a:1", t1, "p", 8, UNDER, {}, 0.0),
+        # b restarted between its snapshots: sequence 2 of the new process is the newer one.
+        ("b:1", t0, "old", 90, PENDING, {"kind": "fetch"}, 5.0),
+        ("b:1", t1, "new", 2, PENDING, {"kind": "fetch"}, 1.0),
+    ]
+    assert newest_snapshot(rows) == [(UNDER, {}, 0.0), (PENDING, {"kind": "fetch"}, 1.0)]
 
 
 def test_bounded_stream_reads_a_healthy_cluster(cluster: LocalCluster, spark) -> None:
