@@ -326,7 +326,8 @@ class LogCleaner:
                 old = [by_base.get(ref.base_offset) for ref in group]
                 if any(segment is None for segment in old) or not await (
                     partition_log.replace_segments(
-                        [s for s in old if s is not None], group[0].base_offset)
+                        [s for s in old if s is not None], group[0].base_offset,
+                        [ref.size for ref in group])
                 ):
                     log.info("%s-%d: the log changed while it was cleaned; retrying later",
                              *key)

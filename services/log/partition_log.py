@@ -744,13 +744,16 @@ class PartitionLog:
             self._log_start_offset = max(self._log_start_offset, self._segments[0].base_offset)
         return count
 
-    async def replace_segments(self, old: Sequence[LogSegment], cleaned_base: int) -> bool:
+    async def replace_segments(
+        self, old: Sequence[LogSegment], cleaned_base: int, sizes: Sequence[int] | None = None
+    ) -> bool:
         """Swap in the cleaned segment written beside this log's files (``<base>.log.cleaned``
         and its indexes, flushed) for ``old``, consecutive non-active segments of this log
-        starting at ``cleaned_base`` (see :mod:`services.log.segment_swap`). Returns False,
-        with the cleaned files removed, if the log was closed, ``old`` are no longer all its
-        segments (retention or DeleteRecords removed some) or one is in use by a background
-        flush; nothing changes then."""
+        starting at ``cleaned_base`` (see :mod:`services.log.segment_swap`), whose sizes are
+        still ``sizes`` (what was cleaned). Returns False, with the cleaned files removed, if
+        the log was closed, ``old`` are no longer all its non-active segments (retention,
+        DeleteRecords or a truncation removed some), one changed size or is in use by a
+        background flush; nothing changes then."""
         async with self._lock:
             count = len(old)
             first = next((i for i, s in enumerate(self._segments) if s is old[0]), -1)
@@ -760,6 +763,7 @@ class PartitionLog:
                 or any(s is not o for s, o in zip(current, old, strict=False))
                 or len(current) != count or any(s.pinned for s in old)
                 or old[0].base_offset != cleaned_base
+                or (sizes is not None and [s.size for s in old] != list(sizes))
             ):
                 segment_swap.discard(self.directory, cleaned_base)
                 return False
