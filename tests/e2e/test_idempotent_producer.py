@@ -253,24 +253,38 @@ def test_confluent_idempotent_producer_stores_no_duplicates_through_cuts_and_a_r
             delivered[_id_of(msg.value())] = msg.offset()
 
     restarted = False
+    outstanding_at_restart = 0
     deadline = time.monotonic() + 150
+
+    def restart_midway() -> None:
+        nonlocal restarted, outstanding_at_restart
+        if not restarted and len(delivered) >= total // 3:
+            outstanding_at_restart = total - len(delivered)
+            # Mid-stream: a log node (leading one partition) dies at once and comes back.
+            cluster.kill("log-1")
+            time.sleep(0.5)
+            cluster.start_service("log-1")
+            restarted = True
+
     for i in range(total):
         producer.produce(topic_name, value=_value(i), partition=i % PARTITIONS,
                          on_delivery=on_delivery)
         producer.poll(0)
         if i % 50 == 49:
             producer.flush(0.05)
-        if not restarted and len(delivered) >= total // 2:
-            # Mid-stream: a log node (leading one partition) dies at once and comes back.
-            cluster.kill("log-1")
-            time.sleep(0.5)
-            cluster.start_service("log-1")
-            restarted = True
+        restart_midway()
+        assert time.monotonic() < deadline, "producing took too long"
+    while not restarted and len(delivered) < total:
+        producer.poll(0.05)
+        restart_midway()
         assert time.monotonic() < deadline, "producing took too long"
     remaining = producer.flush(max(1.0, deadline - time.monotonic()))
     del producer  # closes its connections before the cluster stops
     assert remaining == 0, f"{remaining} records undelivered"
     assert failures == [] and restarted
+    print(f"outstanding at restart {outstanding_at_restart}, cut requests {proxy.cut_requests}, "
+          f"dropped responses {proxy.dropped_responses}")
+    assert outstanding_at_restart >= total // 2
     _check_stored(proxy, topic_name, total, delivered)
 
 
