@@ -1,6 +1,12 @@
 """The handler's Prometheus metrics: Kafka requests by API and outcome, and purgatory waits;
 and the per-request account of time parked in the purgatory that goes back to the frontend.
 
+    handler_requests_total{api,error_code}   kafka.network:type=RequestMetrics,
+                                             name=RequestsPerSec / ErrorsPerSec (as the API
+                                             layer answers; the frontend counts on the wire)
+    handler_request_seconds{api}             LocalTimeMs + RemoteTimeMs of the API layer
+    handler_purgatory_wait_seconds{kind}     RemoteTimeMs, per wait
+
 Remote time (Kafka's RemoteTimeMs: kafka.network:type=RequestMetrics,name=RemoteTimeMs) is the
 part of a request spent waiting in the purgatory, not working. The handler measures it and
 returns it to the frontend, which owns the request phases, as the trailing gRPC metadata
