@@ -301,6 +301,26 @@ def test_small_cleaned_segments_are_grouped_into_one(tmp_path: Path) -> None:
     reopened.close()
 
 
+def test_a_full_offset_map_cleans_part_of_the_log_per_pass(tmp_path: Path) -> None:
+    partition_log = open_log(tmp_path, segment_ms=1000)
+    for i in range(6):  # one segment per batch, three keys each, all of them new
+        produce(partition_log, [(b"s%d-%d" % (i, j), b"v") for j in range(3)] + [(b"k", b"%d" % i)],
+                timestamp=NOW - DAY + 2000 * i)
+    cleaner = LogCleaner(max_map_keys=5)
+    first = clean(partition_log, NOW, cleaner)
+    # The map filled in the second segment: the pass stops at its end.
+    assert first is not None and first.end_offset == 8
+    assert [r for r in read_all(partition_log) if r[1] == b"k"][0] == (7, b"k", b"1")
+    assert cleaner.first_dirty_offset(partition_log) == 8
+    second = clean(partition_log, NOW, cleaner)
+    assert second is not None and second.end_offset == 16
+    third = clean(partition_log, NOW, cleaner)
+    assert third is not None and third.end_offset == 20
+    assert [r for r in read_all(partition_log) if r[1] == b"k"] == [(19, b"k", b"4"),
+                                                                  (23, b"k", b"5")]
+    partition_log.close()
+
+
 def test_a_swap_is_refused_when_the_log_changed_meanwhile(tmp_path: Path) -> None:
     partition_log = open_log(tmp_path, segment_bytes=200, cleanup_policy="compact,delete",
                              retention_ms=-1)
