@@ -34,6 +34,9 @@ class Connection:
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.client_host = peer[0] if isinstance(peer, tuple) else ""
+        local = writer.get_extra_info("sockname")
+        # Which of the frontend's broker ports the client connected to.
+        self.local_port = local[1] if isinstance(local, tuple) else 0
         # True while waiting for the next frame: the connection can close without losing work.
         self.idle = True
         self._stopping = False
@@ -76,7 +79,7 @@ class Connection:
             position += len(frame) + 4
             received = completed_at(position) if completed_at is not None else started
             request = dispatcher.decode(frame)
-            chunks = await dispatcher.handle(request, self.client_host)
+            chunks = await dispatcher.handle(request, self.client_host, self.local_port)
             ready = sending = perf_counter()
             response_bytes = 0
             if chunks is not None:

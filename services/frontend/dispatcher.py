@@ -43,10 +43,13 @@ log = logging.getLogger(__name__)
 
 PRODUCE_KEY = 0
 FETCH_KEY = 1
+JOIN_GROUP_KEY = 11
 # Extra time a handler gets beyond the wait the client asked for, before the frontend gives up.
 PRODUCE_GRACE_SECONDS = 5.0
 FETCH_GRACE_SECONDS = 10.0
 DEFAULT_DEADLINE_SECONDS = 30.0
+# A JoinGroup may wait out the group's rebalance timeout (clients allow it that plus 5 s).
+JOIN_GROUP_GRACE_SECONDS = 10.0
 
 # KIP-511: client software name and version must look like this (Kafka's own pattern).
 _SOFTWARE_PATTERN = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
@@ -178,6 +181,9 @@ def _deadline_seconds(api_key: int, request: Message) -> float:
         return max(request.timeout_ms, 0) / 1000 + PRODUCE_GRACE_SECONDS  # type: ignore[attr-defined]
     if api_key == FETCH_KEY:
         return max(request.max_wait_ms, 0) / 1000 + FETCH_GRACE_SECONDS  # type: ignore[attr-defined]
+    if api_key == JOIN_GROUP_KEY:
+        wait_ms = max(request.rebalance_timeout_ms, request.session_timeout_ms, 0)  # type: ignore[attr-defined]
+        return max(wait_ms / 1000 + JOIN_GROUP_GRACE_SECONDS, DEFAULT_DEADLINE_SECONDS)
     return DEFAULT_DEADLINE_SECONDS
 
 
@@ -185,16 +191,19 @@ class Dispatcher:
     """Decodes, routes and encodes requests for every connection of one frontend."""
 
     def __init__(self, pool: HandlerPool, advertised: str, instance: str,
-                 broker_ports: int = 1) -> None:
+                 broker_ports: int = 1, first_port: int = 0) -> None:
         self._pool = pool
         self._advertised = advertised
         self._broker_ports = str(broker_ports)
+        self._broker_count = broker_ports
+        # The listening port of broker 0; broker N listens on first_port + N.
+        self._first_port = first_port
         self._instance = instance
         self._schemas = _compile_schemas()
         self._api_versions = _ApiVersionsAnswers()
         self._metrics = {key: ApiMetrics(api.name) for key, api in SUPPORTED_APIS.items()}
         self._error_codes = ErrorCodes()
-        self._grpc_metadata: dict[tuple[str | None, str], Metadata] = {}
+        self._grpc_metadata: dict[tuple[str | None, str, int, int], Metadata] = {}
 
     def decode(self, frame: bytes) -> Request:
         """The request in ``frame``; raises :class:`UnanswerableRequestError` if unreadable."""
@@ -227,7 +236,8 @@ class Dispatcher:
                                            f"{type(e).__name__}: {e}") from None
         return Request(api, version, correlation_id, header.client_id, body, schema, metrics)
 
-    async def handle(self, request: Request, client_host: str) -> list[bytes] | None:
+    async def handle(self, request: Request, client_host: str,
+                     local_port: int = 0) -> list[bytes] | None:
         """The response frame (as buffers) for ``request``, or None when none is due."""
         if request.schema is None:
             return self._api_versions.answer(request)
@@ -240,7 +250,9 @@ class Dispatcher:
         called = time.perf_counter()
         try:
             response, remote = await self._pool.call_timed(
-                api.rpc, message, metadata=self._metadata(request.client_id, client_host),
+                api.rpc, message,
+                metadata=self._metadata(request.client_id, client_host, request.version,
+                                        local_port),
                 time_limit=_deadline_seconds(api.key, message), retry_safe=api.retry_safe)
             # Bounded by the call it is part of (the handler's clock is not ours).
             request.remote_seconds = min(remote, time.perf_counter() - called)
@@ -302,14 +314,22 @@ class Dispatcher:
                     request.client_id, error, code.name.upper())
         return response
 
-    def _metadata(self, client_id: str | None, client_host: str) -> Metadata:
-        key = (client_id, client_host)
+    def _metadata(self, client_id: str | None, client_host: str, version: int = -1,
+                  local_port: int = 0) -> Metadata:
+        key = (client_id, client_host, version, local_port)
         metadata = self._grpc_metadata.get(key)
         if metadata is None:
             pairs = [("kafka-client-host", client_host),
                      ("kafka-advertised", self._advertised),
                      ("kafka-broker-ports", self._broker_ports),
                      ("kafka-frontend-id", self._instance)]
+            if version >= 0:
+                pairs.append(("kafka-api-version", str(version)))
+            # The broker whose port the client connected to (group APIs answer
+            # NOT_COORDINATOR at the wrong one).
+            broker_id = local_port - self._first_port
+            if self._first_port and 0 <= broker_id < self._broker_count:
+                pairs.append(("kafka-broker-id", str(broker_id)))
             if client_id is not None:
                 pairs.insert(0, ("kafka-client-id", quote(client_id, safe=_METADATA_SAFE)))
             metadata = tuple(pairs)

@@ -59,7 +59,7 @@ class FrontendService:
             host = socket.gethostname()
         self.advertised = f"{host}:{config.advertised_port or self.kafka_port}"
         self._dispatcher = Dispatcher(self._pool, self.advertised, config.instance,
-                                      max(1, config.broker_ports))
+                                      max(1, config.broker_ports), self.kafka_port)
         for listener in self._listeners:
             await listener.start_serving()
         log.info("Kafka listeners on %s:%d-%d, advertised as %s (+broker id); handlers %s",

@@ -297,6 +297,22 @@ class LogNodeClients:
             for r in response.results
         ]
 
+    async def append_if_end(
+        self, node: LogNode, append: PartitionAppend, expected_log_end_offset: int,
+        time_limit: float,
+    ) -> AppendResult:
+        request = log_pb2.AppendRequest(partitions=[log_pb2.PartitionAppend(
+            topic=append.topic, partition=append.partition, records=append.records,
+            expected_log_end_offset=expected_log_end_offset)])
+        response = await _call(self._stub(node).Append, request, time_limit, _peer(node))
+        r = response.results[0]
+        return AppendResult(
+            topic=r.topic, partition=r.partition, error_code=r.error_code,
+            error_message=r.error_message or None, base_offset=r.base_offset,
+            log_append_time_ms=r.log_append_time_ms, log_start_offset=r.log_start_offset,
+            log_end_offset=r.log_end_offset, high_watermark=r.high_watermark,
+        )
+
     async def read(
         self,
         node: LogNode,
@@ -410,7 +426,10 @@ def _peer(node: LogNode) -> str:
 _KINDS = {
     WaitKind.FETCH: purgatory_pb2.OPERATION_KIND_FETCH,
     WaitKind.PRODUCE: purgatory_pb2.OPERATION_KIND_PRODUCE,
+    WaitKind.JOIN: purgatory_pb2.OPERATION_KIND_JOIN,
 }
+# Session timer calls are quick; a purgatory that does not answer in this time is down.
+SESSION_TIMER_TIMEOUT_S = 5.0
 
 
 class PurgatoryClient:
@@ -452,6 +471,34 @@ class PurgatoryClient:
         finally:
             PURGATORY_WAITS.labels(kind.value, outcome).inc()
             PURGATORY_WAIT_SECONDS.labels(kind.value).observe(time.perf_counter() - started)
+
+    async def complete(self, positions: Mapping[str, int]) -> None:
+        request = purgatory_pb2.CheckAndCompleteRequest(keys=[
+            purgatory_pb2.KeyState(key=key, position=position)
+            for key, position in positions.items()])
+        await _call(self._stub.CheckAndComplete, request, SESSION_TIMER_TIMEOUT_S,
+                    self._address)
+
+    async def schedule(self, deadlines: Mapping[str, int]) -> None:
+        request = purgatory_pb2.ScheduleRequest(deadlines=[
+            purgatory_pb2.Deadline(key=key, timeout_ms=timeout)
+            for key, timeout in deadlines.items()])
+        await _call(self._stub.Schedule, request, SESSION_TIMER_TIMEOUT_S, self._address)
+
+    async def unschedule(self, keys: Sequence[str]) -> None:
+        await _call(self._stub.Unschedule, purgatory_pb2.UnscheduleRequest(keys=list(keys)),
+                    SESSION_TIMER_TIMEOUT_S, self._address)
+
+    async def watch_expirations(self) -> AsyncIterator[list[str]]:
+        """Expired keys as the purgatory publishes them (see SessionTimers)."""
+        call = self._stub.WatchExpirations(purgatory_pb2.WatchExpirationsRequest())
+        try:
+            async for message in call:
+                yield list(message.keys)
+        except grpc.aio.AioRpcError as exc:
+            raise call_failure(exc, self._address) from exc
+        finally:
+            call.cancel()
 
     async def close(self) -> None:
         await self._channel.close()

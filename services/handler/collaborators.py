@@ -12,7 +12,7 @@ caller may assume about its effect:
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -39,10 +39,11 @@ class ReadLimit(enum.IntEnum):
 
 
 class WaitKind(enum.Enum):
-    """The kind of a delayed operation (Kafka's DelayedFetch, DelayedProduce)."""
+    """The kind of a delayed operation (Kafka's DelayedFetch, DelayedProduce, DelayedJoin)."""
 
     FETCH = "fetch"
     PRODUCE = "produce"
+    JOIN = "join"
 
 
 def partition_key(topic: str, partition: int) -> str:
@@ -188,6 +189,38 @@ class Purgatory(Protocol):
     ) -> WaitResult:
         """Park until the keys' positions reach their thresholds (any or all of them, or a key
         reports an error) or ``timeout_ms`` passes."""
+        ...
+
+
+class ConditionalAppender(Protocol):
+    """Log nodes that append only if a partition's log end offset is as expected (a
+    compare-and-set); a mismatch is the result's INVALID_UPDATE_VERSION, nothing stored."""
+
+    async def append_if_end(
+        self, node: LogNode, append: PartitionAppend, expected_log_end_offset: int,
+        time_limit: float,
+    ) -> AppendResult: ...
+
+
+class SessionTimers(Protocol):
+    """The purgatory's detached session timers (DelayedHeartbeat) and its CheckAndComplete,
+    as the group coordinator uses them."""
+
+    async def complete(self, positions: Mapping[str, int]) -> None:
+        """Report each key's new position (wakes operations parked on it); best effort."""
+        ...
+
+    async def schedule(self, deadlines: Mapping[str, int]) -> None:
+        """Arm or re-arm a timer per key, timeouts in ms; best effort."""
+        ...
+
+    async def unschedule(self, keys: Sequence[str]) -> None:
+        """Disarm timers; best effort."""
+        ...
+
+    def watch_expirations(self) -> AsyncIterator[list[str]]:
+        """Keys whose timers ran out; the first item (empty) confirms the subscription. Ends
+        or raises when the stream breaks."""
         ...
 
 

@@ -28,3 +28,21 @@ class HandlerConfig:
         "for N below this (a frontend port per broker id), else at the advertised port",
     )
     instance: str = option("handler-0", "this instance's name (metrics, logs)")
+    offsets_topic_num_partitions: int = option(
+        50, "partitions of __consumer_offsets when it is created (offsets.topic.num.partitions)")
+    offsets_topic_replication_factor: int = option(
+        3, "replication factor of __consumer_offsets, at most the live log nodes "
+        "(offsets.topic.replication.factor)")
+    offsets_topic_segment_bytes: int = option(
+        104857600, "segment.bytes of __consumer_offsets (offsets.topic.segment.bytes)")
+    offset_metadata_max_bytes: int = option(
+        4096, "longest metadata string of a committed offset (offset.metadata.max.bytes)")
+    group_initial_rebalance_delay_ms: int = option(
+        3000, "how long a new group waits for more members before its first rebalance ends "
+        "(group.initial.rebalance.delay.ms)")
+    group_min_session_timeout_ms: int = option(
+        6000, "shortest session timeout a member may ask for (group.min.session.timeout.ms)")
+    group_max_session_timeout_ms: int = option(
+        1800000, "longest session timeout a member may ask for (group.max.session.timeout.ms)")
+    group_max_size: int = option(
+        2147483647, "most members a group may have (group.max.size)")

@@ -17,6 +17,10 @@ class RequestContext:
     client_id: str = ""
     client_host: str = ""
     frontend_id: str = ""
+    # The request's API version, when the frontend says (None: treat as the newest).
+    api_version: int | None = None
+    # The broker (log node id) whose address the client sent the request to, when known.
+    broker_id: int | None = None
 
 
 def broker_port(context: RequestContext, node_id: int) -> int:

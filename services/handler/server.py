@@ -16,6 +16,7 @@ from services.common.server import ServiceBinding, create_server
 from .apis.cluster import DescribeClusterApi
 from .apis.configs import AlterConfigsApi, DescribeConfigsApi
 from .apis.fetch import FetchApi
+from .apis.groups import GroupApis
 from .apis.metadata import MetadataApi
 from .apis.offsets import ListOffsetsApi
 from .apis.partitions import CreatePartitionsApi
@@ -26,6 +27,8 @@ from .apis.topics import CreateTopicsApi, DeleteTopicsApi
 from .clients import LogNodeClients, PurgatoryClient, ReplicatorClient
 from .config import HandlerConfig
 from .exchange import ExchangeServicer
+from .groups.coordinator import CoordinatorConfig, GroupCoordinator
+from .groups.group import GroupConfig
 from .metadata_cache import MetadataCache
 from .servicer import KafkaHandlerServicer
 
@@ -48,6 +51,8 @@ class HandlerService:
         log_nodes: LogNodeClients,
         purgatory: PurgatoryClient,
         producer_id_blocks: ProducerIdBlocks | None = None,
+        coordinator: GroupCoordinator | None = None,
+        expirations: asyncio.Task[None] | None = None,
     ) -> None:
         self.server = server
         self.port = port
@@ -57,6 +62,8 @@ class HandlerService:
         self._log_nodes = log_nodes
         self._purgatory = purgatory
         self._producer_id_blocks = producer_id_blocks
+        self.coordinator = coordinator
+        self._expirations = expirations
 
     async def stop(self, grace: float = 1.0) -> None:
         """Finish in-flight requests (up to ``grace`` seconds), then close every channel."""
@@ -64,6 +71,12 @@ class HandlerService:
         self._follower.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._follower
+        if self._expirations is not None:
+            self._expirations.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._expirations
+        if self.coordinator is not None:
+            await self.coordinator.close()
         if self._producer_id_blocks is not None:
             await self._producer_id_blocks.close()
         await self._replicator.close()
@@ -78,6 +91,8 @@ async def start(config: HandlerConfig) -> HandlerService:
     cache = MetadataCache(replicator.load_metadata)
     cache.add_listener(log_nodes.on_metadata)
     producer_id_blocks = ProducerIdBlocks(replicator, requester=config.instance)
+    coordinator = GroupCoordinator(cache, log_nodes, replicator, purgatory, purgatory,
+                                   coordinator_config(config))
     servicer = KafkaHandlerServicer(
         config,
         metadata_api=MetadataApi(cache, replicator, config.auto_create_topics_enable),
@@ -93,8 +108,11 @@ async def start(config: HandlerConfig) -> HandlerService:
         alter_configs_api=AlterConfigsApi(cache, replicator),
         create_partitions_api=CreatePartitionsApi(cache, replicator),
         init_producer_id_api=InitProducerIdApi(producer_id_blocks),
+        group_apis=GroupApis.over(cache, coordinator),
     )
     follower = asyncio.create_task(cache.follow(replicator.watch), name="metadata-follower")
+    expirations = asyncio.create_task(coordinator.follow_expirations(),
+                                      name="session-expirations")
     try:
         server, port, _health = await create_server(
             "handler",
@@ -108,11 +126,30 @@ async def start(config: HandlerConfig) -> HandlerService:
         )
     except BaseException:
         follower.cancel()
+        expirations.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await follower
+        with contextlib.suppress(asyncio.CancelledError):
+            await expirations
         await replicator.close()
         await purgatory.close()
         raise
     log.info("handler %s serving on port %d", config.instance, port)
     return HandlerService(server, port, cache, follower, replicator, log_nodes, purgatory,
-                          producer_id_blocks)
+                          producer_id_blocks, coordinator, expirations)
+
+
+def coordinator_config(config: HandlerConfig) -> CoordinatorConfig:
+    """The group coordinator's settings (Kafka's offsets.* and group.* broker configs)."""
+    return CoordinatorConfig(
+        num_partitions=config.offsets_topic_num_partitions,
+        replication_factor=config.offsets_topic_replication_factor,
+        segment_bytes=config.offsets_topic_segment_bytes,
+        offset_metadata_max_bytes=config.offset_metadata_max_bytes,
+        group=GroupConfig(
+            initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+            min_session_timeout_ms=config.group_min_session_timeout_ms,
+            max_session_timeout_ms=config.group_max_session_timeout_ms,
+            max_size=config.group_max_size,
+        ),
+    )

@@ -169,3 +169,78 @@ class FakeHandler(handler_pb2_grpc.KafkaHandlerServicer):
     async def InitProducerId(self, request, context):
         await self._enter("InitProducerId", request, context)
         return k.InitProducerIdResponse(error_code=0, producer_id=1000, producer_epoch=0)
+
+    # Group APIs: canned answers of a one-member group led by "member-1".
+
+    async def FindCoordinator(self, request, context):
+        await self._enter("FindCoordinator", request, context)
+        metadata = dict(context.invocation_metadata())
+        host, _, port = metadata.get("kafka-advertised", "127.0.0.1:9092").rpartition(":")
+        keys = list(request.coordinator_keys) or [request.key]
+        return k.FindCoordinatorResponse(
+            error_code=0, node_id=self.node_id, host=host, port=int(port),
+            coordinators=[{"key": key, "node_id": self.node_id, "host": host,
+                           "port": int(port), "error_code": 0} for key in keys])
+
+    async def JoinGroup(self, request, context):
+        await self._enter("JoinGroup", request, context)
+        protocol = request.protocols[0] if request.protocols else None
+        return k.JoinGroupResponse(
+            error_code=0, generation_id=1, protocol_type=request.protocol_type,
+            protocol_name=protocol.name if protocol else "", leader="member-1",
+            member_id="member-1",
+            members=[{"member_id": "member-1", "metadata": protocol.metadata}]
+            if protocol else [])
+
+    async def SyncGroup(self, request, context):
+        await self._enter("SyncGroup", request, context)
+        assignment = next((a.assignment for a in request.assignments), b"")
+        return k.SyncGroupResponse(error_code=0, assignment=assignment)
+
+    async def Heartbeat(self, request, context):
+        await self._enter("Heartbeat", request, context)
+        return k.HeartbeatResponse(error_code=0)
+
+    async def LeaveGroup(self, request, context):
+        await self._enter("LeaveGroup", request, context)
+        return k.LeaveGroupResponse(error_code=0, members=[
+            {"member_id": m.member_id, "error_code": 0} for m in request.members])
+
+    async def OffsetCommit(self, request, context):
+        await self._enter("OffsetCommit", request, context)
+        return k.OffsetCommitResponse(topics=[
+            {"name": t.name, "partitions": [
+                {"partition_index": p.partition_index, "error_code": 0} for p in t.partitions]}
+            for t in request.topics])
+
+    async def OffsetFetch(self, request, context):
+        await self._enter("OffsetFetch", request, context)
+        return k.OffsetFetchResponse(error_code=0, topics=[
+            {"name": t.name, "partitions": [
+                {"partition_index": p, "committed_offset": -1, "metadata": "",
+                 "error_code": 0} for p in t.partition_indexes]}
+            for t in request.topics])
+
+    async def ListGroups(self, request, context):
+        await self._enter("ListGroups", request, context)
+        return k.ListGroupsResponse(error_code=0, groups=[
+            {"group_id": "canned-group", "protocol_type": "consumer",
+             "group_state": "Stable", "group_type": "classic"}])
+
+    async def DescribeGroups(self, request, context):
+        await self._enter("DescribeGroups", request, context)
+        return k.DescribeGroupsResponse(groups=[
+            {"error_code": 0, "group_id": g, "group_state": "Dead", "protocol_type": "",
+             "protocol_data": ""} for g in request.groups])
+
+    async def DeleteGroups(self, request, context):
+        await self._enter("DeleteGroups", request, context)
+        return k.DeleteGroupsResponse(results=[
+            {"group_id": g, "error_code": 0} for g in request.groups_names])
+
+    async def OffsetDelete(self, request, context):
+        await self._enter("OffsetDelete", request, context)
+        return k.OffsetDeleteResponse(error_code=0, topics=[
+            {"name": t.name, "partitions": [
+                {"partition_index": p.partition_index, "error_code": 0} for p in t.partitions]}
+            for t in request.topics])

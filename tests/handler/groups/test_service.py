@@ -1,0 +1,296 @@
+"""The group coordinator in real handlers, with real log nodes, purgatory and replicator on
+port 0: FindCoordinator and the offsets topic, a whole rebalance, session expiry through the
+purgatory, committed offsets, the admin APIs, two handlers racing on one group, and a handler
+that starts from nothing but the log."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from kbroker.handler.v1 import handler_pb2_grpc
+from kbroker.kafka.v1 import kafka_pb2 as k
+from services.common.channels import insecure_channel
+from services.common.errors import ErrorCode
+from services.handler import server as handler_server
+from services.handler.config import HandlerConfig
+from services.handler.groups.coordinator import OFFSETS_TOPIC, partition_for
+
+from ..harness import CALL_TIMEOUT, Cluster, running_cluster
+from .client import GroupClient, committed, context
+
+E = ErrorCode
+GROUP_OPTIONS: dict[str, Any] = {
+    "group_initial_rebalance_delay_ms": 300,
+    "offsets_topic_num_partitions": 4,
+}
+TIMEOUT = 120
+
+
+def run(coroutine: Any) -> None:
+    asyncio.run(asyncio.wait_for(coroutine, TIMEOUT))
+
+
+@contextlib.asynccontextmanager
+async def second_handler(cluster: Cluster) -> AsyncIterator[handler_pb2_grpc.KafkaHandlerStub]:
+    """Another handler of the same cluster (its own caches, nothing shared but the services)."""
+    purgatory = f"127.0.0.1:{cluster.purgatory.port}" if cluster.purgatory else "127.0.0.1:1"
+    handler = await handler_server.start(HandlerConfig(
+        grpc_address="127.0.0.1:0", replicator_address=f"127.0.0.1:{cluster.replicator.port}",
+        purgatory_address=purgatory, advertised="default.test:9999", instance="handler-1",
+        **GROUP_OPTIONS))
+    channel = insecure_channel(f"127.0.0.1:{handler.port}")
+    try:
+        yield handler_pb2_grpc.KafkaHandlerStub(channel)
+    finally:
+        await channel.close()
+        await handler.stop(0)
+
+
+async def find(stub: handler_pb2_grpc.KafkaHandlerStub, *keys: str, version: int = 4,
+               key_type: int = 0) -> k.FindCoordinatorResponse:
+    request = k.FindCoordinatorRequest(key_type=key_type)
+    if version >= 4:
+        request.coordinator_keys.extend(keys)
+    else:
+        request.key = keys[0]
+    return await stub.FindCoordinator(request, metadata=context(version), timeout=CALL_TIMEOUT)
+
+
+def test_find_coordinator_creates_the_offsets_topic_and_names_its_leaders(tmp_path: Path):
+    async def main() -> None:
+        async with running_cluster(tmp_path, nodes=2, **GROUP_OPTIONS) as cluster:
+            answer = await find(cluster.stub, "orders", "billing", "")
+            metadata = await cluster.metadata(OFFSETS_TOPIC)
+            topic = metadata.topics[0]
+            assert topic.error_code == 0 and topic.is_internal
+            assert len(topic.partitions) == 4
+            assert [len(p.replica_nodes) for p in topic.partitions] == [2] * 4
+            leaders = {p.partition_index: p.leader_id for p in topic.partitions}
+            for coordinator in answer.coordinators:
+                assert coordinator.error_code == 0
+                node = leaders[partition_for(coordinator.key, 4)]
+                assert (coordinator.node_id, coordinator.host, coordinator.port) == (
+                    node, "kafka.test", 9092)
+            single = await find(cluster.stub, "orders", version=2)
+            assert (single.error_code, single.node_id) == (0, leaders[partition_for("orders", 4)])
+            transactional = await find(cluster.stub, "tx", key_type=1)
+            assert transactional.coordinators[0].error_code == \
+                E.coordinator_not_available.value
+            bad = await find(cluster.stub, "x", key_type=7)
+            assert bad.coordinators[0].error_code == E.invalid_request.value
+
+    run(main())
+
+
+def test_a_rebalance_from_join_to_stable_then_a_leave(tmp_path: Path):
+    async def main() -> None:
+        async with running_cluster(tmp_path, **GROUP_OPTIONS) as cluster:
+            await find(cluster.stub, "g")
+            await cluster.create_topic("t", partitions=2)
+            a = GroupClient(cluster.stub, "g", "a")
+            b = GroupClient(cluster.stub, "g", "b", protocols=[("roundrobin", b"rb"),
+                                                               ("range", b"b")])
+            first = await a.join_once()
+            assert first.error_code == E.member_id_required.value and first.member_id
+            started = time.monotonic()
+            joined_a, joined_b = await asyncio.gather(a.join(), b.join())
+            # The initial delay (300 ms) ends the first rebalance.
+            assert time.monotonic() - started >= 0.3
+            assert joined_a.error_code == joined_b.error_code == 0
+            assert joined_a.generation_id == joined_b.generation_id == 1
+            assert joined_a.protocol_name == "range" and joined_a.leader == a.member_id
+            assert {(m.member_id, bytes(m.metadata)) for m in joined_a.members} == {
+                (a.member_id, b"meta"), (b.member_id, b"b")}
+            assert list(joined_b.members) == []
+            follower = asyncio.ensure_future(b.sync())
+            await asyncio.sleep(0.2)
+            assert not follower.done()  # waits for the leader's assignment
+            leader = await a.sync({a.member_id: b"for-a", b.member_id: b"for-b"})
+            assert (leader.error_code, leader.assignment) == (0, b"for-a")
+            assert (await follower).assignment == b"for-b"
+            assert await a.heartbeat() == await b.heartbeat() == 0
+
+            assert await a.commit({("t", 0): 5, ("t", 1): 7}) == {("t", 0): 0, ("t", 1): 0}
+            assert await b.commit({("t", 0): 6}, generation=0) == {
+                ("t", 0): E.unknown_member_id.value}
+            assert await committed(cluster.stub, "g", [("t", 0), ("t", 1), ("t", 9)]) == {
+                ("t", 0): 5, ("t", 1): 7, ("t", 9): -1}
+
+            left = await b.leave()
+            assert [m.error_code for m in left.members] == [0]
+            assert await a.heartbeat() == E.rebalance_in_progress.value
+            again = await a.join()
+            assert (again.error_code, again.generation_id) == (0, 2)
+            assert [m.member_id for m in again.members] == [a.member_id]
+            assert await b.heartbeat() == E.unknown_member_id.value
+
+    run(main())
+
+
+def test_a_member_that_stops_heartbeating_is_removed_by_its_session_timeout(tmp_path: Path):
+    async def main() -> None:
+        async with running_cluster(tmp_path, **GROUP_OPTIONS,
+                                   group_min_session_timeout_ms=500) as cluster:
+            await find(cluster.stub, "s")
+            a = GroupClient(cluster.stub, "s", "a", session_timeout_ms=1500)
+            b = GroupClient(cluster.stub, "s", "b", session_timeout_ms=1500)
+            await asyncio.gather(a.join(), b.join())
+            await asyncio.gather(a.sync({}), b.sync())
+            # a keeps heartbeating; b goes silent.
+            deadline = time.monotonic() + 10
+            code = 0
+            while code == 0:
+                assert time.monotonic() < deadline, "b was never removed"
+                await asyncio.sleep(0.3)
+                code = await a.heartbeat()
+            assert code == E.rebalance_in_progress.value
+            rejoined = await a.join()
+            assert [m.member_id for m in rejoined.members] == [a.member_id]
+            assert await b.heartbeat() == E.unknown_member_id.value
+
+    run(main())
+
+
+def test_join_group_error_codes(tmp_path: Path):
+    async def main() -> None:
+        async with running_cluster(tmp_path, **GROUP_OPTIONS) as cluster:
+            before_topic = await GroupClient(cluster.stub, "early").join_once()
+            assert before_topic.error_code == E.coordinator_not_available.value
+            await find(cluster.stub, "e")
+            assert (await GroupClient(cluster.stub, "").join()).error_code == \
+                E.invalid_group_id.value
+            short = GroupClient(cluster.stub, "e", session_timeout_ms=10)
+            assert (await short.join()).error_code == E.invalid_session_timeout.value
+            stranger = GroupClient(cluster.stub, "e")
+            stranger.member_id = "nobody"
+            assert (await stranger.join()).error_code == E.unknown_member_id.value
+            # JoinGroup before v4 joins at once, without a member id round trip.
+            old = GroupClient(cluster.stub, "old")
+            joined = await old.join_once(version=3)
+            assert joined.error_code == 0 and joined.member_id
+            other = GroupClient(cluster.stub, "old", protocols=[("sticky", b"")])
+            assert (await other.join_once(version=3)).error_code == \
+                E.inconsistent_group_protocol.value
+
+    run(main())
+
+
+def test_offsets_outside_group_management_and_the_admin_apis(tmp_path: Path):
+    async def main() -> None:
+        async with running_cluster(tmp_path, **GROUP_OPTIONS) as cluster:
+            await find(cluster.stub, "admin")
+            await cluster.create_topic("t", partitions=3)
+            simple = GroupClient(cluster.stub, "simple")
+            assert await simple.commit({("t", 0): 1, ("t", 2): 3, ("missing", 0): 1},
+                                       generation=-1) == {
+                ("t", 0): 0, ("t", 2): 0, ("missing", 0): E.unknown_topic_or_partition.value}
+            # A generation names a member, and an Empty group has none.
+            assert await simple.commit({("t", 1): 1}, generation=4) == {
+                ("t", 1): E.unknown_member_id.value}
+            assert await simple.commit({("t", 1): 1}, generation=-1) == {("t", 1): 0}
+            fresh = GroupClient(cluster.stub, "never-seen")
+            assert await fresh.commit({("t", 0): 1}, generation=3) == {
+                ("t", 0): E.illegal_generation.value}
+            everything = await committed(cluster.stub, "simple")
+            assert everything == {("t", 0): 1, ("t", 1): 1, ("t", 2): 3}
+
+            live = GroupClient(cluster.stub, "live")
+            await live.join()
+            await live.sync({live.member_id: b""})
+            listed = await cluster.stub.ListGroups(k.ListGroupsRequest(),
+                                                   metadata=context(4), timeout=CALL_TIMEOUT)
+            states = {g.group_id: (g.group_state, g.protocol_type) for g in listed.groups}
+            assert states["simple"] == ("Empty", "")
+            assert states["live"] == ("Stable", "consumer")
+            stable_only = await cluster.stub.ListGroups(
+                k.ListGroupsRequest(states_filter=["stable"]), metadata=context(4),
+                timeout=CALL_TIMEOUT)
+            assert [g.group_id for g in stable_only.groups] == ["live"]
+
+            described = await cluster.stub.DescribeGroups(
+                k.DescribeGroupsRequest(groups=["live", "simple", "ghost"]),
+                metadata=context(5), timeout=CALL_TIMEOUT)
+            by_id = {g.group_id: g for g in described.groups}
+            assert by_id["live"].group_state == "Stable"
+            assert [m.member_id for m in by_id["live"].members] == [live.member_id]
+            assert by_id["simple"].group_state == "Empty"
+            assert (by_id["ghost"].error_code, by_id["ghost"].group_state) == (0, "Dead")
+
+            deleted = await cluster.stub.DeleteGroups(
+                k.DeleteGroupsRequest(groups_names=["simple", "live", "ghost"]),
+                metadata=context(2), timeout=CALL_TIMEOUT)
+            assert {r.group_id: r.error_code for r in deleted.results} == {
+                "simple": 0, "live": E.non_empty_group.value,
+                "ghost": E.group_id_not_found.value}
+            assert await committed(cluster.stub, "simple") == {}
+
+            await live.commit({("t", 0): 9, ("t", 1): 9})
+            removed = await cluster.stub.OffsetDelete(k.OffsetDeleteRequest(
+                group_id="live", topics=[k.OffsetDeleteRequest.OffsetDeleteRequestTopic(
+                    name="t", partitions=[
+                        k.OffsetDeleteRequest.OffsetDeleteRequestPartition(partition_index=0)])]),
+                metadata=context(0), timeout=CALL_TIMEOUT)
+            assert removed.error_code == 0
+            # "meta" is not a consumer subscription naming t, so the offset may go.
+            assert [p.error_code for p in removed.topics[0].partitions] == [0]
+            assert await committed(cluster.stub, "live") == {("t", 1): 9}
+
+    run(main())
+
+
+def test_two_handlers_racing_on_one_group_never_corrupt_it(tmp_path: Path):
+    async def main() -> None:
+        async with running_cluster(tmp_path, **GROUP_OPTIONS) as cluster, \
+                second_handler(cluster) as other:
+            await find(cluster.stub, "race")
+            await cluster.create_topic("t", partitions=20)
+            stubs = [cluster.stub, other]
+            members = [GroupClient(stubs[i % 2], "race", f"c{i}") for i in range(10)]
+            joined = await asyncio.gather(*(m.join() for m in members))
+            assert {j.error_code for j in joined} == {0}
+            assert {j.generation_id for j in joined} == {1}
+            leaders = {j.leader for j in joined}
+            assert len(leaders) == 1
+            leader = next(m for m in members if m.member_id in leaders)
+            lead = next(j for j in joined if j.member_id == leader.member_id)
+            assert sorted(m.member_id for m in lead.members) == sorted(
+                m.member_id for m in members)
+            assignments = {m.member_id: m.member_id.encode() for m in members}
+            synced = await asyncio.gather(*(
+                m.sync(assignments if m is leader else None) for m in members))
+            assert [s.assignment for s in synced] == [m.member_id.encode() for m in members]
+            # Every member commits its two partitions many times, through both handlers.
+            for round_ in range(5):
+                results = await asyncio.gather(*(
+                    m.commit({("t", 2 * i): round_, ("t", 2 * i + 1): round_ + 100})
+                    for i, m in enumerate(members)))
+                assert all(code == 0 for r in results for code in r.values())
+            for stub in stubs:
+                offsets = await committed(stub, "race")
+                assert offsets == {("t", p): 4 + (100 if p % 2 else 0) for p in range(20)}
+
+    run(main())
+
+
+def test_a_new_handler_rebuilds_groups_and_offsets_from_the_log(tmp_path: Path):
+    async def main() -> None:
+        async with running_cluster(tmp_path, **GROUP_OPTIONS) as cluster:
+            await find(cluster.stub, "durable")
+            await cluster.create_topic("t", partitions=2)
+            member = GroupClient(cluster.stub, "durable")
+            await member.join()
+            await member.sync({member.member_id: b"mine"})
+            await member.commit({("t", 0): 42, ("t", 1): 43})
+            async with second_handler(cluster) as fresh:
+                assert await committed(fresh, "durable") == {("t", 0): 42, ("t", 1): 43}
+                member.stub = fresh
+                assert await member.heartbeat() == 0
+                again = await member.sync()
+                assert again.assignment == b"mine"
+
+    run(main())
