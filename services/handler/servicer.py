@@ -1052,18 +1052,20 @@ class KafkaHandlerServicer(handler_pb2_grpc.KafkaHandlerServicer):
     async def SyncGroup(
         self, request: k.SyncGroupRequest, context: grpc.aio.ServicerContext
     ) -> k.SyncGroupResponse:
+        ctx = self.request_context(context)
         with remote_time(context):
             return await self._serve(
                 "SyncGroup", request, sync_group_request,
-                lambda r: self._groups().sync_group.handle(r),
+                lambda r: self._groups().sync_group.handle(r, ctx),
                 groups.sync_group_error, lambda r: r.error_code, sync_group_response)
 
     async def Heartbeat(
         self, request: k.HeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> k.HeartbeatResponse:
+        ctx = self.request_context(context)
         return await self._serve(
             "Heartbeat", request, heartbeat_request,
-            lambda r: self._groups().heartbeat.handle(r),
+            lambda r: self._groups().heartbeat.handle(r, ctx),
             lambda _r, code: groups.HeartbeatResponse(error_code=code),
             lambda r: r.error_code,
             lambda r: k.HeartbeatResponse(throttle_time_ms=0, error_code=r.error_code))
@@ -1074,7 +1076,7 @@ class KafkaHandlerServicer(handler_pb2_grpc.KafkaHandlerServicer):
         ctx = self.request_context(context)
         return await self._serve(
             "LeaveGroup", request, lambda m: leave_group_request(m, ctx.api_version),
-            lambda r: self._groups().leave_group.handle(r),
+            lambda r: self._groups().leave_group.handle(r, ctx),
             groups.leave_group_error,
             lambda r: r.error_code or _first_error(m.error_code for m in r.members),
             leave_group_response)
@@ -1082,26 +1084,29 @@ class KafkaHandlerServicer(handler_pb2_grpc.KafkaHandlerServicer):
     async def ListGroups(
         self, request: k.ListGroupsRequest, context: grpc.aio.ServicerContext
     ) -> k.ListGroupsResponse:
+        ctx = self.request_context(context)
         return await self._serve(
             "ListGroups", request, list_groups_request,
-            lambda r: self._groups().list_groups.handle(r),
+            lambda r: self._groups().list_groups.handle(r, ctx),
             groups.list_groups_error, lambda r: r.error_code, list_groups_response)
 
     async def DescribeGroups(
         self, request: k.DescribeGroupsRequest, context: grpc.aio.ServicerContext
     ) -> k.DescribeGroupsResponse:
+        ctx = self.request_context(context)
         return await self._serve(
             "DescribeGroups", request, describe_groups_request,
-            lambda r: self._groups().describe_groups.handle(r),
+            lambda r: self._groups().describe_groups.handle(r, ctx),
             groups.describe_groups_error,
             lambda r: _first_error(g.error_code for g in r.groups), describe_groups_response)
 
     async def DeleteGroups(
         self, request: k.DeleteGroupsRequest, context: grpc.aio.ServicerContext
     ) -> k.DeleteGroupsResponse:
+        ctx = self.request_context(context)
         return await self._serve(
             "DeleteGroups", request, delete_groups_request,
-            lambda r: self._groups().delete_groups.handle(r),
+            lambda r: self._groups().delete_groups.handle(r, ctx),
             groups.delete_groups_error,
             lambda r: _first_error(code for _, code in r.results), delete_groups_response)
 
@@ -1128,9 +1133,10 @@ class KafkaHandlerServicer(handler_pb2_grpc.KafkaHandlerServicer):
     async def OffsetDelete(
         self, request: k.OffsetDeleteRequest, context: grpc.aio.ServicerContext
     ) -> k.OffsetDeleteResponse:
+        ctx = self.request_context(context)
         return await self._serve(
             "OffsetDelete", request, offset_delete_request,
-            lambda r: self._groups().offset_delete.handle(r),
+            lambda r: self._groups().offset_delete.handle(r, ctx),
             group_offsets.offset_delete_error,
             lambda r: r.error_code or _first_error(
                 code for _, ps in r.topics for _, code in ps),

@@ -121,6 +121,9 @@ class OffsetCommitApi:
                         metadata=metadata_text, commit_timestamp=now,
                         expire_timestamp=expire)
         if valid or not errors:
+            code = await self._coordinator.not_coordinator(request.group_id, context.broker_id)
+            if code:
+                return offset_commit_error(request, code)
             try:
                 code = await self._coordinator.commit_offsets(
                     request.group_id, request.member_id, request.group_instance_id,
@@ -203,6 +206,10 @@ class OffsetFetchApi:
         for group in request.groups:
             wanted = None if group.topics is None else [
                 (name, p) for name, partitions in group.topics for p in partitions]
+            code = await self._coordinator.not_coordinator(group.group_id, context.broker_id)
+            if code:
+                groups.append(_group_error(group, code, in_partitions))
+                continue
             try:
                 committed = await self._coordinator.fetch_offsets(group.group_id, wanted)
             except CoordinatorError as exc:
@@ -250,9 +257,13 @@ class OffsetDeleteApi:
         self._cache = cache
         self._coordinator = coordinator
 
-    async def handle(self, request: OffsetDeleteRequest) -> OffsetDeleteResponse:
+    async def handle(self, request: OffsetDeleteRequest,
+                     context: RequestContext) -> OffsetDeleteResponse:
         if not request.group_id:
             return offset_delete_error(request, ErrorCode.invalid_group_id.value)
+        code = await self._coordinator.not_coordinator(request.group_id, context.broker_id)
+        if code:
+            return offset_delete_error(request, code)
         metadata = await _metadata(self._cache)
         wanted = [(name, p) for name, partitions in request.topics for p in partitions]
         known = [tp for tp in wanted if _known(metadata, tp)]

@@ -169,6 +169,9 @@ class JoinGroupApi:
             protocols=tuple((name, bytes(metadata)) for name, metadata in request.protocols),
             require_known_member_id=version is None or version >= 4,
         )
+        code = await self._coordinator.not_coordinator(request.group_id, context.broker_id)
+        if code:
+            return join_group_error(request, code)
         try:
             return await self._coordinator.join(request.group_id, join)
         except CoordinatorError as exc:
@@ -205,7 +208,11 @@ class SyncGroupApi:
     def __init__(self, coordinator: GroupCoordinator) -> None:
         self._coordinator = coordinator
 
-    async def handle(self, request: SyncGroupRequest) -> SyncGroupResponse:
+    async def handle(self, request: SyncGroupRequest,
+                     context: RequestContext) -> SyncGroupResponse:
+        code = await self._coordinator.not_coordinator(request.group_id, context.broker_id)
+        if code:
+            return sync_group_error(request, code)
         try:
             result = await self._coordinator.sync(
                 request.group_id, request.member_id, request.group_instance_id,
@@ -238,7 +245,11 @@ class HeartbeatApi:
     def __init__(self, coordinator: GroupCoordinator) -> None:
         self._coordinator = coordinator
 
-    async def handle(self, request: HeartbeatRequest) -> HeartbeatResponse:
+    async def handle(self, request: HeartbeatRequest,
+                     context: RequestContext) -> HeartbeatResponse:
+        code = await self._coordinator.not_coordinator(request.group_id, context.broker_id)
+        if code:
+            return HeartbeatResponse(error_code=code)
         try:
             code = await self._coordinator.heartbeat(
                 request.group_id, request.member_id, request.group_instance_id,
@@ -287,9 +298,13 @@ class LeaveGroupApi:
     def __init__(self, coordinator: GroupCoordinator) -> None:
         self._coordinator = coordinator
 
-    async def handle(self, request: LeaveGroupRequest) -> LeaveGroupResponse:
+    async def handle(self, request: LeaveGroupRequest,
+                     context: RequestContext) -> LeaveGroupResponse:
         if not request.group_id:
             return LeaveGroupResponse(error_code=ErrorCode.invalid_group_id.value)
+        code = await self._coordinator.not_coordinator(request.group_id, context.broker_id)
+        if code:
+            return leave_group_error(request, code)
         try:
             errors = await self._coordinator.leave(
                 request.group_id,
@@ -335,7 +350,10 @@ class ListGroupsApi:
     def __init__(self, coordinator: GroupCoordinator) -> None:
         self._coordinator = coordinator
 
-    async def handle(self, request: ListGroupsRequest) -> ListGroupsResponse:
+    async def handle(self, request: ListGroupsRequest,
+                     context: RequestContext) -> ListGroupsResponse:
+        """The groups this broker coordinates (each broker of a cluster lists its own, and
+        admin clients ask them all)."""
         types = {t.lower() for t in request.types_filter}
         if types and CLASSIC_GROUP_TYPE not in types:
             return ListGroupsResponse()
@@ -346,7 +364,7 @@ class ListGroupsApi:
                 return ListGroupsResponse()  # no group is in a state Kafka does not know
             states.add(state)
         try:
-            listings = await self._coordinator.list_groups()
+            listings = await self._coordinator.list_groups(context.broker_id)
         except CoordinatorError as exc:
             return list_groups_error(request, exc.code)
         return ListGroupsResponse(groups=[
@@ -402,11 +420,16 @@ class DescribeGroupsApi:
     def __init__(self, coordinator: GroupCoordinator) -> None:
         self._coordinator = coordinator
 
-    async def handle(self, request: DescribeGroupsRequest) -> DescribeGroupsResponse:
+    async def handle(self, request: DescribeGroupsRequest,
+                     context: RequestContext) -> DescribeGroupsResponse:
         operations = (GROUP_OPERATIONS if request.include_authorized_operations
                       else AUTHORIZED_OPERATIONS_OMITTED)
         described = []
         for group_id in request.groups:
+            code = await self._coordinator.not_coordinator(group_id, context.broker_id)
+            if code:
+                described.append(DescribedGroup(group_id=group_id, error_code=code))
+                continue
             try:
                 group = await self._coordinator.describe(group_id)
             except CoordinatorError as exc:
@@ -455,11 +478,13 @@ class DeleteGroupsApi:
     def __init__(self, coordinator: GroupCoordinator) -> None:
         self._coordinator = coordinator
 
-    async def handle(self, request: DeleteGroupsRequest) -> DeleteGroupsResponse:
+    async def handle(self, request: DeleteGroupsRequest,
+                     context: RequestContext) -> DeleteGroupsResponse:
         results = []
         for group_id in dict.fromkeys(request.groups):
+            code = await self._coordinator.not_coordinator(group_id, context.broker_id)
             try:
-                code = await self._coordinator.delete_group(group_id)
+                code = code or await self._coordinator.delete_group(group_id)
             except CoordinatorError as exc:
                 code = exc.code
             results.append((group_id, code))

@@ -283,6 +283,40 @@ class GroupCoordinator:
             return COORDINATOR_NOT_AVAILABLE, -1
         return NONE, info.leader
 
+    async def coordinator_error(self, group_id: str, broker_id: int | None) -> int:
+        """NOT_COORDINATOR when the client sent a group's request to a broker (log node) that
+        does not lead the group's partition (Kafka's check); 0 when it does, or when the
+        broker is not known (a direct call). Any handler could serve the request, but clients
+        must keep talking to the coordinator they found, as Kafka's do."""
+        if broker_id is None:
+            return NONE
+        metadata, topic = await self.offsets_topic(create=False)
+        if topic is None or not topic.partitions:
+            return NOT_COORDINATOR
+        info = topic.partitions.get(partition_for(group_id, len(topic.partitions)))
+        if info is None or info.leader != broker_id or metadata.live_node(broker_id) is None:
+            return NOT_COORDINATOR
+        return NONE
+
+    async def not_coordinator(self, group_id: str, broker_id: int | None) -> int:
+        """:meth:`coordinator_error`, with the reason the coordinator is unknown as the error
+        when it is; an empty group id is left to the API's own check (INVALID_GROUP_ID where
+        Kafka gives it)."""
+        if not group_id:
+            return NONE
+        try:
+            return await self.coordinator_error(group_id, broker_id)
+        except CoordinatorError as exc:
+            return exc.code
+
+    def leads(self, metadata: ClusterMetadata, topic: TopicInfo, partition: int,
+              broker_id: int | None) -> bool:
+        """Whether ``broker_id`` leads an offsets partition (any broker when unknown)."""
+        if broker_id is None:
+            return True
+        info = topic.partitions.get(partition)
+        return info is not None and info.leader == broker_id
+
     async def _locate(self, group_id: str) -> tuple[OffsetsPartition, Leader, str]:
         """The store and leader of the group's partition, and the key its waiters park on."""
         metadata, topic = await self.offsets_topic(create=False)
@@ -758,8 +792,8 @@ class GroupCoordinator:
         result, _ = await self.update(group_id, change)
         return result
 
-    async def list_groups(self) -> list[GroupListing]:
-        """Every group of every partition of the offsets topic."""
+    async def list_groups(self, broker_id: int | None = None) -> list[GroupListing]:
+        """Every group of the offsets partitions ``broker_id`` leads (all when None)."""
         metadata, topic = await self.offsets_topic(create=False)
         if topic is None:
             return []
@@ -780,7 +814,8 @@ class GroupCoordinator:
                                                  state=group.state))
             return listings
 
-        found = await asyncio.gather(*(groups_of(p) for p in sorted(topic.partitions)))
+        found = await asyncio.gather(*(groups_of(p) for p in sorted(topic.partitions)
+                                       if self.leads(metadata, topic, p, broker_id)))
         return [listing for listings in found for listing in listings]
 
 

@@ -294,3 +294,45 @@ def test_a_new_handler_rebuilds_groups_and_offsets_from_the_log(tmp_path: Path):
                 assert again.assignment == b"mine"
 
     run(main())
+
+
+def test_requests_at_a_broker_that_is_not_the_coordinator_get_not_coordinator(tmp_path: Path):
+    async def main() -> None:
+        async with running_cluster(tmp_path, nodes=2, **GROUP_OPTIONS) as cluster:
+            found = await find(cluster.stub, "where")
+            coordinator = found.coordinators[0].node_id
+            other = 1 - coordinator
+
+            def at(broker: int, version: int) -> tuple[tuple[str, str], ...]:
+                return (*context(version), ("kafka-broker-id", str(broker)))
+
+            join = k.JoinGroupRequest(
+                group_id="where", session_timeout_ms=10_000, rebalance_timeout_ms=10_000,
+                protocol_type="consumer", protocols=[
+                    k.JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=b"")])
+            wrong = await cluster.stub.JoinGroup(join, metadata=at(other, 9),
+                                                 timeout=CALL_TIMEOUT)
+            assert wrong.error_code == E.not_coordinator.value
+            right = await cluster.stub.JoinGroup(join, metadata=at(coordinator, 9),
+                                                 timeout=CALL_TIMEOUT)
+            assert right.error_code == E.member_id_required.value
+            fetched = await cluster.stub.OffsetFetch(
+                k.OffsetFetchRequest(group_id="where", topics_is_null=True),
+                metadata=at(other, 7), timeout=CALL_TIMEOUT)
+            assert fetched.error_code == E.not_coordinator.value
+            heartbeat = await cluster.stub.Heartbeat(
+                k.HeartbeatRequest(group_id="where", generation_id=0, member_id="x"),
+                metadata=at(other, 4), timeout=CALL_TIMEOUT)
+            assert heartbeat.error_code == E.not_coordinator.value
+            # Each broker lists the groups it coordinates.
+            simple = GroupClient(cluster.stub, "where")
+            await cluster.create_topic("t")
+            assert await simple.commit({("t", 0): 1}, generation=-1) == {("t", 0): 0}
+            listed = {}
+            for broker in (0, 1):
+                answer = await cluster.stub.ListGroups(
+                    k.ListGroupsRequest(), metadata=at(broker, 4), timeout=CALL_TIMEOUT)
+                listed[broker] = [g.group_id for g in answer.groups]
+            assert listed[coordinator] == ["where"] and listed[other] == []
+
+    run(main())
