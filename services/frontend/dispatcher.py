@@ -33,6 +33,7 @@ from .framing import SIZE, FrameWriter
 from .handler_pool import HandlerCallError, HandlerPool, Metadata
 from .metrics import (
     HANDLER_FAILURES,
+    METRICS_ENABLED,
     ApiMetrics,
     ErrorCodes,
     count_fetched_bytes,
@@ -259,9 +260,11 @@ class Dispatcher:
         except HandlerCallError as e:
             response = self._failure_response(request, message, e)
         if api.key == PRODUCE_KEY:
-            codes = produce_outcome(request.body, response)
-        else:
+            codes = produce_outcome(request.body, response)  # acks=0 needs them too
+        elif METRICS_ENABLED:
             codes = self._error_codes.of(response)
+        else:
+            codes = set()
         if not request.expects_response:
             if codes:
                 # As Kafka does: an acks=0 producer learns of a failure only by the connection
@@ -292,7 +295,7 @@ class Dispatcher:
         out.write(headers.response_header(schema.api.key, request.correlation_id,
                                           schema.flexible_response))
         schema.write_response(out, entity)
-        if schema.api.key == FETCH_KEY:
+        if schema.api.key == FETCH_KEY and METRICS_ENABLED:
             count_fetched_bytes(response, entity)
         return out.finish()  # type: ignore[return-value]
 

@@ -59,7 +59,7 @@ from typing import Any
 from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import Message
 
-from services.common.metrics import LATENCY_BUCKETS, Counter, Gauge, Histogram
+from services.common.metrics import LATENCY_BUCKETS, METRICS_ENABLED, Counter, Gauge, Histogram
 
 PHASES = ("request_queue", "local", "remote", "response_queue", "response_send")
 
@@ -189,6 +189,8 @@ def produce_outcome(body: Any, response: Message) -> set[int]:
             if code:
                 codes.add(code)
                 failed.add((topic.name, p.index))
+    if not METRICS_ENABLED:
+        return codes
     for data in body.topic_data:
         size = 0
         for p in data.partition_data:

@@ -10,6 +10,7 @@ import socket
 
 import grpc
 
+from services.common.metrics import METRICS_ENABLED
 from services.common.server import create_server
 
 from .config import FrontendConfig
@@ -69,9 +70,10 @@ class FrontendService:
 
     async def _bind(self, port: int) -> asyncio.Server:
         # asyncio.start_server, with a reader that timestamps arrivals (request-queue time).
+        reader = TimedStreamReader if METRICS_ENABLED else asyncio.StreamReader
+
         def protocol() -> asyncio.StreamReaderProtocol:
-            return asyncio.StreamReaderProtocol(TimedStreamReader(_STREAM_LIMIT),
-                                                self._on_connect)
+            return asyncio.StreamReaderProtocol(reader(limit=_STREAM_LIMIT), self._on_connect)
 
         return await asyncio.get_running_loop().create_server(
             protocol, self.config.listen_host, port, reuse_address=True, start_serving=False)
