@@ -23,3 +23,13 @@ class ReplicatorConfig:
     )
     cluster_id: str = option("", "cluster id (empty: generate one once and persist it)")
     node_check_interval_ms: int = option(1000, "how often each log node's health is checked")
+    replica_lag_time_max_ms: int = option(
+        30000, "replica.lag.time.max.ms: a follower not caught up for this long leaves the ISR")
+    replica_fetch_wait_max_ms: int = option(
+        500, "replica.fetch.wait.max.ms: how long a follower fetch waits on the leader for data")
+    replica_fetch_max_bytes: int = option(
+        1048576, "replica.fetch.max.bytes: bytes per partition a follower fetch asks for")
+    replica_fetch_response_max_bytes: int = option(
+        10485760, "replica.fetch.response.max.bytes: bytes a follower fetch asks for in all")
+    replica_fetch_backoff_ms: int = option(
+        200, "replica.fetch.backoff.ms: pause after a failed follower fetch")

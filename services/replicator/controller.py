@@ -27,8 +27,13 @@ Consistency rules:
   log node created them, undone otherwise.
 - Liveness: a node is alive while its latest health check answered SERVING. Only live nodes
   receive new replicas and count toward the replication factor limit. Liveness changes bump the
-  version. (Leader election, ISR changes and re-creating replicas on a returning node belong to
-  the replication role, not yet here.)
+  version.
+- New replicas are created with their state (leader or follower at epoch 0), so a leader never
+  commits appends alone when it has followers.
+- ISR changes (:meth:`Controller.change_isr`, from the replication role) commit at once,
+  without waiting for topic operations: they name the leader and epoch they were computed for
+  and are dropped if the partition moved on. Topic operations therefore rebuild partitions from
+  the image current at their commit, never from the one they started with.
 
 Not thread-safe: one event loop.
 """
@@ -62,6 +67,7 @@ from .metadata import (
 from .metadata_store import MetadataStore
 from .producer_ids import ProducerIdBlock, next_block
 from .publisher import ImagePublisher
+from .replication.nodes import ReplicaState, Role
 from .topic_rules import (
     ConfigOperation,
     apply_config_changes,
@@ -369,7 +375,7 @@ class Controller:
                     if node in live:
                         specs.setdefault(node, []).append(PartitionSpec(
                             topic=topic.name, partition=p.partition, topic_id=topic.topic_id,
-                            configs=topic.configs))
+                            configs=topic.configs, state=replica_state(topic.name, p, node)))
         nodes = list(specs)
         cleared: dict[NodeId, set[tuple[str, int]]] = {}
 
@@ -619,9 +625,14 @@ class Controller:
         failures, cleared = await self._create_on_log_nodes(
             [added for added, _ in planned.values()], image)
         grown = [g for name, (_, g) in planned.items() if name not in failures]
+        new_partitions = {name: added.partitions for name, (added, _) in planned.items()}
         try:
+            # The existing partitions as they are now (their ISR may have changed meanwhile).
             self._commit(lambda current: _without_cleared(
-                current.with_topics(added=[g for g in grown if g.name in current.topics]),
+                current.with_topics(added=[
+                    dataclasses.replace(current.topics[g.name], partitions=(
+                        current.topics[g.name].partitions + new_partitions[g.name]))
+                    for g in grown if g.name in current.topics]),
                 cleared), bump=bool(grown))
         except OSError as e:
             log.exception("could not save the metadata of new partitions")
@@ -692,6 +703,37 @@ class Controller:
                 replicas=tuple(replicas), isr=isr))
         return dataclasses.replace(topic, partitions=tuple(partitions))
 
+    # -- replication ------------------------------------------------------------------------
+
+    def change_isr(
+        self, changes: Mapping[tuple[str, int], tuple[NodeId, int, tuple[NodeId, ...]]]
+    ) -> dict[tuple[str, int], tuple[NodeId, ...]]:
+        """Commit new ISRs (Kafka's AlterPartition). ``changes`` maps (topic, partition) to
+        (leader, leader epoch, new ISR) as the replication role computed them; a change whose
+        partition has another leader or epoch by now, is gone, would drop the leader or add a
+        node that is not a replica, or changes nothing is left out. Returns the ISRs
+        committed, in one new version. Raises OSError if the save failed (nothing changed)."""
+        image = self._image
+        topics: dict[TopicName, TopicRegistration] = {}
+        applied: dict[tuple[str, int], tuple[NodeId, ...]] = {}
+        for (name, index), (leader, epoch, isr) in changes.items():
+            topic = topics.get(TopicName(name)) or image.topics.get(TopicName(name))
+            if topic is None or not 0 <= index < len(topic.partitions):
+                continue
+            p = topic.partitions[index]
+            if (p.leader != leader or p.leader_epoch != epoch or leader not in isr
+                    or not set(isr) <= set(p.replicas) or set(isr) == set(p.isr)):
+                continue
+            partitions = list(topic.partitions)
+            partitions[index] = dataclasses.replace(p, isr=tuple(isr))
+            topics[topic.name] = dataclasses.replace(topic, partitions=tuple(partitions))
+            applied[(name, index)] = tuple(isr)
+        if applied:
+            self._commit(lambda current: current.with_topics(added=topics.values()))
+            for (name, index), isr in applied.items():
+                log.info("%s-%d: ISR is now %s", name, index, list(isr))
+        return applied
+
     # -- producer ids -----------------------------------------------------------------------
 
     def allocate_producer_ids(self) -> ProducerIdBlock:
@@ -734,6 +776,16 @@ class Controller:
 
     async def close(self) -> None:
         self.publisher.close()
+
+
+def replica_state(topic: str, partition: PartitionRegistration, node: NodeId) -> ReplicaState:
+    """The state ``node``'s replica of ``partition`` should have."""
+    if node == partition.leader:
+        return ReplicaState(topic=topic, partition=partition.partition, role=Role.LEADER,
+                            leader_epoch=partition.leader_epoch,
+                            in_sync_alone=tuple(partition.isr) == (node,))
+    return ReplicaState(topic=topic, partition=partition.partition, role=Role.FOLLOWER,
+                        leader_epoch=partition.leader_epoch)
 
 
 def _created(topic: TopicRegistration, *, with_id: bool) -> TopicResult:

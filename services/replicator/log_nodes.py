@@ -1,9 +1,11 @@
 """Talking to log nodes: parsing their configured addresses, health checks, creating and
-deleting partition replicas and updating their topic configs (the kbroker.log.v1 LogService),
-with gRPC failures turned into Kafka error codes here and nowhere else in the replicator.
+deleting partition replicas and updating their topic configs, and the replication calls (the
+kbroker.log.v1 LogService), with gRPC failures turned into Kafka error codes here and nowhere
+else in the replicator.
 
-:class:`LogNodeClient` is what the controller needs; :class:`GrpcLogNodes` implements it with
-one long-lived channel per node.
+:class:`LogNodeClient` is what the controller needs, :class:`~.replication.nodes.ReplicaNodes`
+what replication needs; :class:`GrpcLogNodes` implements both with one long-lived channel per
+node.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from services.common.channels import insecure_channel
 from services.common.errors import ErrorCode
 
 from .metadata import LogNode, NodeId
+from .replication import nodes as replica
 
 LOG_SERVICE_NAME = log_pb2.DESCRIPTOR.services_by_name["LogService"].full_name
 
@@ -52,12 +55,14 @@ def parse_log_nodes(entries: Iterable[str]) -> tuple[LogNode, ...]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PartitionSpec:
-    """A replica to create: the topic's name, id and configs, and the partition index."""
+    """A replica to create: the topic's name, id and configs, the partition index, and (for
+    creation) the replica's state."""
 
     topic: str
     partition: int
     topic_id: str
     configs: Mapping[str, str] = field(default_factory=dict)
+    state: replica.ReplicaState | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,7 +137,8 @@ class GrpcLogNodes:
     ) -> list[PartitionFailure]:
         request = log_pb2.CreatePartitionsRequest(partitions=[
             log_pb2.PartitionSpec(topic=s.topic, partition=s.partition, topic_id=s.topic_id,
-                                  configs=dict(s.configs))
+                                  configs=dict(s.configs),
+                                  state=_state_message(s.state) if s.state else None)
             for s in specs
         ])
         reply = await self._call(node_id, "create partitions", self._stub(node_id).CreatePartitions,
@@ -162,6 +168,73 @@ class GrpcLogNodes:
                                  self._stub(node_id).UpdatePartitionConfigs, request)
         return _failures(reply.results)
 
+    # -- replication (see replication.nodes.ReplicaNodes) -----------------------------------
+
+    async def fetch(
+        self, node_id: NodeId, requests: Sequence[replica.FetchRequest], *, max_wait_ms: int,
+        max_bytes: int, partition_max_bytes: int,
+    ) -> list[replica.FetchResult]:
+        request = log_pb2.ReadRequest(
+            limit=log_pb2.READ_LIMIT_LOG_END, max_bytes=max_bytes, max_wait_ms=max_wait_ms,
+            partitions=[log_pb2.PartitionRead(topic=r.topic, partition=r.partition,
+                                              offset=r.offset, max_bytes=partition_max_bytes)
+                        for r in requests])
+        reply = await self._call(node_id, "read", self._stub(node_id).Read, request,
+                                 time_limit=max_wait_ms / 1000 + CALL_TIMEOUT)
+        return [replica.FetchResult(
+            topic=r.topic, partition=r.partition, error=_error(r.error_code), records=r.records,
+            log_start_offset=r.log_start_offset, log_end_offset=r.log_end_offset,
+            high_watermark=r.high_watermark) for r in reply.results]
+
+    async def replicate(
+        self, node_id: NodeId, requests: Sequence[replica.ReplicateRequest]
+    ) -> list[replica.ReplicateResult]:
+        request = log_pb2.ReplicateAppendRequest(partitions=[
+            log_pb2.PartitionReplicate(topic=r.topic, partition=r.partition,
+                                       leader_epoch=r.leader_epoch, records=r.records,
+                                       high_watermark=r.high_watermark)
+            for r in requests])
+        reply = await self._call(node_id, "replicate", self._stub(node_id).ReplicateAppend,
+                                 request)
+        return [replica.ReplicateResult(
+            topic=r.topic, partition=r.partition, error=_error(r.error_code),
+            message=r.error_message, log_end_offset=r.log_end_offset,
+            high_watermark=r.high_watermark) for r in reply.results]
+
+    async def update_high_watermarks(
+        self, node_id: NodeId, updates: Sequence[replica.HighWatermarkUpdate]
+    ) -> list[replica.PartitionError]:
+        request = log_pb2.UpdateHighWatermarksRequest(partitions=[
+            log_pb2.PartitionHighWatermark(topic=u.topic, partition=u.partition,
+                                           leader_epoch=u.leader_epoch,
+                                           high_watermark=u.high_watermark)
+            for u in updates])
+        reply = await self._call(node_id, "update high watermarks",
+                                 self._stub(node_id).UpdateHighWatermarks, request)
+        return _partition_errors(reply.results)
+
+    async def update_replica_states(
+        self, node_id: NodeId, states: Sequence[replica.ReplicaState]
+    ) -> list[replica.PartitionError]:
+        request = log_pb2.UpdateReplicaStatesRequest(states=[_state_message(s) for s in states])
+        reply = await self._call(node_id, "update replica states",
+                                 self._stub(node_id).UpdateReplicaStates, request)
+        return _partition_errors(reply.results)
+
+    async def describe(
+        self, node_id: NodeId, partitions: Sequence[replica.TopicPartition]
+    ) -> list[replica.ReplicaDescription]:
+        request = log_pb2.DescribePartitionsRequest(partitions=[
+            log_pb2.TopicPartition(topic=topic, partition=partition)
+            for topic, partition in partitions])
+        reply = await self._call(node_id, "describe partitions",
+                                 self._stub(node_id).DescribePartitions, request)
+        return [replica.ReplicaDescription(
+            topic=p.topic, partition=p.partition, error=_error(p.error_code),
+            log_end_offset=p.log_end_offset, high_watermark=p.high_watermark,
+            leader_epoch=p.leader_epoch, role=_ROLES.get(p.role, replica.Role.UNKNOWN))
+            for p in reply.partitions]
+
     def _stub(self, node_id: NodeId) -> log_pb2_grpc.LogServiceStub:
         stub = self._log.get(node_id)
         if stub is None:
@@ -169,10 +242,11 @@ class GrpcLogNodes:
                                      f"log node {node_id} is not configured")
         return stub
 
-    async def _call(self, node_id: NodeId, what: str, method, request):  # type: ignore[no-untyped-def]
+    async def _call(self, node_id: NodeId, what: str, method, request,  # type: ignore[no-untyped-def]
+                    time_limit: float = CALL_TIMEOUT):
         address = self._nodes[node_id].address
         try:
-            return await method(request, timeout=CALL_TIMEOUT)
+            return await method(request, timeout=time_limit)
         except grpc.aio.AioRpcError as e:
             # Retriable for clients: the next health check takes a dead node out of placement.
             raise LogNodeError(
@@ -196,3 +270,29 @@ def _failures(results: Iterable[log_pb2.PartitionError]) -> list[PartitionFailur
         failures.append(PartitionFailure(topic=r.topic, partition=r.partition, error=error,
                                          message=r.error_message or error.name.upper()))
     return failures
+
+
+_ROLES = {
+    log_pb2.REPLICA_ROLE_LEADER: replica.Role.LEADER,
+    log_pb2.REPLICA_ROLE_FOLLOWER: replica.Role.FOLLOWER,
+}
+_ROLE_VALUES = {role: value for value, role in _ROLES.items()}
+
+
+def _state_message(state: replica.ReplicaState) -> log_pb2.ReplicaState:
+    return log_pb2.ReplicaState(topic=state.topic, partition=state.partition,
+                                role=_ROLE_VALUES[state.role], leader_epoch=state.leader_epoch,
+                                in_sync_alone=state.in_sync_alone)
+
+
+def _error(code: int) -> ErrorCode:
+    try:
+        return ErrorCode(code)
+    except ValueError:
+        return ErrorCode.unknown_server_error
+
+
+def _partition_errors(results: Iterable[log_pb2.PartitionError]) -> list[replica.PartitionError]:
+    return [replica.PartitionError(topic=r.topic, partition=r.partition,
+                                   error=_error(r.error_code), message=r.error_message)
+            for r in results if r.error_code]

@@ -14,12 +14,14 @@ Kafka's JMX names beside ours:
                                                     name=ConsumerLag
 
 ISR changes are counted by comparing each image with the one before (a partition whose ISR
-both lost and gained members counts once each way). Follower lag is what the replicator
-learns from follower fetching; until follower fetching exists it learns nothing, so the family
-has no samples rather than made-up zeros (:func:`set_follower_lag` is its entry point).
+both lost and gained members counts once each way). Follower lag (offsets, and seconds since
+last caught up) is what follower fetching measures, for every follower it copies to; other
+followers have no samples rather than made-up zeros.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 from services.common.metrics import Counter, Gauge
 
@@ -100,3 +102,43 @@ def observe(image: MetadataImage) -> None:
 def set_follower_lag(topic: str, partition: int, replica: int, lag: int) -> None:
     """A follower's lag as follower fetching measures it (leader log end - follower log end)."""
     FOLLOWER_LAG.labels(topic, str(partition), str(replica)).set(max(lag, 0))
+
+
+FOLLOWER_LAG_SECONDS = Gauge(
+    "kbroker_replicator_follower_lag_seconds",
+    "Seconds since a follower replica was last caught up with its leader's log end "
+    "(what replica.lag.time.max.ms is compared with).",
+    ["topic", "partition", "replica"],
+)
+LEADER_ELECTIONS = Counter(
+    "kbroker_replicator_leader_elections_total",
+    "Leaders elected because the previous one failed, by kind (clean: from the ISR; unclean: "
+    "from outside it) (LeaderElectionRateAndTimeMs, UncleanLeaderElectionsPerSec).",
+    ["kind"],
+)
+REPLICATED_BYTES = Counter(
+    "kbroker_replicator_replicated_bytes_total",
+    "Bytes of record batches copied from leaders to followers.",
+)
+HIGH_WATERMARK_PUSHES = Counter(
+    "kbroker_replicator_high_watermark_pushes_total",
+    "UpdateHighWatermarks calls to leader log nodes, by outcome.",
+    ["outcome"],
+)
+REPLICA_STATE_UPDATES = Counter(
+    "kbroker_replicator_replica_state_updates_total",
+    "Replica states (leader or follower at an epoch) log nodes took or refused, by outcome.",
+    ["outcome"],
+)
+
+
+def set_follower_lag_seconds(topic: str, partition: int, replica: int, seconds: float) -> None:
+    FOLLOWER_LAG_SECONDS.labels(topic, str(partition), str(replica)).set(seconds)
+
+
+def forget_follower(topic: str, partition: int, replica: int) -> None:
+    """Drop a follower's lag samples (its partition moved or went away)."""
+    labels = (topic, str(partition), str(replica))
+    for gauge in (FOLLOWER_LAG, FOLLOWER_LAG_SECONDS):
+        with contextlib.suppress(KeyError):
+            gauge.remove(*labels)

@@ -4,16 +4,20 @@ each receive it now and again after every change.
 A watcher always gets the newest image: if several changes happen while it is busy (sending
 the previous one), it receives the last of them, never a stale one, and versions it sees only
 increase. Watchers hold no registration: one that goes away simply stops waiting, so there is
-nothing to clean up. Not thread-safe (one event loop).
+nothing to clean up. Listeners (in-process parts such as the replication role) are called
+synchronously with each published image instead. Not thread-safe (one event loop).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Callable
 
 from . import metrics
 from .metadata import MetadataImage
+
+log = logging.getLogger(__name__)
 
 
 class ImagePublisher:
@@ -22,6 +26,7 @@ class ImagePublisher:
         self._changed = asyncio.Event()
         self._closed = False
         self._watchers = 0
+        self._listeners: list[Callable[[MetadataImage], None]] = []
 
     @property
     def latest(self) -> MetadataImage:
@@ -32,9 +37,18 @@ class ImagePublisher:
         """Watchers currently iterating."""
         return self._watchers
 
+    def subscribe(self, listener: Callable[[MetadataImage], None]) -> None:
+        """Call ``listener(image)`` with every image published from now on."""
+        self._listeners.append(listener)
+
     def publish(self, image: MetadataImage) -> None:
         self._image = image
         self._wake()
+        for listener in self._listeners:
+            try:
+                listener(image)
+            except Exception:  # a listener's failure must not undo a commit
+                log.exception("metadata listener failed on version %d", image.version)
 
     def close(self) -> None:
         """End every watch (the service is stopping)."""

@@ -1,5 +1,5 @@
-"""Start and stop the replicator service: the controller, its log node monitor and the gRPC
-server."""
+"""Start and stop the replicator service: the controller, its log node monitor, the
+replication role and the gRPC server."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from .config import ReplicatorConfig
 from .controller import Controller
 from .log_nodes import GrpcLogNodes, parse_log_nodes
 from .metadata_store import JsonFileMetadataStore
+from .replication.fetcher import FetchSettings
+from .replication.manager import ReplicationManager
 from .servicer import ReplicatorServicer
 
 log = logging.getLogger(__name__)
@@ -33,17 +35,20 @@ class ReplicatorService:
         controller: Controller,
         monitor: asyncio.Task[None],
         log_nodes: GrpcLogNodes,
+        replication: ReplicationManager,
     ) -> None:
         self._server = server
         self.port = port
         self.controller = controller
         self._monitor = monitor
         self._log_nodes = log_nodes
+        self.replication = replication
 
     async def stop(self, grace: float = 1.0) -> None:
         self._monitor.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._monitor
+        await self.replication.stop()
         # Ends the metadata streams, so watchers see a clean end instead of a cancellation.
         await self.controller.close()
         await self._server.stop(grace)
@@ -75,8 +80,16 @@ async def start(config: ReplicatorConfig) -> ReplicatorService:
         await log_nodes.close()
         raise
     monitor = asyncio.create_task(controller.run_node_checks(interval), name="log-node-checks")
+    replication = ReplicationManager(
+        controller=controller, nodes=log_nodes, lag_time_max_ms=config.replica_lag_time_max_ms,
+        fetch=FetchSettings(wait_ms=config.replica_fetch_wait_max_ms,
+                            max_bytes=config.replica_fetch_max_bytes,
+                            response_max_bytes=config.replica_fetch_response_max_bytes,
+                            backoff_ms=config.replica_fetch_backoff_ms),
+        resync_interval_s=interval)
+    replication.start()
     image = controller.image
     log.info("replicator serving on port %d: cluster %s, metadata version %d, %d/%d log nodes "
              "alive", port, image.cluster_id, image.version, len(image.live_node_ids),
              len(image.log_nodes))
-    return ReplicatorService(server, port, controller, monitor, log_nodes)
+    return ReplicatorService(server, port, controller, monitor, log_nodes, replication)

@@ -1,0 +1,358 @@
+"""The replication role: keeps every replicated partition's followers copying from its leader,
+the high watermark moving, the ISR true and each replica in the state the metadata gives it
+(Kafka's ReplicaFetcherManager, the leader's ISR maintenance and the controller's
+LeaderAndIsr propagation, in one process).
+
+- Metadata: every image the controller publishes is reconciled as it is published: a
+  partition with two or more replicas gets a :class:`PartitionReplication` (kept while its
+  leader and epoch stay, started over otherwise), and its followers on live nodes are served
+  by the fetcher of their (leader node, follower node) pair.
+- Replica states: each live node is sent the state of every replica it holds (leader or
+  follower, the epoch, whether a leader is alone in the ISR) until it confirmed that state. A
+  node that comes back to life, or refuses a call as if it did not know its state (it
+  restarted), is sent its states again; a leader that gets its state also gets the high
+  watermark, which a restart forgot.
+- High watermark: whenever a follower's progress moves the minimum log end offset over the
+  ISR, the new high watermark goes to the leader (:mod:`.high_watermarks`), whose progress
+  report completes the acks=all produces waiting in the purgatory; followers learn it with
+  their next copy.
+- ISR: every ``lag/2`` each partition's followers are checked: an ISR follower not caught up
+  for longer than ``replica.lag.time.max.ms`` leaves the ISR, a caught-up follower holding the
+  high watermark joins it. Changes are committed through the controller
+  (:meth:`~services.replicator.controller.Controller.change_isr`), so handlers learn them with
+  the metadata (for min.insync.replicas) and they survive a restart; the leader is told
+  whether it is now alone in the ISR.
+
+Not thread-safe: one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from services.common.errors import ErrorCode
+
+from .. import metrics
+from ..controller import Controller, replica_state
+from ..log_nodes import LogNodeError
+from ..metadata import MetadataImage, NodeId, TopicName
+from .fetcher import FetchSettings, ReplicaFetcher
+from .high_watermarks import HighWatermarkPusher
+from .nodes import PartitionError, ReplicaNodes, ReplicaState, Role, TopicPartition
+from .partition_state import PartitionReplication
+
+log = logging.getLogger(__name__)
+
+# Every this many state rounds, the nodes' replica states are checked (see verify_states).
+VERIFY_EVERY = 5
+
+
+def now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+class ReplicationManager:
+    def __init__(
+        self,
+        *,
+        controller: Controller,
+        nodes: ReplicaNodes,
+        lag_time_max_ms: int,
+        fetch: FetchSettings | None = None,
+        resync_interval_s: float = 1.0,
+    ) -> None:
+        self._controller = controller
+        self._nodes = nodes
+        self._lag_ms = lag_time_max_ms
+        self._fetch = fetch or FetchSettings()
+        self._resync_interval_s = resync_interval_s
+        self._states: dict[TopicPartition, PartitionReplication] = {}
+        self._fetchers: dict[tuple[NodeId, NodeId], ReplicaFetcher] = {}
+        self._pushers: dict[NodeId, HighWatermarkPusher] = {}
+        # Per node: the states it confirmed.
+        self._confirmed: dict[NodeId, dict[TopicPartition, ReplicaState]] = {}
+        self._alive: set[NodeId] = set()
+        self._sync_needed = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping: set[asyncio.Task[None]] = set()
+        self._stopped = False
+
+    @property
+    def partitions(self) -> dict[TopicPartition, PartitionReplication]:
+        return dict(self._states)
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.reconcile(self._controller.image)
+        self._controller.publisher.subscribe(self.reconcile)
+        self._tasks = [
+            loop.create_task(self._sync_states_forever(), name="replication-states"),
+            loop.create_task(self._check_isr_forever(), name="replication-isr"),
+        ]
+
+    async def stop(self) -> None:
+        self._stopped = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        await asyncio.gather(*(f.stop() for f in self._fetchers.values()),
+                             *(p.close() for p in self._pushers.values()), *self._stopping,
+                             return_exceptions=True)
+        self._fetchers.clear()
+        self._pushers.clear()
+
+    # -- metadata --------------------------------------------------------------------------
+
+    def reconcile(self, image: MetadataImage) -> None:
+        """Bring partitions, fetchers and wanted replica states in line with ``image``."""
+        if self._stopped:
+            return
+        now = now_ms()
+        alive = set(image.live_node_ids)
+        for node in alive - self._alive:
+            self._confirmed.pop(node, None)  # it may have restarted: tell it everything
+        self._alive = alive
+        states: dict[TopicPartition, PartitionReplication] = {}
+        for topic in image.topics.values():
+            for p in topic.partitions:
+                if len(p.replicas) < 2:
+                    continue
+                key = (topic.name, p.partition)
+                current = self._states.get(key)
+                if (current is not None and current.leader == p.leader
+                        and current.leader_epoch == p.leader_epoch
+                        and current.replicas == tuple(p.replicas)):
+                    if current.isr != tuple(p.isr):
+                        current.update_isr(p.isr, now)
+                        self._progress(current)
+                    states[key] = current
+                    continue
+                states[key] = PartitionReplication(
+                    topic=topic.name, partition=p.partition, leader=p.leader,
+                    leader_epoch=p.leader_epoch, replicas=p.replicas, isr=p.isr, now_ms=now)
+        for key, gone in self._states.items():
+            if states.get(key) is not gone:
+                for follower in gone.followers:
+                    metrics.forget_follower(gone.topic, gone.partition, follower)
+        self._states = states
+        self._assign_fetchers()
+        self._sync_needed.set()
+
+    def _assign_fetchers(self) -> None:
+        wanted: dict[tuple[NodeId, NodeId], dict[TopicPartition, PartitionReplication]] = {}
+        for key, state in self._states.items():
+            if state.leader not in self._alive:
+                continue
+            for follower in state.followers:
+                if follower in self._alive:
+                    wanted.setdefault((state.leader, follower), {})[key] = state
+        for pair in list(self._fetchers):
+            if pair not in wanted:
+                fetcher = self._fetchers.pop(pair)
+                task = asyncio.ensure_future(fetcher.stop())
+                self._stopping.add(task)
+                task.add_done_callback(self._stopping.discard)
+        for pair, partitions in wanted.items():
+            fetcher = self._fetchers.get(pair)
+            if fetcher is None:
+                fetcher = self._fetchers[pair] = ReplicaFetcher(
+                    leader=pair[0], follower=pair[1], nodes=self._nodes, settings=self._fetch,
+                    on_progress=self._progress, on_stale_state=self._stale_state,
+                    on_diverged=self._diverged)
+                fetcher.set_partitions(partitions)
+                fetcher.start()
+            else:
+                fetcher.set_partitions(partitions)
+
+    # -- high watermarks -------------------------------------------------------------------
+
+    def _progress(self, state: PartitionReplication) -> None:
+        if self._states.get(state.key) is not state or not state.advance_high_watermark():
+            return
+        self._pusher(state.leader).push(state.topic, state.partition, state.leader_epoch,
+                                        state.high_watermark)
+
+    def _pusher(self, node: NodeId) -> HighWatermarkPusher:
+        pusher = self._pushers.get(node)
+        if pusher is None:
+            pusher = self._pushers[node] = HighWatermarkPusher(
+                node, self._nodes, backoff_s=self._fetch.backoff_ms / 1000,
+                on_refused=self._refused)
+        return pusher
+
+    def _refused(self, node: NodeId, failure: PartitionError) -> None:
+        log.info("log node %d refused %s-%d: %s", node, failure.topic, failure.partition,
+                 failure.error.name)
+        self._stale_state(node, (failure.topic, failure.partition))
+
+    # -- replica states --------------------------------------------------------------------
+
+    def _stale_state(self, node: NodeId, key: TopicPartition) -> None:
+        """``node`` answered as if it did not have its state of ``key``: send it again."""
+        confirmed = self._confirmed.get(node)
+        if confirmed is not None and confirmed.pop(key, None) is not None:
+            self._sync_needed.set()
+
+    def _diverged(self, follower: NodeId, state: PartitionReplication) -> None:
+        log.warning("%s-%d: follower %d is outside the leader's log (leader %d, epoch %d); "
+                    "it must be truncated", state.topic, state.partition, follower,
+                    state.leader, state.leader_epoch)
+
+    def wanted_states(self, node: NodeId) -> dict[TopicPartition, ReplicaState]:
+        """The state of every replicated replica ``node`` holds, as the metadata has it."""
+        image = self._controller.image
+        wanted: dict[TopicPartition, ReplicaState] = {}
+        for key, state in self._states.items():
+            if node not in state.replicas:
+                continue
+            topic = image.topics.get(TopicName(state.topic))
+            if topic is None or state.partition >= len(topic.partitions):
+                continue
+            wanted[key] = replica_state(state.topic, topic.partitions[state.partition], node)
+        return wanted
+
+    async def _sync_states_forever(self) -> None:
+        rounds = 0
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._sync_needed.wait(), self._resync_interval_s)
+            self._sync_needed.clear()
+            rounds += 1
+            try:
+                if rounds % VERIFY_EVERY == 0:
+                    await self.verify_states()
+                await self.sync_states()
+            except Exception:
+                log.exception("sending replica states failed")
+
+    async def verify_states(self) -> None:
+        """Ask every live node for the states of its replicated replicas and forget the
+        confirmations they contradict: a node restarted between two health checks comes back
+        with every replicated replica waiting for its state."""
+
+        async def verify(node: NodeId) -> None:
+            confirmed = self._confirmed.get(node)
+            if not confirmed:
+                return
+            try:
+                described = await self._nodes.describe(node, list(confirmed))
+            except LogNodeError:
+                return
+            for d in described:
+                key = (d.topic, d.partition)
+                state = confirmed.get(key)
+                if state is not None and (d.error is not ErrorCode.none or d.role != state.role
+                                          or d.leader_epoch != state.leader_epoch):
+                    log.info("log node %d lost its state of %s-%d; sending it again", node,
+                             d.topic, d.partition)
+                    del confirmed[key]
+
+        await asyncio.gather(*(verify(node) for node in sorted(self._alive)))
+
+    async def sync_states(self) -> None:
+        """Send every live node the states it has not confirmed, one call per node."""
+        await asyncio.gather(*(self._sync_node(node) for node in sorted(self._alive)))
+
+    async def _sync_node(self, node: NodeId) -> None:
+        confirmed = self._confirmed.setdefault(node, {})
+        wanted = self.wanted_states(node)
+        for key in [k for k in confirmed if k not in wanted]:
+            del confirmed[key]
+        todo = [s for key, s in wanted.items() if confirmed.get(key) != s]
+        if not todo:
+            return
+        try:
+            refused = await self._nodes.update_replica_states(node, todo)
+        except LogNodeError as exc:
+            metrics.REPLICA_STATE_UPDATES.labels("failed").inc(len(todo))
+            log.debug("log node %d: replica states not sent: %s", node, exc.message)
+            return
+        failed = {(f.topic, f.partition): f for f in refused}
+        for state in todo:
+            key = (state.topic, state.partition)
+            failure = failed.get(key)
+            if failure is not None:
+                metrics.REPLICA_STATE_UPDATES.labels("refused").inc()
+                if failure.error is not ErrorCode.unknown_topic_or_partition:
+                    log.warning("log node %d refused its state of %s-%d: %s %s", node,
+                                state.topic, state.partition, failure.error.name,
+                                failure.message)
+                continue
+            metrics.REPLICA_STATE_UPDATES.labels("taken").inc()
+            confirmed[key] = state
+            self._resume(node, key, state)
+
+    def _resume(self, node: NodeId, key: TopicPartition, state: ReplicaState) -> None:
+        """A replica took its state: fetch for it at once, and give a leader its high
+        watermark (it forgets it on a restart)."""
+        partition = self._states.get(key)
+        if partition is None:
+            return
+        for (leader, follower), fetcher in self._fetchers.items():
+            if node in (leader, follower) and key in fetcher.partitions:
+                fetcher.retry_now(key)
+        if state.role is Role.LEADER and partition.high_watermark >= 0:
+            self._pusher(node).push(state.topic, state.partition, state.leader_epoch,
+                                    partition.high_watermark)
+
+    # -- ISR -------------------------------------------------------------------------------
+
+    async def _check_isr_forever(self) -> None:
+        interval = min(max(self._lag_ms / 2, 10), 5000) / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.check_isr()
+            except Exception:
+                log.exception("ISR check failed")
+
+    def check_isr(self) -> None:
+        """Shrink and expand ISRs per the lag rules, and refresh the lag metrics."""
+        now = now_ms()
+        changes: dict[TopicPartition, tuple[NodeId, int, tuple[NodeId, ...]]] = {}
+        for key, state in self._states.items():
+            self._observe_lag(state, now)
+            leaving = set(state.lagging_in_sync(now, self._lag_ms))
+            joining = {n for n in state.caught_up_out_of_sync(now, self._lag_ms)
+                       if n in self._alive}
+            if not leaving and not joining:
+                continue
+            isr = tuple(r for r in state.replicas
+                        if (r in state.isr and r not in leaving) or r in joining)
+            changes[key] = (state.leader, state.leader_epoch, isr)
+            for node in leaving:
+                log.info("%s-%d: follower %d fell behind for over %d ms; leaving the ISR",
+                         state.topic, state.partition, node, self._lag_ms)
+            for node in joining:
+                log.info("%s-%d: follower %d caught up; joining the ISR", state.topic,
+                         state.partition, node)
+        if not changes:
+            return
+        try:
+            applied = self._controller.change_isr(changes)
+        except OSError:
+            log.exception("could not save ISR changes; retrying at the next check")
+            return
+        for key, isr in applied.items():
+            state = self._states.get(key)
+            if state is not None:
+                state.update_isr(isr, now)
+                self._progress(state)
+        self._sync_needed.set()
+
+    def _observe_lag(self, state: PartitionReplication, now: int) -> None:
+        for follower in state.followers:
+            messages, seconds = state.follower_lag(follower, now)
+            if messages >= 0:
+                metrics.set_follower_lag(state.topic, state.partition, follower, messages)
+            if seconds >= 0:
+                metrics.set_follower_lag_seconds(state.topic, state.partition, follower, seconds)
+

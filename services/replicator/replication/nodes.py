@@ -1,0 +1,141 @@
+"""What replication needs from the log nodes, as domain types: long-poll reads on leaders,
+follower appends, high watermark updates, replica states and descriptions.
+
+:class:`ReplicaNodes` is implemented over gRPC by
+:class:`services.replicator.log_nodes.GrpcLogNodes`; tests may substitute fakes. A call that
+fails as a whole raises :class:`~services.replicator.log_nodes.LogNodeError`; per-partition
+failures come back in the results as Kafka error codes.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from services.common.errors import ErrorCode
+
+from ..metadata import NodeId
+
+NO_OFFSET = -1
+
+TopicPartition = tuple[str, int]
+
+
+class Role(enum.Enum):
+    """A replica's role as its log node reports it (UNKNOWN: not told since it restarted)."""
+
+    UNKNOWN = "unknown"
+    LEADER = "leader"
+    FOLLOWER = "follower"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaState:
+    """The state the replicator gives one replica (Kafka's LeaderAndIsr for one partition)."""
+
+    topic: str
+    partition: int
+    role: Role
+    leader_epoch: int
+    # A leader that is the only in-sync replica commits its own appends.
+    in_sync_alone: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FetchRequest:
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FetchResult:
+    topic: str
+    partition: int
+    error: ErrorCode = ErrorCode.none
+    records: bytes = b""
+    log_start_offset: int = NO_OFFSET
+    log_end_offset: int = NO_OFFSET
+    high_watermark: int = NO_OFFSET
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicateRequest:
+    topic: str
+    partition: int
+    leader_epoch: int
+    records: bytes
+    high_watermark: int = NO_OFFSET
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicateResult:
+    topic: str
+    partition: int
+    error: ErrorCode = ErrorCode.none
+    message: str = ""
+    log_end_offset: int = NO_OFFSET
+    high_watermark: int = NO_OFFSET
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HighWatermarkUpdate:
+    topic: str
+    partition: int
+    leader_epoch: int
+    high_watermark: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaDescription:
+    topic: str
+    partition: int
+    error: ErrorCode = ErrorCode.none
+    log_end_offset: int = NO_OFFSET
+    high_watermark: int = NO_OFFSET
+    leader_epoch: int = -1
+    role: Role = Role.UNKNOWN
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartitionError:
+    topic: str
+    partition: int
+    error: ErrorCode
+    message: str = ""
+
+
+class ReplicaNodes(Protocol):
+    async def fetch(
+        self, node_id: NodeId, requests: Sequence[FetchRequest], *, max_wait_ms: int,
+        max_bytes: int, partition_max_bytes: int,
+    ) -> list[FetchResult]:
+        """Read up to the log end from ``offset`` on (whole batches), waiting up to
+        ``max_wait_ms`` for data when there is none."""
+        ...
+
+    async def replicate(
+        self, node_id: NodeId, requests: Sequence[ReplicateRequest]
+    ) -> list[ReplicateResult]:
+        """Follower appends of the leader's batches."""
+        ...
+
+    async def update_high_watermarks(
+        self, node_id: NodeId, updates: Sequence[HighWatermarkUpdate]
+    ) -> list[PartitionError]:
+        """Move replicas' high watermarks; returns the partitions that refused."""
+        ...
+
+    async def update_replica_states(
+        self, node_id: NodeId, states: Sequence[ReplicaState]
+    ) -> list[PartitionError]:
+        """Give replicas their state; returns the partitions that refused."""
+        ...
+
+    async def describe(
+        self, node_id: NodeId, partitions: Sequence[TopicPartition]
+    ) -> list[ReplicaDescription]:
+        """The offsets, epoch and role of replicas on the node."""
+        ...
