@@ -22,11 +22,16 @@ grouped per leader node, one Append per node, the nodes concurrently.
   OUT_OF_ORDER_SEQUENCE_NUMBER and INVALID_PRODUCER_EPOCH come back as the leader gives them.
 - A leader that cannot be reached: NOT_LEADER_OR_FOLLOWER when nothing was appended (the client
   refreshes metadata and retries), REQUEST_TIMED_OUT when the append may have happened.
-- acks=-1: the write is acknowledged once the high watermark passes its last offset. Until
-  replication exists the leader's append is the whole write (its high watermark is its log
-  end), so this is only awaited when ``await_replication`` is on: then partitions whose high
-  watermark is still short park a DelayedProduce in the purgatory (all keys must reach their
-  threshold) and whatever is still short when it expires gets REQUEST_TIMED_OUT.
+- acks=-1: the write is acknowledged once the high watermark passes its last offset, i.e.
+  every in-sync replica has it. A leader alone in its ISR commits at once (its append answers
+  with the high watermark at the log end); otherwise partitions whose high watermark is still
+  short park a DelayedProduce in the purgatory (all keys must reach their threshold; the
+  replicator moves the leaders' high watermarks) and whatever is still short when it expires
+  gets REQUEST_TIMED_OUT.
+- min.insync.replicas (topic config, default 1), acks=-1 only, as Kafka's leader checks it: a
+  partition whose ISR (in this handler's metadata) is smaller gets NOT_ENOUGH_REPLICAS and
+  nothing is appended to it; one whose ISR shrank below it while the produce waited gets
+  NOT_ENOUGH_REPLICAS_AFTER_APPEND (the records are stored, but not acknowledged).
 """
 
 from __future__ import annotations
@@ -48,7 +53,13 @@ from ..collaborators import (
     WaitKind,
     partition_key,
 )
-from ..metadata_cache import LogNode, MetadataCache, MetadataUnavailableError
+from ..metadata_cache import (
+    LogNode,
+    MetadataCache,
+    MetadataUnavailableError,
+    PartitionInfo,
+    TopicInfo,
+)
 from ..metrics import parked
 from ..routing import Route, by_partition, call_per_node, group_by_leader, leader_error, locate
 
@@ -56,6 +67,7 @@ log = logging.getLogger(__name__)
 
 VALID_ACKS = (0, 1, -1)
 ACKS_ALL = -1
+DEFAULT_MIN_INSYNC_REPLICAS = 1
 # An append is a local disk write; a leader that takes longer than this is in trouble.
 APPEND_TIMEOUT_S = 30.0
 
@@ -151,7 +163,7 @@ class ProduceApi:
         log_nodes: LogNodes,
         purgatory: Purgatory,
         *,
-        await_replication: bool = False,
+        await_replication: bool = True,
         append_timeout: float = APPEND_TIMEOUT_S,
     ) -> None:
         self._cache = cache
@@ -192,6 +204,13 @@ class ProduceApi:
                     slot.response = PartitionResponse(index=p.index, error_code=code,
                                                       error_message=exc.message)
                     continue
+                if request.acks == ACKS_ALL:
+                    shortfall = _insync_shortfall(route.topic, route.partition)
+                    if shortfall is not None:
+                        slot.response = PartitionResponse(
+                            index=p.index, error_code=ErrorCode.not_enough_replicas.value,
+                            error_message=shortfall)
+                        continue
                 append = PartitionAppend(topic=route.topic.name, partition=p.index,
                                          records=p.records)
                 routed.append((route, (slot, append)))
@@ -229,8 +248,9 @@ class ProduceApi:
                     slot.appended = result
 
         if request.acks == ACKS_ALL and self._await_replication:
-            await self._await_high_watermarks(
-                [s for row in slots for s in row if s.appended is not None], request.timeout_ms)
+            appended = [s for row in slots for s in row if s.appended is not None]
+            await self._await_high_watermarks(appended, request.timeout_ms)
+            self._check_insync_after_append(appended)
 
         topics = []
         for topic, row in zip(request.topics, slots, strict=True):
@@ -238,6 +258,26 @@ class ProduceApi:
                 name=topic.name, topic_id=topic.topic_id,
                 partitions=[s.response or _success(s) for s in row]))
         return ProduceResponse(topics=topics)
+
+    def _check_insync_after_append(self, slots: list[_Slot]) -> None:
+        """Kafka's check when a DelayedProduce completes: the ISR (as now known) must still
+        satisfy min.insync.replicas, or the write is not acknowledged."""
+        metadata = self._cache.snapshot
+        if metadata is None:
+            return
+        for slot in slots:
+            if slot.response is not None:
+                continue
+            topic = metadata.topic(slot.name)
+            partition = topic.partitions.get(slot.index) if topic is not None else None
+            if topic is None or partition is None:
+                continue
+            shortfall = _insync_shortfall(topic, partition)
+            if shortfall is not None:
+                slot.response = PartitionResponse(
+                    index=slot.index,
+                    error_code=ErrorCode.not_enough_replicas_after_append.value,
+                    error_message=shortfall)
 
     async def _await_high_watermarks(self, slots: list[_Slot], timeout_ms: int) -> None:
         """Hold acks=-1 answers until each partition's high watermark passes the appended
@@ -267,6 +307,24 @@ class ProduceApi:
             elif state is None or state.position < thresholds[key]:
                 slot.response = PartitionResponse(
                     index=slot.index, error_code=ErrorCode.request_timed_out.value)
+
+
+def min_insync_replicas(topic: TopicInfo) -> int:
+    """The topic's min.insync.replicas (1 when unset or unreadable)."""
+    try:
+        return int(topic.configs.get("min.insync.replicas", DEFAULT_MIN_INSYNC_REPLICAS))
+    except ValueError:
+        return DEFAULT_MIN_INSYNC_REPLICAS
+
+
+def _insync_shortfall(topic: TopicInfo, partition: PartitionInfo) -> str | None:
+    """Why an acks=-1 write to ``partition`` cannot be acknowledged, or None if it can."""
+    required = min_insync_replicas(topic)
+    if len(partition.isr) >= required:
+        return None
+    return (f"The size of the current ISR {list(partition.isr)} is insufficient to satisfy "
+            f"the min.isr requirement of {required} for partition "
+            f"{topic.name}-{partition.partition}")
 
 
 def _success(slot: _Slot) -> PartitionResponse:

@@ -1,0 +1,80 @@
+"""Produce with acks=-1 on replicated partitions: the purgatory wait for the high watermark and
+min.insync.replicas (NOT_ENOUGH_REPLICAS before the append, NOT_ENOUGH_REPLICAS_AFTER_APPEND
+when the ISR shrank meanwhile)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.common.errors import ErrorCode
+from services.handler.apis.produce import PartitionData, ProduceApi, ProduceRequest, TopicData
+from services.handler.collaborators import KeyState, WaitResult
+from services.handler.metadata_cache import PartitionInfo, TopicInfo
+
+from .batches import record_batch
+from .fakes import FakeLogNodes, FakePurgatory, cache_of, cluster
+
+BATCH = record_batch([b"a", b"b"])
+
+
+def replicated(name: str, isr: tuple[int, ...], min_insync: int | None = None) -> TopicInfo:
+    configs = {} if min_insync is None else {"min.insync.replicas": str(min_insync)}
+    return TopicInfo(name=name, topic_id=None, configs=configs, partitions={
+        0: PartitionInfo(partition=0, leader=0, leader_epoch=2, replicas=(0, 1, 2), isr=isr)})
+
+
+def produce(acks: int = -1) -> ProduceRequest:
+    return ProduceRequest(acks=acks, timeout_ms=500, topics=[
+        TopicData(name="t", partitions=[PartitionData(index=0, records=BATCH)])])
+
+
+def errors(response) -> list[int]:
+    return [p.error_code for t in response.topics for p in t.partitions]
+
+
+def test_a_replicated_acks_all_write_waits_for_the_high_watermark():
+    log_nodes = FakeLogNodes()
+    log_nodes.lagging_high_watermark = True
+    purgatory = FakePurgatory(WaitResult(completed=True, keys={"t-0": KeyState(position=2)}))
+    api = ProduceApi(cache_of(cluster(replicated("t", (0, 1, 2), 2), nodes=(0, 1, 2))),
+                     log_nodes, purgatory)
+    response = asyncio.run(api.handle(produce()))
+    assert errors(response) == [0]
+    assert [(kind.value, thresholds) for kind, thresholds, _, _ in purgatory.waits] == [
+        ("produce", {"t-0": 2})]
+
+
+def test_too_small_an_isr_refuses_acks_all_before_appending():
+    log_nodes = FakeLogNodes()
+    api = ProduceApi(cache_of(cluster(replicated("t", (0,), 2), nodes=(0, 1, 2))),
+                     log_nodes, FakePurgatory())
+    response = asyncio.run(api.handle(produce()))
+    assert errors(response) == [ErrorCode.not_enough_replicas.value]
+    assert "min.isr requirement of 2" in (response.topics[0].partitions[0].error_message or "")
+    assert log_nodes.calls == []
+    # acks=1 does not care about the ISR size.
+    response = asyncio.run(api.handle(produce(acks=1)))
+    assert errors(response) == [0]
+
+
+def test_the_default_min_insync_is_one():
+    api = ProduceApi(cache_of(cluster(replicated("t", (0,)), nodes=(0, 1, 2))),
+                     FakeLogNodes(), FakePurgatory())
+    assert errors(asyncio.run(api.handle(produce()))) == [0]
+
+
+def test_an_isr_that_shrank_during_the_wait_is_not_enough_after_append():
+    log_nodes = FakeLogNodes()
+    log_nodes.lagging_high_watermark = True
+    cache = cache_of(cluster(replicated("t", (0, 1), 2), nodes=(0, 1, 2), version=1))
+
+    class ShrinkingPurgatory(FakePurgatory):
+        async def wait(self, kind, thresholds, require_all, timeout_ms):  # type: ignore[no-untyped-def]
+            # The follower falls out of the ISR; the high watermark then moves without it.
+            cache.install(cluster(replicated("t", (0,), 2), nodes=(0, 1, 2), version=2))
+            return WaitResult(completed=True, keys={k: KeyState(position=t)
+                                                    for k, t in thresholds.items()})
+
+    api = ProduceApi(cache, log_nodes, ShrinkingPurgatory())
+    response = asyncio.run(api.handle(produce()))
+    assert errors(response) == [ErrorCode.not_enough_replicas_after_append.value]
