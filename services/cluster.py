@@ -50,6 +50,8 @@ class ClusterSpec:
     # log.retention.check.interval.ms and log.cleaner.backoff.ms); tests shorten them.
     retention_check_interval_ms: int = 300_000
     cleaner_backoff_ms: int = 15_000
+    # The replicator's replica.lag.time.max.ms; tests shorten it.
+    replica_lag_time_max_ms: int = 30_000
 
 
 @dataclasses.dataclass(slots=True)
@@ -174,6 +176,7 @@ class LocalCluster:
                 "--log-nodes", ",".join(log_addresses),
                 "--num-partitions", str(spec.num_partitions),
                 "--default-replication-factor", str(spec.default_replication_factor),
+                "--replica-lag-time-max-ms", str(spec.replica_lag_time_max_ms),
             ],
         )
         handler_addresses = []
