@@ -52,6 +52,11 @@ class ClusterSpec:
     cleaner_backoff_ms: int = 15_000
     # The replicator's replica.lag.time.max.ms; tests shorten it.
     replica_lag_time_max_ms: int = 30_000
+    # Handlers' group coordinator: group.initial.rebalance.delay.ms,
+    # group.min.session.timeout.ms and offsets.topic.num.partitions (None: their defaults).
+    group_initial_rebalance_delay_ms: int | None = None
+    group_min_session_timeout_ms: int | None = None
+    offsets_topic_num_partitions: int | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -189,6 +194,7 @@ class LocalCluster:
                     "--advertised", self.advertised,
                     "--broker-ports", str(spec.log_nodes),
                     "--instance", f"handler-{i}",
+                    *self._group_args(),
                 ],
             )
             handler_addresses.append(handler.grpc_address)
@@ -204,6 +210,18 @@ class LocalCluster:
                 "--instance", "frontend-0",
             ],
         )
+
+    def _group_args(self) -> list[str]:
+        spec = self.spec
+        args = []
+        for flag, value in (
+            ("--group-initial-rebalance-delay-ms", spec.group_initial_rebalance_delay_ms),
+            ("--group-min-session-timeout-ms", spec.group_min_session_timeout_ms),
+            ("--offsets-topic-num-partitions", spec.offsets_topic_num_partitions),
+        ):
+            if value is not None:
+                args += [flag, str(value)]
+        return args
 
     @property
     def advertised(self) -> str:

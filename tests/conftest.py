@@ -25,6 +25,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         handlers=2,
         log_nodes=3,
         num_partitions=3,
+        # Consumer groups settle in a second instead of Kafka's 3 s initial delay.
+        group_initial_rebalance_delay_ms=1000,
         log_level=os.environ.get("KBROKER_TEST_LOG_LEVEL", "INFO"),
         # Retention and compaction tests wait for these rounds.
         retention_check_interval_ms=500,
