@@ -1,35 +1,38 @@
-"""Overhead of the metrics on produce: the same produce workload against a local cluster with
-metrics recording on and off (``KBROKER_METRICS_ENABLED=false``), side by side in one run.
+"""Overhead of the metrics on produce: the same produce workload against two local clusters
+running side by side, one with metrics recording on and one with it off
+(``KBROKER_METRICS_ENABLED=false``), in one run.
 
-    python bench/metrics_overhead.py [--n 200000] [--size 1000] [--acks 1] [--rounds 2]
-                                     [--batch-size 16384]
+    python bench/metrics_overhead.py [--slices 10] [--slice-records 20000] [--size 1000]
+                                     [--acks 1] [--batch-size 16384]
+
+Both clusters (free ports, temporary folders) and a confluent-kafka producer process for each
+stay up for the whole run. The work is cut into slices, and the slices alternate between the
+two sides (on, off, off, on, on, off, ...), so background load on a shared machine falls on
+both alike instead of on whichever side ran during a busy minute. Measured per side, summed
+over its slices:
+
+    records_per_s              produce throughput seen by the client (first send to last ack)
+    service_cpu_us_per_record  CPU (utime+stime from /proc) of that cluster's service processes
+                               during its slices, per record: the cost of the metrics wherever
+                               they are recorded
 
 The default batch.size (Kafka's Java producer default, 16 KiB) makes many small produce
 requests, where the per-request metrics weigh most; a large batch.size dilutes them.
 
-Each round starts two clusters in turn (free ports, temporary folders), metrics on and off, in
-alternating order so neither side always runs first on a warming machine. Against each one a
-confluent-kafka producer in its own process sends N records. Measured per side:
-
-    records_per_s        produce throughput seen by the client (send to last ack)
-    service_cpu_us_per_record
-                         CPU (utime+stime from /proc) of every service process during the
-                         run, per record: the cost the metrics add wherever they are recorded
-
 With metrics off the metric classes are stand-ins whose calls do nothing, gRPC calls are not
-intercepted and no collectors are registered (services/common/metrics.py); the call sites and
-the clock reads around them remain, so "off" is the cost of recording and exposing metrics, not
-of the few lines that call them. The overhead is reported both ways, with every round's numbers:
-throughput lost (1 - on/off) and CPU added per record (on/off - 1). The machine may be shared:
-compare rounds before trusting a single number.
+intercepted, no collectors are registered and the frontend skips its arrival clock and response
+walks (services/common/metrics.py, services/frontend); the call sites and the clock reads
+around them remain, so "off" is the cost of recording and exposing metrics, not of the few
+lines that call them. The overhead is reported both ways: throughput lost (1 - on/off) and CPU
+added per record (on/off - 1), with the per-slice numbers for judging the noise.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,8 +47,7 @@ PRODUCE = r'''
 import sys, time, uuid
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-bootstrap, n, size, acks = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-batch_size = int(sys.argv[5])
+bootstrap, size, acks, batch_size = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 topic = f"overhead-{uuid.uuid4().hex[:8]}"
 admin = AdminClient({"bootstrap.servers": bootstrap})
 for f in admin.create_topics([NewTopic(topic, 3, 1)]).values():
@@ -54,21 +56,22 @@ time.sleep(0.5)
 p = Producer({"bootstrap.servers": bootstrap, "acks": acks, "linger.ms": 5,
               "batch.size": batch_size, "queue.buffering.max.messages": 1_000_000})
 payload = b"x" * size
-# Warm-up: connections, metadata, first requests (not measured).
-for i in range(1000):
-    p.produce(topic, payload)
-p.flush(60)
+
+def produce(n):
+    for i in range(n):
+        while True:
+            try:
+                p.produce(topic, payload, key=str(i % 1000).encode()); break
+            except BufferError:
+                p.poll(0.01)
+    assert p.flush(300) == 0
+
+produce(2000)  # warm-up: connections, metadata, first requests (not measured)
 print("ready", flush=True)
-sys.stdin.readline()
-started = time.perf_counter()
-for i in range(n):
-    while True:
-        try:
-            p.produce(topic, payload, key=str(i % 1000).encode()); break
-        except BufferError:
-            p.poll(0.01)
-assert p.flush(300) == 0
-print(time.perf_counter() - started, flush=True)
+for line in sys.stdin:
+    started = time.perf_counter()
+    produce(int(line))
+    print(time.perf_counter() - started, flush=True)
 '''
 
 
@@ -81,77 +84,96 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / tick
 
 
-def run_side(enabled: bool, args: argparse.Namespace) -> dict[str, float]:
-    """One cluster with metrics ``enabled`` or not, one measured produce run against it."""
-    saved = os.environ.get("KBROKER_METRICS_ENABLED")
-    os.environ["KBROKER_METRICS_ENABLED"] = "true" if enabled else "false"
-    try:
-        with tempfile.TemporaryDirectory(prefix="kbroker-overhead-") as data:
-            cluster = LocalCluster(ClusterSpec(data_dir=Path(data), kafka_port=0, base_port=0,
-                                               num_partitions=3, log_level="WARNING"))
-            cluster.start()
+class Side:
+    """A cluster with metrics on or off, and a producer process attached to it."""
+
+    def __init__(self, enabled: bool, args: argparse.Namespace, data: Path) -> None:
+        self.name = "on" if enabled else "off"
+        saved = os.environ.get("KBROKER_METRICS_ENABLED")
+        # The cluster's processes inherit the environment they are started with.
+        os.environ["KBROKER_METRICS_ENABLED"] = "true" if enabled else "false"
+        try:
+            self.cluster = LocalCluster(ClusterSpec(
+                data_dir=data, kafka_port=0, base_port=0, num_partitions=3,
+                log_level="WARNING"))
+            self.cluster.start()
+        finally:
+            if saved is None:
+                os.environ.pop("KBROKER_METRICS_ENABLED", None)
+            else:
+                os.environ["KBROKER_METRICS_ENABLED"] = saved
+        self.pids = [s.proc.pid for s in self.cluster.services.values() if s.proc is not None]
+        self.client = subprocess.Popen(
+            [sys.executable, "-c", PRODUCE, self.cluster.bootstrap, str(args.size), args.acks,
+             str(args.batch_size)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.client.stdout is not None and self.client.stdin is not None
+        if self.client.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"{self.name}: the producer did not start")
+        self.records = 0
+        self.elapsed = 0.0
+        self.cpu = 0.0
+        self.slices: list[float] = []
+
+    def slice(self, records: int) -> None:
+        assert self.client.stdin is not None and self.client.stdout is not None
+        cpu0 = cpu_seconds(self.pids)
+        self.client.stdin.write(f"{records}\n")
+        self.client.stdin.flush()
+        elapsed = float(self.client.stdout.readline())
+        self.cpu += cpu_seconds(self.pids) - cpu0
+        self.records += records
+        self.elapsed += elapsed
+        self.slices.append(round(records / elapsed))
+
+    def summary(self) -> dict[str, float | list[float]]:
+        return {
+            "records_per_s": round(self.records / self.elapsed),
+            "service_cpu_us_per_record": round(self.cpu / self.records * 1e6, 2),
+            "slice_records_per_s": self.slices,
+        }
+
+    def close(self) -> None:
+        if self.client.poll() is None:
+            assert self.client.stdin is not None
+            self.client.stdin.close()
             try:
-                pids = [s.proc.pid for s in cluster.services.values() if s.proc is not None]
-                client = subprocess.Popen(
-                    [sys.executable, "-c", PRODUCE, cluster.bootstrap, str(args.n),
-                     str(args.size), args.acks, str(args.batch_size)],
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-                try:
-                    assert client.stdout is not None and client.stdin is not None
-                    assert client.stdout.readline().strip() == "ready"
-                    cpu0 = cpu_seconds(pids)
-                    client.stdin.write("go\n")
-                    client.stdin.flush()
-                    elapsed = float(client.stdout.readline())
-                    cpu = cpu_seconds(pids) - cpu0
-                    if client.wait(60) != 0:
-                        raise RuntimeError("the producer failed")
-                finally:
-                    if client.poll() is None:
-                        client.kill()
-                        client.wait()
-            finally:
-                cluster.stop()
-    finally:
-        if saved is None:
-            os.environ.pop("KBROKER_METRICS_ENABLED", None)
-        else:
-            os.environ["KBROKER_METRICS_ENABLED"] = saved
-    return {
-        "records_per_s": round(args.n / elapsed),
-        "elapsed_s": round(elapsed, 3),
-        "service_cpu_s": round(cpu, 3),
-        "service_cpu_us_per_record": round(cpu / args.n * 1e6, 2),
-    }
+                self.client.wait(30)
+            except subprocess.TimeoutExpired:
+                self.client.kill()
+                self.client.wait()
+        self.cluster.stop()
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=200_000)
+    parser.add_argument("--slices", type=int, default=10, help="slices per side")
+    parser.add_argument("--slice-records", type=int, default=20_000)
     parser.add_argument("--size", type=int, default=1000)
     parser.add_argument("--acks", default="1")
-    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=16_384,
                         help="producer batch.size: smaller means more, smaller requests")
     args = parser.parse_args()
 
-    rounds = []
-    for r in range(args.rounds):
-        order = (True, False) if r % 2 == 0 else (False, True)
-        result = {("on" if enabled else "off"): run_side(enabled, args) for enabled in order}
-        on, off = result["on"], result["off"]
-        result["throughput_lost_pct"] = round(
-            100 * (1 - on["records_per_s"] / off["records_per_s"]), 2)
-        result["cpu_added_pct"] = round(
-            100 * (on["service_cpu_us_per_record"] / off["service_cpu_us_per_record"] - 1), 2)
-        rounds.append(result)
-        print(json.dumps({"round": r + 1, **result}), flush=True)
+    with contextlib.ExitStack() as stack:
+        folders = [Path(stack.enter_context(tempfile.TemporaryDirectory(
+            prefix=f"kbroker-overhead-{name}-"))) for name in ("on", "off")]
+        on = Side(True, args, folders[0])
+        stack.callback(on.close)
+        off = Side(False, args, folders[1])
+        stack.callback(off.close)
+        for i in range(args.slices):
+            for side in ((on, off) if i % 2 == 0 else (off, on)):
+                side.slice(args.slice_records)
+        result_on, result_off = on.summary(), off.summary()
     print(json.dumps({
-        "records": args.n, "record_bytes": args.size, "acks": args.acks,
-        "batch_size": args.batch_size, "rounds": args.rounds,
-        "median_throughput_lost_pct": statistics.median(
-            x["throughput_lost_pct"] for x in rounds),
-        "median_cpu_added_pct": statistics.median(x["cpu_added_pct"] for x in rounds),
+        "records_per_side": args.slices * args.slice_records, "record_bytes": args.size,
+        "acks": args.acks, "batch_size": args.batch_size,
+        "on": result_on, "off": result_off,
+        "throughput_lost_pct": round(
+            100 * (1 - result_on["records_per_s"] / result_off["records_per_s"]), 2),
+        "cpu_added_pct": round(100 * (result_on["service_cpu_us_per_record"]
+                                      / result_off["service_cpu_us_per_record"] - 1), 2),
     }))
     return 0
 
