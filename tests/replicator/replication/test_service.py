@@ -9,6 +9,8 @@ import asyncio
 import time
 from pathlib import Path
 
+from prometheus_client import REGISTRY
+
 from kbroker.log.v1 import log_pb2
 from kbroker.purgatory.v1 import purgatory_pb2
 from services.common.errors import ErrorCode
@@ -172,3 +174,46 @@ def test_replication_carries_on_across_log_node_and_replicator_restarts(tmp_path
 
 async def _is_leader(node, topic: str) -> bool:
     return (await node.describe(topic)).role == log_pb2.REPLICA_ROLE_LEADER
+
+
+def sample(name: str, **labels: str) -> float:
+    value = REGISTRY.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+def test_metrics_follow_lag_and_isr_changes(tmp_path: Path) -> None:
+    async def scenario(r: Replication) -> None:
+        await r.create_topic("measured", replication=3)
+        meta = await r.partition("measured")
+        leader, gone = r.node(meta.leader), r.node(meta.replicas[2])
+        labels = {"topic": "measured", "partition": "0", "replica": str(gone.node_id)}
+        first = await leader.append("measured", build_batch(values(3)))
+        await wait_for(lambda: converged(r, "measured", first.log_end_offset))
+        shrinks = sample("kbroker_replicator_isr_shrinks_total")
+        expands = sample("kbroker_replicator_isr_expands_total")
+        copied = sample("kbroker_replicator_replicated_bytes_total")
+        assert copied > 0
+        await gone.stop()
+        await leader.append("measured", build_batch(values(4)))
+
+        async def lagging() -> bool:
+            return (sample("kbroker_replicator_follower_lag_messages", **labels) == 4
+                    and sample("kbroker_replicator_follower_lag_seconds", **labels) > 0.3)
+
+        await wait_for(lagging)
+
+        async def shrunk() -> bool:
+            return (sample("kbroker_replicator_isr_shrinks_total") == shrinks + 1
+                    and sample("kbroker_replicator_under_replicated_partitions") == 1)
+
+        await wait_for(shrunk)
+        await gone.start()
+
+        async def caught_up() -> bool:
+            return (sample("kbroker_replicator_isr_expands_total") == expands + 1
+                    and sample("kbroker_replicator_follower_lag_messages", **labels) == 0
+                    and sample("kbroker_replicator_under_replicated_partitions") == 0)
+
+        await wait_for(caught_up)
+
+    run(tmp_path, scenario)
