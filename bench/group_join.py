@@ -1,0 +1,228 @@
+"""Consumer group timings, side by side with the reference broker, in one run.
+
+    python bench/group_join.py [--rounds 5] [--records 3000] [--members 10]
+                               [--heartbeat-ms 1000] [--delay-ms 3000]
+
+Starts a local kbroker cluster (every service a process, free loopback ports, a temporary data
+folder; handlers with group.initial.rebalance.delay.ms = DELAY) and the reference broker
+(Tansu, in memory; see bench/throughput.py), then runs the same workload against each with
+confluent-kafka in a separate process:
+
+- first record: RECORDS records are in a 3-partition topic; a consumer of a new group
+  subscribes, and the time from subscribe() to its first record and to the last one is taken
+  (ROUNDS groups, one after the other, after one warm-up group that creates what the broker
+  creates on first use, such as __consumer_offsets);
+- rebalance: MEMBERS consumers share a topic of 2 x MEMBERS partitions; once the group is
+  stable, one member closes (LeaveGroup) and the time from close() to the moment every
+  remaining member holds its new assignment (together covering every partition) is taken;
+  a new member then joins to bring the group back to MEMBERS (also timed), ROUNDS times.
+
+Every consumer uses session.timeout.ms 10000 and heartbeat.interval.ms HEARTBEAT (members learn
+of a rebalance from a heartbeat, so it bounds the rebalance time from below). Prints one JSON
+line per broker, then the ratios kbroker / reference of the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from throughput import reference_binary, wait_port  # noqa: E402
+
+from services.cluster import ClusterSpec, LocalCluster, free_port  # noqa: E402
+
+WORKLOAD = r'''
+import json, statistics, sys, threading, time, uuid
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+bootstrap = sys.argv[1]
+rounds, records, members, heartbeat_ms = (int(a) for a in sys.argv[2:6])
+admin = AdminClient({"bootstrap.servers": bootstrap})
+topic = f"groups-{uuid.uuid4().hex[:8]}"
+shared = f"rebalance-{uuid.uuid4().hex[:8]}"
+for f in admin.create_topics([NewTopic(topic, 3, 1),
+                              NewTopic(shared, 2 * members, 1)]).values():
+    f.result(30)
+time.sleep(0.5)
+producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+for i in range(records):
+    producer.produce(topic, b"x" * 100, key=str(i).encode())
+assert producer.flush(60) == 0
+
+def config(group):
+    return {"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+            "enable.auto.commit": False, "session.timeout.ms": 10000,
+            "heartbeat.interval.ms": heartbeat_ms}
+
+def first_record(group):
+    consumer = Consumer(config(group))
+    started = time.perf_counter()
+    consumer.subscribe([topic])
+    first, got, deadline = None, 0, started + 120
+    while got < records and time.perf_counter() < deadline:
+        message = consumer.poll(0.05)
+        if message is None or message.error():
+            continue
+        if first is None:
+            first = time.perf_counter() - started
+        got += 1
+    last = time.perf_counter() - started
+    consumer.close()
+    return first, last, got
+
+class Member(threading.Thread):
+    def __init__(self, group):
+        super().__init__(daemon=True)
+        self.consumer = Consumer(config(group))
+        self.assigned = frozenset()
+        self.assigned_at = 0.0
+        self.stopping = threading.Event()
+
+    def on_assign(self, consumer, partitions):
+        self.assigned = frozenset(p.partition for p in partitions)
+        self.assigned_at = time.perf_counter()
+
+    def on_revoke(self, consumer, partitions):
+        self.assigned = frozenset()
+
+    def run(self):
+        self.consumer.subscribe([shared], on_assign=self.on_assign, on_revoke=self.on_revoke)
+        while not self.stopping.is_set():
+            self.consumer.poll(0.02)
+
+    def leave(self):
+        started = time.perf_counter()
+        self.stopping.set()
+        self.join(30)
+        self.consumer.close()
+        return started
+
+def settled(group, since, timeout=120):
+    deadline = time.perf_counter() + timeout
+    while time.perf_counter() < deadline:
+        union = set()
+        for m in group:
+            union |= m.assigned
+        if (union == set(range(2 * members)) and all(m.assigned for m in group)
+                and all(m.assigned_at > since for m in group)
+                and sum(len(m.assigned) for m in group) == 2 * members):
+            return max(m.assigned_at for m in group) - since
+        time.sleep(0.005)
+    raise TimeoutError("the group did not settle")
+
+warm = first_record(f"warm-{uuid.uuid4().hex[:8]}")
+firsts, lasts = [], []
+for _ in range(rounds):
+    first, last, got = first_record(f"new-{uuid.uuid4().hex[:8]}")
+    assert got == records, (got, records)
+    firsts.append(first); lasts.append(last)
+
+group_id = f"ten-{uuid.uuid4().hex[:8]}"
+group = [Member(group_id) for _ in range(members)]
+started = time.perf_counter()
+for m in group:
+    m.start()
+formed = settled(group, started)
+leaves, joins = [], []
+for _ in range(rounds):
+    time.sleep(1.0)
+    victim = group.pop(0)
+    left_at = victim.leave()
+    leaves.append(settled(group, left_at))
+    newcomer = Member(group_id)
+    joined_at = time.perf_counter()
+    newcomer.start()
+    group.append(newcomer)
+    joins.append(settled(group, joined_at))
+for m in group:
+    m.leave()
+med = statistics.median
+print(json.dumps({
+    "warmup_first_record_s": round(warm[0], 3),
+    "first_record_s": [round(x, 3) for x in firsts], "first_record_median_s": round(med(firsts), 3),
+    "first_record_max_s": round(max(firsts), 3),
+    "all_records_median_s": round(med(lasts), 3), "records": records,
+    "group_formed_s": round(formed, 3),
+    "leave_rebalance_s": [round(x, 3) for x in leaves],
+    "leave_rebalance_median_s": round(med(leaves), 3),
+    "join_rebalance_median_s": round(med(joins), 3), "members": members,
+}))
+'''
+
+
+def run_workload(bootstrap: str, args: argparse.Namespace) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", WORKLOAD, bootstrap, str(args.rounds), str(args.records),
+         str(args.members), str(args.heartbeat_ms)],
+        capture_output=True, text=True, timeout=1800, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-3000:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_reference(args: argparse.Namespace) -> dict:
+    port = free_port()
+    reference = subprocess.Popen(
+        [str(reference_binary()), "broker", "--listener-url", f"tcp://127.0.0.1:{port}",
+         "--advertised-listener-url", f"tcp://127.0.0.1:{port}",
+         "--storage-engine", "memory://tansu/"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(port)
+        return run_workload(f"127.0.0.1:{port}", args)
+    finally:
+        reference.terminate()
+        reference.wait(timeout=10)
+
+
+def run_kbroker(args: argparse.Namespace) -> dict:
+    with tempfile.TemporaryDirectory(prefix="kbroker-bench-") as data:
+        cluster = LocalCluster(ClusterSpec(
+            data_dir=Path(data), kafka_port=0, base_port=0,
+            group_initial_rebalance_delay_ms=args.delay_ms,
+            log_level=os.environ.get("LOG_LEVEL", "WARNING")))
+        cluster.start()
+        try:
+            return run_workload(cluster.bootstrap, args)
+        finally:
+            cluster.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--records", type=int, default=3000)
+    parser.add_argument("--members", type=int, default=10)
+    parser.add_argument("--heartbeat-ms", type=int, default=1000)
+    parser.add_argument("--delay-ms", type=int, default=3000,
+                        help="kbroker's group.initial.rebalance.delay.ms")
+    args = parser.parse_args()
+    ours = run_kbroker(args)
+    print(json.dumps({"broker": "kbroker", "group_initial_rebalance_delay_ms": args.delay_ms,
+                      **ours}), flush=True)
+    theirs = run_reference(args)
+    print(json.dumps({"broker": "reference (tansu, memory)", **theirs}), flush=True)
+    ratios = {
+        key: round(ours[key] / theirs[key], 2) if theirs[key] else None
+        for key in ("first_record_median_s", "all_records_median_s",
+                    "leave_rebalance_median_s", "join_rebalance_median_s")
+    }
+    budget = (args.delay_ms + 500) / 1000
+    print(json.dumps({"ratios_kbroker_over_reference": ratios,
+                      "first_record_within_delay_plus_500ms":
+                          ours["first_record_max_s"] <= budget}))
+
+
+if __name__ == "__main__":
+    main()
