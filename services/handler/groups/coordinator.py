@@ -94,6 +94,7 @@ DEADLINE_SLACK_MS = 5
 # Without a purgatory, waiters look again this often.
 POLL_INTERVAL_S = 0.2
 CREATE_TOPIC_TIMEOUT_S = 30.0
+MAX_SYNC_WAIT_MS = 25_000
 MAX_PARALLEL_EXPIRIES = 64
 
 
@@ -635,7 +636,9 @@ class GroupCoordinator:
         group = state.group(group_id)
         limit = group.members[member_id].rebalance_timeout_ms if group is not None and \
             member_id in group.members else 0
-        give_up = time.monotonic() + max(limit, 1000) / 1000
+        # Within the frontend's deadline for a SyncGroup: a follower still waiting by then
+        # (the leader is slow or gone) is told to rejoin and asks again.
+        give_up = time.monotonic() + min(max(limit, 1000), MAX_SYNC_WAIT_MS) / 1000
         threshold = end + 1
         floor = -1
         while True:

@@ -336,3 +336,19 @@ def test_requests_at_a_broker_that_is_not_the_coordinator_get_not_coordinator(tm
             assert listed[coordinator] == ["where"] and listed[other] == []
 
     run(main())
+
+
+def test_without_a_purgatory_joins_and_syncs_still_complete(tmp_path: Path):
+    async def main() -> None:
+        async with running_cluster(tmp_path, purgatory=False, **GROUP_OPTIONS) as cluster:
+            await find(cluster.stub, "lonely")
+            a = GroupClient(cluster.stub, "lonely", "a")
+            b = GroupClient(cluster.stub, "lonely", "b")
+            joined = await asyncio.gather(a.join(), b.join())
+            assert [j.error_code for j in joined] == [0, 0]
+            leader, follower = (a, b) if joined[0].leader == a.member_id else (b, a)
+            waiting = asyncio.ensure_future(follower.sync())
+            await leader.sync({follower.member_id: b"f", leader.member_id: b"l"})
+            assert (await waiting).assignment == b"f"
+
+    run(main())
