@@ -22,7 +22,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -233,26 +233,93 @@ class _PassThroughInterceptor(grpc.aio.ServerInterceptor):
         return await continuation(details)
 
 
-@contextlib.contextmanager
-def _observed(labels: tuple[str, str, str], context: grpc.aio.ServicerContext,
-              failure_code: str) -> Iterator[None]:
-    """Count and time one RPC under ``labels``; its code is the context's, or ``failure_code``
-    when the handler raised without setting one."""
-    GRPC_STARTED.labels(*labels).inc()
-    start = time.perf_counter()
-    failed = False
-    try:
-        yield
-    except BaseException:
-        failed = True
-        raise
-    finally:
-        code = _code_of(context, failure_code if failed else "OK")
-        GRPC_HANDLED.labels(*labels, code).inc()
-        GRPC_SECONDS.labels(*labels).observe(time.perf_counter() - start)
+class _RpcMetrics:
+    """The gRPC server metrics of one method, children bound once: a call pays no label
+    lookups (those take a lock and hash the labels)."""
+
+    __slots__ = ("_handled", "_labels", "seconds", "started")
+
+    def __init__(self, labels: tuple[str, str, str]) -> None:
+        self._labels = labels
+        self.started = GRPC_STARTED.labels(*labels)
+        self.seconds = GRPC_SECONDS.labels(*labels)
+        self._handled: dict[str, Any] = {}
+
+    def finish(self, context: grpc.aio.ServicerContext, default: str, started: float) -> None:
+        """Count the call under its code (the context's, else ``default``) and time it."""
+        code = _code_of(context, default)
+        handled = self._handled.get(code)
+        if handled is None:
+            handled = self._handled[code] = GRPC_HANDLED.labels(*self._labels, code)
+        handled.inc()
+        self.seconds.observe(time.perf_counter() - started)
+
+
+def _observed(handler: grpc.RpcMethodHandler, service: str, method: str
+              ) -> grpc.RpcMethodHandler:
+    """``handler`` with every call counted and timed. A handler that raised without setting
+    a code counts as UNKNOWN (unary) or CANCELLED (streams, typically the peer leaving)."""
+    codec = {"request_deserializer": handler.request_deserializer,
+             "response_serializer": handler.response_serializer}
+    perf_counter = time.perf_counter
+    if handler.unary_unary is not None:
+        unary_inner = handler.unary_unary
+        unary_rpc = _RpcMetrics((service, method, "unary"))
+
+        async def unary(request, context):
+            unary_rpc.started.inc()
+            started = perf_counter()
+            outcome = "UNKNOWN"
+            try:
+                response = await unary_inner(request, context)
+                outcome = "OK"
+                return response
+            finally:
+                unary_rpc.finish(context, outcome, started)
+
+        return grpc.unary_unary_rpc_method_handler(unary, **codec)
+    if handler.unary_stream is not None:
+        stream_inner = handler.unary_stream
+        stream_rpc = _RpcMetrics((service, method, "server_stream"))
+
+        async def server_stream(request, context):
+            stream_rpc.started.inc()
+            started = perf_counter()
+            outcome = "CANCELLED"
+            try:
+                async for item in stream_inner(request, context):
+                    yield item
+                outcome = "OK"
+            finally:
+                stream_rpc.finish(context, outcome, started)
+
+        return grpc.unary_stream_rpc_method_handler(server_stream, **codec)
+    if handler.stream_unary is not None:
+        client_inner = handler.stream_unary
+        client_rpc = _RpcMetrics((service, method, "client_stream"))
+
+        async def client_stream(request_iterator, context):
+            client_rpc.started.inc()
+            started = perf_counter()
+            outcome = "CANCELLED"
+            try:
+                response = await client_inner(request_iterator, context)
+                outcome = "OK"
+                return response
+            finally:
+                client_rpc.finish(context, outcome, started)
+
+        return grpc.stream_unary_rpc_method_handler(client_stream, **codec)
+    return handler
 
 
 class _MetricsInterceptor(grpc.aio.ServerInterceptor):
+    """Counts and times every call. The wrapped handler of a method is built once and reused
+    while the server hands out the same handler for it (generated servicers always do)."""
+
+    def __init__(self) -> None:
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
@@ -261,38 +328,12 @@ class _MetricsInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None:
             return handler
-        service, method = _split_method(details.method)
-        codec = {"request_deserializer": handler.request_deserializer,
-                 "response_serializer": handler.response_serializer}
-        if handler.unary_unary is not None:
-            unary_inner = handler.unary_unary
-            unary_labels = (service, method, "unary")
-
-            async def unary(request, context):
-                with _observed(unary_labels, context, "UNKNOWN"):
-                    return await unary_inner(request, context)
-
-            return grpc.unary_unary_rpc_method_handler(unary, **codec)
-        if handler.unary_stream is not None:
-            stream_inner = handler.unary_stream
-            stream_labels = (service, method, "server_stream")
-
-            async def server_stream(request, context):
-                with _observed(stream_labels, context, "CANCELLED"):
-                    async for item in stream_inner(request, context):
-                        yield item
-
-            return grpc.unary_stream_rpc_method_handler(server_stream, **codec)
-        if handler.stream_unary is not None:
-            client_inner = handler.stream_unary
-            client_labels = (service, method, "client_stream")
-
-            async def client_stream(request_iterator, context):
-                with _observed(client_labels, context, "CANCELLED"):
-                    return await client_inner(request_iterator, context)
-
-            return grpc.stream_unary_rpc_method_handler(client_stream, **codec)
-        return handler
+        cached = self._wrapped.get(details.method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = _observed(handler, *_split_method(details.method))
+        self._wrapped[details.method] = (handler, wrapped)
+        return wrapped
 
 
 def _code_of(context: grpc.aio.ServicerContext, default: str) -> str:

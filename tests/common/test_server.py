@@ -184,3 +184,40 @@ def test_stream_interval_defaults_and_floor():
     assert stream_interval_seconds(0) == 1.0
     assert stream_interval_seconds(5) == 0.1
     assert stream_interval_seconds(2500) == 2.5
+
+
+class Failing(purgatory_pb2_grpc.PurgatoryServicer):
+    async def CheckAndComplete(self, request, context):
+        if request.keys[0].key == "abort":
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "refused")
+        raise RuntimeError("a bug")
+
+
+def test_failed_calls_are_counted_under_their_code():
+    def handled_as(code: str) -> float:
+        return GRPC_HANDLED.labels(SERVICE, "CheckAndComplete", "unary", code)._value.get()
+
+    async def main() -> None:
+        server, port, _ = await create_server("test", [ServiceBinding(
+            SERVICE, purgatory_pb2_grpc.add_PurgatoryServicer_to_server, Failing())])
+        channel = insecure_channel(f"127.0.0.1:{port}")
+        try:
+            stub = purgatory_pb2_grpc.PurgatoryStub(channel)
+            before = {c: handled_as(c) for c in ("UNKNOWN", "FAILED_PRECONDITION", "OK")}
+            for key, expected in (("bug", grpc.StatusCode.UNKNOWN),
+                                  ("abort", grpc.StatusCode.FAILED_PRECONDITION),
+                                  ("bug", grpc.StatusCode.UNKNOWN)):
+                try:
+                    await stub.CheckAndComplete(purgatory_pb2.CheckAndCompleteRequest(
+                        keys=[purgatory_pb2.KeyState(key=key, position=1)]))
+                    raise AssertionError("the call succeeded")
+                except grpc.aio.AioRpcError as e:
+                    assert e.code() == expected
+            assert handled_as("UNKNOWN") - before["UNKNOWN"] == 2
+            assert handled_as("FAILED_PRECONDITION") - before["FAILED_PRECONDITION"] == 1
+            assert handled_as("OK") == before["OK"]
+        finally:
+            await channel.close()
+            await server.stop(0)
+
+    asyncio.run(asyncio.wait_for(main(), 30))
