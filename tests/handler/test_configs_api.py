@@ -110,7 +110,10 @@ def test_incremental_alter_configs_reach_metadata_and_the_log_node(tmp_path: Pat
             configs = await topic_configs(cluster, "t")
             assert configs["max.message.bytes"] == ("1048588", DEFAULT_CONFIG)
             assert configs["cleanup.policy"] == ("compact", TOPIC_CONFIG)
-            big = await cluster.produce("t", 0, record_batch([b"x" * 500]))
+            # A compacted topic takes keyed records only (INVALID_RECORD otherwise).
+            keyless = await cluster.produce("t", 0, record_batch([b"x" * 500]))
+            assert keyless.error_code == 87
+            big = await cluster.produce("t", 0, record_batch([b"x" * 500], keys=[b"k"]))
             assert big.error_code == 0
 
     asyncio.run(scenario(tmp_path))
