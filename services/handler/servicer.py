@@ -43,7 +43,7 @@ from .apis import (
 )
 from .config import HandlerConfig
 from .groups.group import JoinResult
-from .metrics import REQUEST_SECONDS, REQUESTS, remote_time
+from .metrics import record_request, remote_time
 from .request_context import RequestContext, split_host_port
 
 log = logging.getLogger(__name__)
@@ -882,8 +882,7 @@ class KafkaHandlerServicer(handler_pb2_grpc.KafkaHandlerServicer):
             log.exception("%s failed", api)
             response = failed(request, UNKNOWN_SERVER_ERROR)
             answer = to_proto(response)
-        REQUESTS.labels(api, str(error_of(response))).inc()
-        REQUEST_SECONDS.labels(api).observe(time.perf_counter() - started)
+        record_request(api, error_of(response), time.perf_counter() - started)
         return answer
 
     async def Metadata(

@@ -55,6 +55,30 @@ ERRORS = Counter(
     "kbroker_log_errors_total", "Partition-level Kafka errors returned, by API and error name.",
     ["api", "error"],
 )
+class TopicMetrics:
+    """The per-topic children of one topic, bound once: an append or read pays no label
+    lookups (each takes a lock and hashes the labels)."""
+
+    __slots__ = ("append_requests", "appended_batches", "appended_bytes", "read_bytes")
+
+    def __init__(self, topic: str) -> None:
+        self.append_requests = APPEND_REQUESTS.labels(topic)
+        self.appended_bytes = APPENDED_BYTES.labels(topic)
+        self.appended_batches = APPENDED_BATCHES.labels(topic)
+        self.read_bytes = READ_BYTES.labels(topic)
+
+
+_topics: dict[str, TopicMetrics] = {}
+
+
+def topic(name: str) -> TopicMetrics:
+    """The metrics of topic ``name`` (a node holds few topics: the cache stays small)."""
+    found = _topics.get(name)
+    if found is None:
+        found = _topics[name] = TopicMetrics(name)
+    return found
+
+
 FLUSH_SECONDS = Histogram(
     "kbroker_log_flush_seconds",
     "Time to force one segment's files (log and indexes) to disk (LogFlushRateAndTimeMs).",

@@ -106,7 +106,8 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
                       response: log_pb2.AppendResponse) -> None:
         for append in request.partitions:
             topic = append.topic
-            metrics.APPEND_REQUESTS.labels(topic).inc()
+            topic_metrics = metrics.topic(topic)
+            topic_metrics.append_requests.inc()
             started = time.perf_counter()
             try:
                 expected = (append.expected_log_end_offset
@@ -122,8 +123,8 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
                     log_end_offset=NO_OFFSET, high_watermark=NO_OFFSET,
                 )
             else:
-                metrics.APPENDED_BYTES.labels(topic).inc(info.size_bytes)
-                metrics.APPENDED_BATCHES.labels(topic).inc(info.batch_count)
+                topic_metrics.appended_bytes.inc(info.size_bytes)
+                topic_metrics.appended_batches.inc(info.batch_count)
                 response.results.add(
                     topic=topic, partition=append.partition, base_offset=info.base_offset,
                     log_append_time_ms=info.log_append_time_ms,
@@ -179,7 +180,7 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
             result.log_start_offset = info.log_start_offset
             result.log_end_offset = info.log_end_offset
             if records:
-                metrics.READ_BYTES.labels(read.topic).inc(len(records))
+                metrics.topic(read.topic).read_bytes.inc(len(records))
                 min_one = False
                 if budget is not None:
                     budget = max(budget - len(records), 0)
