@@ -352,3 +352,34 @@ def test_without_a_purgatory_joins_and_syncs_still_complete(tmp_path: Path):
             assert (await waiting).assignment == b"f"
 
     run(main())
+
+
+def test_a_static_member_restarting_keeps_its_assignment_without_a_rebalance(tmp_path: Path):
+    async def main() -> None:
+        async with running_cluster(tmp_path, **GROUP_OPTIONS) as cluster:
+            await find(cluster.stub, "static")
+            a = GroupClient(cluster.stub, "static", "a", instance_id="instance-a")
+            b = GroupClient(cluster.stub, "static", "b", instance_id="instance-b")
+            joined = await asyncio.gather(a.join(), b.join())
+            leader, follower = (a, b) if joined[0].leader == a.member_id else (b, a)
+            waiting = asyncio.ensure_future(follower.sync())
+            await leader.sync({a.member_id: b"A", b.member_id: b"B"})
+            await waiting
+            # b restarts: a new client, the same instance id, no member id yet.
+            old_id = b.member_id
+            restarted = GroupClient(cluster.stub, "static", "b", instance_id="instance-b")
+            again = await restarted.join()
+            assert again.error_code == 0 and restarted.member_id != old_id
+            assert again.generation_id == 1  # no rebalance
+            assert (await restarted.sync()).assignment == b"B"
+            assert await a.heartbeat() == 0
+            assert await b.heartbeat() == E.fenced_instance_id.value
+            # Leaving by instance id alone rebalances the group.
+            left = await cluster.stub.LeaveGroup(k.LeaveGroupRequest(
+                group_id="static", members=[k.LeaveGroupRequest.MemberIdentity(
+                    member_id="", group_instance_id="instance-b")]),
+                metadata=context(5), timeout=CALL_TIMEOUT)
+            assert [m.error_code for m in left.members] == [0]
+            assert await a.heartbeat() == E.rebalance_in_progress.value
+
+    run(main())
