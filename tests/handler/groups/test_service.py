@@ -383,3 +383,27 @@ def test_a_static_member_restarting_keeps_its_assignment_without_a_rebalance(tmp
             assert await a.heartbeat() == E.rebalance_in_progress.value
 
     run(main())
+
+
+def test_a_rebalance_ends_at_its_timeout_without_the_members_that_did_not_rejoin(tmp_path: Path):
+    async def main() -> None:
+        async with running_cluster(tmp_path, **GROUP_OPTIONS) as cluster:
+            await find(cluster.stub, "slow")
+            a = GroupClient(cluster.stub, "slow", "a", rebalance_timeout_ms=1500)
+            b = GroupClient(cluster.stub, "slow", "b", rebalance_timeout_ms=1500,
+                            session_timeout_ms=30_000)
+            joined = await asyncio.gather(a.join(), b.join())
+            leader, follower = (a, b) if joined[0].leader == a.member_id else (b, a)
+            waiting = asyncio.ensure_future(follower.sync())
+            await leader.sync({})
+            await waiting
+            # The leader rejoins (a rebalance); the follower neither rejoins nor heartbeats.
+            started = time.monotonic()
+            again = await leader.join()
+            waited = time.monotonic() - started
+            assert again.error_code == 0 and again.generation_id == 2
+            assert [m.member_id for m in again.members] == [leader.member_id]
+            assert 1.4 <= waited < 10, waited
+            assert await follower.heartbeat() == E.unknown_member_id.value
+
+    run(main())
