@@ -6,6 +6,9 @@ and the per-request account of time parked in the purgatory that goes back to th
                                              layer answers; the frontend counts on the wire)
     handler_request_seconds{api}             LocalTimeMs + RemoteTimeMs of the API layer
     handler_purgatory_wait_seconds{kind}     RemoteTimeMs, per wait
+    handler_group_writes_total{outcome}      group state appends and lost conditional appends
+    handler_group_rebalances_total           group-coordinator-metrics rebalance-count
+    handler_group_session_expiries_total     group-coordinator-metrics (member expirations)
 
 Remote time (Kafka's RemoteTimeMs: kafka.network:type=RequestMetrics,name=RemoteTimeMs) is the
 part of a request spent waiting in the purgatory, not working. The handler measures it and
@@ -60,6 +63,25 @@ PURGATORY_WAIT_SECONDS = Histogram(
     "Time operations spent parked in the purgatory.",
     ["kind"],
     buckets=LATENCY_BUCKETS,
+)
+
+
+GROUP_WRITES = Counter(
+    "handler_group_writes_total",
+    "Conditional appends of group state to __consumer_offsets, by outcome (appended, or"
+    " conflict: another handler appended first and the change is computed again).",
+    ["outcome"],
+)
+GROUP_REBALANCES = Counter(
+    "handler_group_rebalances_total",
+    "Join phases this handler ended, starting a new generation (Kafka's group-coordinator-"
+    "metrics rebalance-count).",
+)
+GROUP_SESSION_EXPIRIES = Counter(
+    "handler_group_session_expiries_total",
+    "Members' session timers that ran out, by what they meant (removed, keep_alive: waiting"
+    " for a join phase, gone: no longer a member).",
+    ["outcome"],
 )
 
 

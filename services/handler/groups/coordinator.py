@@ -55,6 +55,7 @@ from ..metadata_cache import (
     MetadataUnavailableError,
     TopicInfo,
 )
+from ..metrics import GROUP_REBALANCES, GROUP_SESSION_EXPIRIES, GROUP_WRITES, parked
 from .group import (
     NONE,
     REBALANCE_IN_PROGRESS,
@@ -379,7 +380,9 @@ class GroupCoordinator:
                 except PartitionUnavailableError as exc:
                     raise CoordinatorError(_unavailable_code(exc), str(exc)) from exc
                 if appended is not None:
+                    GROUP_WRITES.labels("appended").inc()
                     return result, store.state.end
+                GROUP_WRITES.labels("conflict").inc()
             # Lost to another handler: back off a little (more with each loss) and retry.
             await asyncio.sleep(random.uniform(0, min(0.001 * (attempt + 1), 0.05)))
         raise CoordinatorError(COORDINATOR_NOT_AVAILABLE,
@@ -401,6 +404,8 @@ class GroupCoordinator:
             return records, (result, before, None if unchanged and before is None else work)
 
         (result, before, after), end = await self.update(group_id, compute)
+        if after is not None and before is not None and after.generation > before.generation:
+            GROUP_REBALANCES.inc()
         if after is not None and _matters_to_waiters(before or Group(group_id=group_id), after):
             await self._signal(group_id, end)
         return GroupChange(result=result, before=before, after=after, end=end)
@@ -419,8 +424,9 @@ class GroupCoordinator:
         timeout_ms = max(int(timeout_ms), 1)
         _, _, key = await self._locate(group_id)
         try:
-            result = await self._purgatory.wait(WaitKind.JOIN, {key: threshold}, False,
-                                                timeout_ms)
+            with parked():
+                result = await self._purgatory.wait(WaitKind.JOIN, {key: threshold}, False,
+                                                    timeout_ms)
         except CallError:
             await asyncio.sleep(min(timeout_ms / 1000, POLL_INTERVAL_S))
             return -1
@@ -496,6 +502,7 @@ class GroupCoordinator:
             log.warning("session expiry of %s in group %s: %s", member_id, group_id, exc)
             return
         expiry, timeout = outcome.result  # type: ignore[misc]
+        GROUP_SESSION_EXPIRIES.labels(expiry.value).inc()
         if expiry is Expiry.KEEP_ALIVE:
             await self.arm({key: timeout})
         elif expiry is Expiry.REMOVED:

@@ -19,6 +19,7 @@ from services.common.errors import ErrorCode
 from services.handler import server as handler_server
 from services.handler.config import HandlerConfig
 from services.handler.groups.coordinator import OFFSETS_TOPIC, partition_for
+from services.handler.metrics import GROUP_REBALANCES, GROUP_SESSION_EXPIRIES
 
 from ..harness import CALL_TIMEOUT, Cluster, running_cluster
 from .client import GroupClient, committed, context
@@ -92,6 +93,7 @@ def test_a_rebalance_from_join_to_stable_then_a_leave(tmp_path: Path):
         async with running_cluster(tmp_path, **GROUP_OPTIONS) as cluster:
             await find(cluster.stub, "g")
             await cluster.create_topic("t", partitions=2)
+            rebalances = GROUP_REBALANCES._value.get()
             a = GroupClient(cluster.stub, "g", "a")
             b = GroupClient(cluster.stub, "g", "b", protocols=[("roundrobin", b"rb"),
                                                                ("range", b"b")])
@@ -128,6 +130,7 @@ def test_a_rebalance_from_join_to_stable_then_a_leave(tmp_path: Path):
             assert (again.error_code, again.generation_id) == (0, 2)
             assert [m.member_id for m in again.members] == [a.member_id]
             assert await b.heartbeat() == E.unknown_member_id.value
+            assert GROUP_REBALANCES._value.get() == rebalances + 2
 
     run(main())
 
@@ -137,6 +140,7 @@ def test_a_member_that_stops_heartbeating_is_removed_by_its_session_timeout(tmp_
         async with running_cluster(tmp_path, **GROUP_OPTIONS,
                                    group_min_session_timeout_ms=500) as cluster:
             await find(cluster.stub, "s")
+            removed = GROUP_SESSION_EXPIRIES.labels("removed")._value.get()
             a = GroupClient(cluster.stub, "s", "a", session_timeout_ms=1500)
             b = GroupClient(cluster.stub, "s", "b", session_timeout_ms=1500)
             await asyncio.gather(a.join(), b.join())
@@ -152,6 +156,7 @@ def test_a_member_that_stops_heartbeating_is_removed_by_its_session_timeout(tmp_
             rejoined = await a.join()
             assert [m.member_id for m in rejoined.members] == [a.member_id]
             assert await b.heartbeat() == E.unknown_member_id.value
+            assert GROUP_SESSION_EXPIRIES.labels("removed")._value.get() == removed + 1
 
     run(main())
 
