@@ -182,6 +182,7 @@ class LocalCluster:
                 "--num-partitions", str(spec.num_partitions),
                 "--default-replication-factor", str(spec.default_replication_factor),
                 "--replica-lag-time-max-ms", str(spec.replica_lag_time_max_ms),
+                "--purgatory-address", purgatory.grpc_address,
             ],
         )
         handler_addresses = []

@@ -23,6 +23,9 @@ class ReplicatorConfig:
     )
     cluster_id: str = option("", "cluster id (empty: generate one once and persist it)")
     node_check_interval_ms: int = option(1000, "how often each log node's health is checked")
+    purgatory_address: str = option(
+        "", "host:port of the purgatory to tell about high watermark moves (empty: only the "
+        "leaders tell it)")
     replica_lag_time_max_ms: int = option(
         30000, "replica.lag.time.max.ms: a follower not caught up for this long leaves the ISR")
     replica_fetch_wait_max_ms: int = option(

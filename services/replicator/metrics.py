@@ -125,6 +125,10 @@ HIGH_WATERMARK_PUSHES = Counter(
     "UpdateHighWatermarks calls to leader log nodes, by outcome.",
     ["outcome"],
 )
+HIGH_WATERMARK_MOVES = Counter(
+    "kbroker_replicator_high_watermark_moves_total",
+    "Times a replicated partition's high watermark moved forward.",
+)
 REPLICA_STATE_UPDATES = Counter(
     "kbroker_replicator_replica_state_updates_total",
     "Replica states (leader or follower at an epoch) log nodes took or refused, by outcome.",

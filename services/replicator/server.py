@@ -18,6 +18,7 @@ from .log_nodes import GrpcLogNodes, parse_log_nodes
 from .metadata_store import JsonFileMetadataStore
 from .replication.fetcher import FetchSettings
 from .replication.manager import ReplicationManager
+from .replication.progress import ProgressReporter
 from .servicer import ReplicatorServicer
 
 log = logging.getLogger(__name__)
@@ -80,13 +81,14 @@ async def start(config: ReplicatorConfig) -> ReplicatorService:
         await log_nodes.close()
         raise
     monitor = asyncio.create_task(controller.run_node_checks(interval), name="log-node-checks")
+    purgatory = ProgressReporter(config.purgatory_address) if config.purgatory_address else None
     replication = ReplicationManager(
         controller=controller, nodes=log_nodes, lag_time_max_ms=config.replica_lag_time_max_ms,
         fetch=FetchSettings(wait_ms=config.replica_fetch_wait_max_ms,
                             max_bytes=config.replica_fetch_max_bytes,
                             response_max_bytes=config.replica_fetch_response_max_bytes,
                             backoff_ms=config.replica_fetch_backoff_ms),
-        resync_interval_s=interval)
+        resync_interval_s=interval, purgatory=purgatory)
     replication.start()
     image = controller.image
     log.info("replicator serving on port %d: cluster %s, metadata version %d, %d/%d log nodes "

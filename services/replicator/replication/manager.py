@@ -13,9 +13,9 @@ LeaderAndIsr propagation, in one process).
   restarted), is sent its states again; a leader that gets its state also gets the high
   watermark, which a restart forgot.
 - High watermark: whenever a follower's progress moves the minimum log end offset over the
-  ISR, the new high watermark goes to the leader (:mod:`.high_watermarks`), whose progress
-  report completes the acks=all produces waiting in the purgatory; followers learn it with
-  their next copy.
+  ISR, the new high watermark goes to the leader (:mod:`.high_watermarks`) and, when a
+  purgatory is configured, straight to the purgatory too (:mod:`.progress`), completing the
+  acks=all produces waiting there; followers learn it with their next copy.
 - ISR: every ``lag/2`` each partition's followers are checked: an ISR follower not caught up
   for longer than ``replica.lag.time.max.ms`` leaves the ISR, a caught-up follower holding the
   high watermark joins it. Changes are committed through the controller
@@ -43,6 +43,7 @@ from .fetcher import FetchSettings, ReplicaFetcher
 from .high_watermarks import HighWatermarkPusher
 from .nodes import PartitionError, ReplicaNodes, ReplicaState, Role, TopicPartition
 from .partition_state import PartitionReplication
+from .progress import ProgressReporter
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +64,14 @@ class ReplicationManager:
         lag_time_max_ms: int,
         fetch: FetchSettings | None = None,
         resync_interval_s: float = 1.0,
+        purgatory: ProgressReporter | None = None,
     ) -> None:
         self._controller = controller
         self._nodes = nodes
         self._lag_ms = lag_time_max_ms
         self._fetch = fetch or FetchSettings()
         self._resync_interval_s = resync_interval_s
+        self._purgatory = purgatory
         self._states: dict[TopicPartition, PartitionReplication] = {}
         self._fetchers: dict[tuple[NodeId, NodeId], ReplicaFetcher] = {}
         self._pushers: dict[NodeId, HighWatermarkPusher] = {}
@@ -106,6 +109,8 @@ class ReplicationManager:
         await asyncio.gather(*(f.stop() for f in self._fetchers.values()),
                              *(p.close() for p in self._pushers.values()), *self._stopping,
                              return_exceptions=True)
+        if self._purgatory is not None:
+            await self._purgatory.close()
         self._fetchers.clear()
         self._pushers.clear()
 
@@ -179,6 +184,9 @@ class ReplicationManager:
             return
         self._pusher(state.leader).push(state.topic, state.partition, state.leader_epoch,
                                         state.high_watermark)
+        if self._purgatory is not None:
+            self._purgatory.report(state.topic, state.partition, state.high_watermark)
+        metrics.HIGH_WATERMARK_MOVES.inc()
 
     def _pusher(self, node: NodeId) -> HighWatermarkPusher:
         pusher = self._pushers.get(node)

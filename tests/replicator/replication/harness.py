@@ -118,6 +118,7 @@ class Replication:
             "node_check_interval_ms": CHECK_INTERVAL_MS,
             "replica_lag_time_max_ms": LAG_MS,
             "replica_fetch_backoff_ms": 50,
+            "purgatory_address": f"127.0.0.1:{self.purgatory.port}",
             **self.settings,
         }
         self.replicator = await start_replicator(ReplicatorConfig(**values))  # type: ignore[arg-type]

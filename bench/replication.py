@@ -1,0 +1,166 @@
+"""acks=all with replication: produce throughput and single-record round trips, side by side
+with the reference broker's acks=all, in one run.
+
+    python bench/replication.py [--n 100000] [--size 1000] [--partitions 3]
+                                [--round-trips 1000] [--rounds 1]
+
+Starts a local kbroker cluster (every service a process, 3 log nodes, free loopback ports, a
+temporary data folder) and the reference broker (Tansu, in memory, installed into
+bench/.venv-ref on first use, see bench/throughput.py), and runs with confluent-kafka in a
+separate process:
+
+- produce: N records of SIZE bytes with keys, acks=all, linger.ms=5, batch.size=1 MB, no
+  compression, into a topic of PARTITIONS partitions;
+- round trip: ROUND_TRIPS records one at a time (produce, then flush: the time until the
+  acknowledgement), p50/p99/max.
+
+kbroker runs it twice: replication factor 3 with min.insync.replicas=2 (every acknowledged
+record is on every in-sync replica), and replication factor 1 (the cost of replication is the
+difference). Tansu runs a single broker, so its acks=all is acknowledged by that broker alone,
+with no replica to wait for: the comparison puts kbroker's replicated acks=all beside the
+reference's unreplicated one, and says so in the output. Prints one JSON line per run, then
+the ratios kbroker RF=3 / reference (with ``--rounds R``, every round's and their medians).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from throughput import reference_binary, wait_port  # noqa: E402
+
+from services.cluster import ClusterSpec, LocalCluster, free_port  # noqa: E402
+
+WORKLOAD = r'''
+import json, statistics, sys, time, uuid
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+bootstrap = sys.argv[1]
+n, size, partitions, round_trips = (int(v) for v in sys.argv[2:6])
+replication, min_insync = int(sys.argv[6]), sys.argv[7]
+topic = f"bench-{uuid.uuid4().hex[:8]}"
+admin = AdminClient({"bootstrap.servers": bootstrap})
+configs = {"min.insync.replicas": min_insync} if replication > 1 else {}
+for f in admin.create_topics([NewTopic(topic, partitions, replication, config=configs)]).values():
+    f.result(30)
+time.sleep(1.0)
+payload = b"x" * size
+p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5,
+              "batch.size": 1_000_000, "compression.type": "none",
+              "queue.buffering.max.messages": 1_000_000, "enable.idempotence": False})
+errors = [0]
+def on_delivery(err, msg):
+    if err: errors[0] += 1
+# Warm up connections and metadata before timing.
+p.produce(topic, payload, key=b"warm", on_delivery=on_delivery); p.flush(30)
+t0 = time.perf_counter()
+for i in range(n):
+    while True:
+        try:
+            p.produce(topic, payload, key=str(i % 1000).encode(), on_delivery=on_delivery); break
+        except BufferError:
+            p.poll(0.01)
+    if i % 10000 == 0: p.poll(0)
+left = p.flush(300)
+t_produce = time.perf_counter() - t0
+one = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0,
+                "enable.idempotence": False})
+one.produce(topic, payload, key=b"warm", partition=0); one.flush(30)
+times = []
+for i in range(round_trips):
+    t = time.perf_counter()
+    one.produce(topic, payload, key=b"rt", partition=i % partitions, on_delivery=on_delivery)
+    one.flush(30)
+    times.append((time.perf_counter() - t) * 1000)
+times.sort()
+print(json.dumps({
+    "produce_MBps": round(n * size / 1e6 / t_produce, 1),
+    "produce_msgps": round(n / t_produce), "delivery_errors": errors[0], "unflushed": left,
+    "round_trip_p50_ms": round(times[len(times) // 2], 3),
+    "round_trip_p99_ms": round(times[int(len(times) * 0.99) - 1], 3),
+    "round_trip_max_ms": round(times[-1], 3)}))
+'''
+
+
+def run_workload(bootstrap: str, args: argparse.Namespace, replication: int,
+                 min_insync: int) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", WORKLOAD, bootstrap, str(args.n), str(args.size),
+         str(args.partitions), str(args.round_trips), str(replication), str(min_insync)],
+        capture_output=True, text=True, timeout=1800, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-3000:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_reference(binary: Path, args: argparse.Namespace) -> dict:
+    port = free_port()
+    ref = subprocess.Popen(
+        [str(binary), "broker", "--listener-url", f"tcp://127.0.0.1:{port}",
+         "--advertised-listener-url", f"tcp://127.0.0.1:{port}",
+         "--storage-engine", "memory://tansu/"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(port)
+        return run_workload(f"127.0.0.1:{port}", args, 1, 1)
+    finally:
+        ref.terminate()
+        ref.wait(timeout=10)
+
+
+def run_kbroker(args: argparse.Namespace, replication: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="kbroker-bench-") as data:
+        cluster = LocalCluster(ClusterSpec(data_dir=Path(data), kafka_port=0, base_port=0,
+                                           log_nodes=3,
+                                           log_level=os.environ.get("LOG_LEVEL", "WARNING")))
+        cluster.start()
+        try:
+            return run_workload(cluster.bootstrap, args, replication, min(2, replication))
+        finally:
+            cluster.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=100_000)
+    parser.add_argument("--size", type=int, default=1000)
+    parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--round-trips", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=1)
+    args = parser.parse_args()
+
+    binary = reference_binary()
+    keys = ("produce_MBps", "round_trip_p50_ms", "round_trip_p99_ms")
+    ratios: dict[str, list[float]] = {k: [] for k in keys}
+    print(json.dumps({"note": "the reference broker (Tansu) is a single broker: its acks=all "
+                              "waits for no replica; kbroker rf3 waits for 3 in-sync replicas "
+                              "on 3 log nodes (min.insync.replicas=2)"}))
+    for round_number in range(1, args.rounds + 1):
+        ours = run_kbroker(args, 3)
+        print(json.dumps({"round": round_number, "broker": "kbroker", "replication": 3,
+                          **ours}), flush=True)
+        single = run_kbroker(args, 1)
+        print(json.dumps({"round": round_number, "broker": "kbroker", "replication": 1,
+                          **single}), flush=True)
+        ref = run_reference(binary, args)
+        print(json.dumps({"round": round_number, "broker": "tansu (single broker)",
+                          "replication": 1, **ref}), flush=True)
+        for key in keys:
+            ratios[key].append(round(ours[key] / ref[key], 3) if ref[key] else float("nan"))
+    print(json.dumps({"ratios_kbroker_rf3_over_reference": ratios,
+                      "medians": {k: statistics.median(v) for k, v in ratios.items()}}))
+
+
+if __name__ == "__main__":
+    main()
