@@ -412,3 +412,34 @@ def test_a_rebalance_ends_at_its_timeout_without_the_members_that_did_not_rejoin
             assert await follower.heartbeat() == E.unknown_member_id.value
 
     run(main())
+
+
+def test_sessions_still_expire_after_the_purgatory_restarts(tmp_path: Path):
+    from services.purgatory import server as purgatory_server
+    from services.purgatory.config import PurgatoryConfig
+
+    async def main() -> None:
+        async with running_cluster(tmp_path, **GROUP_OPTIONS,
+                                   group_min_session_timeout_ms=500) as cluster:
+            await find(cluster.stub, "r")
+            a = GroupClient(cluster.stub, "r", "a", session_timeout_ms=1500)
+            b = GroupClient(cluster.stub, "r", "b", session_timeout_ms=1500)
+            await asyncio.gather(a.join(), b.join())
+            await asyncio.gather(a.sync({}), b.sync())
+            port = cluster.purgatory.port
+            await cluster.purgatory.stop(0)  # every session timer is lost
+            restarted = await purgatory_server.start(
+                PurgatoryConfig(grpc_address=f"127.0.0.1:{port}"))
+            try:
+                # b is silent from now on; the handlers arm its timer again on reconnecting.
+                deadline = time.monotonic() + 15
+                code = 0
+                while code == 0:
+                    assert time.monotonic() < deadline, "b was never removed"
+                    await asyncio.sleep(0.3)
+                    code = await a.heartbeat()
+                assert code == E.rebalance_in_progress.value
+            finally:
+                await restarted.stop(0)
+
+    run(main())
