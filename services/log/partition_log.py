@@ -97,8 +97,9 @@ NO_LEADER_EPOCH = -1
 
 _EPOCH_FIELD = struct.Struct(">i")
 
-HighWatermarkListener = Callable[[str, int, int], None]
-"""Called with (topic, partition, new high watermark) whenever the high watermark moves."""
+HighWatermarkListener = Callable[[str, int, int, int], None]
+"""Called with (topic, partition, new high watermark, leader epoch) whenever a leader's high
+watermark moves."""
 
 
 def now_ms() -> int:
@@ -123,6 +124,8 @@ class AppendInfo:
     high_watermark: int
     size_bytes: int
     batch_count: int
+    # The epoch of the leader that stored the batches (-1: a replica without a state).
+    leader_epoch: int = NO_LEADER_EPOCH
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -298,7 +301,8 @@ class PartitionLog:
             self._high_watermark = offset
             # Readers and producers wait on the leader's high watermark only.
             if self._on_high_watermark is not None and self.state.role is Role.LEADER:
-                self._on_high_watermark(self.topic, self.partition, offset)
+                self._on_high_watermark(self.topic, self.partition, offset,
+                                        self.state.leader_epoch)
 
     @property
     def size_bytes(self) -> int:
@@ -382,6 +386,7 @@ class PartitionLog:
                 high_watermark=self._high_watermark,
                 size_bytes=len(buffer),
                 batch_count=len(batches),
+                leader_epoch=state.leader_epoch,
             )
 
     def _duplicate_append(self, duplicate: BatchMetadata, append_time: int | None) -> AppendInfo:
@@ -396,6 +401,7 @@ class PartitionLog:
             high_watermark=self._high_watermark,
             size_bytes=0,
             batch_count=0,
+            leader_epoch=self.state.leader_epoch,
         )
 
     def _maybe_roll(self, append_size: int, last_offset: int, max_timestamp: int) -> LogSegment:
@@ -550,6 +556,37 @@ class PartitionLog:
         self._check_epoch(leader_epoch)
         if high_watermark > self._high_watermark:
             self.high_watermark = high_watermark
+
+    async def truncate_to(self, offset: int) -> int:
+        """Cut the log so that it ends at ``offset`` (Kafka's ``truncateTo``): a follower's log
+        that went past its new leader's, found through the leader epochs. Whole batches go: an
+        offset inside a batch cuts before that batch. An offset at or past the log end changes
+        nothing; one below the log start offset cuts down to it. A leader's log is never cut
+        (NOT_LEADER_OR_FOLLOWER). The producer state and the leader epochs follow the new log
+        end; the high watermark and the recovery point do not stay beyond it. Returns the log
+        end offset after the cut."""
+        async with self._lock:
+            self._check_open()
+            if self.state.role is Role.LEADER:
+                raise KafkaError(ErrorCode.not_leader_or_follower,
+                                 f"the leader of {self.topic}-{self.partition} is never cut")
+            end = self.log_end_offset
+            if offset >= end:
+                return end
+            offset = max(offset, self._log_start_offset)
+            await self.drain()  # no background flush may hold a segment about to go
+            while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
+                self._bases.pop()
+                self._segments.pop().delete()
+            removed = self._segments[-1].truncate_to(offset)
+            new_end = self.log_end_offset
+            self.producer_state.load(self._segments, new_end)
+            self.leader_epochs.truncate_from_end(new_end)
+            self._high_watermark = min(self._high_watermark, new_end)
+            self.recovery_point = min(self.recovery_point, new_end)
+            log.warning("%s-%d: truncated from %d to %d (%d byte(s) of the last segment)",
+                        self.topic, self.partition, end, new_end, removed)
+            return new_end
 
     def end_offset_for_epoch(self, leader_epoch: int) -> tuple[int, int]:
         """OffsetForLeaderEpoch on this replica: see

@@ -36,6 +36,11 @@ def partition_key(topic: str, partition: int) -> str:
     return f"{topic}-{partition}"
 
 
+def epoch_key(key: str, leader_epoch: int) -> str:
+    """The purgatory key of a partition's appends at one leader epoch."""
+    return f"{key}@{leader_epoch}"
+
+
 class PurgatoryNotifier:
     """Coalescing, fire-and-forget CheckAndComplete sender; create inside the event loop."""
 
@@ -54,9 +59,15 @@ class PurgatoryNotifier:
         self._pending[key] = position
         self._wake.set()
 
-    def on_high_watermark(self, topic: str, partition: int, high_watermark: int) -> None:
-        """A partition log's high watermark listener."""
-        self.notify(partition_key(topic, partition), high_watermark)
+    def on_high_watermark(self, topic: str, partition: int, high_watermark: int,
+                          leader_epoch: int = -1) -> None:
+        """A partition log's high watermark listener. Besides the partition's key, a leader at
+        an epoch reports ``<topic>-<partition>@<epoch>``: acks=all produces wait on that key,
+        so a later leader's high watermark never completes what an earlier one appended."""
+        key = partition_key(topic, partition)
+        self.notify(key, high_watermark)
+        if leader_epoch >= 0:
+            self.notify(epoch_key(key, leader_epoch), high_watermark)
 
     async def _run(self) -> None:
         while True:

@@ -314,6 +314,18 @@ class LogSegment:
                 return batch
         return None
 
+    def truncate_to(self, offset: int) -> int:
+        """Cut the segment before the batch holding ``offset``, and everything after it (a
+        follower's log going back to its new leader's); the indexes are rebuilt. Returns the
+        bytes removed."""
+        position = self.position_of(offset)
+        removed = self.size - position
+        if removed:
+            self._truncate(position)
+            self.recover(trust_index=False)
+            self.dirty = True
+        return removed
+
     def position_of(self, offset: int) -> int:
         """Where the batch holding ``offset`` starts; the segment size if none does. Batches
         from here on hold ``offset`` or later ones."""

@@ -129,7 +129,7 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
                     topic=topic, partition=append.partition, base_offset=info.base_offset,
                     log_append_time_ms=info.log_append_time_ms,
                     log_start_offset=info.log_start_offset, log_end_offset=info.log_end_offset,
-                    high_watermark=info.high_watermark,
+                    high_watermark=info.high_watermark, leader_epoch=info.leader_epoch,
                 )
             metrics.APPEND_SECONDS.observe(time.perf_counter() - started)
 
@@ -280,6 +280,19 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
                     item.high_watermark, item.leader_epoch)
             except Exception as exc:  # noqa: BLE001
                 result.error_code, result.error_message = _error_of("UpdateHighWatermarks", exc)
+        return response
+
+    async def Truncate(self, request, context):
+        response = log_pb2.TruncateResponse()
+        for item in request.partitions:
+            result = response.results.add(topic=item.topic, partition=item.partition)
+            partition_log: PartitionLog | None = None
+            try:
+                partition_log = self._manager.get(item.topic, item.partition)
+                await partition_log.truncate_to(item.offset)
+            except Exception as exc:  # noqa: BLE001
+                result.error_code, result.error_message = _error_of("Truncate", exc)
+            _fill_ends(result, partition_log)
         return response
 
     async def OffsetForLeaderEpoch(self, request, context):

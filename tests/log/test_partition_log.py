@@ -92,12 +92,12 @@ def test_reads_at_and_beyond_the_ends(tmp_path: Path) -> None:
 
 
 def test_consumers_never_read_past_the_high_watermark(tmp_path: Path) -> None:
-    moves: list[tuple[str, int, int]] = []
+    moves: list[tuple[str, int, int, int]] = []
     partition_log = PartitionLog.open(
         tmp_path / "t-0", "t", 0, "", TopicConfig(), lambda *move: moves.append(move)
     )
     append(partition_log, build_batch(values(3)))
-    assert moves == [("t", 0, 3)]
+    assert moves == [("t", 0, 3, -1)]  # -1: a replica without a leader epoch
     partition_log.advance_high_watermark_on_append = False
     append(partition_log, build_batch(values(2)))
     append(partition_log, build_batch(values(4)))
@@ -110,7 +110,7 @@ def test_consumers_never_read_past_the_high_watermark(tmp_path: Path) -> None:
     assert offsets_in(partition_log.read(0, 1 << 20, HW).records) == [(0, 2), (3, 4)]
     partition_log.high_watermark = 100  # clamped to the log end
     assert partition_log.high_watermark == 9
-    assert moves == [("t", 0, 3), ("t", 0, 5), ("t", 0, 9)]
+    assert moves == [("t", 0, 3, -1), ("t", 0, 5, -1), ("t", 0, 9, -1)]
     partition_log.close()
 
 

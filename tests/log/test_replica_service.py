@@ -12,6 +12,7 @@ from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from services.common.channels import insecure_channel
 from services.common.errors import ErrorCode
 from services.log.config import LogConfig
+from services.log.purgatory_notifier import PurgatoryNotifier
 from services.log.record_batch import iter_batches
 from services.log.server import LogService, start
 
@@ -255,6 +256,85 @@ def test_a_replicated_replica_waits_for_its_state_after_a_restart(tmp_path: Path
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
+def test_a_follower_is_cut_back_to_its_new_leaders_log(tmp_path: Path) -> None:
+    async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
+        await create_with(stub, "t", state("t", FOLLOWER, 1))
+        offset = 0
+        for n, epoch in ((3, 0), (2, 1), (4, 1), (1, 1)):  # batches of 3, 2, 4 and 1 records
+            batch = build_batch(values(n), base_offset=offset, partition_leader_epoch=epoch,
+                                producer_id=7, producer_epoch=0, base_sequence=offset)
+            assert (await replicate(stub, "t", batch, epoch=1)).error_code == 0
+            offset += n
+        await stub.UpdateHighWatermarks(log_pb2.UpdateHighWatermarksRequest(partitions=[
+            log_pb2.PartitionHighWatermark(topic="t", partition=0, leader_epoch=1,
+                                           high_watermark=10)]))
+
+        async def cut(to: int) -> log_pb2.PartitionReplicateResult:
+            response = await stub.Truncate(log_pb2.TruncateRequest(partitions=[
+                log_pb2.PartitionTruncation(topic="t", partition=0, offset=to)]))
+            return response.results[0]
+
+        # Offset 7 lies inside the batch 5..8: the cut comes before it.
+        result = await cut(7)
+        assert (result.error_code, result.log_end_offset, result.high_watermark) == (0, 5, 5)
+        kept = await stub.Read(log_pb2.ReadRequest(limit=LOG_END, partitions=[
+            log_pb2.PartitionRead(topic="t", partition=0, offset=0, max_bytes=1 << 20)]))
+        assert [(b.header.base_offset, b.header.last_offset)
+                for b in iter_batches(kept.results[0].records)] == [(0, 2), (3, 4)]
+        assert (await cut(9)).log_end_offset == 5  # past the end: nothing changes
+        # The log goes on from the cut, the producer's sequence from the last batch kept.
+        again = build_batch(values(2), base_offset=5, partition_leader_epoch=2, producer_id=7,
+                            producer_epoch=0, base_sequence=5)
+        assert await become(stub, state("t", FOLLOWER, 2)) == [0]
+        assert (await replicate(stub, "t", again, epoch=2)).log_end_offset == 7
+        assert await become(stub, state("t", LEADER, 3)) == [0]
+        duplicate = await append(stub, "t", build_batch(values(2), producer_id=7,
+                                                        producer_epoch=0, base_sequence=5))
+        assert (duplicate.error_code, duplicate.base_offset) == (0, 5)
+        assert (await cut(2)).error_code == ErrorCode.not_leader_or_follower.value
+        epochs = await stub.OffsetForLeaderEpoch(log_pb2.OffsetForLeaderEpochRequest(
+            partitions=[log_pb2.PartitionLeaderEpoch(topic="t", partition=0, leader_epoch=1)]))
+        assert (epochs.results[0].leader_epoch, epochs.results[0].end_offset) == (1, 5)
+
+    run_node(tmp_path, body)
+
+
+def test_a_cut_across_segments_keeps_a_consistent_log(tmp_path: Path) -> None:
+    async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
+        await create_with(stub, "t", state("t", FOLLOWER, 0))
+        for offset in range(0, 40, 4):
+            batch = build_batch(values(4, size=100), base_offset=offset, partition_leader_epoch=0)
+            assert (await replicate(stub, "t", batch, epoch=0)).error_code == 0
+        assert (await describe(stub, "t")).segments > 3
+        response = await stub.Truncate(log_pb2.TruncateRequest(partitions=[
+            log_pb2.PartitionTruncation(topic="t", partition=0, offset=12)]))
+        assert response.results[0].log_end_offset == 12
+        described = await describe(stub, "t")
+        assert described.log_end_offset == 12
+        assert (await read(stub, "t", 11)).error_code == 0
+        assert (await read(stub, "t", 13)).error_code == ErrorCode.offset_out_of_range.value
+        batch = build_batch(values(4, size=100), base_offset=12, partition_leader_epoch=0)
+        assert (await replicate(stub, "t", batch, epoch=0)).log_end_offset == 16
+
+    run_node(tmp_path, body, segment_bytes=1000)
+
+
+def test_leaders_report_their_high_watermark_per_epoch_too(tmp_path: Path) -> None:
+    reported: list[tuple[str, int]] = []
+
+    async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
+        await create_with(stub, "t", state("t", LEADER, 5, alone=True))
+        notifier = PurgatoryNotifier("127.0.0.1:1")
+        notifier.notify = lambda key, position: reported.append((key, position))  # type: ignore[method-assign]
+        for partition_log in service.manager.partitions():
+            partition_log._on_high_watermark = notifier.on_high_watermark
+        await append(stub, "t", build_batch(values(2)))
+        await notifier.close()
+        assert reported == [("t-0", 2), ("t-0@5", 2)]
+
+    run_node(tmp_path, body)
+
+
 def test_only_leaders_report_high_watermarks(tmp_path: Path) -> None:
     reported: list[tuple[str, int, int]] = []
 
@@ -265,6 +345,6 @@ def test_only_leaders_report_high_watermarks(tmp_path: Path) -> None:
             partition_log._on_high_watermark = lambda *args: reported.append(args)
         await append(stub, "lead", build_batch(values(2)))
         await replicate(stub, "copy", build_batch(values(2)), epoch=0, high_watermark=2)
-        assert reported == [("lead", 0, 2)]
+        assert reported == [("lead", 0, 2, 0)]
 
     run_node(tmp_path, body)
