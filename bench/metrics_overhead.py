@@ -36,6 +36,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,6 +74,15 @@ for line in sys.stdin:
     produce(int(line))
     print(time.perf_counter() - started, flush=True)
 '''
+
+
+def produce_requests(metrics_port: int) -> float:
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        for line in reply.read().decode().splitlines():
+            if line.startswith('kbroker_frontend_requests_total{api="Produce"}'):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -127,11 +137,16 @@ class Side:
         self.slices.append(round(records / elapsed))
 
     def summary(self) -> dict[str, float | list[float]]:
-        return {
+        out: dict[str, float | list[float]] = {
             "records_per_s": round(self.records / self.elapsed),
             "service_cpu_us_per_record": round(self.cpu / self.records * 1e6, 2),
             "slice_records_per_s": self.slices,
         }
+        if self.name == "on":
+            # Warm-up included: 2000 records more than the slices.
+            out["produce_requests"] = produce_requests(self.cluster.services["frontend"]
+                                                       .metrics_port)
+        return out
 
     def close(self) -> None:
         if self.client.poll() is None:
