@@ -293,6 +293,7 @@ class LogNodeClients:
                 log_start_offset=r.log_start_offset,
                 log_end_offset=r.log_end_offset,
                 high_watermark=r.high_watermark,
+                leader_epoch=r.leader_epoch,
             )
             for r in response.results
         ]
@@ -311,6 +312,7 @@ class LogNodeClients:
             error_message=r.error_message or None, base_offset=r.base_offset,
             log_append_time_ms=r.log_append_time_ms, log_start_offset=r.log_start_offset,
             log_end_offset=r.log_end_offset, high_watermark=r.high_watermark,
+            leader_epoch=r.leader_epoch,
         )
 
     async def read(

@@ -73,6 +73,8 @@ class AppendResult:
     log_start_offset: int = -1
     log_end_offset: int = -1
     high_watermark: int = -1
+    # The epoch of the leader that stored the batches; -1 for a replica without one.
+    leader_epoch: int = -1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

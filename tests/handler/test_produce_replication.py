@@ -5,6 +5,7 @@ when the ISR shrank meanwhile)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from services.common.errors import ErrorCode
 from services.handler.apis.produce import PartitionData, ProduceApi, ProduceRequest, TopicData
@@ -78,3 +79,19 @@ def test_an_isr_that_shrank_during_the_wait_is_not_enough_after_append():
     api = ProduceApi(cache, log_nodes, ShrinkingPurgatory())
     response = asyncio.run(api.handle(produce()))
     assert errors(response) == [ErrorCode.not_enough_replicas_after_append.value]
+
+
+def test_an_acks_all_wait_is_keyed_by_the_leader_epoch_of_the_append():
+    class EpochLogNodes(FakeLogNodes):
+        async def append(self, node, appends, time_limit):  # type: ignore[no-untyped-def]
+            results = await super().append(node, appends, time_limit)
+            return [dataclasses.replace(r, leader_epoch=4) for r in results]
+
+    log_nodes = EpochLogNodes()
+    log_nodes.lagging_high_watermark = True
+    # A later leader's report on the plain key does not answer; the epoch's key does.
+    purgatory = FakePurgatory(WaitResult(completed=True, keys={"t-0@4": KeyState(position=2)}))
+    api = ProduceApi(cache_of(cluster(replicated("t", (0, 1, 2)), nodes=(0, 1, 2))),
+                     log_nodes, purgatory)
+    assert errors(asyncio.run(api.handle(produce()))) == [0]
+    assert [thresholds for _, thresholds, _, _ in purgatory.waits] == [{"t-0@4": 2}]

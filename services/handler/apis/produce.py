@@ -27,7 +27,9 @@ grouped per leader node, one Append per node, the nodes concurrently.
   with the high watermark at the log end); otherwise partitions whose high watermark is still
   short park a DelayedProduce in the purgatory (all keys must reach their threshold; the
   replicator moves the leaders' high watermarks) and whatever is still short when it expires
-  gets REQUEST_TIMED_OUT.
+  gets REQUEST_TIMED_OUT. The keys carry the leader epoch of the append
+  (``<topic>-<partition>@<epoch>``): a leader elected meanwhile, whose log may lack the
+  append, never completes the wait; the replicator fails it with NOT_LEADER_OR_FOLLOWER.
 - min.insync.replicas (topic config, default 1), acks=-1 only, as Kafka's leader checks it: a
   partition whose ISR (in this handler's metadata) is smaller gets NOT_ENOUGH_REPLICAS and
   nothing is appended to it; one whose ISR shrank below it while the produce waited gets
@@ -286,7 +288,7 @@ class ProduceApi:
         for slot in slots:
             assert slot.appended is not None
             if slot.appended.high_watermark < slot.appended.log_end_offset:
-                pending[partition_key(slot.name, slot.index)] = slot
+                pending[_wait_key(slot.name, slot.index, slot.appended.leader_epoch)] = slot
         if not pending:
             return
         thresholds = {key: s.appended.log_end_offset for key, s in pending.items()
@@ -307,6 +309,14 @@ class ProduceApi:
             elif state is None or state.position < thresholds[key]:
                 slot.response = PartitionResponse(
                     index=slot.index, error_code=ErrorCode.request_timed_out.value)
+
+
+def _wait_key(topic: str, partition: int, leader_epoch: int) -> str:
+    """The purgatory key an acks=all append waits on: the partition's at the leader epoch
+    that stored it, so that only that leader's high watermark (never a later leader's, whose
+    log may lack the append) completes the wait; a leader change fails it."""
+    key = partition_key(topic, partition)
+    return key if leader_epoch < 0 else f"{key}@{leader_epoch}"
 
 
 def min_insync_replicas(topic: TopicInfo) -> int:

@@ -140,6 +140,11 @@ class ReplicationManager:
                         self._progress(current)
                     states[key] = current
                     continue
+                if (current is not None and current.leader_epoch < p.leader_epoch
+                        and self._purgatory is not None):
+                    self._purgatory.leader_changed(current.topic, current.partition,
+                                                   current.leader_epoch,
+                                                   current.high_watermark)
                 states[key] = PartitionReplication(
                     topic=topic.name, partition=p.partition, leader=p.leader,
                     leader_epoch=p.leader_epoch, replicas=p.replicas, isr=p.isr, now_ms=now)
@@ -185,7 +190,8 @@ class ReplicationManager:
         self._pusher(state.leader).push(state.topic, state.partition, state.leader_epoch,
                                         state.high_watermark)
         if self._purgatory is not None:
-            self._purgatory.report(state.topic, state.partition, state.high_watermark)
+            self._purgatory.report(state.topic, state.partition, state.leader_epoch,
+                                   state.high_watermark)
         metrics.HIGH_WATERMARK_MOVES.inc()
 
     def _pusher(self, node: NodeId) -> HighWatermarkPusher:
