@@ -59,50 +59,56 @@ from typing import Any
 from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import Message
 
-from services.common.metrics import LATENCY_BUCKETS, METRICS_ENABLED, Counter, Gauge, Histogram
+from services.common.metrics import (
+    LATENCY_BUCKETS,
+    METRICS_ENABLED,
+    Gauge,
+    LoopCounter,
+    LoopHistogram,
+)
 
 PHASES = ("request_queue", "local", "remote", "response_queue", "response_send")
 
-REQUESTS = Counter(
+REQUESTS = LoopCounter(
     "kbroker_frontend_requests_total", "Kafka requests received, by API (RequestsPerSec).",
     ["api"])
-REQUEST_TOTAL_SECONDS = Histogram(
+REQUEST_TOTAL_SECONDS = LoopHistogram(
     "kbroker_frontend_request_total_seconds",
     "Time from a request's frame read to its response written, by API (TotalTimeMs).",
     ["api"], buckets=LATENCY_BUCKETS)
-REQUEST_PHASE_SECONDS = Histogram(
+REQUEST_PHASE_SECONDS = LoopHistogram(
     "kbroker_frontend_request_phase_seconds",
     "Time per request phase, by API: request_queue (RequestQueueTimeMs: frame read until "
     "taken up), local (LocalTimeMs: frontend and handler work), remote (RemoteTimeMs: parked "
     "in the purgatory), response_queue (ResponseQueueTimeMs: encoded until writing starts), "
     "response_send (ResponseSendTimeMs: writing to the socket).",
     ["api", "phase"], buckets=LATENCY_BUCKETS)
-REQUEST_BYTES = Counter(
+REQUEST_BYTES = LoopCounter(
     "kbroker_frontend_request_bytes_total",
     "Request bytes received (frames), by API (RequestBytes).", ["api"])
-RESPONSE_BYTES = Counter(
+RESPONSE_BYTES = LoopCounter(
     "kbroker_frontend_response_bytes_total", "Response bytes sent (frames), by API.", ["api"])
-TOPIC_BYTES_IN = Counter(
+TOPIC_BYTES_IN = LoopCounter(
     "kbroker_frontend_topic_bytes_in_total",
     "Record bytes produced and appended, by topic (BrokerTopicMetrics BytesInPerSec).",
     ["topic"])
-TOPIC_BYTES_OUT = Counter(
+TOPIC_BYTES_OUT = LoopCounter(
     "kbroker_frontend_topic_bytes_out_total",
     "Record bytes sent in Fetch responses, by topic (BrokerTopicMetrics BytesOutPerSec).",
     ["topic"])
 OPEN_CONNECTIONS = Gauge(
     "kbroker_frontend_open_connections",
     "Kafka client connections open (socket-server-metrics connection-count).")
-CLOSED_CONNECTIONS = Counter(
+CLOSED_CONNECTIONS = LoopCounter(
     "kbroker_frontend_connections_closed_total",
     "Connections closed by the frontend, by reason (malformed request, handler unavailable).",
     ["reason"])
-ERROR_RESPONSES = Counter(
+ERROR_RESPONSES = LoopCounter(
     "kbroker_frontend_error_responses_total",
     "Responses carrying a non-zero error code (top-level or for any topic or partition), "
     "by API and code, once per distinct code in a response (ErrorsPerSec). Includes the "
     "answers the frontend builds when no handler answered.", ["api", "error_code"])
-HANDLER_FAILURES = Counter(
+HANDLER_FAILURES = LoopCounter(
     "kbroker_frontend_handler_failures_total",
     "Requests no handler answered, by API and gRPC status.", ["api", "status"])
 

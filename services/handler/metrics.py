@@ -37,28 +37,29 @@ from services.common.metrics import (
     LATENCY_BUCKETS,
     REMOTE_TIME_METADATA_KEY,
     Counter,
-    Histogram,
+    LoopCounter,
+    LoopHistogram,
 )
 
-REQUESTS = Counter(
+REQUESTS = LoopCounter(
     "handler_requests_total",
     "Kafka requests handled, by API and error code (the top-level code, else the first"
     " per-item error, else 0).",
     ["api", "error_code"],
 )
-REQUEST_SECONDS = Histogram(
+REQUEST_SECONDS = LoopHistogram(
     "handler_request_seconds",
     "Time to handle a Kafka request, including purgatory waits.",
     ["api"],
     buckets=LATENCY_BUCKETS,
 )
-PURGATORY_WAITS = Counter(
+PURGATORY_WAITS = LoopCounter(
     "handler_purgatory_waits_total",
     "Operations parked in the purgatory, by kind and outcome (completed, expired, unavailable,"
     " cancelled).",
     ["kind", "outcome"],
 )
-PURGATORY_WAIT_SECONDS = Histogram(
+PURGATORY_WAIT_SECONDS = LoopHistogram(
     "handler_purgatory_wait_seconds",
     "Time operations spent parked in the purgatory.",
     ["kind"],

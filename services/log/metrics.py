@@ -29,25 +29,27 @@ from services.common.metrics import (
     Counter,
     Gauge,
     Histogram,
+    LoopCounter,
+    LoopHistogram,
     register_collector,
 )
 
-APPENDED_BYTES = Counter(
+APPENDED_BYTES = LoopCounter(
     "kbroker_log_appended_bytes_total", "Bytes of record batches appended.", ["topic"]
 )
-APPENDED_BATCHES = Counter(
+APPENDED_BATCHES = LoopCounter(
     "kbroker_log_appended_batches_total", "Record batches appended.", ["topic"]
 )
-APPEND_REQUESTS = Counter(
+APPEND_REQUESTS = LoopCounter(
     "kbroker_log_append_requests_total", "Partition appends attempted (one per partition of an "
     "Append call).", ["topic"]
 )
-READ_BYTES = Counter("kbroker_log_read_bytes_total", "Bytes of record batches read.", ["topic"])
-APPEND_SECONDS = Histogram(
+READ_BYTES = LoopCounter("kbroker_log_read_bytes_total", "Bytes of record batches read.", ["topic"])
+APPEND_SECONDS = LoopHistogram(
     "kbroker_log_append_seconds", "Time to validate and append one partition's batches.",
     buckets=LATENCY_BUCKETS,
 )
-READ_SECONDS = Histogram(
+READ_SECONDS = LoopHistogram(
     "kbroker_log_read_seconds", "Time to serve one Read call.", buckets=LATENCY_BUCKETS
 )
 PARTITIONS = Gauge("kbroker_log_partitions", "Partition replicas held by this node.")

@@ -8,11 +8,12 @@ import asyncio
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from prometheus_client import REGISTRY
 
 from kbroker.metrics.v1 import metrics_pb2, metrics_pb2_grpc
 from kbroker.purgatory.v1 import purgatory_pb2, purgatory_pb2_grpc
 from services.common.channels import insecure_channel
-from services.common.metrics import GRPC_HANDLED, GRPC_STARTED, stream_interval_seconds
+from services.common.metrics import stream_interval_seconds
 from services.common.runtime import tune_allocator
 from services.common.server import ServiceBinding, create_server
 
@@ -33,8 +34,15 @@ class Counting(purgatory_pb2_grpc.PurgatoryServicer):
         return purgatory_pb2.CheckAndCompleteResponse(completed=0)
 
 
-def handled(method: str, kind: str) -> float:
-    return GRPC_HANDLED.labels(SERVICE, method, kind, "OK")._value.get()
+def handled(method: str, kind: str, code: str = "OK") -> float:
+    return REGISTRY.get_sample_value("grpc_server_handled_total", {
+        "grpc_service": SERVICE, "grpc_method": method, "grpc_type": kind,
+        "grpc_code": code}) or 0.0
+
+
+def started(method: str, kind: str) -> float:
+    return REGISTRY.get_sample_value("grpc_server_started_total", {
+        "grpc_service": SERVICE, "grpc_method": method, "grpc_type": kind}) or 0.0
 
 
 def test_server_serves_health_reflection_metrics_and_counts_calls():
@@ -57,8 +65,7 @@ def test_server_serves_health_reflection_metrics_and_counts_calls():
 
             unary_before = handled("CheckAndComplete", "unary")
             stream_before = handled("ReportProgress", "client_stream")
-            started_before = GRPC_STARTED.labels(SERVICE, "ReportProgress", "client_stream")
-            started_before = started_before._value.get()
+            started_before = started("ReportProgress", "client_stream")
             stub = purgatory_pb2_grpc.PurgatoryStub(channel)
             state = purgatory_pb2.KeyState(key="t-0", position=1)
             await stub.CheckAndComplete(purgatory_pb2.CheckAndCompleteRequest(keys=[state]))
@@ -70,8 +77,7 @@ def test_server_serves_health_reflection_metrics_and_counts_calls():
             assert servicer.reported == 4
             assert handled("CheckAndComplete", "unary") == unary_before + 1
             assert handled("ReportProgress", "client_stream") == stream_before + 1
-            assert GRPC_STARTED.labels(SERVICE, "ReportProgress", "client_stream")._value.get() \
-                == started_before + 1
+            assert started("ReportProgress", "client_stream") == started_before + 1
 
             snapshot = await metrics_pb2_grpc.MetricsStub(channel).Snapshot(
                 metrics_pb2.SnapshotRequest(prefixes=["grpc_server_handled"]))
@@ -195,7 +201,7 @@ class Failing(purgatory_pb2_grpc.PurgatoryServicer):
 
 def test_failed_calls_are_counted_under_their_code():
     def handled_as(code: str) -> float:
-        return GRPC_HANDLED.labels(SERVICE, "CheckAndComplete", "unary", code)._value.get()
+        return handled("CheckAndComplete", "unary", code)
 
     async def main() -> None:
         server, port, _ = await create_server("test", [ServiceBinding(
