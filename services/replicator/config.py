@@ -23,6 +23,12 @@ class ReplicatorConfig:
     )
     cluster_id: str = option("", "cluster id (empty: generate one once and persist it)")
     node_check_interval_ms: int = option(1000, "how often each log node's health is checked")
+    node_session_timeout_ms: int = option(
+        3000, "a log node failing its health checks this long is fenced: the partitions it led "
+        "get new leaders from their ISR (Kafka's broker.session.timeout.ms)")
+    unclean_leader_election_enable: bool = option(
+        False, "unclean.leader.election.enable: elect a replica outside the ISR when none in "
+        "it is left (records may be lost)")
     purgatory_address: str = option(
         "", "host:port of the purgatory to tell about high watermark moves (empty: only the "
         "leaders tell it)")

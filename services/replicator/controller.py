@@ -30,6 +30,11 @@ Consistency rules:
   version.
 - New replicas are created with their state (leader or follower at epoch 0), so a leader never
   commits appends alone when it has followers.
+- Fencing: a node that has not answered its health checks for ``node_session_timeout_ms`` is
+  fenced (:mod:`~services.replicator.replication.election`): it leaves every ISR, and each
+  partition it led gets a new leader from the rest of its ISR, at the next epoch (from outside
+  the ISR only with unclean.leader.election.enable). Checked after every node check, so a
+  partition left offline gets its leader as soon as a replica of its ISR is back.
 - ISR changes (:meth:`Controller.change_isr`, from the replication role) commit at once,
   without waiting for topic operations: they name the leader and epoch they were computed for
   and are dropped if the partition moved on. Topic operations therefore rebuild partitions from
@@ -43,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -67,6 +73,7 @@ from .metadata import (
 from .metadata_store import MetadataStore
 from .producer_ids import ProducerIdBlock, next_block
 from .publisher import ImagePublisher
+from .replication.election import fence
 from .replication.nodes import ReplicaState, Role
 from .topic_rules import (
     ConfigOperation,
@@ -143,6 +150,8 @@ class Controller:
         client: LogNodeClient,
         num_partitions: int,
         default_replication_factor: int,
+        node_session_timeout_ms: int = 3000,
+        unclean_leader_election: bool = False,
     ) -> None:
         if num_partitions < 1:
             raise ValueError("num_partitions must be at least 1")
@@ -158,6 +167,10 @@ class Controller:
         # was down); filled only after the first node check, which is the starting state.
         self._stale_configs: set[NodeId] = set()
         self._checked_once = False
+        self._session_timeout_s = node_session_timeout_ms / 1000
+        self._unclean_leader_election = unclean_leader_election
+        # Nodes failing their health checks, since when (monotonic seconds).
+        self._down_since: dict[NodeId, float] = {}
         self.publisher = ImagePublisher(image)
         metrics.observe(image)
 
@@ -171,6 +184,8 @@ class Controller:
         cluster_id: str = "",
         num_partitions: int = 1,
         default_replication_factor: int = 1,
+        node_session_timeout_ms: int = 3000,
+        unclean_leader_election: bool = False,
     ) -> Controller:
         """Load the stored metadata (or start a new cluster), save it, and check every log node
         once, so the controller starts with real liveness.
@@ -194,6 +209,8 @@ class Controller:
             client=client,
             num_partitions=num_partitions,
             default_replication_factor=default_replication_factor,
+            node_session_timeout_ms=node_session_timeout_ms,
+            unclean_leader_election=unclean_leader_election,
         )
         await controller.check_nodes()
         return controller
@@ -209,8 +226,9 @@ class Controller:
         replica deletions on live nodes (unless a topic operation is running)."""
         nodes = self._image.log_nodes
         serving = await asyncio.gather(*(self._client.is_serving(n.node_id) for n in nodes))
-        revived = self._apply_liveness(
-            {n.node_id: ok for n, ok in zip(nodes, serving, strict=True)})
+        alive = {n.node_id: ok for n, ok in zip(nodes, serving, strict=True)}
+        revived = self._apply_liveness(alive)
+        self._fence(alive)
         if self._checked_once:
             self._stale_configs |= revived
         self._checked_once = True
@@ -229,6 +247,39 @@ class Controller:
                 await self.check_nodes()
             except Exception:  # the monitor must survive any one bad round
                 log.exception("log node check failed")
+
+    def _fence(self, alive: Mapping[NodeId, bool]) -> None:
+        """Fence the nodes down for the session timeout: new leaders, smaller ISRs."""
+        now = time.monotonic()
+        for node, ok in alive.items():
+            if ok:
+                self._down_since.pop(node, None)
+            else:
+                self._down_since.setdefault(node, now)
+        fenced = {n for n, since in self._down_since.items()
+                  if now - since >= self._session_timeout_s}
+        if not fenced:
+            return
+        image = self._image
+        changed, elections = fence(image, fenced, image.live_node_ids,
+                                   unclean_default=self._unclean_leader_election)
+        if not changed:
+            return
+        try:
+            self._commit(lambda current: current.with_topics(added=changed))
+        except OSError:
+            log.exception("could not save the partitions of fenced log nodes; retrying")
+            return
+        for e in elections:
+            kind = "clean" if e.clean else "unclean"
+            metrics.LEADER_ELECTIONS.labels(kind).inc()
+            log.warning("%s-%d: log node %d is fenced; node %d leads at epoch %d (%s election)",
+                        e.topic, e.partition, e.old_leader, e.new_leader, e.leader_epoch, kind)
+        for topic in changed:
+            for p in topic.partitions:
+                if p.leader in fenced:
+                    log.warning("%s-%d is offline: its leader %d is fenced and no in-sync "
+                                "replica can lead", topic.name, p.partition, p.leader)
 
     def _apply_liveness(self, alive: Mapping[NodeId, bool]) -> set[NodeId]:
         """Record liveness; returns the nodes that came alive."""

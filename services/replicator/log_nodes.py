@@ -232,8 +232,33 @@ class GrpcLogNodes:
         return [replica.ReplicaDescription(
             topic=p.topic, partition=p.partition, error=_error(p.error_code),
             log_end_offset=p.log_end_offset, high_watermark=p.high_watermark,
-            leader_epoch=p.leader_epoch, role=_ROLES.get(p.role, replica.Role.UNKNOWN))
+            leader_epoch=p.leader_epoch, role=_ROLES.get(p.role, replica.Role.UNKNOWN),
+            latest_log_epoch=p.latest_log_epoch)
             for p in reply.partitions]
+
+    async def end_offsets(
+        self, node_id: NodeId, requests: Sequence[tuple[str, int, int]]
+    ) -> list[replica.EpochEndOffset]:
+        request = log_pb2.OffsetForLeaderEpochRequest(partitions=[
+            log_pb2.PartitionLeaderEpoch(topic=topic, partition=partition, leader_epoch=epoch)
+            for topic, partition, epoch in requests])
+        reply = await self._call(node_id, "find epoch end offsets",
+                                 self._stub(node_id).OffsetForLeaderEpoch, request)
+        return [replica.EpochEndOffset(
+            topic=r.topic, partition=r.partition, error=_error(r.error_code),
+            leader_epoch=r.leader_epoch, end_offset=r.end_offset) for r in reply.results]
+
+    async def truncate(
+        self, node_id: NodeId, requests: Sequence[tuple[str, int, int]]
+    ) -> list[replica.ReplicateResult]:
+        request = log_pb2.TruncateRequest(partitions=[
+            log_pb2.PartitionTruncation(topic=topic, partition=partition, offset=offset)
+            for topic, partition, offset in requests])
+        reply = await self._call(node_id, "truncate", self._stub(node_id).Truncate, request)
+        return [replica.ReplicateResult(
+            topic=r.topic, partition=r.partition, error=_error(r.error_code),
+            message=r.error_message, log_end_offset=r.log_end_offset,
+            high_watermark=r.high_watermark) for r in reply.results]
 
     def _stub(self, node_id: NodeId) -> log_pb2_grpc.LogServiceStub:
         stub = self._log.get(node_id)

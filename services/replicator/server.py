@@ -69,6 +69,8 @@ async def start(config: ReplicatorConfig) -> ReplicatorService:
             cluster_id=config.cluster_id,
             num_partitions=config.num_partitions,
             default_replication_factor=config.default_replication_factor,
+            node_session_timeout_ms=config.node_session_timeout_ms,
+            unclean_leader_election=config.unclean_leader_election_enable,
         )
         server, port, _health = await create_server(
             "replicator",

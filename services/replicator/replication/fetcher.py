@@ -1,22 +1,23 @@
 """The fetch loop from one leader log node to one follower log node (Kafka's
 ``ReplicaFetcherThread``), for every partition that node pair shares.
 
-A round: describe the follower's replicas whose log end offset is not known yet; read from the
-leader, up to its log end, from each follower's log end offset on (a long poll: the leader
-answers as soon as one of the partitions gets an append, or after ``fetch_wait_ms``); append
-what came to the follower as it is, with the high watermark the follower should have; record
-the follower's new log end offset and whether it caught up with the leader, and report the
-partition's progress (the manager then moves the high watermark). Partitions whose read or
-append failed back off for a while, the others go on. When the partition set changes, a read
-in flight is abandoned (reads have no effect) and the round starts over.
+A round: check the logs of followers new to this leader epoch against the leader's and cut
+them where they part (:meth:`ReplicaFetcher._prepare`); read from the leader, up to its log
+end, from each follower's log end offset on (a long poll: the leader answers as soon as one of
+the partitions gets an append, or after ``fetch_wait_ms``); append what came to the follower as
+it is, with the high watermark the follower should have; record the follower's new log end
+offset and whether it caught up with the leader, and report the partition's progress (the
+manager then moves the high watermark). Partitions whose read or append failed back off for a
+while, the others go on. When the partition set changes, a read in flight is abandoned (reads
+have no effect) and the round starts over.
 
 Per-partition errors: the follower refusing a state it should have (not a follower, another
 epoch) or either side not knowing the partition is reported to ``on_stale_state``, which sends
 the replica its state again; a follower append that does not continue its log (its log end
 moved) takes the log end offset from the answer and retries; a read out of the leader's range
-(the follower has more than the leader, or less than its log start) is reported to
-``on_diverged``. A node that fails as a whole makes the loop back off, doubling up to
-``8 * backoff``.
+(the follower has more than the leader, or less than its log start) has the follower checked
+again and is reported to ``on_diverged``. A node that fails as a whole makes the loop back
+off, doubling up to ``8 * backoff``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from .. import metrics
 from ..log_nodes import LogNodeError
 from ..metadata import NodeId
 from .nodes import (
-    NO_OFFSET,
     FetchRequest,
     ReplicaNodes,
     ReplicateRequest,
@@ -165,11 +165,13 @@ class ReplicaFetcher:
                      if k in self._partitions]
             await self._wait_for_change(max(min(waits), 0) if waits else None)
             return
-        await self._describe_unknown(ready)
+        await self._prepare(ready)
         requests = [
             FetchRequest(topic=p.topic, partition=p.partition,
                          offset=p.followers[self.follower].log_end_offset)
-            for p in ready.values() if p.followers[self.follower].log_end_offset >= 0
+            for p in ready.values()
+            if p.followers[self.follower].verified
+            and p.followers[self.follower].log_end_offset >= 0
         ]
         if not requests:
             return
@@ -247,6 +249,7 @@ class ReplicaFetcher:
         if error in _STALE_STATE:
             self._on_stale_state(self.leader, partition.key)
         elif error is ErrorCode.offset_out_of_range:
+            partition.forget_follower(self.follower)  # check it against the leader again
             self._on_diverged(self.follower, partition)
         else:
             self._log_failure(f"reading {partition.topic}-{partition.partition}: {error.name}")
@@ -261,24 +264,87 @@ class ReplicaFetcher:
             self._log_failure(f"appending {partition.topic}-{partition.partition}: "
                               f"{error.name} {message}")
 
-    async def _describe_unknown(self, ready: Mapping[TopicPartition, PartitionReplication]
-                                ) -> None:
-        unknown = [k for k, p in ready.items()
-                   if p.followers[self.follower].log_end_offset == NO_OFFSET]
-        if not unknown:
+    async def _prepare(self, ready: Mapping[TopicPartition, PartitionReplication]) -> None:
+        """Check the logs of followers not yet verified at this epoch against the leader's
+        (Kafka's truncation by leader epoch, KIP-101/279) and cut them where they part: ask the
+        leader where the follower's latest epoch ends; if the leader knows only an older
+        epoch, the follower's own end of that one counts too. A follower whose log has no
+        epochs has nothing to compare and is taken as it is."""
+        todo = {k: p for k, p in ready.items() if not p.followers[self.follower].verified}
+        if not todo:
             return
-        for description in await self._nodes.describe(self.follower, unknown):
-            key = (description.topic, description.partition)
-            partition = ready.get(key)
+        latest: dict[TopicPartition, int] = {}
+        for d in await self._nodes.describe(self.follower, list(todo)):
+            key = (d.topic, d.partition)
+            partition = todo.get(key)
             if partition is None:
                 continue
-            if description.error is not ErrorCode.none:
+            if (d.error is not ErrorCode.none or d.role is not Role.FOLLOWER
+                    or d.leader_epoch != partition.leader_epoch):
                 self._back_off(key)
                 self._on_stale_state(self.follower, key)
                 continue
             progress = partition.followers[self.follower]
-            progress.log_end_offset = description.log_end_offset
-            progress.high_watermark = description.high_watermark
-            if (description.role is not Role.FOLLOWER
-                    or description.leader_epoch != partition.leader_epoch):
-                self._on_stale_state(self.follower, key)
+            progress.log_end_offset = d.log_end_offset
+            progress.high_watermark = d.high_watermark
+            if d.latest_log_epoch < 0 or d.log_end_offset <= 0:
+                progress.verified = True
+            else:
+                latest[key] = d.latest_log_epoch
+        if not latest:
+            return
+        targets: dict[TopicPartition, int] = {}
+        older: dict[TopicPartition, tuple[int, int]] = {}
+        for answer in await self._nodes.end_offsets(
+                self.leader, [(t, p, e) for (t, p), e in latest.items()]):
+            key = (answer.topic, answer.partition)
+            if key not in latest:
+                continue
+            progress = todo[key].followers[self.follower]
+            if answer.error is not ErrorCode.none:
+                self._read_failed(todo[key], answer.error)
+            elif answer.end_offset < 0:
+                # The leader knows no epoch that old: keep what was committed (Kafka's
+                # fallback to the high watermark).
+                targets[key] = max(progress.high_watermark, 0)
+            elif answer.leader_epoch == latest[key]:
+                targets[key] = answer.end_offset
+            else:
+                older[key] = (answer.leader_epoch, answer.end_offset)
+        if older:
+            for own in await self._nodes.end_offsets(
+                    self.follower, [(t, p, e) for (t, p), (e, _) in older.items()]):
+                key = (own.topic, own.partition)
+                if key not in older:
+                    continue
+                leader_end = older[key][1]
+                if own.error is not ErrorCode.none:
+                    self._back_off(key)
+                    continue
+                targets[key] = leader_end if own.end_offset < 0 else min(leader_end,
+                                                                         own.end_offset)
+        cuts = []
+        for key, target in targets.items():
+            progress = todo[key].followers[self.follower]
+            if target < progress.log_end_offset:
+                cuts.append((key[0], key[1], target))
+            else:
+                progress.verified = True
+        if not cuts:
+            return
+        for result in await self._nodes.truncate(self.follower, cuts):
+            key = (result.topic, result.partition)
+            partition = todo.get(key)
+            if partition is None:
+                continue
+            if result.error is not ErrorCode.none:
+                self._append_failed(partition, result.error, result.message)
+                continue
+            progress = partition.followers[self.follower]
+            log.warning("%s-%d: follower %d cut from offset %d to %d to match leader %d at "
+                        "epoch %d", result.topic, result.partition, self.follower,
+                        progress.log_end_offset, result.log_end_offset, self.leader,
+                        partition.leader_epoch)
+            progress.log_end_offset = result.log_end_offset
+            progress.high_watermark = result.high_watermark
+            progress.verified = True

@@ -97,6 +97,20 @@ class ReplicaDescription:
     high_watermark: int = NO_OFFSET
     leader_epoch: int = -1
     role: Role = Role.UNKNOWN
+    # The newest epoch in the replica's leader epoch cache (-1: none).
+    latest_log_epoch: int = -1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EpochEndOffset:
+    """OffsetForLeaderEpoch for one partition: the largest epoch <= the one asked about that
+    the log knows, and where the epoch after it starts (-1, -1: unknown)."""
+
+    topic: str
+    partition: int
+    error: ErrorCode = ErrorCode.none
+    leader_epoch: int = -1
+    end_offset: int = NO_OFFSET
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -138,4 +152,16 @@ class ReplicaNodes(Protocol):
         self, node_id: NodeId, partitions: Sequence[TopicPartition]
     ) -> list[ReplicaDescription]:
         """The offsets, epoch and role of replicas on the node."""
+        ...
+
+    async def end_offsets(
+        self, node_id: NodeId, requests: Sequence[tuple[str, int, int]]
+    ) -> list[EpochEndOffset]:
+        """OffsetForLeaderEpoch for (topic, partition, leader epoch) each."""
+        ...
+
+    async def truncate(
+        self, node_id: NodeId, requests: Sequence[tuple[str, int, int]]
+    ) -> list[ReplicateResult]:
+        """Cut (topic, partition) replicas back to an offset each."""
         ...

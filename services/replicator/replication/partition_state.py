@@ -39,6 +39,9 @@ class FollowerProgress:
     last_caught_up_ms: int = NEVER
     # The leader's log end offset when the follower was last copied to.
     leader_log_end_offset: int = NO_OFFSET
+    # Its log was checked against the leader's at this epoch (and cut where it parted from
+    # it): only then may it be copied to.
+    verified: bool = False
 
 
 class PartitionReplication:
@@ -107,10 +110,12 @@ class PartitionReplication:
             progress.last_caught_up_ms = now_ms
 
     def forget_follower(self, follower: NodeId) -> None:
-        """The follower's offsets are unknown again (it restarted, or was cut back)."""
+        """The follower's offsets are unknown again (it restarted, or its log parted from
+        the leader's): it is checked against the leader's log before the next copy."""
         progress = self.followers[follower]
         progress.log_end_offset = NO_OFFSET
         progress.high_watermark = NO_OFFSET
+        progress.verified = False
 
     def high_watermark_candidate(self) -> int:
         """The smallest log end offset over the ISR, -1 while one of them is unknown."""

@@ -30,6 +30,8 @@ from services.replicator.server import ReplicatorService
 from services.replicator.server import start as start_replicator
 
 LAG_MS = 600
+FETCH_WAIT_MS = 200
+SESSION_TIMEOUT_MS = 400
 CHECK_INTERVAL_MS = 100
 
 
@@ -118,6 +120,8 @@ class Replication:
             "node_check_interval_ms": CHECK_INTERVAL_MS,
             "replica_lag_time_max_ms": LAG_MS,
             "replica_fetch_backoff_ms": 50,
+            "replica_fetch_wait_max_ms": FETCH_WAIT_MS,
+            "node_session_timeout_ms": SESSION_TIMEOUT_MS,
             "purgatory_address": f"127.0.0.1:{self.purgatory.port}",
             **self.settings,
         }

@@ -1,0 +1,79 @@
+"""Fencing log nodes: new leaders from the ISR at the next epoch, fenced followers out of the
+ISR, offline partitions when no in-sync replica is left, unclean elections only when allowed."""
+
+from __future__ import annotations
+
+from services.replicator.metadata import (
+    LogNode,
+    MetadataImage,
+    NodeId,
+    PartitionRegistration,
+    TopicName,
+    TopicRegistration,
+)
+from services.replicator.replication.election import fence
+
+N0, N1, N2 = NodeId(0), NodeId(1), NodeId(2)
+
+
+def image(*partitions: PartitionRegistration, configs: dict[str, str] | None = None,
+          live: tuple[NodeId, ...] = (N1, N2)) -> MetadataImage:
+    topic = TopicRegistration(name=TopicName("t"), topic_id="id", configs=configs or {},
+                              partitions=partitions)
+    return MetadataImage(cluster_id="c", version=1, topics={topic.name: topic}, log_nodes=tuple(
+        LogNode(node_id=n, address=f"h:{n}", alive=n in live) for n in (N0, N1, N2)))
+
+
+def partition(index: int, leader: NodeId, isr: tuple[NodeId, ...], epoch: int = 4,
+              replicas: tuple[NodeId, ...] = (N0, N1, N2)) -> PartitionRegistration:
+    return PartitionRegistration(partition=index, leader=leader, leader_epoch=epoch,
+                                 replicas=replicas, isr=isr)
+
+
+def test_a_fenced_leader_is_replaced_by_the_first_live_isr_replica():
+    before = image(partition(0, N0, (N0, N2, N1), replicas=(N0, N2, N1)))
+    [topic], [election] = fence(before, {N0}, {N1, N2})
+    p = topic.partitions[0]
+    assert (p.leader, p.leader_epoch, p.isr) == (N2, 5, (N2, N1))
+    assert (election.old_leader, election.new_leader, election.leader_epoch, election.clean) == (
+        N0, N2, 5, True)
+
+
+def test_a_fenced_follower_only_leaves_the_isr():
+    before = image(partition(0, N1, (N0, N1, N2)), partition(1, N2, (N2,)))
+    [topic], elections = fence(before, {N0}, {N1, N2})
+    assert elections == []
+    assert [(p.leader, p.leader_epoch, p.isr) for p in topic.partitions] == [
+        (N1, 4, (N1, N2)), (N2, 4, (N2,))]
+
+
+def test_without_an_in_sync_replica_the_partition_stays_offline():
+    before = image(partition(0, N0, (N0,)))
+    assert fence(before, {N0}, {N1, N2}) == ([], [])
+    # A replica of the ISR that is itself down cannot lead either.
+    before = image(partition(0, N0, (N0, N1)), live=(N2,))
+    assert fence(before, {N0}, {N2}) == ([], [])
+
+
+def test_unclean_elections_take_a_live_replica_outside_the_isr_when_allowed():
+    before = image(partition(0, N0, (N0,)), configs={"unclean.leader.election.enable": "true"})
+    [topic], [election] = fence(before, {N0}, {N1, N2})
+    assert (topic.partitions[0].leader, topic.partitions[0].isr) == (N1, (N1,))
+    assert not election.clean
+    # The broker default applies to topics without the config; the topic's wins.
+    assert fence(image(partition(0, N0, (N0,))), {N0}, {N1, N2},
+                 unclean_default=True)[1][0].new_leader == N1
+    denied = image(partition(0, N0, (N0,)), configs={"unclean.leader.election.enable": "false"})
+    assert fence(denied, {N0}, {N1, N2}, unclean_default=True) == ([], [])
+
+
+def test_a_returning_isr_replica_ends_an_offline_partition():
+    # Both ISR members were down; node 1 is back, node 0 (the leader) is not.
+    before = image(partition(0, N0, (N0, N1)), live=(N1, N2))
+    [topic], [election] = fence(before, {N0}, {N1, N2})
+    assert (topic.partitions[0].leader, topic.partitions[0].isr, election.clean) == (
+        N1, (N1,), True)
+
+
+def test_partitions_without_fenced_nodes_are_untouched():
+    assert fence(image(partition(0, N1, (N1, N2))), {N0}, {N1, N2}) == ([], [])

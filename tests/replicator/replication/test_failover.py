@@ -1,0 +1,107 @@
+"""Failover with real log nodes, purgatory and replicator: a leader that stops answering is
+fenced, a replica of its ISR leads at the next epoch, acks=all waits on the old epoch fail,
+and the old leader comes back as a follower cut back to the new leader's log."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+
+from kbroker.log.v1 import log_pb2
+from services.common.errors import ErrorCode
+
+from ...record_batches import build_batch, values
+from .harness import Replication, wait_for
+from .test_service import converged, run
+
+
+async def leader_changed(r: Replication, topic: str, old_epoch: int) -> bool:
+    meta = await r.partition(topic)
+    return meta.leader_epoch > old_epoch
+
+
+def test_a_fenced_leader_is_replaced_and_comes_back_as_a_cut_follower(tmp_path: Path) -> None:
+    async def scenario(r: Replication) -> None:
+        await r.create_topic("failover", replication=3)
+        meta = await r.partition("failover")
+        old = r.node(meta.leader)
+        committed = await old.append("failover", build_batch(values(3)))
+        await wait_for(lambda: converged(r, "failover", committed.log_end_offset))
+
+        # Without the replicator nothing is copied: the next batch stays on the old leader,
+        # uncommitted, and its acks=all wait is pending on the epoch-0 key.
+        await r.stop_replicator()
+        lost = await old.append("failover", build_batch(values(2)))
+        assert lost.leader_epoch == 0 and lost.high_watermark < lost.log_end_offset
+        waiting = asyncio.ensure_future(
+            r.await_produce("failover-0@0", lost.log_end_offset, 20_000))
+        await old.stop()
+        await r.start_replicator()
+
+        await wait_for(lambda: leader_changed(r, "failover", 0))
+        after = await r.partition("failover")
+        assert after.leader_epoch == 1 and after.leader in meta.replicas[1:]
+        assert old.node_id not in after.isr
+        # The wait on the old epoch fails at once: the new leader does not have the batch.
+        answer = await asyncio.wait_for(waiting, 10)
+        assert answer.keys[0].error_code == ErrorCode.not_leader_or_follower.value
+        new = r.node(after.leader)
+
+        async def leading() -> bool:
+            return (await new.describe("failover")).role == log_pb2.REPLICA_ROLE_LEADER
+
+        await wait_for(leading)
+        written = await new.append("failover", build_batch(values(4)))
+        assert written.error_code == 0 and written.leader_epoch == 1
+        assert written.base_offset == committed.log_end_offset
+        done = await r.await_produce("failover-0@1", written.log_end_offset, 10_000)
+        assert done.keys[0].error_code == 0
+
+        # The old leader returns: it follows at epoch 1, its uncommitted batch cut away.
+        await old.start()
+        await wait_for(lambda: _rejoined(r, old.node_id))
+        await wait_for(lambda: converged(r, "failover", written.log_end_offset))
+        copies = [await r.node(n).read_all("failover") for n in meta.replicas]
+        assert copies[0] == copies[1] == copies[2]
+        state = await old.describe("failover")
+        assert (state.role, state.leader_epoch, state.latest_log_epoch) == (
+            log_pb2.REPLICA_ROLE_FOLLOWER, 1, 1)
+
+    run(tmp_path, scenario)
+
+
+async def _rejoined(r: Replication, node_id: int) -> bool:
+    return node_id in (await r.partition("failover")).isr
+
+
+def test_a_partition_without_an_in_sync_replica_waits_for_its_leader(tmp_path: Path) -> None:
+    async def scenario(r: Replication) -> None:
+        await r.create_topic("offline", replication=2)
+        meta = await r.partition("offline")
+        leader, follower = r.node(meta.leader), r.node(meta.replicas[1])
+        await follower.stop()
+        await wait_for(lambda: _isr_is(r, "offline", [meta.leader]))
+        await leader.stop()
+        await follower.start()
+        # The follower is behind: it must not lead (no unclean election by default).
+        await asyncio.sleep(1.5)
+        still = await r.partition("offline")
+        assert (still.leader, still.leader_epoch) == (meta.leader, 0)
+        await leader.start()
+
+        async def leads_again() -> bool:
+            try:
+                return (await leader.describe("offline")).role == log_pb2.REPLICA_ROLE_LEADER
+            except grpc.aio.AioRpcError:
+                return False  # the channel may still be backing off from the node's absence
+
+        await wait_for(leads_again)
+        assert (await leader.append("offline", build_batch(values(1)))).error_code == 0
+
+    run(tmp_path, scenario)
+
+
+async def _isr_is(r: Replication, topic: str, isr: list[int]) -> bool:
+    return list((await r.partition(topic)).isr) == isr
