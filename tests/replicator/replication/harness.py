@@ -180,7 +180,7 @@ async def replication(tmp_path: Path, nodes: int = 3, **settings: object
         await purgatory.stop(0)
 
 
-async def wait_for(condition: Callable[[], Awaitable[bool]], within: float = 10.0) -> None:
+async def wait_for(condition: Callable[[], Awaitable[bool]], within: float = 30.0) -> None:
     deadline = time.monotonic() + within
     while not await condition():
         assert time.monotonic() < deadline, "condition not reached in time"
