@@ -9,7 +9,8 @@ Both clusters (free ports, temporary folders) and a confluent-kafka producer pro
 stay up for the whole run. The work is cut into slices, and the slices alternate between the
 two sides (on, off, off, on, on, off, ...), so background load on a shared machine falls on
 both alike instead of on whichever side ran during a busy minute. Measured per side, summed
-over its slices:
+over its slices (and, slice by slice, compared with the other side's slice next to it in
+time: the medians of those paired differences are the steadier numbers on a busy machine):
 
     records_per_s              produce throughput seen by the client (first send to last ack)
     service_cpu_us_per_record  CPU (utime+stime from /proc) of that cluster's service processes
@@ -33,6 +34,7 @@ import argparse
 import contextlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -103,10 +105,17 @@ class Side:
         # The cluster's processes inherit the environment they are started with.
         os.environ["KBROKER_METRICS_ENABLED"] = "true" if enabled else "false"
         try:
-            self.cluster = LocalCluster(ClusterSpec(
-                data_dir=data, kafka_port=0, base_port=0, num_partitions=3,
-                log_level="WARNING"))
-            self.cluster.start()
+            for attempt in range(3):
+                self.cluster = LocalCluster(ClusterSpec(
+                    data_dir=data / str(attempt), kafka_port=0, base_port=0,
+                    num_partitions=3, log_level="WARNING"))
+                try:
+                    self.cluster.start()
+                    break
+                except OSError:  # a free port taken meanwhile (a shared machine): again
+                    self.cluster.stop()
+                    if attempt == 2:
+                        raise
         finally:
             if saved is None:
                 os.environ.pop("KBROKER_METRICS_ENABLED", None)
@@ -123,7 +132,8 @@ class Side:
         self.records = 0
         self.elapsed = 0.0
         self.cpu = 0.0
-        self.slices: list[float] = []
+        self.slices: list[float] = []  # records per second, per slice
+        self.slice_cpu: list[float] = []  # service CPU microseconds per record, per slice
 
     def slice(self, records: int) -> None:
         assert self.client.stdin is not None and self.client.stdout is not None
@@ -131,16 +141,19 @@ class Side:
         self.client.stdin.write(f"{records}\n")
         self.client.stdin.flush()
         elapsed = float(self.client.stdout.readline())
-        self.cpu += cpu_seconds(self.pids) - cpu0
+        cpu = cpu_seconds(self.pids) - cpu0
+        self.cpu += cpu
         self.records += records
         self.elapsed += elapsed
         self.slices.append(round(records / elapsed))
+        self.slice_cpu.append(round(cpu / records * 1e6, 1))
 
     def summary(self) -> dict[str, float | list[float]]:
         out: dict[str, float | list[float]] = {
             "records_per_s": round(self.records / self.elapsed),
             "service_cpu_us_per_record": round(self.cpu / self.records * 1e6, 2),
             "slice_records_per_s": self.slices,
+            "slice_cpu_us_per_record": self.slice_cpu,
         }
         if self.name == "on":
             # Warm-up included: 2000 records more than the slices.
@@ -162,8 +175,8 @@ class Side:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--slices", type=int, default=10, help="slices per side")
-    parser.add_argument("--slice-records", type=int, default=20_000)
+    parser.add_argument("--slices", type=int, default=20, help="slices per side")
+    parser.add_argument("--slice-records", type=int, default=10_000)
     parser.add_argument("--size", type=int, default=1000)
     parser.add_argument("--acks", default="1")
     parser.add_argument("--batch-size", type=int, default=16_384,
@@ -181,6 +194,12 @@ def main() -> int:
             for side in ((on, off) if i % 2 == 0 else (off, on)):
                 side.slice(args.slice_records)
         result_on, result_off = on.summary(), off.summary()
+        # Slice i of each side ran back to back: compare within pairs, then take the median,
+        # which a burst of background load in one pair cannot move much.
+        paired_throughput = [100 * (1 - a / b) for a, b in zip(on.slices, off.slices,
+                                                              strict=True)]
+        paired_cpu = [100 * (a / b - 1) for a, b in zip(on.slice_cpu, off.slice_cpu,
+                                                       strict=True) if b]
     print(json.dumps({
         "records_per_side": args.slices * args.slice_records, "record_bytes": args.size,
         "acks": args.acks, "batch_size": args.batch_size,
@@ -189,6 +208,8 @@ def main() -> int:
             100 * (1 - result_on["records_per_s"] / result_off["records_per_s"]), 2),
         "cpu_added_pct": round(100 * (result_on["service_cpu_us_per_record"]
                                       / result_off["service_cpu_us_per_record"] - 1), 2),
+        "paired_median_throughput_lost_pct": round(statistics.median(paired_throughput), 2),
+        "paired_median_cpu_added_pct": round(statistics.median(paired_cpu), 2),
     }))
     return 0
 
