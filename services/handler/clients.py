@@ -491,6 +491,11 @@ class PurgatoryClient:
         await _call(self._stub.Unschedule, purgatory_pb2.UnscheduleRequest(keys=list(keys)),
                     SESSION_TIMER_TIMEOUT_S, self._address)
 
+    async def armed(self, keys: Sequence[str]) -> set[str]:
+        response = await _call(self._stub.Armed, purgatory_pb2.ArmedRequest(keys=list(keys)),
+                               SESSION_TIMER_TIMEOUT_S, self._address)
+        return set(response.keys)
+
     async def watch_expirations(self) -> AsyncIterator[list[str]]:
         """Expired keys as the purgatory publishes them (see SessionTimers)."""
         call = self._stub.WatchExpirations(purgatory_pb2.WatchExpirationsRequest())

@@ -220,6 +220,10 @@ class SessionTimers(Protocol):
         """Disarm timers; best effort."""
         ...
 
+    async def armed(self, keys: Sequence[str]) -> set[str]:
+        """The keys that have a timer running now."""
+        ...
+
     def watch_expirations(self) -> AsyncIterator[list[str]]:
         """Keys whose timers ran out; the first item (empty) confirms the subscription. Ends
         or raises when the stream breaks."""

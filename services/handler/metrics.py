@@ -81,7 +81,8 @@ GROUP_REBALANCES = Counter(
 GROUP_SESSION_EXPIRIES = Counter(
     "handler_group_session_expiries_total",
     "Members' session timers that ran out, by what they meant (removed, keep_alive: waiting"
-    " for a join phase, gone: no longer a member).",
+    " for a join phase, gone: no longer a member, rearmed: alive again by the time the"
+    " expiry was handled).",
     ["outcome"],
 )
 

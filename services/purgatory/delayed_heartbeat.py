@@ -116,6 +116,11 @@ class Heartbeats:
         """Disarm keys; returns how many had a timer running."""
         return sum(1 for key in keys if self._satisfy(key))
 
+    def armed(self, keys: Iterable[str]) -> list[str]:
+        """The keys (in order) that have a timer running."""
+        timers = self._timers
+        return [key for key in keys if key in timers and not timers[key].is_completed]
+
     def _satisfy(self, key: str) -> bool:
         current = self._timers.get(key)
         if current is None or current.is_completed:

@@ -103,6 +103,11 @@ class PurgatoryServicer(purgatory_pb2_grpc.PurgatoryServicer):
         finally:
             heartbeats.unsubscribe(subscription)
 
+    async def Armed(
+        self, request: purgatory_pb2.ArmedRequest, context: grpc.aio.ServicerContext
+    ) -> purgatory_pb2.ArmedResponse:
+        return purgatory_pb2.ArmedResponse(keys=self._purgatories.heartbeats.armed(request.keys))
+
     async def Describe(
         self, request: purgatory_pb2.DescribeRequest, context: grpc.aio.ServicerContext
     ) -> purgatory_pb2.DescribeResponse:

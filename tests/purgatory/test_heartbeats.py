@@ -64,6 +64,19 @@ def test_a_disarmed_timer_never_expires_and_every_subscriber_sees_each_expiry() 
     asyncio.run(main())
 
 
+def test_armed_names_the_keys_with_a_timer_running() -> None:
+    async def main() -> None:
+        timer = ManualTimer()
+        heartbeats = Purgatories(timer).heartbeats
+        heartbeats.schedule({"a": 10, "b": 100})
+        timer.advance(20)  # a ran out
+        assert heartbeats.armed(["a", "b", "c"]) == ["b"]
+        heartbeats.schedule({"a": 10})  # a sign of life after the expiry
+        assert heartbeats.armed(["a", "b"]) == ["a", "b"]
+
+    asyncio.run(main())
+
+
 def test_expirations_are_counted_as_the_heartbeat_kind() -> None:
     async def main() -> None:
         timer = ManualTimer()
@@ -109,6 +122,8 @@ def test_schedule_and_watch_expirations_over_grpc() -> None:
             assert answer.rearmed == 1
             removed = await stub.Unschedule(pb.UnscheduleRequest(keys=["nothing"]))
             assert removed.removed == 0
+            armed = await stub.Armed(pb.ArmedRequest(keys=["member:g:2", "nothing"]))
+            assert list(armed.keys) == ["member:g:2"]
             seen: list[tuple[str, float]] = []
             while len(seen) < 2:
                 message = await asyncio.wait_for(stream.read(), 5)

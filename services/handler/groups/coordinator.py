@@ -32,6 +32,10 @@ soft state: when the expiry stream (re)connects, and when a handler first loads 
 arms the timers of the members it knows, so members that died while a purgatory was down
 still expire.
 
+Durability: as Kafka's coordinator writes with acks=all, an operation whose write the leader
+holds waits until the partition's high watermark covers it (``commit_timeout_ms``) before it
+answers. Readers see the leader's log to its end, as the conditional append needs.
+
 Clocks: deadlines are wall-clock milliseconds in the records, so handlers' clocks are assumed
 to agree to well within a session timeout.
 """
@@ -48,7 +52,15 @@ from typing import Protocol, TypeVar
 
 from services.common.errors import ErrorCode
 
-from ..collaborators import CallError, Controller, NewTopic, Purgatory, SessionTimers, WaitKind
+from ..collaborators import (
+    CallError,
+    Controller,
+    NewTopic,
+    Purgatory,
+    SessionTimers,
+    WaitKind,
+    partition_key,
+)
 from ..metadata_cache import (
     ClusterMetadata,
     MetadataCache,
@@ -116,6 +128,9 @@ class CoordinatorConfig:
     group: GroupConfig = field(default_factory=GroupConfig)
     # Conditional writes lost to other handlers before an operation gives up (retriable).
     max_update_attempts: int = 200
+    # How long a write may wait to be replicated to the ISR (Kafka's offsets.commit.timeout.ms)
+    # before the request fails with COORDINATOR_NOT_AVAILABLE.
+    commit_timeout_ms: int = 5000
 
 
 class Clock(Protocol):
@@ -379,10 +394,13 @@ class GroupCoordinator:
                     appended = await store.append(leader, records, now)
                 except PartitionUnavailableError as exc:
                     raise CoordinatorError(_unavailable_code(exc), str(exc)) from exc
-                if appended is not None:
-                    GROUP_WRITES.labels("appended").inc()
-                    return result, store.state.end
-                GROUP_WRITES.labels("conflict").inc()
+                end = store.state.end
+            if appended is not None:
+                GROUP_WRITES.labels("appended").inc()
+                if appended.high_watermark < appended.log_end_offset:
+                    await self._await_replicated(store.partition, appended.log_end_offset)
+                return result, end
+            GROUP_WRITES.labels("conflict").inc()
             # Lost to another handler: back off a little (more with each loss) and retry.
             await asyncio.sleep(random.uniform(0, min(0.001 * (attempt + 1), 0.05)))
         raise CoordinatorError(COORDINATOR_NOT_AVAILABLE,
@@ -409,6 +427,27 @@ class GroupCoordinator:
         if after is not None and _matters_to_waiters(before or Group(group_id=group_id), after):
             await self._signal(group_id, end)
         return GroupChange(result=result, before=before, after=after, end=end)
+
+    async def _await_replicated(self, partition: int, end: int) -> None:
+        """Wait until the partition's high watermark reaches ``end`` (Kafka's coordinator
+        writes with acks=all). Without a purgatory the write stands as the leader has it."""
+        key = partition_key(OFFSETS_TOPIC, partition)
+        try:
+            with parked():
+                outcome = await self._purgatory.wait(WaitKind.PRODUCE, {key: end}, True,
+                                                     self.config.commit_timeout_ms)
+        except CallError as exc:
+            log.debug("cannot wait for %s to be replicated: %s", key, exc)
+            return
+        state = outcome.keys.get(key)
+        if state is not None and state.error_code:
+            raise CoordinatorError(NOT_COORDINATOR if state.error_code ==
+                                   NOT_LEADER_OR_FOLLOWER else COORDINATOR_NOT_AVAILABLE,
+                                   f"{key}: error {state.error_code} while replicating")
+        if not outcome.completed:
+            raise CoordinatorError(COORDINATOR_NOT_AVAILABLE,
+                                   f"{key}: not replicated within "
+                                   f"{self.config.commit_timeout_ms} ms")
 
     async def _signal(self, group_id: str, end: int) -> None:
         """Wake the group's parked JoinGroup/SyncGroup requests: the group changed at ``end``."""
@@ -480,8 +519,9 @@ class GroupCoordinator:
         await self.arm(deadlines)
 
     async def expire(self, key: str) -> None:
-        """A session timer ran out: remove its member (or pending member) unless it is
-        waiting for a join phase to end, in which case its timer is armed again."""
+        """A session timer ran out: remove its member (or pending member) unless it is alive
+        after all (armed again since, or kept alive by the group's state, in which case its
+        timer is armed for as long as that lasts)."""
         parsed = parse_member_key(key)
         if parsed is None:
             return
@@ -490,9 +530,17 @@ class GroupCoordinator:
 
         def change(group: Group, now: int) -> tuple[Expiry, int]:
             member = group.members.get(member_id)
-            timeout = member.session_timeout_ms if member is not None else 0
-            return group.expire(member_id, now, config), timeout
+            alive_ms = group.keep_alive_ms(member, now) if member is not None else 0
+            return group.expire(member_id, now, config), alive_ms
 
+        try:
+            # An expiry is news from the past: if the member showed a sign of life since (its
+            # timer is armed again), it stays. Unreachable: the expiry is all there is to go by.
+            if key in await self._timers.armed([key]):
+                GROUP_SESSION_EXPIRIES.labels("rearmed").inc()
+                return
+        except CallError as exc:
+            log.debug("could not check the session timer %s: %s", key, exc)
         try:
             state = await self.read(group_id)
             if group_id not in state.groups:

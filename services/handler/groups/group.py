@@ -614,9 +614,23 @@ class Group:
             self.prepare_rebalance(now, config)
         self.maybe_complete_join(now, config)
 
+    def keep_alive_ms(self, member: Member, now: int) -> int:
+        """How much longer a member whose session timer ran out is still alive (0: not).
+
+        Kafka's ``shouldKeepAlive``: a member waiting for a join phase to end is alive; and
+        Kafka re-arms every member's timer when a join phase ends (and the waiting members'
+        when the assignment comes), so a member is alive for a session timeout from the
+        group's last change to CompletingRebalance or Stable. (Here the answers re-arm the
+        timers a moment after that change, so a timer may run out just before.)"""
+        if self.state is GroupState.PREPARING_REBALANCE and member.joined:
+            return member.session_timeout_ms
+        if self.state in (GroupState.COMPLETING_REBALANCE, GroupState.STABLE):
+            return max(self.state_timestamp_ms + member.session_timeout_ms - now, 0)
+        return 0
+
     def expire(self, member_id: str, now: int, config: GroupConfig) -> Expiry:
-        """A member's session timer lapsed (Kafka's ``onExpireHeartbeat``). Members waiting
-        for a join phase to end are kept alive, as Kafka's ``shouldKeepAlive`` does."""
+        """A member's session timer lapsed (Kafka's ``onExpireHeartbeat``): it is removed
+        unless :meth:`keep_alive_ms` says it is alive."""
         if member_id in self.pending_members:
             del self.pending_members[member_id]
             self.maybe_complete_join(now, config)
@@ -624,7 +638,7 @@ class Group:
         member = self.members.get(member_id)
         if member is None:
             return Expiry.GONE
-        if self.state is GroupState.PREPARING_REBALANCE and member.joined:
+        if self.keep_alive_ms(member, now) > 0:
             return Expiry.KEEP_ALIVE
         self._remove(member_id)
         self._after_removal(now, config)

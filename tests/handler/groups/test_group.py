@@ -206,10 +206,17 @@ def test_leaving_rebalances_and_the_last_member_leaving_empties_the_group() -> N
 def test_session_expiry_removes_a_member_but_keeps_one_waiting_for_a_join_phase() -> None:
     group, (a, b) = stable_group("a", "b")
     assert group.expire("nobody", 0, CONFIG) is Expiry.GONE
-    join(group, request(a, client="a"), 10)
-    assert group.expire(a, 20, CONFIG) is Expiry.KEEP_ALIVE
-    assert group.expire(b, 30, CONFIG) is Expiry.REMOVED
+    # Stable since 3000 (the sync): alive until a session timeout (6 s) from then.
+    assert group.keep_alive_ms(group.members[b], 5000) == 4000
+    assert group.expire(b, 5000, CONFIG) is Expiry.KEEP_ALIVE
+    join(group, request(a, client="a"), 10_000)
+    assert group.expire(a, 20_000, CONFIG) is Expiry.KEEP_ALIVE  # waiting for the join phase
+    assert group.expire(b, 20_000, CONFIG) is Expiry.REMOVED
     assert group.state is GroupState.COMPLETING_REBALANCE and list(group.members) == [a]
+    # Just answered: alive for a session timeout from the end of the join phase.
+    assert group.expire(a, 25_000, CONFIG) is Expiry.KEEP_ALIVE
+    assert group.expire(a, 26_000, CONFIG) is Expiry.REMOVED
+    assert group.state is GroupState.EMPTY
     pending = Group(group_id="p")
     first = join(pending, request(require_id=True), 0)
     assert pending.expire(first.member_id, 10, CONFIG) is Expiry.REMOVED
