@@ -2,7 +2,7 @@
 Prometheus endpoints over HTTP: an idle long-poll fetch is remote time (parked in the
 purgatory) of about its max wait; a pipelined burst waits in the request queue; bytes in and
 out per topic equal the record batches produced and fetched; error responses are counted per
-code; and Produce's remote time is what the handlers spent parked (acks=all included)."""
+code; and an acks=all Produce's remote time is what the handlers spent parked."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import urllib.request
 from collections.abc import Iterable
 
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
 from kio.schema.fetch.v12.request import FetchRequest
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
 from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
@@ -166,12 +167,14 @@ def test_error_responses_are_counted_per_code(cluster, topic_name):
         == len(record_batch([b"fine"]))
 
 
-def test_produce_remote_time_is_the_handlers_purgatory_time(cluster, topic_name):
-    """acks=all: the frontend's Produce remote time equals what the handlers report parked
-    in the purgatory for produces. Replication does not hold acks=all produces yet (the
-    leader's append satisfies them), so today both are zero; once produces park, the same
-    assertions check that the parked time reaches the remote phase."""
-    create_topic(cluster.bootstrap, topic_name, partitions=1)
+def test_acks_all_produce_remote_time_is_the_handlers_purgatory_time(cluster, topic_name):
+    """acks=all on a topic replicated 3 ways: each produce parks in the purgatory until the
+    followers have the records (the high watermark passes them), and the frontend's Produce
+    remote time is what the handlers report parked."""
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    futures = admin.create_topics([NewTopic(topic_name, num_partitions=1, replication_factor=3)],
+                                  request_timeout=15)
+    futures[topic_name].result(timeout=20)
     handlers = [name for name in cluster.services if name.startswith("handler-")]
 
     def parked(samples_by_handler: list[Samples]) -> tuple[float, float]:
@@ -180,16 +183,21 @@ def test_produce_remote_time_is_the_handlers_purgatory_time(cluster, topic_name)
                 sum(summed(s, "handler_purgatory_wait_seconds_sum", kind="produce")
                     for s in samples_by_handler))
 
-    frontend_before = settled(cluster, ["Produce"])
-    handlers_before = [scrape(cluster, h) for h in handlers]
     producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all",
                          "linger.ms": 0, "max.in.flight": 1})
     failures: list[str] = []
-    for i in range(20):
-        producer.produce(topic_name, b"v%d" % i,
-                         on_delivery=lambda err, _m: err and failures.append(str(err)))
-        producer.flush(10)  # one request per message: many remote observations
-    assert producer.flush(10) == 0 and failures == []
+
+    def produce(count: int) -> None:
+        for i in range(count):
+            producer.produce(topic_name, b"v%d" % i,
+                             on_delivery=lambda err, _m: err and failures.append(str(err)))
+            producer.flush(15)  # one request per message: many remote observations
+        assert producer.flush(15) == 0 and failures == []
+
+    produce(1)  # metadata and connections first
+    frontend_before = settled(cluster, ["Produce"])
+    handlers_before = [scrape(cluster, h) for h in handlers]
+    produce(20)
     frontend_after = scrape(cluster, "frontend")
     handlers_after = [scrape(cluster, h) for h in handlers]
 
@@ -199,7 +207,8 @@ def test_produce_remote_time_is_the_handlers_purgatory_time(cluster, topic_name)
                    phase(frontend_before, "Produce", "remote"))
     waits = moved(parked(handlers_after), parked(handlers_before))
     assert requests >= 20 and remote[0] == requests
-    # Every second parked in a handler is a second of the frontend's remote phase (the
-    # handler also counts the gRPC call to the purgatory, hence a small tolerance).
-    assert abs(remote[1] - waits[1]) <= 0.005 * max(waits[0], 1) + 0.01 * waits[1], \
-        (remote, waits)
+    # Produces parked (replication is asynchronous: the high watermark trails the append),
+    # and every second parked in a handler is a second of the frontend's remote phase (the
+    # handler's parked time also spans its gRPC call to the purgatory: a small tolerance).
+    assert waits[0] >= 1 and remote[1] > 0, (remote, waits)
+    assert abs(remote[1] - waits[1]) <= 0.005 * waits[0] + 0.05 * waits[1], (remote, waits)
