@@ -171,3 +171,49 @@ def test_a_stopped_follower_leaves_the_isr_and_comes_back(replicated, topic_name
                                       PARTITIONS))
     assert replica_bytes(replicated, follower, topic_name, 0) == replica_bytes(
         replicated, meta.leader, topic_name, 0)
+
+
+def test_killing_the_leader_loses_no_acknowledged_record(replicated, topic_name):
+    create_topic(replicated.bootstrap, topic_name, **{"min.insync.replicas": "2"})
+    before = partition_metadata(replicated, topic_name)
+    victim = f"log-{before.leader}"
+    sent = make_messages("failover", 3000, PARTITIONS)
+    producer = Producer({"bootstrap.servers": replicated.bootstrap, "acks": "all",
+                         "enable.idempotence": True, "linger.ms": 5,
+                         "message.timeout.ms": 60000})
+    errors: list[KafkaError] = []
+    delivered = [0]
+
+    def on_delivery(err, _msg) -> None:
+        if err is not None:
+            errors.append(err)
+        else:
+            delivered[0] += 1
+
+    killed_at = None
+    try:
+        for i, m in enumerate(sent):
+            producer.produce(topic_name, value=m.value, key=m.key, partition=m.partition,
+                             headers=list(m.headers), timestamp=m.timestamp_ms,
+                             on_delivery=on_delivery)
+            producer.poll(0)
+            if i % 100 == 99:
+                producer.flush(30)
+            if killed_at is None and delivered[0] >= len(sent) // 3:
+                replicated.kill(victim)  # SIGKILL, mid-stream
+                killed_at = time.monotonic()
+        assert producer.flush(60) == 0
+    finally:
+        replicated.start_service(victim)
+    assert killed_at is not None
+    assert errors == [] and delivered[0] == len(sent)
+    after = partition_metadata(replicated, topic_name)
+    assert after.leader != before.leader and after.leader_epoch == before.leader_epoch + 1
+    assert_same(sent, consume_all(replicated.bootstrap, topic_name, len(sent), PARTITIONS))
+    # The old leader is back as a follower holding exactly the new leader's log.
+    wait_until(lambda: sorted(partition_metadata(replicated, topic_name).isr) == [0, 1, 2],
+               within=30, message="the old leader rejoining the ISR")
+    meta = partition_metadata(replicated, topic_name)
+    leader_copy = replica_bytes(replicated, meta.leader, topic_name, 0)
+    for node in meta.replicas:
+        assert replica_bytes(replicated, node, topic_name, 0) == leader_copy

@@ -18,7 +18,9 @@ LeaderAndIsr propagation, in one process).
   acks=all produces waiting there; followers learn it with their next copy.
 - ISR: every ``lag/2`` each partition's followers are checked: an ISR follower not caught up
   for longer than ``replica.lag.time.max.ms`` leaves the ISR, a caught-up follower holding the
-  high watermark joins it. Changes are committed through the controller
+  high watermark joins it. Partitions whose leader does not answer are left alone: their
+  followers cannot catch up, and the leader's fencing elects one of them instead. Changes are
+  committed through the controller
   (:meth:`~services.replicator.controller.Controller.change_isr`), so handlers learn them with
   the metadata (for min.insync.replicas) and they survive a restart; the leader is told
   whether it is now alone in the ISR.
@@ -334,6 +336,10 @@ class ReplicationManager:
         changes: dict[TopicPartition, tuple[NodeId, int, tuple[NodeId, ...]]] = {}
         for key, state in self._states.items():
             self._observe_lag(state, now)
+            if state.leader not in self._alive:
+                # Nobody can catch up with a leader that does not answer: that is for fencing
+                # to settle (a new leader), not for the ISR to lose its followers.
+                continue
             leaving = set(state.lagging_in_sync(now, self._lag_ms))
             joining = {n for n in state.caught_up_out_of_sync(now, self._lag_ms)
                        if n in self._alive}
