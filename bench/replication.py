@@ -16,9 +16,14 @@ separate process:
 
 kbroker runs it twice: replication factor 3 with min.insync.replicas=2 (every acknowledged
 record is on every in-sync replica), and replication factor 1 (the cost of replication is the
-difference). Tansu runs a single broker, so its acks=all is acknowledged by that broker alone,
-with no replica to wait for: the comparison puts kbroker's replicated acks=all beside the
-reference's unreplicated one, and says so in the output. Prints one JSON line per run, then
+difference). Then failover: with one record at a time flowing (acks=all, RF=3), the leader's
+log node is killed (SIGKILL) and the time until the first record produced after the kill is
+acknowledged is measured, FAILOVERS times (the replicator's node.session.timeout.ms and
+health check interval bound it from below).
+
+Tansu runs a single broker, so its acks=all is acknowledged by that broker alone, with no
+replica to wait for: the comparison puts kbroker's replicated acks=all beside the reference's
+unreplicated one, and says so in the output. Prints one JSON line per run, then
 the ratios kbroker RF=3 / reference (with ``--rounds R``, every round's and their medians).
 """
 
@@ -31,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,6 +46,37 @@ sys.path.insert(0, str(ROOT / "bench"))
 from throughput import reference_binary, wait_port  # noqa: E402
 
 from services.cluster import ClusterSpec, LocalCluster, free_port  # noqa: E402
+
+FAILOVER = r'''
+import json, sys, time, uuid
+import grpc
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+bootstrap, replicator, kill_file = sys.argv[1], sys.argv[2], sys.argv[3]
+from kbroker.replicator.v1 import replicator_pb2, replicator_pb2_grpc
+topic = f"failover-{uuid.uuid4().hex[:8]}"
+admin = AdminClient({"bootstrap.servers": bootstrap})
+for f in admin.create_topics([NewTopic(topic, 1, 3, config={"min.insync.replicas": "2"})]).values():
+    f.result(30)
+p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0,
+              "enable.idempotence": True, "message.timeout.ms": 120000})
+for _ in range(20):
+    p.produce(topic, b"warm"); p.flush(30)
+with grpc.insecure_channel(replicator) as channel:
+    meta = replicator_pb2_grpc.ReplicatorStub(channel).GetMetadata(
+        replicator_pb2.GetMetadataRequest(topics=[topic]))
+print(json.dumps({"topic": topic, "leader": meta.topics[0].partitions[0].leader}), flush=True)
+while True:  # the parent kills the leader and says when, through the file
+    try:
+        killed = float(open(kill_file).read()); break
+    except (OSError, ValueError):
+        time.sleep(0.01)
+acked = []
+p.produce(topic, b"after", on_delivery=lambda err, msg: acked.append((err, time.time())))
+p.flush(120)
+err, at = acked[0]
+print(json.dumps({"failover_s": round(at - killed, 3), "error": str(err) if err else None}))
+'''
 
 WORKLOAD = r'''
 import json, statistics, sys, time, uuid
@@ -130,6 +167,39 @@ def run_kbroker(args: argparse.Namespace, replication: int) -> dict:
             cluster.stop()
 
 
+def run_failover(args: argparse.Namespace) -> list[float]:
+    """Seconds from killing the leader to the first acknowledged acks=all write, per run."""
+    times = []
+    with tempfile.TemporaryDirectory(prefix="kbroker-bench-") as data:
+        cluster = LocalCluster(ClusterSpec(data_dir=Path(data), kafka_port=0, base_port=0,
+                                           log_nodes=3,
+                                           log_level=os.environ.get("LOG_LEVEL", "WARNING")))
+        cluster.start()
+        try:
+            for run in range(args.failovers):
+                kill_file = Path(data) / f"killed-{run}"
+                child = subprocess.Popen(
+                    [sys.executable, "-c", FAILOVER, cluster.bootstrap,
+                     cluster.services["replicator"].grpc_address, str(kill_file)],
+                    stdout=subprocess.PIPE, text=True)
+                assert child.stdout is not None
+                ready = json.loads(child.stdout.readline())
+                victim = f"log-{ready['leader']}"
+                killed = time.time()
+                cluster.kill(victim)
+                kill_file.write_text(repr(killed))
+                out, _ = child.communicate(timeout=300)
+                result = json.loads(out.strip().splitlines()[-1])
+                if result["error"]:
+                    raise RuntimeError(f"failover write failed: {result['error']}")
+                times.append(result["failover_s"])
+                cluster.start_service(victim)
+                time.sleep(2)  # let it rejoin before the next run
+        finally:
+            cluster.stop()
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -138,6 +208,7 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--round-trips", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--failovers", type=int, default=3)
     args = parser.parse_args()
 
     binary = reference_binary()
@@ -159,7 +230,14 @@ def main() -> None:
         for key in keys:
             ratios[key].append(round(ours[key] / ref[key], 3) if ref[key] else float("nan"))
     print(json.dumps({"ratios_kbroker_rf3_over_reference": ratios,
-                      "medians": {k: statistics.median(v) for k, v in ratios.items()}}))
+                      "medians": {k: statistics.median(v) for k, v in ratios.items()}}),
+          flush=True)
+    if args.failovers:
+        times = run_failover(args)
+        print(json.dumps({"failover_kill_to_first_ack_s": times,
+                          "median_s": statistics.median(times),
+                          "note": "kill -9 of the leader's log node; the reference broker "
+                                  "is a single node and has no failover to compare"}))
 
 
 if __name__ == "__main__":
