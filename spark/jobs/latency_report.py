@@ -96,7 +96,10 @@ def _histogram_summary(
             F.col("count").cast("long").alias("count"),
             F.when(F.col("count") > 0, F.col("sum_seconds") / F.col("count"))
             .alias("mean_seconds"),
-            *[F.col("q")[k].alias(f"{k}_seconds") for k in QUANTILES],
+            # Every observation 0 (a phase that never happened, e.g. no purgatory wait):
+            # every quantile is 0, not a point interpolated inside the first bucket.
+            *[F.when(F.col("sum_seconds") == 0, F.lit(0.0)).otherwise(F.col("q")[k])
+              .alias(f"{k}_seconds") for k in QUANTILES],
         )
     )
 
@@ -130,7 +133,9 @@ def compute(raw: Any) -> dict[str, Any]:
         {"api": F.col("labels")["api"], "phase": F.lit("total")},
     )
     # The frontend binds every API's children up front; APIs never called have no latency.
-    latency = phases.unionByName(totals).filter(F.col("count") > 0).orderBy("api", "phase")
+    phase_order = F.array_position(F.array(*[F.lit(p) for p in PHASES]), F.col("phase"))
+    latency = (phases.unionByName(totals).filter(F.col("count") > 0)
+               .orderBy("api", phase_order))
 
     def per_topic(sample: str, name: str) -> Any:
         return (
