@@ -61,6 +61,8 @@ SUPPORTED_APIS: dict[int, SupportedApi] = {
         SupportedApi(21, "DeleteRecords", 0, 2, "DeleteRecords", retry_safe=False),
         # Retrying elsewhere at worst wastes a producer id.
         SupportedApi(22, "InitProducerId", 0, 5, "InitProducerId", retry_safe=True),
+        SupportedApi(23, "OffsetForLeaderEpoch", 2, 4, "OffsetForLeaderEpoch",
+                     retry_safe=True),
         SupportedApi(32, "DescribeConfigs", 1, 4, "DescribeConfigs", retry_safe=True),
         SupportedApi(33, "AlterConfigs", 0, 2, "AlterConfigs", retry_safe=False),
         SupportedApi(37, "CreatePartitions", 0, 3, "CreatePartitions", retry_safe=False),

@@ -98,6 +98,19 @@ def _delete_records(request: k.DeleteRecordsRequest, code: int) -> k.DeleteRecor
     ])
 
 
+def _offset_for_leader_epoch(
+    request: k.OffsetForLeaderEpochRequest, code: int
+) -> k.OffsetForLeaderEpochResponse:
+    return k.OffsetForLeaderEpochResponse(topics=[
+        {"topic": topic.topic, "partitions": [
+            {"partition": p.partition, "error_code": code, "leader_epoch": -1,
+             "end_offset": -1}
+            for p in topic.partitions
+        ]}
+        for topic in request.topics
+    ])
+
+
 def _describe_cluster(request: k.DescribeClusterRequest, code: int) -> k.DescribeClusterResponse:
     return k.DescribeClusterResponse(error_code=code, cluster_id="", controller_id=-1)
 
@@ -142,6 +155,7 @@ _BUILDERS: dict[int, Callable[[Message, int], Message]] = {
     19: _create_topics,  # type: ignore[dict-item]
     20: _delete_topics,  # type: ignore[dict-item]
     21: _delete_records,  # type: ignore[dict-item]
+    23: _offset_for_leader_epoch,  # type: ignore[dict-item]
     32: _describe_configs,  # type: ignore[dict-item]
     33: _alter_configs,  # type: ignore[dict-item]
     37: _create_partitions,  # type: ignore[dict-item]

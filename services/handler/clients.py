@@ -27,6 +27,8 @@ from services.common.errors import error_name
 from .collaborators import (
     AppendResult,
     CallError,
+    EpochEndOffset,
+    EpochQuery,
     KeyState,
     LowWatermark,
     NewTopic,
@@ -382,6 +384,22 @@ class LogNodeClients:
         return [
             LowWatermark(topic=r.topic, partition=r.partition, error_code=r.error_code,
                          low_watermark=r.low_watermark)
+            for r in response.results
+        ]
+
+    async def end_offsets_for_epochs(
+        self, node: LogNode, queries: Sequence[EpochQuery], time_limit: float
+    ) -> list[EpochEndOffset]:
+        request = log_pb2.OffsetForLeaderEpochRequest(partitions=[
+            log_pb2.PartitionLeaderEpoch(topic=q.topic, partition=q.partition,
+                                         leader_epoch=q.leader_epoch)
+            for q in queries
+        ])
+        response = await _call(self._stub(node).OffsetForLeaderEpoch, request, time_limit,
+                               _peer(node))
+        return [
+            EpochEndOffset(topic=r.topic, partition=r.partition, error_code=r.error_code,
+                           leader_epoch=r.leader_epoch, end_offset=r.end_offset)
             for r in response.results
         ]
 

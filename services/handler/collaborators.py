@@ -162,6 +162,31 @@ class RecordDeleter(Protocol):
     ) -> list[LowWatermark]: ...
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EpochQuery:
+    topic: str
+    partition: int
+    leader_epoch: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EpochEndOffset:
+    topic: str
+    partition: int
+    error_code: int = 0
+    leader_epoch: int = -1
+    end_offset: int = -1
+
+
+class EpochEndOffsets(Protocol):
+    """Log nodes that tell where leader epochs end in their logs (OffsetForLeaderEpoch), one
+    call per node."""
+
+    async def end_offsets_for_epochs(
+        self, node: LogNode, queries: Sequence[EpochQuery], time_limit: float
+    ) -> list[EpochEndOffset]: ...
+
+
 # --- purgatory ---------------------------------------------------------------------------------
 
 

@@ -17,6 +17,7 @@ from .apis.cluster import DescribeClusterApi
 from .apis.configs import AlterConfigsApi, DescribeConfigsApi
 from .apis.fetch import FetchApi
 from .apis.groups import GroupApis
+from .apis.leader_epochs import OffsetForLeaderEpochApi
 from .apis.metadata import MetadataApi
 from .apis.offsets import ListOffsetsApi
 from .apis.partitions import CreatePartitionsApi
@@ -109,6 +110,7 @@ async def start(config: HandlerConfig) -> HandlerService:
         create_partitions_api=CreatePartitionsApi(cache, replicator),
         init_producer_id_api=InitProducerIdApi(producer_id_blocks),
         group_apis=GroupApis.over(cache, coordinator),
+        offset_for_leader_epoch_api=OffsetForLeaderEpochApi(cache, log_nodes),
     )
     follower = asyncio.create_task(cache.follow(replicator.watch), name="metadata-follower")
     expirations = asyncio.create_task(coordinator.follow_expirations(),

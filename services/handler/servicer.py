@@ -33,6 +33,7 @@ from .apis import (
     fetch,
     group_offsets,
     groups,
+    leader_epochs,
     metadata,
     offsets,
     partitions,
@@ -285,6 +286,47 @@ def list_offsets_response(r: offsets.ListOffsetsResponse) -> k.ListOffsetsRespon
 
 
 def list_offsets_error(r: offsets.ListOffsetsResponse) -> int:
+    return _first_error(p.error_code for t in r.topics for p in t.partitions)
+
+
+# --- OffsetForLeaderEpoch ----------------------------------------------------------------------
+
+
+def offset_for_leader_epoch_request(
+    m: k.OffsetForLeaderEpochRequest,
+) -> leader_epochs.OffsetForLeaderEpochRequest:
+    return leader_epochs.OffsetForLeaderEpochRequest(
+        replica_id=_opt(m, "replica_id", -1),
+        topics=[
+            leader_epochs.EpochTopic(
+                topic=t.topic,
+                partitions=[
+                    leader_epochs.EpochPartition(
+                        partition=p.partition,
+                        leader_epoch=_opt(p, "leader_epoch", -1),
+                        current_leader_epoch=_opt(p, "current_leader_epoch", -1),
+                    )
+                    for p in t.partitions
+                ],
+            )
+            for t in m.topics
+        ],
+    )
+
+
+def offset_for_leader_epoch_response(
+    r: leader_epochs.OffsetForLeaderEpochResponse,
+) -> k.OffsetForLeaderEpochResponse:
+    out = k.OffsetForLeaderEpochResponse(throttle_time_ms=0)
+    for t in r.topics:
+        topic = out.topics.add(topic=t.topic)
+        for p in t.partitions:
+            topic.partitions.add(error_code=p.error_code, partition=p.partition,
+                                 leader_epoch=p.leader_epoch, end_offset=p.end_offset)
+    return out
+
+
+def offset_for_leader_epoch_error(r: leader_epochs.OffsetForLeaderEpochResponse) -> int:
     return _first_error(p.error_code for t in r.topics for p in t.partitions)
 
 
@@ -821,6 +863,7 @@ class KafkaHandlerServicer(handler_pb2_grpc.KafkaHandlerServicer):
         create_partitions_api: partitions.CreatePartitionsApi | None = None,
         init_producer_id_api: producer_ids.InitProducerIdApi | None = None,
         group_apis: groups.GroupApis | None = None,
+        offset_for_leader_epoch_api: leader_epochs.OffsetForLeaderEpochApi | None = None,
     ) -> None:
         self._default_advertised = split_host_port(config.advertised)
         self._default_broker_ports = config.broker_ports
@@ -837,6 +880,7 @@ class KafkaHandlerServicer(handler_pb2_grpc.KafkaHandlerServicer):
         self._create_partitions = create_partitions_api
         self._init_producer_id = init_producer_id_api
         self._group_apis = group_apis
+        self._offset_for_leader_epoch = offset_for_leader_epoch_api
 
     def request_context(self, context: grpc.aio.ServicerContext) -> RequestContext:
         values = {key: value for key, value in (context.invocation_metadata() or ())}
@@ -1003,6 +1047,23 @@ class KafkaHandlerServicer(handler_pb2_grpc.KafkaHandlerServicer):
         return await self._serve(
             "CreatePartitions", request, create_partitions_request, handle,
             partitions.error_response, create_partitions_error, create_partitions_response)
+
+    async def OffsetForLeaderEpoch(
+        self, request: k.OffsetForLeaderEpochRequest, context: grpc.aio.ServicerContext
+    ) -> k.OffsetForLeaderEpochResponse:
+        api = self._offset_for_leader_epoch
+
+        async def handle(
+            r: leader_epochs.OffsetForLeaderEpochRequest,
+        ) -> leader_epochs.OffsetForLeaderEpochResponse:
+            if api is None:
+                return leader_epochs.error_response(r, ErrorCode.unsupported_version.value)
+            return await api.handle(r)
+
+        return await self._serve(
+            "OffsetForLeaderEpoch", request, offset_for_leader_epoch_request, handle,
+            leader_epochs.error_response, offset_for_leader_epoch_error,
+            offset_for_leader_epoch_response)
 
     async def InitProducerId(
         self, request: k.InitProducerIdRequest, context: grpc.aio.ServicerContext

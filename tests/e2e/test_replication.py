@@ -16,6 +16,8 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from kbroker.handler.v1 import handler_pb2_grpc
+from kbroker.kafka.v1 import kafka_pb2 as k
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from kbroker.replicator.v1 import replicator_pb2, replicator_pb2_grpc
 from services.cluster import ClusterSpec, LocalCluster
@@ -77,6 +79,19 @@ def replica_bytes(cluster: LocalCluster, node: int, topic: str, partition: int) 
             out += result.records
             offset = [b.header.next_offset for b in iter_batches(result.records)][-1]
         raise AssertionError("the read never ended")
+
+
+def end_offset(cluster: LocalCluster, topic: str, current_epoch: int, epoch: int
+               ) -> k.OffsetForLeaderEpochResponse.EpochEndOffset:
+    """OffsetForLeaderEpoch for partition 0, asked of a handler directly."""
+    with grpc.insecure_channel(cluster.services["handler-0"].grpc_address) as channel:
+        stub = handler_pb2_grpc.KafkaHandlerStub(channel)
+        response = stub.OffsetForLeaderEpoch(k.OffsetForLeaderEpochRequest(topics=[
+            k.OffsetForLeaderEpochRequest.OffsetForLeaderTopic(topic=topic, partitions=[
+                k.OffsetForLeaderEpochRequest.OffsetForLeaderPartition(
+                    partition=0, current_leader_epoch=current_epoch, leader_epoch=epoch)])]),
+            timeout=10)
+    return response.topics[0].partitions[0]
 
 
 def wait_until(condition, within: float = 20.0, message: str = "condition") -> None:
@@ -209,6 +224,11 @@ def test_killing_the_leader_loses_no_acknowledged_record(replicated, topic_name)
     assert errors == [] and delivered[0] == len(sent)
     after = partition_metadata(replicated, topic_name)
     assert after.leader != before.leader and after.leader_epoch == before.leader_epoch + 1
+    # OffsetForLeaderEpoch, as clients ask it: epoch 0 ended where epoch 1 began.
+    first = end_offset(replicated, topic_name, after.leader_epoch, 0)
+    current = end_offset(replicated, topic_name, after.leader_epoch, 1)
+    assert first.leader_epoch == 0 and 0 < first.end_offset <= current.end_offset
+    assert current.leader_epoch == 1 and current.error_code == 0
     assert_same(sent, consume_all(replicated.bootstrap, topic_name, len(sent), PARTITIONS))
     # The old leader is back as a follower holding exactly the new leader's log.
     wait_until(lambda: sorted(partition_metadata(replicated, topic_name).isr) == [0, 1, 2],

@@ -170,6 +170,10 @@ class FakeHandler(handler_pb2_grpc.KafkaHandlerServicer):
         await self._enter("InitProducerId", request, context)
         return k.InitProducerIdResponse(error_code=0, producer_id=1000, producer_epoch=0)
 
+    async def OffsetForLeaderEpoch(self, request, context):
+        await self._enter("OffsetForLeaderEpoch", request, context)
+        return k.OffsetForLeaderEpochResponse()
+
     # Group APIs: canned answers of a one-member group led by "member-1".
 
     async def FindCoordinator(self, request, context):

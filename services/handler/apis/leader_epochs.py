@@ -1,0 +1,169 @@
+"""OffsetForLeaderEpoch: where a leader epoch ends in the partition leader's log (Kafka's
+``KafkaApis.handleOffsetForLeaderEpochRequest``), which consumers use to find out whether the
+log they read was cut back after a leader change (KIP-320), and followers to find where to
+cut their own (KIP-101).
+
+    OffsetForLeaderEpoch Request => replica_id [topics]
+      topics => topic [partitions]
+        partitions => partition current_leader_epoch leader_epoch
+    OffsetForLeaderEpoch Response => throttle_time_ms [topics]
+      topics => topic [partitions]
+        partitions => error_code partition leader_epoch end_offset
+
+Each partition goes to its leader log node, which answers from its leader epoch cache: the
+largest epoch it knows at or below the one asked about, and the offset where the next epoch
+starts (its log end offset for the current epoch); -1, -1 when the epoch is newer than any it
+knows. A partition that does not exist is UNKNOWN_TOPIC_OR_PARTITION, one without a live
+leader NOT_LEADER_OR_FOLLOWER, and a current_leader_epoch other than the leader's
+FENCED_LEADER_EPOCH (older) or UNKNOWN_LEADER_EPOCH (newer).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from services.common.errors import ErrorCode, KafkaError
+
+from ..collaborators import CallError, EpochEndOffset, EpochEndOffsets, EpochQuery
+from ..metadata_cache import LogNode, MetadataCache, MetadataUnavailableError
+from ..routing import (
+    Route,
+    by_partition,
+    call_per_node,
+    group_by_leader,
+    leader_epoch_error,
+    leader_error,
+    locate,
+)
+
+log = logging.getLogger(__name__)
+
+TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EpochPartition:
+    partition: int
+    leader_epoch: int
+    current_leader_epoch: int = -1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EpochTopic:
+    topic: str
+    partitions: Sequence[EpochPartition] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OffsetForLeaderEpochRequest:
+    replica_id: int = -1
+    topics: Sequence[EpochTopic] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartitionEnd:
+    partition: int
+    error_code: int = 0
+    leader_epoch: int = -1
+    end_offset: int = -1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopicEnds:
+    topic: str
+    partitions: list[PartitionEnd] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OffsetForLeaderEpochResponse:
+    topics: list[TopicEnds] = field(default_factory=list)
+
+
+def error_response(request: OffsetForLeaderEpochRequest, code: int
+                   ) -> OffsetForLeaderEpochResponse:
+    """Every partition of ``request`` failed with ``code``."""
+    return OffsetForLeaderEpochResponse(topics=[
+        TopicEnds(topic=t.topic, partitions=[PartitionEnd(partition=p.partition,
+                                                          error_code=code)
+                                             for p in t.partitions])
+        for t in request.topics])
+
+
+@dataclass(slots=True)
+class _Slot:
+    topic: str
+    request: EpochPartition
+    answer: PartitionEnd | None = None
+
+
+class OffsetForLeaderEpochApi:
+    def __init__(self, cache: MetadataCache, log_nodes: EpochEndOffsets, *,
+                 timeout: float = TIMEOUT_S) -> None:
+        self._cache = cache
+        self._log_nodes = log_nodes
+        self._timeout = timeout
+
+    async def handle(self, request: OffsetForLeaderEpochRequest) -> OffsetForLeaderEpochResponse:
+        try:
+            metadata = await self._cache.current()
+        except MetadataUnavailableError:
+            return error_response(request, ErrorCode.not_leader_or_follower.value)
+        rows: list[list[_Slot]] = []
+        routed: list[tuple[Route, _Slot]] = []
+        for topic in request.topics:
+            info = metadata.topic(topic.topic)
+            row = []
+            for p in topic.partitions:
+                slot = _Slot(topic.topic, p)
+                row.append(slot)
+                try:
+                    route = locate(metadata, info, p.partition)
+                except KafkaError as exc:
+                    slot.answer = _failed(p, exc.errno)
+                    continue
+                epoch_error = leader_epoch_error(p.current_leader_epoch,
+                                                 route.partition.leader_epoch)
+                if epoch_error is not None:
+                    slot.answer = _failed(p, epoch_error.value)
+                    continue
+                routed.append((route, slot))
+            rows.append(row)
+
+        groups = group_by_leader(routed)
+
+        async def ask(node: LogNode, slots: list[_Slot]) -> list[EpochEndOffset]:
+            queries = [EpochQuery(topic=s.topic, partition=s.request.partition,
+                                  leader_epoch=s.request.leader_epoch) for s in slots]
+            return await self._log_nodes.end_offsets_for_epochs(node, queries, self._timeout)
+
+        outcomes = await call_per_node(groups, ask)
+        for node_id, (_node, slots) in groups.items():
+            outcome = outcomes[node_id]
+            if isinstance(outcome, Exception):
+                if not isinstance(outcome, CallError):
+                    log.error("OffsetForLeaderEpoch failed unexpectedly", exc_info=outcome)
+                for s in slots:
+                    s.answer = _failed(s.request, ErrorCode.not_leader_or_follower.value)
+                continue
+            results = by_partition(outcome, lambda r: (r.topic, r.partition))
+            for s in slots:
+                result = results.get((s.topic, s.request.partition))
+                if result is None:
+                    s.answer = _failed(s.request, ErrorCode.unknown_server_error.value)
+                elif result.error_code:
+                    s.answer = _failed(s.request, leader_error(result.error_code))
+                else:
+                    s.answer = PartitionEnd(partition=s.request.partition,
+                                            leader_epoch=result.leader_epoch,
+                                            end_offset=result.end_offset)
+        return OffsetForLeaderEpochResponse(topics=[
+            TopicEnds(topic=t.topic, partitions=[
+                s.answer or _failed(s.request, ErrorCode.unknown_server_error.value)
+                for s in row])
+            for t, row in zip(request.topics, rows, strict=True)])
+
+
+def _failed(request: EpochPartition, code: int) -> PartitionEnd:
+    return PartitionEnd(partition=request.partition, error_code=code)

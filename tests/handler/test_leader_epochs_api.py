@@ -1,0 +1,80 @@
+"""OffsetForLeaderEpoch: routed to each partition's leader, epochs checked against the
+metadata, answers per partition."""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.common.errors import ErrorCode
+from services.handler.apis.leader_epochs import (
+    EpochPartition,
+    EpochTopic,
+    OffsetForLeaderEpochApi,
+    OffsetForLeaderEpochRequest,
+)
+from services.handler.collaborators import EpochEndOffset, UnreachableError
+
+from .fakes import cache_of, cluster, topic
+
+
+class FakeEpochs:
+    """Leaders that know epochs 0 (offsets 0..9) and 3 (from 10 to the log end, 25)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, list[tuple[str, int, int]]]] = []
+        self.failures: dict[int, Exception] = {}
+
+    async def end_offsets_for_epochs(self, node, queries, time_limit):  # type: ignore[no-untyped-def]
+        self.calls.append((node.node_id, [(q.topic, q.partition, q.leader_epoch)
+                                          for q in queries]))
+        if node.node_id in self.failures:
+            raise self.failures[node.node_id]
+        out = []
+        for q in queries:
+            if q.leader_epoch >= 3:
+                answer = (3, 25) if q.leader_epoch == 3 else (-1, -1)
+            else:
+                answer = (0, 10)
+            out.append(EpochEndOffset(topic=q.topic, partition=q.partition,
+                                      leader_epoch=answer[0], end_offset=answer[1]))
+        return out
+
+
+def ask(*partitions: EpochPartition, name: str = "t") -> OffsetForLeaderEpochRequest:
+    return OffsetForLeaderEpochRequest(topics=[EpochTopic(topic=name, partitions=partitions)])
+
+
+def answers(response) -> list[tuple[int, int, int, int]]:
+    return [(p.partition, p.error_code, p.leader_epoch, p.end_offset)
+            for t in response.topics for p in t.partitions]
+
+
+def test_end_offsets_come_from_each_leader():
+    epochs = FakeEpochs()
+    snapshot = cluster(topic("t", 3, leaders=[0, 1, 0], epoch=3), nodes=(0, 1))
+    api = OffsetForLeaderEpochApi(cache_of(snapshot), epochs)
+    response = asyncio.run(api.handle(ask(
+        EpochPartition(partition=0, leader_epoch=3, current_leader_epoch=3),
+        EpochPartition(partition=1, leader_epoch=1),
+        EpochPartition(partition=2, leader_epoch=7))))
+    assert answers(response) == [(0, 0, 3, 25), (1, 0, 0, 10), (2, 0, -1, -1)]
+    assert sorted(epochs.calls) == [(0, [("t", 0, 3), ("t", 2, 7)]), (1, [("t", 1, 1)])]
+
+
+def test_epochs_unknown_partitions_and_unreachable_leaders_are_per_partition_errors():
+    epochs = FakeEpochs()
+    epochs.failures[1] = UnreachableError("down")
+    snapshot = cluster(topic("t", 2, leaders=[0, 1], epoch=3), nodes=(0, 1))
+    api = OffsetForLeaderEpochApi(cache_of(snapshot), epochs)
+    response = asyncio.run(api.handle(ask(
+        EpochPartition(partition=0, leader_epoch=3, current_leader_epoch=2),
+        EpochPartition(partition=0, leader_epoch=3, current_leader_epoch=4),
+        EpochPartition(partition=1, leader_epoch=3),
+        EpochPartition(partition=5, leader_epoch=3))))
+    assert [(p, e) for p, e, _, _ in answers(response)] == [
+        (0, ErrorCode.fenced_leader_epoch.value), (0, ErrorCode.unknown_leader_epoch.value),
+        (1, ErrorCode.not_leader_or_follower.value),
+        (5, ErrorCode.unknown_topic_or_partition.value)]
+    missing = asyncio.run(api.handle(ask(EpochPartition(partition=0, leader_epoch=0),
+                                         name="nope")))
+    assert answers(missing) == [(0, ErrorCode.unknown_topic_or_partition.value, -1, -1)]
