@@ -68,6 +68,8 @@ class GroupMember(threading.Thread):
         self.stopping = threading.Event()
         self.assigned: frozenset[int] = frozenset()
         self.processed: list[tuple[int, int]] = []
+        # Every record handed over, committed or not.
+        self.consumed: list[tuple[int, int]] = []
         self.failed_commits = 0
         self.error: BaseException | None = None
 
@@ -87,6 +89,7 @@ class GroupMember(threading.Thread):
             self.error = exc
 
     def _processed(self, partition: int, offset: int, committed: bool) -> None:
+        self.consumed.append((partition, offset))
         if committed:
             self.processed.append((partition, offset))
         else:
@@ -344,3 +347,42 @@ def test_committed_offsets_survive_a_restart_of_the_whole_cluster(tmp_path: Path
         assert sorted(after.processed) == [(p, o) for p in (0, 1) for o in range(10, 15)]
     finally:
         cluster.stop()
+
+
+def test_a_group_carries_on_when_a_handler_and_the_purgatory_are_killed(cluster, topic_name):
+    create_topic(cluster.bootstrap, topic_name)
+    group = f"survive-{topic_name}"
+    members = start(GroupMember("confluent", cluster.bootstrap, group, topic_name),
+                    GroupMember("kafka-python", cluster.bootstrap, group, topic_name))
+    total = 0
+    try:
+        settle(members, split(3, 3), "two members")
+        for victim in ("handler-0", "purgatory"):
+            produce(cluster.bootstrap, topic_name, 120, start=total)
+            total += 120
+            cluster.kill(victim)
+            try:
+                produce(cluster.bootstrap, topic_name, 120, start=total)
+                total += 120
+            finally:
+                cluster.start_service(victim)
+        produce(cluster.bootstrap, topic_name, 120, start=total)
+        total += 120
+        deadline = time.monotonic() + SETTLE_S
+        while len({p for m in members for p in m.consumed}) < total:
+            assert time.monotonic() < deadline, len({p for m in members for p in m.consumed})
+            time.sleep(0.2)
+        # The group is whole again and its commits reach the end of every partition.
+        settle(members, split(3, 3), "after the restarts")
+    finally:
+        for m in members:
+            m.stop()
+    consumed = {p for m in members for p in m.consumed}
+    assert consumed == {(i % PARTITIONS, i // PARTITIONS) for i in range(total)}
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": group})
+    try:
+        committed = consumer.committed([CkTopicPartition(topic_name, p)
+                                        for p in range(PARTITIONS)], timeout=30)
+    finally:
+        consumer.close()
+    assert [tp.offset for tp in committed] == [total // PARTITIONS] * PARTITIONS
