@@ -150,8 +150,11 @@ class ReplicaFetcher:
 
     async def _wait_for_change(self, time_limit: float | None) -> None:
         changed = self._changed
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation
+        # that arrives as the event is set, and the loop would never stop.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait(), time_limit)
+            async with asyncio.timeout(time_limit):
+                await changed.wait()
 
     def _ready(self) -> dict[TopicPartition, PartitionReplication]:
         now = time.monotonic()

@@ -238,8 +238,11 @@ class ReplicationManager:
     async def _sync_states_forever(self) -> None:
         rounds = 0
         while True:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation
+            # that arrives as the event is set, and stop() would wait forever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._sync_needed.wait(), self._resync_interval_s)
+                async with asyncio.timeout(self._resync_interval_s):
+                    await self._sync_needed.wait()
             self._sync_needed.clear()
             rounds += 1
             try:

@@ -89,7 +89,8 @@ class ProgressReporter:
         try:
             if self._stream is None or self._stream.done():
                 self._stream = self._stub.ReportProgress()
-            await asyncio.wait_for(self._stream.write(request), WRITE_TIMEOUT_S)
+            async with asyncio.timeout(WRITE_TIMEOUT_S):  # not wait_for: see manager.py
+                await self._stream.write(request)
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError,
                 TimeoutError) as exc:
             self._drop_stream()
