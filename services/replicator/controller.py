@@ -58,7 +58,7 @@ from typing import TypeVar
 from services.common.errors import ErrorCode, KafkaError
 
 from . import metrics
-from .assignment import assign_replicas
+from .assignment import assign_replicas, ring_position
 from .log_nodes import LogNodeClient, LogNodeError, PartitionFailure, PartitionSpec
 from .metadata import (
     LogNode,
@@ -398,7 +398,8 @@ class Controller:
             factor = resolve_replication_factor(
                 request.replication_factor, self._default_replication_factor, len(live))
             replica_lists = assign_replicas(num_partitions=partitions, replication_factor=factor,
-                                            nodes=live, start_index=start_index)
+                                            nodes=live, start_index=start_index,
+                                            racks=_racks(image))
         configs = validate_configs(request.configs)
         live_set = set(live)
         partition_registrations = []
@@ -740,11 +741,12 @@ class Controller:
         else:
             resolve_replication_factor(factor, factor, len(live))
             first_leader = topic.partitions[0].replicas[0] if topic.partitions else None
-            # Continue the topic's ring where it is: partition p led by live[(s + p) % n].
-            start = live.index(first_leader) if first_leader in live else 0
+            # Continue the topic's ring where it is: partition p led by ring[(s + p) % n].
+            start = (ring_position(live, _racks(image), first_leader)
+                     if first_leader is not None else 0)
             replica_lists = assign_replicas(num_partitions=request.count,
                                             replication_factor=factor, nodes=live,
-                                            start_index=start)[current:]
+                                            start_index=start, racks=_racks(image))[current:]
         live_set = set(live)
         partitions = []
         for offset, replicas in enumerate(replica_lists):
@@ -827,6 +829,10 @@ class Controller:
 
     async def close(self) -> None:
         self.publisher.close()
+
+
+def _racks(image: MetadataImage) -> dict[NodeId, str]:
+    return {n.node_id: n.rack for n in image.log_nodes}
 
 
 def replica_state(topic: str, partition: PartitionRegistration, node: NodeId) -> ReplicaState:

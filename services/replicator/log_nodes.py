@@ -32,12 +32,14 @@ CALL_TIMEOUT = 10.0
 
 
 def parse_log_nodes(entries: Iterable[str]) -> tuple[LogNode, ...]:
-    """``["0=host:port", ...]`` -> log nodes (not yet known alive), by ascending id.
+    """``["0=host:port", "1=host:port@rack", ...]`` -> log nodes (not yet known alive), by
+    ascending id; a rack after ``@`` is the node's ``broker.rack``.
 
     Raises ValueError for a malformed entry or a repeated node id."""
     nodes: dict[int, LogNode] = {}
     for entry in entries:
-        node_id, sep, address = entry.strip().partition("=")
+        located, _, rack = entry.strip().partition("@")
+        node_id, sep, address = located.partition("=")
         host, colon, port = address.strip().rpartition(":")
         if not sep or not colon or not host or not port.isdigit():
             raise ValueError(f"log node entry {entry!r} is not node_id=host:port")
@@ -49,7 +51,8 @@ def parse_log_nodes(entries: Iterable[str]) -> tuple[LogNode, ...]:
             raise ValueError(f"log node entry {entry!r}: node id must not be negative")
         if number in nodes:
             raise ValueError(f"log node id {number} is configured twice")
-        nodes[number] = LogNode(node_id=NodeId(number), address=address.strip())
+        nodes[number] = LogNode(node_id=NodeId(number), address=address.strip(),
+                                rack=rack.strip())
     return tuple(nodes[n] for n in sorted(nodes))
 
 

@@ -33,6 +33,11 @@ def test_log_nodes_are_sorted_by_id():
     assert [n.node_id for n in parse_log_nodes(["2=a:1", "0=b:1", "1=c:1"])] == [0, 1, 2]
 
 
+def test_log_nodes_may_name_their_rack():
+    nodes = parse_log_nodes(["0=a:1@rack-a", "1=b:1"])
+    assert [(n.address, n.rack) for n in nodes] == [("a:1", "rack-a"), ("b:1", "")]
+
+
 @pytest.mark.parametrize("entries", [["x=a:1"], ["0"], ["0=a"], ["0=a:b"], ["0=:1"],
                                      ["0=a:1", "0=b:2"], ["-1=a:1"]])
 def test_bad_log_node_entries(entries):

@@ -436,3 +436,27 @@ def test_a_failing_log_node_fails_its_topics_and_commits_nothing(tmp_path: Path)
             assert fixed.error_code == OK
 
     asyncio.run(scenario())
+
+
+def test_replicas_span_racks_when_log_nodes_have_them(tmp_path: Path):
+    async def scenario() -> None:
+        async with cluster(tmp_path, nodes=4) as c:
+            await c.stop_replicator()
+            racks = {n.node_id: "ab"[n.node_id // 2] for n in c.nodes}  # a: 0, 1; b: 2, 3
+            await c.start_replicator(
+                log_nodes=tuple(f"{n.entry}@{racks[n.node_id]}" for n in c.nodes))
+            await wait_for(lambda: _all_alive(c))
+            [result] = await c.create(new_topic("racked", 4, 2))
+            assert result.error_code == 0
+            metadata = await c.metadata("racked")
+            assert {n.node_id: n.rack for n in metadata.log_nodes} == {
+                0: "a", 1: "a", 2: "b", 3: "b"}
+            for p in metadata.topics[0].partitions:
+                assert {racks[r] for r in p.replicas} == {"a", "b"}
+
+    asyncio.run(scenario())
+
+
+async def _all_alive(c) -> bool:
+    metadata = await c.metadata()
+    return all(n.alive for n in metadata.log_nodes)
