@@ -386,3 +386,50 @@ def test_a_group_carries_on_when_a_handler_and_the_purgatory_are_killed(cluster,
     finally:
         consumer.close()
     assert [tp.offset for tp in committed] == [total // PARTITIONS] * PARTITIONS
+
+
+def test_a_group_moves_with_its_coordinator_when_that_log_node_is_killed(cluster, topic_name):
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic(topic_name, num_partitions=PARTITIONS,
+                                  replication_factor=3)])[topic_name].result(timeout=30)
+    group = f"moving-{topic_name}"
+    members = start(GroupMember("confluent", cluster.bootstrap, group, topic_name),
+                    GroupMember("aiokafka", cluster.bootstrap, group, topic_name))
+    total = 0
+    victim = None
+    try:
+        settle(members, split(3, 3), "two members")
+        produce(cluster.bootstrap, topic_name, 120)
+        total = 120
+        description = admin.describe_consumer_groups([group])[group].result(timeout=30)
+        victim = f"log-{description.coordinator.id}"
+        deadline = time.monotonic() + SETTLE_S
+        while len({p for m in members for p in m.consumed}) < total:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        cluster.kill(victim)
+        produce(cluster.bootstrap, topic_name, 120, start=total)
+        total += 120
+        deadline = time.monotonic() + 2 * SETTLE_S
+        while len({p for m in members for p in m.consumed}) < total:
+            assert time.monotonic() < deadline, len({p for m in members for p in m.consumed})
+            time.sleep(0.2)
+        # A new admin client: librdkafka keeps asking a coordinator it found before, as long
+        # as that broker's port (served by the frontend) still answers.
+        fresh = AdminClient({"bootstrap.servers": cluster.bootstrap})
+        moved = fresh.describe_consumer_groups([group])[group].result(timeout=30)
+        assert f"log-{moved.coordinator.id}" != victim
+    finally:
+        for m in members:
+            m.stop()
+        if victim is not None:
+            cluster.start_service(victim)
+    consumed = {p for m in members for p in m.consumed}
+    assert consumed == {(i % PARTITIONS, i // PARTITIONS) for i in range(total)}
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": group})
+    try:
+        committed = consumer.committed([CkTopicPartition(topic_name, p)
+                                        for p in range(PARTITIONS)], timeout=30)
+    finally:
+        consumer.close()
+    assert [tp.offset for tp in committed] == [total // PARTITIONS] * PARTITIONS
