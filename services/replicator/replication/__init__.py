@@ -4,8 +4,8 @@ follower bookkeeping in ``Partition``, and the controller's ISR handling), run f
 - :mod:`.partition_state`: per partition, each follower's log end offset and when it was last
   caught up, the high watermark (min log end offset over the ISR), and which followers should
   leave or join the ISR. Pure domain: no I/O.
-- :mod:`.fetcher`: one fetch loop per (leader node, follower node), copying the leader's new
-  batches to the follower (long-poll reads on the leader, follower appends).
+- :mod:`.fetcher`: one fetch loop per leader node, copying its new batches to the followers
+  of the partitions it leads (one long-poll read on the leader, follower appends).
 - :mod:`.high_watermarks`: coalescing pushes of high watermarks to leader log nodes, whose
   progress reports then complete the purgatory's acks=all produces.
 - :mod:`.manager`: follows the cluster metadata, gives every replica its state (leader or

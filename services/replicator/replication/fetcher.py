@@ -1,23 +1,32 @@
-"""The fetch loop from one leader log node to one follower log node (Kafka's
-``ReplicaFetcherThread``), for every partition that node pair shares.
+"""The fetch loop of one leader log node (Kafka's ``ReplicaFetcherThread``, turned around: one
+loop per leader serving all the followers of the partitions it leads, so the leader is read
+once for all of them).
 
-A round: check the logs of followers new to this leader epoch against the leader's and cut
-them where they part (:meth:`ReplicaFetcher._prepare`); read from the leader, up to its log
-end, from each follower's log end offset on (a long poll: the leader answers as soon as one of
-the partitions gets an append, or after ``fetch_wait_ms``); append what came to the follower as
-it is, with the high watermark the follower should have; record the follower's new log end
-offset and whether it caught up with the leader, and report the partition's progress (the
-manager then moves the high watermark). Partitions whose read or append failed back off for a
-while, the others go on. When the partition set changes, a read in flight is abandoned (reads
-have no effect) and the round starts over.
+A round:
 
-Per-partition errors: the follower refusing a state it should have (not a follower, another
-epoch) or either side not knowing the partition is reported to ``on_stale_state``, which sends
-the replica its state again; a follower append that does not continue its log (its log end
-moved) takes the log end offset from the answer and retries; a read out of the leader's range
-(the follower has more than the leader, or less than its log start) has the follower checked
-again and is reported to ``on_diverged``. A node that fails as a whole makes the loop back
-off, doubling up to ``8 * backoff``.
+1. followers new to the partition's leader epoch are checked against the leader's log and cut
+   where they part (:meth:`LeaderFetcher._prepare`, Kafka's truncation by leader epoch);
+2. one long-poll ``Read`` on the leader, up to its log end, with an entry per partition and
+   distinct follower log end offset (followers at the same offset share it: in the steady
+   state, one entry per partition; a follower catching up reads on its own and never holds
+   the others back). The leader answers as soon as one of them gets an append, or after
+   ``wait_ms``;
+3. what came is appended to each follower as it is (one ``ReplicateAppend`` per follower node,
+   all nodes at once), with the high watermark the follower should have; each follower's new
+   log end offset is recorded, with whether it caught up with the leader's log end as of the
+   read, and the partition's progress reported (the manager then moves the high watermark).
+
+A (partition, follower) whose step failed backs off for a while, the others go on; a follower
+node that fails as a whole backs off all of its partitions. When the set of partitions or
+followers changes, a read in flight is abandoned (reads have no effect) and the round starts
+over. A leader that fails as a whole makes the loop back off, doubling up to ``8 * backoff``.
+
+Per-partition errors: a replica refusing the state it should have (not a follower, another
+epoch) or not knowing the partition is reported to ``on_stale_state``, which sends the replica
+its state again; a follower append that does not continue its log (its log end moved) takes the
+log end offset from the answer and retries; a read out of the leader's range (the follower has
+more than the leader, or less than its log start) has the follower checked again and is
+reported to ``on_diverged``.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from services.common.errors import ErrorCode
@@ -34,13 +43,7 @@ from services.common.errors import ErrorCode
 from .. import metrics
 from ..log_nodes import LogNodeError
 from ..metadata import NodeId
-from .nodes import (
-    FetchRequest,
-    ReplicaNodes,
-    ReplicateRequest,
-    Role,
-    TopicPartition,
-)
+from .nodes import FetchRequest, ReplicaNodes, ReplicateRequest, Role, TopicPartition
 from .partition_state import PartitionReplication
 
 log = logging.getLogger(__name__)
@@ -50,6 +53,9 @@ _STALE_STATE = frozenset({
     ErrorCode.unknown_leader_epoch, ErrorCode.unknown_topic_or_partition,
 })
 _FAILURE_LOG_INTERVAL_S = 30.0
+
+# A (partition, follower) pair.
+Pair = tuple[TopicPartition, NodeId]
 
 
 def now_ms() -> int:
@@ -66,14 +72,13 @@ class FetchSettings:
     backoff_ms: int = 200
 
 
-class ReplicaFetcher:
-    """Copies one leader node's new batches to one follower node."""
+class LeaderFetcher:
+    """Copies one leader node's new batches to the followers of the partitions it leads."""
 
     def __init__(
         self,
         *,
         leader: NodeId,
-        follower: NodeId,
         nodes: ReplicaNodes,
         settings: FetchSettings,
         on_progress: Callable[[PartitionReplication], None],
@@ -81,14 +86,14 @@ class ReplicaFetcher:
         on_diverged: Callable[[NodeId, PartitionReplication], None],
     ) -> None:
         self.leader = leader
-        self.follower = follower
         self._nodes = nodes
         self._settings = settings
         self._on_progress = on_progress
         self._on_stale_state = on_stale_state
         self._on_diverged = on_diverged
         self._partitions: dict[TopicPartition, PartitionReplication] = {}
-        self._retry_at: dict[TopicPartition, float] = {}
+        self._followers: frozenset[NodeId] = frozenset()
+        self._retry_at: dict[Pair, float] = {}
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._last_failure_log = 0.0
@@ -97,22 +102,29 @@ class ReplicaFetcher:
     def partitions(self) -> Mapping[TopicPartition, PartitionReplication]:
         return self._partitions
 
-    def set_partitions(self, partitions: Mapping[TopicPartition, PartitionReplication]) -> None:
-        """Serve exactly ``partitions`` from now on (the same objects are kept as they are)."""
-        if dict(partitions) == self._partitions:
+    def set_partitions(self, partitions: Mapping[TopicPartition, PartitionReplication],
+                       followers: Iterable[NodeId]) -> None:
+        """Serve exactly ``partitions`` (the same objects are kept as they are), copying to
+        their followers among ``followers`` (the live nodes)."""
+        followers = frozenset(followers)
+        if dict(partitions) == self._partitions and followers == self._followers:
             return
         self._partitions = dict(partitions)
-        self._retry_at = {k: v for k, v in self._retry_at.items() if k in self._partitions}
+        self._followers = followers
+        self._retry_at = {k: v for k, v in self._retry_at.items() if k[0] in self._partitions}
         self._changed.set()
 
     def retry_now(self, key: TopicPartition) -> None:
-        """Stop backing off ``key`` (its state was fixed)."""
-        if self._retry_at.pop(key, None) is not None:
+        """Stop backing off ``key`` for every follower (its state was fixed)."""
+        stopped = [pair for pair in self._retry_at if pair[0] == key]
+        for pair in stopped:
+            del self._retry_at[pair]
+        if stopped:
             self._changed.set()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(
-            self._run(), name=f"replica-fetcher-{self.leader}-{self.follower}")
+            self._run(), name=f"replica-fetcher-{self.leader}")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -135,18 +147,17 @@ class ReplicaFetcher:
                 await asyncio.sleep(self._settings.backoff_ms / 1000 * 2 ** min(failures - 1, 3))
             except Exception:  # the loop must survive anything one round does
                 failures += 1
-                log.exception("replica fetcher %d -> %d: round failed", self.leader,
-                              self.follower)
+                log.exception("replica fetcher of leader %d: round failed", self.leader)
                 await asyncio.sleep(self._settings.backoff_ms / 1000 * 2 ** min(failures - 1, 3))
 
     def _log_failure(self, message: str) -> None:
         now = time.monotonic()
         if now - self._last_failure_log >= _FAILURE_LOG_INTERVAL_S:
             self._last_failure_log = now
-            log.warning("replica fetcher %d -> %d: %s", self.leader, self.follower, message)
+            log.warning("replica fetcher of leader %d: %s", self.leader, message)
 
-    def _back_off(self, key: TopicPartition) -> None:
-        self._retry_at[key] = time.monotonic() + self._settings.backoff_ms / 1000
+    def _back_off(self, pair: Pair) -> None:
+        self._retry_at[pair] = time.monotonic() + self._settings.backoff_ms / 1000
 
     async def _wait_for_change(self, time_limit: float | None) -> None:
         changed = self._changed
@@ -156,30 +167,40 @@ class ReplicaFetcher:
             async with asyncio.timeout(time_limit):
                 await changed.wait()
 
-    def _ready(self) -> dict[TopicPartition, PartitionReplication]:
+    def _ready(self) -> list[Pair]:
         now = time.monotonic()
-        return {k: p for k, p in self._partitions.items() if self._retry_at.get(k, 0) <= now}
+        return [(key, follower) for key, p in self._partitions.items()
+                for follower in p.followers
+                if follower in self._followers and self._retry_at.get((key, follower), 0) <= now]
 
     async def _round(self) -> None:
         self._changed.clear()
+        partitions = self._partitions
         ready = self._ready()
         if not ready:
-            waits = [at - time.monotonic() for k, at in self._retry_at.items()
-                     if k in self._partitions]
+            waits = [at - time.monotonic() for pair, at in self._retry_at.items()
+                     if pair[0] in partitions]
             await self._wait_for_change(max(min(waits), 0) if waits else None)
             return
-        await self._prepare(ready)
-        requests = [
-            FetchRequest(topic=p.topic, partition=p.partition,
-                         offset=p.followers[self.follower].log_end_offset)
-            for p in ready.values()
-            if p.followers[self.follower].verified
-            and p.followers[self.follower].log_end_offset >= 0
-        ]
-        if not requests:
+        by_follower: dict[NodeId, list[TopicPartition]] = {}
+        for key, follower in ready:
+            by_follower.setdefault(follower, []).append(key)
+        await asyncio.gather(*(self._prepare_follower(follower, keys, partitions)
+                               for follower, keys in by_follower.items()))
+        # One read entry per partition and distinct follower offset.
+        entries: dict[tuple[TopicPartition, int], list[NodeId]] = {}
+        for key, follower in ready:
+            progress = partitions[key].followers[follower]
+            if progress.verified and progress.log_end_offset >= 0 and \
+                    self._retry_at.get((key, follower), 0) <= time.monotonic():
+                entries.setdefault((key, progress.log_end_offset), []).append(follower)
+        if not entries:
             return
-        # Long polls are abandoned when the partition set changes (a new partition must not
-        # wait for the old ones' data).
+        order = list(entries)
+        requests = [FetchRequest(topic=key[0], partition=key[1], offset=offset)
+                    for key, offset in order]
+        # A long poll is abandoned when the partitions change (a new partition or follower
+        # must not wait for the others' data).
         reading = asyncio.ensure_future(self._nodes.fetch(
             self.leader, requests, max_wait_ms=self._settings.wait_ms,
             max_bytes=self._settings.response_max_bytes,
@@ -195,99 +216,125 @@ class ReplicaFetcher:
             return
         results = reading.result()
         read_at = now_ms()
-        appends: list[ReplicateRequest] = []
+        appends: dict[NodeId, list[ReplicateRequest]] = {}
         leader_ends: dict[TopicPartition, int] = {}
-        for result in results:
-            key = (result.topic, result.partition)
-            partition = ready.get(key)
-            if partition is None or self._partitions.get(key) is not partition:
+        for (key, _offset), result in zip(order, results, strict=False):
+            partition = partitions[key]
+            if self._partitions.get(key) is not partition:
                 continue  # its state changed while reading
+            followers = entries[(key, _offset)]
             if result.error is not ErrorCode.none:
-                self._read_failed(partition, result.error)
+                for follower in followers:
+                    self._read_failed(partition, follower, result.error)
                 continue
             partition.record_leader(result.log_end_offset, result.high_watermark)
-            progress = partition.followers[self.follower]
             leader_ends[key] = result.log_end_offset
-            if result.records or progress.high_watermark < partition.high_watermark:
-                appends.append(ReplicateRequest(
-                    topic=partition.topic, partition=partition.partition,
-                    leader_epoch=partition.leader_epoch, records=result.records,
-                    high_watermark=partition.high_watermark))
-            else:
-                partition.record_follower(self.follower, progress.log_end_offset,
-                                          result.log_end_offset, read_at)
-                self._on_progress(partition)
+            for follower in followers:
+                progress = partition.followers[follower]
+                if result.records or progress.high_watermark < partition.high_watermark:
+                    appends.setdefault(follower, []).append(ReplicateRequest(
+                        topic=partition.topic, partition=partition.partition,
+                        leader_epoch=partition.leader_epoch, records=result.records,
+                        high_watermark=partition.high_watermark))
+                else:
+                    partition.record_follower(follower, progress.log_end_offset,
+                                              result.log_end_offset, read_at)
+                    self._on_progress(partition)
         if appends:
-            await self._append(ready, appends, leader_ends)
+            await asyncio.gather(*(self._append(follower, requests, partitions, leader_ends)
+                                   for follower, requests in appends.items()))
 
     async def _append(
         self,
-        ready: Mapping[TopicPartition, PartitionReplication],
+        follower: NodeId,
         appends: list[ReplicateRequest],
+        partitions: Mapping[TopicPartition, PartitionReplication],
         leader_ends: Mapping[TopicPartition, int],
     ) -> None:
-        results = await self._nodes.replicate(self.follower, appends)
+        try:
+            results = await self._nodes.replicate(follower, appends)
+        except LogNodeError as exc:
+            self._log_failure(exc.message)
+            for a in appends:
+                self._back_off(((a.topic, a.partition), follower))
+            return
         appended_at = now_ms()
         sent = {(a.topic, a.partition): len(a.records) for a in appends}
         for result in results:
             key = (result.topic, result.partition)
-            partition = ready.get(key)
+            partition = partitions.get(key)
             if partition is None or self._partitions.get(key) is not partition:
                 continue
             if result.error is ErrorCode.offset_out_of_range and result.log_end_offset >= 0:
                 # The follower's log end is not where we thought: continue from it.
-                partition.record_follower(self.follower, result.log_end_offset,
-                                          leader_ends[key], appended_at)
+                partition.record_follower(follower, result.log_end_offset, leader_ends[key],
+                                          appended_at)
                 continue
             if result.error is not ErrorCode.none:
-                self._append_failed(partition, result.error, result.message)
+                self._append_failed(partition, follower, result.error, result.message)
                 continue
             metrics.REPLICATED_BYTES.inc(sent.get(key, 0))
-            partition.record_follower(self.follower, result.log_end_offset, leader_ends[key],
+            partition.record_follower(follower, result.log_end_offset, leader_ends[key],
                                       appended_at, result.high_watermark)
             self._on_progress(partition)
 
-    def _read_failed(self, partition: PartitionReplication, error: ErrorCode) -> None:
-        self._back_off(partition.key)
+    def _read_failed(self, partition: PartitionReplication, follower: NodeId,
+                     error: ErrorCode) -> None:
+        self._back_off((partition.key, follower))
         if error in _STALE_STATE:
             self._on_stale_state(self.leader, partition.key)
         elif error is ErrorCode.offset_out_of_range:
-            partition.forget_follower(self.follower)  # check it against the leader again
-            self._on_diverged(self.follower, partition)
+            partition.forget_follower(follower)  # check it against the leader again
+            self._on_diverged(follower, partition)
         else:
             self._log_failure(f"reading {partition.topic}-{partition.partition}: {error.name}")
 
-    def _append_failed(self, partition: PartitionReplication, error: ErrorCode,
-                       message: str) -> None:
-        self._back_off(partition.key)
+    def _append_failed(self, partition: PartitionReplication, follower: NodeId,
+                       error: ErrorCode, message: str) -> None:
+        self._back_off((partition.key, follower))
         if error in _STALE_STATE:
-            partition.forget_follower(self.follower)
-            self._on_stale_state(self.follower, partition.key)
+            partition.forget_follower(follower)
+            self._on_stale_state(follower, partition.key)
         else:
-            self._log_failure(f"appending {partition.topic}-{partition.partition}: "
-                              f"{error.name} {message}")
+            self._log_failure(f"appending {partition.topic}-{partition.partition} to "
+                              f"{follower}: {error.name} {message}")
 
-    async def _prepare(self, ready: Mapping[TopicPartition, PartitionReplication]) -> None:
-        """Check the logs of followers not yet verified at this epoch against the leader's
-        (Kafka's truncation by leader epoch, KIP-101/279) and cut them where they part: ask the
-        leader where the follower's latest epoch ends; if the leader knows only an older
-        epoch, the follower's own end of that one counts too. A follower whose log has no
-        epochs has nothing to compare and is taken as it is."""
-        todo = {k: p for k, p in ready.items() if not p.followers[self.follower].verified}
+    async def _prepare_follower(
+        self, follower: NodeId, keys: list[TopicPartition],
+        partitions: Mapping[TopicPartition, PartitionReplication],
+    ) -> None:
+        try:
+            await self._prepare(follower, keys, partitions)
+        except LogNodeError as exc:
+            self._log_failure(exc.message)
+            for key in keys:
+                if not partitions[key].followers[follower].verified:
+                    self._back_off((key, follower))
+
+    async def _prepare(
+        self, follower: NodeId, keys: list[TopicPartition],
+        partitions: Mapping[TopicPartition, PartitionReplication],
+    ) -> None:
+        """Check the logs of ``follower``'s replicas not yet verified at this epoch against
+        the leader's (Kafka's truncation by leader epoch, KIP-101/279) and cut them where they
+        part: ask the leader where the follower's latest epoch ends; if the leader knows only
+        an older epoch, the follower's own end of that one counts too. A follower whose log
+        has no epochs has nothing to compare and is taken as it is."""
+        todo = {k: partitions[k] for k in keys if not partitions[k].followers[follower].verified}
         if not todo:
             return
         latest: dict[TopicPartition, int] = {}
-        for d in await self._nodes.describe(self.follower, list(todo)):
+        for d in await self._nodes.describe(follower, list(todo)):
             key = (d.topic, d.partition)
             partition = todo.get(key)
             if partition is None:
                 continue
             if (d.error is not ErrorCode.none or d.role is not Role.FOLLOWER
                     or d.leader_epoch != partition.leader_epoch):
-                self._back_off(key)
-                self._on_stale_state(self.follower, key)
+                self._back_off((key, follower))
+                self._on_stale_state(follower, key)
                 continue
-            progress = partition.followers[self.follower]
+            progress = partition.followers[follower]
             progress.log_end_offset = d.log_end_offset
             progress.high_watermark = d.high_watermark
             if d.latest_log_epoch < 0 or d.log_end_offset <= 0:
@@ -303,9 +350,9 @@ class ReplicaFetcher:
             key = (answer.topic, answer.partition)
             if key not in latest:
                 continue
-            progress = todo[key].followers[self.follower]
+            progress = todo[key].followers[follower]
             if answer.error is not ErrorCode.none:
-                self._read_failed(todo[key], answer.error)
+                self._read_failed(todo[key], follower, answer.error)
             elif answer.end_offset < 0:
                 # The leader knows no epoch that old: keep what was committed (Kafka's
                 # fallback to the high watermark).
@@ -316,36 +363,36 @@ class ReplicaFetcher:
                 older[key] = (answer.leader_epoch, answer.end_offset)
         if older:
             for own in await self._nodes.end_offsets(
-                    self.follower, [(t, p, e) for (t, p), (e, _) in older.items()]):
+                    follower, [(t, p, e) for (t, p), (e, _) in older.items()]):
                 key = (own.topic, own.partition)
                 if key not in older:
                     continue
                 leader_end = older[key][1]
                 if own.error is not ErrorCode.none:
-                    self._back_off(key)
+                    self._back_off((key, follower))
                     continue
                 targets[key] = leader_end if own.end_offset < 0 else min(leader_end,
                                                                          own.end_offset)
         cuts = []
         for key, target in targets.items():
-            progress = todo[key].followers[self.follower]
+            progress = todo[key].followers[follower]
             if target < progress.log_end_offset:
                 cuts.append((key[0], key[1], target))
             else:
                 progress.verified = True
         if not cuts:
             return
-        for result in await self._nodes.truncate(self.follower, cuts):
+        for result in await self._nodes.truncate(follower, cuts):
             key = (result.topic, result.partition)
             partition = todo.get(key)
             if partition is None:
                 continue
             if result.error is not ErrorCode.none:
-                self._append_failed(partition, result.error, result.message)
+                self._append_failed(partition, follower, result.error, result.message)
                 continue
-            progress = partition.followers[self.follower]
+            progress = partition.followers[follower]
             log.warning("%s-%d: follower %d cut from offset %d to %d to match leader %d at "
-                        "epoch %d", result.topic, result.partition, self.follower,
+                        "epoch %d", result.topic, result.partition, follower,
                         progress.log_end_offset, result.log_end_offset, self.leader,
                         partition.leader_epoch)
             progress.log_end_offset = result.log_end_offset

@@ -6,7 +6,7 @@ LeaderAndIsr propagation, in one process).
 - Metadata: every image the controller publishes is reconciled as it is published: a
   partition with two or more replicas gets a :class:`PartitionReplication` (kept while its
   leader and epoch stay, started over otherwise), and its followers on live nodes are served
-  by the fetcher of their (leader node, follower node) pair.
+  by the fetcher of its leader's node (:mod:`.fetcher`).
 - Replica states: each live node is sent the state of every replica it holds (leader or
   follower, the epoch, whether a leader is alone in the ISR) until it confirmed that state. A
   node that comes back to life, or refuses a call as if it did not know its state (it
@@ -41,7 +41,7 @@ from .. import metrics
 from ..controller import Controller, replica_state
 from ..log_nodes import LogNodeError
 from ..metadata import MetadataImage, NodeId, TopicName
-from .fetcher import FetchSettings, ReplicaFetcher
+from .fetcher import FetchSettings, LeaderFetcher
 from .high_watermarks import HighWatermarkPusher
 from .nodes import PartitionError, ReplicaNodes, ReplicaState, Role, TopicPartition
 from .partition_state import PartitionReplication
@@ -75,7 +75,7 @@ class ReplicationManager:
         self._resync_interval_s = resync_interval_s
         self._purgatory = purgatory
         self._states: dict[TopicPartition, PartitionReplication] = {}
-        self._fetchers: dict[tuple[NodeId, NodeId], ReplicaFetcher] = {}
+        self._fetchers: dict[NodeId, LeaderFetcher] = {}
         self._pushers: dict[NodeId, HighWatermarkPusher] = {}
         # Per node: the states it confirmed.
         self._confirmed: dict[NodeId, dict[TopicPartition, ReplicaState]] = {}
@@ -159,30 +159,27 @@ class ReplicationManager:
         self._sync_needed.set()
 
     def _assign_fetchers(self) -> None:
-        wanted: dict[tuple[NodeId, NodeId], dict[TopicPartition, PartitionReplication]] = {}
+        wanted: dict[NodeId, dict[TopicPartition, PartitionReplication]] = {}
         for key, state in self._states.items():
-            if state.leader not in self._alive:
-                continue
-            for follower in state.followers:
-                if follower in self._alive:
-                    wanted.setdefault((state.leader, follower), {})[key] = state
-        for pair in list(self._fetchers):
-            if pair not in wanted:
-                fetcher = self._fetchers.pop(pair)
+            if state.leader in self._alive and any(f in self._alive for f in state.followers):
+                wanted.setdefault(state.leader, {})[key] = state
+        for leader in list(self._fetchers):
+            if leader not in wanted:
+                fetcher = self._fetchers.pop(leader)
                 task = asyncio.ensure_future(fetcher.stop())
                 self._stopping.add(task)
                 task.add_done_callback(self._stopping.discard)
-        for pair, partitions in wanted.items():
-            fetcher = self._fetchers.get(pair)
+        for leader, partitions in wanted.items():
+            fetcher = self._fetchers.get(leader)
             if fetcher is None:
-                fetcher = self._fetchers[pair] = ReplicaFetcher(
-                    leader=pair[0], follower=pair[1], nodes=self._nodes, settings=self._fetch,
+                fetcher = self._fetchers[leader] = LeaderFetcher(
+                    leader=leader, nodes=self._nodes, settings=self._fetch,
                     on_progress=self._progress, on_stale_state=self._stale_state,
                     on_diverged=self._diverged)
-                fetcher.set_partitions(partitions)
+                fetcher.set_partitions(partitions, self._alive)
                 fetcher.start()
             else:
-                fetcher.set_partitions(partitions)
+                fetcher.set_partitions(partitions, self._alive)
 
     # -- high watermarks -------------------------------------------------------------------
 
@@ -315,8 +312,8 @@ class ReplicationManager:
         partition = self._states.get(key)
         if partition is None:
             return
-        for (leader, follower), fetcher in self._fetchers.items():
-            if node in (leader, follower) and key in fetcher.partitions:
+        for fetcher in self._fetchers.values():
+            if key in fetcher.partitions:
                 fetcher.retry_now(key)
         if state.role is Role.LEADER and partition.high_watermark >= 0:
             self._pusher(node).push(state.topic, state.partition, state.leader_epoch,
