@@ -167,6 +167,23 @@ def run_kbroker(args: argparse.Namespace, replication: int) -> dict:
             cluster.stop()
 
 
+def wait_all_alive(replicator: str, timeout: float = 60) -> None:
+    """Until the replicator sees every log node alive (a restarted one rejoins)."""
+    import grpc
+
+    from kbroker.replicator.v1 import replicator_pb2, replicator_pb2_grpc
+
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(replicator) as channel:
+        stub = replicator_pb2_grpc.ReplicatorStub(channel)
+        while time.monotonic() < deadline:
+            metadata = stub.GetMetadata(replicator_pb2.GetMetadataRequest(), timeout=5)
+            if all(n.alive for n in metadata.log_nodes):
+                return
+            time.sleep(0.2)
+    raise TimeoutError("log nodes not all alive")
+
+
 def run_failover(args: argparse.Namespace) -> list[float]:
     """Seconds from killing the leader to the first acknowledged acks=all write, per run."""
     times = []
@@ -177,13 +194,17 @@ def run_failover(args: argparse.Namespace) -> list[float]:
         cluster.start()
         try:
             for run in range(args.failovers):
+                wait_all_alive(cluster.services["replicator"].grpc_address)
                 kill_file = Path(data) / f"killed-{run}"
                 child = subprocess.Popen(
                     [sys.executable, "-c", FAILOVER, cluster.bootstrap,
                      cluster.services["replicator"].grpc_address, str(kill_file)],
-                    stdout=subprocess.PIPE, text=True)
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 assert child.stdout is not None
-                ready = json.loads(child.stdout.readline())
+                line = child.stdout.readline()
+                if not line:
+                    raise RuntimeError(f"failover workload failed: {child.communicate()[1]}")
+                ready = json.loads(line)
                 victim = f"log-{ready['leader']}"
                 killed = time.time()
                 cluster.kill(victim)
@@ -194,7 +215,6 @@ def run_failover(args: argparse.Namespace) -> list[float]:
                     raise RuntimeError(f"failover write failed: {result['error']}")
                 times.append(result["failover_s"])
                 cluster.start_service(victim)
-                time.sleep(2)  # let it rejoin before the next run
         finally:
             cluster.stop()
     return times
