@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 
@@ -230,6 +231,8 @@ class ReplicationManager:
             if topic is None or state.partition >= len(topic.partitions):
                 continue
             wanted[key] = replica_state(state.topic, topic.partitions[state.partition], node)
+            if state.expanding and node == state.leader:
+                wanted[key] = dataclasses.replace(wanted[key], in_sync_alone=False)
         return wanted
 
     async def _sync_states_forever(self) -> None:
@@ -343,6 +346,11 @@ class ReplicationManager:
             leaving = set(state.lagging_in_sync(now, self._lag_ms))
             joining = {n for n in state.caught_up_out_of_sync(now, self._lag_ms)
                        if n in self._alive}
+            if state.expanding - joining:
+                state.expanding &= joining  # fell behind again: the leader may go on alone
+                self._sync_needed.set()
+            if joining and state.isr == (state.leader,):
+                joining = self._join_alone_leader(key, state, joining)
             if not leaving and not joining:
                 continue
             isr = tuple(r for r in state.replicas
@@ -367,6 +375,21 @@ class ReplicationManager:
                 state.update_isr(isr, now)
                 self._progress(state)
         self._sync_needed.set()
+
+    def _join_alone_leader(self, key: TopicPartition, state: PartitionReplication,
+                           joining: set[NodeId]) -> set[NodeId]:
+        """Followers may join a leader alone in the ISR only once the leader has stopped
+        committing by itself: mark them expanding (the leader is then told it is not alone)
+        and let them join when it confirmed. Returns those that may join now."""
+        if joining - state.expanding:
+            state.expanding |= joining
+            self._sync_needed.set()
+            return set()
+        confirmed = self._confirmed.get(state.leader, {}).get(key)
+        if (confirmed is None or confirmed.role is not Role.LEADER or confirmed.in_sync_alone
+                or confirmed.leader_epoch != state.leader_epoch):
+            return set()
+        return joining
 
     def _observe_lag(self, state: PartitionReplication, now: int) -> None:
         for follower in state.followers:

@@ -10,7 +10,11 @@ Rules (Kafka's, with the replicator in the leader's place):
   read that produced the copy; ``last_caught_up_ms`` records when.
 - A follower in the ISR that was not caught up for longer than ``replica.lag.time.max.ms``
   leaves it (the leader never does). A follower out of the ISR joins it once it was caught up
-  recently and holds everything up to the high watermark.
+  recently and holds everything up to the high watermark. Joining a leader that is alone in
+  the ISR takes two steps, because such a leader commits its appends itself: the follower is
+  first ``expanding`` (counted for the high watermark, Kafka's "maximal ISR", while the leader
+  is told it is no longer alone), and joins once the leader confirmed; so nothing gets
+  committed that the follower lacks.
 - When a partition gets a new leader or epoch, its state starts over: ISR followers get the
   whole lag time from that moment, the others must catch up first.
 
@@ -67,6 +71,8 @@ class PartitionReplication:
         self.isr = tuple(isr)
         self.high_watermark = high_watermark
         self.leader_log_end_offset = NO_OFFSET
+        # Followers about to join the ISR: the high watermark already waits for them.
+        self.expanding: set[NodeId] = set()
         self.followers = {
             r: FollowerProgress(last_caught_up_ms=now_ms if r in self.isr else NEVER)
             for r in self.replicas if r != leader
@@ -89,6 +95,7 @@ class PartitionReplication:
             if progress is not None and node not in self.isr:
                 progress.last_caught_up_ms = max(progress.last_caught_up_ms, now_ms)
         self.isr = isr
+        self.expanding -= set(isr)
 
     def record_leader(self, log_end_offset: int, high_watermark: int) -> None:
         """Offsets the leader reported (a read answer)."""
@@ -118,10 +125,12 @@ class PartitionReplication:
         progress.verified = False
 
     def high_watermark_candidate(self) -> int:
-        """The smallest log end offset over the ISR, -1 while one of them is unknown."""
+        """The smallest log end offset over the ISR and the followers expanding it, -1 while
+        one of them is unknown."""
+        members = [*self.isr, *(n for n in self.expanding if n not in self.isr)]
         offsets = [self.leader_log_end_offset if node == self.leader
                    else self.followers[node].log_end_offset
-                   for node in self.isr if node == self.leader or node in self.followers]
+                   for node in members if node == self.leader or node in self.followers]
         if not offsets or min(offsets) < 0:
             return NO_OFFSET
         return min(offsets)

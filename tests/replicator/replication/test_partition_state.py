@@ -110,3 +110,16 @@ def test_the_high_watermark_is_held_by_every_isr_member(reports, isr):
         for member in isr:
             if member != L:
                 assert p.followers[member].log_end_offset >= p.high_watermark
+
+
+def test_a_follower_expanding_a_lone_leaders_isr_holds_the_high_watermark_back():
+    p = partition(isr=(L,), now=0)
+    p.record_leader(log_end_offset=10, high_watermark=10)
+    p.record_follower(F1, log_end_offset=10, leader_log_end_offset=10, now_ms=5)
+    p.expanding.add(F1)
+    p.record_leader(log_end_offset=14, high_watermark=10)
+    assert not p.advance_high_watermark()  # 14 is on the leader only
+    p.record_follower(F1, log_end_offset=12, leader_log_end_offset=14, now_ms=6)
+    assert p.advance_high_watermark() and p.high_watermark == 12
+    p.update_isr((L, F1), now_ms=7)
+    assert p.expanding == set()

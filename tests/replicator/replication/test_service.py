@@ -134,6 +134,20 @@ def test_a_leader_alone_in_the_isr_commits_its_appends(tmp_path: Path) -> None:
         result = await leader.append("alone", build_batch(values(3)))
         assert result.high_watermark == result.log_end_offset
 
+        # The follower comes back: the leader stops committing alone before it rejoins, and
+        # it holds everything committed when it does.
+        await follower.start()
+
+        async def rejoined() -> bool:
+            return list((await r.partition("alone")).isr) == list(meta.replicas)
+
+        await wait_for(rejoined)
+        committed = (await leader.describe("alone")).high_watermark
+        assert (await follower.describe("alone")).log_end_offset >= committed
+        later = await leader.append("alone", build_batch(values(2)))
+        assert later.high_watermark < later.log_end_offset
+        await wait_for(lambda: converged(r, "alone", later.log_end_offset))
+
     run(tmp_path, scenario)
 
 
