@@ -8,7 +8,8 @@ LeaderAndIsr propagation, in one process).
   leader and epoch stay, started over otherwise), and its followers on live nodes are served
   by the fetcher of its leader's node (:mod:`.fetcher`).
 - Replica states: each live node is sent the state of every replica it holds (leader or
-  follower, the epoch, whether a leader is alone in the ISR) until it confirmed that state. A
+  follower, the epoch, whether a leader is alone in the ISR) until it confirmed that state; a
+  replica the node lacks (it was down when the replica was created) is created there. A
   node that comes back to life, or refuses a call as if it did not know its state (it
   restarted), is sent its states again; a leader that gets its state also gets the high
   watermark, which a restart forgot.
@@ -40,7 +41,7 @@ from services.common.errors import ErrorCode
 
 from .. import metrics
 from ..controller import Controller, replica_state
-from ..log_nodes import LogNodeError
+from ..log_nodes import LogNodeError, PartitionSpec
 from ..metadata import MetadataImage, NodeId, TopicName
 from .fetcher import FetchSettings, LeaderFetcher
 from .high_watermarks import HighWatermarkPusher
@@ -295,19 +296,53 @@ class ReplicationManager:
             log.debug("log node %d: replica states not sent: %s", node, exc.message)
             return
         failed = {(f.topic, f.partition): f for f in refused}
+        missing = []
         for state in todo:
             key = (state.topic, state.partition)
             failure = failed.get(key)
-            if failure is not None:
+            if failure is None:
+                metrics.REPLICA_STATE_UPDATES.labels("taken").inc()
+                confirmed[key] = state
+                self._resume(node, key, state)
+            elif failure.error is ErrorCode.unknown_topic_or_partition:
+                missing.append(state)
+            else:
                 metrics.REPLICA_STATE_UPDATES.labels("refused").inc()
-                if failure.error is not ErrorCode.unknown_topic_or_partition:
-                    log.warning("log node %d refused its state of %s-%d: %s %s", node,
-                                state.topic, state.partition, failure.error.name,
-                                failure.message)
-                continue
-            metrics.REPLICA_STATE_UPDATES.labels("taken").inc()
-            confirmed[key] = state
-            self._resume(node, key, state)
+                log.warning("log node %d refused its state of %s-%d: %s %s", node,
+                            state.topic, state.partition, failure.error.name, failure.message)
+        if missing:
+            await self._create_missing(node, missing, confirmed)
+
+    async def _create_missing(self, node: NodeId, states: list[ReplicaState],
+                              confirmed: dict[TopicPartition, ReplicaState]) -> None:
+        """Create replicas the metadata places on ``node`` but the node lacks (it was down
+        when they were created), with their state; they then catch up like any follower."""
+        image = self._controller.image
+        specs = []
+        for state in states:
+            topic = image.topics.get(TopicName(state.topic))
+            if topic is not None:
+                specs.append(PartitionSpec(topic=topic.name, partition=state.partition,
+                                           topic_id=topic.topic_id, configs=topic.configs,
+                                           state=state))
+        if not specs:
+            return
+        try:
+            failures = await self._nodes.create_partitions(node, specs)
+        except LogNodeError as exc:
+            log.debug("log node %d: missing replicas not created: %s", node, exc.message)
+            return
+        failed = {(f.topic, f.partition) for f in failures}
+        for f in failures:
+            log.warning("log node %d could not create its replica of %s-%d: %s", node,
+                        f.topic, f.partition, f.message)
+        for spec in specs:
+            key = (spec.topic, spec.partition)
+            if key not in failed and spec.state is not None:
+                log.info("log node %d: created its missing replica of %s-%d", node, *key)
+                metrics.REPLICA_STATE_UPDATES.labels("taken").inc()
+                confirmed[key] = spec.state
+                self._resume(node, key, spec.state)
 
     def _resume(self, node: NodeId, key: TopicPartition, state: ReplicaState) -> None:
         """A replica took its state: fetch for it at once, and give a leader its high

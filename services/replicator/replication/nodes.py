@@ -12,11 +12,14 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from services.common.errors import ErrorCode
 
 from ..metadata import NodeId
+
+if TYPE_CHECKING:
+    from ..log_nodes import PartitionFailure, PartitionSpec
 
 NO_OFFSET = -1
 
@@ -164,4 +167,11 @@ class ReplicaNodes(Protocol):
         self, node_id: NodeId, requests: Sequence[tuple[str, int, int]]
     ) -> list[ReplicateResult]:
         """Cut (topic, partition) replicas back to an offset each."""
+        ...
+
+    async def create_partitions(
+        self, node_id: NodeId, specs: Sequence[PartitionSpec]
+    ) -> list[PartitionFailure]:
+        """Create replicas (with their state) on the node; see
+        :class:`~services.replicator.log_nodes.LogNodeClient`."""
         ...

@@ -10,6 +10,7 @@ from pathlib import Path
 import grpc
 
 from kbroker.log.v1 import log_pb2
+from kbroker.replicator.v1 import replicator_pb2 as pb
 from services.common.errors import ErrorCode
 
 from ...record_batches import build_batch, values
@@ -105,3 +106,30 @@ def test_a_partition_without_an_in_sync_replica_waits_for_its_leader(tmp_path: P
 
 async def _isr_is(r: Replication, topic: str, isr: list[int]) -> bool:
     return list((await r.partition(topic)).isr) == isr
+
+
+def test_a_replica_placed_on_a_node_that_was_down_is_created_when_it_returns(
+    tmp_path: Path,
+) -> None:
+    async def scenario(r: Replication) -> None:
+        late = r.node(2)
+        await late.stop()
+
+        async def down() -> bool:
+            metadata = await r.stub.GetMetadata(pb.GetMetadataRequest())
+            return not next(n.alive for n in metadata.log_nodes if n.node_id == 2)
+
+        await wait_for(down)
+        reply = await r.stub.CreateTopics(pb.CreateTopicsRequest(topics=[pb.NewTopic(
+            name="late", num_partitions=-1, replication_factor=-1,
+            assignments={0: pb.Replicas(node_ids=[0, 1, 2])})]))
+        assert reply.topics[0].error_code == 0
+        assert list((await r.partition("late")).isr) == [0, 1]
+        leader = r.node(0)
+        written = await leader.append("late", build_batch(values(5)))
+        await late.start()
+        await wait_for(lambda: _isr_is(r, "late", [0, 1, 2]))
+        await wait_for(lambda: converged(r, "late", written.log_end_offset))
+        assert await late.read_all("late") == await leader.read_all("late")
+
+    run(tmp_path, scenario)
