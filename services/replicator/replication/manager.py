@@ -36,6 +36,8 @@ import contextlib
 import dataclasses
 import logging
 import time
+from collections.abc import Coroutine
+from typing import Any
 
 from services.common.errors import ErrorCode
 
@@ -158,7 +160,16 @@ class ReplicationManager:
                     metrics.forget_follower(gone.topic, gone.partition, follower)
         self._states = states
         self._assign_fetchers()
+        for node in [n for n in self._pushers if n not in alive]:
+            # What it had not taken is moot: it gets its high watermarks again when it is
+            # back and takes its states (see _resume).
+            self._retire(self._pushers.pop(node).close())
         self._sync_needed.set()
+
+    def _retire(self, closing: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(closing)
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
 
     def _assign_fetchers(self) -> None:
         wanted: dict[NodeId, dict[TopicPartition, PartitionReplication]] = {}
@@ -167,10 +178,7 @@ class ReplicationManager:
                 wanted.setdefault(state.leader, {})[key] = state
         for leader in list(self._fetchers):
             if leader not in wanted:
-                fetcher = self._fetchers.pop(leader)
-                task = asyncio.ensure_future(fetcher.stop())
-                self._stopping.add(task)
-                task.add_done_callback(self._stopping.discard)
+                self._retire(self._fetchers.pop(leader).stop())
         for leader, partitions in wanted.items():
             fetcher = self._fetchers.get(leader)
             if fetcher is None:
