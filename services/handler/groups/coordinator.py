@@ -398,7 +398,8 @@ class GroupCoordinator:
             if appended is not None:
                 GROUP_WRITES.labels("appended").inc()
                 if appended.high_watermark < appended.log_end_offset:
-                    await self._await_replicated(store.partition, appended.log_end_offset)
+                    await self._await_replicated(store.partition, appended.log_end_offset,
+                                                 appended.leader_epoch)
                 return result, end
             GROUP_WRITES.labels("conflict").inc()
             # Lost to another handler: back off a little (more with each loss) and retry.
@@ -428,10 +429,14 @@ class GroupCoordinator:
             await self._signal(group_id, end)
         return GroupChange(result=result, before=before, after=after, end=end)
 
-    async def _await_replicated(self, partition: int, end: int) -> None:
+    async def _await_replicated(self, partition: int, end: int, leader_epoch: int) -> None:
         """Wait until the partition's high watermark reaches ``end`` (Kafka's coordinator
-        writes with acks=all). Without a purgatory the write stands as the leader has it."""
+        writes with acks=all), on the key of the leader epoch that stored the write, as an
+        acks=all produce does: a later leader, whose log may lack the write, never completes
+        it. Without a purgatory the write stands as the leader has it."""
         key = partition_key(OFFSETS_TOPIC, partition)
+        if leader_epoch >= 0:
+            key = f"{key}@{leader_epoch}"
         try:
             with parked():
                 outcome = await self._purgatory.wait(WaitKind.PRODUCE, {key: end}, True,
