@@ -29,6 +29,11 @@ class ReplicatorConfig:
     unclean_leader_election_enable: bool = option(
         False, "unclean.leader.election.enable: elect a replica outside the ISR when none in "
         "it is left (records may be lost)")
+    auto_leader_rebalance_enable: bool = option(
+        True, "auto.leader.rebalance.enable: give partitions back to their preferred (first) "
+        "replica once it is in sync again")
+    leader_imbalance_check_interval_ms: int = option(
+        300000, "leader.imbalance.check.interval.ms: how often preferred leaders are elected")
     purgatory_address: str = option(
         "", "host:port of the purgatory to tell about high watermark moves (empty: only the "
         "leaders tell it)")

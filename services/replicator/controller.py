@@ -35,6 +35,8 @@ Consistency rules:
   partition it led gets a new leader from the rest of its ISR, at the next epoch (from outside
   the ISR only with unclean.leader.election.enable). Checked after every node check, so a
   partition left offline gets its leader as soon as a replica of its ISR is back.
+- Preferred leaders: every ``leader.imbalance.check.interval``, partitions go back to their
+  first replica where it is live and in sync (auto.leader.rebalance.enable).
 - ISR changes (:meth:`Controller.change_isr`, from the replication role) commit at once,
   without waiting for topic operations: they name the leader and epoch they were computed for
   and are dropped if the partition moved on. Topic operations therefore rebuild partitions from
@@ -73,7 +75,7 @@ from .metadata import (
 from .metadata_store import MetadataStore
 from .producer_ids import ProducerIdBlock, next_block
 from .publisher import ImagePublisher
-from .replication.election import fence
+from .replication.election import fence, preferred
 from .replication.nodes import ReplicaState, Role
 from .topic_rules import (
     ConfigOperation,
@@ -280,6 +282,33 @@ class Controller:
                 if p.leader in fenced:
                     log.warning("%s-%d is offline: its leader %d is fenced and no in-sync "
                                 "replica can lead", topic.name, p.partition, p.leader)
+
+    def elect_preferred_leaders(self) -> int:
+        """Give partitions back to their preferred (first) replica where it is live and in
+        sync (see :mod:`~services.replicator.replication.election`); returns how many moved."""
+        image = self._image
+        changed, elections = preferred(image, image.live_node_ids)
+        if not changed:
+            return 0
+        try:
+            self._commit(lambda current: current.with_topics(added=changed))
+        except OSError:
+            log.exception("could not save preferred leaders; retrying later")
+            return 0
+        for e in elections:
+            metrics.LEADER_ELECTIONS.labels("preferred").inc()
+            log.info("%s-%d: leadership back to the preferred replica %d (from %d) at epoch %d",
+                     e.topic, e.partition, e.new_leader, e.old_leader, e.leader_epoch)
+        return len(elections)
+
+    async def run_leader_rebalance(self, interval: float) -> None:
+        """Elect preferred leaders every ``interval`` seconds until cancelled."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.elect_preferred_leaders()
+            except Exception:  # the loop must survive any one bad round
+                log.exception("preferred leader election failed")
 
     def _apply_liveness(self, alive: Mapping[NodeId, bool]) -> set[NodeId]:
         """Record liveness; returns the nodes that came alive."""

@@ -37,6 +37,7 @@ class ReplicatorService:
         monitor: asyncio.Task[None],
         log_nodes: GrpcLogNodes,
         replication: ReplicationManager,
+        rebalance: asyncio.Task[None] | None = None,
     ) -> None:
         self._server = server
         self.port = port
@@ -44,11 +45,14 @@ class ReplicatorService:
         self._monitor = monitor
         self._log_nodes = log_nodes
         self.replication = replication
+        self._rebalance = rebalance
 
     async def stop(self, grace: float = 1.0) -> None:
-        self._monitor.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._monitor
+        for task in (self._monitor, self._rebalance):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.replication.stop()
         # Ends the metadata streams, so watchers see a clean end instead of a cancellation.
         await self.controller.close()
@@ -92,8 +96,13 @@ async def start(config: ReplicatorConfig) -> ReplicatorService:
                             backoff_ms=config.replica_fetch_backoff_ms),
         resync_interval_s=interval, purgatory=purgatory)
     replication.start()
+    rebalance = None
+    if config.auto_leader_rebalance_enable:
+        rebalance = asyncio.create_task(controller.run_leader_rebalance(
+            max(config.leader_imbalance_check_interval_ms, 1) / 1000), name="leader-rebalance")
     image = controller.image
     log.info("replicator serving on port %d: cluster %s, metadata version %d, %d/%d log nodes "
              "alive", port, image.cluster_id, image.version, len(image.live_node_ids),
              len(image.log_nodes))
-    return ReplicatorService(server, port, controller, monitor, log_nodes, replication)
+    return ReplicatorService(server, port, controller, monitor, log_nodes, replication,
+                             rebalance)

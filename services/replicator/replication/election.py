@@ -13,6 +13,11 @@ For every partition touching a fenced node:
 
 A partition whose fenced leader was its only in-sync replica therefore keeps that leader and
 ISR: when the node returns, it leads again without an election, having lost nothing.
+
+Preferred leaders (Kafka's auto.leader.rebalance.enable): a partition led by another replica
+than its first one (the preferred leader, where placement spread the leaders evenly) goes back
+to it at the next epoch once it is live and in the ISR, so that failovers do not leave the
+leadership piled on the survivors.
 """
 
 from __future__ import annotations
@@ -69,6 +74,32 @@ def fence(
                     topic=topic.name, partition=p.partition, old_leader=p.leader,
                     new_leader=updated.leader, leader_epoch=updated.leader_epoch,
                     clean=updated.leader in p.isr))
+        if touched:
+            changed.append(dataclasses.replace(topic, partitions=tuple(partitions)))
+    return changed, elections
+
+
+def preferred(
+    image: MetadataImage, live: Collection[NodeId]
+) -> tuple[list[TopicRegistration], list[Election]]:
+    """The topics whose partitions go back to their preferred (first) replica, and those
+    elections: every partition whose preferred replica is live, in the ISR and not leading."""
+    live = set(live)
+    changed: list[TopicRegistration] = []
+    elections: list[Election] = []
+    for topic in image.topics.values():
+        partitions = list(topic.partitions)
+        touched = False
+        for index, p in enumerate(partitions):
+            first = p.replicas[0] if p.replicas else None
+            if first is None or first == p.leader or first not in live or first not in p.isr:
+                continue
+            partitions[index] = dataclasses.replace(p, leader=first,
+                                                    leader_epoch=p.leader_epoch + 1)
+            touched = True
+            elections.append(Election(topic=topic.name, partition=p.partition,
+                                      old_leader=p.leader, new_leader=first,
+                                      leader_epoch=p.leader_epoch + 1, clean=True))
         if touched:
             changed.append(dataclasses.replace(topic, partitions=tuple(partitions)))
     return changed, elections

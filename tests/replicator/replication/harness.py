@@ -122,6 +122,8 @@ class Replication:
             "replica_fetch_backoff_ms": 50,
             "replica_fetch_wait_max_ms": FETCH_WAIT_MS,
             "node_session_timeout_ms": SESSION_TIMEOUT_MS,
+            # Tests that want leadership to move back turn it on.
+            "auto_leader_rebalance_enable": False,
             "purgatory_address": f"127.0.0.1:{self.purgatory.port}",
             **self.settings,
         }

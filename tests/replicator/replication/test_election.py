@@ -11,7 +11,7 @@ from services.replicator.metadata import (
     TopicName,
     TopicRegistration,
 )
-from services.replicator.replication.election import fence
+from services.replicator.replication.election import fence, preferred
 
 N0, N1, N2 = NodeId(0), NodeId(1), NodeId(2)
 
@@ -77,3 +77,13 @@ def test_a_returning_isr_replica_ends_an_offline_partition():
 
 def test_partitions_without_fenced_nodes_are_untouched():
     assert fence(image(partition(0, N1, (N1, N2))), {N0}, {N1, N2}) == ([], [])
+
+
+def test_partitions_go_back_to_a_live_in_sync_preferred_replica():
+    before = image(partition(0, N1, (N1, N0)), partition(1, N1, (N1, N2)),
+                   partition(2, N2, (N2, N1), replicas=(N2, N1, N0)), live=(N0, N1, N2))
+    [topic], [election] = preferred(before, {N0, N1, N2})
+    # Partition 1's preferred replica (0) is not in sync; partition 2 is led by its own.
+    assert [(p.leader, p.leader_epoch) for p in topic.partitions] == [(N0, 5), (N1, 4), (N2, 4)]
+    assert (election.old_leader, election.new_leader, election.clean) == (N1, N0, True)
+    assert preferred(before, {N1, N2}) == ([], [])  # not while it is down

@@ -133,3 +133,34 @@ def test_a_replica_placed_on_a_node_that_was_down_is_created_when_it_returns(
         assert await late.read_all("late") == await leader.read_all("late")
 
     run(tmp_path, scenario)
+
+
+def test_leadership_goes_back_to_the_preferred_replica(tmp_path: Path) -> None:
+    async def scenario(r: Replication) -> None:
+        await r.create_topic("preferred", replication=3)
+        meta = await r.partition("preferred")
+        first = r.node(meta.leader)
+        assert meta.leader == meta.replicas[0]
+        await first.stop()
+        await wait_for(lambda: leader_changed(r, "preferred", 0))
+        await first.start()
+
+        async def back() -> bool:
+            now = await r.partition("preferred")
+            return now.leader == meta.leader and now.leader_epoch == 2
+
+        await wait_for(back)
+
+        async def leading() -> bool:
+            try:
+                return (await first.describe("preferred")).role == log_pb2.REPLICA_ROLE_LEADER
+            except grpc.aio.AioRpcError:
+                return False
+
+        await wait_for(leading)
+        written = await first.append("preferred", build_batch(values(2)))
+        assert written.error_code == 0 and written.leader_epoch == 2
+        await wait_for(lambda: converged(r, "preferred", written.log_end_offset))
+
+    run(tmp_path, scenario, auto_leader_rebalance_enable=True,
+        leader_imbalance_check_interval_ms=200)
