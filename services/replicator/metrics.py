@@ -112,8 +112,9 @@ FOLLOWER_LAG_SECONDS = Gauge(
 )
 LEADER_ELECTIONS = Counter(
     "kbroker_replicator_leader_elections_total",
-    "Leaders elected because the previous one failed, by kind (clean: from the ISR; unclean: "
-    "from outside it) (LeaderElectionRateAndTimeMs, UncleanLeaderElectionsPerSec).",
+    "Leaders elected, by kind: clean (the leader failed; one from the ISR), unclean (from "
+    "outside it), preferred (back to the first replica) (LeaderElectionRateAndTimeMs, "
+    "UncleanLeaderElectionsPerSec).",
     ["kind"],
 )
 REPLICATED_BYTES = Counter(
