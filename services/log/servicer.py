@@ -266,6 +266,10 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
                 partition_log = self._manager.get(item.topic, item.partition)
                 await partition_log.append_as_follower(item.records, item.leader_epoch,
                                                        item.high_watermark)
+                # Kafka's maybeIncrementLogStartOffset: records the leader deleted go here too.
+                start = min(item.log_start_offset, partition_log.high_watermark)
+                if start > partition_log.log_start_offset:
+                    await self._manager.delete_records(item.topic, item.partition, start)
             except Exception as exc:  # noqa: BLE001
                 result.error_code, result.error_message = _error_of("ReplicateAppend", exc)
             _fill_ends(result, partition_log)

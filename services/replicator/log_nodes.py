@@ -195,7 +195,8 @@ class GrpcLogNodes:
         request = log_pb2.ReplicateAppendRequest(partitions=[
             log_pb2.PartitionReplicate(topic=r.topic, partition=r.partition,
                                        leader_epoch=r.leader_epoch, records=r.records,
-                                       high_watermark=r.high_watermark)
+                                       high_watermark=r.high_watermark,
+                                       log_start_offset=r.log_start_offset)
             for r in requests])
         reply = await self._call(node_id, "replicate", self._stub(node_id).ReplicateAppend,
                                  request)

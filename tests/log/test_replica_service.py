@@ -147,6 +147,29 @@ def test_follower_appends_that_do_not_continue_the_log_store_nothing(tmp_path: P
     run_node(tmp_path, body)
 
 
+def test_a_follower_follows_the_leaders_log_start_within_its_high_watermark(
+    tmp_path: Path,
+) -> None:
+    async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
+        await create_with(stub, "t", state("t", FOLLOWER, 0))
+
+        async def copy(base: int, n: int, high_watermark: int,
+                       log_start: int) -> log_pb2.PartitionReplicateResult:
+            response = await stub.ReplicateAppend(log_pb2.ReplicateAppendRequest(partitions=[
+                log_pb2.PartitionReplicate(
+                    topic="t", partition=0, leader_epoch=0, high_watermark=high_watermark,
+                    records=build_batch(values(n), base_offset=base), log_start_offset=log_start)]))
+            return response.results[0]
+
+        assert (await copy(0, 4, 4, 0)).error_code == 0
+        assert (await describe(stub, "t")).log_start_offset == 0
+        # The leader deleted records up to 6; this follower has committed only 6 of 8.
+        assert (await copy(4, 4, 6, 7)).error_code == 0
+        assert (await describe(stub, "t")).log_start_offset == 6
+
+    run_node(tmp_path, body)
+
+
 def test_a_leader_refuses_follower_appends(tmp_path: Path) -> None:
     async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
         await create_with(stub, "t", state("t", LEADER, 1))

@@ -235,7 +235,8 @@ class LeaderFetcher:
                     appends.setdefault(follower, []).append(ReplicateRequest(
                         topic=partition.topic, partition=partition.partition,
                         leader_epoch=partition.leader_epoch, records=result.records,
-                        high_watermark=partition.high_watermark))
+                        high_watermark=partition.high_watermark,
+                        log_start_offset=result.log_start_offset))
                 else:
                     partition.record_follower(follower, progress.log_end_offset,
                                               result.log_end_offset, read_at)

@@ -71,6 +71,7 @@ class ReplicateRequest:
     leader_epoch: int
     records: bytes
     high_watermark: int = NO_OFFSET
+    log_start_offset: int = NO_OFFSET
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
