@@ -20,8 +20,8 @@ def test_kafkajs_produce_every_codec(cluster, topic_name):
     node = shutil.which("node")
     assert node, "node is required for the kafkajs tests"
     done = subprocess.run(
-        [node, "produce.js", cluster.bootstrap, topic_name, "3", "60", "none", "gzip", "snappy", "lz4",
-         "zstd"],
+        [node, "produce.js", cluster.bootstrap, topic_name, "3", "60",
+         "none", "gzip", "snappy", "lz4", "zstd"],
         cwd=JS_DIR, capture_output=True, text=True, timeout=120, check=False,
         env={**os.environ, "KAFKAJS_NO_PARTITIONER_WARNING": "1"},
     )
