@@ -67,7 +67,7 @@ from services.common.errors import ErrorCode, KafkaError
 from . import replica_state, segment_swap
 from .leader_epochs import LeaderEpochCache
 from .offset_index import MAX_RELATIVE_OFFSET
-from .producer_state import BatchMetadata, ProducerStateManager
+from .producer_state import BatchMetadata, ProducerStateManager, snapshot_name
 from .record_batch import (
     HEADER_SIZE,
     NO_TIMESTAMP,
@@ -533,6 +533,7 @@ class PartitionLog:
                     raise KafkaError(ErrorCode.not_leader_or_follower,
                                      f"{self.topic}-{self.partition} stopped following")
                 self._check_epoch(leader_epoch)
+                self._maybe_restart_empty(records)
                 batches = _validate_replicated(records, self.log_end_offset)
                 last = batches[-1].header
                 max_timestamp = max(b.header.max_timestamp for b in batches)
@@ -548,6 +549,26 @@ class PartitionLog:
                     await self._flush_locked()
         if high_watermark >= 0 and high_watermark > self._high_watermark:
             self.high_watermark = high_watermark
+
+    def _maybe_restart_empty(self, records: bytes) -> None:
+        """An empty log started at an offset inside the leader's first batch (its log start
+        offset was inside that batch, see :meth:`start_over_at`), and the leader sends that
+        batch whole: the log starts at the batch's base offset instead (as Kafka's follower
+        does on an UnexpectedAppendOffsetException). Call with the lock held."""
+        if self.size_bytes or len(self._segments) != 1 or len(records) < HEADER_SIZE:
+            return
+        header = read_header(records)
+        end = self.log_end_offset
+        if not header.base_offset < end <= header.last_offset:
+            return
+        self._segments.pop().delete()
+        self._segments = [LogSegment.create(self.directory, header.base_offset,
+                                            self.config.index_interval_bytes)]
+        self._bases = [header.base_offset]
+        self._log_start_offset = self._high_watermark = header.base_offset
+        self.recovery_point = min(self.recovery_point, header.base_offset)
+        log.info("%s-%d: empty log now starts at %d, the leader's first batch", self.topic,
+                 self.partition, header.base_offset)
 
     def update_high_watermark(self, high_watermark: int, leader_epoch: int) -> None:
         """The replicator's high watermark for this replica at ``leader_epoch`` (which must be
@@ -587,6 +608,33 @@ class PartitionLog:
             log.warning("%s-%d: truncated from %d to %d (%d byte(s) of the last segment)",
                         self.topic, self.partition, end, new_end, removed)
             return new_end
+
+    async def start_over_at(self, offset: int) -> None:
+        """Drop the whole log and continue, empty, at ``offset`` (Kafka's
+        ``truncateFullyAndStartAt``): a follower whose log ends below its leader's log start
+        offset can never catch up by copying. The producer state and leader epochs go with
+        the data. Only a follower (NOT_LEADER_OR_FOLLOWER for a leader)."""
+        async with self._lock:
+            self._check_open()
+            if self.state.role is Role.LEADER:
+                raise KafkaError(ErrorCode.not_leader_or_follower,
+                                 f"the leader of {self.topic}-{self.partition} is never cut")
+            await self.drain()
+            end = self.log_end_offset
+            for segment in self._segments:
+                segment.delete()
+            self._segments = [
+                LogSegment.create(self.directory, offset, self.config.index_interval_bytes)]
+            self._bases = [offset]
+            self._log_start_offset = offset
+            self._high_watermark = offset
+            self.recovery_point = offset
+            for snapshot in self.producer_state.snapshot_offsets():
+                (self.directory / snapshot_name(snapshot)).unlink(missing_ok=True)
+            self.producer_state.load(self._segments, offset)
+            self.leader_epochs.truncate_from_end(0)
+            log.warning("%s-%d: log [.., %d) dropped; starting over at %d", self.topic,
+                        self.partition, end, offset)
 
     def end_offset_for_epoch(self, leader_epoch: int) -> tuple[int, int]:
         """OffsetForLeaderEpoch on this replica: see

@@ -293,7 +293,10 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
             partition_log: PartitionLog | None = None
             try:
                 partition_log = self._manager.get(item.topic, item.partition)
-                await partition_log.truncate_to(item.offset)
+                if item.start_over:
+                    await partition_log.start_over_at(item.offset)
+                else:
+                    await partition_log.truncate_to(item.offset)
             except Exception as exc:  # noqa: BLE001
                 result.error_code, result.error_message = _error_of("Truncate", exc)
             _fill_ends(result, partition_log)

@@ -253,10 +253,12 @@ class GrpcLogNodes:
             leader_epoch=r.leader_epoch, end_offset=r.end_offset) for r in reply.results]
 
     async def truncate(
-        self, node_id: NodeId, requests: Sequence[tuple[str, int, int]]
+        self, node_id: NodeId, requests: Sequence[tuple[str, int, int]],
+        *, start_over: bool = False,
     ) -> list[replica.ReplicateResult]:
         request = log_pb2.TruncateRequest(partitions=[
-            log_pb2.PartitionTruncation(topic=topic, partition=partition, offset=offset)
+            log_pb2.PartitionTruncation(topic=topic, partition=partition, offset=offset,
+                                        start_over=start_over)
             for topic, partition, offset in requests])
         reply = await self._call(node_id, "truncate", self._stub(node_id).Truncate, request)
         return [replica.ReplicateResult(

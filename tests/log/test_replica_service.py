@@ -170,6 +170,31 @@ def test_a_follower_follows_the_leaders_log_start_within_its_high_watermark(
     run_node(tmp_path, body)
 
 
+def test_a_follower_behind_its_leaders_log_start_starts_over(tmp_path: Path) -> None:
+    async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
+        await create_with(stub, "t", state("t", FOLLOWER, 0))
+        batch = build_batch(values(3), producer_id=4, producer_epoch=0, base_sequence=0,
+                            partition_leader_epoch=0)
+        assert (await replicate(stub, "t", batch, epoch=0)).log_end_offset == 3
+        response = await stub.Truncate(log_pb2.TruncateRequest(partitions=[
+            log_pb2.PartitionTruncation(topic="t", partition=0, offset=40, start_over=True)]))
+        result = response.results[0]
+        assert (result.error_code, result.log_end_offset, result.high_watermark) == (0, 40, 40)
+        described = await describe(stub, "t")
+        assert (described.log_start_offset, described.log_end_offset) == (40, 40)
+        assert described.latest_log_epoch == -1
+        assert (await read(stub, "t", 3)).error_code == ErrorCode.offset_out_of_range.value
+        assert (await replicate(stub, "t", build_batch(values(2), base_offset=40),
+                                epoch=0)).log_end_offset == 42
+        # The producer state went with the data: a sequence from before is no duplicate.
+        assert await become(stub, state("t", LEADER, 1)) == [0]
+        again = await append(stub, "t", build_batch(values(3), producer_id=4,
+                                                    producer_epoch=0, base_sequence=0))
+        assert (again.error_code, again.base_offset) == (0, 42)
+
+    run_node(tmp_path, body)
+
+
 def test_a_leader_refuses_follower_appends(tmp_path: Path) -> None:
     async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
         await create_with(stub, "t", state("t", LEADER, 1))

@@ -43,7 +43,14 @@ from services.common.errors import ErrorCode
 from .. import metrics
 from ..log_nodes import LogNodeError
 from ..metadata import NodeId
-from .nodes import FetchRequest, ReplicaNodes, ReplicateRequest, Role, TopicPartition
+from .nodes import (
+    NO_OFFSET,
+    FetchRequest,
+    ReplicaNodes,
+    ReplicateRequest,
+    Role,
+    TopicPartition,
+)
 from .partition_state import PartitionReplication
 
 log = logging.getLogger(__name__)
@@ -225,6 +232,12 @@ class LeaderFetcher:
             followers = entries[(key, _offset)]
             if result.error is not ErrorCode.none:
                 for follower in followers:
+                    progress = partition.followers[follower]
+                    if (result.error is ErrorCode.offset_out_of_range
+                            and 0 <= progress.log_end_offset < result.log_start_offset):
+                        # Behind what the leader still has: copying cannot catch it up.
+                        progress.start_over_at = result.log_start_offset
+                        continue
                     self._read_failed(partition, follower, result.error)
                 continue
             partition.record_leader(result.log_end_offset, result.high_watermark)
@@ -312,6 +325,33 @@ class LeaderFetcher:
                 if not partitions[key].followers[follower].verified:
                     self._back_off((key, follower))
 
+    async def _start_over(
+        self, follower: NodeId, keys: list[TopicPartition],
+        partitions: Mapping[TopicPartition, PartitionReplication],
+    ) -> None:
+        """Followers whose log ends below the leader's log start drop it and continue empty
+        at the leader's log start (Kafka's truncateFullyAndStartAt)."""
+        todo = [(k[0], k[1], partitions[k].followers[follower].start_over_at) for k in keys
+                if partitions[k].followers[follower].start_over_at >= 0]
+        if not todo:
+            return
+        for result in await self._nodes.truncate(follower, todo, start_over=True):
+            key = (result.topic, result.partition)
+            partition = partitions.get(key)
+            if partition is None:
+                continue
+            progress = partition.followers[follower]
+            progress.start_over_at = NO_OFFSET
+            if result.error is not ErrorCode.none:
+                self._append_failed(partition, follower, result.error, result.message)
+                continue
+            log.warning("%s-%d: follower %d was behind the leader's log start; it starts "
+                        "over at %d", result.topic, result.partition, follower,
+                        result.log_end_offset)
+            progress.log_end_offset = result.log_end_offset
+            progress.high_watermark = result.high_watermark
+            progress.verified = True
+
     async def _prepare(
         self, follower: NodeId, keys: list[TopicPartition],
         partitions: Mapping[TopicPartition, PartitionReplication],
@@ -321,6 +361,7 @@ class LeaderFetcher:
         part: ask the leader where the follower's latest epoch ends; if the leader knows only
         an older epoch, the follower's own end of that one counts too. A follower whose log
         has no epochs has nothing to compare and is taken as it is."""
+        await self._start_over(follower, keys, partitions)
         todo = {k: partitions[k] for k in keys if not partitions[k].followers[follower].verified}
         if not todo:
             return

@@ -165,9 +165,11 @@ class ReplicaNodes(Protocol):
         ...
 
     async def truncate(
-        self, node_id: NodeId, requests: Sequence[tuple[str, int, int]]
+        self, node_id: NodeId, requests: Sequence[tuple[str, int, int]],
+        *, start_over: bool = False,
     ) -> list[ReplicateResult]:
-        """Cut (topic, partition) replicas back to an offset each."""
+        """Cut (topic, partition) replicas back to an offset each; with ``start_over``, drop
+        their logs and continue empty at that offset."""
         ...
 
     async def create_partitions(

@@ -46,6 +46,8 @@ class FollowerProgress:
     # Its log was checked against the leader's at this epoch (and cut where it parted from
     # it): only then may it be copied to.
     verified: bool = False
+    # Its log ends below the leader's log start: it starts over empty at this offset.
+    start_over_at: int = NO_OFFSET
 
 
 class PartitionReplication:

@@ -164,3 +164,30 @@ def test_leadership_goes_back_to_the_preferred_replica(tmp_path: Path) -> None:
 
     run(tmp_path, scenario, auto_leader_rebalance_enable=True,
         leader_imbalance_check_interval_ms=200)
+
+
+def test_a_follower_behind_the_leaders_log_start_starts_over_there(tmp_path: Path) -> None:
+    async def scenario(r: Replication) -> None:
+        await r.create_topic("pruned", replication=3)
+        meta = await r.partition("pruned")
+        leader, gone = r.node(meta.leader), r.node(meta.replicas[2])
+        first = await leader.append("pruned", build_batch(values(3)))
+        await wait_for(lambda: converged(r, "pruned", first.log_end_offset))
+        await gone.stop()
+        await wait_for(lambda: _isr_is(r, "pruned", list(meta.replicas[:2])))
+        written = await leader.append("pruned", build_batch(values(6)))
+        await wait_for(lambda: _committed(leader, written.log_end_offset))
+        deleted = await leader.stub.DeleteRecords(log_pb2.DeleteRecordsRequest(partitions=[
+            log_pb2.PartitionDeleteRecords(topic="pruned", partition=0, offset=7)]))
+        assert deleted.results[0].low_watermark == 7
+        await gone.start()
+        await wait_for(lambda: _isr_is(r, "pruned", list(meta.replicas)))
+        await wait_for(lambda: converged(r, "pruned", written.log_end_offset))
+        state = await gone.describe("pruned")
+        assert (state.log_start_offset, state.log_end_offset) == (7, written.log_end_offset)
+
+    run(tmp_path, scenario)
+
+
+async def _committed(node, offset: int) -> bool:
+    return (await node.describe("pruned")).high_watermark >= offset
