@@ -41,7 +41,9 @@ keeps what the writer gave); a follower takes the leader's batches as
 they are (:meth:`PartitionLog.append_as_follower`). A leader alone in the ISR commits its
 appends at once (high watermark = log end offset); otherwise the replicator moves the high
 watermark, and only a leader reports its moves to the listener (the purgatory). The leader
-epoch cache maps epochs to their first offsets.
+epoch cache maps epochs to their first offsets. A follower's log is cut back where it parts
+from a new leader's (:meth:`PartitionLog.truncate_to`), or dropped and started over at the
+leader's log start when it ends below it (:meth:`PartitionLog.start_over_at`).
 
 Mutations (appends, segment deletion, flushes) are serialised per partition by an asyncio lock;
 offsets are assigned by patching batch headers; reads and lookups run on the event loop without

@@ -24,9 +24,10 @@ over. A leader that fails as a whole makes the loop back off, doubling up to ``8
 Per-partition errors: a replica refusing the state it should have (not a follower, another
 epoch) or not knowing the partition is reported to ``on_stale_state``, which sends the replica
 its state again; a follower append that does not continue its log (its log end moved) takes the
-log end offset from the answer and retries; a read out of the leader's range (the follower has
-more than the leader, or less than its log start) has the follower checked again and is
-reported to ``on_diverged``.
+log end offset from the answer and retries; a read out of the leader's range either finds the
+follower's log ending below the leader's log start (it then drops its log and starts over
+there, Kafka's truncateFullyAndStartAt) or past the leader's end (it is checked against the
+leader's log again, and reported to ``on_diverged``).
 """
 
 from __future__ import annotations
