@@ -5,7 +5,7 @@ produce path that fixed cost is paid for every request and weighs as much as the
 :class:`CallStream` sends each request as one message on a stream that stays open and resolves
 the caller's future when the answer carrying its id comes back, so answers may arrive in any
 order and many calls share the stream at once. Used by frontends towards handlers and by
-handlers towards log nodes.
+handlers towards log nodes; :func:`serve_calls` is the serving side.
 
 Failure semantics match a unary call's, expressed through the caller's ``failure_of(code,
 details)``: when the stream breaks, every call sent on it fails with the stream's status
@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import grpc
@@ -120,3 +120,30 @@ class CallStream:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
+
+
+async def serve_calls(request_iterator: Any, context: Any,
+                      answer: Callable[[Any], Awaitable[Any]]) -> None:
+    """The server side of a call stream: each request is answered by ``answer`` concurrently
+    with the others, and its reply written as soon as it is ready. A call that started is
+    finished even if the stream breaks meanwhile (its reply is then lost, as a unary call's
+    would be)."""
+    writing = asyncio.Lock()
+    pending: set[asyncio.Task[None]] = set()
+
+    async def serve(request: Any) -> None:
+        reply = await answer(request)
+        try:
+            async with writing:
+                await context.write(reply)
+        except Exception as exc:  # noqa: BLE001 - the caller went away
+            log.debug("call %d: reply not delivered: %s", request.call_id, exc)
+
+    try:
+        async for request in request_iterator:
+            task = asyncio.create_task(serve(request))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+    finally:
+        if pending:
+            await asyncio.shield(asyncio.gather(*pending, return_exceptions=True))

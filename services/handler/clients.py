@@ -283,39 +283,20 @@ class LogNodeClients:
             message.request.partitions.add(topic=a.topic, partition=a.partition,
                                            records=a.records)
         answer = await self._append_stream(node).call(message, time_limit)
-        response = answer.response
-        return [
-            AppendResult(
-                topic=r.topic,
-                partition=r.partition,
-                error_code=r.error_code,
-                error_message=r.error_message or None,
-                base_offset=r.base_offset,
-                log_append_time_ms=r.log_append_time_ms,
-                log_start_offset=r.log_start_offset,
-                log_end_offset=r.log_end_offset,
-                high_watermark=r.high_watermark,
-                leader_epoch=r.leader_epoch,
-            )
-            for r in response.results
-        ]
+        return [_append_result(r) for r in answer.response.results]
 
     async def append_if_end(
         self, node: LogNode, append: PartitionAppend, expected_log_end_offset: int,
         time_limit: float,
     ) -> AppendResult:
-        request = log_pb2.AppendRequest(partitions=[log_pb2.PartitionAppend(
+        """Append only if the partition's log end offset is still ``expected_log_end_offset``
+        (else INVALID_UPDATE_VERSION): a compare-and-set on the log."""
+        message = log_pb2.AppendStreamRequest()
+        message.request.partitions.add(
             topic=append.topic, partition=append.partition, records=append.records,
-            expected_log_end_offset=expected_log_end_offset)])
-        response = await _call(self._stub(node).Append, request, time_limit, _peer(node))
-        r = response.results[0]
-        return AppendResult(
-            topic=r.topic, partition=r.partition, error_code=r.error_code,
-            error_message=r.error_message or None, base_offset=r.base_offset,
-            log_append_time_ms=r.log_append_time_ms, log_start_offset=r.log_start_offset,
-            log_end_offset=r.log_end_offset, high_watermark=r.high_watermark,
-            leader_epoch=r.leader_epoch,
-        )
+            expected_log_end_offset=expected_log_end_offset)
+        answer = await self._append_stream(node).call(message, time_limit)
+        return _append_result(answer.response.results[0])
 
     async def read(
         self,
@@ -429,6 +410,21 @@ class LogNodeClients:
             await channel.close()
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
+
+
+def _append_result(r: log_pb2.PartitionAppendResult) -> AppendResult:
+    return AppendResult(
+        topic=r.topic,
+        partition=r.partition,
+        error_code=r.error_code,
+        error_message=r.error_message or None,
+        base_offset=r.base_offset,
+        log_append_time_ms=r.log_append_time_ms,
+        log_start_offset=r.log_start_offset,
+        log_end_offset=r.log_end_offset,
+        high_watermark=r.high_watermark,
+        leader_epoch=r.leader_epoch,
+    )
 
 
 async def _close_channel(channel: grpc.aio.Channel, stream: CallStream | None) -> None:

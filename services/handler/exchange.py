@@ -3,15 +3,13 @@
 Each :class:`HandlerCall` is served by the same servicer method a unary call reaches, with a
 small stand-in for the gRPC context that carries the call's request metadata in and its
 trailing metadata out, so the API code cannot tell the two paths apart. Calls run
-concurrently; answers are written as they complete. A call that started is finished even if
-the stream breaks meanwhile (its answer is lost, as a unary call's would be). An unknown
+concurrently (:func:`services.common.call_streams.serve_calls`). An unknown
 method is answered UNIMPLEMENTED, a request that does not parse INVALID_ARGUMENT, and a
 servicer that raises INTERNAL (the servicer itself turns API failures into Kafka errors).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -21,6 +19,7 @@ from google.protobuf import message_factory
 from google.protobuf.message import DecodeError
 
 from kbroker.handler.v1 import handler_pb2, handler_pb2_grpc
+from services.common.call_streams import serve_calls
 
 log = logging.getLogger(__name__)
 
@@ -58,26 +57,7 @@ class ExchangeServicer(handler_pb2_grpc.KafkaHandlerStreamServicer):
         self._methods = kafka_methods(servicer)
 
     async def Exchange(self, request_iterator, context):
-        writing = asyncio.Lock()
-        pending: set[asyncio.Task[None]] = set()
-
-        async def serve(call: handler_pb2.HandlerCall) -> None:
-            reply = await self.serve_one(call)
-            try:
-                async with writing:
-                    await context.write(reply)
-            except Exception as exc:  # noqa: BLE001 - the caller went away
-                log.debug("Exchange: answer %d (%s) not delivered: %s", call.call_id,
-                          call.method, exc)
-
-        try:
-            async for call in request_iterator:
-                task = asyncio.create_task(serve(call))
-                pending.add(task)
-                task.add_done_callback(pending.discard)
-        finally:
-            if pending:
-                await asyncio.shield(asyncio.gather(*pending, return_exceptions=True))
+        await serve_calls(request_iterator, context, self.serve_one)
 
     async def serve_one(self, call: handler_pb2.HandlerCall) -> handler_pb2.HandlerReply:
         reply = handler_pb2.HandlerReply(call_id=call.call_id)

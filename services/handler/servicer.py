@@ -66,6 +66,20 @@ def _set_opt(message: Any, name: str, value: Any) -> None:
         setattr(message, name, value)
 
 
+def _or_unsupported(
+    api: Any, error_response: Callable[[Req, int], Resp]
+) -> Callable[[Req], Awaitable[Resp]]:
+    """``api.handle``, or UNSUPPORTED_VERSION for every item when this handler was built
+    without the API."""
+
+    async def handle(request: Req) -> Resp:
+        if api is None:
+            return error_response(request, ErrorCode.unsupported_version.value)
+        return await api.handle(request)
+
+    return handle
+
+
 def _first_error(codes: Iterable[int]) -> int:
     return next((c for c in codes if c), 0)
 
@@ -963,13 +977,7 @@ class KafkaHandlerServicer(handler_pb2_grpc.KafkaHandlerServicer):
     async def DeleteRecords(
         self, request: k.DeleteRecordsRequest, context: grpc.aio.ServicerContext
     ) -> k.DeleteRecordsResponse:
-        api = self._delete_records
-
-        async def handle(r: records.DeleteRecordsRequest) -> records.DeleteRecordsResponse:
-            if api is None:
-                return records.error_response(r, ErrorCode.unsupported_version.value)
-            return await api.handle(r)
-
+        handle = _or_unsupported(self._delete_records, records.error_response)
         return await self._serve(
             "DeleteRecords", request, delete_records_request, handle,
             records.error_response, delete_records_error, delete_records_response)
@@ -1001,21 +1009,13 @@ class KafkaHandlerServicer(handler_pb2_grpc.KafkaHandlerServicer):
     async def DescribeConfigs(
         self, request: k.DescribeConfigsRequest, context: grpc.aio.ServicerContext
     ) -> k.DescribeConfigsResponse:
-        api = self._describe_configs
-
-        async def handle(r: configs.DescribeConfigsRequest) -> configs.DescribeConfigsResponse:
-            if api is None:
-                return configs.describe_error_response(r, ErrorCode.unsupported_version.value)
-            return await api.handle(r)
-
+        handle = _or_unsupported(self._describe_configs, configs.describe_error_response)
         return await self._serve(
             "DescribeConfigs", request, describe_configs_request, handle,
             configs.describe_error_response, describe_configs_error, describe_configs_response)
 
     async def _alter(self, r: configs.AlterConfigsRequest) -> configs.AlterConfigsResponse:
-        if self._alter_configs is None:
-            return configs.alter_error_response(r, ErrorCode.unsupported_version.value)
-        return await self._alter_configs.handle(r)
+        return await _or_unsupported(self._alter_configs, configs.alter_error_response)(r)
 
     async def AlterConfigs(
         self, request: k.AlterConfigsRequest, context: grpc.aio.ServicerContext
@@ -1035,15 +1035,7 @@ class KafkaHandlerServicer(handler_pb2_grpc.KafkaHandlerServicer):
     async def CreatePartitions(
         self, request: k.CreatePartitionsRequest, context: grpc.aio.ServicerContext
     ) -> k.CreatePartitionsResponse:
-        api = self._create_partitions
-
-        async def handle(
-            r: partitions.CreatePartitionsRequest,
-        ) -> partitions.CreatePartitionsResponse:
-            if api is None:
-                return partitions.error_response(r, ErrorCode.unsupported_version.value)
-            return await api.handle(r)
-
+        handle = _or_unsupported(self._create_partitions, partitions.error_response)
         return await self._serve(
             "CreatePartitions", request, create_partitions_request, handle,
             partitions.error_response, create_partitions_error, create_partitions_response)
@@ -1051,15 +1043,7 @@ class KafkaHandlerServicer(handler_pb2_grpc.KafkaHandlerServicer):
     async def OffsetForLeaderEpoch(
         self, request: k.OffsetForLeaderEpochRequest, context: grpc.aio.ServicerContext
     ) -> k.OffsetForLeaderEpochResponse:
-        api = self._offset_for_leader_epoch
-
-        async def handle(
-            r: leader_epochs.OffsetForLeaderEpochRequest,
-        ) -> leader_epochs.OffsetForLeaderEpochResponse:
-            if api is None:
-                return leader_epochs.error_response(r, ErrorCode.unsupported_version.value)
-            return await api.handle(r)
-
+        handle = _or_unsupported(self._offset_for_leader_epoch, leader_epochs.error_response)
         return await self._serve(
             "OffsetForLeaderEpoch", request, offset_for_leader_epoch_request, handle,
             leader_epochs.error_response, offset_for_leader_epoch_error,
@@ -1068,15 +1052,7 @@ class KafkaHandlerServicer(handler_pb2_grpc.KafkaHandlerServicer):
     async def InitProducerId(
         self, request: k.InitProducerIdRequest, context: grpc.aio.ServicerContext
     ) -> k.InitProducerIdResponse:
-        api = self._init_producer_id
-
-        async def handle(
-            r: producer_ids.InitProducerIdRequest,
-        ) -> producer_ids.InitProducerIdResponse:
-            if api is None:
-                return producer_ids.error_response(r, ErrorCode.unsupported_version.value)
-            return await api.handle(r)
-
+        handle = _or_unsupported(self._init_producer_id, producer_ids.error_response)
         return await self._serve(
             "InitProducerId", request, init_producer_id_request, handle,
             producer_ids.error_response, lambda r: r.error_code, init_producer_id_response)

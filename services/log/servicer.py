@@ -11,6 +11,7 @@ import logging
 import time
 
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
+from services.common.call_streams import serve_calls
 from services.common.errors import ErrorCode, KafkaError, error_name
 
 from . import metrics
@@ -78,29 +79,12 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
         return response
 
     async def AppendStream(self, request_iterator, context):
-        """Appends as they arrive, each served concurrently like an ``Append`` and answered
-        when done. An append that started is finished even if the stream breaks meanwhile
-        (its answer is then lost, as a unary call's would be)."""
-        writing = asyncio.Lock()
-        pending: set[asyncio.Task[None]] = set()
+        async def answer(message: log_pb2.AppendStreamRequest) -> log_pb2.AppendStreamResponse:
+            reply = log_pb2.AppendStreamResponse(call_id=message.call_id)
+            await self._append(message.request, reply.response)
+            return reply
 
-        async def serve(message: log_pb2.AppendStreamRequest) -> None:
-            answer = log_pb2.AppendStreamResponse(call_id=message.call_id)
-            await self._append(message.request, answer.response)
-            try:
-                async with writing:
-                    await context.write(answer)
-            except Exception as exc:  # noqa: BLE001 - the caller went away
-                log.debug("AppendStream: answer %d not delivered: %s", message.call_id, exc)
-
-        try:
-            async for message in request_iterator:
-                task = asyncio.create_task(serve(message))
-                pending.add(task)
-                task.add_done_callback(pending.discard)
-        finally:
-            if pending:
-                await asyncio.shield(asyncio.gather(*pending, return_exceptions=True))
+        await serve_calls(request_iterator, context, answer)
 
     async def _append(self, request: log_pb2.AppendRequest,
                       response: log_pb2.AppendResponse) -> None:
