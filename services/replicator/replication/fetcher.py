@@ -220,7 +220,8 @@ class LeaderFetcher:
             changed.cancel()
             if not reading.done():
                 reading.cancel()
-        if reading.cancelled():
+        if not reading.done() or reading.cancelled():
+            # Abandoned (cancel() only asks: the task is not cancelled yet, and has no result).
             return
         results = reading.result()
         read_at = now_ms()
