@@ -1,9 +1,38 @@
-"""``python -m services.replicator [--flags]``: run the replicator until SIGTERM/SIGINT."""
+"""``python -m services.replicator [--flags]``: run the replicator until SIGTERM/SIGINT.
 
-from services.common.runtime import serve_main
+With ``--leader-election-lease`` it is one of several replicas: a standby until it holds the
+Lease, and if it loses the Lease it exits with status 1 so that it starts again as a standby.
+"""
+
+import asyncio
+import sys
+
+from services.common.config import load
+from services.common.metrics import serve_prometheus
+from services.common.runtime import run, serve_main
 
 from .config import ReplicatorConfig
-from .server import start
+from .server import start, start_leased
+
+
+def main() -> None:
+    config = load(ReplicatorConfig, sys.argv[1:])
+    if not config.leader_election_lease:
+        serve_main("replicator", ReplicatorConfig, start)
+        return
+    exit_code = 0
+
+    async def serve(stop: asyncio.Event) -> None:
+        nonlocal exit_code
+        if config.metrics_port:
+            host = config.grpc_address.rsplit(":", 1)[0].strip("[]") or "127.0.0.1"
+            serve_prometheus(config.metrics_port, host)
+        replicator = await start_leased(config)
+        exit_code = await replicator.serve_until(stop)
+
+    run("replicator", serve)
+    sys.exit(exit_code)
+
 
 if __name__ == "__main__":
-    serve_main("replicator", ReplicatorConfig, start)
+    main()

@@ -47,3 +47,19 @@ class ReplicatorConfig:
         10485760, "replica.fetch.response.max.bytes: bytes a follower fetch asks for in all")
     replica_fetch_backoff_ms: int = option(
         200, "replica.fetch.backoff.ms: pause after a failed follower fetch")
+    leader_election_lease: str = option(
+        "", "name of the coordination.k8s.io Lease that elects the active replicator among "
+        "replicas (empty: no election, this is the only replicator)")
+    leader_election_namespace: str = option(
+        "", "namespace of the Lease (empty: the pod's namespace, else default)")
+    leader_election_identity: str = option(
+        "", "this replicator's name in the Lease, unique among replicas (empty: the pod "
+        "name, i.e. the host name)")
+    leader_election_lease_duration_ms: int = option(
+        15000, "how long a standby waits on a Lease that stopped being renewed before taking "
+        "it over")
+    leader_election_renew_deadline_ms: int = option(
+        10000, "the active replicator stops if it could not renew the Lease for this long "
+        "(less than the lease duration)")
+    leader_election_retry_period_ms: int = option(
+        2000, "how often the Lease is renewed by the active replicator and tried by standbys")

@@ -1,25 +1,42 @@
 """Start and stop the replicator service: the controller, its log node monitor, the
-replication role and the gRPC server."""
+replication role and the gRPC server; with a Lease, as one of several replicas of which only
+the holder acts (:func:`start_leased`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import grpc
+from grpc_health.v1 import health_pb2
+from grpc_health.v1._async import HealthServicer
 
 from kbroker.replicator.v1 import replicator_pb2, replicator_pb2_grpc
 from services.common.server import ServiceBinding, create_server
 
 from .config import ReplicatorConfig
 from .controller import Controller
+from .leadership import (
+    ElectionSettings,
+    KubernetesLeases,
+    LeaseElector,
+    default_identity,
+    default_namespace,
+    kubernetes_api_client,
+)
 from .log_nodes import GrpcLogNodes, parse_log_nodes
 from .metadata_store import JsonFileMetadataStore
 from .replication.fetcher import FetchSettings
 from .replication.manager import ReplicationManager
 from .replication.progress import ProgressReporter
 from .servicer import ReplicatorServicer
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +55,10 @@ class ReplicatorService:
         log_nodes: GrpcLogNodes,
         replication: ReplicationManager,
         rebalance: asyncio.Task[None] | None = None,
+        health: HealthServicer | None = None,
     ) -> None:
         self._server = server
+        self.health = health
         self.port = port
         self.controller = controller
         self._monitor = monitor
@@ -76,7 +95,7 @@ async def start(config: ReplicatorConfig) -> ReplicatorService:
             node_session_timeout_ms=config.node_session_timeout_ms,
             unclean_leader_election=config.unclean_leader_election_enable,
         )
-        server, port, _health = await create_server(
+        server, port, health = await create_server(
             "replicator",
             [ServiceBinding(SERVICE_NAME, replicator_pb2_grpc.add_ReplicatorServicer_to_server,
                             ReplicatorServicer(controller))],
@@ -105,4 +124,180 @@ async def start(config: ReplicatorConfig) -> ReplicatorService:
              "alive", port, image.cluster_id, image.version, len(image.live_node_ids),
              len(image.log_nodes))
     return ReplicatorService(server, port, controller, monitor, log_nodes, replication,
-                             rebalance)
+                             rebalance, health)
+
+
+# Health name that is SERVING while the process serves gRPC, active or standby: the target
+# of the liveness and startup probes. "" and the Replicator service are SERVING only on the
+# active replica, which is what readiness (and so the Service's endpoints) follows.
+PROCESS_HEALTH = "liveness"
+_STEP_DOWN_TIMEOUT_S = 3.0
+
+
+class _StandbyServicer(replicator_pb2_grpc.ReplicatorServicer):
+    """Every Replicator call on a standby fails UNAVAILABLE: callers retry, through the
+    Service, against the active replica."""
+
+
+async def _refuse(self: object, request: object, context: grpc.aio.ServicerContext) -> None:
+    await context.abort(grpc.StatusCode.UNAVAILABLE,
+                        "standby replicator: it does not hold the leader election lease")
+
+
+for _method in replicator_pb2.DESCRIPTOR.services_by_name["Replicator"].methods:
+    setattr(_StandbyServicer, _method.name, _refuse)
+
+
+class LeasedReplicator:
+    """A replicator among replicas that acts only while it holds the Lease.
+
+    Life cycle: a standby gRPC server (health, reflection, metrics; Replicator calls refused,
+    health NOT_SERVING for "" and the Replicator service) serves at once while the elector
+    campaigns. Once the Lease is held, the standby server makes way for :func:`start` on the
+    same port (opening the controller from the stored metadata), whose health is SERVING,
+    and the elector keeps renewing.
+
+    Losing the Lease is crash-only: the replicator stops acting at once (health NOT_SERVING,
+    replication loops and the gRPC server stopped, so no write is accepted) and
+    :attr:`finished` completes, after which the process exits non-zero and Kubernetes starts
+    it again as a fresh standby. A replica that lost the Lease may hold state that is no
+    longer the truth (another replica has moved on); starting over from the stored metadata
+    is the one path that is always right, and it is the same path as a crash.
+    """
+
+    def __init__(self, config: ReplicatorConfig, elector: LeaseElector,
+                 standby: grpc.aio.Server, port: int, health: HealthServicer,
+                 close_api: Callable[[], None]) -> None:
+        self._config = config
+        self.elector = elector
+        self._standby: grpc.aio.Server | None = standby
+        self.port = port
+        self._standby_health = health
+        self._close_api = close_api
+        self.service: ReplicatorService | None = None
+        self._renewals: asyncio.Task[None] | None = None
+        self.lost = False
+        # Completes when this replica stops leading on its own: the Lease was lost or the
+        # active start failed. A graceful stop() cancels it instead.
+        self.finished: asyncio.Task[None] = asyncio.create_task(
+            self._lead(), name="replicator-leadership")
+
+    async def _lead(self) -> None:
+        await self.elector.acquire()
+        self._renewals = asyncio.create_task(self.elector.hold(), name="lease-renewals")
+        standby, self._standby = self._standby, None
+        if standby is not None:
+            await standby.stop(0)
+        host = self._config.grpc_address.rsplit(":", 1)[0]
+        starting = asyncio.create_task(start(dataclasses.replace(
+            self._config, grpc_address=f"{host}:{self.port}")), name="replicator-start")
+        try:
+            await asyncio.wait({self._renewals, starting}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            await self._adopt(starting)
+            raise
+        if not starting.done():
+            # Lost the Lease before the controller was open.
+            await self._adopt(starting)
+        else:
+            self.service = starting.result()
+            if self.service.health is not None:
+                await self.service.health.set(PROCESS_HEALTH,
+                                              health_pb2.HealthCheckResponse.SERVING)
+            log.info("replicator %s is active (lease %s/%s)", self.elector.settings.identity,
+                     self.elector.settings.namespace, self.elector.settings.lease_name)
+            await self._renewals
+        self.lost = True
+        await self._step_down()
+
+    async def _adopt(self, starting: asyncio.Task[ReplicatorService]) -> None:
+        """Cancel a start in progress; keep the service if it had finished (to stop it)."""
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            self.service = await starting
+
+    async def _step_down(self) -> None:
+        service, self.service = self.service, None
+        if service is None:
+            return
+        if service.health is not None:
+            for name in ("", SERVICE_NAME, PROCESS_HEALTH):
+                await service.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        try:
+            async with asyncio.timeout(_STEP_DOWN_TIMEOUT_S):
+                await service.stop(0)
+        except TimeoutError:
+            log.error("replicator did not stop within %.0f s after losing the lease",
+                      _STEP_DOWN_TIMEOUT_S)
+
+    async def stop(self, grace: float = 1.0) -> None:
+        """Graceful stop (SIGTERM): stop acting, then release the Lease so a standby takes
+        over at its next try."""
+        if not self.finished.done():
+            self.finished.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.finished
+        service, self.service = self.service, None
+        if service is not None:
+            await service.stop(grace)
+        if self._renewals is not None:
+            self._renewals.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewals
+        await self.elector.release()
+        standby, self._standby = self._standby, None
+        if standby is not None:
+            await standby.stop(grace)
+        self._close_api()
+
+    async def serve_until(self, stop: asyncio.Event) -> int:
+        """Run until ``stop`` is set (exit code 0) or leadership ends on its own (1)."""
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait({stopping, self.finished}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        ended = self.finished.done()
+        if ended and not self.finished.cancelled() and self.finished.exception() is not None:
+            log.error("replicator failed while leading", exc_info=self.finished.exception())
+        elif ended:
+            log.error("replicator lost the lease: exiting so that it restarts as a standby")
+        await self.stop(0 if ended else 1.0)
+        return 1 if ended else 0
+
+
+def election_settings(config: ReplicatorConfig) -> ElectionSettings:
+    return ElectionSettings(
+        lease_name=config.leader_election_lease,
+        namespace=config.leader_election_namespace or default_namespace(),
+        identity=config.leader_election_identity or default_identity(),
+        lease_duration=config.leader_election_lease_duration_ms / 1000,
+        renew_deadline=config.leader_election_renew_deadline_ms / 1000,
+        retry_period=config.leader_election_retry_period_ms / 1000,
+    )
+
+
+async def start_leased(config: ReplicatorConfig,
+                       api_client: ApiClient | None = None) -> LeasedReplicator:
+    """Serve as a standby at once and campaign for ``config.leader_election_lease`` through
+    ``api_client`` (default: the in-cluster service account, else the kubeconfig)."""
+    settings = election_settings(config)
+    own_client = api_client is None
+    client = kubernetes_api_client() if api_client is None else api_client
+    elector = LeaseElector(
+        KubernetesLeases(client, settings.lease_name, settings.namespace,
+                         settings.request_timeout), settings)
+    server, port, health = await create_server(
+        "replicator",
+        [ServiceBinding(SERVICE_NAME, replicator_pb2_grpc.add_ReplicatorServicer_to_server,
+                        _StandbyServicer())],
+        config.grpc_address,
+        instance=config.grpc_address,
+    )
+    for name in ("", SERVICE_NAME):
+        await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await health.set(PROCESS_HEALTH, health_pb2.HealthCheckResponse.SERVING)
+    log.info("replicator %s on port %d: standby, waiting for lease %s/%s", settings.identity,
+             port, settings.namespace, settings.lease_name)
+    return LeasedReplicator(config, elector, server, port, health,
+                            client.close if own_client else lambda: None)
