@@ -23,6 +23,15 @@ rebalance that started before it was answered, or end the join phase itself when
 has passed (the DelayedJoin's expiry; whichever waiter's write lands first does it, the others
 see it done). Followers' SyncGroup waits the same way for the leader's assignment.
 
+Deadlines (the expiries of DelayedJoin and DelayedSync): a group has at most one deadline at a
+time (:meth:`.group.Group.deadline_ms`: the end of its join phase, or of its pending
+SyncGroups), and whoever writes a change of it arms a purgatory timer for it (key
+``rebalance:<len>:<group>``). When it runs out, a handler ends the join phase without the
+members that did not rejoin, or removes the members of the new generation that did not send
+SyncGroup within the rebalance timeout and starts a rebalance without them; so a group
+nobody is waiting on still moves on at its deadline, as Kafka's does. A heartbeat that finds
+the deadline passed does the same (the fallback when the purgatory is unreachable).
+
 Sessions (DelayedHeartbeat): JoinGroup, SyncGroup, Heartbeat and OffsetCommit arm the member's
 timer in the purgatory (key ``member:<len>:<group><member>``, the session timeout); handlers
 follow the purgatory's expiry stream and remove a member whose timer ran out, unless it is
@@ -169,6 +178,20 @@ def parse_member_key(key: str) -> tuple[str, str] | None:
         return None
     size = int(length)
     return rest[:size], rest[size:]
+
+
+def deadline_key(group_id: str) -> str:
+    """The timer key of a group's rebalance deadline (join phase or pending SyncGroups)."""
+    return f"rebalance:{len(group_id)}:{group_id}"
+
+
+def parse_deadline_key(key: str) -> str | None:
+    if not key.startswith("rebalance:"):
+        return None
+    length, sep, rest = key[len("rebalance:"):].partition(":")
+    if not sep or not length.isdigit() or int(length) != len(rest):
+        return None
+    return rest
 
 
 def group_key(topic_id: str | None, group_id: str) -> str:
@@ -427,7 +450,21 @@ class GroupCoordinator:
             GROUP_REBALANCES.inc()
         if after is not None and _matters_to_waiters(before or Group(group_id=group_id), after):
             await self._signal(group_id, end)
+        await self._follow_deadline(group_id, before, after)
         return GroupChange(result=result, before=before, after=after, end=end)
+
+    async def _follow_deadline(self, group_id: str, before: Group | None,
+                               after: Group | None) -> None:
+        """Arm the group's deadline timer for a new deadline, disarm it when there is none."""
+        old = before.deadline_ms() if before is not None else -1
+        new = after.deadline_ms() if after is not None else -1
+        if new == old:
+            return
+        if new >= 0:
+            await self.arm({deadline_key(group_id):
+                            max(new - self._clock(), 0) + DEADLINE_SLACK_MS})
+        else:
+            await self.disarm([deadline_key(group_id)])
 
     async def _await_replicated(self, partition: int, end: int, leader_epoch: int) -> None:
         """Wait until the partition's high watermark reaches ``end`` (Kafka's coordinator
@@ -504,6 +541,10 @@ class GroupCoordinator:
         now = self._clock()
         deadlines = {}
         for group in state.groups.values():
+            deadline = group.deadline_ms()
+            if deadline >= 0:
+                deadlines[deadline_key(group.group_id)] = \
+                    max(deadline - now, 0) + DEADLINE_SLACK_MS
             for member in group.members.values():
                 deadlines[member_key(group.group_id, member.member_id)] = \
                     member.session_timeout_ms
@@ -527,6 +568,10 @@ class GroupCoordinator:
         """A session timer ran out: remove its member (or pending member) unless it is alive
         after all (armed again since, or kept alive by the group's state, in which case its
         timer is armed for as long as that lasts)."""
+        deadline_group = parse_deadline_key(key)
+        if deadline_group is not None:
+            await self._expire_deadline(deadline_group)
+            return
         parsed = parse_member_key(key)
         if parsed is None:
             return
@@ -560,6 +605,40 @@ class GroupCoordinator:
             await self.arm({key: timeout})
         elif expiry is Expiry.REMOVED:
             log.info("member %s of group %s left: session timeout", member_id, group_id)
+
+    async def _expire_deadline(self, group_id: str) -> None:
+        """A group's deadline timer ran out: act on the deadline if it has passed (re-arm the
+        timer if it moved later; nothing if the group has none any more)."""
+        try:
+            state = await self.read(group_id)
+            group = state.group(group_id)
+            if group is None:
+                return
+            deadline = group.deadline_ms()
+            now = self._clock()
+            if deadline < 0:
+                return
+            if now < deadline:
+                await self.arm({deadline_key(group_id): deadline - now + DEADLINE_SLACK_MS})
+                return
+            await self._act_on_deadline(group_id, "timer")
+        except CoordinatorError as exc:
+            log.warning("rebalance deadline of group %s: %s", group_id, exc)
+
+    async def _act_on_deadline(self, group_id: str, why: str) -> GroupChange:
+        config = self.group_config
+        change = await self.update_group(group_id,
+                                         lambda g, now: g.on_deadline(now, config))
+        removed: list[str] = change.result  # type: ignore[assignment]
+        if not removed:
+            return change
+        await self.disarm([member_key(group_id, m) for m in removed])
+        before = change.before
+        phase = "rejoin" if before is not None and \
+            before.state is GroupState.PREPARING_REBALANCE else "sync"
+        log.info("group %s: removed %s, no %s within the rebalance timeout (%s)", group_id,
+                 ", ".join(removed), "JoinGroup" if phase == "rejoin" else "SyncGroup", why)
+        return change
 
     async def follow_expirations(self, backoff_initial: float = 0.1,
                                  backoff_max: float = 2.0) -> None:
@@ -734,12 +813,14 @@ class GroupCoordinator:
         error = group.heartbeat(member_id, group_instance_id, generation)
         if error in (NONE, REBALANCE_IN_PROGRESS):
             await self._arm_member(group, member_id)
-        if group.state is GroupState.PREPARING_REBALANCE and \
-                self._clock() >= group.join_deadline_ms:
-            # The join phase is overdue and nobody is waiting to end it: end it here.
-            config = self.group_config
-            await self.update_group(group_id,
-                                    lambda g, now: g.maybe_complete_join(now, config))
+        deadline = group.deadline_ms()
+        if deadline >= 0 and self._clock() >= deadline:
+            # The join phase or the pending syncs are overdue and their timer has not acted
+            # (e.g. no purgatory): act here, and answer as the group is now.
+            after = (await self._act_on_deadline(group_id, "heartbeat")).after
+            if error == NONE and after is not None and after.state is not group.state:
+                error = UNKNOWN_MEMBER_ID if member_id not in after.members else \
+                    REBALANCE_IN_PROGRESS
         return error
 
     async def leave(self, group_id: str,

@@ -14,8 +14,14 @@ States and transitions (Kafka's ``ClassicGroupState``):
 Kafka keeps the rebalance in progress in memory (members awaiting join, the DelayedJoin) and
 persists only stable points; here the whole :class:`Group` is persisted after every change, so
 any handler can continue any group: ``Member.joined`` is Kafka's "awaiting join",
-``join_deadline`` the expiry of the DelayedJoin (or InitialDelayedJoin) in progress, and
-``pending_members`` the member ids handed out with MEMBER_ID_REQUIRED (KIP-394). Parked
+``join_deadline`` the expiry of the DelayedJoin (or InitialDelayedJoin) in progress,
+``pending_members`` the member ids handed out with MEMBER_ID_REQUIRED (KIP-394), and
+``pending_sync`` with ``sync_deadline`` Kafka's pending-sync members and DelayedSync: when a
+join phase ends every member owes a SyncGroup, and those that have not sent one within the
+rebalance timeout are removed and the group rebalances (:meth:`Group.expire_pending_sync`).
+:meth:`Group.deadline_ms` is the one deadline a group has at a time (join phase or pending
+syncs); the coordinator keeps a purgatory timer on it and calls :meth:`Group.on_deadline`
+when it passes. Parked
 JoinGroup and SyncGroup requests are not part of the state: their waiters re-read the group
 and decide (see :mod:`.coordinator`).
 
@@ -198,10 +204,15 @@ class Group:
     # >= 0 while the join phase is an initial delay: what the rebalance timeout has left.
     initial_delay_remaining_ms: int = -1
     new_member_added: bool = False
+    # Members of the generation that have not sent SyncGroup yet (CompletingRebalance and
+    # Stable), and when they are removed for it (ms; -1 when none is pending).
+    pending_sync: set[str] = field(default_factory=set)
+    sync_deadline_ms: int = -1
 
     def copy(self) -> Group:
         return replace(self, members={k: replace(m) for k, m in self.members.items()},
-                       pending_members=dict(self.pending_members))
+                       pending_members=dict(self.pending_members),
+                       pending_sync=set(self.pending_sync))
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -235,6 +246,16 @@ class Group:
 
     def rebalance_timeout_ms(self) -> int:
         return max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
+
+    def deadline_ms(self) -> int:
+        """When the group must be looked at by time alone (-1: never): the end of the join
+        phase in PreparingRebalance, else the deadline of the pending SyncGroups."""
+        if self.state is GroupState.PREPARING_REBALANCE:
+            return self.join_deadline_ms
+        if self.state in (GroupState.COMPLETING_REBALANCE, GroupState.STABLE) and \
+                self.pending_sync:
+            return self.sync_deadline_ms
+        return -1
 
     def all_members_joined(self) -> bool:
         return all(m.joined for m in self.members.values()) and not self.pending_members
@@ -299,8 +320,19 @@ class Group:
 
     def _remove(self, member_id: str) -> None:
         self.members.pop(member_id, None)
+        self._synced(member_id)
         if self.leader_id == member_id:
             self.leader_id = next(iter(self.members), None)
+
+    def _synced(self, member_id: str) -> None:
+        """Kafka's ``removePendingSyncMember``: the member owes no SyncGroup any more."""
+        self.pending_sync.discard(member_id)
+        if not self.pending_sync:
+            self.sync_deadline_ms = -1
+
+    def _clear_pending_sync(self) -> None:
+        self.pending_sync = set()
+        self.sync_deadline_ms = -1
 
     def maybe_prepare_rebalance(self, now: int, config: GroupConfig) -> None:
         if self.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE, GroupState.EMPTY):
@@ -313,6 +345,7 @@ class Group:
         if self.state is GroupState.COMPLETING_REBALANCE:
             for member in self.members.values():
                 member.assignment = b""
+        self._clear_pending_sync()
         timeout = self.rebalance_timeout_ms()
         if self.state is GroupState.EMPTY:
             delay = config.initial_rebalance_delay_ms
@@ -370,8 +403,12 @@ class Group:
                 member.joined = False
                 member.assignment = b""
             self._transition(GroupState.COMPLETING_REBALANCE, now)
+            # Kafka's schedulePendingSync: every member now owes a SyncGroup.
+            self.pending_sync = set(self.members)
+            self.sync_deadline_ms = now + self.rebalance_timeout_ms()
         else:
             self.protocol_name = None
+            self._clear_pending_sync()
             self._transition(GroupState.EMPTY, now)
         return True
 
@@ -469,6 +506,9 @@ class Group:
         self.members[new_id] = member
         if self.leader_id == old_id:
             self.leader_id = new_id
+        if old_id in self.pending_sync:
+            self.pending_sync.discard(old_id)
+            self.pending_sync.add(new_id)
         if self.state is GroupState.STABLE:
             if self.select_protocol() == self.protocol_name:
                 # KIP-814: a returning leader learns the members but keeps the assignment.
@@ -549,6 +589,7 @@ class Group:
             return SyncResult(error=UNKNOWN_MEMBER_ID)
         if self.state is GroupState.PREPARING_REBALANCE:
             return SyncResult(error=REBALANCE_IN_PROGRESS)
+        self._synced(member_id)
         if self.state is GroupState.COMPLETING_REBALANCE:
             if self.leader_id != member_id:
                 return SyncWait(generation=generation)
@@ -613,6 +654,32 @@ class Group:
         if self.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
             self.prepare_rebalance(now, config)
         self.maybe_complete_join(now, config)
+
+    def expire_pending_sync(self, now: int, config: GroupConfig) -> list[str]:
+        """Kafka's ``expirePendingSync``: once the sync deadline has passed, every member that
+        has not sent SyncGroup for this generation is removed (the leader too, heartbeating or
+        not) and the group rebalances without them. Returns the removed member ids."""
+        if self.state not in (GroupState.COMPLETING_REBALANCE, GroupState.STABLE):
+            self._clear_pending_sync()
+            return []
+        if not self.pending_sync or now < self.sync_deadline_ms:
+            return []
+        removed = sorted(self.pending_sync)
+        for member_id in removed:
+            self._remove(member_id)
+        self._clear_pending_sync()
+        self._after_removal(now, config)
+        return removed
+
+    def on_deadline(self, now: int, config: GroupConfig) -> list[str]:
+        """:meth:`deadline_ms` has passed (the DelayedJoin or DelayedSync expires): end the
+        join phase without the members that did not rejoin, or remove the members that did
+        not sync. Returns the members removed; a deadline not reached yet changes nothing."""
+        if self.state is GroupState.PREPARING_REBALANCE:
+            before = set(self.members)
+            self.maybe_complete_join(now, config)
+            return sorted(before - set(self.members))
+        return self.expire_pending_sync(now, config)
 
     def keep_alive_ms(self, member: Member, now: int) -> int:
         """How much longer a member whose session timer ran out is still alive (0: not).
@@ -689,6 +756,8 @@ class Group:
                 initial_delay_remaining=self.initial_delay_remaining_ms,
                 new_member_added=self.new_member_added,
                 pending=tuple(self.pending_members.items()),
+                sync_deadline=self.sync_deadline_ms,
+                pending_sync=tuple(sorted(self.pending_sync)),
                 members=tuple(
                     MemberExtension(member_id=m.member_id, protocols=m.protocols,
                                     joined=m.joined, protocol_type=m.protocol_type)
@@ -730,6 +799,8 @@ class Group:
             join_deadline_ms=extension.join_deadline if extension else -1,
             initial_delay_remaining_ms=extension.initial_delay_remaining if extension else -1,
             new_member_added=extension.new_member_added if extension else False,
+            pending_sync=set(extension.pending_sync) if extension else set(),
+            sync_deadline_ms=extension.sync_deadline if extension else -1,
         )
 
 

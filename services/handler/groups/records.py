@@ -49,7 +49,9 @@ OFFSET_COMMIT_KEY_VERSIONS = (0, 1)
 GROUP_METADATA_KEY_VERSION = 2
 # The tagged field of GroupMetadataValue v4 holding a GroupExtension.
 EXTENSION_TAG = 0x6B62  # "kb"
-EXTENSION_VERSION = 0
+# v1 adds the pending SyncGroups; it is written only when there are some, so records of
+# groups without any stay readable by readers that know v0 alone.
+EXTENSION_VERSIONS = (0, 1)
 
 
 class RecordFormatError(ValueError):
@@ -324,13 +326,16 @@ class GroupExtension:
     ``state`` is a :class:`~.group.GroupState` value; times are wall-clock milliseconds, -1 for
     none: ``join_deadline`` ends the join phase in progress, ``initial_delay_remaining`` is
     what is left of the rebalance timeout while that phase is an initial delay (-1 when it is
-    not), ``pending`` holds member ids handed out with MEMBER_ID_REQUIRED and when they lapse.
+    not), ``pending`` holds member ids handed out with MEMBER_ID_REQUIRED and when they lapse,
+    ``sync_deadline`` is when members of the new generation that have not sent SyncGroup
+    (``pending_sync``) are removed (Kafka's DelayedSync).
 
-        GroupExtension => version:int16 state:int8 join_deadline:int64
-                          initial_delay_remaining:int64 new_member_added:int8
-                          [pending => member_id:string expires:int64]
-                          [members => member_id:string joined:int8 protocol_type:string
-                                      [protocols => name:string metadata:bytes]]
+        GroupExtension v0 => version:int16 state:int8 join_deadline:int64
+                             initial_delay_remaining:int64 new_member_added:int8
+                             [pending => member_id:string expires:int64]
+                             [members => member_id:string joined:int8 protocol_type:string
+                                         [protocols => name:string metadata:bytes]]
+        GroupExtension v1 => v0 sync_deadline:int64 [pending_sync => member_id:string]
     """
 
     state: int = 0
@@ -339,10 +344,18 @@ class GroupExtension:
     new_member_added: bool = False
     pending: tuple[tuple[str, int], ...] = ()
     members: tuple[MemberExtension, ...] = ()
+    sync_deadline: int = -1
+    pending_sync: tuple[str, ...] = ()
+
+    @property
+    def version(self) -> int:
+        """The lowest version that holds everything set."""
+        return 1 if self.sync_deadline != -1 or self.pending_sync else 0
 
     def encode(self) -> bytes:
         w = Writer()
-        w.int16(EXTENSION_VERSION)
+        version = self.version
+        w.int16(version)
         w.int8(self.state)
         w.int64(self.join_deadline)
         w.int64(self.initial_delay_remaining)
@@ -360,13 +373,18 @@ class GroupExtension:
             for name, metadata in member.protocols:
                 w.string(name)
                 w.bytes_(metadata)
+        if version >= 1:
+            w.int64(self.sync_deadline)
+            w.array_length(len(self.pending_sync))
+            for member_id in self.pending_sync:
+                w.string(member_id)
         return bytes(w.out)
 
 
 def decode_group_extension(data: bytes) -> GroupExtension:
     r = Reader(data)
     version = r.int16()
-    if version != EXTENSION_VERSION:
+    if version not in EXTENSION_VERSIONS:
         raise RecordFormatError(f"unknown group extension version {version}")
     state = r.int8()
     join_deadline = r.int64()
@@ -387,10 +405,16 @@ def decode_group_extension(data: bytes) -> GroupExtension:
             protocols.append((name, r.bytes_() or b""))
         members.append(MemberExtension(member_id=member_id, protocols=tuple(protocols),
                                        joined=joined, protocol_type=protocol_type))
+    sync_deadline = -1
+    pending_sync: list[str] = []
+    if version >= 1:
+        sync_deadline = r.int64()
+        pending_sync = [r.string() or "" for _ in range(r.array_length())]
     return GroupExtension(state=state, join_deadline=join_deadline,
                           initial_delay_remaining=initial_delay_remaining,
                           new_member_added=new_member_added, pending=tuple(pending),
-                          members=tuple(members))
+                          members=tuple(members), sync_deadline=sync_deadline,
+                          pending_sync=tuple(pending_sync))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

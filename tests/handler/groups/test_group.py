@@ -280,3 +280,88 @@ def test_the_group_record_round_trips_every_field() -> None:
     stable, _ = stable_group("x", "y")
     again = Group.from_record("g", decode_group_metadata_value(stable.to_record().encode()))
     assert again == stable
+    assert again.pending_sync == {stable_group_follower(stable)}
+
+
+def stable_group_follower(group: Group) -> str:
+    """The one member of a two-member group from :func:`stable_group` that has not synced."""
+    [follower] = [m for m in group.members if m != group.leader_id]
+    return follower
+
+
+def test_members_that_do_not_sync_within_the_rebalance_timeout_are_removed() -> None:
+    group = Group(group_id="g")
+    a, b, c = (join(group, request(client=x), 0).member_id for x in "abc")
+    finish_join(group)
+    assert group.state is GroupState.COMPLETING_REBALANCE
+    ended = group.state_timestamp_ms
+    # Every member of the new generation owes a SyncGroup, for the rebalance timeout.
+    assert group.pending_sync == {a, b, c}
+    assert group.deadline_ms() == group.sync_deadline_ms == ended + 10_000
+    assert isinstance(group.sync(b, None, 1, None, None, {}, ended + 10), SyncWait)
+    assert group.pending_sync == {a, c}
+    group.sync(a, None, 1, None, None, {a: b"1", b: b"2", c: b"3"}, ended + 20)
+    assert group.state is GroupState.STABLE and group.pending_sync == {c}
+    # Nothing happens before the deadline.
+    assert group.on_deadline(ended + 9_999, CONFIG) == []
+    assert group.state is GroupState.STABLE and c in group.members
+    # At it, c (still heartbeating or not) is removed and the rest rebalance.
+    assert group.heartbeat(c, None, 1) == 0
+    assert group.on_deadline(ended + 10_000, CONFIG) == [c]
+    assert group.state is GroupState.PREPARING_REBALANCE and list(group.members) == [a, b]
+    assert not group.pending_sync and group.sync_deadline_ms == -1
+    assert group.deadline_ms() == group.join_deadline_ms == ended + 10_000 + 10_000
+    # Once every member has synced, the deadline goes with the last one.
+    for member in (a, b):
+        join(group, request(member, client="x"), ended + 10_001)
+    assert group.state is GroupState.COMPLETING_REBALANCE and group.pending_sync == {a, b}
+    for member in (a, b):
+        group.sync(member, None, group.generation, None, None, {}, ended + 30_001)
+    assert group.state is GroupState.STABLE and group.deadline_ms() == -1
+
+
+def test_a_leader_that_never_syncs_is_removed_and_a_follower_leads() -> None:
+    group = Group(group_id="g")
+    a, b = (join(group, request(client=x, rebalance_ms=4000), 0).member_id for x in "ab")
+    finish_join(group)
+    assert group.leader_id == a
+    deadline = group.sync_deadline_ms
+    assert isinstance(group.sync(b, None, 1, None, None, {}, deadline - 1), SyncWait)
+    assert group.on_deadline(deadline, CONFIG) == [a]
+    assert group.state is GroupState.PREPARING_REBALANCE and group.leader_id == b
+    assert group.sync(b, None, 1, None, None, {}, deadline + 1) == SyncResult(
+        error=E.rebalance_in_progress.value)
+
+
+def test_a_new_rebalance_forgets_the_pending_syncs_and_the_last_one_leaving_empties() -> None:
+    group, (a, b) = stable_group("a", "b")
+    assert group.pending_sync == {b}
+    join(group, request(a, client="a"), 200_000)  # the leader rejoins: a new join phase
+    assert group.state is GroupState.PREPARING_REBALANCE and not group.pending_sync
+    finish_join(group, 400_000)
+    assert group.pending_sync == {a}  # b did not rejoin and was dropped
+    assert group.on_deadline(group.sync_deadline_ms, CONFIG) == [a]
+    assert group.state is GroupState.EMPTY and group.deadline_ms() == -1
+
+
+def test_the_join_deadline_drops_members_that_did_not_rejoin_with_nobody_waiting() -> None:
+    group, (a, b) = stable_group("a", "b")
+    group.sync(b, None, 1, None, None, {}, 200_000)
+    assert group.leave([(b, None)], 200_001, CONFIG) == [0]
+    deadline = group.deadline_ms()
+    assert deadline == 200_001 + 10_000
+    assert group.on_deadline(deadline - 1, CONFIG) == []
+    assert group.on_deadline(deadline, CONFIG) == [a]
+    assert group.state is GroupState.EMPTY and group.generation == 2
+
+
+def test_a_static_member_replaced_while_its_sync_is_pending_still_owes_it() -> None:
+    group = Group(group_id="g")
+    join(group, request(client="a", instance="i-a"), 0)
+    join(group, request(client="b", instance="i-b"), 0)
+    finish_join(group)
+    old = group.static_member_id("i-b")
+    assert old in group.pending_sync
+    join(group, request(client="b", instance="i-b"), 1)
+    new = group.static_member_id("i-b")
+    assert new != old and group.pending_sync == {group.leader_id, new}

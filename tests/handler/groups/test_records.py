@@ -4,6 +4,7 @@ own older value versions, and record batches the log node accepts as they are.""
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -30,7 +31,8 @@ extensions = st.builds(
     members=st.lists(st.builds(
         r.MemberExtension, member_id=names, joined=st.booleans(), protocol_type=names,
         protocols=st.lists(st.tuples(names, blobs), max_size=3).map(tuple)),
-        max_size=3).map(tuple))
+        max_size=3).map(tuple),
+    sync_deadline=st.just(-1) | ints64, pending_sync=st.lists(names, max_size=3).map(tuple))
 members = st.builds(
     r.MemberMetadata, member_id=names, group_instance_id=st.none() | names, client_id=names,
     client_host=names, rebalance_timeout=ints32, session_timeout=ints32, subscription=blobs,
@@ -93,6 +95,15 @@ def test_kafka_group_metadata_value_v2_without_an_extension() -> None:
         member_id="m-1", client_id="client", client_host="/10.0.0.1",
         rebalance_timeout=300000, session_timeout=45000, subscription=b"sub",
         assignment=b"as"),)
+
+
+def test_the_extension_is_written_at_v0_unless_syncs_are_pending() -> None:
+    plain = r.GroupExtension(state=3, members=(r.MemberExtension(member_id="m"),))
+    assert plain.encode()[:2] == struct.pack(">h", 0)
+    pending = replace(plain, sync_deadline=5000, pending_sync=("m",))
+    assert pending.encode()[:2] == struct.pack(">h", 1)
+    assert r.decode_group_extension(pending.encode()) == pending
+    assert r.decode_group_extension(plain.encode()) == plain
 
 
 def test_other_record_kinds_are_ignored_and_garbage_is_an_error() -> None:

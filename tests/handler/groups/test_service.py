@@ -448,3 +448,74 @@ def test_sessions_still_expire_after_the_purgatory_restarts(tmp_path: Path):
                 await restarted.stop(0)
 
     run(main())
+
+
+async def describe(stub: handler_pb2_grpc.KafkaHandlerStub,
+                   group_id: str) -> k.DescribeGroupsResponse.DescribedGroup:
+    answer = await stub.DescribeGroups(k.DescribeGroupsRequest(groups=[group_id]),
+                                       metadata=context(5), timeout=CALL_TIMEOUT)
+    return answer.groups[0]
+
+
+def test_a_member_that_never_syncs_is_removed_at_the_rebalance_timeout(tmp_path: Path):
+    async def main() -> None:
+        async with running_cluster(tmp_path, **GROUP_OPTIONS) as cluster:
+            await find(cluster.stub, "nosync")
+            # Sessions (30 s) outlast the test: only the rebalance timeout can remove b.
+            a = GroupClient(cluster.stub, "nosync", "a", rebalance_timeout_ms=1500,
+                            session_timeout_ms=30_000)
+            b = GroupClient(cluster.stub, "nosync", "b", rebalance_timeout_ms=1500,
+                            session_timeout_ms=30_000)
+            joined = await asyncio.gather(a.join(), b.join())
+            answered = time.monotonic()
+            leader, follower = (a, b) if joined[0].leader == a.member_id else (b, a)
+            assert (await leader.sync({leader.member_id: b"x"})).error_code == 0
+            # The follower got its JoinGroup answer but never sends SyncGroup, though it
+            # heartbeats; the leader heartbeats until it is told to rebalance.
+            deadline = time.monotonic() + 15
+            code = 0
+            while code == 0:
+                assert time.monotonic() < deadline, "the pending sync never expired"
+                await asyncio.sleep(0.2)
+                assert await follower.heartbeat() in (0, E.unknown_member_id.value)
+                code = await leader.heartbeat()
+            assert code == E.rebalance_in_progress.value
+            assert time.monotonic() - answered >= 1.4
+            assert await follower.heartbeat() == E.unknown_member_id.value
+            again = await leader.join()
+            assert (again.error_code, again.generation_id) == (0, 2)
+            assert [m.member_id for m in again.members] == [leader.member_id]
+
+    run(main())
+
+
+def test_a_group_nobody_waits_on_moves_on_at_its_deadlines(tmp_path: Path):
+    async def main() -> None:
+        async with running_cluster(tmp_path, **GROUP_OPTIONS) as cluster:
+            await find(cluster.stub, "idle")
+            a = GroupClient(cluster.stub, "idle", "a", rebalance_timeout_ms=1500,
+                            session_timeout_ms=30_000)
+            b = GroupClient(cluster.stub, "idle", "b", rebalance_timeout_ms=1500,
+                            session_timeout_ms=30_000)
+            joined = await asyncio.gather(a.join(), b.join())
+            leader = a if joined[0].leader == a.member_id else b
+            assert (await leader.sync({})).error_code == 0
+            # From now on nobody sends anything: the purgatory's timers alone remove the
+            # member that did not sync (1.5 s), then end the join phase the leader never
+            # rejoined (1.5 s more), leaving the group Empty long before any session ends.
+            seen = []
+            deadline = time.monotonic() + 15
+            while True:
+                group = await describe(cluster.stub, "idle")
+                if not seen or seen[-1] != (group.group_state, len(group.members)):
+                    seen.append((group.group_state, len(group.members)))
+                if group.group_state == "Empty":
+                    break
+                assert time.monotonic() < deadline, seen
+                await asyncio.sleep(0.1)
+            assert seen[0] == ("Stable", 2)
+            assert ("PreparingRebalance", 1) in seen, seen
+            assert seen[-1] == ("Empty", 0)
+            assert await leader.heartbeat() == E.unknown_member_id.value
+
+    run(main())
