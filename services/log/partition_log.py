@@ -38,7 +38,8 @@ Replication (:mod:`services.log.replica_state`, :mod:`services.log.leader_epochs
 is a leader or a follower at a leader epoch, as the replicator says. Only a leader takes client
 appends, stamping each batch's partition leader epoch (a replica created without a state
 keeps what the writer gave); a follower takes the leader's batches as
-they are (:meth:`PartitionLog.append_as_follower`). A leader alone in the ISR commits its
+they are (:meth:`PartitionLog.append_as_follower`), gaps between offsets included (a compacted
+leader's log has them). A leader alone in the ISR commits its
 appends at once (high watermark = log end offset); otherwise the replicator moves the high
 watermark, and only a leader reports its moves to the listener (the purgatory). The leader
 epoch cache maps epochs to their first offsets. A follower's log is cut back where it parts
@@ -515,9 +516,10 @@ class PartitionLog:
     ) -> None:
         """Append the leader's batches as they are (Kafka's ``appendAsFollower``): offsets,
         epochs and timestamps were set by the leader. The batches must be intact (framing,
-        magic, CRC) and continue this log exactly: the first starts at the log end offset,
-        each next one where the previous ends, else nothing is stored and the error is
-        OFFSET_OUT_OF_RANGE (a gap or overlap: the caller resumes from the log end).
+        magic, CRC) and go on from this log: the first starts at or after the log end offset,
+        each next one at or after the end of the one before. Gaps are allowed, as in Kafka: a
+        compacted leader's log has them where the cleaner removed whole batches. An overlap
+        stores nothing and is OFFSET_OUT_OF_RANGE (the caller resumes from the log end).
         ``leader_epoch`` must be this replica's epoch (FENCED_LEADER_EPOCH when older,
         UNKNOWN_LEADER_EPOCH when newer) and the replica a follower (else
         NOT_LEADER_OR_FOLLOWER). Then the high watermark moves up to ``high_watermark``
@@ -932,17 +934,18 @@ class PartitionLog:
 
 
 def _validate_replicated(records: bytes, log_end_offset: int) -> list[Batch]:
-    """The batches of a follower append, each intact and continuing the log exactly; raises
-    CORRUPT_MESSAGE or OFFSET_OUT_OF_RANGE (see :meth:`PartitionLog.append_as_follower`)."""
+    """The batches of a follower append, each intact and starting at or after the end of the
+    log and of the batch before it (gaps allowed, overlaps not); raises CORRUPT_MESSAGE or
+    OFFSET_OUT_OF_RANGE (see :meth:`PartitionLog.append_as_follower`)."""
     batches: list[Batch] = []
     position, expected = 0, log_end_offset
     while position < len(records):
         if len(records) - position >= HEADER_SIZE:
             base_offset = read_header(records, position).base_offset
-            if base_offset != expected:
+            if base_offset < expected:
                 raise KafkaError(ErrorCode.offset_out_of_range,
-                                 f"replicated batch starts at offset {base_offset}, the log "
-                                 f"continues at {expected}")
+                                 f"replicated batch starts at offset {base_offset}, below "
+                                 f"{expected} where the log continues")
         problem = stored_batch_problem(records, position, expected)
         if problem is not None:
             raise KafkaError(ErrorCode.corrupt_message,

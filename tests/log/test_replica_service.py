@@ -125,15 +125,18 @@ def test_follower_appends_copy_the_leaders_batches_exactly(tmp_path: Path) -> No
     run_node(tmp_path, body)
 
 
-def test_follower_appends_that_do_not_continue_the_log_store_nothing(tmp_path: Path) -> None:
+def test_follower_appends_that_overlap_the_log_store_nothing(tmp_path: Path) -> None:
     async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
         await create_with(stub, "t", state("t", FOLLOWER, 1))
         first = build_batch(values(2), base_offset=0)
         assert (await replicate(stub, "t", first, epoch=1)).log_end_offset == 2
-        gap = await replicate(stub, "t", build_batch(values(2), base_offset=5), epoch=1)
-        assert (gap.error_code, gap.log_end_offset) == (ErrorCode.offset_out_of_range.value, 2)
         overlap = await replicate(stub, "t", first, epoch=1)
-        assert overlap.error_code == ErrorCode.offset_out_of_range.value
+        assert (overlap.error_code, overlap.log_end_offset) == (
+            ErrorCode.offset_out_of_range.value, 2)
+        # Within one append too: a batch going back below the one before it.
+        back = build_batch(values(2), base_offset=4) + build_batch(values(2), base_offset=3)
+        assert (await replicate(stub, "t", back, epoch=1)).error_code == \
+            ErrorCode.offset_out_of_range.value
         corrupt = bytearray(build_batch(values(2), base_offset=2))
         corrupt[70] ^= 1
         damaged = await replicate(stub, "t", bytes(corrupt), epoch=1)
@@ -143,6 +146,12 @@ def test_follower_appends_that_do_not_continue_the_log_store_nothing(tmp_path: P
         assert (await replicate(stub, "t", build_batch(values(1), base_offset=2), epoch=3)
                 ).error_code == ErrorCode.unknown_leader_epoch.value
         assert (await describe(stub, "t")).log_end_offset == 2
+        # A gap is no error (a compacted leader's log has them): the log goes on after it.
+        gap = await replicate(stub, "t", build_batch(values(2), base_offset=5), epoch=1)
+        assert (gap.error_code, gap.log_end_offset) == (0, 7)
+        after_gap = await stub.Read(log_pb2.ReadRequest(limit=LOG_END, partitions=[
+            log_pb2.PartitionRead(topic="t", partition=0, offset=2, max_bytes=1 << 20)]))
+        assert [b.header.base_offset for b in iter_batches(after_gap.results[0].records)] == [5]
 
     run_node(tmp_path, body)
 
