@@ -17,7 +17,12 @@ class SupportedApi:
     """One Kafka API: its key, the versions accepted, and the handler RPC that serves it.
 
     ``retry_safe`` says whether the request may be sent to another handler after one failed
-    mid-request: true for APIs that only read, false for those whose effect could be doubled.
+    mid-request: true for APIs that only read, and for group APIs whose second run finds the
+    first one's effect and does nothing more (every group change is a conditional write
+    computed on fresh state); false for those whose effect could be doubled or undone, or
+    whose answer would change (an OffsetCommit retried after the client moved on could put an
+    older offset back; a JoinGroup without a member id would add a second member; a repeated
+    LeaveGroup or DeleteGroups answers UNKNOWN_MEMBER_ID or GROUP_ID_NOT_FOUND).
     """
 
     key: int
@@ -50,9 +55,11 @@ SUPPORTED_APIS: dict[int, SupportedApi] = {
         SupportedApi(9, "OffsetFetch", 1, 8, "OffsetFetch", retry_safe=True),
         SupportedApi(10, "FindCoordinator", 0, 6, "FindCoordinator", retry_safe=True),
         SupportedApi(11, "JoinGroup", 0, 9, "JoinGroup", retry_safe=False),
-        SupportedApi(12, "Heartbeat", 0, 4, "Heartbeat", retry_safe=False),
+        # Re-arms a session timer; at most ends an overdue phase, which a retry finds done.
+        SupportedApi(12, "Heartbeat", 0, 4, "Heartbeat", retry_safe=True),
         SupportedApi(13, "LeaveGroup", 0, 5, "LeaveGroup", retry_safe=False),
-        SupportedApi(14, "SyncGroup", 0, 5, "SyncGroup", retry_safe=False),
+        # The leader's assignment is stored once; a retry of the same generation reads it.
+        SupportedApi(14, "SyncGroup", 0, 5, "SyncGroup", retry_safe=True),
         SupportedApi(15, "DescribeGroups", 0, 5, "DescribeGroups", retry_safe=True),
         SupportedApi(16, "ListGroups", 0, 5, "ListGroups", retry_safe=True),
         SupportedApi(API_VERSIONS_KEY, "ApiVersions", 0, 4, None, retry_safe=True),

@@ -10,6 +10,7 @@ import struct
 from collections.abc import AsyncIterator
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kio.schema.api_versions.v0.request import ApiVersionsRequest as ApiVersionsRequestV0
 from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersionsResponseV0
@@ -420,6 +421,70 @@ def test_every_supported_api_and_version_is_routed_to_its_rpc() -> None:
                     await wire.request(from_proto(message, cls), correlation_id)
                     assert [rpc for rpc, _, _ in handler.calls[calls:]] == [api.rpc], (
                         api.name, version)
+            await wire.close()
+
+    asyncio.run(main())
+
+
+def _kio_request(api_key: int, version: int, message: object) -> object:
+    api = SUPPORTED_APIS[api_key]
+    return from_proto(message, load_schema(api.schema_name, version, EntityType.request))
+
+
+def test_handler_dying_mid_offset_commit_answers_coordinator_not_available() -> None:
+    async def main() -> None:
+        first = FakeHandler("first", block=("OffsetCommit",))
+        second = FakeHandler("second")
+        async with frontend(first, second) as service:
+            wire = await KafkaWire.connect(service.kafka_port)
+            commit = _kio_request(8, 8, proto_class("offset_commit", EntityType.request)(
+                group_id="g", generation_id_or_member_epoch=1, member_id="m",
+                topics=[{"name": "t", "partitions": [
+                    {"partition_index": 0, "committed_offset": 5},
+                    {"partition_index": 1, "committed_offset": 7}]}]))
+            await wire.send(encode_request(commit, 3))
+            await asyncio.wait_for(first.entered.wait(), 5)
+            await first.stop()
+            response_cls = load_schema("offset_commit", 8, EntityType.response)
+            correlation_id, response = await wire.read_response(response_cls)
+            assert correlation_id == 3
+            assert [(p.partition_index, p.error_code) for p in response.topics[0].partitions] \
+                == [(0, ErrorCode.coordinator_not_available),
+                    (1, ErrorCode.coordinator_not_available)]
+            # A commit could undo a later one if it ran twice: not sent again.
+            assert second.called("OffsetCommit") == []
+            await wire.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(("rpc", "api_key", "version", "fields"), [
+    ("DescribeGroups", 15, 5, {"groups": ["g"]}),
+    ("OffsetFetch", 9, 8, {"groups": [{"group_id": "g", "topics_is_null": True}]}),
+    ("FindCoordinator", 10, 4, {"key_type": 0, "coordinator_keys": ["g"]}),
+    ("ListGroups", 16, 5, {}),
+    ("Heartbeat", 12, 4, {"group_id": "g", "generation_id": 1, "member_id": "m"}),
+    ("SyncGroup", 14, 5, {"group_id": "g", "generation_id": 1, "member_id": "m"}),
+])
+def test_group_requests_safe_to_repeat_are_retried_on_another_handler(
+        rpc: str, api_key: int, version: int, fields: dict) -> None:
+    async def main() -> None:
+        first = FakeHandler("first", block=(rpc,))
+        second = FakeHandler("second")
+        async with frontend(first, second) as service:
+            wire = await KafkaWire.connect(service.kafka_port)
+            api = SUPPORTED_APIS[api_key]
+            request = _kio_request(api_key, version,
+                                   proto_class(api.schema_name, EntityType.request)(**fields))
+            await wire.send(encode_request(request, 4))
+            await asyncio.wait_for(first.entered.wait(), 5)
+            await first.stop()
+            response_cls = load_schema(api.schema_name, version, EntityType.response)
+            correlation_id, response = await wire.read_response(response_cls)
+            assert correlation_id == 4
+            assert len(second.called(rpc)) == 1
+            assert ErrorCode.coordinator_not_available not in {
+                getattr(response, "error_code", ErrorCode.none)}
             await wire.close()
 
     asyncio.run(main())
