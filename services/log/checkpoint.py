@@ -1,4 +1,4 @@
-"""Per-node offset checkpoint files (Kafka's ``OffsetCheckpointFile``), one offset per replica.
+"""Offset checkpoint files (Kafka's ``OffsetCheckpointFile``), one offset per replica.
 
 A log node keeps two in its data directory:
 
@@ -6,6 +6,13 @@ A log node keeps two in its data directory:
   known to be on disk (flushed). Start-up validates only what lies at or past it.
 - ``log-start-offset-checkpoint``: for each replica, its log start offset when DeleteRecords or
   retention moved it past the first segment's base offset.
+
+and each replicated replica one in its own directory (``<topic>-<partition>/``):
+
+- ``replication-offset-checkpoint``: its high watermark (Kafka's file of that name, kept per
+  replica here), written by the partition log every few seconds while it moves, when a
+  follower is cut back, and on a clean shutdown (see :mod:`services.log.partition_log`).
+  Start-up takes it, never above the recovered log end, as the replica's high watermark.
 
 Format (UTF-8 text, as Kafka writes it):
 
@@ -32,6 +39,7 @@ log = logging.getLogger(__name__)
 
 RECOVERY_POINT_FILE = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET_FILE = "log-start-offset-checkpoint"
+HIGH_WATERMARK_FILE = "replication-offset-checkpoint"
 VERSION = 0
 
 TopicPartition = tuple[str, int]

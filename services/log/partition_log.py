@@ -46,6 +46,13 @@ epoch cache maps epochs to their first offsets. A follower's log is cut back whe
 from a new leader's (:meth:`PartitionLog.truncate_to`), or dropped and started over at the
 leader's log start when it ends below it (:meth:`PartitionLog.start_over_at`).
 
+A replicated replica checkpoints its high watermark (``replication-offset-checkpoint`` in its
+directory, see :mod:`services.log.checkpoint`) every :data:`HIGH_WATERMARK_CHECKPOINT_MS` while
+it moves, when its log is cut back and on a clean close; start-up restores it, never above the
+recovered log end. Everything below it was committed (the whole ISR had it), so consumers may
+read it again before the replicator confirms the replica's state; without a checkpoint the
+high watermark starts at the log start offset.
+
 Mutations (appends, segment deletion, flushes) are serialised per partition by an asyncio lock;
 offsets are assigned by patching batch headers; reads and lookups run on the event loop without
 the lock, which is safe because a mutation changes the in-memory state only after its bytes are
@@ -57,6 +64,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+import threading
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Coroutine, Sequence
@@ -68,6 +76,7 @@ from typing import Any
 from services.common.errors import ErrorCode, KafkaError
 
 from . import replica_state, segment_swap
+from .checkpoint import HIGH_WATERMARK_FILE, OffsetCheckpoint
 from .leader_epochs import LeaderEpochCache
 from .offset_index import MAX_RELATIVE_OFFSET
 from .producer_state import BatchMetadata, ProducerStateManager, snapshot_name
@@ -97,6 +106,8 @@ LATEST_TIERED_TIMESTAMP = -5
 
 NO_OFFSET = -1
 NO_LEADER_EPOCH = -1
+# Kafka's replica.high.watermark.checkpoint.interval.ms.
+HIGH_WATERMARK_CHECKPOINT_MS = 5_000
 
 _EPOCH_FIELD = struct.Struct(">i")
 
@@ -196,6 +207,12 @@ class PartitionLog:
         self.producer_state = ProducerStateManager(directory)
         self.leader_epochs = LeaderEpochCache(directory)
         self.state: ReplicaState = replica_state.STANDALONE
+        # The high watermark as last written to replication-offset-checkpoint (None: never).
+        self._high_watermark_file = OffsetCheckpoint(directory / HIGH_WATERMARK_FILE)
+        self._checkpointed_high_watermark: int | None = None
+        self._last_high_watermark_checkpoint_ms = now_ms()
+        # Periodic checkpoints are written in a thread; this keeps writes one at a time.
+        self._checkpoint_lock = threading.Lock()
         # Set (and replaced) whenever the log end offset grows; long-poll readers wait on it.
         self._appended: asyncio.Event | None = None
 
@@ -277,9 +294,13 @@ class PartitionLog:
         self.state = state
         self.advance_high_watermark_on_append = state.commits_alone
         if state.replicated:
-            # What was committed is not known here; the replicator sets it again. Until then
-            # consumers see nothing they might later have to unsee.
-            self._high_watermark = self._log_start_offset
+            # What was committed when the high watermark was last checkpointed, never past
+            # what recovery kept; without a checkpoint nothing is known to be committed, and
+            # consumers see nothing they might later have to unsee until the replicator says.
+            stored = self._high_watermark_file.read().get((self.topic, self.partition))
+            self._checkpointed_high_watermark = stored
+            self._high_watermark = self._log_start_offset if stored is None else min(
+                max(stored, self._log_start_offset), self.log_end_offset)
 
     # ---------------------------------------------------------------------------- offsets
 
@@ -609,6 +630,7 @@ class PartitionLog:
             self.leader_epochs.truncate_from_end(new_end)
             self._high_watermark = min(self._high_watermark, new_end)
             self.recovery_point = min(self.recovery_point, new_end)
+            self.checkpoint_high_watermark()  # a restart must not find the old one
             log.warning("%s-%d: truncated from %d to %d (%d byte(s) of the last segment)",
                         self.topic, self.partition, end, new_end, removed)
             return new_end
@@ -633,6 +655,7 @@ class PartitionLog:
             self._log_start_offset = offset
             self._high_watermark = offset
             self.recovery_point = offset
+            self.checkpoint_high_watermark()
             for snapshot in self.producer_state.snapshot_offsets():
                 (self.directory / snapshot_name(snapshot)).unlink(missing_ok=True)
             self.producer_state.load(self._segments, offset)
@@ -879,9 +902,17 @@ class PartitionLog:
             await self._flush_locked()
 
     async def maybe_flush_by_time(self, now: int | None = None) -> bool:
-        """Flush if flush.ms passed since the last flush and something is unflushed."""
+        """Flush if flush.ms passed since the last flush and something is unflushed. Also
+        checkpoints the high watermark when :data:`HIGH_WATERMARK_CHECKPOINT_MS` passed since
+        the last time (the node calls this every second or so)."""
         now = now_ms() if now is None else now
-        if self._closed or now - self._last_flush_ms < self.config.flush_ms:
+        if self._closed:
+            return False
+        if now - self._last_high_watermark_checkpoint_ms >= HIGH_WATERMARK_CHECKPOINT_MS:
+            self._last_high_watermark_checkpoint_ms = now
+            if self._high_watermark_changed():
+                await asyncio.to_thread(self.checkpoint_high_watermark)
+        if now - self._last_flush_ms < self.config.flush_ms:
             return False
         if not any(segment.dirty for segment in self._segments):
             return False
@@ -896,6 +927,27 @@ class PartitionLog:
         if dirty:
             await asyncio.to_thread(_flush_all, dirty)
         self.recovery_point = max(self.recovery_point, end)
+
+    def _high_watermark_changed(self) -> bool:
+        return self.state.replicated and self._high_watermark != self._checkpointed_high_watermark
+
+    def checkpoint_high_watermark(self) -> bool:
+        """Write the high watermark of a replicated replica to its
+        ``replication-offset-checkpoint`` if it changed since the last write (atomically; see
+        :mod:`services.log.checkpoint`). Returns whether it wrote. A write failure is logged:
+        a missing or older checkpoint only hides more from consumers after a restart.
+        Thread-safe with respect to other checkpoint writes."""
+        with self._checkpoint_lock:
+            high_watermark = self._high_watermark
+            if not self.state.replicated or high_watermark == self._checkpointed_high_watermark:
+                return False
+            try:
+                self._high_watermark_file.write({(self.topic, self.partition): high_watermark})
+            except OSError as exc:
+                log.error("%s: cannot checkpoint the high watermark: %s", self.directory, exc)
+                return False
+            self._checkpointed_high_watermark = high_watermark
+            return True
 
     def _check_open(self) -> None:
         if self._closed:
@@ -928,6 +980,7 @@ class PartitionLog:
                         segment.flush()
                 self.recovery_point = self.log_end_offset
                 self.producer_state.take_snapshot(self.log_end_offset)
+                self.checkpoint_high_watermark()
         finally:
             for segment in self._segments:
                 segment.close()

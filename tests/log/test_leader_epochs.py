@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.log.leader_epochs import FILE_NAME, EpochEntry, LeaderEpochCache
@@ -67,6 +67,7 @@ def test_an_unreadable_file_is_an_empty_cache(tmp_path: Path) -> None:
     assert LeaderEpochCache(tmp_path).entries == ()
 
 
+@settings(deadline=None)  # every change is fsynced: slow on a busy machine
 @given(st.lists(st.tuples(st.integers(-1, 20), st.integers(0, 100)), max_size=30))
 def test_epochs_and_start_offsets_always_increase(tmp_path_factory, assignments) -> None:
     cache = LeaderEpochCache(tmp_path_factory.mktemp("epochs"))

@@ -297,8 +297,8 @@ def test_a_replicated_replica_waits_for_its_state_after_a_restart(tmp_path: Path
             replicated = await describe(stub, "replicated")
             assert (replicated.role, replicated.leader_epoch) == (
                 log_pb2.REPLICA_ROLE_UNKNOWN, 2)
-            # What was committed is for the replicator to say again.
-            assert (replicated.log_end_offset, replicated.high_watermark) == (4, 0)
+            # The high watermark checkpointed at the clean shutdown: committed, so readable.
+            assert (replicated.log_end_offset, replicated.high_watermark) == (4, 4)
             refused = await append(stub, "replicated", build_batch(values(1)))
             assert refused.error_code == ErrorCode.not_leader_or_follower.value
             alone = await describe(stub, "alone")
