@@ -51,8 +51,8 @@ SUPPORTED_APIS: dict[int, SupportedApi] = {
         SupportedApi(1, "Fetch", 4, 15, "Fetch", retry_safe=True),
         SupportedApi(2, "ListOffsets", 1, 8, "ListOffsets", retry_safe=True),
         SupportedApi(3, "Metadata", 0, 12, "Metadata", retry_safe=True),
-        SupportedApi(8, "OffsetCommit", 2, 8, "OffsetCommit", retry_safe=False),
-        SupportedApi(9, "OffsetFetch", 1, 8, "OffsetFetch", retry_safe=True),
+        SupportedApi(8, "OffsetCommit", 2, 9, "OffsetCommit", retry_safe=False),
+        SupportedApi(9, "OffsetFetch", 1, 9, "OffsetFetch", retry_safe=True),
         SupportedApi(10, "FindCoordinator", 0, 6, "FindCoordinator", retry_safe=True),
         SupportedApi(11, "JoinGroup", 0, 9, "JoinGroup", retry_safe=False),
         # Re-arms a session timer; at most ends an overdue phase, which a retry finds done.
@@ -60,7 +60,7 @@ SUPPORTED_APIS: dict[int, SupportedApi] = {
         SupportedApi(13, "LeaveGroup", 0, 5, "LeaveGroup", retry_safe=False),
         # The leader's assignment is stored once; a retry of the same generation reads it.
         SupportedApi(14, "SyncGroup", 0, 5, "SyncGroup", retry_safe=True),
-        SupportedApi(15, "DescribeGroups", 0, 5, "DescribeGroups", retry_safe=True),
+        SupportedApi(15, "DescribeGroups", 0, 6, "DescribeGroups", retry_safe=True),
         SupportedApi(16, "ListGroups", 0, 5, "ListGroups", retry_safe=True),
         SupportedApi(API_VERSIONS_KEY, "ApiVersions", 0, 4, None, retry_safe=True),
         SupportedApi(19, "CreateTopics", 2, 7, "CreateTopics", retry_safe=False),

@@ -742,6 +742,7 @@ def describe_groups_response(r: groups.DescribeGroupsResponse) -> k.DescribeGrou
                                group_state=g.group_state, protocol_type=g.protocol_type,
                                protocol_data=g.protocol_data,
                                authorized_operations=g.authorized_operations)
+        _set_opt(group, "error_message", g.error_message)
         for m in g.members:
             added = group.members.add(member_id=m.member_id, client_id=m.client_id,
                                       client_host=m.client_host,

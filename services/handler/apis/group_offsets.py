@@ -21,6 +21,11 @@ group's checks (generation, member) on fresh state. A retention time (v2-v4) bec
 value's expire timestamp. OffsetFetch answers -1 (no offset) for partitions without a commit,
 a null topic list asks for every committed partition, and before v2 a group error is given in
 every partition. Transactions do not exist here, so ``require_stable`` changes nothing.
+
+OffsetCommit v9 and OffsetFetch v9 are the versions KIP-848 consumers use; their groups are
+classic here, and Kafka serves classic groups at these versions as at v8: the commit's
+``generation_id_or_member_epoch`` is the generation, and OffsetFetch's ``member_id`` and
+``member_epoch`` are not checked.
 """
 
 from __future__ import annotations

@@ -20,14 +20,16 @@ SyncGroup, Heartbeat, LeaveGroup, ListGroups, DescribeGroups and DeleteGroups), 
     ListGroups Request => [states_filter] [types_filter]
     ListGroups Response => error_code [groups => group_id protocol_type group_state group_type]
     DescribeGroups Request => [groups] include_authorized_operations
-    DescribeGroups Response => [groups => error_code group_id group_state protocol_type
-                                protocol_data [members] authorized_operations]
+    DescribeGroups Response => [groups => error_code error_message group_id group_state
+                                protocol_type protocol_data [members] authorized_operations]
     DeleteGroups Request => [groups_names]
     DeleteGroups Response => [results => group_id error_code]
 
 Versions matter where Kafka's behaviour changes with them: JoinGroup v4+ hands a new member its
 id with MEMBER_ID_REQUIRED first (an unknown version counts as the newest); LeaveGroup before v3
-names one member and answers its error at the top level. Coordinator keys of transactions are
+names one member and answers its error at the top level; DescribeGroups v6+ reports a group
+that does not exist as GROUP_ID_NOT_FOUND (KIP-1043), earlier versions as Dead without an
+error. Coordinator keys of transactions are
 COORDINATOR_NOT_AVAILABLE (there is no transaction coordinator), other key types
 INVALID_REQUEST. A group whose partition cannot be served answers COORDINATOR_NOT_AVAILABLE (or
 NOT_COORDINATOR when its leader moved), which sends clients back to FindCoordinator.
@@ -58,6 +60,7 @@ CLASSIC_GROUP_TYPE = "classic"
 
 COORDINATOR_NOT_AVAILABLE = ErrorCode.coordinator_not_available.value
 INVALID_REQUEST = ErrorCode.invalid_request.value
+GROUP_ID_NOT_FOUND = ErrorCode.group_id_not_found.value
 
 
 def _error_message(code: int) -> str | None:
@@ -396,6 +399,7 @@ class DescribedMember:
 class DescribedGroup:
     group_id: str
     error_code: int = 0
+    error_message: str | None = None
     group_state: str = GroupState.DEAD.kafka_name
     protocol_type: str = ""
     protocol_data: str = ""
@@ -415,7 +419,8 @@ def describe_groups_error(request: DescribeGroupsRequest, code: int) -> Describe
 
 class DescribeGroupsApi:
     """Kafka's group summary: protocol, member metadata and assignments only once Stable; a
-    group that does not exist is reported Dead without an error (before v6)."""
+    group that does not exist is reported Dead, without an error before v6 and with
+    GROUP_ID_NOT_FOUND from v6 on (an unknown version counts as the newest)."""
 
     def __init__(self, coordinator: GroupCoordinator) -> None:
         self._coordinator = coordinator
@@ -424,6 +429,7 @@ class DescribeGroupsApi:
                      context: RequestContext) -> DescribeGroupsResponse:
         operations = (GROUP_OPERATIONS if request.include_authorized_operations
                       else AUTHORIZED_OPERATIONS_OMITTED)
+        not_found_is_an_error = context.api_version is None or context.api_version >= 6
         described = []
         for group_id in request.groups:
             code = await self._coordinator.not_coordinator(group_id, context.broker_id)
@@ -436,8 +442,14 @@ class DescribeGroupsApi:
                 described.append(DescribedGroup(group_id=group_id, error_code=exc.code))
                 continue
             if group is None:
-                described.append(DescribedGroup(group_id=group_id,
-                                                authorized_operations=operations))
+                if not_found_is_an_error:
+                    described.append(DescribedGroup(
+                        group_id=group_id, error_code=GROUP_ID_NOT_FOUND,
+                        error_message=f"Group {group_id} not found.",
+                        authorized_operations=operations))
+                else:
+                    described.append(DescribedGroup(group_id=group_id,
+                                                    authorized_operations=operations))
                 continue
             stable = group.state is GroupState.STABLE
             described.append(DescribedGroup(

@@ -519,3 +519,54 @@ def test_a_group_nobody_waits_on_moves_on_at_its_deadlines(tmp_path: Path):
             assert await leader.heartbeat() == E.unknown_member_id.value
 
     run(main())
+
+
+def test_describe_groups_v6_offset_commit_and_fetch_v9(tmp_path: Path):
+    async def main() -> None:
+        async with running_cluster(tmp_path, **GROUP_OPTIONS) as cluster:
+            await find(cluster.stub, "v9")
+            await cluster.create_topic("t9", partitions=1)
+            member = GroupClient(cluster.stub, "v9", "a")
+            await member.join()
+            await member.sync({member.member_id: b"x"})
+
+            async def described(version: int) -> dict[str, Any]:
+                answer = await cluster.stub.DescribeGroups(
+                    k.DescribeGroupsRequest(groups=["v9", "nobody"]),
+                    metadata=context(version), timeout=CALL_TIMEOUT)
+                return {g.group_id: g for g in answer.groups}
+
+            # KIP-1043: from v6 a group that does not exist is an error, with a message.
+            v6 = await described(6)
+            assert (v6["v9"].error_code, v6["v9"].group_state) == (0, "Stable")
+            assert not v6["v9"].HasField("error_message")
+            assert (v6["nobody"].error_code, v6["nobody"].error_message) == (
+                E.group_id_not_found.value, "Group nobody not found.")
+            v5 = await described(5)
+            assert (v5["nobody"].error_code, v5["nobody"].group_state) == (0, "Dead")
+
+            # v9 commits of a classic group carry its generation, as v8 did.
+            commit = k.OffsetCommitRequest(
+                group_id="v9", generation_id_or_member_epoch=member.generation,
+                member_id=member.member_id, topics=[
+                    {"name": "t9", "partitions": [{"partition_index": 0,
+                                                   "committed_offset": 42}]}])
+            answer = await cluster.stub.OffsetCommit(commit, metadata=context(9),
+                                                     timeout=CALL_TIMEOUT)
+            assert answer.topics[0].partitions[0].error_code == 0
+            stale = k.OffsetCommitRequest()
+            stale.CopyFrom(commit)
+            stale.generation_id_or_member_epoch = member.generation + 5
+            answer = await cluster.stub.OffsetCommit(stale, metadata=context(9),
+                                                     timeout=CALL_TIMEOUT)
+            assert answer.topics[0].partitions[0].error_code == E.illegal_generation.value
+            # v9 fetches name a member and epoch, which a classic group does not check.
+            fetched = await cluster.stub.OffsetFetch(k.OffsetFetchRequest(groups=[
+                {"group_id": "v9", "member_id": "someone", "member_epoch": 7,
+                 "topics": [{"name": "t9", "partition_indexes": [0]}]}]),
+                metadata=context(9), timeout=CALL_TIMEOUT)
+            [group] = fetched.groups
+            assert group.error_code == 0
+            assert group.topics[0].partitions[0].committed_offset == 42
+
+    run(main())
