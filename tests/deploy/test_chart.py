@@ -62,7 +62,7 @@ def test_helm_lint_rejects_a_broken_chart(tmp_path: Path) -> None:
 
 def test_every_rendered_resource_is_valid_kubernetes_strictly(scenario: Path) -> None:
     docs = render(scenario)
-    assert len(docs) > 20
+    assert len(docs) >= 20
     for doc in docs:
         try:
             kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
@@ -159,19 +159,69 @@ def test_handlers_scale_with_an_hpa_on_their_deployment() -> None:
     assert one(single, "Deployment", "kb-kbroker-handler")["spec"]["replicas"] == 1
 
 
-def test_replicator_may_manage_leases_and_mounts_its_token() -> None:
+def test_replicator_may_manage_its_lease_only_and_mounts_its_token() -> None:
     docs = render(SCENARIOS[0])
     role = one(docs, "Role", "kb-kbroker-replicator")
-    assert role["rules"][0]["apiGroups"] == ["coordination.k8s.io"]
-    assert role["rules"][0]["resources"] == ["leases"]
-    assert {"get", "create", "update"} <= set(role["rules"][0]["verbs"])
+    granted: dict[str, set[str]] = {}
+    for rule in role["rules"]:
+        assert rule["apiGroups"] == ["coordination.k8s.io"]
+        assert rule["resources"] == ["leases"]
+        for verb in rule["verbs"]:
+            granted.setdefault(verb, set()).update(rule.get("resourceNames", ["*"]))
+    assert granted == {"create": {"*"}, "get": {"kb-kbroker-replicator"},
+                       "update": {"kb-kbroker-replicator"}}
     binding = one(docs, "RoleBinding", "kb-kbroker-replicator")
-    pod = one(docs, "StatefulSet", "kb-kbroker-replicator")["spec"]["template"]["spec"]
+    pod = one(docs, "Deployment", "kb-kbroker-replicator")["spec"]["template"]["spec"]
     assert binding["subjects"][0]["name"] == pod["serviceAccountName"]
     assert pod["automountServiceAccountToken"] is True
     for workload in workloads(docs):
         if workload["metadata"]["name"] != "kb-kbroker-replicator":
             assert workload["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+def test_replicator_is_active_standby_behind_a_service_of_the_ready_one(scenario: Path) -> None:
+    values = values_of(scenario)
+    docs = render(scenario)
+    assert not find(docs, "StatefulSet", "kb-kbroker-replicator")
+    deployment = one(docs, "Deployment", "kb-kbroker-replicator")
+    assert deployment["spec"]["replicas"] == values["replicator"]["replicas"] == 2
+    # Standbys never become ready: a rollout must not wait for them before stopping old pods.
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == "100%"
+    pod = deployment["spec"]["template"]["spec"]
+    assert not pod.get("volumes") or all("persistentVolumeClaim" not in v for v in pod["volumes"])
+    assert pod["affinity"]["podAntiAffinity"]
+    (container,) = pod["containers"]
+    # Ready only while serving the Replicator service (the active replica); alive as a standby.
+    assert container["readinessProbe"]["grpc"]["service"] == "kbroker.replicator.v1.Replicator"
+    assert container["livenessProbe"]["grpc"]["service"] == "liveness"
+    assert container["startupProbe"]["grpc"]["service"] == "liveness"
+    args = _args(container)
+    assert args["leader-election-lease"] == "kb-kbroker-replicator"
+    assert args["leader-election-identity"] == "$(POD_NAME)"
+    assert args["leader-election-namespace"] == "$(POD_NAMESPACE)"
+    lease = values["replicator"]["leaderElection"]
+    assert args["leader-election-lease-duration-ms"] == str(lease["leaseDurationSeconds"] * 1000)
+    assert args["leader-election-renew-deadline-ms"] == str(lease["renewDeadlineSeconds"] * 1000)
+    assert args["leader-election-retry-period-ms"] == str(lease["retryPeriodSeconds"] * 1000)
+    service = one(docs, "Service", "kb-kbroker-replicator")
+    assert service["spec"].get("clusterIP") != "None"
+    assert not service["spec"].get("publishNotReadyAddresses")
+    assert service["spec"]["selector"].items() <= (
+        deployment["spec"]["template"]["metadata"]["labels"].items())
+    # For the other roles, readiness is the server's overall health.
+    for workload in workloads(docs):
+        if workload["metadata"]["name"] != "kb-kbroker-replicator":
+            for c in workload["spec"]["template"]["spec"]["containers"]:
+                assert "service" not in c["readinessProbe"]["grpc"]
+
+
+def test_only_rendered_probe_services_are_health_names_the_replicator_sets() -> None:
+    from services.replicator.server import PROCESS_HEALTH, SERVICE_NAME
+
+    container = one(render(SCENARIOS[0]), "Deployment", "kb-kbroker-replicator")[
+        "spec"]["template"]["spec"]["containers"][0]
+    assert container["readinessProbe"]["grpc"]["service"] == SERVICE_NAME
+    assert container["livenessProbe"]["grpc"]["service"] == PROCESS_HEALTH
 
 
 def _args(container: dict[str, Any]) -> dict[str, str]:
@@ -236,6 +286,8 @@ def test_external_listener_on_host_ports_advertises_the_node_ip() -> None:
     (("frontend.external.enabled=true", "frontend.external.domain=x.example",
       "frontend.external.containerPort=9093"), "overlaps"),
     (("replicator.config.replica_lag=5",), "additional properties"),
+    (("replicator.leaderElection.renewDeadlineSeconds=15",), "must exceed renewDeadlineSeconds"),
+    (("replicator.leaderElection.retryPeriodSeconds=9",), "1.2 x retryPeriodSeconds"),
 ])
 def test_bad_values_are_refused_with_a_reason(sets: tuple[str, ...], message: str) -> None:
     with pytest.raises(RenderError, match=message):

@@ -185,6 +185,15 @@ def test_addresses_between_services_reach_the_right_services(rendered: Any) -> N
     log_container = log_sts["spec"]["template"]["spec"]["containers"][0]
     (replicator,) = _configs(all_launches, "services.replicator")
     assert len(replicator.log_nodes) == log_sts["spec"]["replicas"]
+    # The replicator tells the purgatory about high watermark moves, as the log nodes do.
+    host, port = replicator.purgatory_address.rsplit(":", 1)
+    assert _service_port(docs, host, int(port))["targetPort"] == "grpc"
+    assert host.split(".")[0] == "kb-kbroker-purgatory"
+    # Each replica competes for the Lease under its own pod name, in its namespace.
+    (launch,) = [x for x in all_launches if x.module == "services.replicator"]
+    assert replicator.leader_election_identity == launch.pod_name
+    assert replicator.leader_election_namespace == NAMESPACE
+    assert replicator.leader_election_lease == "kb-kbroker-replicator"
     for i, entry in enumerate(replicator.log_nodes):
         node_id, address = entry.split("=")
         host, port = address.rsplit(":", 1)

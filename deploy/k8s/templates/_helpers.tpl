@@ -99,24 +99,41 @@ arguments. Call with a list of the names wanted. */}}
 {{- end -}}
 {{- end -}}
 
-{{/* gRPC health probes on a port. Call with (list $ port). */}}
+{{/* gRPC health probes on a port. Call with (list $ port), or (list $ port readiness liveness)
+to probe those health service names (readiness: ready to serve; liveness, also the startup
+probe: the process is up), where they differ from the server's overall health (""). */}}
 {{- define "kbroker.probes" -}}
 {{- $ := index . 0 -}}
 {{- $port := index . 1 -}}
+{{- $ready := "" -}}
+{{- $alive := "" -}}
+{{- if gt (len .) 2 -}}
+{{- $ready = index . 2 -}}
+{{- $alive = index . 3 -}}
+{{- end -}}
 startupProbe:
   grpc:
     port: {{ $port }}
+    {{- with $alive }}
+    service: {{ . }}
+    {{- end }}
   periodSeconds: {{ $.Values.probes.startup.periodSeconds }}
   failureThreshold: {{ $.Values.probes.startup.failureThreshold }}
 readinessProbe:
   grpc:
     port: {{ $port }}
+    {{- with $ready }}
+    service: {{ . }}
+    {{- end }}
   periodSeconds: {{ $.Values.probes.readiness.periodSeconds }}
   timeoutSeconds: {{ $.Values.probes.readiness.timeoutSeconds }}
   failureThreshold: {{ $.Values.probes.readiness.failureThreshold }}
 livenessProbe:
   grpc:
     port: {{ $port }}
+    {{- with $alive }}
+    service: {{ . }}
+    {{- end }}
   periodSeconds: {{ $.Values.probes.liveness.periodSeconds }}
   timeoutSeconds: {{ $.Values.probes.liveness.timeoutSeconds }}
   failureThreshold: {{ $.Values.probes.liveness.failureThreshold }}
