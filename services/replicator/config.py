@@ -13,7 +13,15 @@ class ReplicatorConfig:
 
     grpc_address: str = option("127.0.0.1:19400", "host:port of the Replicator gRPC service")
     metrics_port: int = option(0, "Prometheus HTTP port (0: disabled)")
-    data_dir: str = option("data/replicator", "directory holding metadata.json")
+    data_dir: str = option(
+        "data/replicator", "directory of metadata.json (the file store, or a file to migrate "
+        "into an empty metadata log)")
+    metadata_store: str = option(
+        "log", "where the cluster metadata lives: log (a replicated metadata log, partition "
+        "__cluster_metadata-0 on every log node) or file (metadata.json in the data dir)")
+    metadata_log_start_timeout_ms: int = option(
+        60000, "how long start-up waits (retrying with backoff) for a majority of the log "
+        "nodes to answer for the metadata log")
     log_nodes: tuple[str, ...] = option(
         ("0=127.0.0.1:19200",), "log nodes as node_id=host:port entries, comma separated"
     )

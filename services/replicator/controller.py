@@ -16,9 +16,15 @@ Consistency rules:
   replicas. Replicas that could not be deleted (node down) stay in ``pending_deletions``, which
   is persisted and retried after each node check and before a topic of the same name is placed
   on that node again.
-- Each committed change is saved durably before it becomes visible; a failed save leaves the
-  previous image in place. Creation and deletion go on even if the caller goes away, so a
-  request is never half applied.
+- Each committed change is saved durably (:class:`MetadataStore`, by default the replicated
+  metadata log on the log nodes) before it becomes visible; a failed save leaves the previous
+  image in place. Commits run one at a time (the commit lock), each computing its change from
+  the image current when it holds the lock, so a change computed before an await never
+  overwrites one committed meanwhile. Creation and deletion go on even if the caller goes away,
+  so a request is never half applied.
+- Deposed: when the store finds that another replicator has taken over the metadata
+  (:class:`DeposedError`), every later commit fails and :attr:`Controller.deposed` is set; the
+  caller must stop serving as the controller.
 - Config changes commit first, then go to every live log node holding a replica of the topic
   (one call per node) before the caller is answered. A node that could not take them is
   brought up to date (all its replicas' configs) after a later node check, as is every node
@@ -72,10 +78,11 @@ from .metadata import (
     new_cluster_id,
     new_topic_id,
 )
-from .metadata_store import MetadataStore
+from .metadata_log import METADATA_TOPIC
+from .metadata_store import DeposedError, MetadataStore
 from .producer_ids import ProducerIdBlock, next_block
 from .publisher import ImagePublisher
-from .replication.election import fence, preferred
+from .replication.election import Election, fence, preferred
 from .replication.nodes import ReplicaState, Role
 from .topic_rules import (
     ConfigOperation,
@@ -165,6 +172,10 @@ class Controller:
         self._num_partitions = num_partitions
         self._default_replication_factor = default_replication_factor
         self._lock = asyncio.Lock()
+        # Serialises commits: one save in flight, the image replaced only after it succeeded.
+        self._commit_lock = asyncio.Lock()
+        # Set once the store reported that another replicator took over.
+        self.deposed = asyncio.Event()
         # Live nodes whose replicas may carry outdated configs (a push failed, or the node
         # was down); filled only after the first node check, which is the starting state.
         self._stale_configs: set[NodeId] = set()
@@ -190,21 +201,27 @@ class Controller:
         unclean_leader_election: bool = False,
     ) -> Controller:
         """Load the stored metadata (or start a new cluster), save it, and check every log node
-        once, so the controller starts with real liveness.
+        once, so the controller starts with real liveness. The controller owns ``store`` from
+        here on (it is closed with the controller, or at once if opening fails).
 
-        Raises ValueError if the stored cluster id differs from a configured one."""
-        stored = store.load()
-        if stored is None:
-            image = MetadataImage(cluster_id=cluster_id or new_cluster_id(), version=1)
-        elif cluster_id and stored.cluster_id != cluster_id:
-            raise ValueError(
-                f"the stored metadata belongs to cluster {stored.cluster_id!r}, "
-                f"not the configured {cluster_id!r}"
-            )
-        else:
-            image = stored
-        image = image.replace(log_nodes=tuple(log_nodes))
-        store.save(image)
+        Raises ValueError if the stored cluster id differs from a configured one, OSError if
+        the store cannot be read or written."""
+        try:
+            stored = await store.load()
+            if stored is None:
+                image = MetadataImage(cluster_id=cluster_id or new_cluster_id(), version=1)
+            elif cluster_id and stored.cluster_id != cluster_id:
+                raise ValueError(
+                    f"the stored metadata belongs to cluster {stored.cluster_id!r}, "
+                    f"not the configured {cluster_id!r}"
+                )
+            else:
+                image = stored
+            image = image.replace(log_nodes=tuple(log_nodes))
+            await store.save(image)
+        except BaseException:
+            await store.close()
+            raise
         controller = cls(
             image=image,
             store=store,
@@ -229,8 +246,8 @@ class Controller:
         nodes = self._image.log_nodes
         serving = await asyncio.gather(*(self._client.is_serving(n.node_id) for n in nodes))
         alive = {n.node_id: ok for n, ok in zip(nodes, serving, strict=True)}
-        revived = self._apply_liveness(alive)
-        self._fence(alive)
+        revived = await self._apply_liveness(alive)
+        await self._fence(alive)
         if self._checked_once:
             self._stale_configs |= revived
         self._checked_once = True
@@ -250,7 +267,7 @@ class Controller:
             except Exception:  # the monitor must survive any one bad round
                 log.exception("log node check failed")
 
-    def _fence(self, alive: Mapping[NodeId, bool]) -> None:
+    async def _fence(self, alive: Mapping[NodeId, bool]) -> None:
         """Fence the nodes down for the session timeout: new leaders, smaller ISRs."""
         now = time.monotonic()
         for node, ok in alive.items():
@@ -262,13 +279,17 @@ class Controller:
                   if now - since >= self._session_timeout_s}
         if not fenced:
             return
-        image = self._image
-        changed, elections = fence(image, fenced, image.live_node_ids,
-                                   unclean_default=self._unclean_leader_election)
-        if not changed:
-            return
+        changed: list[TopicRegistration] = []
+        elections: list[Election] = []
+
+        def elect(current: MetadataImage) -> MetadataImage:
+            nonlocal changed, elections
+            changed, elections = fence(current, fenced, current.live_node_ids,
+                                       unclean_default=self._unclean_leader_election)
+            return current.with_topics(added=changed) if changed else current
+
         try:
-            self._commit(lambda current: current.with_topics(added=changed))
+            await self._commit(elect)
         except OSError:
             log.exception("could not save the partitions of fenced log nodes; retrying")
             return
@@ -283,15 +304,18 @@ class Controller:
                     log.warning("%s-%d is offline: its leader %d is fenced and no in-sync "
                                 "replica can lead", topic.name, p.partition, p.leader)
 
-    def elect_preferred_leaders(self) -> int:
+    async def elect_preferred_leaders(self) -> int:
         """Give partitions back to their preferred (first) replica where it is live and in
         sync (see :mod:`~services.replicator.replication.election`); returns how many moved."""
-        image = self._image
-        changed, elections = preferred(image, image.live_node_ids)
-        if not changed:
-            return 0
+        elections: list[Election] = []
+
+        def elect(current: MetadataImage) -> MetadataImage:
+            nonlocal elections
+            changed, elections = preferred(current, current.live_node_ids)
+            return current.with_topics(added=changed) if changed else current
+
         try:
-            self._commit(lambda current: current.with_topics(added=changed))
+            await self._commit(elect)
         except OSError:
             log.exception("could not save preferred leaders; retrying later")
             return 0
@@ -306,30 +330,31 @@ class Controller:
         while True:
             await asyncio.sleep(interval)
             try:
-                self.elect_preferred_leaders()
+                await self.elect_preferred_leaders()
             except Exception:  # the loop must survive any one bad round
                 log.exception("preferred leader election failed")
 
-    def _apply_liveness(self, alive: Mapping[NodeId, bool]) -> set[NodeId]:
+    async def _apply_liveness(self, alive: Mapping[NodeId, bool]) -> set[NodeId]:
         """Record liveness; returns the nodes that came alive."""
-        current = self._image
-        nodes = tuple(
-            dataclasses.replace(n, alive=alive.get(n.node_id, n.alive)) for n in current.log_nodes
-        )
-        if nodes == current.log_nodes:
-            return set()
-        revived = {after.node_id for before, after in zip(current.log_nodes, nodes, strict=True)
-                   if after.alive and not before.alive}
-        for before, after in zip(current.log_nodes, nodes, strict=True):
-            if before.alive != after.alive:
-                log.info("log node %d (%s) is %s", after.node_id, after.address,
-                         "alive" if after.alive else "not responding")
+        changes: list[tuple[LogNode, LogNode]] = []
+
+        def record(current: MetadataImage) -> MetadataImage:
+            nodes = tuple(dataclasses.replace(n, alive=alive.get(n.node_id, n.alive))
+                          for n in current.log_nodes)
+            changes[:] = [(before, after)
+                          for before, after in zip(current.log_nodes, nodes, strict=True)
+                          if before.alive != after.alive]
+            return current.replace(log_nodes=nodes) if changes else current
+
         try:
-            self._commit(lambda image: image.replace(log_nodes=nodes))
+            await self._commit(record)
         except OSError:
             log.exception("could not save log node liveness; will retry at the next check")
             return set()
-        return revived
+        for _, after in changes:
+            log.info("log node %d (%s) is %s", after.node_id, after.address,
+                     "alive" if after.alive else "not responding")
+        return {after.node_id for _, after in changes if after.alive}
 
     # -- topic creation ---------------------------------------------------------------------
 
@@ -370,7 +395,7 @@ class Controller:
         failures, cleared = await self._create_on_log_nodes(list(planned.values()), image)
         created = [t for t in planned.values() if t.name not in failures]
         try:
-            self._commit(lambda current: _without_cleared(
+            await self._commit(lambda current: _without_cleared(
                 current.with_topics(added=created).replace(next_leader_index=start_index),
                 cleared,
             ), bump=bool(created))
@@ -401,6 +426,9 @@ class Controller:
     ) -> TopicRegistration:
         name = request.name
         validate_topic_name(name)
+        if name == METADATA_TOPIC:
+            raise KafkaError(ErrorCode.invalid_request,
+                             f"Creation of internal topic {name} is prohibited.")
         if name in image.topics:
             raise KafkaError(ErrorCode.topic_already_exists, f"Topic '{name}' already exists.")
         other = taken_names.get(collision_key(name))
@@ -533,7 +561,7 @@ class Controller:
             return results
         replicas = _replicas_by_node(doomed.values())
         try:
-            self._commit(lambda current: _with_pending(current.with_topics(removed=doomed),
+            await self._commit(lambda current: _with_pending(current.with_topics(removed=doomed),
                                                        replicas))
         except OSError as e:
             log.exception("could not save the metadata without the deleted topics")
@@ -553,7 +581,7 @@ class Controller:
         becomes a pending deletion."""
         replicas = _replicas_by_node(topics)
         try:
-            self._commit(lambda current: _with_pending(current, replicas), bump=False)
+            await self._commit(lambda current: _with_pending(current, replicas), bump=False)
         except OSError:
             log.exception("could not save pending replica deletions")
         await self._flush_deletions(self._image.live_node_ids)
@@ -580,7 +608,7 @@ class Controller:
             done[node] = set(parts) - failed
         if any(done.values()):
             try:
-                self._commit(lambda current: _without_cleared(current, done), bump=False)
+                await self._commit(lambda current: _without_cleared(current, done), bump=False)
             except OSError:
                 log.exception("could not save completed replica deletions")
 
@@ -621,7 +649,7 @@ class Controller:
         if validate_only or not changed:
             return results
         try:
-            self._commit(lambda current: current.with_topics(added=[
+            await self._commit(lambda current: current.with_topics(added=[
                 dataclasses.replace(current.topics[name], configs=t.configs)
                 for name, t in changed.items() if name in current.topics]))
         except OSError as e:
@@ -709,7 +737,7 @@ class Controller:
         new_partitions = {name: added.partitions for name, (added, _) in planned.items()}
         try:
             # The existing partitions as they are now (their ISR may have changed meanwhile).
-            self._commit(lambda current: _without_cleared(
+            await self._commit(lambda current: _without_cleared(
                 current.with_topics(added=[
                     dataclasses.replace(current.topics[g.name], partitions=(
                         current.topics[g.name].partitions + new_partitions[g.name]))
@@ -787,7 +815,7 @@ class Controller:
 
     # -- replication ------------------------------------------------------------------------
 
-    def change_isr(
+    async def change_isr(
         self, changes: Mapping[tuple[str, int], tuple[NodeId, int, tuple[NodeId, ...]]]
     ) -> dict[tuple[str, int], tuple[NodeId, ...]]:
         """Commit new ISRs (Kafka's AlterPartition). ``changes`` maps (topic, partition) to
@@ -795,37 +823,44 @@ class Controller:
         partition has another leader or epoch by now, is gone, would drop the leader or add a
         node that is not a replica, or changes nothing is left out. Returns the ISRs
         committed, in one new version. Raises OSError if the save failed (nothing changed)."""
-        image = self._image
-        topics: dict[TopicName, TopicRegistration] = {}
         applied: dict[tuple[str, int], tuple[NodeId, ...]] = {}
-        for (name, index), (leader, epoch, isr) in changes.items():
-            topic = topics.get(TopicName(name)) or image.topics.get(TopicName(name))
-            if topic is None or not 0 <= index < len(topic.partitions):
-                continue
-            p = topic.partitions[index]
-            if (p.leader != leader or p.leader_epoch != epoch or leader not in isr
-                    or not set(isr) <= set(p.replicas) or set(isr) == set(p.isr)):
-                continue
-            partitions = list(topic.partitions)
-            partitions[index] = dataclasses.replace(p, isr=tuple(isr))
-            topics[topic.name] = dataclasses.replace(topic, partitions=tuple(partitions))
-            applied[(name, index)] = tuple(isr)
-        if applied:
-            self._commit(lambda current: current.with_topics(added=topics.values()))
-            for (name, index), isr in applied.items():
-                log.info("%s-%d: ISR is now %s", name, index, list(isr))
+
+        def alter(image: MetadataImage) -> MetadataImage:
+            applied.clear()
+            topics: dict[TopicName, TopicRegistration] = {}
+            for (name, index), (leader, epoch, isr) in changes.items():
+                topic = topics.get(TopicName(name)) or image.topics.get(TopicName(name))
+                if topic is None or not 0 <= index < len(topic.partitions):
+                    continue
+                p = topic.partitions[index]
+                if (p.leader != leader or p.leader_epoch != epoch or leader not in isr
+                        or not set(isr) <= set(p.replicas) or set(isr) == set(p.isr)):
+                    continue
+                partitions = list(topic.partitions)
+                partitions[index] = dataclasses.replace(p, isr=tuple(isr))
+                topics[topic.name] = dataclasses.replace(topic, partitions=tuple(partitions))
+                applied[(name, index)] = tuple(isr)
+            return image.with_topics(added=topics.values()) if applied else image
+
+        await self._commit(alter)
+        for (name, index), isr in applied.items():
+            log.info("%s-%d: ISR is now %s", name, index, list(isr))
         return applied
 
     # -- producer ids -----------------------------------------------------------------------
 
-    def allocate_producer_ids(self) -> ProducerIdBlock:
+    async def allocate_producer_ids(self) -> ProducerIdBlock:
         """The next block of producer ids, saved before it is returned (no version bump:
         clients never see it). Raises KafkaError when ids are exhausted, OSError when the
         save fails (then nothing was handed out)."""
-        block = next_block(self._image)
-        self._commit(lambda image: image.replace(next_producer_id=block.next_block_first_id),
-                     bump=False)
-        return block
+        blocks: list[ProducerIdBlock] = []
+
+        def take(image: MetadataImage) -> MetadataImage:
+            blocks[:] = [next_block(image)]
+            return image.replace(next_producer_id=blocks[0].next_block_first_id)
+
+        await self._commit(take, bump=False)
+        return blocks[0]
 
     # -- committing -------------------------------------------------------------------------
 
@@ -837,20 +872,32 @@ class Controller:
         # Shielded: a caller that goes away must not leave an operation half applied.
         return await asyncio.shield(locked())
 
-    def _commit(
+    async def _commit(
         self, change: Callable[[MetadataImage], MetadataImage], *, bump: bool = True
     ) -> MetadataImage:
-        """Apply ``change`` to the current image, save it, then make it current. With ``bump``
-        the version increases and watchers are told; bookkeeping that clients cannot see
-        (pending deletions) is saved without a new version."""
-        current = self._image
-        image = change(current)
-        if bump:
-            image = image.replace(version=current.version + 1)
-        elif image == current:
-            return current
-        self._store.save(image)
-        self._image = image
+        """Under the commit lock, apply ``change`` to the current image, save it, then make it
+        current. With ``bump`` the version increases and watchers are told; bookkeeping that
+        clients cannot see (pending deletions) is saved without a new version. A change that
+        returns the image it was given commits nothing. Raises OSError (DeposedError once
+        another replicator took over) when the save failed; the image stays as it was."""
+        async with self._commit_lock:
+            current = self._image
+            image = change(current)
+            if image is current:
+                return current
+            if bump:
+                image = image.replace(version=current.version + 1)
+            elif image == current:
+                return current
+            try:
+                await self._store.save(image)
+            except DeposedError:
+                if not self.deposed.is_set():
+                    log.error("another replicator has taken over the cluster metadata; this "
+                              "one commits nothing from now on")
+                    self.deposed.set()
+                raise
+            self._image = image
         if bump:
             self.publisher.publish(image)
         metrics.observe(image)
@@ -858,6 +905,7 @@ class Controller:
 
     async def close(self) -> None:
         self.publisher.close()
+        await self._store.close()
 
 
 def _racks(image: MetadataImage) -> dict[NodeId, str]:

@@ -1,10 +1,14 @@
-"""Durable copy of the cluster metadata: the :class:`MetadataStore` interface and its first
-implementation, a JSON file rewritten atomically on every change.
+"""Durable copy of the cluster metadata: the :class:`MetadataStore` interface, the JSON
+encoding of an image that every store uses, and the simplest store, a JSON file rewritten
+atomically on every change (``--metadata-store file``; the default store is the replicated
+metadata log on the log nodes, :mod:`~services.replicator.metadata_log`).
 
-Kept behind a two-method interface (``load``/``save``) so that moving the metadata into a
-replicated metadata log on the log nodes replaces this module only.
+The interface is asynchronous (``load``/``save``/``close``): a store may have to reach other
+processes. A failed save raises :class:`OSError` (the controller then keeps its previous
+image); :class:`DeposedError`, an ``OSError`` too, says that another replicator has taken over
+the metadata and this one must stop writing.
 
-On-disk format of ``<data_dir>/metadata.json`` (UTF-8 JSON)::
+JSON encoding of an image (also ``<data_dir>/metadata.json``, UTF-8)::
 
     {"format": 1, "cluster_id": "...", "version": 12, "next_leader_index": 3,
      "topics": [{"name": "t", "topic_id": "<uuid>", "configs": {"k": "v"},
@@ -17,13 +21,14 @@ On-disk format of ``<data_dir>/metadata.json`` (UTF-8 JSON)::
 Log node liveness is not stored (it is re-learned by health checks after a restart), but the
 version is, so versions keep increasing across restarts.
 
-Invariant: ``metadata.json`` is always a complete document. A save writes
+File invariant: ``metadata.json`` is always a complete document. A save writes
 ``metadata.json.tmp``, fsyncs it, renames it over ``metadata.json`` and fsyncs the directory;
 a crash at any point leaves either the old or the new document. A leftover ``.tmp`` is ignored.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
@@ -36,13 +41,24 @@ FILE_NAME = "metadata.json"
 
 
 class MetadataStore(Protocol):
-    def load(self) -> MetadataImage | None:
+    async def load(self) -> MetadataImage | None:
         """The last saved image (without log nodes), or None if nothing was ever saved."""
         ...
 
-    def save(self, image: MetadataImage) -> None:
-        """Make ``image`` durable before returning; raises OSError on failure."""
+    async def save(self, image: MetadataImage) -> None:
+        """Make ``image`` durable before returning; raises OSError on failure (DeposedError
+        when another writer has taken over)."""
         ...
+
+    async def close(self) -> None:
+        """Release connections; the store is not used afterwards."""
+        ...
+
+
+class DeposedError(OSError):
+    """Another replicator has taken over the metadata (a newer controller epoch is stored):
+    this one's writes can no longer become the state, and it must stop acting as the
+    controller."""
 
 
 class CorruptMetadataError(Exception):
@@ -51,25 +67,37 @@ class CorruptMetadataError(Exception):
 
 
 class JsonFileMetadataStore:
-    """:class:`MetadataStore` as one JSON file in ``data_dir``. Not thread-safe."""
+    """:class:`MetadataStore` as one JSON file in ``data_dir``; file I/O runs in a worker
+    thread. Callers serialise their saves (the controller's commit lock)."""
 
     def __init__(self, data_dir: str | os.PathLike[str]) -> None:
         self.directory = Path(data_dir)
         self.path = self.directory / FILE_NAME
 
-    def load(self) -> MetadataImage | None:
+    async def load(self) -> MetadataImage | None:
+        return await asyncio.to_thread(self.load_now)
+
+    async def save(self, image: MetadataImage) -> None:
+        await asyncio.to_thread(self.save_now, image)
+
+    async def close(self) -> None:
+        return None
+
+    def load_now(self) -> MetadataImage | None:
+        """:meth:`load`, blocking."""
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
             return None
         try:
-            return _decode(json.loads(raw))
+            return decode_image(json.loads(raw))
         except (ValueError, KeyError, TypeError) as e:
             raise CorruptMetadataError(f"{self.path}: {e}") from e
 
-    def save(self, image: MetadataImage) -> None:
+    def save_now(self, image: MetadataImage) -> None:
+        """:meth:`save`, blocking."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        data = json.dumps(_encode(image), indent=1, sort_keys=True).encode()
+        data = json.dumps(encode_image(image), indent=1, sort_keys=True).encode()
         tmp = self.path.with_name(FILE_NAME + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
@@ -87,7 +115,8 @@ class JsonFileMetadataStore:
             os.close(dir_fd)
 
 
-def _encode(image: MetadataImage) -> dict[str, Any]:
+def encode_image(image: MetadataImage) -> dict[str, Any]:
+    """The JSON document of ``image`` (without log nodes)."""
     return {
         "format": FORMAT,
         "cluster_id": image.cluster_id,
@@ -119,7 +148,8 @@ def _encode(image: MetadataImage) -> dict[str, Any]:
     }
 
 
-def _decode(doc: Any) -> MetadataImage:
+def decode_image(doc: Any) -> MetadataImage:
+    """The image of a JSON document; ValueError, KeyError or TypeError if it is not one."""
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ValueError("not a metadata document of format 1")
     topics = {}

@@ -29,7 +29,9 @@ from .leadership import (
     kubernetes_api_client,
 )
 from .log_nodes import GrpcLogNodes, parse_log_nodes
-from .metadata_store import JsonFileMetadataStore
+from .metadata import LogNode
+from .metadata_log import MetadataLog
+from .metadata_store import JsonFileMetadataStore, MetadataStore
 from .replication.fetcher import FetchSettings
 from .replication.manager import ReplicationManager
 from .replication.progress import ProgressReporter
@@ -79,6 +81,17 @@ class ReplicatorService:
         await self._log_nodes.close()
 
 
+def metadata_store(config: ReplicatorConfig, nodes: tuple[LogNode, ...]) -> MetadataStore:
+    """The store ``--metadata-store`` names: the metadata log on the log nodes (default) or
+    the JSON file in the data directory."""
+    if config.metadata_store == "file":
+        return JsonFileMetadataStore(config.data_dir)
+    if config.metadata_store == "log":
+        return MetadataLog(nodes, legacy_dir=config.data_dir,
+                           start_timeout=max(config.metadata_log_start_timeout_ms, 0) / 1000)
+    raise ValueError(f"unknown --metadata-store {config.metadata_store!r} (log or file)")
+
+
 async def start(config: ReplicatorConfig) -> ReplicatorService:
     interval = max(config.node_check_interval_ms, 1) / 1000.0
     nodes = parse_log_nodes(config.log_nodes)
@@ -86,7 +99,7 @@ async def start(config: ReplicatorConfig) -> ReplicatorService:
     log_nodes = GrpcLogNodes(nodes, health_timeout=min(max(interval, 0.5), 5.0))
     try:
         controller = await Controller.open(
-            store=JsonFileMetadataStore(config.data_dir),
+            store=metadata_store(config, nodes),
             client=log_nodes,
             log_nodes=nodes,
             cluster_id=config.cluster_id,

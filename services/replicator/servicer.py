@@ -103,7 +103,7 @@ class ReplicatorServicer(replicator_pb2_grpc.ReplicatorServicer):
         self, request: pb.AllocateProducerIdsRequest, context: grpc.aio.ServicerContext
     ) -> pb.AllocateProducerIdsResponse:
         try:
-            block = self._controller.allocate_producer_ids()
+            block = await self._controller.allocate_producer_ids()
         except KafkaError as exc:
             return pb.AllocateProducerIdsResponse(error_code=exc.errno,
                                                   error_message=exc.message or "")

@@ -37,6 +37,8 @@ class Cluster:
             "data_dir": str(self.data_dir),
             "log_nodes": tuple(n.entry for n in self.nodes),
             "node_check_interval_ms": CHECK_INTERVAL_MS,
+            # Fake log nodes keep no partitions: the metadata lives in metadata.json here.
+            "metadata_store": "file",
             **self.defaults,
             **overrides,
         }

@@ -64,6 +64,7 @@ def test_process_serves_and_stops_on_sigterm(tmp_path: Path):
                 sys.executable, "-m", "services.replicator", "--grpc-address", address,
                 "--metrics-port", str(metrics_port), "--data-dir", str(tmp_path / "r"),
                 "--log-nodes", node.entry, "--num-partitions", "2",
+                "--metadata-store", "file",
                 cwd=ROOT, stdout=out, stderr=out,
             )
         try:

@@ -1,7 +1,9 @@
-"""The JSON metadata store: exact round trip, atomic replacement, corrupt files refused."""
+"""The JSON metadata store: exact round trip, atomic replacement, corrupt files refused, and
+the same through its asynchronous interface."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -59,32 +61,32 @@ def images(draw: st.DrawFn) -> MetadataImage:
 @given(images())
 def test_round_trip(tmp_path: Path, image: MetadataImage):
     store = JsonFileMetadataStore(tmp_path / "meta")
-    store.save(image)
-    assert store.load() == image
+    store.save_now(image)
+    assert store.load_now() == image
 
 
 def test_liveness_is_not_stored(tmp_path: Path):
     store = JsonFileMetadataStore(tmp_path)
     image = MetadataImage(cluster_id="c", version=3,
                           log_nodes=(LogNode(node_id=NodeId(0), address="h:1", alive=True),))
-    store.save(image)
-    loaded = store.load()
+    store.save_now(image)
+    loaded = store.load_now()
     assert loaded is not None and loaded.log_nodes == () and loaded.version == 3
 
 
 def test_missing_file_means_a_new_cluster(tmp_path: Path):
-    assert JsonFileMetadataStore(tmp_path / "nothing").load() is None
+    assert JsonFileMetadataStore(tmp_path / "nothing").load_now() is None
 
 
 def test_a_leftover_temporary_file_is_ignored_and_replaced(tmp_path: Path):
     store = JsonFileMetadataStore(tmp_path)
-    store.save(MetadataImage(cluster_id="c", version=1))
+    store.save_now(MetadataImage(cluster_id="c", version=1))
     # A crash in the middle of a later save leaves a torn temporary file behind.
     (tmp_path / "metadata.json.tmp").write_text('{"format": 1, "clus')
-    loaded = store.load()
+    loaded = store.load_now()
     assert loaded is not None and loaded.version == 1
-    store.save(MetadataImage(cluster_id="c", version=2))
-    loaded = store.load()
+    store.save_now(MetadataImage(cluster_id="c", version=2))
+    loaded = store.load_now()
     assert loaded is not None and loaded.version == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metadata.json"]
 
@@ -93,11 +95,24 @@ def test_a_leftover_temporary_file_is_ignored_and_replaced(tmp_path: Path):
 def test_corrupt_metadata_is_refused(tmp_path: Path, content: str):
     (tmp_path / "metadata.json").write_text(content)
     with pytest.raises(CorruptMetadataError):
-        JsonFileMetadataStore(tmp_path).load()
+        JsonFileMetadataStore(tmp_path).load_now()
 
 
 def test_file_is_plain_json(tmp_path: Path):
     store = JsonFileMetadataStore(tmp_path)
-    store.save(MetadataImage(cluster_id="c", version=7, next_leader_index=2))
+    store.save_now(MetadataImage(cluster_id="c", version=7, next_leader_index=2))
     doc = json.loads((tmp_path / "metadata.json").read_text())
     assert doc["cluster_id"] == "c" and doc["version"] == 7 and doc["topics"] == []
+
+
+def test_the_async_interface_saves_and_loads_the_same_file(tmp_path: Path):
+    async def scenario() -> None:
+        store = JsonFileMetadataStore(tmp_path)
+        assert await store.load() is None
+        image = MetadataImage(cluster_id="c", version=9, next_producer_id=3000)
+        await store.save(image)
+        assert await store.load() == image
+        assert JsonFileMetadataStore(tmp_path).load_now() == image
+        await store.close()
+
+    asyncio.run(scenario())

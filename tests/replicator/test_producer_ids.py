@@ -38,13 +38,13 @@ def test_the_id_space_can_run_out() -> None:
 
 def test_a_metadata_file_without_producer_ids_starts_them_at_zero(tmp_path: Path) -> None:
     store = JsonFileMetadataStore(tmp_path)
-    store.save(MetadataImage(cluster_id="c", version=4, next_producer_id=7000))
+    store.save_now(MetadataImage(cluster_id="c", version=4, next_producer_id=7000))
     document = json.loads((tmp_path / FILE_NAME).read_text())
     assert document["next_producer_id"] == 7000
-    assert store.load().next_producer_id == 7000  # type: ignore[union-attr]
+    assert store.load_now().next_producer_id == 7000  # type: ignore[union-attr]
     del document["next_producer_id"]
     (tmp_path / FILE_NAME).write_text(json.dumps(document))
-    assert store.load().next_producer_id == 0  # type: ignore[union-attr]
+    assert store.load_now().next_producer_id == 0  # type: ignore[union-attr]
 
 
 def test_blocks_are_unique_across_racing_requests_and_restarts(tmp_path: Path) -> None:
@@ -81,7 +81,7 @@ def test_a_failed_save_hands_out_nothing(tmp_path: Path) -> None:
             assert c.service is not None
             store = c.service.controller._store  # fault injection
 
-            def broken_save(image: object) -> None:
+            async def broken_save(image: object) -> None:
                 raise OSError("disk full")
 
             saved = store.save

@@ -372,11 +372,11 @@ class ReplicationManager:
         while True:
             await asyncio.sleep(interval)
             try:
-                self.check_isr()
+                await self.check_isr()
             except Exception:
                 log.exception("ISR check failed")
 
-    def check_isr(self) -> None:
+    async def check_isr(self) -> None:
         """Shrink and expand ISRs per the lag rules, and refresh the lag metrics."""
         now = now_ms()
         changes: dict[TopicPartition, tuple[NodeId, int, tuple[NodeId, ...]]] = {}
@@ -408,7 +408,7 @@ class ReplicationManager:
         if not changes:
             return
         try:
-            applied = self._controller.change_isr(changes)
+            applied = await self._controller.change_isr(changes)
         except OSError:
             log.exception("could not save ISR changes; retrying at the next check")
             return
