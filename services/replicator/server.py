@@ -170,12 +170,13 @@ class LeasedReplicator:
     same port (opening the controller from the stored metadata), whose health is SERVING,
     and the elector keeps renewing.
 
-    Losing the Lease is crash-only: the replicator stops acting at once (health NOT_SERVING,
-    replication loops and the gRPC server stopped, so no write is accepted) and
-    :attr:`finished` completes, after which the process exits non-zero and Kubernetes starts
-    it again as a fresh standby. A replica that lost the Lease may hold state that is no
-    longer the truth (another replica has moved on); starting over from the stored metadata
-    is the one path that is always right, and it is the same path as a crash.
+    Losing the Lease (or being deposed from the metadata log by another replicator) is
+    crash-only: the replicator stops acting at once (health NOT_SERVING, replication loops
+    and the gRPC server stopped, so no write is accepted) and :attr:`finished` completes,
+    after which the process exits non-zero and Kubernetes starts it again as a fresh standby.
+    A replica that lost the Lease may hold state that is no longer the truth (another replica
+    has moved on); starting over from the stored metadata is the one path that is always
+    right, and it is the same path as a crash.
     """
 
     def __init__(self, config: ReplicatorConfig, elector: LeaseElector,
@@ -219,7 +220,24 @@ class LeasedReplicator:
                                               health_pb2.HealthCheckResponse.SERVING)
             log.info("replicator %s is active (lease %s/%s)", self.elector.settings.identity,
                      self.elector.settings.namespace, self.elector.settings.lease_name)
-            await self._renewals
+            deposed = asyncio.create_task(self.service.controller.deposed.wait())
+            try:
+                await asyncio.wait({self._renewals, deposed},
+                                   return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                deposed.cancel()
+            if not self._renewals.done():
+                # Another replicator writes the metadata log at a newer controller epoch: this
+                # one must not act, whatever the Lease says. Stop, then let the Lease go.
+                log.error("replicator %s was deposed from the cluster metadata: stepping down",
+                          self.elector.settings.identity)
+                self._renewals.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._renewals
+                self.lost = True
+                await self._step_down()
+                await self.elector.release()
+                return
         self.lost = True
         await self._step_down()
 

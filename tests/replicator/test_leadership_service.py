@@ -4,12 +4,13 @@ other a NOT_SERVING standby refusing calls; killing the active one with SIGKILL 
 standby take over within the lease duration with the same topics; a replica that can no
 longer renew exits 1; SIGTERM releases the Lease.
 
-The replicas share one data directory, as the metadata may still be the JSON file store
-there; with the metadata log the new active replica reads it from the log nodes."""
+Each replica has its own data directory: the new active one reads the cluster metadata from
+the metadata log on the log nodes."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -103,17 +104,17 @@ class Replica:
         await self.channel.close()
 
 
-async def launch(api: FakeLeaseApi, tmp: Path, identity: str, nodes: list[LogNodeProcess]
-                 ) -> Replica:
+async def launch(api: FakeLeaseApi, tmp: Path, identity: str, nodes: list[LogNodeProcess],
+                 lease: str = LEASE_NAME) -> Replica:
     address = f"127.0.0.1:{free_port()}"
     kubeconfig = api.write_kubeconfig(tmp / f"kubeconfig-{identity}", identity, NS)
     log = tmp / f"replicator-{identity}.log"
     with log.open("wb") as out:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "services.replicator", "--grpc-address", address,
-            "--data-dir", str(tmp / "replicator"),
+            "--data-dir", str(tmp / f"replicator-{identity}"),
             "--log-nodes", ",".join(n.entry for n in nodes), "--node-check-interval-ms", "100",
-            "--leader-election-lease", LEASE_NAME, "--leader-election-namespace", NS,
+            "--leader-election-lease", lease, "--leader-election-namespace", NS,
             "--leader-election-identity", identity,
             "--leader-election-lease-duration-ms", str(LEASE_MS),
             "--leader-election-renew-deadline-ms", str(RENEW_MS),
@@ -229,6 +230,41 @@ def test_a_replicator_that_cannot_renew_stops_serving_and_exits_1(tmp_path: Path
             api.failing.clear()
             if replica is not None:
                 await replica.stop()
+            for n in nodes:
+                await n.stop()
+            api.stop()
+    asyncio.run(scenario())
+
+
+def test_a_replicator_deposed_from_the_metadata_log_steps_down_and_lets_the_lease_go(
+        tmp_path: Path):
+    """Another replicator (electing through another Lease: a misconfiguration) takes over
+    the metadata log: the first one's next commit finds itself deposed, so it stops serving,
+    releases its Lease and exits 1."""
+    async def scenario() -> None:
+        api = FakeLeaseApi().start()
+        nodes: list[LogNodeProcess] = []
+        replicas: list[Replica] = []
+        try:
+            nodes = await start_log_nodes(tmp_path, 1)
+            first = await launch(api, tmp_path, "a", nodes)
+            replicas.append(first)
+            await wait_for(first, SERVICE_NAME, SERVING, 30)
+            rogue = await launch(api, tmp_path, "b", nodes, lease="another-lease")
+            replicas.append(rogue)
+            await wait_for(rogue, SERVICE_NAME, SERVING, 30)
+            # Refused, or cut off as it steps down.
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await first.stub.CreateTopics(pb.CreateTopicsRequest(topics=[
+                    pb.NewTopic(name="t", num_partitions=1, replication_factor=1)]), timeout=10)
+            code = await asyncio.wait_for(first.proc.wait(), 15)
+            assert code == 1, tail(first.log)
+            assert "deposed" in first.log.read_text()
+            assert api.holder(NS, LEASE_NAME) == ""
+            assert rogue.proc.returncode is None
+        finally:
+            for r in replicas:
+                await r.stop()
             for n in nodes:
                 await n.stop()
             api.stop()
