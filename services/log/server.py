@@ -10,12 +10,14 @@ import grpc
 from grpc_health.v1._async import HealthServicer
 
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
+from services.common.errors import KafkaError
 from services.common.server import ServiceBinding, create_server
 
 from . import metrics
 from .config import LogConfig
 from .log_manager import LogManager
-from .purgatory_notifier import PurgatoryNotifier
+from .purgatory_notifier import PositionSource, PurgatoryNotifier, parse_key
+from .replica_state import Role
 from .servicer import LogServicer
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,10 @@ class LogService:
         self._health = health
         self._notifier = notifier
 
+    @property
+    def notifier(self) -> PurgatoryNotifier | None:
+        return self._notifier
+
     async def stop(self, grace: float = 1.0) -> None:
         """Finish in-flight calls (up to ``grace`` seconds), then flush and close the logs."""
         await self._health.enter_graceful_shutdown()
@@ -65,6 +71,8 @@ async def start(config: LogConfig) -> LogService:
     )
     try:
         manager.load()
+        if notifier is not None:
+            notifier.position_of = leader_high_watermarks(manager)
         metrics.PARTITIONS.set(len(manager))
         metrics.watch_partitions(manager.partitions)
         metrics.TRUNCATED_BYTES.inc(sum(p.truncated_at_open for p in manager.partitions()))
@@ -87,3 +95,24 @@ async def start(config: LogConfig) -> LogService:
         config.node_id, port, len(manager), config.data_dir,
     )
     return LogService(config, manager, server, port, health, notifier)
+
+
+def leader_high_watermarks(manager: LogManager) -> PositionSource:
+    """What this node reports for a purgatory key: the high watermark of a partition it leads
+    (at the key's leader epoch, for an epoch key); None for anything else."""
+
+    def position_of(key: str) -> int | None:
+        parsed = parse_key(key)
+        if parsed is None:
+            return None
+        topic, partition, epoch = parsed
+        try:
+            replica = manager.get(topic, partition)
+        except KafkaError:
+            return None
+        state = replica.state
+        if state.role is not Role.LEADER or (epoch is not None and epoch != state.leader_epoch):
+            return None
+        return replica.high_watermark
+
+    return position_of

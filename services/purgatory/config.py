@@ -17,3 +17,6 @@ class PurgatoryConfig:
     wheel_size: int = option(20, "Buckets per timing wheel")
     purge_interval: int = option(
         1000, "Purge completed operations from watcher lists once this many entries pile up")
+    watch_linger_ms: int = option(
+        60000, "Keep publishing a key to progress reporters this long after its last parked "
+        "fetch or produce operation (WatchKeys)")

@@ -48,6 +48,7 @@ class DelayedOperationPurgatory(Generic[Op]):
         *,
         purge_interval: int = DEFAULT_PURGE_INTERVAL,
         on_purge: Callable[[int], None] | None = None,
+        on_key_watched: Callable[[str], None] | None = None,
     ) -> None:
         if purge_interval < 1:
             raise ValueError("purge_interval must be positive")
@@ -59,6 +60,8 @@ class DelayedOperationPurgatory(Generic[Op]):
         self._on_watched_keys_changed = on_watched_keys_changed
         self._purge_interval = purge_interval
         self._on_purge = on_purge
+        # Told of every key an operation is parked on (after it is on the key's list).
+        self._on_key_watched = on_key_watched
         # Entries of completed operations still in watcher lists.
         self._completed_entries = 0
         # The key check_and_complete is checking, while it does.
@@ -82,6 +85,9 @@ class DelayedOperationPurgatory(Generic[Op]):
                 watchers = self._watchers[key] = {}
                 added += 1
             watchers[op] = None
+        if self._on_key_watched is not None:
+            for key in unique:
+                self._on_key_watched(key)
         op.add_done_callback(self._forget)
         self._timer.add(op)
         if added:

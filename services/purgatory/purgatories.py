@@ -6,6 +6,8 @@ A progress report on a key is stored first and then offered to every kind's watc
 so an operation parked after the report still sees it (it is checked against the stored states
 when parked). Session timers (:mod:`.delayed_heartbeat`) are operations of the heartbeat kind
 that nobody awaits; :attr:`Purgatories.heartbeats` arms them and publishes their expiries.
+Keys that fetch and produce operations park on are published to progress reporters
+(:attr:`Purgatories.watched`, see :mod:`.watched_keys`).
 Not thread-safe (one event loop).
 """
 
@@ -22,9 +24,12 @@ from .delayed_operation_purgatory import DEFAULT_PURGE_INTERVAL, DelayedOperatio
 from .delayed_produce import DelayedProduce
 from .key_states import KeyStates
 from .timer import Timer
+from .watched_keys import DEFAULT_LINGER_SECONDS, WatchedKeys
 
 # The kinds Describe always lists, even with nothing pending.
 KINDS = ("fetch", "produce", "join", "heartbeat")
+# The kinds whose keys progress reporters (log nodes, the replicator) report: partitions.
+REPORTED_KINDS = (DelayedFetch.KIND, DelayedProduce.KIND)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,8 +48,10 @@ class Purgatories:
         states: KeyStates | None = None,
         *,
         purge_interval: int = DEFAULT_PURGE_INTERVAL,
+        watch_linger: float = DEFAULT_LINGER_SECONDS,
     ) -> None:
         self._timer = timer
+        self.watched = WatchedKeys(watch_linger)
         self._purge_interval = purge_interval
         self._states = states if states is not None else KeyStates()
         self._by_kind: dict[str, DelayedOperationPurgatory[DelayedAwait]] = {}
@@ -60,6 +67,7 @@ class Purgatories:
             purgatory = DelayedOperationPurgatory(
                 kind, self._timer, on_watched_keys_changed=metrics.WATCHED_KEYS.labels(kind).set,
                 purge_interval=self._purge_interval, on_purge=metrics.PURGED.labels(kind).inc,
+                on_key_watched=self.watched.watch if kind in REPORTED_KINDS else None,
             )
             self._by_kind[kind] = purgatory
         return purgatory
@@ -106,6 +114,11 @@ class Purgatories:
             for purgatory in purgatories:
                 completed += purgatory.check_and_complete(key)
         return completed
+
+    def sweep_watched_keys(self) -> int:
+        """Withdraw published keys that have had no operation for the linger time."""
+        kinds = [self._by_kind[kind] for kind in REPORTED_KINDS]
+        return self.watched.sweep(lambda key: any(p.watchers_of(key) for p in kinds))
 
     def cancel(self, op: DelayedAwait) -> bool:
         """Abandon ``op`` (its waiter went away); True if it was still pending."""

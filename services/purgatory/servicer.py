@@ -75,6 +75,19 @@ class PurgatoryServicer(purgatory_pb2_grpc.PurgatoryServicer):
             )
         return purgatory_pb2.CheckAndCompleteResponse(completed=completed)
 
+    async def WatchKeys(
+        self, request: purgatory_pb2.WatchKeysRequest, context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[purgatory_pb2.WatchedKeys]:
+        watched = self._purgatories.watched
+        subscription = watched.subscribe()
+        try:
+            while True:
+                changes = await subscription.next_changes()
+                yield purgatory_pb2.WatchedKeys(reset=changes.reset, added=changes.added,
+                                                removed=changes.removed)
+        finally:
+            watched.unsubscribe(subscription)
+
     async def Schedule(
         self, request: purgatory_pb2.ScheduleRequest, context: grpc.aio.ServicerContext
     ) -> purgatory_pb2.ScheduleResponse:

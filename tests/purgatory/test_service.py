@@ -283,3 +283,43 @@ def test_stopping_the_server_releases_parked_operations():
         assert service.purgatories._timer.size == 0
 
     asyncio.run(scenario())
+
+
+def test_watch_keys_publishes_the_keys_fetches_and_produces_park_on():
+    async def scenario() -> None:
+        service = await start(PurgatoryConfig(grpc_address="127.0.0.1:0", watch_linger_ms=200))
+        channel = insecure_channel(f"127.0.0.1:{service.port}")
+        stub = purgatory_pb2_grpc.PurgatoryStub(channel)
+        try:
+            stream = stub.WatchKeys(pb.WatchKeysRequest())
+            first = await asyncio.wait_for(stream.read(), 5)
+            assert first.reset and not first.added
+            fetch = asyncio.ensure_future(stub.Await(await_request({"t-0": 5}, 5000)))
+            added = await asyncio.wait_for(stream.read(), 5)
+            assert list(added.added) == ["t-0"] and not added.reset
+            # Join operations are reported by handlers, not by log nodes: not published.
+            join = asyncio.ensure_future(stub.Await(
+                await_request({"g": 1}, 5000, kind=pb.OPERATION_KIND_JOIN)))
+            produce = asyncio.ensure_future(stub.Await(
+                await_request({"t-1@3": 7}, 5000, kind=PRODUCE, require_all=True)))
+            assert list((await asyncio.wait_for(stream.read(), 5)).added) == ["t-1@3"]
+            await stub.CheckAndComplete(report(("t-0", 5), ("t-1@3", 7), ("g", 1)))
+            for answer in await asyncio.gather(fetch, join, produce):
+                assert answer.outcome == pb.OUTCOME_COMPLETED
+            # Nothing parked on them any more: withdrawn after the linger.
+            removed = await asyncio.wait_for(stream.read(), 5)
+            assert sorted(removed.removed) == ["t-0", "t-1@3"] and not removed.added
+            # A late subscriber's reset is the current set.
+            parked = asyncio.ensure_future(stub.Await(await_request({"u-2": 1}, 5000)))
+            await wait_for(pending_is(stub, "fetch", 1))
+            late = stub.WatchKeys(pb.WatchKeysRequest())
+            reset = await asyncio.wait_for(late.read(), 5)
+            assert reset.reset and list(reset.added) == ["u-2"]
+            parked.cancel()
+            stream.cancel()
+            late.cancel()
+        finally:
+            await channel.close()
+            await service.stop(0)
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))

@@ -1,0 +1,135 @@
+"""A log node reporting high watermarks to a real purgatory: only the keys the purgatory
+watches are sent, and an operation parked on a key the node had stopped reporting still wakes
+at once (the node answers the key's add with its current position). Real LogService and
+purgatory on 127.0.0.1 port 0."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from kbroker.log.v1 import log_pb2_grpc
+from kbroker.purgatory.v1 import purgatory_pb2 as pb
+from kbroker.purgatory.v1 import purgatory_pb2_grpc
+from services.common.channels import insecure_channel
+from services.log.config import LogConfig
+from services.log.purgatory_notifier import parse_key
+from services.log.server import LogService
+from services.log.server import start as start_log
+from services.purgatory.config import PurgatoryConfig
+from services.purgatory.server import PurgatoryService
+from services.purgatory.server import start as start_purgatory
+
+from ..record_batches import build_batch, values
+from .test_replica_service import LEADER, create_with, state
+from .test_service import append
+
+TIMEOUT = 30
+
+
+async def eventually(condition: Callable[[], bool], within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+Body = Callable[[PurgatoryService, LogService, log_pb2_grpc.LogServiceStub,
+                 purgatory_pb2_grpc.PurgatoryStub], Awaitable[None]]
+
+
+def run(tmp_path: Path, body: Body) -> None:
+    async def main() -> None:
+        purgatory = await start_purgatory(PurgatoryConfig(grpc_address="127.0.0.1:0"))
+        node = await start_log(LogConfig(
+            data_dir=str(tmp_path / "data"), grpc_address="127.0.0.1:0",
+            purgatory_address=f"127.0.0.1:{purgatory.port}"))
+        log_channel = insecure_channel(f"127.0.0.1:{node.port}")
+        purgatory_channel = insecure_channel(f"127.0.0.1:{purgatory.port}")
+        try:
+            await body(purgatory, node, log_pb2_grpc.LogServiceStub(log_channel),
+                       purgatory_pb2_grpc.PurgatoryStub(purgatory_channel))
+        finally:
+            await log_channel.close()
+            await purgatory_channel.close()
+            await node.stop(0)
+            await purgatory.stop(0)
+
+    asyncio.run(asyncio.wait_for(main(), TIMEOUT))
+
+
+def fetch_wait(key: str, threshold: int, timeout_ms: int = 10_000) -> pb.AwaitRequest:
+    return pb.AwaitRequest(kind=pb.OPERATION_KIND_FETCH, timeout_ms=timeout_ms,
+                           keys=[pb.WatchedKey(key=key, threshold=threshold)])
+
+
+def test_unwatched_keys_are_not_reported_and_a_new_watch_gets_the_current_position(
+        tmp_path: Path) -> None:
+    async def body(purgatory: PurgatoryService, node: LogService,
+                   stub: log_pb2_grpc.LogServiceStub,
+                   purgatory_stub: purgatory_pb2_grpc.PurgatoryStub) -> None:
+        notifier = node.notifier
+        assert notifier is not None
+        await eventually(lambda: notifier.watched_keys == frozenset())
+        await create_with(stub, "t", state("t", LEADER, 4, alone=True))
+        for _ in range(3):
+            await append(stub, "t", build_batch(values(2)))
+        await asyncio.sleep(0.2)
+        states = purgatory.purgatories.states
+        assert states.get("t-0") is None and states.get("t-0@4") is None
+
+        # Parked on a position the node reached while it was not reporting the key.
+        begin = time.monotonic()
+        answer = await purgatory_stub.Await(fetch_wait("t-0", 5))
+        assert answer.outcome == pb.OUTCOME_COMPLETED
+        assert [(k.key, k.position) for k in answer.keys] == [("t-0", 6)]
+        assert time.monotonic() - begin < 2.0
+        # Watched now (for the linger time): every move is reported.
+        assert notifier.watched_keys == frozenset({"t-0"})
+        await append(stub, "t", build_batch(values(1)))
+        await eventually(lambda: (states.get("t-0") or states.current("t-0")).position == 7)
+        assert states.get("t-0@4") is None
+
+        # An acks=all producer waits on the epoch key: answered with the epoch's position.
+        answer = await purgatory_stub.Await(pb.AwaitRequest(
+            kind=pb.OPERATION_KIND_PRODUCE, require_all=True, timeout_ms=10_000,
+            keys=[pb.WatchedKey(key="t-0@4", threshold=7)]))
+        assert answer.outcome == pb.OUTCOME_COMPLETED
+        # A key of another epoch is not this leader's to answer.
+        answer = await purgatory_stub.Await(pb.AwaitRequest(
+            kind=pb.OPERATION_KIND_PRODUCE, require_all=True, timeout_ms=300,
+            keys=[pb.WatchedKey(key="t-0@3", threshold=1)]))
+        assert answer.outcome == pb.OUTCOME_EXPIRED
+
+    run(tmp_path, body)
+
+
+def test_a_node_reports_every_key_while_the_purgatory_is_away(tmp_path: Path) -> None:
+    async def body(purgatory: PurgatoryService, node: LogService,
+                   stub: log_pb2_grpc.LogServiceStub,
+                   purgatory_stub: purgatory_pb2_grpc.PurgatoryStub) -> None:
+        notifier = node.notifier
+        assert notifier is not None
+        await eventually(lambda: notifier.watched_keys == frozenset())
+        await purgatory.stop(0)
+        await eventually(lambda: notifier.watched_keys is None)
+
+    run(tmp_path, body)
+
+
+@pytest.mark.parametrize(("key", "parsed"), [
+    ("t-0", ("t", 0, None)),
+    ("my-topic-12@7", ("my-topic", 12, 7)),
+    ("a.b_c-3@0", ("a.b_c", 3, 0)),
+    ("group", None),
+    ("t-x", None),
+    ("-1", None),
+    ("t-1@", None),
+    ("t-1@e", None),
+])
+def test_parse_key(key: str, parsed: tuple[str, int, int | None] | None) -> None:
+    assert parse_key(key) == parsed
