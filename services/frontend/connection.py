@@ -16,8 +16,9 @@ import logging
 import time
 
 from .dispatcher import Dispatcher, UnanswerableRequestError
-from .framing import FrameError, read_frame
+from .framing import FrameError
 from .metrics import CLOSED_CONNECTIONS, OPEN_CONNECTIONS
+from .network_receive import FrameChannel
 
 log = logging.getLogger(__name__)
 
@@ -25,16 +26,13 @@ log = logging.getLogger(__name__)
 class Connection:
     """Serves one client socket until the client leaves, misbehaves or the frontend stops."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 dispatcher: Dispatcher, max_request_bytes: int) -> None:
-        self._reader = reader
-        self._writer = writer
+    def __init__(self, channel: FrameChannel, dispatcher: Dispatcher) -> None:
+        self._channel = channel
         self._dispatcher = dispatcher
-        self._max_request_bytes = max_request_bytes
-        peer = writer.get_extra_info("peername")
+        peer = channel.extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.client_host = peer[0] if isinstance(peer, tuple) else ""
-        local = writer.get_extra_info("sockname")
+        local = channel.extra_info("sockname")
         # Which of the frontend's broker ports the client connected to.
         self.local_port = local[1] if isinstance(local, tuple) else 0
         # True while waiting for the next frame: the connection can close without losing work.
@@ -53,7 +51,7 @@ class Connection:
             kind = getattr(e, "kind", "malformed")
             CLOSED_CONNECTIONS.labels(kind).inc()
             log.info("closing connection from %s: %s", self.peer, e)
-        except (ConnectionError, asyncio.IncompleteReadError) as e:
+        except ConnectionError as e:
             log.debug("connection from %s lost: %s", self.peer, e)
         except asyncio.CancelledError:
             pass
@@ -61,30 +59,27 @@ class Connection:
             log.exception("closing connection from %s after an unexpected error", self.peer)
         finally:
             OPEN_CONNECTIONS.dec()
-            self._writer.close()
+            self._channel.close()
 
     async def _serve(self) -> None:
-        reader, writer, dispatcher = self._reader, self._writer, self._dispatcher
+        channel, dispatcher = self._channel, self._dispatcher
         perf_counter = time.perf_counter
-        # When each frame was complete in the reader's buffer (request-queue time starts).
-        completed_at = getattr(reader, "completed_at", None)
-        position = 0
         while not self._stopping:
             self.idle = True
-            frame = await read_frame(reader, self._max_request_bytes)
-            if frame is None:
+            # ``received``: when the frame was complete (request-queue time starts).
+            read = await channel.read_frame()
+            if read is None:
                 return
+            frame, received = read
             self.idle = False
             started = perf_counter()
-            position += len(frame) + 4
-            received = completed_at(position) if completed_at is not None else started
             request = dispatcher.decode(frame)
             chunks = await dispatcher.handle(request, self.client_host, self.local_port)
             ready = sending = perf_counter()
             response_bytes = 0
             if chunks is not None:
-                writer.writelines(chunks)
-                await writer.drain()
+                channel.write(chunks)
+                await channel.drain()
                 response_bytes = sum(map(len, chunks))
             done = perf_counter() if chunks is not None else sending
             request.metrics.observe(len(frame) + 4, response_bytes, received, started,

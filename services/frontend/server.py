@@ -10,20 +10,16 @@ import socket
 
 import grpc
 
-from services.common.metrics import METRICS_ENABLED
 from services.common.server import create_server
 
 from .config import FrontendConfig
 from .connection import Connection
 from .dispatcher import Dispatcher
 from .handler_pool import HandlerPool
-from .timed_reader import TimedStreamReader
+from .network_receive import FrameChannel
 
 log = logging.getLogger(__name__)
 
-# Bytes a connection's stream buffers before pausing the socket; big enough that a large
-# produce request streams in without constant pause/resume.
-_STREAM_LIMIT = 1 << 20
 _WILDCARDS = ("", "0.0.0.0", "::")
 
 
@@ -69,20 +65,17 @@ class FrontendService:
                  ",".join(self._pool.addresses))
 
     async def _bind(self, port: int) -> asyncio.Server:
-        # asyncio.start_server, with a reader that timestamps arrivals (request-queue time).
-        reader = TimedStreamReader if METRICS_ENABLED else asyncio.StreamReader
+        max_frame_bytes = self.config.socket_request_max_bytes
 
-        def protocol() -> asyncio.StreamReaderProtocol:
-            return asyncio.StreamReaderProtocol(reader(limit=_STREAM_LIMIT), self._on_connect)
+        def protocol() -> FrameChannel:
+            return FrameChannel(max_frame_bytes, self._on_connect)
 
         return await asyncio.get_running_loop().create_server(
             protocol, self.config.listen_host, port, reuse_address=True, start_serving=False)
 
-    async def _on_connect(self, reader: asyncio.StreamReader,
-                          writer: asyncio.StreamWriter) -> None:
+    async def _on_connect(self, channel: FrameChannel) -> None:
         assert self._dispatcher is not None
-        connection = Connection(reader, writer, self._dispatcher,
-                                self.config.socket_request_max_bytes)
+        connection = Connection(channel, self._dispatcher)
         task = asyncio.current_task()
         assert task is not None
         self._connections[task] = connection

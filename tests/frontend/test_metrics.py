@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator
 
 from kio.schema.fetch.v12.response import FetchResponse as FetchResponseV12
@@ -19,7 +18,6 @@ from services.common.metrics import REMOTE_TIME_METADATA_KEY
 from services.frontend.config import FrontendConfig
 from services.frontend.metrics import ErrorCodes, error_code_paths
 from services.frontend.server import FrontendService, start
-from services.frontend.timed_reader import TimedStreamReader
 
 from .fake_handler import FakeHandler
 from .kafka_wire import KafkaWire, encode_request
@@ -54,26 +52,6 @@ def delta(after: tuple[float, float], before: tuple[float, float]) -> tuple[floa
 
 
 # --- pure logic --------------------------------------------------------------------------------
-
-
-def test_timed_reader_knows_when_each_frame_was_complete() -> None:
-    async def main() -> None:
-        reader = TimedStreamReader(limit=1 << 16)
-        reader.feed_data(b"a" * 10)
-        first = time.perf_counter()
-        await asyncio.sleep(0.02)
-        reader.feed_data(b"b" * 10)
-        second = time.perf_counter()
-        # Positions inside the first chunk completed with it; later ones with the second.
-        assert reader.completed_at(4) <= first
-        assert reader.completed_at(10) <= first
-        assert first < reader.completed_at(11) <= second
-        assert first < reader.completed_at(20) <= second
-        # Beyond what arrived: now (a caller that counts wrong gets zero queue time).
-        assert reader.completed_at(21) >= second
-        assert await reader.readexactly(20) == b"a" * 10 + b"b" * 10
-
-    asyncio.run(main())
 
 
 def test_error_codes_anywhere_in_a_response_count_once_per_code() -> None:

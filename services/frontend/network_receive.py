@@ -1,0 +1,220 @@
+"""One client socket as a stream of Kafka frames (Kafka's ``NetworkReceive`` under a
+``KafkaChannel``): reads size-prefixed frames with the fewest copies, writes response buffers
+with flow control.
+
+Reading is an :class:`asyncio.BufferedProtocol`, so the event loop receives straight into
+buffers given by this class:
+
+- small frames (and size prefixes) land in a fixed 64 KiB scratch buffer and are cut out of it
+  as ``bytes``; a frame cut short by the end of a read is carried over to the next one;
+- a frame larger than the scratch buffer (a produce request of record batches) gets a buffer of
+  its own, exactly its size, and the rest of it is received in place: no copy from a stream
+  buffer, no buffer growth, no shifting of what follows. Such a frame is handed over as a
+  read-only ``memoryview``.
+
+Each frame is stamped with the time its last byte arrived, the start of Kafka's request-queue
+time. Complete frames wait in a queue until the connection takes them; past
+``_QUEUED_BYTES_LIMIT`` queued bytes the socket stops being read (as a muted Kafka channel), so a
+client that pipelines requests cannot make the frontend buffer without bound.
+
+A size prefix that is negative or above the limit (socket.request.max.bytes) stops reading; the
+frames before it are still served, then :meth:`FrameChannel.read_frame` raises
+:class:`~.framing.FrameError` and the connection closes. So does a frame cut short by the end of
+the stream. Not thread-safe (one event loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import Awaitable, Callable, Iterable
+
+from .framing import FrameError
+
+_SCRATCH_BYTES = 64 * 1024
+# Bytes of complete frames held before the socket is paused.
+_QUEUED_BYTES_LIMIT = 1 << 20
+
+Frame = bytes | memoryview
+
+
+class FrameChannel(asyncio.BufferedProtocol):
+    """A client connection's frames in, response buffers out. ``on_connect(channel)`` runs as a
+    task once the connection is made; its end does not close the socket (call :meth:`close`)."""
+
+    def __init__(self, max_frame_bytes: int,
+                 on_connect: Callable[[FrameChannel], Awaitable[None]]) -> None:
+        self._max_frame_bytes = max_frame_bytes
+        self._on_connect = on_connect
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
+        self._scratch = memoryview(bytearray(_SCRATCH_BYTES))
+        # The start of a small frame (or of a size prefix) that the last read cut short.
+        self._carry = bytearray()
+        # A large frame being received in place, and how much of it has arrived.
+        self._body: memoryview | None = None
+        self._body_filled = 0
+        self._frames: collections.deque[tuple[Frame, float]] = collections.deque()
+        self._queued_bytes = 0
+        self._reading_paused = False
+        self._error: FrameError | None = None
+        self._eof = False
+        self._lost: BaseException | None = None
+        self._closed = False
+        self._read_waiter: asyncio.Future[None] | None = None
+        self._writing_paused = False
+        self._drain_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self.task: asyncio.Task[None] | None = None
+
+    # -- asyncio protocol callbacks ---------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self._transport = transport  # type: ignore[assignment]
+        self.task = self._loop.create_task(self._on_connect(self))
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        body = self._body
+        if body is not None:
+            return body[self._body_filled:]
+        return self._scratch
+
+    def buffer_updated(self, nbytes: int) -> None:
+        now = time.perf_counter()
+        body = self._body
+        if body is not None:
+            self._body_filled += nbytes
+            if self._body_filled == len(body):
+                self._body = None
+                self._deliver(body.toreadonly(), now)
+            return
+        if self._error is None:
+            self._cut_frames(self._scratch[:nbytes], now)
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        if self._body is not None or self._carry:
+            self._fail(FrameError("connection closed inside a frame"))
+        self._wake_reader()
+        return True  # keep the write side open: responses to what was read can still go out
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._eof = True
+        self._closed = True
+        self._lost = exc if exc is not None else ConnectionResetError("connection lost")
+        self._wake_reader()
+        while self._drain_waiters:
+            waiter = self._drain_waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(ConnectionResetError("connection lost"))
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        while self._drain_waiters:
+            waiter = self._drain_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+    # -- frames -----------------------------------------------------------------------------
+
+    def _cut_frames(self, data: memoryview, now: float) -> None:
+        if self._carry:
+            self._carry += data
+            data = memoryview(bytes(self._carry))
+            self._carry.clear()
+        position, end = 0, len(data)
+        while end - position >= 4:
+            size = int.from_bytes(data[position:position + 4], "big", signed=True)
+            if size < 0 or size > self._max_frame_bytes:
+                self._fail(FrameError(f"frame size {size} outside 0..{self._max_frame_bytes}"))
+                return
+            start = position + 4
+            have = end - start
+            if have >= size:
+                self._deliver(bytes(data[start:start + size]), now)
+                position = start + size
+            elif size > _SCRATCH_BYTES:
+                body = memoryview(bytearray(size))
+                body[:have] = data[start:end]
+                self._body, self._body_filled = body, have
+                return
+            else:
+                break
+        if position < end:
+            self._carry += data[position:end]
+
+    def _deliver(self, frame: Frame, arrived: float) -> None:
+        self._frames.append((frame, arrived))
+        self._queued_bytes += len(frame)
+        if self._queued_bytes >= _QUEUED_BYTES_LIMIT and not self._reading_paused:
+            self._pause_reading()
+        self._wake_reader()
+
+    def _fail(self, error: FrameError) -> None:
+        if self._error is None:
+            self._error = error
+            self._pause_reading()
+        self._wake_reader()
+
+    def _pause_reading(self) -> None:
+        if self._transport is not None and not self._closed:
+            self._reading_paused = True
+            self._transport.pause_reading()
+
+    def _wake_reader(self) -> None:
+        waiter = self._read_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def read_frame(self) -> tuple[Frame, float] | None:
+        """The next frame and when its last byte arrived (``time.perf_counter``), or None when
+        the client closed the connection between frames.
+
+        Raises :class:`FrameError` (after every frame before the fault was taken) for a size
+        out of bounds or a frame cut short."""
+        while not self._frames:
+            if self._error is not None:
+                raise self._error
+            if self._eof:
+                return None
+            self._read_waiter = self._loop.create_future()
+            try:
+                await self._read_waiter
+            finally:
+                self._read_waiter = None
+        frame, arrived = self._frames.popleft()
+        self._queued_bytes -= len(frame)
+        if (self._reading_paused and self._error is None and not self._closed
+                and self._queued_bytes < _QUEUED_BYTES_LIMIT and self._transport is not None):
+            self._reading_paused = False
+            self._transport.resume_reading()
+        return frame, arrived
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def write(self, buffers: Iterable[bytes | bytearray | memoryview]) -> None:
+        """Send one response's buffers (as they are, no joining)."""
+        if self._transport is None or self._closed:
+            raise ConnectionResetError("connection lost")
+        self._transport.writelines(buffers)
+
+    async def drain(self) -> None:
+        """Wait while the socket's send buffer is over its high-water mark."""
+        if self._closed:
+            raise ConnectionResetError("connection lost")
+        if not self._writing_paused:
+            return
+        waiter = self._loop.create_future()
+        self._drain_waiters.append(waiter)
+        await waiter
+
+    def extra_info(self, name: str) -> object:
+        return self._transport.get_extra_info(name) if self._transport is not None else None
+
+    def close(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()

@@ -1,0 +1,229 @@
+"""FrameChannel over a real loopback socket: frames cut from any split of the byte stream,
+large frames received in place, arrival times, size limits, a stream cut inside a frame, back
+pressure on a client that pipelines, and responses written back."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import struct
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+
+from services.frontend.framing import FrameError
+from services.frontend.network_receive import _QUEUED_BYTES_LIMIT, _SCRATCH_BYTES, FrameChannel
+
+TIMEOUT = 20
+MAX_FRAME = 4 << 20
+
+
+def frame(body: bytes) -> bytes:
+    return struct.pack(">i", len(body)) + body
+
+
+Serve = Callable[[FrameChannel], Awaitable[None]]
+
+
+@asynccontextmanager
+async def listening(serve: Serve) -> AsyncIterator[tuple[str, int]]:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: FrameChannel(MAX_FRAME, serve), "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[:2]
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def collect(channel: FrameChannel, out: list[object]) -> None:
+    """Every frame (as bytes) until the end, then None or the FrameError."""
+    try:
+        while True:
+            read = await channel.read_frame()
+            if read is None:
+                out.append(None)
+                return
+            out.append(bytes(read[0]))
+    except FrameError as e:
+        out.append(e)
+    finally:
+        channel.close()
+
+
+async def send_and_collect(chunks: list[bytes], pause: float = 0.0) -> list[object]:
+    got: list[object] = []
+    done = asyncio.Event()
+
+    async def serve(channel: FrameChannel) -> None:
+        await collect(channel, got)
+        done.set()
+
+    async with listening(serve) as address:
+        reader, writer = await asyncio.open_connection(*address)
+        for chunk in chunks:
+            writer.write(chunk)
+            await writer.drain()
+            if pause:
+                await asyncio.sleep(pause)
+        writer.write_eof()
+        await asyncio.wait_for(done.wait(), TIMEOUT)
+        writer.close()
+    return got
+
+
+def run(coroutine: Awaitable[None]) -> None:
+    asyncio.run(asyncio.wait_for(coroutine, TIMEOUT))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("split", ["whole", "bytewise", "random"])
+def test_frames_are_cut_from_any_split_of_the_stream(split: str) -> None:
+    rng = random.Random(7)
+    bodies = [b"", b"x", rng.randbytes(3), rng.randbytes(_SCRATCH_BYTES - 4),
+              rng.randbytes(_SCRATCH_BYTES + 1), rng.randbytes(300_000), b"tail"]
+    stream = b"".join(frame(b) for b in bodies)
+    if split == "whole":
+        chunks = [stream]
+    elif split == "bytewise":
+        # Byte by byte through the prefixes and small frames, then in large pieces.
+        head = len(frame(bodies[0])) + len(frame(bodies[1])) + len(frame(bodies[2])) + 2
+        chunks = [stream[i:i + 1] for i in range(head)] + [
+            stream[i:i + 50_000] for i in range(head, len(stream), 50_000)]
+    else:
+        chunks, at = [], 0
+        while at < len(stream):
+            step = rng.choice([1, 2, 3, 5, 4096, 70_000])
+            chunks.append(stream[at:at + step])
+            at += step
+
+    async def main() -> None:
+        got = await send_and_collect(chunks)
+        assert got == [*bodies, None]
+
+    run(main())
+
+
+def test_a_large_frame_is_a_read_only_view_and_a_small_one_bytes() -> None:
+    async def main() -> None:
+        kinds: list[tuple[type, bool]] = []
+
+        async def serve(channel: FrameChannel) -> None:
+            for _ in range(2):
+                read = await channel.read_frame()
+                assert read is not None
+                body = read[0]
+                kinds.append((type(body), isinstance(body, memoryview) and body.readonly))
+            channel.close()
+
+        async with listening(serve) as address:
+            reader, writer = await asyncio.open_connection(*address)
+            writer.write(frame(b"small") + frame(b"L" * (_SCRATCH_BYTES * 3)))
+            assert await asyncio.wait_for(reader.read(1), TIMEOUT) == b""
+            writer.close()
+        assert kinds == [(bytes, False), (memoryview, True)]
+
+    run(main())
+
+
+def test_each_frame_is_stamped_when_its_last_byte_arrived() -> None:
+    async def main() -> None:
+        stamps: list[float] = []
+
+        async def serve(channel: FrameChannel) -> None:
+            for _ in range(2):
+                read = await channel.read_frame()
+                assert read is not None
+                stamps.append(read[1])
+            channel.close()
+
+        async with listening(serve) as address:
+            reader, writer = await asyncio.open_connection(*address)
+            data = frame(b"a") + frame(b"b" * 200_000)
+            first_sent = time.perf_counter()
+            writer.write(data[:4 + 1 + 4 + 1000])
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            rest_sent = time.perf_counter()
+            writer.write(data[4 + 1 + 4 + 1000:])
+            await writer.drain()
+            assert await asyncio.wait_for(reader.read(1), TIMEOUT) == b""
+            writer.close()
+        # The first frame was complete with the first write, the second only with the rest.
+        assert first_sent <= stamps[0] < rest_sent <= stamps[1]
+
+    run(main())
+
+
+@pytest.mark.parametrize("size", [MAX_FRAME + 1, -1, 0x7FFFFFFF])
+def test_a_size_out_of_bounds_fails_after_the_frames_before_it(size: int) -> None:
+    async def main() -> None:
+        got = await send_and_collect([frame(b"ok") + struct.pack(">i", size) + b"junk"])
+        assert got[0] == b"ok"
+        assert isinstance(got[1], FrameError) and "outside" in str(got[1])
+        assert len(got) == 2
+
+    run(main())
+
+
+@pytest.mark.parametrize("cut", [2, 4 + 3, 4 + _SCRATCH_BYTES + 10])
+def test_a_stream_cut_inside_a_frame_fails(cut: int) -> None:
+    async def main() -> None:
+        whole = frame(b"z" * (_SCRATCH_BYTES * 2))
+        got = await send_and_collect([whole[:cut]])
+        assert len(got) == 1 and isinstance(got[0], FrameError)
+
+    run(main())
+
+
+def test_a_pipelining_client_is_paused_and_loses_nothing() -> None:
+    async def main() -> None:
+        bodies = [i.to_bytes(4, "big") * 2500 for i in range(400)]  # 4 MB of 10 KB frames
+        got: list[bytes] = []
+        paused_seen = []
+
+        async def serve(channel: FrameChannel) -> None:
+            await asyncio.sleep(0.2)  # let the client fill the queue
+            paused_seen.append(channel._reading_paused)
+            assert channel._queued_bytes < _QUEUED_BYTES_LIMIT + 64 * 1024
+            while True:
+                read = await channel.read_frame()
+                if read is None:
+                    break
+                got.append(bytes(read[0]))
+            channel.close()
+
+        async with listening(serve) as address:
+            reader, writer = await asyncio.open_connection(*address)
+            writer.write(b"".join(frame(b) for b in bodies))
+            writer.write_eof()
+            await asyncio.wait_for(writer.drain(), TIMEOUT)
+            assert await asyncio.wait_for(reader.read(1), TIMEOUT) == b""
+            writer.close()
+        assert paused_seen == [True]
+        assert got == bodies
+
+    run(main())
+
+
+def test_responses_are_written_back_in_pieces() -> None:
+    async def main() -> None:
+        async def serve(channel: FrameChannel) -> None:
+            while (read := await channel.read_frame()) is not None:
+                body = bytes(read[0])
+                channel.write([struct.pack(">i", len(body)), body[:3], memoryview(body)[3:]])
+                await channel.drain()
+            channel.close()
+
+        async with listening(serve) as address:
+            reader, writer = await asyncio.open_connection(*address)
+            bodies = [b"hello world", b"r" * 2_000_000]
+            for body in bodies:
+                writer.write(frame(body))
+                prefix = await asyncio.wait_for(reader.readexactly(4), TIMEOUT)
+                size = struct.unpack(">i", prefix)[0]
+                assert await asyncio.wait_for(reader.readexactly(size), TIMEOUT) == body
+            writer.close()
+
+    run(main())
