@@ -102,8 +102,8 @@ def test_two_candidates_one_leads_and_the_other_takes_over_when_it_stops_renewin
             assert api.holder(NS, NAME) == standby.settings.identity
             elapsed = took_over - stopped
             # Not before the lease ran out since the last renewal the standby saw, and within
-            # the lease duration plus a retry.
-            assert LEASE - RETRY - 0.1 <= elapsed <= LEASE + 2 * RETRY + 0.5, elapsed
+            # the lease duration plus a retry (and slack for a loaded machine).
+            assert LEASE - RETRY - 0.1 <= elapsed <= LEASE + 2 * RETRY + 1.0, elapsed
             lease = api.lease(NS, NAME)
             assert lease is not None and lease["spec"]["leaseTransitions"] == 1
             # The old leader, were it to come back, sees the new holder and does not lead.
@@ -135,7 +135,8 @@ def test_a_leader_that_cannot_renew_stops_before_the_standby_takes_over(
             await asyncio.wait_for(holding, RENEW + 2)
             lost = time.monotonic()
             assert not a.is_leader
-            assert lost - cut <= RENEW + RETRY, lost - cut
+            # Within the renew deadline of the last renewal, which was before the cut.
+            assert lost - cut <= RENEW + 0.5, lost - cut
             took_over = await asyncio.wait_for(standby, LEASE + 2)
             assert took_over > lost, "the standby led while the old leader still did"
             assert api.holder(NS, NAME) == "b"
