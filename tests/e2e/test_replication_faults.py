@@ -1,5 +1,7 @@
-"""Replication under faults, end to end, on a cluster of its own (3 log nodes, RF=3,
+"""Replication under faults, end to end, on a cluster of its own (5 log nodes, RF=3,
 min.insync.replicas=2, replica.lag.time.max.ms shortened, the default node session timeout).
+Five log nodes, so that with two of a partition's replicas stopped a majority of the nodes
+holding the cluster metadata log is still up, and the controller can shrink the ISR.
 
 An idempotent acks=all producer (confluent-kafka) sends numbered records to 6 partitions
 without pause while a consumer reads them; meanwhile the log node leading some partitions is
@@ -36,6 +38,7 @@ from .test_replication import replica_bytes
 
 LAG_MS = 1500
 PARTITIONS = 6
+LOG_NODES = 5
 # Acknowledged records to wait for between two faults (each fault must not stop the flow).
 PROGRESS = 150
 
@@ -44,7 +47,7 @@ PROGRESS = 150
 def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     spec = ClusterSpec(
         data_dir=tmp_path_factory.mktemp("faults"), kafka_port=0, base_port=0, handlers=1,
-        log_nodes=3, num_partitions=PARTITIONS, default_replication_factor=3,
+        log_nodes=LOG_NODES, num_partitions=PARTITIONS, default_replication_factor=3,
         replica_lag_time_max_ms=LAG_MS,
         log_level=os.environ.get("KBROKER_TEST_LOG_LEVEL", "INFO"),
     )
@@ -94,7 +97,7 @@ def topic_metadata(cluster: LocalCluster, topic: str) -> list[replicator_pb2.Par
 
 def all_in_sync(cluster: LocalCluster, topic: str) -> bool:
     partitions = topic_metadata(cluster, topic)
-    return bool(partitions) and all(sorted(p.isr) == [0, 1, 2] for p in partitions)
+    return bool(partitions) and all(sorted(p.isr) == sorted(p.replicas) for p in partitions)
 
 
 def handler_isr(bootstrap: str, topic: str, partition: int) -> list[int]:
@@ -279,12 +282,13 @@ def test_kills_of_a_leader_log_node_and_the_replicator_lose_no_acknowledged_reco
         replicator.send_signal(signal.SIGSTOP)
         try:
             uncommitted = write_acks_1(faulty.bootstrap, topic_name, led)
-            leader_ends = log_ends(faulty, victim, topic_name)
-            follower_ends = [log_ends(faulty, n, topic_name) for n in (0, 1, 2) if n != victim]
+            ends = {n: log_ends(faulty, n, topic_name) for n in range(LOG_NODES)}
             faulty.kill(f"log-{victim}")
         finally:
             replicator.send_signal(signal.SIGCONT)
-        tails = {p: leader_ends[p] - max(ends[p] for ends in follower_ends) for p in led}
+        replicas = {m.partition: m.replicas for m in before}
+        tails = {p: ends[victim][p] - max(ends[n][p] for n in replicas[p] if n != victim)
+                 for p in led}
         assert all(tail > 0 for tail in tails.values()), f"no un-replicated tail: {tails}"
         wait_until(faulty, lambda: all(p.leader != victim and victim not in p.isr
                                        for p in topic_metadata(faulty, topic_name)), 20,
