@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import grpc
+from google.protobuf.message import DecodeError
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +39,33 @@ class Envelope(Protocol):
 FailureOf = Callable[[grpc.StatusCode, str], Exception]
 """Turns a failed call's status code and details into the exception its caller raises."""
 
+Encode = Callable[[Any, int], Any]
+"""The stream message for a call's request and call id."""
+Decode = Callable[[Any], tuple[int, Any]]
+"""A stream message read back: (its call id, the answer the caller gets)."""
+
+
+def _set_call_id(request: Envelope, call_id: int) -> Envelope:
+    request.call_id = call_id
+    return request
+
+
+def _by_call_id(message: Envelope) -> tuple[int, Envelope]:
+    return message.call_id, message
+
 
 class CallStream:
     """One stream opened with ``open_stream`` (e.g. a stub's stream-stream method); answers are
-    matched to requests by their ``call_id``."""
+    matched to requests by their ``call_id``. By default requests and answers are messages with
+    a ``call_id`` field; ``encode``/``decode`` let a stream of raw bytes carry its own
+    envelopes (see :mod:`.envelopes`)."""
 
-    def __init__(self, open_stream: Callable[[], Any], failure_of: FailureOf) -> None:
+    def __init__(self, open_stream: Callable[[], Any], failure_of: FailureOf,
+                 encode: Encode = _set_call_id, decode: Decode = _by_call_id) -> None:
         self._open_stream = open_stream
         self._failure_of = failure_of
+        self._encode = encode
+        self._decode = decode
         self._ids = itertools.count(1)
         self._call: Any = None
         self._reader: asyncio.Task[None] | None = None
@@ -57,10 +77,10 @@ class CallStream:
     def in_flight(self) -> int:
         return len(self._waiting)
 
-    async def call(self, request: Envelope, time_limit: float) -> Any:
-        """Send ``request`` (its ``call_id`` is set here) and return the matching answer."""
+    async def call(self, request: Any, time_limit: float) -> Any:
+        """Send ``request`` (with a call id given here) and return the matching answer."""
         call_id = next(self._ids)
-        request.call_id = call_id
+        message = self._encode(request, call_id)
         answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         try:
             async with asyncio.timeout(time_limit):
@@ -68,7 +88,7 @@ class CallStream:
                     call = self._stream()
                     self._waiting[call_id] = (call, answer)
                     try:
-                        await call.write(request)
+                        await call.write(message)
                     except grpc.aio.AioRpcError as exc:
                         raise self._failure_of(exc.code(), exc.details() or "") from exc
                     except asyncio.InvalidStateError as exc:
@@ -97,11 +117,15 @@ class CallStream:
                 if message is grpc.aio.EOF:
                     failure = self._failure_of(grpc.StatusCode.UNAVAILABLE, "stream ended")
                     break
-                entry = self._waiting.get(message.call_id)
+                call_id, answer = self._decode(message)
+                entry = self._waiting.get(call_id)
                 if entry is not None and entry[0] is call and not entry[1].done():
-                    entry[1].set_result(message)
+                    entry[1].set_result(answer)
         except grpc.aio.AioRpcError as exc:
             failure = self._failure_of(exc.code(), exc.details() or "")
+        except DecodeError as exc:
+            failure = self._failure_of(grpc.StatusCode.INTERNAL, f"undecodable answer: {exc}")
+            call.cancel()
         except asyncio.CancelledError:
             failure = self._failure_of(grpc.StatusCode.CANCELLED, "stream closed")
         if self._call is call:
@@ -137,7 +161,7 @@ async def serve_calls(request_iterator: Any, context: Any,
             async with writing:
                 await context.write(reply)
         except Exception as exc:  # noqa: BLE001 - the caller went away
-            log.debug("call %d: reply not delivered: %s", request.call_id, exc)
+            log.debug("reply not delivered: %s", exc)
 
     try:
         async for request in request_iterator:

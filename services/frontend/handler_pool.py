@@ -31,6 +31,7 @@ from kbroker.handler.v1 import handler_pb2, handler_pb2_grpc
 from services.common.call_streams import CallStream
 from services.common.channels import insecure_channel
 from services.common.discovery import Resolver, StaticResolver, changes, resolver_for
+from services.common.envelopes import decode_handler_reply, encode_handler_call
 from services.common.metrics import REMOTE_TIME_METADATA_KEY
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,20 @@ def _response_type(rpc: str) -> Any:
     return response_type
 
 
+_EXCHANGE_METHOD = "/{}/Exchange".format(
+    handler_pb2.DESCRIPTOR.services_by_name["KafkaHandlerStream"].full_name)
+
+
+def _encode_call(call: tuple[str, bytes, Metadata], call_id: int) -> bytes:
+    rpc, request, metadata = call
+    return encode_handler_call(call_id, rpc, request, metadata)
+
+
+def _decode_reply(data: bytes) -> tuple[int, tuple[handler_pb2.HandlerReply, memoryview]]:
+    reply, response = decode_handler_reply(data)
+    return reply.call_id, (reply, response)
+
+
 @dataclass(slots=True)
 class _Handler:
     address: str
@@ -147,24 +162,25 @@ class _Handler:
 
     def call_stream(self) -> CallStream:
         if self.stream is None:
-            stream_stub = handler_pb2_grpc.KafkaHandlerStreamStub(self.channel)
-            self.stream = CallStream(stream_stub.Exchange, StreamCallError)
+            # Bytes in and out: the envelopes are written and read by hand (no extra copies of
+            # the request or response inside them, see services.common.envelopes).
+            exchange = self.channel.stream_stream(_EXCHANGE_METHOD)
+            self.stream = CallStream(exchange, StreamCallError, encode=_encode_call,
+                                     decode=_decode_reply)
         return self.stream
 
     async def call(self, rpc: str, request: Message, metadata: Metadata,
                    time_limit: float) -> tuple[Message, Sequence[tuple[str, Any]]]:
         """One attempt on this handler: the response and its trailing metadata."""
         if await self.serves_streams(time_limit):
-            message = handler_pb2.HandlerCall(method=rpc, request=request.SerializeToString())
-            for key, value in metadata:
-                message.metadata.add(key=key, value=value)
-            reply = await self.call_stream().call(message, time_limit)
+            reply, response = await self.call_stream().call(
+                (rpc, request.SerializeToString(), metadata), time_limit)
             if reply.status_code:
                 raise StreamCallError(
                     _STATUS_CODES.get(reply.status_code, grpc.StatusCode.UNKNOWN),
                     reply.status_details, answered=True)
             trailers = [(m.key, m.value) for m in reply.trailing_metadata]
-            return _response_type(rpc).FromString(reply.response), trailers
+            return _response_type(rpc).FromString(response), trailers
         call = getattr(self.stub, rpc)(request, metadata=metadata, timeout=time_limit)
         response = await call
         return response, await call.trailing_metadata()

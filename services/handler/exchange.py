@@ -1,11 +1,16 @@
 """``kbroker.handler.v1.KafkaHandlerStream``: KafkaHandler calls multiplexed over one stream.
 
-Each :class:`HandlerCall` is served by the same servicer method a unary call reaches, with a
+Each ``HandlerCall`` is served by the same servicer method a unary call reaches, with a
 small stand-in for the gRPC context that carries the call's request metadata in and its
 trailing metadata out, so the API code cannot tell the two paths apart. Calls run
 concurrently (:func:`services.common.call_streams.serve_calls`). An unknown
 method is answered UNIMPLEMENTED, a request that does not parse INVALID_ARGUMENT, and a
 servicer that raises INTERNAL (the servicer itself turns API failures into Kafka errors).
+
+The stream's messages stay bytes here: requests and responses are read and written around their
+envelopes without extra copies (:mod:`services.common.envelopes`), so the stream is registered
+by :func:`add_exchange_to_server` rather than the generated function, which would (de)serialize
+every envelope whole.
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ from google.protobuf.message import DecodeError
 
 from kbroker.handler.v1 import handler_pb2, handler_pb2_grpc
 from services.common.call_streams import serve_calls
+from services.common.envelopes import decode_handler_call, encode_handler_reply
+
+STREAM_SERVICE_NAME = handler_pb2.DESCRIPTOR.services_by_name["KafkaHandlerStream"].full_name
 
 log = logging.getLogger(__name__)
 
@@ -59,29 +67,41 @@ class ExchangeServicer(handler_pb2_grpc.KafkaHandlerStreamServicer):
     async def Exchange(self, request_iterator, context):
         await serve_calls(request_iterator, context, self.serve_one)
 
-    async def serve_one(self, call: handler_pb2.HandlerCall) -> handler_pb2.HandlerReply:
-        reply = handler_pb2.HandlerReply(call_id=call.call_id)
+    async def serve_one(self, data: bytes) -> bytes:
+        """Answer one serialized ``HandlerCall`` with a serialized ``HandlerReply``."""
+        try:
+            call, request_bytes = decode_handler_call(data)
+        except DecodeError as exc:
+            return _failed(0, grpc.StatusCode.INVALID_ARGUMENT, f"bad call envelope: {exc}")
         entry = self._methods.get(call.method)
         if entry is None:
-            reply.status_code = grpc.StatusCode.UNIMPLEMENTED.value[0]
-            reply.status_details = f"no handler method {call.method!r}"
-            return reply
+            return _failed(call.call_id, grpc.StatusCode.UNIMPLEMENTED,
+                           f"no handler method {call.method!r}")
         method, request_type = entry
         try:
-            request = request_type.FromString(call.request)
+            request = request_type.FromString(request_bytes)
         except DecodeError as exc:
-            reply.status_code = grpc.StatusCode.INVALID_ARGUMENT.value[0]
-            reply.status_details = f"{call.method}: bad request: {exc}"
-            return reply
+            return _failed(call.call_id, grpc.StatusCode.INVALID_ARGUMENT,
+                           f"{call.method}: bad request: {exc}")
         context = CallContext([(m.key, m.value) for m in call.metadata])
         try:
             response = await method(request, context)
         except Exception as exc:
             log.exception("%s failed", call.method)
-            reply.status_code = grpc.StatusCode.INTERNAL.value[0]
-            reply.status_details = f"{call.method}: {exc}"
-            return reply
-        reply.response = response.SerializeToString()
+            return _failed(call.call_id, grpc.StatusCode.INTERNAL, f"{call.method}: {exc}")
+        reply = handler_pb2.HandlerReply(call_id=call.call_id)
         for key, value in context.trailing_metadata:
             reply.trailing_metadata.add(key=key, value=str(value))
-        return reply
+        return encode_handler_reply(reply, response.SerializeToString())
+
+
+def _failed(call_id: int, code: grpc.StatusCode, details: str) -> bytes:
+    return encode_handler_reply(handler_pb2.HandlerReply(
+        call_id=call_id, status_code=code.value[0], status_details=details))
+
+
+def add_exchange_to_server(servicer: ExchangeServicer, server: grpc.aio.Server) -> None:
+    """Serve ``KafkaHandlerStream.Exchange`` with bytes in and out (no (de)serializers)."""
+    handler = grpc.stream_stream_rpc_method_handler(servicer.Exchange)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(STREAM_SERVICE_NAME, {"Exchange": handler}),))

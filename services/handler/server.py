@@ -27,7 +27,7 @@ from .apis.records import DeleteRecordsApi
 from .apis.topics import CreateTopicsApi, DeleteTopicsApi
 from .clients import LogNodeClients, PurgatoryClient, ReplicatorClient
 from .config import HandlerConfig
-from .exchange import ExchangeServicer
+from .exchange import STREAM_SERVICE_NAME, ExchangeServicer, add_exchange_to_server
 from .groups.coordinator import CoordinatorConfig, GroupCoordinator
 from .groups.group import GroupConfig
 from .metadata_cache import MetadataCache
@@ -36,7 +36,6 @@ from .servicer import KafkaHandlerServicer
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = handler_pb2.DESCRIPTOR.services_by_name["KafkaHandler"].full_name
-STREAM_SERVICE_NAME = handler_pb2.DESCRIPTOR.services_by_name["KafkaHandlerStream"].full_name
 
 
 class HandlerService:
@@ -120,8 +119,7 @@ async def start(config: HandlerConfig) -> HandlerService:
             "handler",
             [ServiceBinding(SERVICE_NAME, handler_pb2_grpc.add_KafkaHandlerServicer_to_server,
                             servicer),
-             ServiceBinding(STREAM_SERVICE_NAME,
-                            handler_pb2_grpc.add_KafkaHandlerStreamServicer_to_server,
+             ServiceBinding(STREAM_SERVICE_NAME, add_exchange_to_server,
                             ExchangeServicer(servicer))],
             config.grpc_address,
             config.instance,

@@ -1,0 +1,134 @@
+"""Call-stream envelopes (``HandlerCall``, ``HandlerReply``) around one large serialized message,
+written and read without copying that message more often than gRPC itself does.
+
+An envelope is a protobuf message with small fields (a call id, a method name, metadata) and one
+``bytes`` field holding another serialized message - on the produce and fetch paths, hundreds of
+KB of record batches. Built the ordinary way the payload is copied into the envelope, copied
+again when the envelope is serialized, and twice more on the other side (parsing the envelope,
+reading the field). Protobuf lets a message's fields come in any order, so instead:
+
+- writing: the small fields are serialized by protobuf and the payload field is appended by hand
+  (``key``, ``length``, bytes): one join;
+- reading: the top-level fields are walked (a few varints; the payload is skipped by its length),
+  the payload is handed on as a ``memoryview`` of the received bytes, and protobuf parses the
+  small rest.
+
+Both sides stay valid protobuf: anything that speaks the schema (grpcurl, another language) can
+send and read these envelopes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from google.protobuf.message import DecodeError
+
+from kbroker.handler.v1 import handler_pb2
+
+_LENGTH_DELIMITED = 2
+
+
+def _varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _read_varint(data: bytes, position: int, end: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if position >= end:
+            raise DecodeError("truncated varint")
+        byte = data[position]
+        position += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, position
+        shift += 7
+        if shift >= 64:
+            raise DecodeError("varint longer than 10 bytes")
+
+
+def with_bytes_field(head: bytes, field_number: int, payload: bytes | memoryview) -> bytes:
+    """``head`` (a serialized message without the field) with the bytes field
+    ``field_number`` set to ``payload``."""
+    key = _varint_bytes(field_number << 3 | _LENGTH_DELIMITED)
+    return b"".join((head, key, _varint_bytes(len(payload)), payload))
+
+
+def split_bytes_field(data: bytes, field_number: int) -> tuple[bytes, memoryview]:
+    """(the message without the bytes field ``field_number``, that field's value as a view of
+    ``data``; empty if absent). A field given twice takes its last value, as protobuf does.
+
+    Raises ``DecodeError`` for bytes that are not a protobuf message."""
+    end = len(data)
+    position = 0
+    value: tuple[int, int] | None = None
+    rest: list[bytes] = []
+    kept_from = 0
+    while position < end:
+        field_start = position
+        key, position = _read_varint(data, position, end)
+        wire_type = key & 7
+        if wire_type == 0:
+            _, position = _read_varint(data, position, end)
+        elif wire_type == 1:
+            position += 8
+        elif wire_type == _LENGTH_DELIMITED:
+            length, position = _read_varint(data, position, end)
+            value_start = position
+            position += length
+            if key >> 3 == field_number and position <= end:
+                value = (value_start, position)
+                rest.append(data[kept_from:field_start])
+                kept_from = position
+        elif wire_type == 5:
+            position += 4
+        else:
+            raise DecodeError(f"unsupported wire type {wire_type}")
+        if position > end:
+            raise DecodeError("truncated field")
+    if value is None:
+        return data, memoryview(b"")
+    rest.append(data[kept_from:end])
+    return b"".join(rest), memoryview(data)[value[0]:value[1]]
+
+
+# --- KafkaHandlerStream.Exchange -----------------------------------------------------------
+
+_CALL_REQUEST_FIELD = handler_pb2.HandlerCall.DESCRIPTOR.fields_by_name["request"].number
+_REPLY_RESPONSE_FIELD = handler_pb2.HandlerReply.DESCRIPTOR.fields_by_name["response"].number
+
+Metadata = Sequence[tuple[str, str]]
+
+
+def encode_handler_call(call_id: int, method: str, request: bytes,
+                        metadata: Metadata = ()) -> bytes:
+    """A serialized ``HandlerCall`` carrying ``request`` (a serialized request message)."""
+    head = handler_pb2.HandlerCall(
+        call_id=call_id, method=method,
+        metadata=[handler_pb2.MetadataEntry(key=k, value=v) for k, v in metadata])
+    return with_bytes_field(head.SerializeToString(), _CALL_REQUEST_FIELD, request)
+
+
+def decode_handler_call(data: bytes) -> tuple[handler_pb2.HandlerCall, memoryview]:
+    """The ``HandlerCall`` without its request, and the request's bytes (a view of ``data``).
+    Raises ``DecodeError``."""
+    rest, request = split_bytes_field(data, _CALL_REQUEST_FIELD)
+    return handler_pb2.HandlerCall.FromString(rest), request
+
+
+def encode_handler_reply(reply: handler_pb2.HandlerReply, response: bytes = b"") -> bytes:
+    """``reply`` (without a response) serialized with ``response`` as its response."""
+    head = reply.SerializeToString()
+    return with_bytes_field(head, _REPLY_RESPONSE_FIELD, response) if response else head
+
+
+def decode_handler_reply(data: bytes) -> tuple[handler_pb2.HandlerReply, memoryview]:
+    """The ``HandlerReply`` without its response, and the response's bytes (a view of
+    ``data``). Raises ``DecodeError``."""
+    rest, response = split_bytes_field(data, _REPLY_RESPONSE_FIELD)
+    return handler_pb2.HandlerReply.FromString(rest), response
