@@ -8,52 +8,65 @@ rebuilds the whole state from the log nodes.
 Replicas. Every log node in ``--log-nodes`` holds one replica, so finding them needs no
 metadata. Each replica is a plain partition the log service knows nothing special about: it is
 created without a replica state (a standalone leader that keeps the partition leader epoch its
-writer gives), with ``cleanup.policy=compact`` (the cleaner keeps the newest record),
-``flush.messages=1`` (every record is fsynced before the append is answered) and room for large
-images (:data:`TOPIC_CONFIGS`). The log service does not replicate it: the writer appends to
-every replica itself and counts acknowledgements, as a quorum does.
+writer gives), with ``cleanup.policy=compact`` (the cleaner keeps the newest record of each
+key), ``flush.messages=1`` (every record is fsynced before the append is answered) and room for
+large images (:data:`TOPIC_CONFIGS`). The log service does not replicate it: the writer appends
+to every replica itself and counts acknowledgements, as a quorum does.
 
-Records. One v2 record batch per commit, one uncompressed record, key ``b"image"``, value a
-UTF-8 JSON document::
+Records. One v2 record batch per write, one uncompressed record whose value is UTF-8 JSON; the
+batch's partition leader epoch is the record's controller epoch. Two kinds:
 
-    {"format": 1, "controller_epoch": 4, "writer": "<hex id of the replicator process>",
-     "sequence": 118, "image": {<the image, encoded as metadata.json is>}}
+- image (key ``b"image"``), one per commit, the whole image encoded as metadata.json is::
 
-The batch's partition leader epoch is the controller epoch too. Records are ordered by
-``(controller_epoch, sequence)``; ``sequence`` grows with every write attempt, failed ones
-included, so an image written again after a failed save always outranks the failed one (the
-metadata version alone would not: bookkeeping saves keep it). The newest record of a replica is
-its last one: a writer appends only at the end it saw (conditional append), and only after
-checking that nothing newer is there.
+    {"format": 1, "kind": "image", "controller_epoch": 4, "writer": "<hex id of the process>",
+     "sequence": 118, "image": {...}}
 
-Write (:meth:`MetadataLog.save`). The record is appended at every replica with
+- claim (key ``b"claim"``), written when a replicator takes over (a fence without data), with
+  the offset of the last image record before it on that replica (-1: none)::
+
+    {"format": 1, "kind": "claim", "controller_epoch": 5, "writer": "...", "sequence": 119,
+     "image_offset": 117}
+
+Records are ordered by ``(controller_epoch, sequence)``; ``sequence`` grows with every write
+attempt, failed ones included, so an image written again after a failed save outranks the
+failed one (the metadata version alone would not: bookkeeping saves keep it). Only the
+replicator that won an epoch's claim writes images under that epoch, so images of one epoch
+come from one writer. On a replica, epochs never go down: a writer appends only at the end it
+saw (conditional append) and only after checking that nothing newer is there. So a replica's
+newest image is its last image record: the last record, or the one the trailing claim points
+to.
+
+Write (:meth:`MetadataLog.save`). The image record is appended at every replica with
 ``expected_log_end_offset`` = the end this writer last saw there; the save succeeds once a
-majority of the replicas acknowledged it, and raises :class:`MetadataLogError` (an OSError)
-otherwise, so the controller keeps its previous image. A replica still busy with an earlier
-write (a slow node) is skipped: each record holds the whole image, so a replica that missed
-some writes is repaired by simply appending the current image at its end the next time. When an
-append finds another end (INVALID_UPDATE_VERSION), or the end is not known (a node that was
-down, or whose replica is gone and is created again), the writer reads that replica's last
-record first: a record of a newer controller epoch, or of the same epoch from another writer,
-means this replicator is deposed (:class:`DeposedError`; every later save fails at once);
-anything older is a replica that lagged, and the record is appended at its end.
+majority acknowledged it and raises :class:`MetadataLogError` (an OSError) otherwise, so the
+controller keeps its previous image. Each replica has one write in flight at a time; a slow
+replica gets only the newest image waiting for it (each record holds the whole image, so the
+ones in between are not needed), and a replica that missed writes is repaired by appending
+the current image at its end. When an append finds another end
+(INVALID_UPDATE_VERSION), or the end is not known (a node that was down, or whose replica is
+gone and is created again), the writer reads that replica's last record first: a newer
+controller epoch there (a claim or an image) means this replicator is deposed
+(:class:`DeposedError`; every later save fails at once); anything older, or a claim of its own
+epoch left by a takeover that lost, is a replica that lagged, and the image is appended at its
+end.
 
-Load (:meth:`MetadataLog.load`, at start-up). Read the last record of every reachable replica
-(creating missing replicas), require a majority, and take the newest by ``(controller_epoch,
-sequence)``. Any majority shares a replica with the majority that acknowledged the last
-successful save, and that replica's last record is at least as new, so a replica that comes
-back with stale data never wins. Then take over: controller epoch = the highest one seen + 1,
-and write the chosen image back at a majority under it (fencing). The takeover write is strict:
-if any replica's end moved since it was read, or holds a record newer than the chosen one, an
-older writer was still committing, and the load starts over, so nothing it committed is lost.
-If no majority of the replicas answers, the load retries with backoff for ``start_timeout``
-seconds, saying why, then fails. An empty log with a ``metadata.json`` in the replicator's data
-directory takes that file's image once (migration; the file is renamed
-``metadata.json.migrated`` after the takeover write).
+Load (:meth:`MetadataLog.load`, at start-up). Read every reachable replica's last record and
+last image (creating missing replicas) and require a majority. The image is the newest of
+those images: any majority shares a replica with the majority that took the last successful
+save, and that replica's last image is at least as new, so a replica back with stale data
+never wins. Then take over in two steps. First claim: controller epoch = the highest epoch
+seen + 1, and a claim record appended at a majority, strictly: if a replica's end moved since
+it was read, or it holds this epoch or a newer one, or an image newer than the one chosen,
+another writer was still writing, and the load starts over. A claim that reached only some
+replicas carries no image, so a takeover that lost can never make stale data look new. Once
+the claim holds a majority, no writer of an older epoch can complete a save (each of its
+majorities meets a claimed replica, where its append fails and it finds itself deposed), so
+the image read is the last committed one. Second, write that image under the new epoch. If no
+majority of the replicas answers, the load retries with backoff for ``start_timeout`` seconds,
+saying why, then fails. An empty log with a ``metadata.json`` in the replicator's data directory
+takes that file's image once (migration; the file is renamed ``metadata.json.migrated`` once
+the image is in the log).
 
-Fencing rule: a write becomes the state only when a majority took it; after a takeover at epoch
-E has reached a majority, every writer of an epoch below E finds that majority's ends moved and
-a record of epoch E there, so it is deposed before any of its writes can reach a majority.
 A save that failed (no majority) may still have reached some replicas; like an uncommitted
 entry of any quorum log it can surface at the next load if one of those replicas is read.
 
@@ -67,10 +80,11 @@ import contextlib
 import json
 import logging
 import os
+import random
 import struct
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,7 +110,8 @@ METADATA_TOPIC = "__cluster_metadata"
 METADATA_PARTITION = 0
 # Kafka's Uuid.METADATA_TOPIC_ID (AAAAAAAAAAAAAAAAAAAAAQ) in canonical text form.
 METADATA_TOPIC_ID = "00000000-0000-0000-0000-000000000001"
-RECORD_KEY = b"image"
+IMAGE_KEY = b"image"
+CLAIM_KEY = b"claim"
 RECORD_FORMAT = 1
 MIGRATED_SUFFIX = ".migrated"
 
@@ -133,12 +148,19 @@ class _MismatchError(Exception):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MetadataRecord:
-    """One record of the metadata log: an image and who wrote it under which epoch."""
+    """One record of the metadata log: an image (or, for a claim, none) and who wrote it
+    under which epoch. ``image_offset``: a claim's pointer to the last image record before
+    it on its replica (-1: none)."""
 
     controller_epoch: int
     writer: str
     sequence: int
-    image: MetadataImage
+    image: MetadataImage | None = None
+    image_offset: int = -1
+
+    @property
+    def is_claim(self) -> bool:
+        return self.image is None
 
     @property
     def order(self) -> tuple[int, int]:
@@ -147,11 +169,14 @@ class MetadataRecord:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReplicaView:
-    """What a replica holds: its log end offset and its last record (None: empty)."""
+    """What a replica holds: its log end offset, its last record (None: empty) and its last
+    image record with that record's offset (None, -1: no image yet)."""
 
     node_id: NodeId
     log_end_offset: int
     last: MetadataRecord | None
+    image: MetadataRecord | None
+    image_offset: int
 
 
 # --- record batches ------------------------------------------------------------------------
@@ -196,14 +221,20 @@ def _read_varint(data: memoryview, pos: int) -> tuple[int, int]:
 
 def encode_record(record: MetadataRecord, timestamp_ms: int) -> bytes:
     """The record batch of ``record`` (offsets are the log node's to assign)."""
-    value = json.dumps({
+    document: dict[str, object] = {
         "format": RECORD_FORMAT,
+        "kind": "claim" if record.is_claim else "image",
         "controller_epoch": record.controller_epoch,
         "writer": record.writer,
         "sequence": record.sequence,
-        "image": encode_image(record.image),
-    }, sort_keys=True, separators=(",", ":")).encode()
-    body = (b"\x00" + _varint(0) + _varint(0) + _varint(len(RECORD_KEY)) + RECORD_KEY
+    }
+    if record.image is None:
+        document["image_offset"] = record.image_offset
+    else:
+        document["image"] = encode_image(record.image)
+    key = CLAIM_KEY if record.is_claim else IMAGE_KEY
+    value = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+    body = (b"\x00" + _varint(0) + _varint(0) + _varint(len(key)) + key
             + _varint(len(value)) + value + _varint(0))
     after_crc = _AFTER_CRC.pack(0, 0, timestamp_ms, timestamp_ms, -1, -1, -1, 1) \
         + _varint(len(body)) + body
@@ -212,56 +243,65 @@ def encode_record(record: MetadataRecord, timestamp_ms: int) -> bytes:
                        crc32c(after_crc)) + after_crc
 
 
-def decode_last_record(data: bytes) -> tuple[MetadataRecord | None, int]:
-    """The record of the last whole batch in ``data`` and the offset after that batch
-    (-1, with None, when ``data`` holds no whole batch). Raises ValueError for a batch that is
-    not a metadata record."""
+def decode_records(data: bytes) -> list[tuple[int, MetadataRecord]]:
+    """(offset, record) of every whole batch in ``data``; a torn tail is left out. Raises
+    ValueError for a batch that is not a metadata record."""
     view = memoryview(data)
-    pos, last = 0, -1
+    out = []
+    pos = 0
     while pos + _HEADER.size <= len(view):
         length = _HEADER.unpack_from(view, pos)[1]
         end = pos + _LOG_OVERHEAD + length
         if end > len(view):
             break
-        last, pos = pos, end
-    if last < 0:
-        return None, -1
-    (base_offset, length, _epoch, magic, crc, attributes, last_delta, _ts, _max_ts, _pid,
-     _pepoch, _seq, count) = _HEADER.unpack_from(view, last)
-    end = last + _LOG_OVERHEAD + length
-    if magic != 2 or crc32c(view[last + _CRC_FROM:end]) != crc:
+        out.append(_decode_batch(view, pos, end))
+        pos = end
+    return out
+
+
+def _decode_batch(view: memoryview, pos: int, end: int) -> tuple[int, MetadataRecord]:
+    (base_offset, _length, _epoch, magic, crc, attributes, last_delta, _ts, _max_ts, _pid,
+     _pepoch, _seq, count) = _HEADER.unpack_from(view, pos)
+    if magic != 2 or crc32c(view[pos + _CRC_FROM:end]) != crc:
         raise ValueError(f"batch at offset {base_offset}: not a valid v2 batch")
-    if attributes & _COMPRESSION_MASK or count != 1:
+    if attributes & _COMPRESSION_MASK or count != 1 or last_delta != 0:
         raise ValueError(f"batch at offset {base_offset}: not one uncompressed record")
-    pos = last + _HEADER.size
-    _size, pos = _read_varint(view, pos)
-    pos += 1  # record attributes
-    _ts_delta, pos = _read_varint(view, pos)
-    _offset_delta, pos = _read_varint(view, pos)
-    key_size, pos = _read_varint(view, pos)
-    key = bytes(view[pos:pos + max(key_size, 0)])
-    pos += max(key_size, 0)
-    value_size, pos = _read_varint(view, pos)
-    if key != RECORD_KEY or value_size < 0 or pos + value_size > end:
-        raise ValueError(f"batch at offset {base_offset}: not a metadata image record")
+    at = pos + _HEADER.size
+    _size, at = _read_varint(view, at)
+    at += 1  # record attributes
+    _ts_delta, at = _read_varint(view, at)
+    _offset_delta, at = _read_varint(view, at)
+    key_size, at = _read_varint(view, at)
+    key = bytes(view[at:at + max(key_size, 0)])
+    at += max(key_size, 0)
+    value_size, at = _read_varint(view, at)
+    if key not in (IMAGE_KEY, CLAIM_KEY) or value_size < 0 or at + value_size > end:
+        raise ValueError(f"batch at offset {base_offset}: not a metadata record")
     try:
-        doc = json.loads(bytes(view[pos:pos + value_size]))
+        doc = json.loads(bytes(view[at:at + value_size]))
         if doc.get("format") != RECORD_FORMAT:
             raise ValueError(f"record format {doc.get('format')!r}")
-        record = MetadataRecord(controller_epoch=int(doc["controller_epoch"]),
-                                writer=str(doc["writer"]), sequence=int(doc["sequence"]),
-                                image=decode_image(doc["image"]))
+        claim = doc["kind"] == "claim"
+        if claim != (key == CLAIM_KEY):
+            raise ValueError(f"a {doc['kind']} record under key {key!r}")
+        record = MetadataRecord(
+            controller_epoch=int(doc["controller_epoch"]), writer=str(doc["writer"]),
+            sequence=int(doc["sequence"]),
+            image=None if claim else decode_image(doc["image"]),
+            image_offset=int(doc["image_offset"]) if claim else -1)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"batch at offset {base_offset}: {e}") from e
-    return record, base_offset + last_delta + 1
+    return base_offset, record
 
 
 # --- replicas ------------------------------------------------------------------------------
 
 
 class _Replica:
-    """One log node's replica: its stub, the end this writer last saw there (None: unknown,
-    read it before writing) and a lock that keeps one write at a time in flight."""
+    """One log node's replica as this writer knows it: the end it last saw there and the
+    offset of the last image record (``end`` None: unknown, read the replica before writing).
+    Writes go through one worker per replica, one at a time: ``next`` is the newest record
+    waiting (a newer one replaces it), ``waiters`` the saves waiting for theirs."""
 
     def __init__(self, node: LogNode, timeout: float) -> None:
         self.node_id = node.node_id
@@ -270,15 +310,24 @@ class _Replica:
         self._stub = log_pb2_grpc.LogServiceStub(self._channel)
         self._timeout = timeout
         self.end: int | None = None
-        self.lock = asyncio.Lock()
+        self.image_offset = -1
+        # The newest record this writer stored here: an older one never follows it.
+        self.written_sequence = 0
+        self.next: _Write | None = None
+        self.waiters: list[tuple[int, asyncio.Future[bool]]] = []
+        self.worker: asyncio.Task[None] | None = None
 
     def __str__(self) -> str:
         return f"log node {self.node_id} ({self.address})"
 
+    def saw(self, view: ReplicaView) -> None:
+        self.end = view.log_end_offset
+        self.image_offset = view.image_offset
+
     async def inspect(self) -> ReplicaView:
-        """The replica's end and last record; creates the replica if the node has none.
-        Raises MetadataLogError when the node cannot answer, ValueError for a last record
-        that is not one."""
+        """The replica's end, last record and last image; creates the replica if the node
+        has none. Raises MetadataLogError when the node cannot answer, ValueError for records
+        that are not metadata records (or a claim pointing at no image)."""
         for _ in range(5):
             described = await self._call(self._stub.DescribePartitions,
                                          log_pb2.DescribePartitionsRequest(partitions=[
@@ -292,26 +341,50 @@ class _Replica:
             self._check(state.error_code, "describe")
             end = state.log_end_offset
             if end <= max(state.log_start_offset, 0):
-                return ReplicaView(node_id=self.node_id, log_end_offset=end, last=None)
-            read = await self._call(self._stub.Read, log_pb2.ReadRequest(
-                limit=log_pb2.READ_LIMIT_LOG_END, partitions=[log_pb2.PartitionRead(
-                    topic=METADATA_TOPIC, partition=METADATA_PARTITION, offset=end - 1,
-                    max_bytes=MAX_RECORD_BYTES)]))
-            result = read.results[0]
-            if result.error_code in (ErrorCode.offset_out_of_range.value,
-                                     ErrorCode.unknown_topic_or_partition.value):
-                continue  # cut or deleted meanwhile
-            self._check(result.error_code, "read")
-            record, next_offset = decode_last_record(result.records)
-            if record is not None and next_offset == result.log_end_offset:
-                return ReplicaView(node_id=self.node_id, log_end_offset=next_offset,
-                                   last=record)
-            # Appended to meanwhile (the last batch is not the one read): look again.
+                return ReplicaView(node_id=self.node_id, log_end_offset=end, last=None,
+                                   image=None, image_offset=-1)
+            found = await self._read_one(end - 1)
+            if found is None or found[0] != end - 1 or found[2] != end:
+                continue  # appended to, cut or deleted meanwhile: look again
+            _, last, _ = found
+            if not last.is_claim:
+                return ReplicaView(node_id=self.node_id, log_end_offset=end, last=last,
+                                   image=last, image_offset=end - 1)
+            if last.image_offset < 0:
+                return ReplicaView(node_id=self.node_id, log_end_offset=end, last=last,
+                                   image=None, image_offset=-1)
+            # A trailing claim: the image before it is the newest record of its key, which
+            # the cleaner keeps.
+            pointed = await self._read_one(last.image_offset)
+            if pointed is None or pointed[0] != last.image_offset or pointed[1].is_claim:
+                raise ValueError(f"{self}: the claim at offset {end - 1} points at offset "
+                                 f"{last.image_offset}, which holds no image")
+            return ReplicaView(node_id=self.node_id, log_end_offset=end, last=last,
+                               image=pointed[1], image_offset=last.image_offset)
         raise MetadataLogError(f"{self}: the metadata log kept moving while being read")
+
+    async def _read_one(self, offset: int) -> tuple[int, MetadataRecord, int] | None:
+        """The batch holding ``offset`` (or the first after it): its offset, record and the
+        replica's log end offset; None if the offset is out of range or the replica gone."""
+        read = await self._call(self._stub.Read, log_pb2.ReadRequest(
+            limit=log_pb2.READ_LIMIT_LOG_END, partitions=[log_pb2.PartitionRead(
+                topic=METADATA_TOPIC, partition=METADATA_PARTITION, offset=offset,
+                max_bytes=1)]))  # the first batch comes whole whatever its size
+        result = read.results[0]
+        if result.error_code in (ErrorCode.offset_out_of_range.value,
+                                 ErrorCode.unknown_topic_or_partition.value):
+            return None
+        self._check(result.error_code, "read")
+        records = decode_records(result.records)
+        if not records:
+            return None
+        offset_found, record = records[0]
+        return offset_found, record, int(result.log_end_offset)
 
     async def append(self, batch: bytes, expected_end: int) -> int:
         """Append ``batch`` if the log still ends at ``expected_end``; returns the new end.
-        Raises _MismatchError (another end, or no replica), MetadataLogError (any other failure)."""
+        Raises _MismatchError (another end, or no replica), MetadataLogError (any other
+        failure)."""
         reply = await self._call(self._stub.Append, log_pb2.AppendRequest(partitions=[
             log_pb2.PartitionAppend(topic=METADATA_TOPIC, partition=METADATA_PARTITION,
                                     records=batch, expected_log_end_offset=expected_end)]))
@@ -353,6 +426,24 @@ class _Replica:
 # --- the store -----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class _Write:
+    """A record to write at a replica: its batch (a claim's depends on the replica), and the
+    takeover it belongs to (None: a save)."""
+
+    batch_for: Callable[[_Replica], bytes]
+    record: MetadataRecord
+    takeover: _Takeover | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Takeover:
+    """A strict write (a claim): ``chosen`` is the image record the load picked (None: none),
+    and anything newer found on a replica is a conflict."""
+
+    chosen: MetadataRecord | None
+
+
 class MetadataLog:
     """:class:`~services.replicator.metadata_store.MetadataStore` over the metadata log on
     ``nodes`` (see the module docstring). ``legacy_dir``: where a ``metadata.json`` to migrate
@@ -375,12 +466,12 @@ class MetadataLog:
         self._legacy_dir = Path(legacy_dir) if legacy_dir is not None else None
         self._start_timeout = start_timeout
         self.writer_id = writer_id or uuid.uuid4().hex
-        # 0 until load() took over: saves then start at epoch 1 (a fresh log).
+        # 0 until load() took over: a save without a load writes at epoch 1.
         self._epoch = 0
         self._sequence = 0
         self._deposed: DeposedError | None = None
         self._save_lock = asyncio.Lock()
-        self._stragglers: set[asyncio.Task[bool]] = set()
+        self._closing = False
 
     @property
     def controller_epoch(self) -> int:
@@ -409,11 +500,15 @@ class MetadataLog:
                 log.warning("metadata log: %s; retrying in %.1fs", e, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
-            except _ConflictError as e:
+            except (_ConflictError, DeposedError) as e:
                 conflicts += 1
                 if conflicts >= _LOAD_CONFLICTS:
                     raise MetadataLogError(f"another writer kept writing: {e}") from None
-                log.warning("metadata log: %s; reading it again", e)
+                log.warning("metadata log: another writer is taking over too (%s); reading "
+                            "it again", e)
+                # A random pause, so that two replicators taking over at once stop taking
+                # turns at deposing each other.
+                await asyncio.sleep(random.uniform(0, min(0.05 * 2 ** conflicts, 1.0)))
 
     async def _load_once(self) -> MetadataImage | None:
         outcomes = await asyncio.gather(*(r.inspect() for r in self._replicas),
@@ -422,7 +517,7 @@ class MetadataLog:
         problems: list[str] = []
         for replica, outcome in zip(self._replicas, outcomes, strict=True):
             if isinstance(outcome, ReplicaView):
-                replica.end = outcome.log_end_offset
+                replica.saw(outcome)
                 views.append(outcome)
             else:
                 replica.end = None
@@ -430,24 +525,28 @@ class MetadataLog:
                     raise outcome
                 problems.append(str(outcome))
         if len(views) < self.majority:
-            raise _NoMajorityError(f"{len(views)} of {len(self._replicas)} log nodes answered, "
-                              f"{self.majority} needed ({'; '.join(problems)})")
-        records = [v.last for v in views if v.last is not None]
-        best = max(records, key=lambda r: r.order) if records else None
-        self._epoch = max((r.controller_epoch for r in records), default=0) + 1
-        self._sequence = max((r.sequence for r in records), default=0)
+            raise _NoMajorityError(
+                f"{len(views)} of {len(self._replicas)} log nodes answered, {self.majority} "
+                f"needed ({'; '.join(problems)})")
+        images = [v.image for v in views if v.image is not None]
+        chosen = max(images, key=lambda r: r.order) if images else None
+        lasts = [v.last for v in views if v.last is not None]
+        self._epoch = max((r.controller_epoch for r in lasts), default=0) + 1
+        self._sequence = max((r.sequence for r in lasts + images), default=0)
         self._deposed = None
-        migrated = False
-        if best is not None:
-            image = best.image
+        await self._write(None, _Takeover(chosen))
+        if chosen is not None:
+            image = chosen.image
+            migrated = False
         else:
             image = await self._legacy_image()
             if image is None:
-                log.info("metadata log: empty on %d of %d log nodes; a new cluster starts",
-                         len(views), len(self._replicas))
+                log.info("metadata log: empty on %d of %d log nodes; a new cluster starts at "
+                         "controller epoch %d", len(views), len(self._replicas), self._epoch)
                 return None
             migrated = True
-        await self._write(image, newest=best)
+        assert image is not None
+        await self._write(image)
         if migrated:
             self._retire_legacy_file()
         log.info("metadata log: took over at controller epoch %d with metadata version %d "
@@ -474,109 +573,169 @@ class MetadataLog:
         writer is found, MetadataLogError when no majority took it."""
         await self._write(image)
 
-    async def _write(self, image: MetadataImage, newest: MetadataRecord | None = None,
+    async def _write(self, image: MetadataImage | None, takeover: _Takeover | None = None
                      ) -> None:
-        """One write at every replica not busy with an earlier one; returns once a majority
-        acknowledged. ``newest`` (a takeover: the record the image was chosen from) makes the
-        write strict: a moved end or a newer record raises _ConflictError."""
+        """One record (an image, or with ``takeover`` a claim) at every replica; returns once
+        a majority acknowledged it."""
         async with self._save_lock:
             if self._deposed is not None:
                 raise self._deposed
             if self._epoch == 0:
-                self._epoch = 1  # a new cluster's first write
+                self._epoch = 1
             self._sequence += 1
             record = MetadataRecord(controller_epoch=self._epoch, writer=self.writer_id,
                                     sequence=self._sequence, image=image)
-            batch = encode_record(record, int(time.time() * 1000))
-            strict = newest is not None
-            # A replica still busy with an earlier write is left to catch up later, unless
-            # the others cannot make a majority without it.
-            targets = [r for r in self._replicas if not r.lock.locked()]
-            if len(targets) < self.majority:
-                targets = list(self._replicas)
-            writes = [asyncio.create_task(self._write_replica(r, batch, record, newest, strict))
-                      for r in targets]
-            skipped = len(self._replicas) - len(writes)
+            now = int(time.time() * 1000)
+            shared = encode_record(record, now) if image is not None else b""
+
+            def batch_for(replica: _Replica) -> bytes:
+                if image is not None:
+                    return shared
+                return encode_record(MetadataRecord(
+                    controller_epoch=record.controller_epoch, writer=record.writer,
+                    sequence=record.sequence, image_offset=replica.image_offset), now)
+
+            # Every replica gets the record through its worker; the save waits for a
+            # majority only, and a slow replica's worker carries on without it.
+            write = _Write(batch_for, record, takeover)
+            waits = [self._submit(replica, write) for replica in self._replicas]
             acked, failures = 0, []
-            pending = set(writes)
-            try:
-                while pending and acked < self.majority:
-                    done, pending = await asyncio.wait(pending,
-                                                       return_when=asyncio.FIRST_COMPLETED)
-                    for task in done:
-                        error = task.exception()
-                        if isinstance(error, (DeposedError, _ConflictError)):
-                            raise error
-                        if error is not None:
-                            failures.append(str(error))
-                        elif task.result():
-                            acked += 1
-            finally:
-                for task in pending:  # slow replicas finish in the background
-                    self._stragglers.add(task)
-                    task.add_done_callback(self._straggler_done)
+            pending = set(waits)
+            while pending and acked < self.majority:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for future in done:
+                    error = future.exception()
+                    if isinstance(error, (DeposedError, _ConflictError)):
+                        raise error
+                    if error is not None:
+                        failures.append(str(error))
+                    elif future.result():
+                        acked += 1
             if acked < self.majority:
-                if skipped:
-                    failures.append(f"{skipped} log node(s) busy with an earlier write")
+                what = (f"metadata version {image.version}" if image is not None
+                        else f"the claim of controller epoch {record.controller_epoch}")
                 raise _NoMajorityError(
-                    f"metadata version {image.version} reached {acked} of "
-                    f"{len(self._replicas)} log nodes, {self.majority} needed "
-                    f"({'; '.join(failures)})")
+                    f"{what} reached {acked} of {len(self._replicas)} log nodes, "
+                    f"{self.majority} needed ({'; '.join(failures)})")
 
-    async def _write_replica(self, replica: _Replica, batch: bytes, record: MetadataRecord,
-                             newest: MetadataRecord | None, strict: bool) -> bool:
-        """Append ``batch`` at ``replica``'s end; True once stored."""
-        async with replica.lock:
-            for _ in range(_WRITE_ATTEMPTS):
-                if replica.end is None:
-                    view = await replica.inspect()
-                    self._check_not_newer(replica, view.last, record, newest)
-                    replica.end = view.log_end_offset
-                try:
-                    replica.end = await replica.append(batch, replica.end)
-                    return True
-                except _MismatchError as e:
-                    replica.end = None
-                    if strict:
-                        raise _ConflictError(f"{replica}: written meanwhile ({e})") from None
-                except BaseException:
-                    replica.end = None
-                    raise
-            raise MetadataLogError(f"{replica}: its end kept moving")
+    def _submit(self, replica: _Replica, write: _Write) -> asyncio.Future[bool]:
+        """Queue ``write`` at ``replica`` (replacing an older one still waiting); the future
+        is True once it is stored, False if a newer record took its place, and fails with
+        the reason otherwise."""
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        # Nobody may be waiting any more when it fails: the error is logged, not lost.
+        future.add_done_callback(_settled)
+        replica.next = write
+        replica.waiters.append((write.record.sequence, future))
+        if replica.worker is None or replica.worker.done():
+            replica.worker = asyncio.create_task(self._drain(replica),
+                                                 name=f"metadata-log-{replica.node_id}")
+        return future
 
-    def _check_not_newer(self, replica: _Replica, found: MetadataRecord | None,
-                         mine: MetadataRecord, newest: MetadataRecord | None) -> None:
+    async def _drain(self, replica: _Replica) -> None:
+        """The replica's worker: write the newest waiting record until none is left."""
+        while replica.next is not None and not self._closing:
+            write, replica.next = replica.next, None
+            error: BaseException | None = None
+            stored = False
+            try:
+                if self._deposed is not None and write.takeover is None:
+                    raise self._deposed
+                stored = await self._write_replica(replica, write)
+            except asyncio.CancelledError as e:
+                error = e
+            except Exception as e:  # noqa: BLE001 - handed to the waiting saves
+                error = e
+            sequence = write.record.sequence
+            settled = [w for w in replica.waiters if w[0] <= sequence]
+            replica.waiters = [w for w in replica.waiters if w[0] > sequence]
+            for waited, future in settled:
+                if future.done():
+                    continue
+                if error is not None and waited == sequence:
+                    future.set_exception(error if isinstance(error, Exception)
+                                         else MetadataLogError(f"{replica}: cancelled"))
+                else:
+                    future.set_result(stored and waited == sequence)
+            if isinstance(error, asyncio.CancelledError):
+                raise error
+
+    async def _write_replica(self, replica: _Replica, write: _Write) -> bool:
+        """Append the record at ``replica``'s end; True once stored, False when a newer
+        record of this writer is there already."""
+        record, takeover = write.record, write.takeover
+        if record.sequence <= replica.written_sequence:
+            return False
+        for _ in range(_WRITE_ATTEMPTS):
+            if replica.end is None:
+                view = await replica.inspect()
+                self._check_found(replica, view, record, takeover)
+                replica.saw(view)
+            expected = replica.end
+            assert expected is not None
+            try:
+                replica.end = await replica.append(write.batch_for(replica), expected)
+            except _MismatchError as e:
+                replica.end = None
+                if takeover is not None:
+                    raise _ConflictError(f"{replica}: written meanwhile ({e})") from None
+                continue
+            except BaseException:
+                replica.end = None
+                raise
+            if not record.is_claim:
+                replica.image_offset = expected
+            replica.written_sequence = record.sequence
+            return True
+        raise MetadataLogError(f"{replica}: its end kept moving")
+
+    def _check_found(self, replica: _Replica, view: ReplicaView, mine: MetadataRecord,
+                     takeover: _Takeover | None) -> None:
+        """What a replica holds must not be newer than what this writer writes there."""
+        found = view.last
+        if takeover is not None:
+            if found is not None and found.controller_epoch >= mine.controller_epoch:
+                raise _ConflictError(f"{replica} holds controller epoch "
+                                     f"{found.controller_epoch} already")
+            chosen = takeover.chosen
+            if view.image is not None and (chosen is None or view.image.order > chosen.order):
+                raise _ConflictError(f"{replica} holds an image newer than the one read")
+            return
         if found is None:
             return
-        if (found.controller_epoch > mine.controller_epoch
-                or (found.controller_epoch == mine.controller_epoch
-                    and found.writer != mine.writer)):
-            if newest is not None:
-                raise _ConflictError(f"{replica} holds controller epoch {found.controller_epoch} "
-                                f"of another writer")
+        # A claim of this epoch from another writer is a takeover that lost: older.
+        if found.controller_epoch > mine.controller_epoch or (
+                found.controller_epoch == mine.controller_epoch
+                and found.writer != mine.writer and not found.is_claim):
             error = DeposedError(
-                f"{replica} holds the metadata of controller epoch {found.controller_epoch} "
-                f"(writer {found.writer}); this replicator (epoch {mine.controller_epoch}) "
-                f"is deposed")
+                f"{replica} holds controller epoch {found.controller_epoch} (writer "
+                f"{found.writer}); this replicator (epoch {mine.controller_epoch}) is deposed")
             self._deposed = error
             log.error("metadata log: %s", error)
             raise error
-        if newest is not None and found.order > newest.order:
-            raise _ConflictError(f"{replica} holds a record newer than the one read "
-                            f"({found.order} > {newest.order})")
 
-    def _straggler_done(self, task: asyncio.Task[bool]) -> None:
-        self._stragglers.discard(task)
-        if task.cancelled():
-            return
-        error = task.exception()
-        if error is not None and not isinstance(error, (DeposedError, _ConflictError)):
-            log.info("metadata log: a late write failed: %s", error)
-
-    async def close(self) -> None:
-        for task in list(self._stragglers):
-            task.cancel()
-        for task in list(self._stragglers):
+    async def close(self, grace: float = 1.0) -> None:
+        """Let writes still under way on slow replicas finish for up to ``grace`` seconds,
+        then cancel them and close the channels."""
+        workers = [r.worker for r in self._replicas if r.worker is not None]
+        if workers:
+            await asyncio.wait(workers, timeout=grace)
+        self._closing = True
+        for worker in workers:
+            worker.cancel()
+        for worker in workers:
             with contextlib.suppress(BaseException):
-                await task
+                await worker
+        for replica in self._replicas:
+            for _, future in replica.waiters:
+                future.cancel()
+            replica.waiters.clear()
         await asyncio.gather(*(r.close() for r in self._replicas))
+
+
+def _settled(future: asyncio.Future[bool]) -> None:
+    if future.cancelled():
+        return
+    error = future.exception()
+    if error is not None and not isinstance(error, (DeposedError, _ConflictError)):
+        log.debug("metadata log: a write failed: %s", error)

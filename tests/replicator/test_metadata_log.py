@@ -1,7 +1,8 @@
 """The replicated metadata log against real log nodes (gRPC servers on 127.0.0.1, data in
 tmp_path): record codec, round trip, majority writes with a node down, a node that comes back
-with stale data, fencing of a deposed writer, a restarted replicator without its data
-directory, migration from metadata.json, and waiting for the log nodes at start-up."""
+with stale data, fencing of a deposed writer, racing takeovers and a takeover that reached only
+a minority, a deposed controller, a restarted replicator without its data directory, migration
+from metadata.json, and waiting for the log nodes at start-up."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from kbroker.log.v1 import log_pb2
 from kbroker.replicator.v1 import replicator_pb2 as pb
 from services.common.errors import ErrorCode
 from services.log.record_batch import iter_batches, validate_append
+from services.log.record_codec import check_keys
 from services.replicator.controller import Controller, NewTopic
 from services.replicator.log_nodes import GrpcLogNodes, parse_log_nodes
 from services.replicator.metadata import (
@@ -37,7 +39,7 @@ from services.replicator.metadata_log import (
     MetadataLog,
     MetadataLogError,
     MetadataRecord,
-    decode_last_record,
+    decode_records,
     encode_record,
 )
 from services.replicator.metadata_store import FILE_NAME, JsonFileMetadataStore
@@ -107,8 +109,8 @@ async def metadata_log(nodes: list[Node], **options: object) -> AsyncIterator[Me
 
 
 async def last_record(node: Node) -> tuple[MetadataRecord | None, int]:
-    """The node's last metadata record and that batch's partition leader epoch (retrying
-    while a restarted node's channel reconnects)."""
+    """The node's last image record and that batch's partition leader epoch (retrying while a
+    restarted node's channel reconnects)."""
     deadline = asyncio.get_running_loop().time() + 10
     while True:
         try:
@@ -118,27 +120,38 @@ async def last_record(node: Node) -> tuple[MetadataRecord | None, int]:
             if asyncio.get_running_loop().time() > deadline:
                 raise
             await asyncio.sleep(0.1)
-    record, _ = decode_last_record(data)
-    batches = list(iter_batches(data))
-    return record, (batches[-1].header.partition_leader_epoch if batches else -1)
+    images = [(offset, r) for offset, r in decode_records(data) if not r.is_claim]
+    if not images:
+        return None, -1
+    offset, record = images[-1]
+    epochs = {b.header.base_offset: b.header.partition_leader_epoch for b in iter_batches(data)}
+    return record, epochs[offset]
+
+
+async def until_holds(node: Node, image: MetadataImage, within: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while (await last_record(node))[0] is None or (await last_record(node))[0].image != image:
+        assert asyncio.get_running_loop().time() < deadline, "the image never got there"
+        await asyncio.sleep(0.05)
 
 
 # --- the record codec ----------------------------------------------------------------------
 
 
-def test_a_record_is_one_keyed_v2_batch_a_log_node_accepts_and_reads_back() -> None:
+def test_records_are_keyed_v2_batches_a_log_node_accepts_and_reads_back() -> None:
     record = MetadataRecord(controller_epoch=7, writer="w", sequence=12,
                             image=image_with(5, "a", "b"))
     batch = encode_record(record, 1_700_000_000_000)
     (validated,) = validate_append(batch, 1 << 20)  # magic, sizes, CRC-32C
     assert validated.header.partition_leader_epoch == 7
     assert validated.header.record_count == 1
-    older = encode_record(MetadataRecord(controller_epoch=6, writer="w", sequence=3,
-                                         image=image_with(4)), 0)
-    decoded, next_offset = decode_last_record(older + batch + batch[:30])
-    assert decoded == record
-    assert next_offset == 1  # offsets are the log node's: this one came unassigned
-    assert decode_last_record(b"") == (None, -1)
+    assert check_keys(batch, [validated]) is None  # compacted topics need keys
+    claim = MetadataRecord(controller_epoch=8, writer="v", sequence=13, image_offset=41)
+    claim_batch = encode_record(claim, 0)
+    assert claim.is_claim and not record.is_claim
+    decoded = decode_records(batch + claim_batch + batch[:30])  # a torn tail is left out
+    assert decoded == [(0, record), (0, claim)]  # offsets are the log node's to assign
+    assert decode_records(b"") == []
 
 
 def test_a_batch_that_is_not_a_metadata_record_is_refused() -> None:
@@ -146,7 +159,7 @@ def test_a_batch_that_is_not_a_metadata_record_is_refused() -> None:
                                                    image=image_with(1)), 0))
     batch[-5] ^= 0xFF
     with pytest.raises(ValueError):
-        decode_last_record(bytes(batch))
+        decode_records(bytes(batch))
 
 
 # --- against log nodes ---------------------------------------------------------------------
@@ -164,8 +177,10 @@ def test_round_trip_through_every_log_node(tmp_path: Path) -> None:
                 record, leader_epoch = await last_record(node)
                 assert record is not None and record.image == image
                 assert record.controller_epoch == leader_epoch == 1
-                state = await node.describe(METADATA_TOPIC)
-                assert state.error_code == 0 and state.log_end_offset == 1
+                # The new cluster's claim, then its first image.
+                records = decode_records(await node.read_all(METADATA_TOPIC))
+                assert [(o, r.is_claim, r.controller_epoch) for o, r in records] == [
+                    (0, True, 1), (1, False, 1)]
             async with metadata_log(nodes) as again:
                 assert await again.load() == image
                 assert again.controller_epoch == 2
@@ -207,7 +222,9 @@ def test_a_node_back_with_stale_data_neither_wins_nor_blocks(tmp_path: Path) -> 
         async with log_nodes(tmp_path) as nodes:
             async with metadata_log(nodes) as writer:
                 await writer.load()
-                await writer.save(image_with(1, "old"))
+                first = image_with(1, "old")
+                await writer.save(first)
+                await until_holds(nodes[2], first)  # a save waits for a majority only
                 await nodes[2].stop()
                 await writer.save(image_with(2, "old", "new"))
                 latest = image_with(3, "old", "new", "newest")
@@ -261,27 +278,61 @@ def test_a_deposed_writer_is_fenced_and_its_write_never_becomes_the_state(tmp_pa
     asyncio.run(scenario())
 
 
-def test_racing_takeovers_leave_exactly_one_writer(tmp_path: Path) -> None:
+def test_racing_takeovers_leave_one_writer(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with log_nodes(tmp_path) as nodes:
             async with metadata_log(nodes) as first:
                 await first.load()
                 await first.save(image_with(1, "t"))
             async with metadata_log(nodes) as a, metadata_log(nodes) as b:
-                await asyncio.gather(a.load(), b.load())
-                assert a.controller_epoch != b.controller_epoch
-                outcomes = await asyncio.gather(a.save(image_with(2, "from-a")),
-                                                b.save(image_with(2, "from-b")),
-                                                return_exceptions=True)
-                winner = a if a.controller_epoch > b.controller_epoch else b
-                loser_outcome = outcomes[1] if winner is a else outcomes[0]
-                winner_outcome = outcomes[0] if winner is a else outcomes[1]
-                assert winner_outcome is None
-                assert isinstance(loser_outcome, DeposedError)
+                loads = await asyncio.gather(a.load(), b.load(), return_exceptions=True)
+                loaded = [w for w, outcome in zip((a, b), loads, strict=True)
+                          if not isinstance(outcome, BaseException)]
+                assert loaded, loads
+                assert len({w.controller_epoch for w in loaded}) == len(loaded)
+                newest = max(loaded, key=lambda w: w.controller_epoch)
+                outcomes = await asyncio.gather(
+                    *(w.save(image_with(2, f"from-{w.writer_id}")) for w in loaded),
+                    return_exceptions=True)
+                for writer, outcome in zip(loaded, outcomes, strict=True):
+                    if writer is newest:
+                        assert outcome is None
+                    else:
+                        assert isinstance(outcome, DeposedError)
             async with metadata_log(nodes) as reader:
-                loaded = await reader.load()
-                expected = "from-a" if winner is a else "from-b"
-                assert loaded is not None and set(loaded.topics) == {expected}
+                result = await reader.load()
+                assert result is not None and set(result.topics) == {f"from-{newest.writer_id}"}
+
+    asyncio.run(scenario())
+
+
+def test_a_takeover_that_reached_a_minority_hides_no_later_commit(tmp_path: Path) -> None:
+    """A claim left on one replica by a replicator whose takeover failed carries no image: a
+    commit of the old writer on the other replicas stays the newest image."""
+
+    async def scenario() -> None:
+        async with log_nodes(tmp_path) as nodes:
+            async with metadata_log(nodes) as old:
+                await old.load()
+                await old.save(image_with(1, "first"))
+                # The leftover claim of a newer epoch, on node 0 only.
+                state = await nodes[0].describe(METADATA_TOPIC)
+                claim = MetadataRecord(controller_epoch=old.controller_epoch + 1,
+                                       writer="lost", sequence=10_000,
+                                       image_offset=state.log_end_offset - 1)
+                appended = await nodes[0].stub.Append(log_pb2.AppendRequest(partitions=[
+                    log_pb2.PartitionAppend(topic=METADATA_TOPIC, partition=0,
+                                            records=encode_record(claim, 0),
+                                            expected_log_end_offset=state.log_end_offset)]))
+                assert appended.results[0].error_code == 0
+                await nodes[0].stop()
+                committed = image_with(2, "first", "second")
+                await old.save(committed)  # nodes 1 and 2
+            await nodes[0].start()
+            await nodes[2].stop()
+            async with metadata_log(nodes) as reader:  # nodes 0 and 1
+                assert await reader.load() == committed
+                assert reader.controller_epoch == claim.controller_epoch + 1
 
     asyncio.run(scenario())
 
