@@ -1,9 +1,12 @@
 """``kbroker k8s ...``: operator commands for a release installed from deploy/k8s.
 
     kbroker k8s status [--namespace kbroker] [--release kbroker] [--wait [--timeout 600]]
-        pods per role, rollout progress of every workload, under-replicated and offline
-        partitions; --wait polls until every rollout is complete. Exit status 0 when healthy
-        (rolled out, no under-replicated or offline partitions), 1 otherwise.
+        pods per role, rollout progress of every workload, the active replicator (the ready
+        pod, and the holder of its Lease) and its standbys, under-replicated and offline
+        partitions (from the active replicator); --wait polls until every rollout is complete
+        and exactly one replicator is active, the others standbys. Exit status 0 when healthy
+        (rolled out, one active replicator, no under-replicated or offline partitions), 1
+        otherwise ("no active replicator", "two active replicators", ...).
 
 The API is reached with the pod's service account inside a cluster, else with the kubeconfig
 (--kubeconfig, --context, as kubectl).
@@ -31,7 +34,8 @@ def add_parser(sub: Any) -> None:
     status.add_argument("--release", default="kbroker", help="Helm release name")
     status.add_argument("--kubeconfig", default=None)
     status.add_argument("--context", default=None)
-    status.add_argument("--wait", action="store_true", help="wait for every rollout")
+    status.add_argument("--wait", action="store_true",
+                        help="wait for every rollout and one active replicator")
     status.add_argument("--timeout", type=float, default=600.0, help="seconds --wait waits")
     status.add_argument("--interval", type=float, default=2.0, help=argparse.SUPPRESS)
 
@@ -46,6 +50,8 @@ def run(args: argparse.Namespace, api_client: Any = None,
         def progress(s: ClusterStatus) -> None:
             if not s.rolled_out:
                 waiting = [r.name for r in s.rollouts if not r.complete]
+                if s.rollouts and not s.replicator.settled:
+                    waiting.append("an active replicator with running standbys")
                 print(f"waiting for {', '.join(waiting) or 'workloads'}...", file=sys.stderr,
                       flush=True)
 

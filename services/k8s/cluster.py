@@ -1,6 +1,10 @@
 """Reading a kbroker release from the Kubernetes API: its pods, StatefulSets and Deployments
-(by the chart's labels) and the replicator's Prometheus text through the API server's pod
-proxy, so ``kbroker k8s status`` needs no port-forward. Answers are kept as the API's JSON."""
+(by the chart's labels), the replicator's Lease (coordination.k8s.io/v1, to name the active
+replica) and the active replicator's Prometheus text through the API server's pod proxy, so
+``kbroker k8s status`` needs no port-forward. Answers are kept as the API's JSON.
+
+Rights used: list pods, statefulsets and deployments; get pods/proxy; get leases (optional:
+without it the report leaves the Lease out)."""
 
 from __future__ import annotations
 
@@ -9,7 +13,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .status import COMPONENT_LABEL, INSTANCE_LABEL, ClusterStatus, summarize
+from .status import (
+    INSTANCE_LABEL,
+    ClusterStatus,
+    active_replicator,
+    replicator_lease_name,
+    summarize,
+)
 
 PART_OF_SELECTOR = "app.kubernetes.io/part-of=kbroker"
 
@@ -22,6 +32,7 @@ class ReleaseReader:
 
         self.core = client.CoreV1Api(api_client)
         self.apps = client.AppsV1Api(api_client)
+        self.coordination = client.CoordinationV1Api(api_client)
         self.namespace = namespace
         self.selector = f"{INSTANCE_LABEL}={release},{PART_OF_SELECTOR}"
 
@@ -43,34 +54,50 @@ class ReleaseReader:
             out.extend({**item, "kind": kind} for item in items)
         return out
 
-    def replicator_metrics(self, pods: list[dict[str, Any]]) -> str | None:
-        """The Prometheus text of a ready replicator pod, via the API server's pod proxy."""
+    def lease_holder(self, name: str) -> str | None:
+        """The ``holderIdentity`` of Lease ``name`` ("" when released), or None when it cannot
+        be read (absent, forbidden, unreachable)."""
         from kubernetes.client.exceptions import ApiException
 
-        for pod in pods:
-            if (pod["metadata"].get("labels") or {}).get(COMPONENT_LABEL) != "replicator":
-                continue
-            port = _named_port(pod, "metrics")
-            if port is None:
-                continue
-            try:
-                response = self.core.connect_get_namespaced_pod_proxy_with_path(
-                    f"{pod['metadata']['name']}:{port}", self.namespace, "metrics",
-                    _preload_content=False)
-            except ApiException:
-                continue
-            if response.status != 200:
-                continue
-            return bytes(response.data).decode()
-        return None
+        try:
+            response = self.coordination.read_namespaced_lease(name, self.namespace,
+                                                               _preload_content=False)
+        except ApiException:
+            return None
+        if response.status != 200:
+            return None
+        return (self._json(response).get("spec") or {}).get("holderIdentity") or ""
+
+    def metrics(self, pod: dict[str, Any]) -> str | None:
+        """The Prometheus text of ``pod``, via the API server's pod proxy; None when it does
+        not answer."""
+        from kubernetes.client.exceptions import ApiException
+
+        port = _named_port(pod, "metrics")
+        if port is None:
+            return None
+        try:
+            response = self.core.connect_get_namespaced_pod_proxy_with_path(
+                f"{pod['metadata']['name']}:{port}", self.namespace, "metrics",
+                _preload_content=False)
+        except ApiException:
+            return None
+        if response.status != 200:
+            return None
+        return bytes(response.data).decode()
 
     def status(self) -> ClusterStatus:
         pods = self.pods()
         workloads = self.workloads()
-        metrics = self.replicator_metrics(pods)
+        lease_name = replicator_lease_name(pods)
+        holder = self.lease_holder(lease_name) if lease_name else None
+        # Only the active (ready) replicator knows the partitions; never ask a standby.
+        active = active_replicator(pods, holder)
+        metrics = self.metrics(active) if active is not None else None
         problems = [] if workloads else [f"no kbroker workloads match {self.selector!r} in "
                                          f"namespace {self.namespace!r}"]
-        return summarize(pods, workloads, metrics, problems)
+        return summarize(pods, workloads, metrics, problems, lease_name=lease_name,
+                         lease_holder=holder)
 
 
 def _named_port(pod: dict[str, Any], name: str) -> int | None:
@@ -85,7 +112,8 @@ def wait_for_rollout(read: Callable[[], ClusterStatus], timeout: float, interval
                      on_poll: Callable[[ClusterStatus], None] | None = None,
                      clock: Callable[[], float] = time.monotonic,
                      sleep: Callable[[float], None] = time.sleep) -> ClusterStatus:
-    """Poll until every workload has rolled out or ``timeout`` seconds pass; the last status."""
+    """Poll until every workload has rolled out (and one replicator is active, the others
+    standbys) or ``timeout`` seconds pass; the last status."""
     deadline = clock() + timeout
     while True:
         status = read()

@@ -1,7 +1,13 @@
 """What ``kbroker k8s status`` reports about a release: pods per role, whether every workload
-has finished rolling out, and the partitions the replicator counts as under-replicated or
-offline. Pure functions over the API's JSON objects (as the API server returns them), so the
-report is tested against recorded answers; reading them is :mod:`services.k8s.cluster`'s job.
+has finished rolling out, which replicator pod is active, and the partitions the replicator
+counts as under-replicated or offline. Pure functions over the API's JSON objects (as the API
+server returns them), so the report is tested against recorded answers; reading them is
+:mod:`services.k8s.cluster`'s job.
+
+The replicator is active/standby: one pod holds the Lease and is ready (its Replicator service
+SERVING); the others run as standbys that are never ready. So its workload is rolled out when
+every pod is updated and exactly one is ready, not when all are, and its metrics come from the
+ready pod only (a standby reports no partitions).
 """
 
 from __future__ import annotations
@@ -17,6 +23,10 @@ INSTANCE_LABEL = "app.kubernetes.io/instance"
 UNDER_REPLICATED_METRIC = "kbroker_replicator_under_replicated_partitions"
 OFFLINE_METRIC = "kbroker_replicator_offline_partitions"
 LIVE_NODES_METRIC = "kbroker_replicator_live_log_nodes"
+
+REPLICATOR = "replicator"
+# The replicator flag naming its Lease (the chart sets it to <fullname>-replicator).
+LEASE_FLAG = "--leader-election-lease"
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,11 +53,25 @@ class Rollout:
     current_generation: bool
     # StatefulSets: pods still on the previous revision.
     revision_done: bool = True
+    # Pods not terminated, of any revision (status.replicas; -1: not reported).
+    total: int = -1
+    # One ready pod is the goal (the replicator: the others are standbys, never ready).
+    active_standby: bool = False
+
+    @property
+    def ready_goal(self) -> int:
+        """How many pods must be ready: all of them, or one for an active/standby role."""
+        return min(1, self.desired) if self.active_standby else self.desired
 
     @property
     def complete(self) -> bool:
-        return (self.current_generation and self.revision_done
-                and self.updated >= self.desired and self.ready >= self.desired)
+        if not (self.current_generation and self.revision_done and self.updated >= self.desired):
+            return False
+        if self.active_standby:
+            # Old pods gone (no stale active or standby left) and exactly one ready: a second
+            # ready replicator is not a finished rollout.
+            return self.total <= self.desired and self.ready == self.ready_goal
+        return self.ready >= self.desired
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,15 +82,67 @@ class PartitionHealth:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplicatorLeadership:
+    """Which replicator pods act: the ready one(s) are active, running unready ones standbys.
+
+    ``lease_holder`` is the Lease's ``holderIdentity`` (a pod name; "" released), or None when
+    the Lease was not read (no name known, absent, or not readable with the caller's rights).
+    """
+
+    active: tuple[str, ...]
+    standbys: tuple[str, ...]
+    # Neither: pending, crash-looping, terminating, failed.
+    down: tuple[str, ...]
+    lease_name: str | None = None
+    lease_holder: str | None = None
+
+    @property
+    def settled(self) -> bool:
+        """Exactly one active pod, every other one a running standby, and the Lease (when
+        read) naming the active pod."""
+        return (len(self.active) == 1 and not self.down
+                and self.lease_holder in (None, self.active[0]))
+
+    def problems(self) -> list[str]:
+        out = []
+        lease = f"Lease {self.lease_name}" if self.lease_name else "the Lease"
+        if not self.active:
+            if self.lease_holder:
+                out.append(f"no active replicator: {lease} is held by {self.lease_holder}, "
+                           f"which is not ready (taking over, or stopped without releasing it)")
+            else:
+                out.append("no active replicator: no replicator pod is ready")
+        elif len(self.active) > 1:
+            count = "two" if len(self.active) == 2 else str(len(self.active))
+            holder = (f"{lease} names {self.lease_holder or 'nobody'}"
+                      if self.lease_holder is not None else f"{lease} could not be read")
+            both = "both" if len(self.active) == 2 else "all"
+            out.append(f"{count} active replicators: {', '.join(self.active)} are {both} ready; "
+                       f"only one may act ({holder}). This must never happen: the others "
+                       f"should have stopped serving when they lost the Lease")
+        elif self.lease_holder is not None and self.lease_holder != self.active[0]:
+            out.append(f"active replicator {self.active[0]} does not hold {lease} "
+                       f"(holder: {self.lease_holder or 'nobody'})")
+        if self.down:
+            out.append(f"replicator pod(s) neither active nor standby: {', '.join(self.down)}")
+        return out
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterStatus:
     pods: tuple[PodState, ...]
     rollouts: tuple[Rollout, ...]
     partitions: PartitionHealth | None  # None: the replicator's metrics could not be read
     problems: tuple[str, ...] = field(default=())
+    replicator: ReplicatorLeadership = field(
+        default_factory=lambda: ReplicatorLeadership((), (), ()))
 
     @property
     def rolled_out(self) -> bool:
-        return bool(self.rollouts) and all(r.complete for r in self.rollouts)
+        """Every workload rolled out and the replicator settled (one active, the rest
+        standbys): what ``--wait`` waits for."""
+        return (bool(self.rollouts) and all(r.complete for r in self.rollouts)
+                and self.replicator.settled)
 
     @property
     def healthy(self) -> bool:
@@ -100,24 +176,83 @@ def pod_state(pod: Mapping[str, Any]) -> PodState:
 
 def rollout(workload: Mapping[str, Any]) -> Rollout:
     """Rollout progress of a StatefulSet or Deployment, judged as ``kubectl rollout status``
-    does: the controller has seen the latest spec, every pod is updated and ready."""
+    does: the controller has seen the latest spec, every pod is updated and ready; for the
+    replicator, every pod updated, no old one left, and exactly one ready."""
     meta, spec, status = workload["metadata"], workload.get("spec", {}), workload.get("status", {})
     kind = workload.get("kind", "")
     desired = int(spec.get("replicas", 1))
     revision_done = True
     if kind == "StatefulSet" and status.get("updateRevision"):
         revision_done = status.get("currentRevision") == status["updateRevision"]
+    role = (meta.get("labels") or {}).get(COMPONENT_LABEL, "?")
     return Rollout(
         kind=kind,
         name=meta["name"],
-        role=(meta.get("labels") or {}).get(COMPONENT_LABEL, "?"),
+        role=role,
         desired=desired,
         ready=int(status.get("readyReplicas", 0)),
         updated=int(status.get("updatedReplicas", 0)),
         current_generation=int(status.get("observedGeneration", 0))
         >= int(meta.get("generation", 0)),
         revision_done=revision_done,
+        total=int(status.get("replicas", -1)),
+        active_standby=role == REPLICATOR,
     )
+
+
+def _is_replicator(pod: Mapping[str, Any]) -> bool:
+    return (pod["metadata"].get("labels") or {}).get(COMPONENT_LABEL) == REPLICATOR
+
+
+def replicator_lease_name(pods: Iterable[Mapping[str, Any]]) -> str | None:
+    """The Lease the replicator pods compete for, from their ``--leader-election-lease``
+    argument (``--flag=NAME`` or ``--flag NAME``); None when no replicator pod has one (a
+    single replicator without leader election)."""
+    for pod in pods:
+        if not _is_replicator(pod):
+            continue
+        for container in (pod.get("spec") or {}).get("containers") or []:
+            args = [*(container.get("command") or []), *(container.get("args") or [])]
+            for i, arg in enumerate(args):
+                if arg.startswith(LEASE_FLAG + "="):
+                    return arg.partition("=")[2] or None
+                if arg == LEASE_FLAG and i + 1 < len(args):
+                    return args[i + 1]
+    return None
+
+
+def active_replicator(pods: Iterable[Mapping[str, Any]],
+                      lease_holder: str | None = None) -> Mapping[str, Any] | None:
+    """The replicator pod to ask for partition health: the ready one. Should several be
+    ready, the Lease holder among them, else the first by name; None when none is ready (a
+    standby has no partition state to report)."""
+    ready = sorted((p for p in pods if _is_replicator(p) and _acting(pod_state(p))),
+                   key=lambda p: p["metadata"]["name"])
+    for pod in ready:
+        if lease_holder and pod["metadata"]["name"] == lease_holder:
+            return pod
+    return ready[0] if ready else None
+
+
+def _acting(pod: PodState) -> bool:
+    """Ready and not on its way out (a terminating pod is no longer behind the Service)."""
+    return pod.ready and not pod.reason
+
+
+def leadership(pods: Iterable[PodState], lease_name: str | None = None,
+               lease_holder: str | None = None) -> ReplicatorLeadership:
+    """Sort the replicator pods into active (ready), standbys (running, no waiting container,
+    not terminating) and down."""
+    active, standbys, down = [], [], []
+    for p in sorted((p for p in pods if p.role == REPLICATOR), key=lambda p: p.name):
+        if _acting(p):
+            active.append(p.name)
+        elif p.phase == "Running" and not p.reason:
+            standbys.append(p.name)
+        else:
+            down.append(p.name)
+    return ReplicatorLeadership(tuple(active), tuple(standbys), tuple(down), lease_name,
+                                lease_holder)
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
@@ -148,14 +283,18 @@ def partition_health(metrics_text: str) -> PartitionHealth | None:
 
 
 def summarize(pods: Iterable[Mapping[str, Any]], workloads: Iterable[Mapping[str, Any]],
-              replicator_metrics: str | None, problems: Iterable[str] = ()) -> ClusterStatus:
-    """The status from list answers (their ``items``) and the replicator's metrics text."""
+              replicator_metrics: str | None, problems: Iterable[str] = (),
+              lease_name: str | None = None, lease_holder: str | None = None) -> ClusterStatus:
+    """The status from list answers (their ``items``), the active replicator's metrics text
+    and the replicator Lease's holder (None: not read)."""
     states = tuple(sorted((pod_state(p) for p in pods), key=lambda p: (_role_order(p.role),
                                                                        p.name)))
     rollouts = tuple(sorted((rollout(w) for w in workloads),
                             key=lambda r: (_role_order(r.role), r.name)))
     partitions = partition_health(replicator_metrics) if replicator_metrics else None
-    return ClusterStatus(states, rollouts, partitions, tuple(problems))
+    replicator = leadership(states, lease_name, lease_holder)
+    found = (*problems, *(replicator.problems() if states else ()))
+    return ClusterStatus(states, rollouts, partitions, found, replicator)
 
 
 def _role_order(role: str) -> int:
@@ -167,24 +306,54 @@ def render(status: ClusterStatus) -> list[str]:
     lines = [f"{'ROLE':<11} {'WORKLOAD':<34} {'READY':>7} {'UPDATED':>7}  ROLLOUT"]
     for r in status.rollouts:
         state = "complete" if r.complete else "in progress"
+        if r.active_standby and r.desired > 1:
+            state += f" (active/standby: {r.ready_goal} ready wanted)"
         lines.append(f"{r.role:<11} {r.kind + '/' + r.name:<34} "
                      f"{f'{r.ready}/{r.desired}':>7} {r.updated:>7}  {state}")
     lines.append("")
-    lines.append(f"{'POD':<34} {'ROLE':<11} {'READY':<6} {'PHASE':<10} {'RESTARTS':>8}  NODE")
+    width = max([34, *(len(p.name) for p in status.pods)])
+    lines.append(f"{'POD':<{width}} {'ROLE':<11} {'READY':<6} {'PHASE':<10} {'RESTARTS':>8}  "
+                 "NODE")
     for p in status.pods:
         phase = p.reason or p.phase
-        lines.append(f"{p.name:<34} {p.role:<11} {'yes' if p.ready else 'no':<6} {phase:<10} "
-                     f"{p.restarts:>8}  {p.node}")
+        lines.append(f"{p.name:<{width}} {p.role:<11} {'yes' if p.ready else 'no':<6} "
+                     f"{phase:<10} {p.restarts:>8}  {p.node}")
     lines.append("")
+    lines.append(_leadership_line(status.replicator))
     if status.partitions is None:
-        lines.append("partitions: unknown (replicator metrics unavailable)")
+        why = ("replicator metrics unavailable" if status.replicator.active
+               else "no active replicator to ask")
+        lines.append(f"partitions: unknown ({why})")
     else:
         h = status.partitions
         lines.append(f"partitions: {h.under_replicated} under-replicated, {h.offline} offline; "
                      f"{h.live_log_nodes} live log node(s)")
     lines.extend(f"problem: {p}" for p in status.problems)
-    verdict = ("healthy" if status.healthy
-               else "rolled out, partitions need attention" if status.rolled_out
-               else "rollout in progress")
-    lines.append(f"status: {verdict}")
+    lines.append(f"status: {_verdict(status)}")
     return lines
+
+
+def _leadership_line(r: ReplicatorLeadership) -> str:
+    if r.lease_holder is None:
+        lease = "Lease not read"
+    else:
+        lease = f"Lease {r.lease_name} held by {r.lease_holder or 'nobody'}"
+    active = ", ".join(r.active) or "none"
+    standbys = ", ".join(r.standbys) or "none"
+    line = f"replicator: active {active} ({lease}); standby {standbys}"
+    if r.down:
+        line += f"; down {', '.join(r.down)}"
+    return line
+
+
+def _verdict(status: ClusterStatus) -> str:
+    if status.healthy:
+        return "healthy"
+    if status.pods and len(status.replicator.active) > 1:
+        return "TWO ACTIVE REPLICATORS" if len(status.replicator.active) == 2 else (
+            f"{len(status.replicator.active)} ACTIVE REPLICATORS")
+    if status.pods and not status.replicator.active:
+        return "no active replicator"
+    if status.rolled_out:
+        return "rolled out, partitions need attention"
+    return "rollout in progress"

@@ -26,9 +26,10 @@ class RecordedResponse:
 class RecordedPoolManager:
     """Answers from ``fixtures/<name>.json``; records each request's path and query."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, overrides: dict[str, dict[str, Any]] | None = None) -> None:
         self.answers: dict[str, dict[str, Any]] = json.loads(
             (FIXTURES / f"{name}.json").read_text())["answers"]
+        self.answers.update(overrides or {})
         self.requests: list[tuple[str, str, dict[str, list[str]]]] = []
 
     def request(self, method: str, url: str, **_kwargs: Any) -> RecordedResponse:
@@ -48,12 +49,15 @@ class RecordedPoolManager:
         pass
 
 
-def recorded_api_client(name: str) -> tuple[Any, RecordedPoolManager]:
+def recorded_api_client(name: str, overrides: dict[str, dict[str, Any]] | None = None
+                        ) -> tuple[Any, RecordedPoolManager]:
+    """An API client answering from ``fixtures/<name>.json``, with ``overrides`` replacing
+    (or adding) answers by ``"METHOD /path"``."""
     from kubernetes import client
 
     configuration = client.Configuration()
     configuration.host = "https://kubernetes.test:6443"
     api_client = client.ApiClient(configuration)
-    pool = RecordedPoolManager(name)
+    pool = RecordedPoolManager(name, overrides)
     api_client.rest_client.pool_manager = pool
     return api_client, pool
