@@ -215,6 +215,21 @@ def test_replicator_is_active_standby_behind_a_service_of_the_ready_one(scenario
                 assert "service" not in c["readinessProbe"]["grpc"]
 
 
+def test_replicator_routing_is_by_readiness_alone(scenario: Path) -> None:
+    # Only the active pod is ever ready: a budget counting ready pods would block evicting it
+    # forever, and routing by a label would need the replicator to patch pods. Neither exists.
+    docs = render(scenario)
+    labels = one(docs, "Deployment", "kb-kbroker-replicator")["spec"]["template"]["metadata"][
+        "labels"]
+    for pdb in find(docs, "PodDisruptionBudget"):
+        assert not pdb["spec"]["selector"]["matchLabels"].items() <= labels.items(), (
+            pdb["metadata"]["name"])
+    service = one(docs, "Service", "kb-kbroker-replicator")
+    assert service["spec"]["selector"].items() <= labels.items()
+    for role in find(docs, "Role", "kb-kbroker-replicator"):
+        assert all("pods" not in rule["resources"] for rule in role["rules"])
+
+
 def test_only_rendered_probe_services_are_health_names_the_replicator_sets() -> None:
     from services.replicator.server import PROCESS_HEALTH, SERVICE_NAME
 
