@@ -324,17 +324,27 @@ class GroupCoordinator:
         return NONE, info.leader
 
     async def coordinator_error(self, group_id: str, broker_id: int | None) -> int:
-        """NOT_COORDINATOR when the client sent a group's request to a broker (log node) that
-        does not lead the group's partition (Kafka's check); 0 when it does, or when the
+        """NOT_COORDINATOR when the client sent a group's request to a live broker (log node)
+        that does not lead the group's partition (Kafka's check); 0 when it does, or when the
         broker is not known (a direct call). Any handler could serve the request, but clients
-        must keep talking to the coordinator they found, as Kafka's do."""
+        must keep talking to the coordinator they found, as Kafka's do.
+
+        A request that reached the port of a broker that is not alive is served: the
+        frontend keeps serving every broker's port, so a client's connection to a dead
+        broker stays up, and clients that cache a group's coordinator for as long as its
+        connection is up (librdkafka's admin API: a NOT_COORDINATOR inside a response does
+        not evict its cache) would otherwise be told NOT_COORDINATOR until they restart.
+        Serving is safe: the group lives in its partition, whose leader every handler
+        writes to. Clients that look the coordinator up again are sent to the new one."""
         if broker_id is None:
             return NONE
         metadata, topic = await self.offsets_topic(create=False)
+        if metadata.live_node(broker_id) is None:
+            return NONE
         if topic is None or not topic.partitions:
             return NOT_COORDINATOR
         info = topic.partitions.get(partition_for(group_id, len(topic.partitions)))
-        if info is None or info.leader != broker_id or metadata.live_node(broker_id) is None:
+        if info is None or info.leader != broker_id:
             return NOT_COORDINATOR
         return NONE
 

@@ -344,6 +344,18 @@ def test_requests_at_a_broker_that_is_not_the_coordinator_get_not_coordinator(tm
                     k.ListGroupsRequest(), metadata=at(broker, 4), timeout=CALL_TIMEOUT)
                 listed[broker] = [g.group_id for g in answer.groups]
             assert listed[coordinator] == ["where"] and listed[other] == []
+            # At the port of a broker that is not alive (none has id 7) the group is served:
+            # a client whose connection there stays up would otherwise never get further.
+            dead = await cluster.stub.Heartbeat(
+                k.HeartbeatRequest(group_id="where", generation_id=0, member_id="x"),
+                metadata=at(7, 4), timeout=CALL_TIMEOUT)
+            assert dead.error_code == E.unknown_member_id.value
+            fetched = await cluster.stub.OffsetFetch(
+                k.OffsetFetchRequest(group_id="where", topics_is_null=True),
+                metadata=at(7, 7), timeout=CALL_TIMEOUT)
+            assert fetched.error_code == 0
+            assert [(t.name, p.committed_offset) for t in fetched.topics
+                    for p in t.partitions] == [("t", 1)]
 
     run(main())
 
