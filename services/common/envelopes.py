@@ -25,38 +25,16 @@ from google.protobuf.message import DecodeError
 
 from kbroker.handler.v1 import handler_pb2
 
+from .varints import VarintError, decode_uvarint, encode_uvarint
+
 _LENGTH_DELIMITED = 2
-
-
-def _varint_bytes(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _read_varint(data: bytes, position: int, end: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if position >= end:
-            raise DecodeError("truncated varint")
-        byte = data[position]
-        position += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, position
-        shift += 7
-        if shift >= 64:
-            raise DecodeError("varint longer than 10 bytes")
 
 
 def with_bytes_field(head: bytes, field_number: int, payload: bytes | memoryview) -> bytes:
     """``head`` (a serialized message without the field) with the bytes field
     ``field_number`` set to ``payload``."""
-    key = _varint_bytes(field_number << 3 | _LENGTH_DELIMITED)
-    return b"".join((head, key, _varint_bytes(len(payload)), payload))
+    key = encode_uvarint(field_number << 3 | _LENGTH_DELIMITED)
+    return b"".join((head, key, encode_uvarint(len(payload)), payload))
 
 
 def split_bytes_field(data: bytes, field_number: int) -> tuple[bytes, memoryview]:
@@ -64,6 +42,13 @@ def split_bytes_field(data: bytes, field_number: int) -> tuple[bytes, memoryview
     ``data``; empty if absent). A field given twice takes its last value, as protobuf does.
 
     Raises ``DecodeError`` for bytes that are not a protobuf message."""
+    try:
+        return _split_bytes_field(data, field_number)
+    except VarintError as exc:
+        raise DecodeError(str(exc)) from None
+
+
+def _split_bytes_field(data: bytes, field_number: int) -> tuple[bytes, memoryview]:
     end = len(data)
     position = 0
     value: tuple[int, int] | None = None
@@ -71,14 +56,14 @@ def split_bytes_field(data: bytes, field_number: int) -> tuple[bytes, memoryview
     kept_from = 0
     while position < end:
         field_start = position
-        key, position = _read_varint(data, position, end)
+        key, position = decode_uvarint(data, position, end)
         wire_type = key & 7
         if wire_type == 0:
-            _, position = _read_varint(data, position, end)
+            _, position = decode_uvarint(data, position, end)
         elif wire_type == 1:
             position += 8
         elif wire_type == _LENGTH_DELIMITED:
-            length, position = _read_varint(data, position, end)
+            length, position = decode_uvarint(data, position, end)
             value_start = position
             position += length
             if key >> 3 == field_number and position <= end:

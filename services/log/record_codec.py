@@ -42,6 +42,7 @@ from typing import NamedTuple
 import cramjam
 
 from services.common.errors import ErrorCode, KafkaError
+from services.common.varints import VarintError, decode_varint, encode_varint
 
 from .record_batch import (
     CONTROL_BIT,
@@ -96,31 +97,12 @@ class Record(NamedTuple):
 def read_varint(buffer: bytes, position: int) -> tuple[int, int]:
     """The zigzag varint at ``position`` and the position after it."""
     try:
-        byte = buffer[position]
-        position += 1
-        raw = byte & 0x7F
-        shift = 7
-        while byte & 0x80:
-            if shift > 63:
-                raise RecordError("varint longer than ten bytes")
-            byte = buffer[position]
-            position += 1
-            raw |= (byte & 0x7F) << shift
-            shift += 7
-    except IndexError:
-        raise RecordError("truncated varint") from None
-    return (raw >> 1) ^ -(raw & 1), position
+        return decode_varint(buffer, position)
+    except VarintError as exc:
+        raise RecordError(str(exc)) from None
 
 
-def write_varint(value: int) -> bytes:
-    """``value`` as a zigzag varint (64-bit)."""
-    raw = ((value << 1) ^ (value >> 63)) & 0xFFFFFFFFFFFFFFFF
-    out = bytearray()
-    while raw > 0x7F:
-        out.append((raw & 0x7F) | 0x80)
-        raw >>= 7
-    out.append(raw)
-    return bytes(out)
+write_varint = encode_varint
 
 
 # ------------------------------------------------------------------------------ codecs

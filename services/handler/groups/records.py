@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 
 from crc32c import crc32c
 
+from services.common.varints import VarintError, decode_uvarint, encode_uvarint, encode_varint
+
 log = logging.getLogger(__name__)
 
 OFFSET_COMMIT_KEY_VERSIONS = (0, 1)
@@ -61,21 +63,9 @@ class RecordFormatError(ValueError):
 # --- primitive writers and readers -------------------------------------------------------------
 
 
-def uvarint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def varint(value: int) -> bytes:
-    """Kafka's signed varint (zigzag), as records use."""
-    return uvarint((value << 1) ^ (value >> 63))
+uvarint = encode_uvarint
+# Kafka's signed varint (zigzag), as records use.
+varint = encode_varint
 
 
 class Writer:
@@ -151,15 +141,11 @@ class Reader:
         return self._unpack(">q", 8)
 
     def uvarint(self) -> int:
-        value = shift = 0
-        while True:
-            byte = self._take(1)[0]
-            value |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                return value
-            shift += 7
-            if shift > 63:
-                raise RecordFormatError("varint too long")
+        try:
+            value, self.pos = decode_uvarint(self.data, self.pos)
+        except VarintError as exc:
+            raise RecordFormatError(str(exc)) from None
+        return value
 
     def varint(self) -> int:
         raw = self.uvarint()
