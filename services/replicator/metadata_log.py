@@ -531,8 +531,9 @@ class MetadataLog:
         images = [v.image for v in views if v.image is not None]
         chosen = max(images, key=lambda r: r.order) if images else None
         lasts = [v.last for v in views if v.last is not None]
-        self._epoch = max((r.controller_epoch for r in lasts), default=0) + 1
-        self._sequence = max((r.sequence for r in lasts + images), default=0)
+        self._epoch = max([self._epoch, *(r.controller_epoch for r in lasts)]) + 1
+        # Never below what this writer used itself in an earlier attempt.
+        self._sequence = max([self._sequence, *(r.sequence for r in lasts + images)])
         self._deposed = None
         await self._write(None, _Takeover(chosen))
         if chosen is not None:
