@@ -94,6 +94,7 @@ from crc32c import crc32c
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from services.common.channels import insecure_channel
 from services.common.errors import ErrorCode
+from services.common.varints import decode_varint, encode_varint
 
 from .metadata import LogNode, MetadataImage, NodeId
 from .metadata_store import (
@@ -196,29 +197,6 @@ _CRC_FROM = 21
 _COMPRESSION_MASK = 0x07
 
 
-def _varint(value: int) -> bytes:
-    zigzag = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while zigzag >= 0x80:
-        out.append((zigzag & 0x7F) | 0x80)
-        zigzag >>= 7
-    out.append(zigzag)
-    return bytes(out)
-
-
-def _read_varint(data: memoryview, pos: int) -> tuple[int, int]:
-    shift = result = 0
-    while True:
-        if pos >= len(data) or shift > 63:
-            raise ValueError("truncated varint")
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return (result >> 1) ^ -(result & 1), pos
-        shift += 7
-
-
 def encode_record(record: MetadataRecord, timestamp_ms: int) -> bytes:
     """The record batch of ``record`` (offsets are the log node's to assign)."""
     document: dict[str, object] = {
@@ -234,10 +212,10 @@ def encode_record(record: MetadataRecord, timestamp_ms: int) -> bytes:
         document["image"] = encode_image(record.image)
     key = CLAIM_KEY if record.is_claim else IMAGE_KEY
     value = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
-    body = (b"\x00" + _varint(0) + _varint(0) + _varint(len(key)) + key
-            + _varint(len(value)) + value + _varint(0))
+    body = (b"\x00" + encode_varint(0) + encode_varint(0) + encode_varint(len(key)) + key
+            + encode_varint(len(value)) + value + encode_varint(0))
     after_crc = _AFTER_CRC.pack(0, 0, timestamp_ms, timestamp_ms, -1, -1, -1, 1) \
-        + _varint(len(body)) + body
+        + encode_varint(len(body)) + body
     length = 4 + 1 + 4 + len(after_crc)  # partition leader epoch, magic, crc, the rest
     return struct.pack(">qiibI", 0, length, record.controller_epoch, 2,
                        crc32c(after_crc)) + after_crc
@@ -267,14 +245,14 @@ def _decode_batch(view: memoryview, pos: int, end: int) -> tuple[int, MetadataRe
     if attributes & _COMPRESSION_MASK or count != 1 or last_delta != 0:
         raise ValueError(f"batch at offset {base_offset}: not one uncompressed record")
     at = pos + _HEADER.size
-    _size, at = _read_varint(view, at)
+    _size, at = decode_varint(view, at, end)
     at += 1  # record attributes
-    _ts_delta, at = _read_varint(view, at)
-    _offset_delta, at = _read_varint(view, at)
-    key_size, at = _read_varint(view, at)
+    _ts_delta, at = decode_varint(view, at, end)
+    _offset_delta, at = decode_varint(view, at, end)
+    key_size, at = decode_varint(view, at, end)
     key = bytes(view[at:at + max(key_size, 0)])
     at += max(key_size, 0)
-    value_size, at = _read_varint(view, at)
+    value_size, at = decode_varint(view, at, end)
     if key not in (IMAGE_KEY, CLAIM_KEY) or value_size < 0 or at + value_size > end:
         raise ValueError(f"batch at offset {base_offset}: not a metadata record")
     try:
