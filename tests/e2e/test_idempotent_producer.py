@@ -35,16 +35,17 @@ class CuttingProxy:
     """Forwards ``listen port + i`` to ``target port + i`` on loopback (i < ``count``) and
     breaks connections on purpose while ``cutting`` is on: each connection forwards a random
     number of client bytes (at most ``max_client_bytes``), so a request is cut off in the
-    middle, and every response chunk is dropped with ``drop_probability``, the connection
-    then reset, so a request the broker handled goes unanswered. Runs its own event loop in a
-    thread; :meth:`close` stops it."""
+    middle, and every ``drop_every``-th response chunk is dropped (a fixed rate, so that every
+    run drops some whatever the timing), the connection then reset, so a request the broker
+    handled goes unanswered. Runs its own event loop in a thread; :meth:`close` stops it."""
 
     def __init__(self, target_port: int, count: int, *, seed: int,
-                 max_client_bytes: int = 30_000, drop_probability: float = 0.08) -> None:
+                 max_client_bytes: int = 30_000, drop_every: int = 12) -> None:
         self.target_port = target_port
         self.count = count
         self.max_client_bytes = max_client_bytes
-        self.drop_probability = drop_probability
+        self.drop_every = drop_every
+        self._response_chunks = 0
         self.cutting = True
         self.connections = 0
         self.cut_requests = 0
@@ -98,7 +99,8 @@ class CuttingProxy:
 
         async def responses() -> None:
             while data := await broker_reader.read(65536):
-                if self.cutting and self._random.random() < self.drop_probability:
+                self._response_chunks += 1
+                if self.cutting and self._response_chunks % self.drop_every == 0:
                     self.dropped_responses += 1
                     reset()
                     return
