@@ -269,3 +269,47 @@ def test_a_replicator_deposed_from_the_metadata_log_steps_down_and_lets_the_leas
                 await n.stop()
             api.stop()
     asyncio.run(scenario())
+
+
+def test_a_single_replicator_deposed_from_the_metadata_log_stops_and_exits_1(tmp_path: Path):
+    """Without a Lease (a local cluster), a second replicator started against the same log
+    nodes takes the metadata log over: the first one's next commit finds itself deposed, so
+    it stops acting and exits 1 instead of failing every commit from then on."""
+    async def scenario() -> None:
+        nodes: list[LogNodeProcess] = []
+        replicas: list[Replica] = []
+
+        async def plain(identity: str) -> Replica:
+            address = f"127.0.0.1:{free_port()}"
+            log = tmp_path / f"replicator-{identity}.log"
+            with log.open("wb") as out:
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "services.replicator", "--grpc-address", address,
+                    "--data-dir", str(tmp_path / f"replicator-{identity}"),
+                    "--log-nodes", ",".join(n.entry for n in nodes),
+                    "--node-check-interval-ms", "100", cwd=ROOT, stdout=out, stderr=out)
+            replica = Replica(identity, address, proc, log, grpc.aio.insecure_channel(address))
+            replicas.append(replica)
+            await wait_for(replica, SERVICE_NAME, SERVING, 30)
+            return replica
+
+        try:
+            nodes = await start_log_nodes(tmp_path, 1)
+            first = await plain("a")
+            second = await plain("b")
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await first.stub.CreateTopics(pb.CreateTopicsRequest(topics=[
+                    pb.NewTopic(name="t", num_partitions=1, replication_factor=1)]), timeout=10)
+            code = await asyncio.wait_for(first.proc.wait(), 15)
+            assert code == 1, tail(first.log)
+            assert "deposed" in first.log.read_text()
+            assert second.proc.returncode is None
+            created = await second.stub.CreateTopics(pb.CreateTopicsRequest(topics=[
+                pb.NewTopic(name="u", num_partitions=1, replication_factor=1)]), timeout=10)
+            assert [t.error_code for t in created.topics] == [0], created
+        finally:
+            for r in replicas:
+                await r.stop()
+            for n in nodes:
+                await n.stop()
+    asyncio.run(scenario())
