@@ -46,11 +46,6 @@ class WaitKind(enum.Enum):
     JOIN = "join"
 
 
-def partition_key(topic: str, partition: int) -> str:
-    """The purgatory key of a partition, as Kafka's ``TopicPartitionOperationKey``."""
-    return f"{topic}-{partition}"
-
-
 # --- log nodes ---------------------------------------------------------------------------------
 
 

@@ -11,12 +11,13 @@ from grpc_health.v1._async import HealthServicer
 
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from services.common.errors import KafkaError
+from services.common.progress_reports import PositionSource, parse_key
 from services.common.server import ServiceBinding, create_server
 
 from . import metrics
 from .config import LogConfig
 from .log_manager import LogManager
-from .purgatory_notifier import PositionSource, PurgatoryNotifier, parse_key
+from .purgatory_notifier import PurgatoryNotifier
 from .replica_state import Role
 from .servicer import LogServicer
 

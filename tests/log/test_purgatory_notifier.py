@@ -1,7 +1,8 @@
-"""A log node reporting high watermarks to a real purgatory: only the keys the purgatory
-watches are sent, and an operation parked on a key the node had stopped reporting still wakes
-at once (the node answers the key's add with its current position). Real LogService and
-purgatory on 127.0.0.1 port 0."""
+"""Progress reports to a real purgatory (services.common.progress_reports): a log node sends
+only the keys the purgatory watches, and an operation parked on a key the node had stopped
+reporting still wakes at once (the node answers the key's add with its current position); the
+replicator's reporter skips unwatched moves but never an error. Real LogService and purgatory
+on 127.0.0.1 port 0."""
 
 from __future__ import annotations
 
@@ -16,13 +17,14 @@ from kbroker.log.v1 import log_pb2_grpc
 from kbroker.purgatory.v1 import purgatory_pb2 as pb
 from kbroker.purgatory.v1 import purgatory_pb2_grpc
 from services.common.channels import insecure_channel
+from services.common.progress_reports import parse_key
 from services.log.config import LogConfig
-from services.log.purgatory_notifier import parse_key
 from services.log.server import LogService
 from services.log.server import start as start_log
 from services.purgatory.config import PurgatoryConfig
 from services.purgatory.server import PurgatoryService
 from services.purgatory.server import start as start_purgatory
+from services.replicator.replication.progress import ProgressReporter
 
 from ..record_batches import build_batch, values
 from .test_replica_service import LEADER, create_with, state
@@ -133,3 +135,38 @@ def test_a_node_reports_every_key_while_the_purgatory_is_away(tmp_path: Path) ->
 ])
 def test_parse_key(key: str, parsed: tuple[str, int, int | None] | None) -> None:
     assert parse_key(key) == parsed
+
+
+def test_a_reporter_without_positions_skips_unwatched_keys_and_reports_watched_ones() -> None:
+    """The replicator's reporter: no position source, so newly watched keys are left to the
+    leader's log node; moves of unwatched keys are skipped, a watched key's moves and its
+    leader change (NOT_LEADER_OR_FOLLOWER) are reported."""
+    async def main() -> None:
+        purgatory = await start_purgatory(PurgatoryConfig(grpc_address="127.0.0.1:0"))
+        reporter = ProgressReporter(f"127.0.0.1:{purgatory.port}")
+        channel = insecure_channel(f"127.0.0.1:{purgatory.port}")
+        stub = purgatory_pb2_grpc.PurgatoryStub(channel)
+        try:
+            states = purgatory.purgatories.states
+            await eventually(lambda: reporter.watched_keys == frozenset())
+            reporter.report_high_watermark("t", 0, 2, 10)
+            reporter.leader_changed("t", 0, 1, 10)
+            await asyncio.sleep(0.2)
+            assert len(states) == 0
+            produce = asyncio.ensure_future(stub.Await(pb.AwaitRequest(
+                kind=pb.OPERATION_KIND_PRODUCE, require_all=True, timeout_ms=10_000,
+                keys=[pb.WatchedKey(key="t-0@1", threshold=11)])))
+            fetch = asyncio.ensure_future(stub.Await(fetch_wait("t-0", 12)))
+            await eventually(lambda: {"t-0", "t-0@1"} <= (reporter.watched_keys or set()))
+            reporter.report_high_watermark("t", 0, 2, 12)
+            reporter.leader_changed("t", 0, 1, 12)
+            answers = await asyncio.wait_for(asyncio.gather(produce, fetch), 5)
+            assert [(k.key, k.error_code) for k in answers[0].keys] == [("t-0@1", 6)]
+            assert answers[1].outcome == pb.OUTCOME_COMPLETED
+            assert states.get("t-0@2") is None
+        finally:
+            await channel.close()
+            await reporter.close()
+            await purgatory.stop(0)
+
+    asyncio.run(asyncio.wait_for(main(), TIMEOUT))

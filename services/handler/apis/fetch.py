@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from services.common.errors import ErrorCode, KafkaError
+from services.common.progress_reports import partition_key
 
 from ..collaborators import (
     CallError,
@@ -51,7 +52,6 @@ from ..collaborators import (
     ReadResult,
     UnreachableError,
     WaitKind,
-    partition_key,
 )
 from ..metadata_cache import (
     ClusterMetadata,

@@ -43,6 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from services.common.errors import ErrorCode, KafkaError
+from services.common.progress_reports import epoch_key, partition_key
 
 from ..collaborators import (
     AppendResult,
@@ -53,7 +54,6 @@ from ..collaborators import (
     Purgatory,
     UnreachableError,
     WaitKind,
-    partition_key,
 )
 from ..metadata_cache import (
     LogNode,
@@ -315,8 +315,9 @@ def _wait_key(topic: str, partition: int, leader_epoch: int) -> str:
     """The purgatory key an acks=all append waits on: the partition's at the leader epoch
     that stored it, so that only that leader's high watermark (never a later leader's, whose
     log may lack the append) completes the wait; a leader change fails it."""
-    key = partition_key(topic, partition)
-    return key if leader_epoch < 0 else f"{key}@{leader_epoch}"
+    if leader_epoch < 0:
+        return partition_key(topic, partition)
+    return epoch_key(topic, partition, leader_epoch)
 
 
 def min_insync_replicas(topic: TopicInfo) -> int:

@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from services.common.errors import ErrorCode
+from services.common.progress_reports import epoch_key, partition_key
 
 from ..collaborators import (
     CallError,
@@ -68,7 +69,6 @@ from ..collaborators import (
     Purgatory,
     SessionTimers,
     WaitKind,
-    partition_key,
 )
 from ..metadata_cache import (
     ClusterMetadata,
@@ -481,9 +481,8 @@ class GroupCoordinator:
         writes with acks=all), on the key of the leader epoch that stored the write, as an
         acks=all produce does: a later leader, whose log may lack the write, never completes
         it. Without a purgatory the write stands as the leader has it."""
-        key = partition_key(OFFSETS_TOPIC, partition)
-        if leader_epoch >= 0:
-            key = f"{key}@{leader_epoch}"
+        key = (epoch_key(OFFSETS_TOPIC, partition, leader_epoch) if leader_epoch >= 0
+               else partition_key(OFFSETS_TOPIC, partition))
         try:
             with parked():
                 outcome = await self._purgatory.wait(WaitKind.PRODUCE, {key: end}, True,

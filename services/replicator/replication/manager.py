@@ -199,8 +199,8 @@ class ReplicationManager:
         self._pusher(state.leader).push(state.topic, state.partition, state.leader_epoch,
                                         state.high_watermark)
         if self._purgatory is not None:
-            self._purgatory.report(state.topic, state.partition, state.leader_epoch,
-                                   state.high_watermark)
+            self._purgatory.report_high_watermark(
+                state.topic, state.partition, state.leader_epoch, state.high_watermark)
         metrics.HIGH_WATERMARK_MOVES.inc()
 
     def _pusher(self, node: NodeId) -> HighWatermarkPusher:

@@ -1,0 +1,206 @@
+"""Progress reports to the purgatory: the purgatory's key names, and :class:`ProgressStream`,
+the one way a service (a log node, the replicator) tells it that keys moved.
+
+Keys (Kafka's ``TopicPartitionOperationKey``): ``<topic>-<partition>``, which long-poll fetches
+wait on, and ``<topic>-<partition>@<leader epoch>``, which acks=all produces wait on (so that a
+later leader's high watermark never completes what an earlier leader appended).
+
+A report never waits: :meth:`ProgressStream.report` records the newest (position, error) per
+key, and one task writes everything recorded as one message on a long-lived ``ReportProgress``
+stream (far cheaper than a call per report); what is recorded while a write is in flight
+coalesces into the next message. When the stream breaks, the reports in hand are dropped - a
+parked operation still completes by timeout - and the next report opens a new stream.
+
+Only keys the purgatory watches are reported (its ``WatchKeys`` stream lists the keys with
+parked fetch or produce operations), so a partition nobody waits on costs no message per move.
+A reporter given a ``position_of`` source answers each newly watched key with its current
+position, which covers what it skipped before (log nodes do: they are the authority on their
+high watermarks); a reporter without one relies on those answers. Errors are filtered alike: the
+purgatory honours an error only for operations parked before it was reported. Without the
+WatchKeys stream (not yet open, broken, or a purgatory that
+does not serve it) every key is reported, so no wake-up is ever missed.
+
+Not thread-safe: create and use inside one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import grpc
+
+from kbroker.purgatory.v1 import purgatory_pb2, purgatory_pb2_grpc
+
+from .channels import insecure_channel
+
+log = logging.getLogger(__name__)
+
+WRITE_TIMEOUT_SECONDS = 5.0
+# Reopening a broken WatchKeys stream: first after this long, then doubling up to the cap.
+_WATCH_RETRY_SECONDS = (0.1, 2.0)
+# A purgatory that does not serve WatchKeys is asked again this rarely.
+_WATCH_UNSUPPORTED_RETRY_SECONDS = 60.0
+# Repeated failures (a purgatory that is down) are logged at most this often.
+_FAILURE_LOG_INTERVAL_SECONDS = 30.0
+
+
+def partition_key(topic: str, partition: int) -> str:
+    """The purgatory key of a partition."""
+    return f"{topic}-{partition}"
+
+
+def epoch_key(topic: str, partition: int, leader_epoch: int) -> str:
+    """The purgatory key of a partition's appends at one leader epoch."""
+    return f"{topic}-{partition}@{leader_epoch}"
+
+
+def parse_key(key: str) -> tuple[str, int, int | None] | None:
+    """(topic, partition, leader epoch or None) of a key made by :func:`partition_key` or
+    :func:`epoch_key`; None for any other key (topic names may hold '-', never '@')."""
+    base, at, epoch = key.partition("@")
+    topic, dash, partition = base.rpartition("-")
+    if not dash or not topic or not partition.isdigit() or (at and not epoch.isdigit()):
+        return None
+    return topic, int(partition), int(epoch) if at else None
+
+
+PositionSource = Callable[[str], "int | None"]
+"""The current position of a key at this reporter, or None if it does not report the key."""
+
+
+class ProgressStream:
+    """Coalescing, fire-and-forget progress reports on one purgatory's ReportProgress stream.
+    ``on_outcome("sent" | "failed")`` is told how each write went (for metrics)."""
+
+    def __init__(self, address: str, position_of: PositionSource | None = None,
+                 on_outcome: Callable[[str], None] | None = None) -> None:
+        self.address = address
+        self._channel = insecure_channel(address)
+        self._stub = purgatory_pb2_grpc.PurgatoryStub(self._channel)
+        # key -> (position, Kafka error code)
+        self._pending: dict[str, tuple[int, int]] = {}
+        self._stream: grpc.aio.StreamUnaryCall | None = None
+        self._wake = asyncio.Event()
+        # Keys the purgatory watches; None while that is not known (then every key is reported).
+        self._watched: set[str] | None = None
+        # May be set later (a log node sets it once its replicas are loaded; until then a newly
+        # watched key waits for its next move).
+        self.position_of = position_of
+        self._on_outcome = on_outcome
+        self._last_failure_log = 0.0
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._run(), name="purgatory-progress")
+        self._watch_task = loop.create_task(self._follow_watched_keys(),
+                                            name="purgatory-watched-keys")
+
+    def report(self, key: str, position: int, error_code: int = 0) -> None:
+        """Report ``key``'s new position (unless nobody watches it); returns at once."""
+        watched = self._watched
+        if watched is not None and key not in watched:
+            return
+        self._pending[key] = (position, error_code)
+        self._wake.set()
+
+    @property
+    def watched_keys(self) -> frozenset[str] | None:
+        """The keys reported now; None means every key."""
+        return None if self._watched is None else frozenset(self._watched)
+
+    def apply_watched_keys(self, reset: bool, added: Sequence[str],
+                           removed: Sequence[str]) -> None:
+        """Take one WatchKeys message: adopt the change, then report the current position of
+        every added key this reporter knows."""
+        if reset or self._watched is None:
+            self._watched = set(added)
+        else:
+            self._watched.difference_update(removed)
+            self._watched.update(added)
+        position_of = self.position_of
+        if position_of is None:
+            return
+        for key in added:
+            position = position_of(key)
+            if position is not None:
+                self._pending[key] = (position, 0)
+                self._wake.set()
+
+    async def _follow_watched_keys(self) -> None:
+        delay = _WATCH_RETRY_SECONDS[0]
+        while True:
+            call = self._stub.WatchKeys(purgatory_pb2.WatchKeysRequest())
+            try:
+                async for message in call:
+                    self.apply_watched_keys(message.reset, message.added, message.removed)
+                    delay = _WATCH_RETRY_SECONDS[0]
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
+                    log.info("purgatory %s does not publish watched keys; reporting every key",
+                             self.address)
+                    delay = _WATCH_UNSUPPORTED_RETRY_SECONDS
+            finally:
+                # Until the next reset nothing is known: report everything.
+                self._watched = None
+                call.cancel()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _WATCH_RETRY_SECONDS[1])
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            pending, self._pending = self._pending, {}
+            if pending:
+                await self._send(pending)
+
+    async def _send(self, positions: dict[str, tuple[int, int]]) -> None:
+        request = purgatory_pb2.CheckAndCompleteRequest(keys=[
+            purgatory_pb2.KeyState(key=key, position=position, error_code=error)
+            for key, (position, error) in positions.items()])
+        try:
+            if self._stream is None or self._stream.done():
+                self._stream = self._stub.ReportProgress()
+            # asyncio.timeout, not wait_for: wait_for can swallow a cancellation (3.11).
+            async with asyncio.timeout(WRITE_TIMEOUT_SECONDS):
+                await self._stream.write(request)
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError,
+                TimeoutError) as exc:
+            self._failed()
+            now = time.monotonic()
+            if now - self._last_failure_log >= _FAILURE_LOG_INTERVAL_SECONDS:
+                self._last_failure_log = now
+                log.warning("purgatory %s: progress report failed (%s); %d key(s) dropped",
+                            self.address, _describe(exc), len(positions))
+        except Exception:
+            self._failed()
+            log.exception("purgatory %s: progress report failed", self.address)
+        else:
+            if self._on_outcome is not None:
+                self._on_outcome("sent")
+
+    def _failed(self) -> None:
+        if self._stream is not None:
+            self._stream.cancel()
+            self._stream = None
+        if self._on_outcome is not None:
+            self._on_outcome("failed")
+
+    async def close(self) -> None:
+        """Stop sending (pending reports are dropped) and close the channel."""
+        for task in (self._task, self._watch_task):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._stream is not None:
+            self._stream.cancel()
+            self._stream = None
+        await self._channel.close()
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return type(exc).__name__
