@@ -65,6 +65,8 @@ class FrameChannel(asyncio.BufferedProtocol):
         self._read_waiter: asyncio.Future[None] | None = None
         self._writing_paused = False
         self._drain_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        # The connection's task (``on_connect``): held here, as the loop keeps only a weak
+        # reference to tasks.
         self.task: asyncio.Task[None] | None = None
 
     # -- asyncio protocol callbacks ---------------------------------------------------------

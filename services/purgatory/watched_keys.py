@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 DEFAULT_LINGER_SECONDS = 60.0
@@ -133,6 +133,3 @@ class WatchedKeys:
 
     def unsubscribe(self, subscription: KeySubscription) -> None:
         self._subscribers.discard(subscription)
-
-    def keys(self) -> Iterable[str]:
-        return self._last_watched.keys()
