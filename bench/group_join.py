@@ -26,19 +26,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from throughput import reference_binary, wait_port  # noqa: E402
-
-from services.cluster import ClusterSpec, LocalCluster, free_port  # noqa: E402
+from throughput import kbroker_cluster, reference_broker  # noqa: E402
 
 WORKLOAD = r'''
 import json, statistics, sys, threading, time, uuid
@@ -171,31 +167,13 @@ def run_workload(bootstrap: str, args: argparse.Namespace) -> dict:
 
 
 def run_reference(args: argparse.Namespace) -> dict:
-    port = free_port()
-    reference = subprocess.Popen(
-        [str(reference_binary()), "broker", "--listener-url", f"tcp://127.0.0.1:{port}",
-         "--advertised-listener-url", f"tcp://127.0.0.1:{port}",
-         "--storage-engine", "memory://tansu/"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_port(port)
-        return run_workload(f"127.0.0.1:{port}", args)
-    finally:
-        reference.terminate()
-        reference.wait(timeout=10)
+    with reference_broker() as bootstrap:
+        return run_workload(bootstrap, args)
 
 
 def run_kbroker(args: argparse.Namespace) -> dict:
-    with tempfile.TemporaryDirectory(prefix="kbroker-bench-") as data:
-        cluster = LocalCluster(ClusterSpec(
-            data_dir=Path(data), kafka_port=0, base_port=0,
-            group_initial_rebalance_delay_ms=args.delay_ms,
-            log_level=os.environ.get("LOG_LEVEL", "WARNING")))
-        cluster.start()
-        try:
-            return run_workload(cluster.bootstrap, args)
-        finally:
-            cluster.stop()
+    with kbroker_cluster(group_initial_rebalance_delay_ms=args.delay_ms) as cluster:
+        return run_workload(cluster.bootstrap, args)
 
 
 def main() -> None:

@@ -43,9 +43,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from throughput import reference_binary, wait_port  # noqa: E402
+from throughput import kbroker_cluster, reference_binary, reference_broker  # noqa: E402
 
-from services.cluster import ClusterSpec, LocalCluster, free_port  # noqa: E402
+from services.cluster import ClusterSpec, LocalCluster  # noqa: E402
 
 FAILOVER = r'''
 import json, sys, time, uuid
@@ -141,30 +141,13 @@ def run_workload(bootstrap: str, args: argparse.Namespace, replication: int,
 
 
 def run_reference(binary: Path, args: argparse.Namespace) -> dict:
-    port = free_port()
-    ref = subprocess.Popen(
-        [str(binary), "broker", "--listener-url", f"tcp://127.0.0.1:{port}",
-         "--advertised-listener-url", f"tcp://127.0.0.1:{port}",
-         "--storage-engine", "memory://tansu/"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_port(port)
-        return run_workload(f"127.0.0.1:{port}", args, 1, 1)
-    finally:
-        ref.terminate()
-        ref.wait(timeout=10)
+    with reference_broker(binary) as bootstrap:
+        return run_workload(bootstrap, args, 1, 1)
 
 
 def run_kbroker(args: argparse.Namespace, replication: int) -> dict:
-    with tempfile.TemporaryDirectory(prefix="kbroker-bench-") as data:
-        cluster = LocalCluster(ClusterSpec(data_dir=Path(data), kafka_port=0, base_port=0,
-                                           log_nodes=3,
-                                           log_level=os.environ.get("LOG_LEVEL", "WARNING")))
-        cluster.start()
-        try:
-            return run_workload(cluster.bootstrap, args, replication, min(2, replication))
-        finally:
-            cluster.stop()
+    with kbroker_cluster(log_nodes=3) as cluster:
+        return run_workload(cluster.bootstrap, args, replication, min(2, replication))
 
 
 def wait_all_alive(replicator: str, timeout: float = 60) -> None:

@@ -21,6 +21,7 @@ exposes both to it alike) and the last line holds every round's ratios and their
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -28,7 +29,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -112,6 +115,39 @@ def wait_port(port: int, timeout: float = 30) -> None:
     raise TimeoutError(f"port {port} not open")
 
 
+@contextlib.contextmanager
+def reference_broker(binary: Path | None = None) -> Iterator[str]:
+    """A reference broker (Tansu, in memory) on a free loopback port: its bootstrap address."""
+    port = free_port()
+    ref = subprocess.Popen(
+        [str(binary or reference_binary()), "broker",
+         "--listener-url", f"tcp://127.0.0.1:{port}",
+         "--advertised-listener-url", f"tcp://127.0.0.1:{port}",
+         "--storage-engine", "memory://tansu/"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(port)
+        yield f"127.0.0.1:{port}"
+    finally:
+        ref.terminate()
+        ref.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def kbroker_cluster(**spec: Any) -> Iterator[LocalCluster]:
+    """A local kbroker cluster (every service a process, free loopback ports, a temporary data
+    folder) built from ClusterSpec fields ``spec``."""
+    with tempfile.TemporaryDirectory(prefix="kbroker-bench-") as data:
+        cluster = LocalCluster(ClusterSpec(
+            data_dir=Path(data), kafka_port=0, base_port=0,
+            log_level=os.environ.get("LOG_LEVEL", "WARNING"), **spec))
+        cluster.start()
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
+
+
 def run_workload(bootstrap: str, args: argparse.Namespace) -> dict:
     done = subprocess.run(
         [sys.executable, "-c", WORKLOAD, bootstrap, str(args.n), str(args.size),
@@ -123,29 +159,13 @@ def run_workload(bootstrap: str, args: argparse.Namespace) -> dict:
 
 
 def run_reference(binary: Path, args: argparse.Namespace) -> dict:
-    port = free_port()
-    ref = subprocess.Popen(
-        [str(binary), "broker", "--listener-url", f"tcp://127.0.0.1:{port}",
-         "--advertised-listener-url", f"tcp://127.0.0.1:{port}",
-         "--storage-engine", "memory://tansu/"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_port(port)
-        return run_workload(f"127.0.0.1:{port}", args)
-    finally:
-        ref.terminate()
-        ref.wait(timeout=10)
+    with reference_broker(binary) as bootstrap:
+        return run_workload(bootstrap, args)
 
 
 def run_kbroker(args: argparse.Namespace) -> dict:
-    with tempfile.TemporaryDirectory(prefix="kbroker-bench-") as data:
-        cluster = LocalCluster(ClusterSpec(data_dir=Path(data), kafka_port=0, base_port=0,
-                                           log_level=os.environ.get("LOG_LEVEL", "WARNING")))
-        cluster.start()
-        try:
-            return run_workload(cluster.bootstrap, args)
-        finally:
-            cluster.stop()
+    with kbroker_cluster() as cluster:
+        return run_workload(cluster.bootstrap, args)
 
 
 def main() -> None:
