@@ -26,7 +26,7 @@ venv: $(STAMP) $(GEN)
 
 # Regenerate the Kafka message contract from kio, then compile every contract to Python.
 proto: $(STAMP)
-	$(PY) tools/gen_kafka_proto.py proto/kbroker/kafka/v1/kafka.proto
+	$(PY) tools/gen_kafka_proto.py proto
 	rm -f $(GEN)
 	$(MAKE) $(GEN)
 

@@ -1,5 +1,6 @@
-"""The gRPC contracts: the Kafka message contract is current with kio, and every contract is
-compiled into the stubs the services import."""
+"""The gRPC contracts: the Kafka message contract and the handler service are current with kio
+and the frontend's API table, and every contract is compiled into the stubs the services
+import."""
 
 from __future__ import annotations
 
@@ -8,42 +9,50 @@ import subprocess
 import sys
 from pathlib import Path
 
+from kbroker.handler.v1 import kafka_handler_pb2
+from kbroker.kafka.v1 import kafka_pb2
+from services.frontend.api_versions import SUPPORTED_APIS
+
 ROOT = Path(__file__).resolve().parent.parent
+GENERATED = ("kbroker/kafka/v1/kafka.proto", "kbroker/handler/v1/kafka_handler.proto")
 
 
-def test_kafka_messages_are_generated_from_the_pinned_kio(tmp_path):
-    out = tmp_path / "kafka.proto"
-    subprocess.run([sys.executable, str(ROOT / "tools" / "gen_kafka_proto.py"), str(out)],
+def test_generated_contracts_are_current(tmp_path):
+    subprocess.run([sys.executable, str(ROOT / "tools" / "gen_kafka_proto.py"), str(tmp_path)],
                    check=True, cwd=ROOT)
-    committed = (ROOT / "proto" / "kbroker" / "kafka" / "v1" / "kafka.proto").read_text()
-    assert out.read_text() == committed, "run `make proto` and commit the result"
+    for name in GENERATED:
+        committed = (ROOT / "proto" / name).read_text()
+        assert (tmp_path / name).read_text() == committed, "run `make proto` and commit it"
 
 
 def test_every_contract_compiles_to_importable_stubs():
     protos = sorted((ROOT / "proto" / "kbroker").rglob("*.proto"))
-    assert len(protos) == 6
+    assert len(protos) == 7
     for proto in protos:
         rel = proto.relative_to(ROOT / "proto").with_suffix("")
         module = importlib.import_module(".".join(rel.parts) + "_pb2")
         assert module.DESCRIPTOR.name == str(rel) + ".proto"
 
 
-def test_handler_serves_one_rpc_per_kafka_api():
-    from kbroker.handler.v1 import handler_pb2
-
-    service = handler_pb2.DESCRIPTOR.services_by_name["KafkaHandler"]
+def test_the_handler_serves_one_rpc_per_forwarded_api():
+    service = kafka_handler_pb2.DESCRIPTOR.services_by_name["KafkaHandler"]
+    rpcs = {m.name for m in service.methods}
+    assert rpcs == {api.name for api in SUPPORTED_APIS.values() if api.forwarded}
     for method in service.methods:
         assert method.input_type.name == method.name + "Request"
         assert method.output_type.name == method.name + "Response"
 
 
-def test_the_frontend_routes_every_supported_api_to_a_handler_rpc_and_back():
-    from kbroker.handler.v1 import handler_pb2
-    from services.frontend.api_versions import SUPPORTED_APIS
-
-    rpcs = {m.name for m in handler_pb2.DESCRIPTOR.services_by_name["KafkaHandler"].methods}
-    routed = {api.rpc for api in SUPPORTED_APIS.values() if api.rpc is not None}
-    assert routed == rpcs
+def test_every_supported_api_has_its_messages():
     for api in SUPPORTED_APIS.values():
-        if api.rpc is not None:
-            assert api.rpc == api.name
+        assert hasattr(kafka_pb2, api.name + "Request")
+        assert hasattr(kafka_pb2, api.name + "Response")
+
+
+def test_unset_fields_read_as_kafkas_defaults():
+    request = kafka_pb2.FetchRequest(topics=[{"partitions": [{"partition": 0}]}])
+    assert (request.replica_id, request.max_bytes, request.session_epoch) == (-1, 2**31 - 1, -1)
+    assert request.topics[0].partitions[0].current_leader_epoch == -1
+    assert not request.HasField("replica_id")
+    metadata = kafka_pb2.MetadataRequest()
+    assert metadata.allow_auto_topic_creation is True

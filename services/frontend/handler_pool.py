@@ -27,7 +27,7 @@ from google.protobuf import message_factory
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kbroker.handler.v1 import handler_pb2, handler_pb2_grpc
+from kbroker.handler.v1 import handler_pb2, kafka_handler_pb2, kafka_handler_pb2_grpc
 from services.common.call_streams import CallStream
 from services.common.channels import insecure_channel
 from services.common.discovery import Resolver, StaticResolver, changes, resolver_for
@@ -95,7 +95,7 @@ class StreamCallError(Exception):
 
 
 _STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
-_KAFKA_METHODS = handler_pb2.DESCRIPTOR.services_by_name["KafkaHandler"].methods_by_name
+_KAFKA_METHODS = kafka_handler_pb2.DESCRIPTOR.services_by_name["KafkaHandler"].methods_by_name
 _STREAM_SERVICE = handler_pb2.DESCRIPTOR.services_by_name["KafkaHandlerStream"].full_name
 _RESPONSE_TYPES: dict[str, Any] = {}
 
@@ -126,7 +126,7 @@ def _decode_reply(data: bytes) -> tuple[int, tuple[handler_pb2.HandlerReply, mem
 class _Handler:
     address: str
     channel: grpc.aio.Channel
-    stub: handler_pb2_grpc.KafkaHandlerStub
+    stub: kafka_handler_pb2_grpc.KafkaHandlerStub
     # Calls go over one long-lived KafkaHandlerStream/Exchange stream (cheaper than a unary
     # call each); a handler without that service gets unary calls.
     stream: CallStream | None = None
@@ -246,7 +246,8 @@ class HandlerPool:
             handler = known.get(address)
             if handler is None:
                 channel = insecure_channel(address)
-                handler = _Handler(address, channel, handler_pb2_grpc.KafkaHandlerStub(channel))
+                stub = kafka_handler_pb2_grpc.KafkaHandlerStub(channel)
+                handler = _Handler(address, channel, stub)
             handlers.append(handler)
         if [h.address for h in handlers] != [h.address for h in self._handlers]:
             log.info("handlers: %s", ", ".join(wanted) or "none")

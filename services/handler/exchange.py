@@ -23,7 +23,7 @@ import grpc
 from google.protobuf import message_factory
 from google.protobuf.message import DecodeError
 
-from kbroker.handler.v1 import handler_pb2, handler_pb2_grpc
+from kbroker.handler.v1 import handler_pb2, handler_pb2_grpc, kafka_handler_pb2
 from services.common.call_streams import serve_calls
 from services.common.envelopes import decode_handler_call, encode_handler_reply
 
@@ -52,7 +52,7 @@ class CallContext:
 
 def kafka_methods(servicer: object) -> dict[str, tuple[Method, Any]]:
     """Every KafkaHandler method of ``servicer`` with its request message class."""
-    service = handler_pb2.DESCRIPTOR.services_by_name["KafkaHandler"]
+    service = kafka_handler_pb2.DESCRIPTOR.services_by_name["KafkaHandler"]
     return {
         method.name: (getattr(servicer, method.name),
                       message_factory.GetMessageClass(method.input_type))

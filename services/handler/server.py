@@ -10,7 +10,7 @@ import logging
 
 import grpc
 
-from kbroker.handler.v1 import handler_pb2, handler_pb2_grpc
+from kbroker.handler.v1 import kafka_handler_pb2, kafka_handler_pb2_grpc
 from services.common.server import ServiceBinding, create_server
 
 from .apis.cluster import DescribeClusterApi
@@ -35,7 +35,7 @@ from .servicer import KafkaHandlerServicer
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAME = handler_pb2.DESCRIPTOR.services_by_name["KafkaHandler"].full_name
+SERVICE_NAME = kafka_handler_pb2.DESCRIPTOR.services_by_name["KafkaHandler"].full_name
 
 
 class HandlerService:
@@ -117,7 +117,7 @@ async def start(config: HandlerConfig) -> HandlerService:
     try:
         server, port, _health = await create_server(
             "handler",
-            [ServiceBinding(SERVICE_NAME, handler_pb2_grpc.add_KafkaHandlerServicer_to_server,
+            [ServiceBinding(SERVICE_NAME, kafka_handler_pb2_grpc.add_KafkaHandlerServicer_to_server,
                             servicer),
              ServiceBinding(STREAM_SERVICE_NAME, add_exchange_to_server,
                             ExchangeServicer(servicer))],

@@ -23,7 +23,7 @@ from urllib.parse import unquote
 
 import grpc
 
-from kbroker.handler.v1 import handler_pb2_grpc
+from kbroker.handler.v1 import kafka_handler_pb2_grpc
 from kbroker.kafka.v1 import kafka_pb2 as k
 from services.common.errors import ErrorCode
 
@@ -858,7 +858,7 @@ def offset_delete_response(r: group_offsets.OffsetDeleteResponse) -> k.OffsetDel
 # --- the service -------------------------------------------------------------------------------
 
 
-class KafkaHandlerServicer(handler_pb2_grpc.KafkaHandlerServicer):
+class KafkaHandlerServicer(kafka_handler_pb2_grpc.KafkaHandlerServicer):
     """One RPC per Kafka API; each converts, delegates to its API module and records metrics."""
 
     def __init__(

@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from kbroker.handler.v1 import handler_pb2_grpc
+from kbroker.handler.v1 import kafka_handler_pb2_grpc
 from kbroker.kafka.v1 import kafka_pb2 as k
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from kbroker.replicator.v1 import replicator_pb2, replicator_pb2_grpc
@@ -85,7 +85,7 @@ def end_offset(cluster: LocalCluster, topic: str, current_epoch: int, epoch: int
                ) -> k.OffsetForLeaderEpochResponse.EpochEndOffset:
     """OffsetForLeaderEpoch for partition 0, asked of a handler directly."""
     with grpc.insecure_channel(cluster.services["handler-0"].grpc_address) as channel:
-        stub = handler_pb2_grpc.KafkaHandlerStub(channel)
+        stub = kafka_handler_pb2_grpc.KafkaHandlerStub(channel)
         response = stub.OffsetForLeaderEpoch(k.OffsetForLeaderEpochRequest(topics=[
             k.OffsetForLeaderEpochRequest.OffsetForLeaderTopic(topic=topic, partitions=[
                 k.OffsetForLeaderEpochRequest.OffsetForLeaderPartition(

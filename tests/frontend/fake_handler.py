@@ -9,13 +9,13 @@ from typing import Any
 
 import grpc
 
-from kbroker.handler.v1 import handler_pb2_grpc
+from kbroker.handler.v1 import kafka_handler_pb2_grpc
 from kbroker.kafka.v1 import kafka_pb2 as k
 
 TOPIC_ID = "6b1c6ad4-62a2-4c3c-9a64-3e1ea9a0b9f1"
 
 
-class FakeHandler(handler_pb2_grpc.KafkaHandlerServicer):
+class FakeHandler(kafka_handler_pb2_grpc.KafkaHandlerServicer):
     """Answers every API; ``block`` names RPCs that never answer (until the server stops)."""
 
     def __init__(self, name: str = "handler", node_id: int = 1,
@@ -37,7 +37,7 @@ class FakeHandler(handler_pb2_grpc.KafkaHandlerServicer):
 
     async def start(self) -> FakeHandler:
         self.server = grpc.aio.server()
-        handler_pb2_grpc.add_KafkaHandlerServicer_to_server(self, self.server)
+        kafka_handler_pb2_grpc.add_KafkaHandlerServicer_to_server(self, self.server)
         self.port = self.server.add_insecure_port("127.0.0.1:0")
         await self.server.start()
         return self

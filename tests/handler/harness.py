@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kbroker.handler.v1 import handler_pb2_grpc
+from kbroker.handler.v1 import kafka_handler_pb2_grpc
 from kbroker.kafka.v1 import kafka_pb2 as k
 from services.common.channels import insecure_channel
 from services.handler import server as handler_server
@@ -38,7 +38,7 @@ CALL_TIMEOUT = 15.0
 @dataclass
 class Cluster:
     handler: Any
-    stub: handler_pb2_grpc.KafkaHandlerStub
+    stub: kafka_handler_pb2_grpc.KafkaHandlerStub
     log_nodes: list[Any]
     purgatory: Any
     replicator: Any
@@ -159,7 +159,7 @@ async def running_cluster(
         stack.push_async_callback(handler.stop, 0)
         channel = insecure_channel(f"127.0.0.1:{handler.port}")
         stack.push_async_callback(channel.close)
-        cluster = Cluster(handler=handler, stub=handler_pb2_grpc.KafkaHandlerStub(channel),
+        cluster = Cluster(handler=handler, stub=kafka_handler_pb2_grpc.KafkaHandlerStub(channel),
                           log_nodes=log_nodes, purgatory=purgatory_service,
                           replicator=replicator, tmp_path=tmp_path, stopped=stopped)
         await cluster.wait_for_brokers(nodes)

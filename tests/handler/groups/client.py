@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kbroker.handler.v1 import handler_pb2_grpc
+from kbroker.handler.v1 import kafka_handler_pb2_grpc
 from kbroker.kafka.v1 import kafka_pb2 as k
 
 from ..harness import CALL_TIMEOUT, FRONTEND_METADATA
@@ -22,7 +22,7 @@ def context(version: int, client_id: str = "handler-tests") -> tuple[tuple[str, 
 class GroupClient:
     """One consumer's view of a group: its member id and generation, kept between calls."""
 
-    def __init__(self, stub: handler_pb2_grpc.KafkaHandlerStub, group_id: str,
+    def __init__(self, stub: kafka_handler_pb2_grpc.KafkaHandlerStub, group_id: str,
                  client_id: str = "client", *, session_timeout_ms: int = 10_000,
                  rebalance_timeout_ms: int = 10_000, instance_id: str | None = None,
                  protocols: Sequence[tuple[str, bytes]] = (("range", b"meta"),)) -> None:
@@ -109,7 +109,7 @@ class GroupClient:
                 for t in response.topics for p in t.partitions}
 
 
-async def committed(stub: handler_pb2_grpc.KafkaHandlerStub, group_id: str,
+async def committed(stub: kafka_handler_pb2_grpc.KafkaHandlerStub, group_id: str,
                     partitions: Sequence[tuple[str, int]] | None = None,
                     version: int = 7) -> dict[tuple[str, int], int]:
     request = k.OffsetFetchRequest(group_id=group_id, topics_is_null=partitions is None)

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from kbroker.handler.v1 import handler_pb2_grpc
+from kbroker.handler.v1 import kafka_handler_pb2_grpc
 from kbroker.kafka.v1 import kafka_pb2 as k
 from services.common.channels import insecure_channel
 from services.common.errors import ErrorCode
@@ -40,7 +40,7 @@ def run(coroutine: Any) -> None:
 
 @contextlib.asynccontextmanager
 async def second_handler(cluster: Cluster, **options: Any
-                         ) -> AsyncIterator[handler_pb2_grpc.KafkaHandlerStub]:
+                         ) -> AsyncIterator[kafka_handler_pb2_grpc.KafkaHandlerStub]:
     """Another handler of the same cluster (its own caches, nothing shared but the services),
     with the group options ``options`` (GROUP_OPTIONS when none)."""
     purgatory = f"127.0.0.1:{cluster.purgatory.port}" if cluster.purgatory else "127.0.0.1:1"
@@ -50,13 +50,13 @@ async def second_handler(cluster: Cluster, **options: Any
         **(options or GROUP_OPTIONS)))
     channel = insecure_channel(f"127.0.0.1:{handler.port}")
     try:
-        yield handler_pb2_grpc.KafkaHandlerStub(channel)
+        yield kafka_handler_pb2_grpc.KafkaHandlerStub(channel)
     finally:
         await channel.close()
         await handler.stop(0)
 
 
-async def find(stub: handler_pb2_grpc.KafkaHandlerStub, *keys: str, version: int = 4,
+async def find(stub: kafka_handler_pb2_grpc.KafkaHandlerStub, *keys: str, version: int = 4,
                key_type: int = 0) -> k.FindCoordinatorResponse:
     request = k.FindCoordinatorRequest(key_type=key_type)
     if version >= 4:
@@ -462,7 +462,7 @@ def test_sessions_still_expire_after_the_purgatory_restarts(tmp_path: Path):
     run(main())
 
 
-async def describe(stub: handler_pb2_grpc.KafkaHandlerStub,
+async def describe(stub: kafka_handler_pb2_grpc.KafkaHandlerStub,
                    group_id: str) -> k.DescribeGroupsResponse.DescribedGroup:
     answer = await stub.DescribeGroups(k.DescribeGroupsRequest(groups=[group_id]),
                                        metadata=context(5), timeout=CALL_TIMEOUT)
