@@ -491,7 +491,17 @@ def _metadata(version: int, request: Message) -> None:
         request.topics_is_null = True  # type: ignore[attr-defined]
 
 
-_QUIRKS: dict[int, Callable[[int, Message], None]] = {3: _metadata}
+def _delete_topics(version: int, request: Message) -> None:
+    # Before v6 topics are named in topic_names; from v6 in topics (by name or id).
+    names = request.topic_names  # type: ignore[attr-defined]
+    if names:
+        topics = request.topics  # type: ignore[attr-defined]
+        for name in names:
+            topics.add(name=name)
+        del names[:]
+
+
+_QUIRKS: dict[int, Callable[[int, Message], None]] = {3: _metadata, 20: _delete_topics}
 
 
 def normalise_request(api_key: int, version: int, request: Message) -> None:

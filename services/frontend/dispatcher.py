@@ -25,6 +25,7 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 
 from kbroker.kafka.v1 import kafka_pb2
+from services.common.error_answers import error_codes
 
 from . import converter, headers
 from .api_versions import API_VERSIONS_KEY, SUPPORTED_APIS, SupportedApi, supported_versions
@@ -35,7 +36,6 @@ from .metrics import (
     HANDLER_FAILURES,
     METRICS_ENABLED,
     ApiMetrics,
-    ErrorCodes,
     count_fetched_bytes,
     produce_outcome,
 )
@@ -203,7 +203,6 @@ class Dispatcher:
         self._schemas = _compile_schemas()
         self._api_versions = _ApiVersionsAnswers()
         self._metrics = {key: ApiMetrics(api.name) for key, api in SUPPORTED_APIS.items()}
-        self._error_codes = ErrorCodes()
         self._grpc_metadata: dict[tuple[str | None, str, int, int], Metadata] = {}
 
     def decode(self, frame: bytes) -> Request:
@@ -262,7 +261,7 @@ class Dispatcher:
         if api.key == PRODUCE_KEY:
             codes = produce_outcome(request.body, response)  # acks=0 needs them too
         elif METRICS_ENABLED:
-            codes = self._error_codes.of(response)
+            codes = set(error_codes(response))
         else:
             codes = set()
         if not request.expects_response:

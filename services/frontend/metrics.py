@@ -56,7 +56,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import Message
 
 from services.common.metrics import (
@@ -219,54 +218,3 @@ def count_fetched_bytes(response: Message, entity: Any) -> None:
                 size += len(p.records)
         if size and proto_topic.topic:
             BYTES_OUT.add(proto_topic.topic, size)
-
-
-# --- error codes in responses ------------------------------------------------------------------
-
-# A way down a message to an error code: (field name, repeated) per step, the last the code.
-Path = tuple[tuple[str, bool], ...]
-
-
-def error_code_paths(descriptor: Descriptor, prefix: Path = (), depth: int = 0) -> list[Path]:
-    """Every path of message fields from ``descriptor`` to an ``error_code`` field."""
-    paths: list[Path] = []
-    for field in descriptor.fields:
-        step = ((field.name, field.is_repeated),)
-        if field.name == "error_code" and field.message_type is None:
-            paths.append(prefix + step)
-        elif field.message_type is not None and depth < 6:
-            paths.extend(error_code_paths(field.message_type, prefix + step, depth + 1))
-    return paths
-
-
-def _codes_at(message: Any, path: Path, out: set[int]) -> None:
-    name, repeated = path[0]
-    if len(path) == 1:
-        code = getattr(message, name)
-        if code:
-            out.add(code)
-        return
-    rest = path[1:]
-    if repeated:
-        for item in getattr(message, name):
-            _codes_at(item, rest, out)
-    elif message.HasField(name):
-        _codes_at(getattr(message, name), rest, out)
-
-
-class ErrorCodes:
-    """The distinct non-zero error codes of a response, walking only the fields that lead to
-    an ``error_code`` (paths found once per message type)."""
-
-    def __init__(self) -> None:
-        self._paths: dict[Descriptor, list[Path]] = {}
-
-    def of(self, response: Message) -> set[int]:
-        descriptor = response.DESCRIPTOR
-        paths = self._paths.get(descriptor)
-        if paths is None:
-            paths = self._paths[descriptor] = error_code_paths(descriptor)
-        out: set[int] = set()
-        for path in paths:
-            _codes_at(response, path, out)
-        return out
