@@ -10,7 +10,7 @@ import logging
 
 import grpc
 
-from kbroker.handler.v1 import kafka_handler_pb2, kafka_handler_pb2_grpc
+from kbroker.handler.v1 import kafka_handler_pb2
 from services.common.server import ServiceBinding, create_server
 
 from .apis.cluster import DescribeClusterApi
@@ -31,7 +31,7 @@ from .exchange import STREAM_SERVICE_NAME, ExchangeServicer, add_exchange_to_ser
 from .groups.coordinator import CoordinatorConfig, GroupCoordinator
 from .groups.group import GroupConfig
 from .metadata_cache import MetadataCache
-from .servicer import KafkaHandlerServicer
+from .servicer import KafkaHandlerServicer, add_to_server, converted_apis
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +93,8 @@ async def start(config: HandlerConfig) -> HandlerService:
     producer_id_blocks = ProducerIdBlocks(replicator, requester=config.instance)
     coordinator = GroupCoordinator(cache, log_nodes, replicator, purgatory, purgatory,
                                    coordinator_config(config))
-    servicer = KafkaHandlerServicer(
-        config,
+    apis = converted_apis(
         metadata_api=MetadataApi(cache, replicator, config.auto_create_topics_enable),
-        produce_api=ProduceApi(cache, log_nodes, purgatory),
         fetch_api=FetchApi(cache, log_nodes, purgatory),
         list_offsets_api=ListOffsetsApi(cache, log_nodes),
         create_topics_api=CreateTopicsApi(cache, replicator),
@@ -111,14 +109,15 @@ async def start(config: HandlerConfig) -> HandlerService:
         group_apis=GroupApis.over(cache, coordinator),
         offset_for_leader_epoch_api=OffsetForLeaderEpochApi(cache, log_nodes),
     )
+    apis["Produce"] = ProduceApi(cache, log_nodes, purgatory)
+    servicer = KafkaHandlerServicer(config, apis)
     follower = asyncio.create_task(cache.follow(replicator.watch), name="metadata-follower")
     expirations = asyncio.create_task(coordinator.follow_expirations(),
                                       name="session-expirations")
     try:
         server, port, _health = await create_server(
             "handler",
-            [ServiceBinding(SERVICE_NAME, kafka_handler_pb2_grpc.add_KafkaHandlerServicer_to_server,
-                            servicer),
+            [ServiceBinding(SERVICE_NAME, add_to_server, servicer),
              ServiceBinding(STREAM_SERVICE_NAME, add_exchange_to_server,
                             ExchangeServicer(servicer))],
             config.grpc_address,

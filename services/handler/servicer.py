@@ -1,9 +1,9 @@
-"""gRPC glue for kbroker.handler.v1.KafkaHandler: Kafka protobuf messages to and from the API
-modules' domain objects, request context from gRPC metadata, per-request metrics (the time a
-Produce or Fetch parked in the purgatory goes back to the frontend as the trailing metadata
-``kbroker-remote-ms``, see :mod:`.metrics`), and the guarantee that no request kills the
+"""gRPC glue for kbroker.handler.v1.KafkaHandler: every RPC goes to the API module registered
+under its name, with the request context from gRPC metadata; per-request metrics (the time a
+request parked in the purgatory goes back to the frontend as the trailing metadata
+``kbroker-remote-ms``, see :mod:`.metrics`); and the guarantee that no request kills the
 handler (an unexpected failure is logged and answered with UNKNOWN_SERVER_ERROR for every item
-of the request).
+of the request, an API this handler does not serve with UNSUPPORTED_VERSION).
 
 Unset optional request fields take Kafka's defaults (callers such as grpcurl may leave them
 out), except where a hand-made request means something else: an unset replica id is a
@@ -15,16 +15,18 @@ client version's defaults.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
 from urllib.parse import unquote
 
 import grpc
 
-from kbroker.handler.v1 import kafka_handler_pb2_grpc
+from kbroker.handler.v1 import kafka_handler_pb2, kafka_handler_pb2_grpc
 from kbroker.kafka.v1 import kafka_pb2 as k
+from services.common.error_answers import error_codes, error_response
 from services.common.errors import ErrorCode
 
 from .apis import (
@@ -37,7 +39,6 @@ from .apis import (
     metadata,
     offsets,
     partitions,
-    produce,
     producer_ids,
     records,
     topics,
@@ -49,10 +50,8 @@ from .request_context import RequestContext, split_host_port
 
 log = logging.getLogger(__name__)
 
-Req = TypeVar("Req")
-Resp = TypeVar("Resp")
-
 UNKNOWN_SERVER_ERROR = ErrorCode.unknown_server_error.value
+UNSUPPORTED_VERSION = ErrorCode.unsupported_version.value
 
 
 def _opt(message: Any, name: str, default: Any) -> Any:
@@ -64,24 +63,6 @@ def _set_opt(message: Any, name: str, value: Any) -> None:
     """Set an optional field unless ``value`` is None (null: left to the frontend)."""
     if value is not None:
         setattr(message, name, value)
-
-
-def _or_unsupported(
-    api: Any, error_response: Callable[[Req, int], Resp]
-) -> Callable[[Req], Awaitable[Resp]]:
-    """``api.handle``, or UNSUPPORTED_VERSION for every item when this handler was built
-    without the API."""
-
-    async def handle(request: Req) -> Resp:
-        if api is None:
-            return error_response(request, ErrorCode.unsupported_version.value)
-        return await api.handle(request)
-
-    return handle
-
-
-def _first_error(codes: Iterable[int]) -> int:
-    return next((c for c in codes if c), 0)
 
 
 def _int_or_none(value: object) -> int | None:
@@ -139,60 +120,6 @@ def metadata_response(r: metadata.MetadataResponse) -> k.MetadataResponse:
                 offline_replicas=p.offline_replicas,
             )
     return out
-
-
-def metadata_failed(request: metadata.MetadataRequest, code: int) -> metadata.MetadataResponse:
-    return metadata.MetadataResponse(topics=[
-        metadata.TopicMetadata(error_code=code, name=t.name, topic_id=t.topic_id)
-        for t in request.topics or ()
-    ])
-
-
-def metadata_error(r: metadata.MetadataResponse) -> int:
-    return _first_error(t.error_code for t in r.topics)
-
-
-# --- Produce -----------------------------------------------------------------------------------
-
-
-def produce_request(m: k.ProduceRequest) -> produce.ProduceRequest:
-    return produce.ProduceRequest(
-        acks=_opt(m, "acks", 0),
-        timeout_ms=_opt(m, "timeout_ms", 0),
-        # A null transactional id may arrive as an empty string; neither names a transaction.
-        transactional_id=_opt(m, "transactional_id", None) or None,
-        topics=[
-            produce.TopicData(
-                name=_opt(t, "name", None),
-                topic_id=_opt(t, "topic_id", None),
-                partitions=[produce.PartitionData(index=p.index, records=p.records)
-                            for p in t.partition_data],
-            )
-            for t in m.topic_data
-        ],
-    )
-
-
-def produce_response(r: produce.ProduceResponse) -> k.ProduceResponse:
-    out = k.ProduceResponse(throttle_time_ms=0)
-    for t in r.topics:
-        topic = out.responses.add()
-        _set_opt(topic, "name", t.name)
-        _set_opt(topic, "topic_id", t.topic_id)
-        for p in t.partitions:
-            partition = topic.partition_responses.add(
-                index=p.index,
-                error_code=p.error_code,
-                base_offset=p.base_offset,
-                log_append_time_ms=p.log_append_time_ms,
-                log_start_offset=p.log_start_offset,
-            )
-            _set_opt(partition, "error_message", p.error_message)
-    return out
-
-
-def produce_error(r: produce.ProduceResponse) -> int:
-    return _first_error(p.error_code for t in r.topics for p in t.partitions)
 
 
 # --- Fetch -------------------------------------------------------------------------------------
@@ -256,10 +183,6 @@ def fetch_response(r: fetch.FetchResponse) -> k.FetchResponse:
     return out
 
 
-def fetch_error(r: fetch.FetchResponse) -> int:
-    return r.error_code or _first_error(p.error_code for t in r.topics for p in t.partitions)
-
-
 # --- ListOffsets -------------------------------------------------------------------------------
 
 
@@ -299,10 +222,6 @@ def list_offsets_response(r: offsets.ListOffsetsResponse) -> k.ListOffsetsRespon
     return out
 
 
-def list_offsets_error(r: offsets.ListOffsetsResponse) -> int:
-    return _first_error(p.error_code for t in r.topics for p in t.partitions)
-
-
 # --- OffsetForLeaderEpoch ----------------------------------------------------------------------
 
 
@@ -338,10 +257,6 @@ def offset_for_leader_epoch_response(
             topic.partitions.add(error_code=p.error_code, partition=p.partition,
                                  leader_epoch=p.leader_epoch, end_offset=p.end_offset)
     return out
-
-
-def offset_for_leader_epoch_error(r: leader_epochs.OffsetForLeaderEpochResponse) -> int:
-    return _first_error(p.error_code for t in r.topics for p in t.partitions)
 
 
 # --- CreateTopics / DeleteTopics ---------------------------------------------------------------
@@ -388,10 +303,6 @@ def create_topics_response(r: topics.CreateTopicsResponse) -> k.CreateTopicsResp
     return out
 
 
-def create_topics_error(r: topics.CreateTopicsResponse) -> int:
-    return _first_error(t.error_code for t in r.topics)
-
-
 def delete_topics_request(m: k.DeleteTopicsRequest) -> topics.DeleteTopicsRequest:
     refs = [topics.TopicToDelete(name=name) for name in m.topic_names]
     refs += [
@@ -409,10 +320,6 @@ def delete_topics_response(r: topics.DeleteTopicsResponse) -> k.DeleteTopicsResp
         _set_opt(topic, "topic_id", t.topic_id)
         _set_opt(topic, "error_message", t.error_message)
     return out
-
-
-def delete_topics_error(r: topics.DeleteTopicsResponse) -> int:
-    return _first_error(t.error_code for t in r.topics)
 
 
 # --- DescribeCluster ---------------------------------------------------------------------------
@@ -470,10 +377,6 @@ def delete_records_response(r: records.DeleteRecordsResponse) -> k.DeleteRecords
     return out
 
 
-def delete_records_error(r: records.DeleteRecordsResponse) -> int:
-    return _first_error(p.error_code for t in r.topics for p in t.partitions)
-
-
 # --- DescribeConfigs / AlterConfigs / IncrementalAlterConfigs ---------------------------------
 
 
@@ -508,10 +411,6 @@ def describe_configs_response(r: configs.DescribeConfigsResponse) -> k.DescribeC
                 added = entry.synonyms.add(name=synonym.name, source=synonym.source)
                 _set_opt(added, "value", synonym.value)
     return out
-
-
-def describe_configs_error(r: configs.DescribeConfigsResponse) -> int:
-    return _first_error(result.error_code for result in r.results)
 
 
 def alter_configs_request(m: k.AlterConfigsRequest) -> configs.AlterConfigsRequest:
@@ -563,10 +462,6 @@ def incremental_alter_configs_response(
     return _alter_results(r, k.IncrementalAlterConfigsResponse(throttle_time_ms=0))
 
 
-def alter_configs_error(r: configs.AlterConfigsResponse) -> int:
-    return _first_error(result.error_code for result in r.results)
-
-
 # --- CreatePartitions --------------------------------------------------------------------------
 
 
@@ -593,10 +488,6 @@ def create_partitions_response(
         item = out.results.add(name=result.name, error_code=result.error_code)
         _set_opt(item, "error_message", result.error_message)
     return out
-
-
-def create_partitions_error(r: partitions.CreatePartitionsResponse) -> int:
-    return _first_error(result.error_code for result in r.results)
 
 
 # --- InitProducerId ----------------------------------------------------------------------------
@@ -840,10 +731,6 @@ def offset_fetch_response(r: group_offsets.OffsetFetchResponse) -> k.OffsetFetch
     return out
 
 
-def offset_fetch_error(r: group_offsets.OffsetFetchResponse) -> int:
-    return _first_error(g.error_code for g in r.groups)
-
-
 def offset_delete_request(m: k.OffsetDeleteRequest) -> group_offsets.OffsetDeleteRequest:
     return group_offsets.OffsetDeleteRequest(
         group_id=_opt(m, "group_id", ""),
@@ -858,44 +745,125 @@ def offset_delete_response(r: group_offsets.OffsetDeleteResponse) -> k.OffsetDel
 # --- the service -------------------------------------------------------------------------------
 
 
-class KafkaHandlerServicer(kafka_handler_pb2_grpc.KafkaHandlerServicer):
-    """One RPC per Kafka API; each converts, delegates to its API module and records metrics."""
+class KafkaApi(Protocol):
+    """One Kafka API: a request of ``kbroker.kafka.v1`` in, its response out."""
 
-    def __init__(
-        self,
-        config: HandlerConfig,
-        *,
-        metadata_api: metadata.MetadataApi,
-        produce_api: produce.ProduceApi,
-        fetch_api: fetch.FetchApi,
-        list_offsets_api: offsets.ListOffsetsApi,
-        create_topics_api: topics.CreateTopicsApi,
-        delete_topics_api: topics.DeleteTopicsApi,
-        describe_cluster_api: cluster.DescribeClusterApi,
-        delete_records_api: records.DeleteRecordsApi | None = None,
-        describe_configs_api: configs.DescribeConfigsApi | None = None,
-        alter_configs_api: configs.AlterConfigsApi | None = None,
-        create_partitions_api: partitions.CreatePartitionsApi | None = None,
-        init_producer_id_api: producer_ids.InitProducerIdApi | None = None,
-        group_apis: groups.GroupApis | None = None,
-        offset_for_leader_epoch_api: leader_epochs.OffsetForLeaderEpochApi | None = None,
-    ) -> None:
+    async def handle(self, request: Any, context: RequestContext) -> Any: ...
+
+
+class Converted:
+    """An API module still on its own request and response objects, behind converters."""
+
+    def __init__(self, to_domain: Callable[[Any, RequestContext], Any],
+                 handle: Callable[[Any, RequestContext], Awaitable[Any]],
+                 to_proto: Callable[[Any], Any]) -> None:
+        self._to_domain, self._handle, self._to_proto = to_domain, handle, to_proto
+
+    async def handle(self, request: Any, context: RequestContext) -> Any:
+        return self._to_proto(await self._handle(self._to_domain(request, context), context))
+
+
+def converted_apis(
+    *,
+    metadata_api: metadata.MetadataApi | None = None,
+    fetch_api: fetch.FetchApi | None = None,
+    list_offsets_api: offsets.ListOffsetsApi | None = None,
+    create_topics_api: topics.CreateTopicsApi | None = None,
+    delete_topics_api: topics.DeleteTopicsApi | None = None,
+    describe_cluster_api: cluster.DescribeClusterApi | None = None,
+    delete_records_api: records.DeleteRecordsApi | None = None,
+    describe_configs_api: configs.DescribeConfigsApi | None = None,
+    alter_configs_api: configs.AlterConfigsApi | None = None,
+    create_partitions_api: partitions.CreatePartitionsApi | None = None,
+    init_producer_id_api: producer_ids.InitProducerIdApi | None = None,
+    group_apis: groups.GroupApis | None = None,
+    offset_for_leader_epoch_api: leader_epochs.OffsetForLeaderEpochApi | None = None,
+) -> dict[str, KafkaApi]:
+    """The API modules not yet on the generated messages, by RPC name."""
+
+    def plain(convert: Callable[[Any], Any]) -> Callable[[Any, RequestContext], Any]:
+        return lambda m, _ctx: convert(m)
+
+    def versioned(convert: Callable[[Any, int | None], Any]
+                  ) -> Callable[[Any, RequestContext], Any]:
+        return lambda m, ctx: convert(m, ctx.api_version)
+
+    def without_context(api: Any) -> Callable[[Any, RequestContext], Awaitable[Any]]:
+        return lambda r, _ctx: api.handle(r)
+
+    apis: dict[str, KafkaApi] = {}
+
+    def add(name: str, api: Any, to_domain: Callable[[Any, RequestContext], Any],
+            handle: Callable[[Any, RequestContext], Awaitable[Any]] | None,
+            to_proto: Callable[[Any], Any]) -> None:
+        if api is not None:
+            apis[name] = Converted(to_domain, handle or without_context(api), to_proto)
+
+    add("Metadata", metadata_api, plain(metadata_request),
+        metadata_api.handle if metadata_api else None, metadata_response)
+    add("Fetch", fetch_api, plain(fetch_request), None, fetch_response)
+    add("ListOffsets", list_offsets_api, plain(list_offsets_request), None,
+        list_offsets_response)
+    add("DeleteRecords", delete_records_api, plain(delete_records_request), None,
+        delete_records_response)
+    add("CreateTopics", create_topics_api, plain(create_topics_request), None,
+        create_topics_response)
+    add("DeleteTopics", delete_topics_api, plain(delete_topics_request), None,
+        delete_topics_response)
+    add("DescribeCluster", describe_cluster_api, plain(describe_cluster_request),
+        describe_cluster_api.handle if describe_cluster_api else None,
+        describe_cluster_response)
+    add("DescribeConfigs", describe_configs_api, plain(describe_configs_request), None,
+        describe_configs_response)
+    add("AlterConfigs", alter_configs_api, plain(alter_configs_request), None,
+        alter_configs_response)
+    add("IncrementalAlterConfigs", alter_configs_api,
+        plain(incremental_alter_configs_request), None, incremental_alter_configs_response)
+    add("CreatePartitions", create_partitions_api, plain(create_partitions_request), None,
+        create_partitions_response)
+    add("OffsetForLeaderEpoch", offset_for_leader_epoch_api,
+        plain(offset_for_leader_epoch_request), None, offset_for_leader_epoch_response)
+    add("InitProducerId", init_producer_id_api, plain(init_producer_id_request), None,
+        init_producer_id_response)
+    g = group_apis
+    if g is not None:
+        add("FindCoordinator", g, versioned(find_coordinator_request),
+            g.find_coordinator.handle, find_coordinator_response)
+        add("JoinGroup", g, plain(join_group_request), g.join_group.handle,
+            join_group_response)
+        add("SyncGroup", g, plain(sync_group_request), g.sync_group.handle,
+            sync_group_response)
+        add("Heartbeat", g, plain(heartbeat_request), g.heartbeat.handle,
+            lambda r: k.HeartbeatResponse(throttle_time_ms=0, error_code=r.error_code))
+        add("LeaveGroup", g, versioned(leave_group_request), g.leave_group.handle,
+            leave_group_response)
+        add("ListGroups", g, plain(list_groups_request), g.list_groups.handle,
+            list_groups_response)
+        add("DescribeGroups", g, plain(describe_groups_request), g.describe_groups.handle,
+            describe_groups_response)
+        add("DeleteGroups", g, plain(delete_groups_request), g.delete_groups.handle,
+            delete_groups_response)
+        add("OffsetCommit", g, plain(offset_commit_request), g.offset_commit.handle,
+            offset_commit_response)
+        add("OffsetFetch", g, versioned(offset_fetch_request), g.offset_fetch.handle,
+            offset_fetch_response)
+        add("OffsetDelete", g, plain(offset_delete_request), g.offset_delete.handle,
+            offset_delete_response)
+    return apis
+
+
+SERVICE = kafka_handler_pb2.DESCRIPTOR.services_by_name["KafkaHandler"]
+
+
+class KafkaHandlerServicer:
+    """Every KafkaHandler RPC, as an attribute named after it, served by :meth:`serve`."""
+
+    def __init__(self, config: HandlerConfig, apis: Mapping[str, KafkaApi]) -> None:
         self._default_advertised = split_host_port(config.advertised)
         self._default_broker_ports = config.broker_ports
-        self._metadata = metadata_api
-        self._produce = produce_api
-        self._fetch = fetch_api
-        self._list_offsets = list_offsets_api
-        self._create_topics = create_topics_api
-        self._delete_topics = delete_topics_api
-        self._describe_cluster = describe_cluster_api
-        self._delete_records = delete_records_api
-        self._describe_configs = describe_configs_api
-        self._alter_configs = alter_configs_api
-        self._create_partitions = create_partitions_api
-        self._init_producer_id = init_producer_id_api
-        self._group_apis = group_apis
-        self._offset_for_leader_epoch = offset_for_leader_epoch_api
+        self._apis = dict(apis)
+        for method in SERVICE.methods:
+            setattr(self, method.name, functools.partial(self.serve, method.name))
 
     def request_context(self, context: grpc.aio.ServicerContext) -> RequestContext:
         values = {key: value for key, value in (context.invocation_metadata() or ())}
@@ -922,259 +890,23 @@ class KafkaHandlerServicer(kafka_handler_pb2_grpc.KafkaHandlerServicer):
             broker_id=_int_or_none(values.get("kafka-broker-id")),
         )
 
-    async def _serve(
-        self,
-        api: str,
-        message: Any,
-        to_domain: Callable[[Any], Req],
-        handle: Callable[[Req], Awaitable[Resp]],
-        failed: Callable[[Req, int], Resp],
-        error_of: Callable[[Resp], int],
-        to_proto: Callable[[Resp], Any],
-    ) -> Any:
+    async def serve(self, name: str, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """Answer one Kafka request with the API registered as ``name``."""
         started = time.perf_counter()
-        request = to_domain(message)
-        try:
-            response = await handle(request)
-            answer = to_proto(response)
-        except Exception:
-            log.exception("%s failed", api)
-            response = failed(request, UNKNOWN_SERVER_ERROR)
-            answer = to_proto(response)
-        record_request(api, error_of(response), time.perf_counter() - started)
-        return answer
-
-    async def Metadata(
-        self, request: k.MetadataRequest, context: grpc.aio.ServicerContext
-    ) -> k.MetadataResponse:
-        ctx = self.request_context(context)
-        return await self._serve(
-            "Metadata", request, metadata_request, lambda r: self._metadata.handle(r, ctx),
-            metadata_failed, metadata_error, metadata_response)
-
-    async def Produce(
-        self, request: k.ProduceRequest, context: grpc.aio.ServicerContext
-    ) -> k.ProduceResponse:
+        api = self._apis.get(name)
         with remote_time(context):
-            return await self._serve(
-                "Produce", request, produce_request, self._produce.handle,
-                produce.error_response, produce_error, produce_response)
+            if api is None:
+                response = error_response(request, UNSUPPORTED_VERSION)
+            else:
+                try:
+                    response = await api.handle(request, self.request_context(context))
+                except Exception:
+                    log.exception("%s failed", name)
+                    response = error_response(request, UNKNOWN_SERVER_ERROR)
+        codes = error_codes(response)
+        record_request(name, codes[0] if codes else 0, time.perf_counter() - started)
+        return response
 
-    async def Fetch(
-        self, request: k.FetchRequest, context: grpc.aio.ServicerContext
-    ) -> k.FetchResponse:
-        with remote_time(context):
-            return await self._serve(
-                "Fetch", request, fetch_request, self._fetch.handle,
-                fetch.error_response, fetch_error, fetch_response)
 
-    async def ListOffsets(
-        self, request: k.ListOffsetsRequest, context: grpc.aio.ServicerContext
-    ) -> k.ListOffsetsResponse:
-        return await self._serve(
-            "ListOffsets", request, list_offsets_request, self._list_offsets.handle,
-            offsets.error_response, list_offsets_error, list_offsets_response)
-
-    async def DeleteRecords(
-        self, request: k.DeleteRecordsRequest, context: grpc.aio.ServicerContext
-    ) -> k.DeleteRecordsResponse:
-        handle = _or_unsupported(self._delete_records, records.error_response)
-        return await self._serve(
-            "DeleteRecords", request, delete_records_request, handle,
-            records.error_response, delete_records_error, delete_records_response)
-
-    async def CreateTopics(
-        self, request: k.CreateTopicsRequest, context: grpc.aio.ServicerContext
-    ) -> k.CreateTopicsResponse:
-        return await self._serve(
-            "CreateTopics", request, create_topics_request, self._create_topics.handle,
-            topics.create_error_response, create_topics_error, create_topics_response)
-
-    async def DeleteTopics(
-        self, request: k.DeleteTopicsRequest, context: grpc.aio.ServicerContext
-    ) -> k.DeleteTopicsResponse:
-        return await self._serve(
-            "DeleteTopics", request, delete_topics_request, self._delete_topics.handle,
-            topics.delete_error_response, delete_topics_error, delete_topics_response)
-
-    async def DescribeCluster(
-        self, request: k.DescribeClusterRequest, context: grpc.aio.ServicerContext
-    ) -> k.DescribeClusterResponse:
-        ctx = self.request_context(context)
-        return await self._serve(
-            "DescribeCluster", request, describe_cluster_request,
-            lambda r: self._describe_cluster.handle(r, ctx),
-            lambda _r, code: cluster.DescribeClusterResponse(error_code=code),
-            lambda r: r.error_code, describe_cluster_response)
-
-    async def DescribeConfigs(
-        self, request: k.DescribeConfigsRequest, context: grpc.aio.ServicerContext
-    ) -> k.DescribeConfigsResponse:
-        handle = _or_unsupported(self._describe_configs, configs.describe_error_response)
-        return await self._serve(
-            "DescribeConfigs", request, describe_configs_request, handle,
-            configs.describe_error_response, describe_configs_error, describe_configs_response)
-
-    async def _alter(self, r: configs.AlterConfigsRequest) -> configs.AlterConfigsResponse:
-        return await _or_unsupported(self._alter_configs, configs.alter_error_response)(r)
-
-    async def AlterConfigs(
-        self, request: k.AlterConfigsRequest, context: grpc.aio.ServicerContext
-    ) -> k.AlterConfigsResponse:
-        return await self._serve(
-            "AlterConfigs", request, alter_configs_request, self._alter,
-            configs.alter_error_response, alter_configs_error, alter_configs_response)
-
-    async def IncrementalAlterConfigs(
-        self, request: k.IncrementalAlterConfigsRequest, context: grpc.aio.ServicerContext
-    ) -> k.IncrementalAlterConfigsResponse:
-        return await self._serve(
-            "IncrementalAlterConfigs", request, incremental_alter_configs_request, self._alter,
-            configs.alter_error_response, alter_configs_error,
-            incremental_alter_configs_response)
-
-    async def CreatePartitions(
-        self, request: k.CreatePartitionsRequest, context: grpc.aio.ServicerContext
-    ) -> k.CreatePartitionsResponse:
-        handle = _or_unsupported(self._create_partitions, partitions.error_response)
-        return await self._serve(
-            "CreatePartitions", request, create_partitions_request, handle,
-            partitions.error_response, create_partitions_error, create_partitions_response)
-
-    async def OffsetForLeaderEpoch(
-        self, request: k.OffsetForLeaderEpochRequest, context: grpc.aio.ServicerContext
-    ) -> k.OffsetForLeaderEpochResponse:
-        handle = _or_unsupported(self._offset_for_leader_epoch, leader_epochs.error_response)
-        return await self._serve(
-            "OffsetForLeaderEpoch", request, offset_for_leader_epoch_request, handle,
-            leader_epochs.error_response, offset_for_leader_epoch_error,
-            offset_for_leader_epoch_response)
-
-    async def InitProducerId(
-        self, request: k.InitProducerIdRequest, context: grpc.aio.ServicerContext
-    ) -> k.InitProducerIdResponse:
-        handle = _or_unsupported(self._init_producer_id, producer_ids.error_response)
-        return await self._serve(
-            "InitProducerId", request, init_producer_id_request, handle,
-            producer_ids.error_response, lambda r: r.error_code, init_producer_id_response)
-
-    # -- groups ---------------------------------------------------------------------------
-
-    def _groups(self) -> groups.GroupApis:
-        if self._group_apis is None:
-            raise RuntimeError("this handler serves no group APIs")
-        return self._group_apis
-
-    async def FindCoordinator(
-        self, request: k.FindCoordinatorRequest, context: grpc.aio.ServicerContext
-    ) -> k.FindCoordinatorResponse:
-        ctx = self.request_context(context)
-        return await self._serve(
-            "FindCoordinator", request, lambda m: find_coordinator_request(m, ctx.api_version),
-            lambda r: self._groups().find_coordinator.handle(r, ctx),
-            groups.find_coordinator_error,
-            lambda r: _first_error(c.error_code for c in r.coordinators),
-            find_coordinator_response)
-
-    async def JoinGroup(
-        self, request: k.JoinGroupRequest, context: grpc.aio.ServicerContext
-    ) -> k.JoinGroupResponse:
-        ctx = self.request_context(context)
-        with remote_time(context):
-            return await self._serve(
-                "JoinGroup", request, join_group_request,
-                lambda r: self._groups().join_group.handle(r, ctx),
-                groups.join_group_error, lambda r: r.error, join_group_response)
-
-    async def SyncGroup(
-        self, request: k.SyncGroupRequest, context: grpc.aio.ServicerContext
-    ) -> k.SyncGroupResponse:
-        ctx = self.request_context(context)
-        with remote_time(context):
-            return await self._serve(
-                "SyncGroup", request, sync_group_request,
-                lambda r: self._groups().sync_group.handle(r, ctx),
-                groups.sync_group_error, lambda r: r.error_code, sync_group_response)
-
-    async def Heartbeat(
-        self, request: k.HeartbeatRequest, context: grpc.aio.ServicerContext
-    ) -> k.HeartbeatResponse:
-        ctx = self.request_context(context)
-        return await self._serve(
-            "Heartbeat", request, heartbeat_request,
-            lambda r: self._groups().heartbeat.handle(r, ctx),
-            lambda _r, code: groups.HeartbeatResponse(error_code=code),
-            lambda r: r.error_code,
-            lambda r: k.HeartbeatResponse(throttle_time_ms=0, error_code=r.error_code))
-
-    async def LeaveGroup(
-        self, request: k.LeaveGroupRequest, context: grpc.aio.ServicerContext
-    ) -> k.LeaveGroupResponse:
-        ctx = self.request_context(context)
-        return await self._serve(
-            "LeaveGroup", request, lambda m: leave_group_request(m, ctx.api_version),
-            lambda r: self._groups().leave_group.handle(r, ctx),
-            groups.leave_group_error,
-            lambda r: r.error_code or _first_error(m.error_code for m in r.members),
-            leave_group_response)
-
-    async def ListGroups(
-        self, request: k.ListGroupsRequest, context: grpc.aio.ServicerContext
-    ) -> k.ListGroupsResponse:
-        ctx = self.request_context(context)
-        return await self._serve(
-            "ListGroups", request, list_groups_request,
-            lambda r: self._groups().list_groups.handle(r, ctx),
-            groups.list_groups_error, lambda r: r.error_code, list_groups_response)
-
-    async def DescribeGroups(
-        self, request: k.DescribeGroupsRequest, context: grpc.aio.ServicerContext
-    ) -> k.DescribeGroupsResponse:
-        ctx = self.request_context(context)
-        return await self._serve(
-            "DescribeGroups", request, describe_groups_request,
-            lambda r: self._groups().describe_groups.handle(r, ctx),
-            groups.describe_groups_error,
-            lambda r: _first_error(g.error_code for g in r.groups), describe_groups_response)
-
-    async def DeleteGroups(
-        self, request: k.DeleteGroupsRequest, context: grpc.aio.ServicerContext
-    ) -> k.DeleteGroupsResponse:
-        ctx = self.request_context(context)
-        return await self._serve(
-            "DeleteGroups", request, delete_groups_request,
-            lambda r: self._groups().delete_groups.handle(r, ctx),
-            groups.delete_groups_error,
-            lambda r: _first_error(code for _, code in r.results), delete_groups_response)
-
-    async def OffsetCommit(
-        self, request: k.OffsetCommitRequest, context: grpc.aio.ServicerContext
-    ) -> k.OffsetCommitResponse:
-        ctx = self.request_context(context)
-        return await self._serve(
-            "OffsetCommit", request, offset_commit_request,
-            lambda r: self._groups().offset_commit.handle(r, ctx),
-            group_offsets.offset_commit_error,
-            lambda r: _first_error(code for _, ps in r.topics for _, code in ps),
-            offset_commit_response)
-
-    async def OffsetFetch(
-        self, request: k.OffsetFetchRequest, context: grpc.aio.ServicerContext
-    ) -> k.OffsetFetchResponse:
-        ctx = self.request_context(context)
-        return await self._serve(
-            "OffsetFetch", request, lambda m: offset_fetch_request(m, ctx.api_version),
-            lambda r: self._groups().offset_fetch.handle(r, ctx),
-            group_offsets.offset_fetch_error, offset_fetch_error, offset_fetch_response)
-
-    async def OffsetDelete(
-        self, request: k.OffsetDeleteRequest, context: grpc.aio.ServicerContext
-    ) -> k.OffsetDeleteResponse:
-        ctx = self.request_context(context)
-        return await self._serve(
-            "OffsetDelete", request, offset_delete_request,
-            lambda r: self._groups().offset_delete.handle(r, ctx),
-            group_offsets.offset_delete_error,
-            lambda r: r.error_code or _first_error(
-                code for _, ps in r.topics for _, code in ps),
-            offset_delete_response)
+def add_to_server(servicer: KafkaHandlerServicer, server: grpc.aio.Server) -> None:
+    kafka_handler_pb2_grpc.add_KafkaHandlerServicer_to_server(servicer, server)  # type: ignore[arg-type]

@@ -2,26 +2,29 @@ import asyncio
 
 import pytest
 
-from services.handler.apis.produce import PartitionData, ProduceApi, ProduceRequest, TopicData
+from kbroker.kafka.v1 import kafka_pb2 as k
+from services.handler.apis.produce import ProduceApi
 from services.handler.collaborators import (
     KeyState,
     OutcomeUnknownError,
     UnreachableError,
     WaitResult,
 )
+from services.handler.request_context import RequestContext
 
 from .batches import record_batch
 from .fakes import FakeLogNodes, FakePurgatory, cache_of, cluster, topic
 
 BATCH = record_batch([b"a", b"b", b"c"])
+CONTEXT = RequestContext(advertised_host="localhost", advertised_port=9092)
 
 
 def request(*topics, acks=1, transactional_id=None, timeout_ms=1000):
-    return ProduceRequest(
+    return k.ProduceRequest(
         acks=acks, timeout_ms=timeout_ms, transactional_id=transactional_id,
-        topics=[TopicData(name=name, partitions=[PartitionData(index=p, records=BATCH)
-                                                 for p in parts])
-                for name, parts in topics],
+        topic_data=[{"name": name, "partition_data": [{"index": p, "records": BATCH}
+                                                      for p in parts]}
+                    for name, parts in topics],
     )
 
 
@@ -29,12 +32,12 @@ def serve(req, snapshot, log_nodes=None, purgatory=None, **options):
     log_nodes = log_nodes or FakeLogNodes()
     purgatory = purgatory or FakePurgatory()
     api = ProduceApi(cache_of(snapshot), log_nodes, purgatory, **options)
-    return asyncio.run(api.handle(req)), log_nodes, purgatory
+    return asyncio.run(api.handle(req, CONTEXT)), log_nodes, purgatory
 
 
 def outcome(response):
     return [(t.name, p.index, p.error_code, p.base_offset)
-            for t in response.topics for p in t.partitions]
+            for t in response.responses for p in t.partition_responses]
 
 
 def test_appends_go_to_each_leader_once_and_offsets_come_back():
@@ -47,14 +50,14 @@ def test_appends_go_to_each_leader_once_and_offsets_come_back():
     calls = sorted((node, sorted((a.topic, a.partition) for a in appends))
                    for kind, node, appends in log_nodes.calls if kind == "append")
     assert calls == [(0, [("t", 0), ("t", 2)]), (1, [("t", 1), ("u", 0)])]
-    assert all(p.log_start_offset == 0 for p in response.topics[0].partitions)
+    assert all(p.log_start_offset == 0 for p in response.responses[0].partition_responses)
 
 
 @pytest.mark.parametrize("acks", [2, -2, 3])
 def test_invalid_acks_fail_every_partition_and_append_nothing(acks):
     response, log_nodes, _ = serve(request(("t", [0]), ("u", [0, 1]), acks=acks),
                                    cluster(topic("t")))
-    assert [p.error_code for t in response.topics for p in t.partitions] == [21, 21, 21]
+    assert [p.error_code for t in response.responses for p in t.partition_responses] == [21, 21, 21]
     assert log_nodes.calls == []
 
 
@@ -77,7 +80,7 @@ def test_unreachable_leader_versus_unknown_outcome():
     log_nodes = FakeLogNodes()
     log_nodes.failures = {0: UnreachableError("refused"), 1: OutcomeUnknownError("deadline")}
     response, _, _ = serve(request(("t", [0, 1])), snapshot, log_nodes)
-    assert [p.error_code for p in response.topics[0].partitions] == [6, 7]
+    assert [p.error_code for p in response.responses[0].partition_responses] == [6, 7]
 
 
 def test_log_node_errors_pass_through_and_unknown_partitions_mean_not_leader():
@@ -90,7 +93,7 @@ def test_log_node_errors_pass_through_and_unknown_partitions_mean_not_leader():
                     for a in appends]
 
     response, _, _ = serve(request(("t", [0, 1])), cluster(topic("t", 2)), Rejecting())
-    first, second = response.topics[0].partitions
+    first, second = response.responses[0].partition_responses
     assert (first.error_code, first.error_message, first.base_offset) == (2, "bad crc", -1)
     # The leader does not host a partition the metadata gives it: not (yet) its leader.
     assert second.error_code == 6
@@ -112,7 +115,7 @@ def test_acks_all_awaits_the_high_watermark_in_the_purgatory():
         "t-2": KeyState(position=0, error_code=6)}))
     response, _, purgatory = serve(request(("t", [0, 1, 2]), acks=-1, timeout_ms=1234),
                                    snapshot, log_nodes, purgatory, await_replication=True)
-    assert [p.error_code for p in response.topics[0].partitions] == [0, 7, 6]
+    assert [p.error_code for p in response.responses[0].partition_responses] == [0, 7, 6]
     ((kind, thresholds, require_all, timeout_ms),) = purgatory.waits
     assert kind.value == "produce"
     assert thresholds == {"t-0": 3, "t-1": 3, "t-2": 3}

@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+from kbroker.kafka.v1 import kafka_pb2 as k
 from services.common.errors import ErrorCode
-from services.handler.apis.produce import PartitionData, ProduceApi, ProduceRequest, TopicData
+from services.handler.apis.produce import ProduceApi
 from services.handler.collaborators import KeyState, WaitResult
 from services.handler.metadata_cache import PartitionInfo, TopicInfo
+from services.handler.request_context import RequestContext
 
 from .batches import record_batch
 from .fakes import FakeLogNodes, FakePurgatory, cache_of, cluster
@@ -24,13 +26,16 @@ def replicated(name: str, isr: tuple[int, ...], min_insync: int | None = None) -
         0: PartitionInfo(partition=0, leader=0, leader_epoch=2, replicas=(0, 1, 2), isr=isr)})
 
 
-def produce(acks: int = -1) -> ProduceRequest:
-    return ProduceRequest(acks=acks, timeout_ms=500, topics=[
-        TopicData(name="t", partitions=[PartitionData(index=0, records=BATCH)])])
+CONTEXT = RequestContext(advertised_host="localhost", advertised_port=9092)
+
+
+def produce(acks: int = -1) -> k.ProduceRequest:
+    return k.ProduceRequest(acks=acks, timeout_ms=500, topic_data=[
+        {"name": "t", "partition_data": [{"index": 0, "records": BATCH}]}])
 
 
 def errors(response) -> list[int]:
-    return [p.error_code for t in response.topics for p in t.partitions]
+    return [p.error_code for t in response.responses for p in t.partition_responses]
 
 
 def test_a_replicated_acks_all_write_waits_for_the_high_watermark():
@@ -39,7 +44,7 @@ def test_a_replicated_acks_all_write_waits_for_the_high_watermark():
     purgatory = FakePurgatory(WaitResult(completed=True, keys={"t-0": KeyState(position=2)}))
     api = ProduceApi(cache_of(cluster(replicated("t", (0, 1, 2), 2), nodes=(0, 1, 2))),
                      log_nodes, purgatory)
-    response = asyncio.run(api.handle(produce()))
+    response = asyncio.run(api.handle(produce(), CONTEXT))
     assert errors(response) == [0]
     assert [(kind.value, thresholds) for kind, thresholds, _, _ in purgatory.waits] == [
         ("produce", {"t-0": 2})]
@@ -49,19 +54,19 @@ def test_too_small_an_isr_refuses_acks_all_before_appending():
     log_nodes = FakeLogNodes()
     api = ProduceApi(cache_of(cluster(replicated("t", (0,), 2), nodes=(0, 1, 2))),
                      log_nodes, FakePurgatory())
-    response = asyncio.run(api.handle(produce()))
+    response = asyncio.run(api.handle(produce(), CONTEXT))
     assert errors(response) == [ErrorCode.not_enough_replicas.value]
-    assert "min.isr requirement of 2" in (response.topics[0].partitions[0].error_message or "")
+    assert "min.isr requirement of 2" in (response.responses[0].partition_responses[0].error_message or "")
     assert log_nodes.calls == []
     # acks=1 does not care about the ISR size.
-    response = asyncio.run(api.handle(produce(acks=1)))
+    response = asyncio.run(api.handle(produce(acks=1), CONTEXT))
     assert errors(response) == [0]
 
 
 def test_the_default_min_insync_is_one():
     api = ProduceApi(cache_of(cluster(replicated("t", (0,)), nodes=(0, 1, 2))),
                      FakeLogNodes(), FakePurgatory())
-    assert errors(asyncio.run(api.handle(produce()))) == [0]
+    assert errors(asyncio.run(api.handle(produce(), CONTEXT))) == [0]
 
 
 def test_an_isr_that_shrank_during_the_wait_is_not_enough_after_append():
@@ -77,7 +82,7 @@ def test_an_isr_that_shrank_during_the_wait_is_not_enough_after_append():
                                                     for k, t in thresholds.items()})
 
     api = ProduceApi(cache, log_nodes, ShrinkingPurgatory())
-    response = asyncio.run(api.handle(produce()))
+    response = asyncio.run(api.handle(produce(), CONTEXT))
     assert errors(response) == [ErrorCode.not_enough_replicas_after_append.value]
 
 
@@ -93,5 +98,5 @@ def test_an_acks_all_wait_is_keyed_by_the_leader_epoch_of_the_append():
     purgatory = FakePurgatory(WaitResult(completed=True, keys={"t-0@4": KeyState(position=2)}))
     api = ProduceApi(cache_of(cluster(replicated("t", (0, 1, 2)), nodes=(0, 1, 2))),
                      log_nodes, purgatory)
-    assert errors(asyncio.run(api.handle(produce()))) == [0]
+    assert errors(asyncio.run(api.handle(produce(), CONTEXT))) == [0]
     assert [thresholds for _, thresholds, _, _ in purgatory.waits] == [{"t-0@4": 2}]

@@ -25,16 +25,17 @@ def make_servicer(metadata_snapshot, log_nodes=None, controller=None, broker_por
     log_nodes = log_nodes or FakeLogNodes()
     purgatory = FakePurgatory()
     controller = controller or FakeController(metadata_snapshot)
-    return glue.KafkaHandlerServicer(
-        HandlerConfig(advertised="default.host:9000", broker_ports=broker_ports),
+    apis = glue.converted_apis(
         metadata_api=metadata.MetadataApi(cache, controller, True),
-        produce_api=produce.ProduceApi(cache, log_nodes, purgatory),
         fetch_api=fetch.FetchApi(cache, log_nodes, purgatory),
         list_offsets_api=offsets.ListOffsetsApi(cache, log_nodes),
         create_topics_api=topics.CreateTopicsApi(cache, controller),
         delete_topics_api=topics.DeleteTopicsApi(cache, controller),
         describe_cluster_api=cluster.DescribeClusterApi(cache),
     )
+    apis["Produce"] = produce.ProduceApi(cache, log_nodes, purgatory)
+    return glue.KafkaHandlerServicer(
+        HandlerConfig(advertised="default.host:9000", broker_ports=broker_ports), apis)
 
 
 def test_unset_fields_take_kafka_defaults():
@@ -44,8 +45,6 @@ def test_unset_fields_take_kafka_defaults():
         -1, 0, -1, 2**31 - 1)
     assert req.topics[0].partitions[0].current_leader_epoch == -1
     assert req.topics[0].topic_id is None
-    req = glue.produce_request(k.ProduceRequest(acks=-1, transactional_id=""))
-    assert (req.acks, req.transactional_id) == (-1, None)
     req = glue.metadata_request(k.MetadataRequest())
     assert req.topics is None and req.allow_auto_topic_creation
     req = glue.metadata_request(k.MetadataRequest(topics_is_null=False))

@@ -39,9 +39,10 @@ grouped per leader node, one Append per node, the nodes concurrently.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from kbroker.kafka.v1 import kafka_pb2 as k
+from services.common.error_answers import error_response
 from services.common.errors import ErrorCode, KafkaError
 from services.common.progress_reports import epoch_key, partition_key
 
@@ -63,6 +64,7 @@ from ..metadata_cache import (
     TopicInfo,
 )
 from ..metrics import parked
+from ..request_context import RequestContext
 from ..routing import Route, by_partition, call_per_node, group_by_leader, leader_error, locate
 
 log = logging.getLogger(__name__)
@@ -74,66 +76,15 @@ DEFAULT_MIN_INSYNC_REPLICAS = 1
 APPEND_TIMEOUT_S = 30.0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PartitionData:
-    index: int
-    records: bytes
+ProduceRequest = k.ProduceRequest
+ProduceResponse = k.ProduceResponse
+PartitionResponse = k.ProduceResponse.PartitionProduceResponse
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TopicData:
-    name: str | None = None
-    topic_id: str | None = None
-    partitions: Sequence[PartitionData] = ()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ProduceRequest:
-    acks: int = 0
-    timeout_ms: int = 0
-    transactional_id: str | None = None
-    topics: Sequence[TopicData] = ()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PartitionResponse:
-    index: int
-    error_code: int = 0
-    error_message: str | None = None
-    base_offset: int = -1
-    log_append_time_ms: int = -1
-    log_start_offset: int = -1
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TopicResponse:
-    name: str | None
-    topic_id: str | None
-    partitions: list[PartitionResponse] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ProduceResponse:
-    topics: list[TopicResponse] = field(default_factory=list)
-
-
-def error_response(
-    request: ProduceRequest, code: int, message: str | None = None
-) -> ProduceResponse:
-    """Every partition of ``request`` failed with ``code``."""
-    return ProduceResponse(
-        topics=[
-            TopicResponse(
-                name=t.name,
-                topic_id=t.topic_id,
-                partitions=[
-                    PartitionResponse(index=p.index, error_code=code, error_message=message)
-                    for p in t.partitions
-                ],
-            )
-            for t in request.topics
-        ]
-    )
+def _failed(index: int, error_code: int, error_message: str | None = None) -> PartitionResponse:
+    """A partition's answer when its records were not appended."""
+    return PartitionResponse(index=index, error_code=error_code, error_message=error_message,
+                             base_offset=-1, log_append_time_ms=-1, log_start_offset=-1)
 
 
 def _failure(exc: Exception) -> tuple[int, str]:
@@ -174,10 +125,11 @@ class ProduceApi:
         self._await_replication = await_replication
         self._append_timeout = append_timeout
 
-    async def handle(self, request: ProduceRequest) -> ProduceResponse:
+    async def handle(self, request: ProduceRequest, context: RequestContext) -> ProduceResponse:
         if request.acks not in VALID_ACKS:
             return error_response(request, ErrorCode.invalid_required_acks.value)
-        if request.transactional_id is not None:
+        # A null transactional id may arrive as an empty string; neither names a transaction.
+        if request.transactional_id:
             return error_response(
                 request,
                 ErrorCode.transactional_id_authorization_failed.value,
@@ -190,11 +142,11 @@ class ProduceApi:
 
         slots: list[list[_Slot]] = []
         routed: list[tuple[Route, tuple[_Slot, PartitionAppend]]] = []
-        for topic in request.topics:
+        for topic in request.topic_data:
             info = metadata.topic(topic.name) if topic.name else metadata.topic_by_id(
                 topic.topic_id)
             row = []
-            for p in topic.partitions:
+            for p in topic.partition_data:
                 slot = _Slot(p.index, info.name if info else (topic.name or ""))
                 row.append(slot)
                 try:
@@ -203,15 +155,13 @@ class ProduceApi:
                     code = exc.errno
                     if info is None and not topic.name and topic.topic_id:
                         code = ErrorCode.unknown_topic_id.value
-                    slot.response = PartitionResponse(index=p.index, error_code=code,
-                                                      error_message=exc.message)
+                    slot.response = _failed(p.index, code, exc.message)
                     continue
                 if request.acks == ACKS_ALL:
                     shortfall = _insync_shortfall(route.topic, route.partition)
                     if shortfall is not None:
-                        slot.response = PartitionResponse(
-                            index=p.index, error_code=ErrorCode.not_enough_replicas.value,
-                            error_message=shortfall)
+                        slot.response = _failed(
+                            p.index, ErrorCode.not_enough_replicas.value, shortfall)
                         continue
                 append = PartitionAppend(topic=route.topic.name, partition=p.index,
                                          records=p.records)
@@ -232,20 +182,18 @@ class ProduceApi:
             if isinstance(outcome, Exception):
                 code, message = _failure(outcome)
                 for slot, _ in items:
-                    slot.response = PartitionResponse(index=slot.index, error_code=code,
-                                                      error_message=message)
+                    slot.response = _failed(slot.index, code, message)
                 continue
             results = by_partition(outcome, lambda r: (r.topic, r.partition))
             for slot, append in items:
                 result = results.get((append.topic, append.partition))
                 if result is None:
-                    slot.response = PartitionResponse(
-                        index=slot.index, error_code=ErrorCode.unknown_server_error.value,
-                        error_message="the log node returned no result for this partition")
+                    slot.response = _failed(
+                        slot.index, ErrorCode.unknown_server_error.value,
+                        "the log node returned no result for this partition")
                 elif result.error_code:
-                    slot.response = PartitionResponse(
-                        index=slot.index, error_code=leader_error(result.error_code),
-                        error_message=result.error_message)
+                    slot.response = _failed(
+                        slot.index, leader_error(result.error_code), result.error_message)
                 else:
                     slot.appended = result
 
@@ -254,12 +202,15 @@ class ProduceApi:
             await self._await_high_watermarks(appended, request.timeout_ms)
             self._check_insync_after_append(appended)
 
-        topics = []
-        for topic, row in zip(request.topics, slots, strict=True):
-            topics.append(TopicResponse(
-                name=topic.name, topic_id=topic.topic_id,
-                partitions=[s.response or _success(s) for s in row]))
-        return ProduceResponse(topics=topics)
+        response = ProduceResponse()
+        for topic, row in zip(request.topic_data, slots, strict=True):
+            answer = response.responses.add(partition_responses=[
+                s.response or _success(s) for s in row])
+            if topic.HasField("name"):
+                answer.name = topic.name
+            if topic.HasField("topic_id"):
+                answer.topic_id = topic.topic_id
+        return response
 
     def _check_insync_after_append(self, slots: list[_Slot]) -> None:
         """Kafka's check when a DelayedProduce completes: the ISR (as now known) must still
@@ -276,10 +227,8 @@ class ProduceApi:
                 continue
             shortfall = _insync_shortfall(topic, partition)
             if shortfall is not None:
-                slot.response = PartitionResponse(
-                    index=slot.index,
-                    error_code=ErrorCode.not_enough_replicas_after_append.value,
-                    error_message=shortfall)
+                slot.response = _failed(
+                    slot.index, ErrorCode.not_enough_replicas_after_append.value, shortfall)
 
     async def _await_high_watermarks(self, slots: list[_Slot], timeout_ms: int) -> None:
         """Hold acks=-1 answers until each partition's high watermark passes the appended
@@ -305,10 +254,9 @@ class ProduceApi:
         for key, slot in pending.items():
             state = states.get(key)
             if state is not None and state.error_code:
-                slot.response = PartitionResponse(index=slot.index, error_code=state.error_code)
+                slot.response = _failed(slot.index, state.error_code)
             elif state is None or state.position < thresholds[key]:
-                slot.response = PartitionResponse(
-                    index=slot.index, error_code=ErrorCode.request_timed_out.value)
+                slot.response = _failed(slot.index, ErrorCode.request_timed_out.value)
 
 
 def _wait_key(topic: str, partition: int, leader_epoch: int) -> str:
