@@ -316,18 +316,6 @@ class LocalCluster:
             svc.proc.kill()
             svc.proc.wait(timeout=10)
 
-    def stop_service(self, name: str, timeout: float = 10.0) -> None:
-        svc = self.services[name]
-        proc = svc.proc
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
     def stop(self) -> None:
         """Stop everything, in reverse dependency order (frontend first)."""
         for name in reversed(list(self.services)):

@@ -64,16 +64,3 @@ def load(cls: type[T], argv: Sequence[str] | None = None, env: dict[str, str] | 
 def option(default: object, help: str) -> typing.Any:
     """A config field with documentation."""
     return dataclasses.field(default=default, metadata={"help": help})
-
-
-def env_of(config: object) -> dict[str, str]:
-    """The environment variables that reproduce ``config`` (used to launch processes)."""
-    out = {}
-    for f in dataclasses.fields(config):  # type: ignore[arg-type]
-        value = getattr(config, f.name)
-        if isinstance(value, tuple):
-            value = ",".join(value)
-        elif isinstance(value, bool):
-            value = "true" if value else "false"
-        out[env_name(f.name)] = str(value)
-    return out

@@ -6,7 +6,7 @@ A role's address is written as one of
     dns:///name:port                every address a DNS name resolves to: a Kubernetes
                                     headless Service names each ready pod
     k8s:///service.namespace:port   the ready endpoints of a Service, from the Kubernetes API
-                                    (EndpointSlices; see services.k8s.discovery)
+                                    (EndpointSlices)
 
 and a :class:`Resolver` turns it into the current ``host:port`` of every instance. Callers that
 keep one channel per instance (load balancing over handlers) re-resolve with :func:`changes` and
@@ -17,10 +17,13 @@ an empty tuple means no instance is there right now.
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from .kubernetes_api import current_namespace, default_api_client
 
 DNS_SCHEME = "dns:///"
 K8S_SCHEME = "k8s:///"
@@ -76,6 +79,56 @@ class DnsResolver:
         return tuple(sorted({join_host_port(info[4][0], self.port) for info in infos}))
 
 
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+
+
+def ready_addresses(slices: Iterable[dict[str, Any]], port: int) -> tuple[str, ...]:
+    """``host:port`` of every ready endpoint in EndpointSlice objects (as the API returns them).
+
+    An endpoint without ``conditions.ready`` counts as ready, as the API defines it; terminating
+    endpoints are never ready."""
+    out = set()
+    for endpoint_slice in slices:
+        for endpoint in endpoint_slice.get("endpoints") or []:
+            conditions = endpoint.get("conditions") or {}
+            if conditions.get("ready", True) is False or conditions.get("terminating"):
+                continue
+            for address in endpoint.get("addresses") or []:
+                out.add(join_host_port(address, port))
+    return tuple(sorted(out))
+
+
+@dataclass(frozen=True, slots=True)
+class KubernetesResolver:
+    """The ready pods behind a Service, from the API server (needs list on endpointslices)."""
+
+    service: str
+    namespace: str
+    port: int
+    api_client: Any = None
+
+    @classmethod
+    def from_target(cls, target: str, api_client: Any = None) -> KubernetesResolver:
+        """``k8s:///service.namespace:port``; a bare ``service`` is in this pod's namespace."""
+        host, port = split_host_port(target.removeprefix(K8S_SCHEME))
+        service, _, namespace = host.partition(".")
+        return cls(service, namespace or current_namespace(), port, api_client)
+
+    def list_slices(self) -> list[dict[str, Any]]:
+        from kubernetes import client
+
+        api = client.DiscoveryV1Api(self.api_client or default_api_client())
+        response = api.list_namespaced_endpoint_slice(
+            self.namespace, label_selector=f"{SERVICE_NAME_LABEL}={self.service}",
+            _preload_content=False)
+        return json.loads(response.data)["items"]
+
+    async def resolve(self) -> tuple[str, ...]:
+        # The kubernetes client blocks: keep it off the event loop.
+        slices = await asyncio.to_thread(self.list_slices)
+        return ready_addresses(slices, self.port)
+
+
 def resolver_for(targets: str | Sequence[str]) -> Resolver:
     """The resolver for a role's address (see the module docstring for the forms)."""
     entries = [targets] if isinstance(targets, str) else list(targets)
@@ -94,9 +147,6 @@ def resolver_for(targets: str | Sequence[str]) -> Resolver:
         host, port = split_host_port(target.removeprefix(DNS_SCHEME))
         return DnsResolver(host, port)
     if target.startswith(K8S_SCHEME):
-        # Imported here: only deployments on Kubernetes need the kubernetes client.
-        from services.k8s.discovery import KubernetesResolver
-
         return KubernetesResolver.from_target(target)
     raise ValueError(f"unknown address scheme: {target!r}")
 

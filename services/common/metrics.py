@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import itertools
 import math
 import os
@@ -223,11 +222,6 @@ def register_collector(collector: Collector) -> None:
     unless metrics are off."""
     if METRICS_ENABLED:
         REGISTRY.register(collector)
-
-
-def unregister_collector(collector: Collector) -> None:
-    with contextlib.suppress(KeyError):
-        REGISTRY.unregister(collector)
 
 
 # Trailing gRPC metadata of a handler's answer: milliseconds (decimal) the request spent

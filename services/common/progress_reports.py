@@ -16,9 +16,9 @@ parked fetch or produce operations), so a partition nobody waits on costs no mes
 A reporter given a ``position_of`` source answers each newly watched key with its current
 position, which covers what it skipped before (log nodes do: they are the authority on their
 high watermarks); a reporter without one relies on those answers. Errors are filtered alike: the
-purgatory honours an error only for operations parked before it was reported. Without the
-WatchKeys stream (not yet open, broken, or a purgatory that
-does not serve it) every key is reported, so no wake-up is ever missed.
+purgatory honours an error only for operations parked before it was reported. While the
+WatchKeys stream is not open (not yet, or broken) every key is reported, so no wake-up is ever
+missed.
 
 Not thread-safe: create and use inside one event loop.
 """
@@ -42,8 +42,6 @@ log = logging.getLogger(__name__)
 WRITE_TIMEOUT_SECONDS = 5.0
 # Reopening a broken WatchKeys stream: first after this long, then doubling up to the cap.
 _WATCH_RETRY_SECONDS = (0.1, 2.0)
-# A purgatory that does not serve WatchKeys is asked again this rarely.
-_WATCH_UNSUPPORTED_RETRY_SECONDS = 60.0
 # Repeated failures (a purgatory that is down) are logged at most this often.
 _FAILURE_LOG_INTERVAL_SECONDS = 30.0
 
@@ -136,11 +134,8 @@ class ProgressStream:
                 async for message in call:
                     self.apply_watched_keys(message.reset, message.added, message.removed)
                     delay = _WATCH_RETRY_SECONDS[0]
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
-                    log.info("purgatory %s does not publish watched keys; reporting every key",
-                             self.address)
-                    delay = _WATCH_UNSUPPORTED_RETRY_SECONDS
+            except grpc.aio.AioRpcError:
+                pass  # reopened below, after a pause
             finally:
                 # Until the next reset nothing is known: report everything.
                 self._watched = None

@@ -25,9 +25,8 @@ from typing import Any
 import grpc
 from google.protobuf import message_factory
 from google.protobuf.message import Message
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kbroker.handler.v1 import handler_pb2, kafka_handler_pb2, kafka_handler_pb2_grpc
+from kbroker.handler.v1 import handler_pb2, kafka_handler_pb2
 from services.common.call_streams import CallStream
 from services.common.channels import insecure_channel
 from services.common.discovery import Resolver, StaticResolver, changes, resolver_for
@@ -96,7 +95,6 @@ class StreamCallError(Exception):
 
 _STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
 _KAFKA_METHODS = kafka_handler_pb2.DESCRIPTOR.services_by_name["KafkaHandler"].methods_by_name
-_STREAM_SERVICE = handler_pb2.DESCRIPTOR.services_by_name["KafkaHandlerStream"].full_name
 _RESPONSE_TYPES: dict[str, Any] = {}
 
 
@@ -124,41 +122,12 @@ def _decode_reply(data: bytes) -> tuple[int, tuple[handler_pb2.HandlerReply, mem
 
 @dataclass(slots=True)
 class _Handler:
+    """One handler: its channel and the long-lived KafkaHandlerStream/Exchange stream its
+    calls go over (cheaper than a unary call each)."""
+
     address: str
     channel: grpc.aio.Channel
-    stub: kafka_handler_pb2_grpc.KafkaHandlerStub
-    # Calls go over one long-lived KafkaHandlerStream/Exchange stream (cheaper than a unary
-    # call each); a handler without that service gets unary calls.
     stream: CallStream | None = None
-    # None until the handler's health service said whether it serves KafkaHandlerStream.
-    streaming: bool | None = None
-    probe: asyncio.Future[bool] | None = None
-
-    async def serves_streams(self, time_limit: float) -> bool:
-        """Ask the handler's health service once whether it serves KafkaHandlerStream (a
-        handler without it, e.g. an older one, gets unary calls)."""
-        if self.streaming is not None:
-            return self.streaming
-        if self.probe is None:
-            self.probe = asyncio.ensure_future(self._probe(time_limit))
-        try:
-            return await asyncio.shield(self.probe)
-        except Exception:  # noqa: BLE001 - unknown for now; ask again next time
-            self.probe = None
-            return False
-
-    async def _probe(self, time_limit: float) -> bool:
-        stub = health_pb2_grpc.HealthStub(self.channel)
-        try:
-            reply = await stub.Check(health_pb2.HealthCheckRequest(service=_STREAM_SERVICE),
-                                     timeout=time_limit)
-        except grpc.aio.AioRpcError as e:
-            if e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNIMPLEMENTED):
-                self.streaming = False
-                return False
-            raise
-        self.streaming = reply.status == health_pb2.HealthCheckResponse.SERVING
-        return self.streaming
 
     def call_stream(self) -> CallStream:
         if self.stream is None:
@@ -172,22 +141,16 @@ class _Handler:
     async def call(self, rpc: str, request: Message, metadata: Metadata,
                    time_limit: float) -> tuple[Message, Sequence[tuple[str, Any]]]:
         """One attempt on this handler: the response and its trailing metadata."""
-        if await self.serves_streams(time_limit):
-            reply, response = await self.call_stream().call(
-                (rpc, request.SerializeToString(), metadata), time_limit)
-            if reply.status_code:
-                raise StreamCallError(
-                    _STATUS_CODES.get(reply.status_code, grpc.StatusCode.UNKNOWN),
-                    reply.status_details, answered=True)
-            trailers = [(m.key, m.value) for m in reply.trailing_metadata]
-            return _response_type(rpc).FromString(response), trailers
-        call = getattr(self.stub, rpc)(request, metadata=metadata, timeout=time_limit)
-        response = await call
-        return response, await call.trailing_metadata()
+        reply, response = await self.call_stream().call(
+            (rpc, request.SerializeToString(), metadata), time_limit)
+        if reply.status_code:
+            raise StreamCallError(
+                _STATUS_CODES.get(reply.status_code, grpc.StatusCode.UNKNOWN),
+                reply.status_details, answered=True)
+        trailers = [(m.key, m.value) for m in reply.trailing_metadata]
+        return _response_type(rpc).FromString(response), trailers
 
     async def close(self, grace: float | None = None) -> None:
-        if self.probe is not None:
-            self.probe.cancel()
         if self.stream is not None:
             await self.stream.close()
         await self.channel.close(grace)
@@ -246,8 +209,7 @@ class HandlerPool:
             handler = known.get(address)
             if handler is None:
                 channel = insecure_channel(address)
-                stub = kafka_handler_pb2_grpc.KafkaHandlerStub(channel)
-                handler = _Handler(address, channel, stub)
+                handler = _Handler(address, channel)
             handlers.append(handler)
         if [h.address for h in handlers] != [h.address for h in self._handlers]:
             log.info("handlers: %s", ", ".join(wanted) or "none")

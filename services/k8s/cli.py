@@ -19,8 +19,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from services.common.kubernetes_api import default_api_client
+
 from .cluster import ReleaseReader, wait_for_rollout
-from .discovery import default_api_client
 from .status import ClusterStatus, render
 
 

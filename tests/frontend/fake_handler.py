@@ -1,6 +1,7 @@
-"""A stand-in for the handler service: a real gRPC KafkaHandler on a port-0 server that
-answers with simple canned content and records what it was asked, with knobs to make it block
-(to kill it mid-request) or be slow."""
+"""A stand-in for the handler service: a real gRPC KafkaHandler (served unary and over the
+KafkaHandlerStream the frontend uses) on a port-0 server that answers with simple canned
+content and records what it was asked, with knobs to make it block (to kill it mid-request) or
+be slow."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import grpc
 
 from kbroker.handler.v1 import kafka_handler_pb2_grpc
 from kbroker.kafka.v1 import kafka_pb2 as k
+from services.handler.exchange import ExchangeServicer, add_exchange_to_server
 
 TOPIC_ID = "6b1c6ad4-62a2-4c3c-9a64-3e1ea9a0b9f1"
 
@@ -38,6 +40,7 @@ class FakeHandler(kafka_handler_pb2_grpc.KafkaHandlerServicer):
     async def start(self) -> FakeHandler:
         self.server = grpc.aio.server()
         kafka_handler_pb2_grpc.add_KafkaHandlerServicer_to_server(self, self.server)
+        add_exchange_to_server(ExchangeServicer(self), self.server)
         self.port = self.server.add_insecure_port("127.0.0.1:0")
         await self.server.start()
         return self

@@ -17,7 +17,6 @@ from services.common.channels import insecure_channel
 from services.common.metrics import REMOTE_TIME_METADATA_KEY
 from services.frontend.handler_pool import HandlerPool
 
-from ..frontend.fake_handler import FakeHandler
 from .harness import FRONTEND_METADATA, running_cluster
 
 TIMEOUT = 60.0
@@ -88,31 +87,10 @@ def test_the_handler_pool_streams_to_handlers_that_serve_streams(tmp_path: Path)
                     pool.call("Metadata", request, metadata=FRONTEND_METADATA, time_limit=10,
                               retry_safe=True) for _ in range(20)))
                 [handler] = pool._handlers
-                assert handler.streaming and handler.stream is not None
+                assert handler.stream is not None
                 assert len({a.SerializeToString() for a in answers}) == 1
                 assert answers[0].brokers[0].node_id == 0
             finally:
                 await pool.close()
-
-    run(main)
-
-
-def test_the_handler_pool_falls_back_to_unary_calls_without_a_stream_service() -> None:
-    async def main() -> None:
-        fake = await FakeHandler().start()
-        pool = HandlerPool([fake.address])
-        await pool.start()
-        try:
-            for _ in range(2):
-                response = await pool.call(
-                    "Metadata", k.MetadataRequest(), metadata=(), time_limit=10,
-                    retry_safe=True)
-                assert isinstance(response, k.MetadataResponse)
-            [handler] = pool._handlers
-            assert not handler.streaming
-            assert len(fake.called("Metadata")) == 2
-        finally:
-            await pool.close()
-            await fake.stop()
 
     run(main)

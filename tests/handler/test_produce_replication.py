@@ -56,7 +56,8 @@ def test_too_small_an_isr_refuses_acks_all_before_appending():
                      log_nodes, FakePurgatory())
     response = asyncio.run(api.handle(produce(), CONTEXT))
     assert errors(response) == [ErrorCode.not_enough_replicas.value]
-    assert "min.isr requirement of 2" in (response.responses[0].partition_responses[0].error_message or "")
+    [partition] = response.responses[0].partition_responses
+    assert "min.isr requirement of 2" in partition.error_message
     assert log_nodes.calls == []
     # acks=1 does not care about the ISR size.
     response = asyncio.run(api.handle(produce(acks=1), CONTEXT))

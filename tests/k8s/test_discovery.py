@@ -11,12 +11,13 @@ import pytest
 
 from services.common.discovery import (
     DnsResolver,
+    KubernetesResolver,
     StaticResolver,
     changes,
+    ready_addresses,
     resolver_for,
     split_host_port,
 )
-from services.k8s.discovery import KubernetesResolver, ready_addresses
 
 from .conftest import recorded_api_client
 
