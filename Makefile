@@ -1,6 +1,6 @@
 # kbroker: a Kafka-compatible broker built from gRPC microservices.
 #   make run    a whole local cluster, Kafka on 127.0.0.1:9092 (Ctrl-C stops it)
-#   make test   every test, set-up included
+#   make test   every test, set-up included (make test-unit: the ones that start no process)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 PROTOS := $(shell find proto/kbroker -name '*.proto')
 GEN := proto/gen/.stamp
 
-.PHONY: all venv proto run test lint bench clean test-deps spark-report
+.PHONY: all venv proto run test test-unit lint bench clean test-deps spark-report
 
 all: venv
 
@@ -52,6 +52,10 @@ test-deps: $(JS_STAMP)
 
 test: venv test-deps
 	$(PY) -m pytest -q -p no:cacheprovider tests
+
+# The fast inner loop: everything that starts no process (no cluster, no helm, no Spark).
+test-unit: venv
+	$(PY) -m pytest -q -p no:cacheprovider -m "not processes" tests
 
 lint: venv
 	$(VENV)/bin/ruff check services tools tests bench spark deploy

@@ -1,6 +1,11 @@
 """Shared fixtures: one real local cluster (every service as its own process, free loopback
 ports, data in a temporary folder), started on first use and shared by every test of the
-session that asks for it (end-to-end, deployment and Spark tests)."""
+session that asks for it (end-to-end, deployment and Spark tests).
+
+Tests that start processes (the local cluster, a service as a process, helm, kubectl,
+grpcurl, node, kcat, Spark) carry the ``processes`` marker: every test under ``tests/e2e``,
+``tests/deploy`` and ``tests/spark``, every test using the ``cluster`` fixture, and the others
+marked by hand. ``make test-unit`` runs the rest (``-m "not processes"``)."""
 
 from __future__ import annotations
 
@@ -41,6 +46,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         for name in local.services:
             # Leave the service logs beside the data for a failing run.
             Path(data / "logs" / f"{name}.log").touch()
+
+
+PROCESS_DIRS = ("e2e", "deploy", "spark")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = Path(str(item.fspath)).relative_to(Path(__file__).parent).parts
+        if parts[0] in PROCESS_DIRS or "cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.processes)
 
 
 _counter = itertools.count()

@@ -1,3 +1,4 @@
+
 """``python -m services.handler``: configuration from flags and environment, serving, and a
 clean stop on SIGTERM."""
 
@@ -8,6 +9,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from services.common.config import load
 from services.handler.config import HandlerConfig
@@ -28,6 +31,7 @@ def test_config_defaults_flags_and_environment():
         False, "h7", "kafka:19092")
 
 
+@pytest.mark.processes
 def test_the_process_serves_until_sigterm():
     env = dict(os.environ, KBROKER_LOG_LEVEL="INFO")
     process = subprocess.Popen(

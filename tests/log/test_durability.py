@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import grpc
+import pytest
 
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from services.common.channels import insecure_channel
@@ -34,6 +35,7 @@ def spawn_node(data_dir: Path, port: int) -> subprocess.Popen[str]:
     )
 
 
+@pytest.mark.processes
 def test_a_node_killed_mid_storm_keeps_every_acknowledged_batch(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     port = free_port()
@@ -102,6 +104,7 @@ def test_a_node_killed_mid_storm_keeps_every_acknowledged_batch(tmp_path: Path) 
     run_node(tmp_path, check)
 
 
+@pytest.mark.processes
 def test_a_full_disk_gives_storage_errors_and_the_node_stays_up(tmp_path: Path) -> None:
     """The condition is real, not simulated: the active segment file is replaced by a link to
     /dev/full, whose writes fail with ENOSPC as on a full file system. (Permission bits would

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
@@ -382,6 +383,7 @@ def test_an_unreachable_purgatory_never_fails_appends(tmp_path: Path) -> None:
     run_node(tmp_path, body, purgatory_address=f"127.0.0.1:{free_port()}")
 
 
+@pytest.mark.processes
 def test_the_module_runs_as_a_process(tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "KBROKER_DATA_DIR": str(tmp_path / "data")}

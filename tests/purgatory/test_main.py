@@ -11,6 +11,7 @@ import urllib.request
 from pathlib import Path
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kbroker.purgatory.v1 import purgatory_pb2 as pb
@@ -40,6 +41,7 @@ def wait_serving(channel: grpc.Channel, proc: subprocess.Popen[bytes], log: Path
         time.sleep(0.05)
 
 
+@pytest.mark.processes
 def test_process_serves_and_stops_on_sigterm(tmp_path: Path):
     grpc_port, metrics_port = free_port(), free_port()
     address = f"127.0.0.1:{grpc_port}"

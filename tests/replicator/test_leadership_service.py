@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kbroker.replicator.v1 import replicator_pb2 as pb
@@ -27,6 +28,9 @@ from services.replicator.server import PROCESS_HEALTH, SERVICE_NAME
 
 from .fake_lease_api import FakeLeaseApi
 from .test_main import free_port, tail
+
+# Each test runs replicators as processes.
+pytestmark = pytest.mark.processes
 
 ROOT = Path(__file__).resolve().parents[2]
 NS, LEASE_NAME = "kbroker", "kb-kbroker-replicator"

@@ -11,6 +11,7 @@ import urllib.request
 from pathlib import Path
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kbroker.replicator.v1 import replicator_pb2 as pb
@@ -52,6 +53,7 @@ async def wait_serving(channel: grpc.aio.Channel, proc: asyncio.subprocess.Proce
         await asyncio.sleep(0.05)
 
 
+@pytest.mark.processes
 def test_process_serves_and_stops_on_sigterm(tmp_path: Path):
     async def scenario() -> None:
         node = FakeLogNode(0)
