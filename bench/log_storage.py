@@ -45,8 +45,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "proto" / "gen"))
 
 from kbroker.log.v1 import log_pb2, log_pb2_grpc  # noqa: E402
-from services.cluster import ClusterSpec, LocalCluster, free_port  # noqa: E402
 from services.common.channels import insecure_channel  # noqa: E402
+from services.local_cluster import ClusterSpec, LocalCluster, free_port  # noqa: E402
 from services.log.segment import LogSegment  # noqa: E402
 
 MIB = 1024 * 1024

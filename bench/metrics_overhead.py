@@ -44,7 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from services.cluster import ClusterSpec, LocalCluster  # noqa: E402
+from services.local_cluster import ClusterSpec, LocalCluster  # noqa: E402
 
 PRODUCE = r'''
 import sys, time, uuid

@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from throughput import kbroker_cluster, reference_binary, reference_broker  # noqa: E402
 
-from services.cluster import ClusterSpec, LocalCluster  # noqa: E402
+from services.local_cluster import ClusterSpec, LocalCluster  # noqa: E402
 
 FAILOVER = r'''
 import json, sys, time, uuid

@@ -36,7 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from services.cluster import ClusterSpec, LocalCluster, free_port  # noqa: E402
+from services.local_cluster import ClusterSpec, LocalCluster, free_port  # noqa: E402
 
 REF_VENV = ROOT / "bench" / ".venv-ref"
 

@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from .cluster import ClusterSpec, LocalCluster
 from .k8s import cli as k8s_cli
+from .local_cluster import ClusterSpec, LocalCluster
 
 
 def _up(args: argparse.Namespace) -> int:

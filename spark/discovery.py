@@ -21,8 +21,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
-from services.cluster import ClusterSpec, LocalCluster
 from services.common.discovery import resolver_for, split_host_port
+from services.local_cluster import ClusterSpec, LocalCluster
 
 DEFAULT_BASE_PORT = 19090
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from services.cluster import ClusterSpec, LocalCluster
+from services.local_cluster import ClusterSpec, LocalCluster
 
 
 @pytest.fixture(scope="session")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from services.cluster import ClusterSpec, LocalCluster
 from services.common.config import load
+from services.local_cluster import ClusterSpec, LocalCluster
 
 CONFIGS = {
     "services.frontend": "FrontendConfig",

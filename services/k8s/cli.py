@@ -21,7 +21,7 @@ from typing import Any
 
 from services.common.kubernetes_api import default_api_client
 
-from .cluster import ReleaseReader, wait_for_rollout
+from .release import ReleaseReader, wait_for_rollout
 from .status import ClusterStatus, render
 
 

@@ -2,7 +2,7 @@
 has finished rolling out, which replicator pod is active, and the partitions the replicator
 counts as under-replicated or offline. Pure functions over the API's JSON objects (as the API
 server returns them), so the report is tested against recorded answers; reading them is
-:mod:`services.k8s.cluster`'s job.
+:mod:`services.k8s.release`'s job.
 
 The replicator is active/standby: one pod holds the Lease and is ready (its Replicator service
 SERVING); the others run as standbys that are never ready. So its workload is rolled out when

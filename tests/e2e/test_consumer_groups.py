@@ -29,7 +29,7 @@ from kafka import KafkaConsumer
 from kafka import TopicPartition as KpTopicPartition
 from kafka.structs import OffsetAndMetadata
 
-from services.cluster import ClusterSpec, LocalCluster
+from services.local_cluster import ClusterSpec, LocalCluster
 
 PARTITIONS = 6
 SESSION_TIMEOUT_MS = 6000

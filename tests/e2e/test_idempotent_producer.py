@@ -23,7 +23,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from kafka import KafkaProducer
 from kafka.errors import KafkaError as KafkaPythonError
 
-from services.cluster import ClusterSpec, LocalCluster, free_port_range
+from services.local_cluster import ClusterSpec, LocalCluster, free_port_range
 
 from .test_confluent_kafka import create_topic
 

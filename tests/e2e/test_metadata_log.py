@@ -18,7 +18,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from kbroker.replicator.v1 import replicator_pb2, replicator_pb2_grpc
-from services.cluster import ClusterSpec, LocalCluster
+from services.local_cluster import ClusterSpec, LocalCluster
 
 from .records import assert_same, make_messages
 from .test_confluent_kafka import consume_all

@@ -32,7 +32,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from kbroker.replicator.v1 import replicator_pb2, replicator_pb2_grpc
-from services.cluster import ClusterSpec, LocalCluster
+from services.local_cluster import ClusterSpec, LocalCluster
 
 from .test_replication import replica_bytes
 

@@ -20,7 +20,7 @@ from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, 
 from kio.static.primitive import i16, i32, i32Timedelta
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.cluster import LocalCluster
+from services.local_cluster import LocalCluster
 from tests.handler.batches import record_batch
 
 from .test_confluent_kafka import create_topic

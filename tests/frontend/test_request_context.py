@@ -9,9 +9,9 @@ import asyncio
 
 from kio.schema.metadata.v0.request import MetadataRequest as MetadataRequestV0
 
-from services.cluster import free_port_range
 from services.frontend.config import FrontendConfig
 from services.frontend.server import start
+from services.local_cluster import free_port_range
 
 from .fake_handler import FakeHandler
 from .kafka_wire import KafkaWire

@@ -7,7 +7,7 @@ import argparse
 
 from services.cli import main as kbroker_main
 from services.k8s import cli
-from services.k8s.cluster import ReleaseReader, wait_for_rollout
+from services.k8s.release import ReleaseReader, wait_for_rollout
 from services.k8s.status import (
     COMPONENT_LABEL,
     ClusterStatus,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from services.cluster import LocalCluster
+from services.local_cluster import LocalCluster
 from spark.discovery import cluster_endpoints
 from spark.jobs.health_stream import Alert, HealthState, newest_snapshot, watch
 

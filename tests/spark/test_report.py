@@ -13,7 +13,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.cluster import LocalCluster
+from services.local_cluster import LocalCluster
 from spark.discovery import cluster_endpoints
 from spark.jobs.latency_report import run
 
