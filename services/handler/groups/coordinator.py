@@ -91,8 +91,7 @@ from .group import (
     SyncResult,
     SyncWait,
 )
-from .records import GroupMetadataKey, OffsetCommitKey
-from .state import CommittedOffset, PartitionState, TopicPartition
+from .state import CommittedOffset, PartitionState, TopicPartition, group_record, offset_record
 from .store import Leader, LogClient, OffsetsPartition, PartitionUnavailableError
 
 log = logging.getLogger(__name__)
@@ -197,16 +196,6 @@ def parse_deadline_key(key: str) -> str | None:
 def group_key(topic_id: str | None, group_id: str) -> str:
     """The purgatory key JoinGroup and SyncGroup waiters of a group park on."""
     return f"group:{(topic_id or '')[:8]}:{group_id}"
-
-
-def group_record(group: Group) -> tuple[bytes, bytes | None]:
-    return GroupMetadataKey(group.group_id).encode(), group.to_record().encode()
-
-
-def offset_record(group_id: str, tp: TopicPartition,
-                  offset: CommittedOffset | None) -> tuple[bytes, bytes | None]:
-    key = OffsetCommitKey(group_id, tp[0], tp[1]).encode()
-    return key, None if offset is None else offset.to_value().encode()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -452,7 +441,7 @@ class GroupCoordinator:
             result = change(work, now)
             unchanged = work == before if before is not None else work == Group(
                 group_id=group_id)
-            records = [] if unchanged else [group_record(work)]
+            records = [] if unchanged else [group_record(group_id, work)]
             return records, (result, before, None if unchanged and before is None else work)
 
         (result, before, after), end = await self.update(group_id, compute)
@@ -939,7 +928,7 @@ class GroupCoordinator:
             records = [offset_record(group_id, tp, None)
                        for tp in state.group_offsets(group_id)]
             if group is not None:
-                records.append((GroupMetadataKey(group_id).encode(), None))
+                records.append(group_record(group_id, None))
             return records, NONE
 
         result, _ = await self.update(group_id, change)

@@ -8,49 +8,31 @@ log end offset the state corresponds to, which is what a conditional append expe
 
 A group "exists" while it has a group record or any committed offset (a group that only ever
 committed offsets, outside group management, is Empty, as Kafka loads it).
+
+A committed offset is its record's value (:class:`CommittedOffset`); :func:`group_record` and
+:func:`offset_record` are the records that write a group or an offset (or delete them).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
 
-from .group import Group
-from .records import (
+from ..coordinator.schema import RecordFormatError, decode, decode_key, encode
+from ..coordinator_records import (
+    OFFSETS_KEYS,
     GroupMetadataKey,
+    GroupMetadataValue,
     OffsetCommitKey,
     OffsetCommitValue,
-    Record,
-    RecordFormatError,
-    decode_group_metadata_value,
-    decode_key,
-    decode_offset_commit_value,
 )
+from .group import Group
+from .records import Record
 
 log = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CommittedOffset:
-    offset: int
-    leader_epoch: int = -1
-    metadata: str = ""
-    commit_timestamp: int = -1
-    expire_timestamp: int = -1
-
-    @classmethod
-    def from_value(cls, value: OffsetCommitValue) -> CommittedOffset:
-        return cls(offset=value.offset, leader_epoch=value.leader_epoch,
-                   metadata=value.metadata, commit_timestamp=value.commit_timestamp,
-                   expire_timestamp=value.expire_timestamp)
-
-    def to_value(self) -> OffsetCommitValue:
-        return OffsetCommitValue(offset=self.offset, leader_epoch=self.leader_epoch,
-                                 metadata=self.metadata, commit_timestamp=self.commit_timestamp,
-                                 expire_timestamp=self.expire_timestamp)
+CommittedOffset = OffsetCommitValue
 
 
 class PartitionState:
@@ -85,7 +67,7 @@ class PartitionState:
         if key is None:
             return
         try:
-            decoded = decode_key(key)
+            decoded = decode_key(OFFSETS_KEYS, key)
             if isinstance(decoded, OffsetCommitKey):
                 offsets = self.offsets.setdefault(decoded.group, {})
                 tp = (decoded.topic, decoded.partition)
@@ -94,13 +76,29 @@ class PartitionState:
                     if not offsets:
                         del self.offsets[decoded.group]
                 else:
-                    offsets[tp] = CommittedOffset.from_value(decode_offset_commit_value(value))
+                    offsets[tp] = decode(OffsetCommitValue, value)
             elif isinstance(decoded, GroupMetadataKey):
                 if value is None:
                     self.groups.pop(decoded.group, None)
                 else:
                     self.groups[decoded.group] = Group.from_record(
-                        decoded.group, decode_group_metadata_value(value))
+                        decoded.group, decode(GroupMetadataValue, value))
         except (RecordFormatError, ValueError) as exc:
             # One unreadable record must not make a whole partition's groups unavailable.
             log.warning("skipping an unreadable record of the offsets topic: %s", exc)
+
+
+def group_record(group_id: str, group: Group | None) -> tuple[bytes, bytes | None]:
+    """The record of a group (value v4 with its extension), or its tombstone."""
+    key = encode(GroupMetadataKey(group=group_id))
+    return key, None if group is None else encode(group.to_record(), 4)
+
+
+def offset_record(group_id: str, tp: TopicPartition,
+                  offset: CommittedOffset | None) -> tuple[bytes, bytes | None]:
+    """The record of a committed offset (value v3, or v1 to keep an expiry time), or its
+    tombstone."""
+    key = encode(OffsetCommitKey(group=group_id, topic=tp[0], partition=tp[1]), 1)
+    if offset is None:
+        return key, None
+    return key, encode(offset, 1 if offset.expire_timestamp >= 0 else 3)
