@@ -39,7 +39,8 @@ from kbroker.kafka.v1 import kafka_pb2 as k
 from services.common.error_answers import error_response
 from services.common.errors import ErrorCode
 
-from ..groups.coordinator import CoordinatorError, GroupCoordinator
+from ..coordinator.placement import CoordinatorError
+from ..groups.coordinator import GroupCoordinator
 from ..groups.state import CommittedOffset, TopicPartition
 from ..metadata_cache import ClusterMetadata, MetadataCache, MetadataUnavailableError
 from ..request_context import RequestContext
@@ -96,7 +97,7 @@ class OffsetCommitApi(_OffsetsApi):
             if code:
                 return error_response(request, code)  # type: ignore[return-value]
             try:
-                code = await self._coordinator.commit_offsets(
+                code = await self._coordinator.offsets.commit(
                     request.group_id, request.member_id, optional(request, "group_instance_id"),
                     request.generation_id_or_member_epoch, valid)
             except CoordinatorError as exc:
@@ -133,7 +134,7 @@ class OffsetFetchApi(GroupApi):
         wanted = None if group.topics_is_null else [
             (t.name, p) for t in group.topics for p in t.partition_indexes]
         try:
-            committed = {} if code else await self._coordinator.fetch_offsets(group.group_id,
+            committed = {} if code else await self._coordinator.offsets.fetch(group.group_id,
                                                                              wanted)
         except CoordinatorError as exc:
             code = exc.code
@@ -173,7 +174,7 @@ class OffsetDeleteApi(_OffsetsApi):
         metadata = await self._metadata()
         wanted = [(t.name, p.partition_index) for t in request.topics for p in t.partitions]
         try:
-            code, errors = await self._coordinator.delete_offsets(
+            code, errors = await self._coordinator.offsets.delete(
                 request.group_id, [tp for tp in wanted if _known(metadata, tp)])
         except CoordinatorError as exc:
             code = exc.code

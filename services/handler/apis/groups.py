@@ -47,7 +47,8 @@ from typing import Any
 from kbroker.kafka.v1 import kafka_pb2 as k
 from services.common.errors import ErrorCode
 
-from ..groups.coordinator import CoordinatorError, GroupCoordinator
+from ..coordinator.placement import CoordinatorError
+from ..groups.coordinator import GroupCoordinator
 from ..groups.group import STATES_BY_NAME, GroupState, JoinRequest, JoinResult
 from ..metadata_cache import MetadataCache, MetadataUnavailableError
 from ..request_context import RequestContext, broker_port
@@ -92,7 +93,7 @@ class GroupApi:
         self._coordinator = coordinator
 
     async def _not_coordinator(self, group_id: str, context: RequestContext) -> int:
-        return await self._coordinator.not_coordinator(group_id, context.broker_id)
+        return await self._coordinator.placement.not_coordinator(group_id, context.broker_id)
 
 
 # --- FindCoordinator ---------------------------------------------------------------------------
@@ -113,7 +114,7 @@ class FindCoordinatorApi(GroupApi):
             elif request.key_type != GROUP_KEY_TYPE:
                 code, node_id = INVALID_REQUEST, -1
             else:
-                code, node_id = await self._coordinator.find_coordinator(key)
+                code, node_id = await self._coordinator.placement.find(key)
             response.coordinators.append(await self._answer(key, code, node_id, context))
         # Before v4 the one key is answered at the top level.
         first = response.coordinators[0] if response.coordinators else _coordinator("", 0)
@@ -177,7 +178,7 @@ class JoinGroupApi(GroupApi):
         if not code:
             try:
                 return join_group_response(
-                    await self._coordinator.join(request.group_id, join))
+                    await self._coordinator.membership.join(request.group_id, join))
             except CoordinatorError as exc:
                 code = exc.code
         return join_group_response(JoinResult(error=code, member_id=request.member_id))
@@ -190,7 +191,7 @@ class SyncGroupApi(GroupApi):
         if code:
             return k.SyncGroupResponse(error_code=code, assignment=b"")
         try:
-            result = await self._coordinator.sync(
+            result = await self._coordinator.membership.sync(
                 request.group_id, request.member_id, optional(request, "group_instance_id"),
                 request.generation_id, optional(request, "protocol_type"),
                 optional(request, "protocol_name"),
@@ -208,7 +209,7 @@ class HeartbeatApi(GroupApi):
         code = await self._not_coordinator(request.group_id, context)
         if not code:
             try:
-                code = await self._coordinator.heartbeat(
+                code = await self._coordinator.membership.heartbeat(
                     request.group_id, request.member_id, optional(request, "group_instance_id"),
                     request.generation_id)
             except CoordinatorError as exc:
@@ -228,7 +229,7 @@ class LeaveGroupApi(GroupApi):
         code = await self._not_coordinator(request.group_id, context)
         if not code:
             try:
-                errors = await self._coordinator.leave(
+                errors = await self._coordinator.membership.leave(
                     request.group_id,
                     [(m.member_id, optional(m, "group_instance_id")) for m in members])
             except CoordinatorError as exc:

@@ -1,24 +1,17 @@
-"""The state of one ``__consumer_offsets`` partition, materialised from its records: every group
-it holds and their committed offsets (what Kafka's ``GroupMetadataManager`` loads into memory
-when it becomes a partition's coordinator). Pure: records in, state out.
+"""The state of one ``__consumer_offsets`` partition, replayed from its records: every group it
+holds and their committed offsets (what Kafka's ``GroupMetadataManager`` loads into memory when
+it becomes a partition's coordinator), and the records that write changes of it. Pure: records
+in, state out; records out of groups and offsets.
 
 Later records win per key (the log is compacted by key, as Kafka's); a tombstone (no value)
-deletes the group or the offset. ``end`` is the offset after the last record applied, the
-log end offset the state corresponds to, which is what a conditional append expects.
-
-A group "exists" while it has a group record or any committed offset (a group that only ever
-committed offsets, outside group management, is Empty, as Kafka loads it).
-
-A committed offset is its record's value (:class:`CommittedOffset`); :func:`group_record` and
-:func:`offset_record` are the records that write a group or an offset (or delete them).
+deletes the group or the offset. A group "exists" while it has a group record or any committed
+offset (a group that only ever committed offsets, outside group management, is Empty, as Kafka
+loads it). A committed offset is its record's value (:class:`CommittedOffset`).
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterable
-
-from ..coordinator.schema import RecordFormatError, decode, decode_key, encode
+from ..coordinator.schema import decode, decode_key, encode
 from ..coordinator_records import (
     OFFSETS_KEYS,
     GroupMetadataKey,
@@ -27,19 +20,16 @@ from ..coordinator_records import (
     OffsetCommitValue,
 )
 from .group import Group
-from .records import Record
-
-log = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
 CommittedOffset = OffsetCommitValue
+Record = tuple[bytes, bytes | None]
 
 
 class PartitionState:
-    """Groups and committed offsets of one offsets partition, up to ``end``."""
+    """Groups and committed offsets of one offsets partition."""
 
-    def __init__(self, start: int = 0) -> None:
-        self.end = start
+    def __init__(self) -> None:
         self.groups: dict[str, Group] = {}
         self.offsets: dict[str, dict[TopicPartition, CommittedOffset]] = {}
 
@@ -55,47 +45,34 @@ class PartitionState:
     def group_ids(self) -> set[str]:
         return set(self.groups) | {g for g, offsets in self.offsets.items() if offsets}
 
-    def apply(self, records: Iterable[Record], end: int) -> None:
-        """Apply records read from the log (in offset order), then stand at ``end``."""
-        for record in records:
-            if record.offset < self.end:
-                continue  # already applied (a read may start inside a batch)
-            self.apply_record(record.key, record.value)
-        self.end = max(self.end, end)
-
-    def apply_record(self, key: bytes | None, value: bytes | None) -> None:
-        if key is None:
-            return
-        try:
-            decoded = decode_key(OFFSETS_KEYS, key)
-            if isinstance(decoded, OffsetCommitKey):
-                offsets = self.offsets.setdefault(decoded.group, {})
-                tp = (decoded.topic, decoded.partition)
-                if value is None:
-                    offsets.pop(tp, None)
-                    if not offsets:
-                        del self.offsets[decoded.group]
-                else:
-                    offsets[tp] = decode(OffsetCommitValue, value)
-            elif isinstance(decoded, GroupMetadataKey):
-                if value is None:
-                    self.groups.pop(decoded.group, None)
-                else:
-                    self.groups[decoded.group] = Group.from_record(
-                        decoded.group, decode(GroupMetadataValue, value))
-        except (RecordFormatError, ValueError) as exc:
-            # One unreadable record must not make a whole partition's groups unavailable.
-            log.warning("skipping an unreadable record of the offsets topic: %s", exc)
+    def replay(self, key: bytes, value: bytes | None) -> None:
+        """Apply one record; raises RecordFormatError for one it cannot read (records of
+        other kinds are ignored)."""
+        decoded = decode_key(OFFSETS_KEYS, key)
+        if isinstance(decoded, OffsetCommitKey):
+            offsets = self.offsets.setdefault(decoded.group, {})
+            tp = (decoded.topic, decoded.partition)
+            if value is None:
+                offsets.pop(tp, None)
+                if not offsets:
+                    del self.offsets[decoded.group]
+            else:
+                offsets[tp] = decode(OffsetCommitValue, value)
+        elif isinstance(decoded, GroupMetadataKey):
+            if value is None:
+                self.groups.pop(decoded.group, None)
+            else:
+                self.groups[decoded.group] = Group.from_record(
+                    decoded.group, decode(GroupMetadataValue, value))
 
 
-def group_record(group_id: str, group: Group | None) -> tuple[bytes, bytes | None]:
+def group_record(group_id: str, group: Group | None) -> Record:
     """The record of a group (value v4 with its extension), or its tombstone."""
     key = encode(GroupMetadataKey(group=group_id))
     return key, None if group is None else encode(group.to_record(), 4)
 
 
-def offset_record(group_id: str, tp: TopicPartition,
-                  offset: CommittedOffset | None) -> tuple[bytes, bytes | None]:
+def offset_record(group_id: str, tp: TopicPartition, offset: CommittedOffset | None) -> Record:
     """The record of a committed offset (value v3, or v1 to keep an expiry time), or its
     tombstone."""
     key = encode(OffsetCommitKey(group=group_id, topic=tp[0], partition=tp[1]), 1)

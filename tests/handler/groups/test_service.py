@@ -18,7 +18,8 @@ from services.common.channels import insecure_channel
 from services.common.errors import ErrorCode
 from services.handler import server as handler_server
 from services.handler.config import HandlerConfig
-from services.handler.groups.coordinator import OFFSETS_TOPIC, partition_for
+from services.handler.coordinator.placement import partition_for
+from services.handler.groups.coordinator import OFFSETS_TOPIC
 from services.handler.metrics import GROUP_REBALANCES, GROUP_SESSION_EXPIRIES
 
 from ..harness import CALL_TIMEOUT, Cluster, running_cluster
