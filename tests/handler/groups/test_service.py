@@ -251,6 +251,13 @@ def test_offsets_outside_group_management_and_the_admin_apis(tmp_path: Path):
             assert [p.error_code for p in removed.topics[0].partitions] == [0]
             assert await committed(cluster.stub, "live") == {("t", 1): 9}
 
+            # LeaveGroup before v3 names one member and answers its error at the top level.
+            for expected in (0, E.unknown_member_id.value):
+                left = await cluster.stub.LeaveGroup(
+                    k.LeaveGroupRequest(group_id="live", member_id=live.member_id),
+                    metadata=context(2), timeout=CALL_TIMEOUT)
+                assert (left.error_code, list(left.members)) == (expected, [])
+
     run(main())
 
 
