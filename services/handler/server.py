@@ -16,7 +16,17 @@ from services.common.server import ServiceBinding, create_server
 from .apis.cluster import DescribeClusterApi
 from .apis.configs import AlterConfigsApi, DescribeConfigsApi
 from .apis.fetch import FetchApi
-from .apis.groups import GroupApis
+from .apis.group_offsets import OffsetCommitApi, OffsetDeleteApi, OffsetFetchApi
+from .apis.groups import (
+    DeleteGroupsApi,
+    DescribeGroupsApi,
+    FindCoordinatorApi,
+    HeartbeatApi,
+    JoinGroupApi,
+    LeaveGroupApi,
+    ListGroupsApi,
+    SyncGroupApi,
+)
 from .apis.leader_epochs import OffsetForLeaderEpochApi
 from .apis.metadata import MetadataApi
 from .apis.offsets import ListOffsetsApi
@@ -106,10 +116,22 @@ async def start(config: HandlerConfig) -> HandlerService:
         alter_configs_api=AlterConfigsApi(cache, replicator),
         create_partitions_api=CreatePartitionsApi(cache, replicator),
         init_producer_id_api=InitProducerIdApi(producer_id_blocks),
-        group_apis=GroupApis.over(cache, coordinator),
         offset_for_leader_epoch_api=OffsetForLeaderEpochApi(cache, log_nodes),
     )
     apis["Produce"] = ProduceApi(cache, log_nodes, purgatory)
+    apis.update({
+        "FindCoordinator": FindCoordinatorApi(cache, coordinator),
+        "JoinGroup": JoinGroupApi(coordinator),
+        "SyncGroup": SyncGroupApi(coordinator),
+        "Heartbeat": HeartbeatApi(coordinator),
+        "LeaveGroup": LeaveGroupApi(coordinator),
+        "ListGroups": ListGroupsApi(coordinator),
+        "DescribeGroups": DescribeGroupsApi(coordinator),
+        "DeleteGroups": DeleteGroupsApi(coordinator),
+        "OffsetCommit": OffsetCommitApi(cache, coordinator),
+        "OffsetFetch": OffsetFetchApi(coordinator),
+        "OffsetDelete": OffsetDeleteApi(cache, coordinator),
+    })
     servicer = KafkaHandlerServicer(config, apis)
     follower = asyncio.create_task(cache.follow(replicator.watch), name="metadata-follower")
     expirations = asyncio.create_task(coordinator.follow_expirations(),

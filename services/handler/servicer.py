@@ -33,8 +33,6 @@ from .apis import (
     cluster,
     configs,
     fetch,
-    group_offsets,
-    groups,
     leader_epochs,
     metadata,
     offsets,
@@ -44,7 +42,6 @@ from .apis import (
     topics,
 )
 from .config import HandlerConfig
-from .groups.group import JoinResult
 from .metrics import record_request, remote_time
 from .request_context import RequestContext, split_host_port
 
@@ -509,239 +506,6 @@ def init_producer_id_response(
                                     producer_id=r.producer_id, producer_epoch=r.producer_epoch)
 
 
-# --- Groups: FindCoordinator, JoinGroup, SyncGroup, Heartbeat, LeaveGroup, ListGroups,
-# DescribeGroups, DeleteGroups, OffsetCommit, OffsetFetch, OffsetDelete ------------------------
-
-
-def find_coordinator_request(
-    m: k.FindCoordinatorRequest, version: int | None,
-) -> groups.FindCoordinatorRequest:
-    batched = bool(m.coordinator_keys) if version is None else version >= 4
-    keys = list(m.coordinator_keys) if batched else [_opt(m, "key", "")]
-    return groups.FindCoordinatorRequest(key_type=_opt(m, "key_type", 0), keys=keys)
-
-
-def find_coordinator_response(r: groups.FindCoordinatorResponse) -> k.FindCoordinatorResponse:
-    # v0-3 answer their one key at the top level, v4+ every key in coordinators.
-    first = r.coordinators[0] if r.coordinators else groups.Coordinator(key="")
-    out = k.FindCoordinatorResponse(throttle_time_ms=0, error_code=first.error_code,
-                                    node_id=first.node_id, host=first.host, port=first.port)
-    _set_opt(out, "error_message", first.error_message)
-    for c in r.coordinators:
-        added = out.coordinators.add(key=c.key, node_id=c.node_id, host=c.host, port=c.port,
-                                     error_code=c.error_code)
-        _set_opt(added, "error_message", c.error_message)
-    return out
-
-
-def join_group_request(m: k.JoinGroupRequest) -> groups.JoinGroupRequest:
-    return groups.JoinGroupRequest(
-        group_id=_opt(m, "group_id", ""),
-        session_timeout_ms=_opt(m, "session_timeout_ms", 0),
-        rebalance_timeout_ms=_opt(m, "rebalance_timeout_ms", -1),
-        member_id=_opt(m, "member_id", ""),
-        group_instance_id=_opt(m, "group_instance_id", None),
-        protocol_type=_opt(m, "protocol_type", ""),
-        protocols=[(p.name, p.metadata) for p in m.protocols],
-        reason=_opt(m, "reason", None),
-    )
-
-
-def join_group_response(r: JoinResult) -> k.JoinGroupResponse:
-    out = k.JoinGroupResponse(throttle_time_ms=0, error_code=r.error, generation_id=r.generation,
-                              leader=r.leader, member_id=r.member_id,
-                              skip_assignment=r.skip_assignment)
-    _set_opt(out, "protocol_type", r.protocol_type)
-    _set_opt(out, "protocol_name", r.protocol_name)
-    for member_id, group_instance_id, member_metadata in r.members:
-        added = out.members.add(member_id=member_id, metadata=member_metadata)
-        _set_opt(added, "group_instance_id", group_instance_id)
-    return out
-
-
-def sync_group_request(m: k.SyncGroupRequest) -> groups.SyncGroupRequest:
-    return groups.SyncGroupRequest(
-        group_id=_opt(m, "group_id", ""),
-        generation_id=_opt(m, "generation_id", -1),
-        member_id=_opt(m, "member_id", ""),
-        group_instance_id=_opt(m, "group_instance_id", None),
-        protocol_type=_opt(m, "protocol_type", None),
-        protocol_name=_opt(m, "protocol_name", None),
-        assignments=[(a.member_id, a.assignment) for a in m.assignments],
-    )
-
-
-def sync_group_response(r: groups.SyncGroupResponse) -> k.SyncGroupResponse:
-    out = k.SyncGroupResponse(throttle_time_ms=0, error_code=r.error_code,
-                              assignment=r.assignment)
-    _set_opt(out, "protocol_type", r.protocol_type)
-    _set_opt(out, "protocol_name", r.protocol_name)
-    return out
-
-
-def heartbeat_request(m: k.HeartbeatRequest) -> groups.HeartbeatRequest:
-    return groups.HeartbeatRequest(
-        group_id=_opt(m, "group_id", ""), generation_id=_opt(m, "generation_id", -1),
-        member_id=_opt(m, "member_id", ""),
-        group_instance_id=_opt(m, "group_instance_id", None))
-
-
-def leave_group_request(m: k.LeaveGroupRequest, version: int | None) -> groups.LeaveGroupRequest:
-    single = not m.members if version is None else version < 3
-    if single:
-        members = [groups.LeavingMember(member_id=_opt(m, "member_id", ""))]
-    else:
-        members = [groups.LeavingMember(member_id=_opt(x, "member_id", ""),
-                                        group_instance_id=_opt(x, "group_instance_id", None),
-                                        reason=_opt(x, "reason", None))
-                   for x in m.members]
-    return groups.LeaveGroupRequest(group_id=_opt(m, "group_id", ""), members=members,
-                                    single=single)
-
-
-def leave_group_response(r: groups.LeaveGroupResponse) -> k.LeaveGroupResponse:
-    out = k.LeaveGroupResponse(throttle_time_ms=0, error_code=r.error_code)
-    for member in r.members:
-        added = out.members.add(member_id=member.member_id, error_code=member.error_code)
-        _set_opt(added, "group_instance_id", member.group_instance_id)
-    return out
-
-
-def list_groups_request(m: k.ListGroupsRequest) -> groups.ListGroupsRequest:
-    return groups.ListGroupsRequest(states_filter=list(m.states_filter),
-                                    types_filter=list(m.types_filter))
-
-
-def list_groups_response(r: groups.ListGroupsResponse) -> k.ListGroupsResponse:
-    out = k.ListGroupsResponse(throttle_time_ms=0, error_code=r.error_code)
-    for g in r.groups:
-        out.groups.add(group_id=g.group_id, protocol_type=g.protocol_type,
-                       group_state=g.group_state, group_type=g.group_type)
-    return out
-
-
-def describe_groups_request(m: k.DescribeGroupsRequest) -> groups.DescribeGroupsRequest:
-    return groups.DescribeGroupsRequest(
-        groups=list(m.groups),
-        include_authorized_operations=_opt(m, "include_authorized_operations", False))
-
-
-def describe_groups_response(r: groups.DescribeGroupsResponse) -> k.DescribeGroupsResponse:
-    out = k.DescribeGroupsResponse(throttle_time_ms=0)
-    for g in r.groups:
-        group = out.groups.add(error_code=g.error_code, group_id=g.group_id,
-                               group_state=g.group_state, protocol_type=g.protocol_type,
-                               protocol_data=g.protocol_data,
-                               authorized_operations=g.authorized_operations)
-        _set_opt(group, "error_message", g.error_message)
-        for m in g.members:
-            added = group.members.add(member_id=m.member_id, client_id=m.client_id,
-                                      client_host=m.client_host,
-                                      member_metadata=m.member_metadata,
-                                      member_assignment=m.member_assignment)
-            _set_opt(added, "group_instance_id", m.group_instance_id)
-    return out
-
-
-def delete_groups_request(m: k.DeleteGroupsRequest) -> groups.DeleteGroupsRequest:
-    return groups.DeleteGroupsRequest(groups=list(m.groups_names))
-
-
-def delete_groups_response(r: groups.DeleteGroupsResponse) -> k.DeleteGroupsResponse:
-    out = k.DeleteGroupsResponse(throttle_time_ms=0)
-    for group_id, code in r.results:
-        out.results.add(group_id=group_id, error_code=code)
-    return out
-
-
-def offset_commit_request(m: k.OffsetCommitRequest) -> group_offsets.OffsetCommitRequest:
-    return group_offsets.OffsetCommitRequest(
-        group_id=_opt(m, "group_id", ""),
-        generation_id=_opt(m, "generation_id_or_member_epoch", -1),
-        member_id=_opt(m, "member_id", ""),
-        group_instance_id=_opt(m, "group_instance_id", None),
-        retention_time_ms=_opt(m, "retention_time_ms", -1),
-        topics=[
-            group_offsets.CommitTopic(name=_opt(t, "name", ""), partitions=[
-                group_offsets.CommitPartition(
-                    partition_index=p.partition_index,
-                    committed_offset=_opt(p, "committed_offset", -1),
-                    committed_leader_epoch=_opt(p, "committed_leader_epoch", -1),
-                    committed_metadata=_opt(p, "committed_metadata", None))
-                for p in t.partitions])
-            for t in m.topics
-        ],
-    )
-
-
-def _partition_errors_response(message: Any, topics: Any) -> Any:
-    for name, answers in topics:
-        topic = message.topics.add(name=name)
-        for index, code in answers:
-            topic.partitions.add(partition_index=index, error_code=code)
-    return message
-
-
-def offset_commit_response(r: group_offsets.OffsetCommitResponse) -> k.OffsetCommitResponse:
-    return _partition_errors_response(k.OffsetCommitResponse(throttle_time_ms=0), r.topics)
-
-
-def offset_fetch_request(
-    m: k.OffsetFetchRequest, version: int | None,
-) -> group_offsets.OffsetFetchRequest:
-    batched = bool(m.groups) if version is None else version >= 8
-
-    def topics_of(message: Any) -> list[tuple[str, list[int]]] | None:
-        if _opt(message, "topics_is_null", False):
-            return None
-        return [(t.name, list(t.partition_indexes)) for t in message.topics]
-
-    if batched:
-        fetches = [group_offsets.FetchGroup(group_id=g.group_id, topics=topics_of(g))
-                   for g in m.groups]
-    else:
-        fetches = [group_offsets.FetchGroup(group_id=_opt(m, "group_id", ""),
-                                            topics=topics_of(m))]
-    return group_offsets.OffsetFetchRequest(groups=fetches, batched=batched,
-                                            require_stable=_opt(m, "require_stable", False))
-
-
-def offset_fetch_response(r: group_offsets.OffsetFetchResponse) -> k.OffsetFetchResponse:
-    out = k.OffsetFetchResponse(throttle_time_ms=0)
-    if r.batched:
-        for g in r.groups:
-            group = out.groups.add(group_id=g.group_id, error_code=g.error_code)
-            for name, answers in g.topics:
-                topic = group.topics.add(name=name)
-                for p in answers:
-                    topic.partitions.add(
-                        partition_index=p.partition_index, committed_offset=p.committed_offset,
-                        committed_leader_epoch=p.committed_leader_epoch, metadata=p.metadata,
-                        error_code=p.error_code)
-        return out
-    single = r.groups[0] if r.groups else group_offsets.FetchedGroup(group_id="")
-    out.error_code = single.error_code
-    for name, answers in single.topics:
-        topic = out.topics.add(name=name)
-        for p in answers:
-            topic.partitions.add(
-                partition_index=p.partition_index, committed_offset=p.committed_offset,
-                committed_leader_epoch=p.committed_leader_epoch, metadata=p.metadata,
-                error_code=p.error_code)
-    return out
-
-
-def offset_delete_request(m: k.OffsetDeleteRequest) -> group_offsets.OffsetDeleteRequest:
-    return group_offsets.OffsetDeleteRequest(
-        group_id=_opt(m, "group_id", ""),
-        topics=[(t.name, [p.partition_index for p in t.partitions]) for t in m.topics])
-
-
-def offset_delete_response(r: group_offsets.OffsetDeleteResponse) -> k.OffsetDeleteResponse:
-    return _partition_errors_response(
-        k.OffsetDeleteResponse(throttle_time_ms=0, error_code=r.error_code), r.topics)
-
-
 # --- the service -------------------------------------------------------------------------------
 
 
@@ -776,17 +540,12 @@ def converted_apis(
     alter_configs_api: configs.AlterConfigsApi | None = None,
     create_partitions_api: partitions.CreatePartitionsApi | None = None,
     init_producer_id_api: producer_ids.InitProducerIdApi | None = None,
-    group_apis: groups.GroupApis | None = None,
     offset_for_leader_epoch_api: leader_epochs.OffsetForLeaderEpochApi | None = None,
 ) -> dict[str, KafkaApi]:
     """The API modules not yet on the generated messages, by RPC name."""
 
     def plain(convert: Callable[[Any], Any]) -> Callable[[Any, RequestContext], Any]:
         return lambda m, _ctx: convert(m)
-
-    def versioned(convert: Callable[[Any, int | None], Any]
-                  ) -> Callable[[Any, RequestContext], Any]:
-        return lambda m, ctx: convert(m, ctx.api_version)
 
     def without_context(api: Any) -> Callable[[Any, RequestContext], Awaitable[Any]]:
         return lambda r, _ctx: api.handle(r)
@@ -825,30 +584,6 @@ def converted_apis(
         plain(offset_for_leader_epoch_request), None, offset_for_leader_epoch_response)
     add("InitProducerId", init_producer_id_api, plain(init_producer_id_request), None,
         init_producer_id_response)
-    g = group_apis
-    if g is not None:
-        add("FindCoordinator", g, versioned(find_coordinator_request),
-            g.find_coordinator.handle, find_coordinator_response)
-        add("JoinGroup", g, plain(join_group_request), g.join_group.handle,
-            join_group_response)
-        add("SyncGroup", g, plain(sync_group_request), g.sync_group.handle,
-            sync_group_response)
-        add("Heartbeat", g, plain(heartbeat_request), g.heartbeat.handle,
-            lambda r: k.HeartbeatResponse(throttle_time_ms=0, error_code=r.error_code))
-        add("LeaveGroup", g, versioned(leave_group_request), g.leave_group.handle,
-            leave_group_response)
-        add("ListGroups", g, plain(list_groups_request), g.list_groups.handle,
-            list_groups_response)
-        add("DescribeGroups", g, plain(describe_groups_request), g.describe_groups.handle,
-            describe_groups_response)
-        add("DeleteGroups", g, plain(delete_groups_request), g.delete_groups.handle,
-            delete_groups_response)
-        add("OffsetCommit", g, plain(offset_commit_request), g.offset_commit.handle,
-            offset_commit_response)
-        add("OffsetFetch", g, versioned(offset_fetch_request), g.offset_fetch.handle,
-            offset_fetch_response)
-        add("OffsetDelete", g, plain(offset_delete_request), g.offset_delete.handle,
-            offset_delete_response)
     return apis
 
 

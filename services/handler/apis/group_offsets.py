@@ -1,5 +1,6 @@
 """Committed offsets of groups (Kafka's ``KafkaApis`` handlers of OffsetCommit, OffsetFetch and
-OffsetDelete), over the :class:`~..groups.coordinator.GroupCoordinator`.
+OffsetDelete), over the :class:`~..groups.coordinator.GroupCoordinator`, on the generated
+messages of ``kbroker.kafka.v1``.
 
     OffsetCommit Request => group_id generation_id_or_member_epoch member_id group_instance_id
                             retention_time_ms [topics => name [partitions => partition_index
@@ -18,7 +19,9 @@ OffsetCommit checks each partition first: an unknown topic or partition is
 UNKNOWN_TOPIC_OR_PARTITION, metadata over ``offset.metadata.max.bytes`` is
 OFFSET_METADATA_TOO_LARGE; the rest is committed in one write, all or nothing, after the
 group's checks (generation, member) on fresh state. A retention time (v2-v4) becomes the
-value's expire timestamp. OffsetFetch answers -1 (no offset) for partitions without a commit,
+value's expire timestamp. OffsetFetch before v8 names one group at the top level and is
+answered there, from v8 any number in ``groups`` (by the client's version, or, when unknown,
+by the spelling the request uses); it answers -1 (no offset) for partitions without a commit,
 a null topic list asks for every committed partition, and before v2 a group error is given in
 every partition. Transactions do not exist here, so ``require_stable`` changes nothing.
 
@@ -30,83 +33,48 @@ classic here, and Kafka serves classic groups at these versions as at v8: the co
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from typing import Any
 
+from kbroker.kafka.v1 import kafka_pb2 as k
+from services.common.error_answers import error_response
 from services.common.errors import ErrorCode
 
-from ..groups.coordinator import CoordinatorError, GroupCoordinator
+from ..coordinator.placement import CoordinatorError
+from ..groups.coordinator import GroupCoordinator
 from ..groups.state import CommittedOffset, TopicPartition
 from ..metadata_cache import ClusterMetadata, MetadataCache, MetadataUnavailableError
 from ..request_context import RequestContext
+from .groups import GroupApi, newer_shape, optional
 
 UNKNOWN_TOPIC_OR_PARTITION = ErrorCode.unknown_topic_or_partition.value
 OFFSET_METADATA_TOO_LARGE = ErrorCode.offset_metadata_too_large.value
-COORDINATOR_NOT_AVAILABLE = ErrorCode.coordinator_not_available.value
+INVALID_GROUP_ID = ErrorCode.invalid_group_id.value
 NO_OFFSET = -1
-NO_RETENTION = -1
+
+FetchGroup = k.OffsetFetchRequest.OffsetFetchRequestGroup
+
+
+class _OffsetsApi(GroupApi):
+    def __init__(self, cache: MetadataCache, coordinator: GroupCoordinator) -> None:
+        super().__init__(coordinator)
+        self._cache = cache
+
+    async def _metadata(self) -> ClusterMetadata | None:
+        try:
+            return await self._cache.current()
+        except MetadataUnavailableError:
+            return None
 
 
 def _known(metadata: ClusterMetadata | None, tp: TopicPartition) -> bool:
-    if metadata is None:
-        return False
-    topic = metadata.topic(tp[0])
+    topic = metadata.topic(tp[0]) if metadata is not None else None
     return topic is not None and tp[1] in topic.partitions
 
 
-async def _metadata(cache: MetadataCache) -> ClusterMetadata | None:
-    try:
-        return await cache.current()
-    except MetadataUnavailableError:
-        return None
-
-
-# --- OffsetCommit ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CommitPartition:
-    partition_index: int
-    committed_offset: int
-    committed_leader_epoch: int = -1
-    committed_metadata: str | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CommitTopic:
-    name: str
-    partitions: Sequence[CommitPartition] = ()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OffsetCommitRequest:
-    group_id: str
-    generation_id: int = -1
-    member_id: str = ""
-    group_instance_id: str | None = None
-    retention_time_ms: int = NO_RETENTION
-    topics: Sequence[CommitTopic] = ()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OffsetCommitResponse:
-    # name -> [(partition index, error code)], in request order.
-    topics: Sequence[tuple[str, Sequence[tuple[int, int]]]] = ()
-
-
-def offset_commit_error(request: OffsetCommitRequest, code: int) -> OffsetCommitResponse:
-    return OffsetCommitResponse(topics=[
-        (t.name, [(p.partition_index, code) for p in t.partitions]) for t in request.topics])
-
-
-class OffsetCommitApi:
-    def __init__(self, cache: MetadataCache, coordinator: GroupCoordinator) -> None:
-        self._cache = cache
-        self._coordinator = coordinator
-
-    async def handle(self, request: OffsetCommitRequest,
-                     context: RequestContext) -> OffsetCommitResponse:
-        metadata = await _metadata(self._cache)
+class OffsetCommitApi(_OffsetsApi):
+    async def handle(self, request: k.OffsetCommitRequest,
+                     context: RequestContext) -> k.OffsetCommitResponse:
+        metadata = await self._metadata()
         limit = self._coordinator.config.offset_metadata_max_bytes
         now = self._coordinator.now()
         expire = now + request.retention_time_ms if request.retention_time_ms >= 0 else -1
@@ -115,169 +83,106 @@ class OffsetCommitApi:
         for topic in request.topics:
             for p in topic.partitions:
                 tp = (topic.name, p.partition_index)
-                metadata_text = p.committed_metadata or ""
                 if not _known(metadata, tp):
                     errors[tp] = UNKNOWN_TOPIC_OR_PARTITION
-                elif len(metadata_text.encode()) > limit:
+                elif len(p.committed_metadata.encode()) > limit:
                     errors[tp] = OFFSET_METADATA_TOO_LARGE
                 else:
                     valid[tp] = CommittedOffset(
                         offset=p.committed_offset, leader_epoch=p.committed_leader_epoch,
-                        metadata=metadata_text, commit_timestamp=now,
+                        metadata=p.committed_metadata, commit_timestamp=now,
                         expire_timestamp=expire)
         if valid or not errors:
-            code = await self._coordinator.not_coordinator(request.group_id, context.broker_id)
+            code = await self._not_coordinator(request.group_id, context)
             if code:
-                return offset_commit_error(request, code)
+                return error_response(request, code)  # type: ignore[return-value]
             try:
-                code = await self._coordinator.commit_offsets(
-                    request.group_id, request.member_id, request.group_instance_id,
-                    request.generation_id, valid)
+                code = await self._coordinator.offsets.commit(
+                    request.group_id, request.member_id, optional(request, "group_instance_id"),
+                    request.generation_id_or_member_epoch, valid)
             except CoordinatorError as exc:
                 code = exc.code
-            if code == ErrorCode.invalid_group_id.value:
-                return offset_commit_error(request, code)
-            for tp in valid:
-                errors[tp] = code
-        return OffsetCommitResponse(topics=[
-            (t.name, [(p.partition_index, errors[(t.name, p.partition_index)])
-                      for p in t.partitions])
+            if code == INVALID_GROUP_ID:
+                return error_response(request, code)  # type: ignore[return-value]
+            errors.update(dict.fromkeys(valid, code))
+        return k.OffsetCommitResponse(topics=[
+            {"name": t.name, "partitions": [
+                {"partition_index": p.partition_index,
+                 "error_code": errors[(t.name, p.partition_index)]} for p in t.partitions]}
             for t in request.topics])
 
 
-# --- OffsetFetch -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FetchGroup:
-    group_id: str
-    # None: every committed partition of the group.
-    topics: Sequence[tuple[str, Sequence[int]]] | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OffsetFetchRequest:
-    groups: Sequence[FetchGroup] = ()
-    # v8+: groups answered in ``groups``; else the one group at the top level.
-    batched: bool = False
-    require_stable: bool = False
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FetchedPartition:
-    partition_index: int
-    committed_offset: int = NO_OFFSET
-    committed_leader_epoch: int = -1
-    metadata: str = ""
-    error_code: int = 0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FetchedGroup:
-    group_id: str
-    error_code: int = 0
-    topics: Sequence[tuple[str, Sequence[FetchedPartition]]] = ()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OffsetFetchResponse:
-    groups: Sequence[FetchedGroup] = field(default_factory=list)
-    batched: bool = False
-
-
-def _group_error(group: FetchGroup, code: int, in_partitions: bool) -> FetchedGroup:
-    topics = [] if group.topics is None else [
-        (name, [FetchedPartition(partition_index=p, error_code=code if in_partitions else 0)
-                for p in partitions])
-        for name, partitions in group.topics]
-    return FetchedGroup(group_id=group.group_id, error_code=code, topics=topics)
-
-
-def offset_fetch_error(request: OffsetFetchRequest, code: int) -> OffsetFetchResponse:
-    return OffsetFetchResponse(groups=[_group_error(g, code, True) for g in request.groups],
-                               batched=request.batched)
-
-
-class OffsetFetchApi:
-    def __init__(self, coordinator: GroupCoordinator) -> None:
-        self._coordinator = coordinator
-
-    async def handle(self, request: OffsetFetchRequest,
-                     context: RequestContext) -> OffsetFetchResponse:
-        version = context.api_version
+class OffsetFetchApi(GroupApi):
+    async def handle(self, request: k.OffsetFetchRequest,
+                     context: RequestContext) -> k.OffsetFetchResponse:
         # Before v2 there is no top-level error: the group's error goes into every partition.
-        in_partitions = version is None or version < 2
-        groups = []
-        for group in request.groups:
-            wanted = None if group.topics is None else [
-                (name, p) for name, partitions in group.topics for p in partitions]
-            code = await self._coordinator.not_coordinator(group.group_id, context.broker_id)
-            if code:
-                groups.append(_group_error(group, code, in_partitions))
-                continue
-            try:
-                committed = await self._coordinator.fetch_offsets(group.group_id, wanted)
-            except CoordinatorError as exc:
-                groups.append(_group_error(group, exc.code, in_partitions))
-                continue
-            by_topic: dict[str, list[FetchedPartition]] = {}
-            for (name, partition), offset in committed.items():
-                by_topic.setdefault(name, []).append(
-                    FetchedPartition(partition_index=partition) if offset is None else
-                    FetchedPartition(partition_index=partition,
-                                     committed_offset=offset.offset,
-                                     committed_leader_epoch=offset.leader_epoch,
-                                     metadata=offset.metadata))
-            if group.topics is None:
-                for partitions in by_topic.values():
-                    partitions.sort(key=lambda p: p.partition_index)
-                topics = sorted(by_topic.items())
-            else:
-                topics = [(name, by_topic.get(name, [])) for name, _ in group.topics]
-            groups.append(FetchedGroup(group_id=group.group_id, topics=topics))
-        return OffsetFetchResponse(groups=groups, batched=request.batched)
+        in_partitions = context.api_version is None or context.api_version < 2
+        if newer_shape(context, 8, bool(request.groups)):
+            return k.OffsetFetchResponse(groups=[
+                await self._fetch(group, context, in_partitions) for group in request.groups])
+        # Before v8 one group, named and answered at the top level.
+        single = await self._fetch(FetchGroup(
+            group_id=request.group_id, topics_is_null=request.topics_is_null,
+            topics=[{"name": t.name, "partition_indexes": t.partition_indexes}
+                    for t in request.topics]), context, in_partitions)
+        return k.OffsetFetchResponse(error_code=single["error_code"], topics=single["topics"])
 
-
-# --- OffsetDelete ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OffsetDeleteRequest:
-    group_id: str
-    topics: Sequence[tuple[str, Sequence[int]]] = ()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OffsetDeleteResponse:
-    error_code: int = 0
-    topics: Sequence[tuple[str, Sequence[tuple[int, int]]]] = ()
-
-
-def offset_delete_error(request: OffsetDeleteRequest, code: int) -> OffsetDeleteResponse:
-    return OffsetDeleteResponse(error_code=code)
-
-
-class OffsetDeleteApi:
-    def __init__(self, cache: MetadataCache, coordinator: GroupCoordinator) -> None:
-        self._cache = cache
-        self._coordinator = coordinator
-
-    async def handle(self, request: OffsetDeleteRequest,
-                     context: RequestContext) -> OffsetDeleteResponse:
-        if not request.group_id:
-            return offset_delete_error(request, ErrorCode.invalid_group_id.value)
-        code = await self._coordinator.not_coordinator(request.group_id, context.broker_id)
-        if code:
-            return offset_delete_error(request, code)
-        metadata = await _metadata(self._cache)
-        wanted = [(name, p) for name, partitions in request.topics for p in partitions]
-        known = [tp for tp in wanted if _known(metadata, tp)]
+    async def _fetch(self, group: FetchGroup, context: RequestContext,
+                     in_partitions: bool) -> dict[str, Any]:
+        """One group's answer, as the fields of either shape's group."""
+        code = await self._not_coordinator(group.group_id, context)
+        wanted = None if group.topics_is_null else [
+            (t.name, p) for t in group.topics for p in t.partition_indexes]
         try:
-            code, errors = await self._coordinator.delete_offsets(request.group_id, known)
+            committed = {} if code else await self._coordinator.offsets.fetch(group.group_id,
+                                                                             wanted)
         except CoordinatorError as exc:
-            return offset_delete_error(request, exc.code)
+            code = exc.code
         if code:
-            return offset_delete_error(request, code)
-        return OffsetDeleteResponse(topics=[
-            (name, [(p, errors.get((name, p), UNKNOWN_TOPIC_OR_PARTITION)) for p in partitions])
-            for name, partitions in request.topics])
+            return {"group_id": group.group_id, "error_code": code, "topics": [] if wanted is None
+                    else [_topic(t.name, [(p, None, code if in_partitions else 0)
+                                          for p in t.partition_indexes]) for t in group.topics]}
+        by_topic: dict[str, list[tuple[int, CommittedOffset | None, int]]] = {}
+        for (name, partition), offset in committed.items():
+            by_topic.setdefault(name, []).append((partition, offset, 0))
+        if wanted is None:
+            topics = [_topic(name, sorted(by_topic[name], key=lambda p: p[0]))
+                      for name in sorted(by_topic)]
+        else:
+            topics = [_topic(t.name, by_topic.get(t.name, [])) for t in group.topics]
+        return {"group_id": group.group_id, "error_code": 0, "topics": topics}
+
+
+def _topic(name: str, partitions: list[tuple[int, CommittedOffset | None, int]]
+           ) -> dict[str, Any]:
+    return {"name": name, "partitions": [
+        {"partition_index": index, "error_code": code,
+         "committed_offset": NO_OFFSET if offset is None else offset.offset,
+         "committed_leader_epoch": -1 if offset is None else offset.leader_epoch,
+         "metadata": "" if offset is None else offset.metadata}
+        for index, offset, code in partitions]}
+
+
+class OffsetDeleteApi(_OffsetsApi):
+    async def handle(self, request: k.OffsetDeleteRequest,
+                     context: RequestContext) -> k.OffsetDeleteResponse:
+        if not request.group_id:
+            return k.OffsetDeleteResponse(error_code=INVALID_GROUP_ID)
+        code = await self._not_coordinator(request.group_id, context)
+        if code:
+            return k.OffsetDeleteResponse(error_code=code)
+        metadata = await self._metadata()
+        wanted = [(t.name, p.partition_index) for t in request.topics for p in t.partitions]
+        try:
+            code, errors = await self._coordinator.offsets.delete(
+                request.group_id, [tp for tp in wanted if _known(metadata, tp)])
+        except CoordinatorError as exc:
+            code = exc.code
+        if code:
+            return k.OffsetDeleteResponse(error_code=code)
+        return k.OffsetDeleteResponse(error_code=0, topics=[
+            {"name": t.name, "partitions": [
+                {"partition_index": p.partition_index,
+                 "error_code": errors.get((t.name, p.partition_index),
+                                          UNKNOWN_TOPIC_OR_PARTITION)} for p in t.partitions]}
+            for t in request.topics])

@@ -1,6 +1,7 @@
 """The classic group protocol (Kafka's ``KafkaApis`` handlers of FindCoordinator, JoinGroup,
 SyncGroup, Heartbeat, LeaveGroup, ListGroups, DescribeGroups and DeleteGroups), over the
-:class:`~..groups.coordinator.GroupCoordinator`.
+:class:`~..groups.coordinator.GroupCoordinator`, on the generated messages of
+``kbroker.kafka.v1``.
 
     FindCoordinator Request => key key_type [coordinator_keys]          (keys batched from v4)
     FindCoordinator Response => error_code error_message node_id host port
@@ -25,32 +26,33 @@ SyncGroup, Heartbeat, LeaveGroup, ListGroups, DescribeGroups and DeleteGroups), 
     DeleteGroups Request => [groups_names]
     DeleteGroups Response => [results => group_id error_code]
 
-Versions matter where Kafka's behaviour changes with them: JoinGroup v4+ hands a new member its
-id with MEMBER_ID_REQUIRED first (an unknown version counts as the newest); LeaveGroup before v3
-names one member and answers its error at the top level; DescribeGroups v6+ reports a group
-that does not exist as GROUP_ID_NOT_FOUND (KIP-1043), earlier versions as Dead without an
-error. Coordinator keys of transactions are
-COORDINATOR_NOT_AVAILABLE (there is no transaction coordinator), other key types
-INVALID_REQUEST. A group whose partition cannot be served answers COORDINATOR_NOT_AVAILABLE (or
-NOT_COORDINATOR when its leader moved), which sends clients back to FindCoordinator.
+Versions matter where the request's shape or Kafka's behaviour changes with them (the
+client's version is ``context.api_version``; unknown counts as the newest, or, for the shape,
+as whichever spelling the request uses): FindCoordinator before v4 names one ``key`` and is
+answered at the top level (the answer carries both forms; the frontend encodes the client's);
+JoinGroup v0 has no rebalance timeout (the session timeout stands in) and from v4 hands a new
+member its id with MEMBER_ID_REQUIRED first; LeaveGroup before v3 names one ``member_id`` and
+answers its error at the top level; DescribeGroups v6+ reports a group that does not exist as
+GROUP_ID_NOT_FOUND (KIP-1043), earlier versions as Dead without an error. Coordinator keys of
+transactions are COORDINATOR_NOT_AVAILABLE (there is no transaction coordinator), other key
+types INVALID_REQUEST. A group whose partition cannot be served answers
+COORDINATOR_NOT_AVAILABLE (or NOT_COORDINATOR when its leader moved), which sends clients back
+to FindCoordinator.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from typing import Any
 
+from kbroker.kafka.v1 import kafka_pb2 as k
 from services.common.errors import ErrorCode
 
-from ..groups.coordinator import CoordinatorError, GroupCoordinator
+from ..coordinator.placement import CoordinatorError
+from ..groups.coordinator import GroupCoordinator
 from ..groups.group import STATES_BY_NAME, GroupState, JoinRequest, JoinResult
 from ..metadata_cache import MetadataCache, MetadataUnavailableError
 from ..request_context import RequestContext, broker_port
-from . import group_offsets
 from .cluster import AUTHORIZED_OPERATIONS_OMITTED, AclOperation, operations_bitfield
-
-log = logging.getLogger(__name__)
 
 GROUP_KEY_TYPE = 0
 TRANSACTION_KEY_TYPE = 1
@@ -60,102 +62,102 @@ CLASSIC_GROUP_TYPE = "classic"
 
 COORDINATOR_NOT_AVAILABLE = ErrorCode.coordinator_not_available.value
 INVALID_REQUEST = ErrorCode.invalid_request.value
+INVALID_GROUP_ID = ErrorCode.invalid_group_id.value
 GROUP_ID_NOT_FOUND = ErrorCode.group_id_not_found.value
 
+Coordinator = k.FindCoordinatorResponse.Coordinator
+LeftMember = k.LeaveGroupResponse.MemberResponse
+DescribedGroup = k.DescribeGroupsResponse.DescribedGroup
 
-def _error_message(code: int) -> str | None:
+
+def error_message(code: int) -> str | None:
     return None if code == 0 else ErrorCode(code).name.upper()
+
+
+def newer_shape(context: RequestContext, since: int, present: bool) -> bool:
+    """Whether a request uses the shape its API took in version ``since``: by the client's
+    version, or, when that is unknown, by whether the newer field is ``present``."""
+    return present if context.api_version is None else context.api_version >= since
+
+
+def optional(message: Any, name: str) -> Any:
+    """A field where null means something (an instance id, a protocol to check): its value,
+    or None when unset."""
+    return getattr(message, name) if message.HasField(name) else None
+
+
+class GroupApi:
+    """An API served by the group coordinator, with its coordinator check."""
+
+    def __init__(self, coordinator: GroupCoordinator) -> None:
+        self._coordinator = coordinator
+
+    async def _not_coordinator(self, group_id: str, context: RequestContext) -> int:
+        return await self._coordinator.placement.not_coordinator(group_id, context.broker_id)
 
 
 # --- FindCoordinator ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FindCoordinatorRequest:
-    key_type: int = GROUP_KEY_TYPE
-    # One key (v0-3) or many (v4+).
-    keys: Sequence[str] = ()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Coordinator:
-    key: str
-    error_code: int = 0
-    error_message: str | None = None
-    node_id: int = -1
-    host: str = ""
-    port: int = -1
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FindCoordinatorResponse:
-    coordinators: Sequence[Coordinator] = ()
-
-
-def find_coordinator_error(request: FindCoordinatorRequest, code: int) -> FindCoordinatorResponse:
-    return FindCoordinatorResponse(coordinators=[
-        Coordinator(key=key, error_code=code, error_message=_error_message(code))
-        for key in request.keys])
-
-
-class FindCoordinatorApi:
+class FindCoordinatorApi(GroupApi):
     def __init__(self, cache: MetadataCache, coordinator: GroupCoordinator) -> None:
+        super().__init__(coordinator)
         self._cache = cache
-        self._coordinator = coordinator
 
-    async def handle(self, request: FindCoordinatorRequest,
-                     context: RequestContext) -> FindCoordinatorResponse:
-        answers = []
-        for key in request.keys:
+    async def handle(self, request: k.FindCoordinatorRequest,
+                     context: RequestContext) -> k.FindCoordinatorResponse:
+        batched = newer_shape(context, 4, bool(request.coordinator_keys))
+        response = k.FindCoordinatorResponse()
+        for key in request.coordinator_keys if batched else [request.key]:
             if request.key_type == TRANSACTION_KEY_TYPE:
                 code, node_id = COORDINATOR_NOT_AVAILABLE, -1
             elif request.key_type != GROUP_KEY_TYPE:
                 code, node_id = INVALID_REQUEST, -1
             else:
-                code, node_id = await self._coordinator.find_coordinator(key)
-            answers.append(await self._answer(key, code, node_id, context))
-        return FindCoordinatorResponse(coordinators=answers)
+                code, node_id = await self._coordinator.placement.find(key)
+            response.coordinators.append(await self._answer(key, code, node_id, context))
+        # Before v4 the one key is answered at the top level.
+        first = response.coordinators[0] if response.coordinators else _coordinator("", 0)
+        for name in ("error_code", "node_id", "host", "port", "error_message"):
+            if first.HasField(name):
+                setattr(response, name, getattr(first, name))
+        return response
 
     async def _answer(self, key: str, code: int, node_id: int,
                       context: RequestContext) -> Coordinator:
         if code:
-            return Coordinator(key=key, error_code=code, error_message=_error_message(code))
+            return _coordinator(key, code)
         try:
             metadata = await self._cache.current()
         except MetadataUnavailableError:
-            return Coordinator(key=key, error_code=COORDINATOR_NOT_AVAILABLE,
-                               error_message=_error_message(COORDINATOR_NOT_AVAILABLE))
+            return _coordinator(key, COORDINATOR_NOT_AVAILABLE)
         if metadata.live_node(node_id) is None:
-            return Coordinator(key=key, error_code=COORDINATOR_NOT_AVAILABLE,
-                               error_message=_error_message(COORDINATOR_NOT_AVAILABLE))
+            return _coordinator(key, COORDINATOR_NOT_AVAILABLE)
         return Coordinator(key=key, node_id=node_id, host=context.advertised_host,
-                           port=broker_port(context, node_id))
+                           port=broker_port(context, node_id), error_code=0)
 
 
-# --- JoinGroup ---------------------------------------------------------------------------------
+def _coordinator(key: str, code: int) -> Coordinator:
+    return Coordinator(key=key, node_id=-1, host="", port=-1, error_code=code,
+                       error_message=error_message(code))
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class JoinGroupRequest:
-    group_id: str
-    session_timeout_ms: int
-    rebalance_timeout_ms: int
-    member_id: str = ""
-    group_instance_id: str | None = None
-    protocol_type: str = ""
-    protocols: Sequence[tuple[str, bytes]] = ()
-    reason: str | None = None
+# --- JoinGroup, SyncGroup, Heartbeat, LeaveGroup -----------------------------------------------
 
 
-def join_group_error(request: JoinGroupRequest, code: int) -> JoinResult:
-    return JoinResult(error=code, member_id=request.member_id)
+def join_group_response(r: JoinResult) -> k.JoinGroupResponse:
+    return k.JoinGroupResponse(
+        error_code=r.error, generation_id=r.generation, leader=r.leader, member_id=r.member_id,
+        skip_assignment=r.skip_assignment, protocol_type=r.protocol_type,
+        protocol_name=r.protocol_name,
+        members=[k.JoinGroupResponse.JoinGroupResponseMember(
+            member_id=member_id, group_instance_id=instance_id, metadata=metadata)
+            for member_id, instance_id, metadata in r.members])
 
 
-class JoinGroupApi:
-    def __init__(self, coordinator: GroupCoordinator) -> None:
-        self._coordinator = coordinator
-
-    async def handle(self, request: JoinGroupRequest, context: RequestContext) -> JoinResult:
+class JoinGroupApi(GroupApi):
+    async def handle(self, request: k.JoinGroupRequest,
+                     context: RequestContext) -> k.JoinGroupResponse:
         version = context.api_version
         # Version 0 has no rebalance timeout: it is the session timeout (Kafka).
         rebalance_timeout = request.rebalance_timeout_ms
@@ -163,377 +165,169 @@ class JoinGroupApi:
             rebalance_timeout = request.session_timeout_ms
         join = JoinRequest(
             member_id=request.member_id,
-            group_instance_id=request.group_instance_id,
+            group_instance_id=optional(request, "group_instance_id"),
             client_id=context.client_id,
             client_host=f"/{context.client_host}" if context.client_host else "",
             session_timeout_ms=request.session_timeout_ms,
             rebalance_timeout_ms=rebalance_timeout,
             protocol_type=request.protocol_type,
-            protocols=tuple((name, bytes(metadata)) for name, metadata in request.protocols),
+            protocols=tuple((p.name, p.metadata) for p in request.protocols),
             require_known_member_id=version is None or version >= 4,
         )
-        code = await self._coordinator.not_coordinator(request.group_id, context.broker_id)
+        code = await self._not_coordinator(request.group_id, context)
+        if not code:
+            try:
+                return join_group_response(
+                    await self._coordinator.membership.join(request.group_id, join))
+            except CoordinatorError as exc:
+                code = exc.code
+        return join_group_response(JoinResult(error=code, member_id=request.member_id))
+
+
+class SyncGroupApi(GroupApi):
+    async def handle(self, request: k.SyncGroupRequest,
+                     context: RequestContext) -> k.SyncGroupResponse:
+        code = await self._not_coordinator(request.group_id, context)
         if code:
-            return join_group_error(request, code)
+            return k.SyncGroupResponse(error_code=code, assignment=b"")
         try:
-            return await self._coordinator.join(request.group_id, join)
+            result = await self._coordinator.membership.sync(
+                request.group_id, request.member_id, optional(request, "group_instance_id"),
+                request.generation_id, optional(request, "protocol_type"),
+                optional(request, "protocol_name"),
+                {a.member_id: a.assignment for a in request.assignments})
         except CoordinatorError as exc:
-            return join_group_error(request, exc.code)
+            return k.SyncGroupResponse(error_code=exc.code, assignment=b"")
+        return k.SyncGroupResponse(error_code=result.error, assignment=result.assignment,
+                                   protocol_type=result.protocol_type,
+                                   protocol_name=result.protocol_name)
 
 
-# --- SyncGroup ---------------------------------------------------------------------------------
+class HeartbeatApi(GroupApi):
+    async def handle(self, request: k.HeartbeatRequest,
+                     context: RequestContext) -> k.HeartbeatResponse:
+        code = await self._not_coordinator(request.group_id, context)
+        if not code:
+            try:
+                code = await self._coordinator.membership.heartbeat(
+                    request.group_id, request.member_id, optional(request, "group_instance_id"),
+                    request.generation_id)
+            except CoordinatorError as exc:
+                code = exc.code
+        return k.HeartbeatResponse(error_code=code)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SyncGroupRequest:
-    group_id: str
-    generation_id: int
-    member_id: str
-    group_instance_id: str | None = None
-    protocol_type: str | None = None
-    protocol_name: str | None = None
-    assignments: Sequence[tuple[str, bytes]] = ()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SyncGroupResponse:
-    error_code: int = 0
-    assignment: bytes = b""
-    protocol_type: str | None = None
-    protocol_name: str | None = None
-
-
-def sync_group_error(request: SyncGroupRequest, code: int) -> SyncGroupResponse:
-    return SyncGroupResponse(error_code=code)
-
-
-class SyncGroupApi:
-    def __init__(self, coordinator: GroupCoordinator) -> None:
-        self._coordinator = coordinator
-
-    async def handle(self, request: SyncGroupRequest,
-                     context: RequestContext) -> SyncGroupResponse:
-        code = await self._coordinator.not_coordinator(request.group_id, context.broker_id)
-        if code:
-            return sync_group_error(request, code)
-        try:
-            result = await self._coordinator.sync(
-                request.group_id, request.member_id, request.group_instance_id,
-                request.generation_id, request.protocol_type, request.protocol_name,
-                dict(request.assignments))
-        except CoordinatorError as exc:
-            return sync_group_error(request, exc.code)
-        return SyncGroupResponse(error_code=result.error, assignment=result.assignment,
-                                 protocol_type=result.protocol_type,
-                                 protocol_name=result.protocol_name)
-
-
-# --- Heartbeat ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HeartbeatRequest:
-    group_id: str
-    generation_id: int
-    member_id: str
-    group_instance_id: str | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HeartbeatResponse:
-    error_code: int = 0
-
-
-class HeartbeatApi:
-    def __init__(self, coordinator: GroupCoordinator) -> None:
-        self._coordinator = coordinator
-
-    async def handle(self, request: HeartbeatRequest,
-                     context: RequestContext) -> HeartbeatResponse:
-        code = await self._coordinator.not_coordinator(request.group_id, context.broker_id)
-        if code:
-            return HeartbeatResponse(error_code=code)
-        try:
-            code = await self._coordinator.heartbeat(
-                request.group_id, request.member_id, request.group_instance_id,
-                request.generation_id)
-        except CoordinatorError as exc:
-            code = exc.code
-        return HeartbeatResponse(error_code=code)
-
-
-# --- LeaveGroup --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LeavingMember:
-    member_id: str
-    group_instance_id: str | None = None
-    reason: str | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LeaveGroupRequest:
-    group_id: str
-    members: Sequence[LeavingMember] = ()
-    # v0-2: one member, named at the top level; its error is the response's error.
-    single: bool = False
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LeftMember:
-    member_id: str
-    group_instance_id: str | None = None
-    error_code: int = 0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LeaveGroupResponse:
-    error_code: int = 0
-    members: Sequence[LeftMember] = ()
-
-
-def leave_group_error(request: LeaveGroupRequest, code: int) -> LeaveGroupResponse:
-    return LeaveGroupResponse(error_code=code)
-
-
-class LeaveGroupApi:
-    def __init__(self, coordinator: GroupCoordinator) -> None:
-        self._coordinator = coordinator
-
-    async def handle(self, request: LeaveGroupRequest,
-                     context: RequestContext) -> LeaveGroupResponse:
+class LeaveGroupApi(GroupApi):
+    async def handle(self, request: k.LeaveGroupRequest,
+                     context: RequestContext) -> k.LeaveGroupResponse:
+        # Before v3 one member, named at the top level; its error is the response's error.
+        single = not newer_shape(context, 3, bool(request.members))
+        members = [k.LeaveGroupRequest.MemberIdentity(member_id=request.member_id)] if single \
+            else request.members
         if not request.group_id:
-            return LeaveGroupResponse(error_code=ErrorCode.invalid_group_id.value)
-        code = await self._coordinator.not_coordinator(request.group_id, context.broker_id)
+            return k.LeaveGroupResponse(error_code=INVALID_GROUP_ID)
+        code = await self._not_coordinator(request.group_id, context)
+        if not code:
+            try:
+                errors = await self._coordinator.membership.leave(
+                    request.group_id,
+                    [(m.member_id, optional(m, "group_instance_id")) for m in members])
+            except CoordinatorError as exc:
+                code = exc.code
         if code:
-            return leave_group_error(request, code)
-        try:
-            errors = await self._coordinator.leave(
-                request.group_id,
-                [(m.member_id, m.group_instance_id) for m in request.members])
-        except CoordinatorError as exc:
-            return leave_group_error(request, exc.code)
-        members = [LeftMember(member_id=m.member_id, group_instance_id=m.group_instance_id,
-                              error_code=code)
-                   for m, code in zip(request.members, errors, strict=True)]
-        if request.single:
-            return LeaveGroupResponse(error_code=members[0].error_code if members else 0)
-        return LeaveGroupResponse(error_code=0, members=members)
+            return k.LeaveGroupResponse(error_code=code)
+        if single:
+            return k.LeaveGroupResponse(error_code=errors[0])
+        return k.LeaveGroupResponse(error_code=0, members=[
+            LeftMember(member_id=m.member_id, group_instance_id=optional(m, "group_instance_id"),
+                       error_code=error) for m, error in zip(members, errors, strict=True)])
 
 
-# --- ListGroups --------------------------------------------------------------------------------
+# --- ListGroups, DescribeGroups, DeleteGroups --------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ListGroupsRequest:
-    states_filter: Sequence[str] = ()
-    types_filter: Sequence[str] = ()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ListedGroup:
-    group_id: str
-    protocol_type: str
-    group_state: str
-    group_type: str = CLASSIC_GROUP_TYPE
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ListGroupsResponse:
-    error_code: int = 0
-    groups: Sequence[ListedGroup] = ()
-
-
-def list_groups_error(request: ListGroupsRequest, code: int) -> ListGroupsResponse:
-    return ListGroupsResponse(error_code=code)
-
-
-class ListGroupsApi:
-    def __init__(self, coordinator: GroupCoordinator) -> None:
-        self._coordinator = coordinator
-
-    async def handle(self, request: ListGroupsRequest,
-                     context: RequestContext) -> ListGroupsResponse:
+class ListGroupsApi(GroupApi):
+    async def handle(self, request: k.ListGroupsRequest,
+                     context: RequestContext) -> k.ListGroupsResponse:
         """The groups this broker coordinates (each broker of a cluster lists its own, and
         admin clients ask them all)."""
         types = {t.lower() for t in request.types_filter}
         if types and CLASSIC_GROUP_TYPE not in types:
-            return ListGroupsResponse()
+            return k.ListGroupsResponse(error_code=0)
         states: set[GroupState] = set()
         for name in request.states_filter:
             state = STATES_BY_NAME.get(name.lower())
             if state is None:
-                return ListGroupsResponse()  # no group is in a state Kafka does not know
+                return k.ListGroupsResponse(error_code=0)  # no group is in an unknown state
             states.add(state)
         try:
             listings = await self._coordinator.list_groups(context.broker_id)
         except CoordinatorError as exc:
-            return list_groups_error(request, exc.code)
-        return ListGroupsResponse(groups=[
-            ListedGroup(group_id=g.group_id, protocol_type=g.protocol_type,
-                        group_state=g.state.kafka_name)
+            return k.ListGroupsResponse(error_code=exc.code)
+        return k.ListGroupsResponse(error_code=0, groups=[
+            k.ListGroupsResponse.ListedGroup(
+                group_id=g.group_id, protocol_type=g.protocol_type,
+                group_state=g.state.kafka_name, group_type=CLASSIC_GROUP_TYPE)
             for g in listings if not states or g.state in states])
 
 
-# --- DescribeGroups ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DescribeGroupsRequest:
-    groups: Sequence[str] = ()
-    include_authorized_operations: bool = False
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DescribedMember:
-    member_id: str
-    group_instance_id: str | None
-    client_id: str
-    client_host: str
-    member_metadata: bytes = b""
-    member_assignment: bytes = b""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DescribedGroup:
-    group_id: str
-    error_code: int = 0
-    error_message: str | None = None
-    group_state: str = GroupState.DEAD.kafka_name
-    protocol_type: str = ""
-    protocol_data: str = ""
-    members: Sequence[DescribedMember] = ()
-    authorized_operations: int = AUTHORIZED_OPERATIONS_OMITTED
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DescribeGroupsResponse:
-    groups: Sequence[DescribedGroup] = field(default_factory=list)
-
-
-def describe_groups_error(request: DescribeGroupsRequest, code: int) -> DescribeGroupsResponse:
-    return DescribeGroupsResponse(groups=[DescribedGroup(group_id=g, error_code=code)
-                                          for g in request.groups])
-
-
-class DescribeGroupsApi:
+class DescribeGroupsApi(GroupApi):
     """Kafka's group summary: protocol, member metadata and assignments only once Stable; a
     group that does not exist is reported Dead, without an error before v6 and with
     GROUP_ID_NOT_FOUND from v6 on (an unknown version counts as the newest)."""
 
-    def __init__(self, coordinator: GroupCoordinator) -> None:
-        self._coordinator = coordinator
-
-    async def handle(self, request: DescribeGroupsRequest,
-                     context: RequestContext) -> DescribeGroupsResponse:
+    async def handle(self, request: k.DescribeGroupsRequest,
+                     context: RequestContext) -> k.DescribeGroupsResponse:
         operations = (GROUP_OPERATIONS if request.include_authorized_operations
                       else AUTHORIZED_OPERATIONS_OMITTED)
-        not_found_is_an_error = context.api_version is None or context.api_version >= 6
-        described = []
+        not_found_is_an_error = newer_shape(context, 6, True)
+        response = k.DescribeGroupsResponse()
         for group_id in request.groups:
-            code = await self._coordinator.not_coordinator(group_id, context.broker_id)
-            if code:
-                described.append(DescribedGroup(group_id=group_id, error_code=code))
-                continue
+            code = await self._not_coordinator(group_id, context)
             try:
-                group = await self._coordinator.describe(group_id)
+                group = None if code else await self._coordinator.describe(group_id)
             except CoordinatorError as exc:
-                described.append(DescribedGroup(group_id=group_id, error_code=exc.code))
-                continue
-            if group is None:
-                if not_found_is_an_error:
-                    described.append(DescribedGroup(
-                        group_id=group_id, error_code=GROUP_ID_NOT_FOUND,
-                        error_message=f"Group {group_id} not found.",
-                        authorized_operations=operations))
-                else:
-                    described.append(DescribedGroup(group_id=group_id,
-                                                    authorized_operations=operations))
-                continue
-            stable = group.state is GroupState.STABLE
-            described.append(DescribedGroup(
-                group_id=group_id,
-                group_state=group.state.kafka_name,
-                protocol_type=group.protocol_type or "",
-                protocol_data=(group.protocol_name or "") if stable else "",
-                members=[DescribedMember(
-                    member_id=m.member_id, group_instance_id=m.group_instance_id,
-                    client_id=m.client_id, client_host=m.client_host,
-                    member_metadata=m.metadata(group.protocol_name) if stable else b"",
-                    member_assignment=m.assignment if stable else b"")
-                    for m in group.members.values()],
-                authorized_operations=operations,
-            ))
-        return DescribeGroupsResponse(groups=described)
+                code = exc.code
+            if code:
+                response.groups.append(_described(group_id, error_code=code))
+            elif group is None and not_found_is_an_error:
+                response.groups.append(_described(
+                    group_id, error_code=GROUP_ID_NOT_FOUND, authorized_operations=operations,
+                    error_message=f"Group {group_id} not found."))
+            elif group is None:
+                response.groups.append(_described(group_id, authorized_operations=operations))
+            else:
+                stable = group.state is GroupState.STABLE
+                response.groups.append(_described(
+                    group_id, group_state=group.state.kafka_name,
+                    protocol_type=group.protocol_type or "",
+                    protocol_data=(group.protocol_name or "") if stable else "",
+                    authorized_operations=operations, members=[
+                        k.DescribeGroupsResponse.DescribedGroupMember(
+                            member_id=m.member_id, group_instance_id=m.group_instance_id,
+                            client_id=m.client_id, client_host=m.client_host,
+                            member_metadata=m.metadata(group.protocol_name) if stable else b"",
+                            member_assignment=m.assignment if stable else b"")
+                        for m in group.members.values()]))
+        return response
 
 
-# --- DeleteGroups ------------------------------------------------------------------------------
+def _described(group_id: str, **fields: Any) -> DescribedGroup:
+    return DescribedGroup(**{"group_id": group_id, "error_code": 0,
+                             "group_state": GroupState.DEAD.kafka_name, "protocol_type": "",
+                             "protocol_data": "",
+                             "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED, **fields})
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DeleteGroupsRequest:
-    groups: Sequence[str] = ()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DeleteGroupsResponse:
-    # (group id, error code)
-    results: Sequence[tuple[str, int]] = ()
-
-
-def delete_groups_error(request: DeleteGroupsRequest, code: int) -> DeleteGroupsResponse:
-    return DeleteGroupsResponse(results=[(g, code) for g in request.groups])
-
-
-class DeleteGroupsApi:
-    def __init__(self, coordinator: GroupCoordinator) -> None:
-        self._coordinator = coordinator
-
-    async def handle(self, request: DeleteGroupsRequest,
-                     context: RequestContext) -> DeleteGroupsResponse:
-        results = []
-        for group_id in dict.fromkeys(request.groups):
-            code = await self._coordinator.not_coordinator(group_id, context.broker_id)
+class DeleteGroupsApi(GroupApi):
+    async def handle(self, request: k.DeleteGroupsRequest,
+                     context: RequestContext) -> k.DeleteGroupsResponse:
+        response = k.DeleteGroupsResponse()
+        for group_id in dict.fromkeys(request.groups_names):
+            code = await self._not_coordinator(group_id, context)
             try:
                 code = code or await self._coordinator.delete_group(group_id)
             except CoordinatorError as exc:
                 code = exc.code
-            results.append((group_id, code))
-        return DeleteGroupsResponse(results=results)
-
-
-# --- all of them -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GroupApis:
-    """The group and committed-offset APIs, as the servicer is given them."""
-
-    find_coordinator: FindCoordinatorApi
-    join_group: JoinGroupApi
-    sync_group: SyncGroupApi
-    heartbeat: HeartbeatApi
-    leave_group: LeaveGroupApi
-    list_groups: ListGroupsApi
-    describe_groups: DescribeGroupsApi
-    delete_groups: DeleteGroupsApi
-    offset_commit: group_offsets.OffsetCommitApi
-    offset_fetch: group_offsets.OffsetFetchApi
-    offset_delete: group_offsets.OffsetDeleteApi
-
-    @classmethod
-    def over(cls, cache: MetadataCache, coordinator: GroupCoordinator) -> GroupApis:
-        return cls(
-            find_coordinator=FindCoordinatorApi(cache, coordinator),
-            join_group=JoinGroupApi(coordinator),
-            sync_group=SyncGroupApi(coordinator),
-            heartbeat=HeartbeatApi(coordinator),
-            leave_group=LeaveGroupApi(coordinator),
-            list_groups=ListGroupsApi(coordinator),
-            describe_groups=DescribeGroupsApi(coordinator),
-            delete_groups=DeleteGroupsApi(coordinator),
-            offset_commit=group_offsets.OffsetCommitApi(cache, coordinator),
-            offset_fetch=group_offsets.OffsetFetchApi(coordinator),
-            offset_delete=group_offsets.OffsetDeleteApi(cache, coordinator),
-        )
+            response.results.add(group_id=group_id, error_code=code)
+        return response

@@ -1,4 +1,6 @@
-"""The group coordinator of the classic consumer group protocol, run by stateless handlers:
-``records`` (the ``__consumer_offsets`` formats), ``group`` (the state machine), ``state`` (a
-partition's groups and offsets), ``store`` (reading and conditionally appending a partition)
-and ``coordinator`` (the operations, waits and session timers)."""
+"""The group coordinator of the classic consumer group protocol, run by stateless handlers on
+the coordinator runtime: ``group`` (the pure state machine), ``state`` (a partition's groups
+and offsets, and their records), ``membership`` (join, sync, heartbeat, leave, deadlines,
+session expiry), ``offsets`` (commit, fetch, delete), ``sessions`` (their purgatory timers),
+``coordinator`` (placement on ``__consumer_offsets``, groups as a whole, the wiring) and
+``records`` (the record batches that carry the records)."""

@@ -37,16 +37,18 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 from services.common.errors import ErrorCode
 
-from .records import (
+from ..coordinator.schema import RecordFormatError, decode, kafka
+from ..coordinator_records import (
     GroupExtension,
     GroupMetadataValue,
     MemberExtension,
     MemberMetadata,
-    Reader,
-    RecordFormatError,
+    PendingMember,
+    ProtocolMetadata,
 )
 
 NONE = 0
@@ -755,12 +757,15 @@ class Group:
                 join_deadline=self.join_deadline_ms,
                 initial_delay_remaining=self.initial_delay_remaining_ms,
                 new_member_added=self.new_member_added,
-                pending=tuple(self.pending_members.items()),
+                pending=tuple(PendingMember(member_id=m, expires=t)
+                              for m, t in self.pending_members.items()),
                 sync_deadline=self.sync_deadline_ms,
                 pending_sync=tuple(sorted(self.pending_sync)),
                 members=tuple(
-                    MemberExtension(member_id=m.member_id, protocols=m.protocols,
-                                    joined=m.joined, protocol_type=m.protocol_type)
+                    MemberExtension(member_id=m.member_id, joined=m.joined,
+                                    protocol_type=m.protocol_type,
+                                    protocols=tuple(ProtocolMetadata(name=n, metadata=d)
+                                                    for n, d in m.protocols))
                     for m in self.members.values()),
             ),
         )
@@ -775,7 +780,7 @@ class Group:
         members = {}
         for m in value.members:
             extra = extras.get(m.member_id)
-            protocols = extra.protocols if extra else (
+            protocols = tuple((p.name, p.metadata) for p in extra.protocols) if extra else (
                 ((value.protocol, m.subscription),) if value.protocol else ())
             members[m.member_id] = Member(
                 member_id=m.member_id, group_instance_id=m.group_instance_id,
@@ -794,7 +799,8 @@ class Group:
             group_id=group_id, state=state, generation=value.generation,
             protocol_type=value.protocol_type or None, protocol_name=value.protocol,
             leader_id=value.leader, members=members,
-            pending_members=dict(extension.pending) if extension else {},
+            pending_members={p.member_id: p.expires for p in extension.pending}
+            if extension else {},
             state_timestamp_ms=value.current_state_timestamp,
             join_deadline_ms=extension.join_deadline if extension else -1,
             initial_delay_remaining_ms=extension.initial_delay_remaining if extension else -1,
@@ -809,17 +815,17 @@ def _new_member_id(client_id: str) -> str:
     return f"{client_id}-{uuid.uuid4()}"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubscriptionTopics:
+    """How every version of Kafka's ConsumerProtocolSubscription starts: its topics."""
+
+    __versions__: ClassVar[str] = "0+"
+    topics: tuple[str, ...] = kafka(["string"])
+
+
 def consumer_subscription_topics(metadata: bytes) -> set[str] | None:
-    """The topics of a ConsumerProtocolSubscription (any version: they all start with
-    ``version:int16 [topics:string]``); None when unreadable."""
+    """The topics of a ConsumerProtocolSubscription; None when unreadable."""
     try:
-        r = Reader(metadata)
-        r.int16()
-        topics = set()
-        for _ in range(r.array_length()):
-            name = r.string()
-            if name is not None:
-                topics.add(name)
-        return topics
+        return set(decode(SubscriptionTopics, metadata).topics)
     except RecordFormatError:
         return None

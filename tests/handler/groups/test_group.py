@@ -7,6 +7,8 @@ from __future__ import annotations
 import itertools
 
 from services.common.errors import ErrorCode
+from services.handler.coordinator.schema import decode
+from services.handler.coordinator_records import GroupMetadataValue
 from services.handler.groups.group import (
     Expiry,
     Group,
@@ -18,7 +20,7 @@ from services.handler.groups.group import (
     SyncResult,
     SyncWait,
 )
-from services.handler.groups.records import decode_group_metadata_value
+from services.handler.groups.state import group_record
 
 CONFIG = GroupConfig(initial_rebalance_delay_ms=3000)
 E = ErrorCode
@@ -274,11 +276,11 @@ def test_the_group_record_round_trips_every_field() -> None:
     group = Group(group_id="g")
     join(group, request(client="a", instance="i", protocols=(("range", b"1"), ("rr", b"2"))), 5)
     first = join(group, request(require_id=True), 6)
-    restored = Group.from_record("g", decode_group_metadata_value(group.to_record().encode()))
+    restored = Group.from_record("g", decode(GroupMetadataValue, group_record("g", group)[1]))
     assert restored == group
     assert first.member_id in restored.pending_members
     stable, _ = stable_group("x", "y")
-    again = Group.from_record("g", decode_group_metadata_value(stable.to_record().encode()))
+    again = Group.from_record("g", decode(GroupMetadataValue, group_record("g", stable)[1]))
     assert again == stable
     assert again.pending_sync == {stable_group_follower(stable)}
 

@@ -18,7 +18,8 @@ from services.common.channels import insecure_channel
 from services.common.errors import ErrorCode
 from services.handler import server as handler_server
 from services.handler.config import HandlerConfig
-from services.handler.groups.coordinator import OFFSETS_TOPIC, partition_for
+from services.handler.coordinator.placement import partition_for
+from services.handler.groups.coordinator import OFFSETS_TOPIC
 from services.handler.metrics import GROUP_REBALANCES, GROUP_SESSION_EXPIRIES
 
 from ..harness import CALL_TIMEOUT, Cluster, running_cluster
@@ -249,6 +250,13 @@ def test_offsets_outside_group_management_and_the_admin_apis(tmp_path: Path):
             # "meta" is not a consumer subscription naming t, so the offset may go.
             assert [p.error_code for p in removed.topics[0].partitions] == [0]
             assert await committed(cluster.stub, "live") == {("t", 1): 9}
+
+            # LeaveGroup before v3 names one member and answers its error at the top level.
+            for expected in (0, E.unknown_member_id.value):
+                left = await cluster.stub.LeaveGroup(
+                    k.LeaveGroupRequest(group_id="live", member_id=live.member_id),
+                    metadata=context(2), timeout=CALL_TIMEOUT)
+                assert (left.error_code, list(left.members)) == (expected, [])
 
     run(main())
 

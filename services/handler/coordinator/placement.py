@@ -1,0 +1,203 @@
+"""Where a coordinator's keys live and who coordinates them (Kafka's ``partitionFor`` and
+FindCoordinator): key ``k`` (a group id, a transactional id) lives in partition
+``abs(java_string_hash(k)) % partitions`` of the coordinator's internal compacted topic, and
+its coordinator, as clients see it, is that partition's leader.
+
+The topic is created on first need (a FindCoordinator) with its configured partition count,
+replication factor min(configured, live log nodes) and ``cleanup.policy=compact``; concurrent
+requests share one creation. Requests that reach a live broker that does not lead the key's
+partition are NOT_COORDINATOR, as Kafka's; a request that reached the port of a broker that
+is not alive is served (see :meth:`Placement.coordinator_error`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from services.common.errors import ErrorCode
+
+from ..collaborators import CallError, Controller, NewTopic
+from ..metadata_cache import (
+    ClusterMetadata,
+    LogNode,
+    MetadataCache,
+    MetadataUnavailableError,
+    PartitionInfo,
+    TopicInfo,
+)
+
+log = logging.getLogger(__name__)
+
+NONE = 0
+COORDINATOR_NOT_AVAILABLE = ErrorCode.coordinator_not_available.value
+NOT_COORDINATOR = ErrorCode.not_coordinator.value
+NOT_LEADER_OR_FOLLOWER = ErrorCode.not_leader_or_follower.value
+TOPIC_ALREADY_EXISTS = ErrorCode.topic_already_exists.value
+CREATE_TOPIC_TIMEOUT_S = 30.0
+
+
+class CoordinatorError(Exception):
+    """A key's partition cannot be served now; ``code`` is the Kafka error to answer."""
+
+    def __init__(self, code: int, message: str = "") -> None:
+        super().__init__(message or ErrorCode(code).name.upper())
+        self.code = code
+
+
+def leader_error(code: int, message: str) -> CoordinatorError:
+    """A partition's leader failed (``code``: the Kafka error it gave, 0 for none): clients are
+    told NOT_COORDINATOR when it leads no more, so they look the coordinator up again, else
+    COORDINATOR_NOT_AVAILABLE."""
+    return CoordinatorError(
+        NOT_COORDINATOR if code == NOT_LEADER_OR_FOLLOWER else COORDINATOR_NOT_AVAILABLE, message)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InternalTopic:
+    """A coordinator's internal topic as it is created (``cleanup.policy=compact`` added)."""
+
+    name: str
+    num_partitions: int
+    replication_factor: int
+    configs: Mapping[str, str] = field(default_factory=dict)
+
+
+def java_string_hash(text: str) -> int:
+    """Java's ``String.hashCode``: over UTF-16 code units, 32-bit wrapping."""
+    data = text.encode("utf-16-be")
+    h = 0
+    for i in range(0, len(data), 2):
+        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def partition_for(key: str, partitions: int) -> int:
+    """Kafka's ``Utils.abs(key.hashCode) % partitions`` (abs of MIN_VALUE is 0)."""
+    h = java_string_hash(key)
+    return (0 if h == -(1 << 31) else abs(h)) % partitions
+
+
+class Placement:
+    """The internal topic of one coordinator in the cluster metadata."""
+
+    def __init__(self, topic: InternalTopic, cache: MetadataCache, controller: Controller) -> None:
+        self.spec = topic
+        self._cache = cache
+        self._controller = controller
+        self._creation: asyncio.Task[TopicInfo | None] | None = None
+
+    async def metadata(self) -> ClusterMetadata:
+        try:
+            return await self._cache.current()
+        except MetadataUnavailableError as exc:
+            raise CoordinatorError(COORDINATOR_NOT_AVAILABLE, str(exc)) from exc
+
+    async def topic(self, create: bool) -> tuple[ClusterMetadata, TopicInfo | None]:
+        """The topic as metadata shows it (looked up afresh when missing), created first when
+        ``create`` and it does not exist. Raises CoordinatorError without metadata."""
+        name = self.spec.name
+        metadata = await self.metadata()
+        topic = metadata.topic(name)
+        if topic is None:
+            metadata = await self._cache.refresh()
+            topic = metadata.topic(name)
+        if topic is None and create:
+            if self._creation is None or self._creation.done():
+                self._creation = asyncio.ensure_future(self._create())
+            await asyncio.shield(self._creation)
+            metadata = await self.metadata()
+            topic = metadata.topic(name)
+        return metadata, topic
+
+    async def _create(self) -> TopicInfo | None:
+        metadata = await self.metadata()
+        live = len(metadata.live_nodes())
+        if live == 0:
+            return None
+        spec = self.spec
+        topic = NewTopic(name=spec.name, num_partitions=spec.num_partitions,
+                         replication_factor=min(spec.replication_factor, live),
+                         configs={"cleanup.policy": "compact", **spec.configs})
+        try:
+            results = await self._controller.create_topics([topic], validate_only=False,
+                                                           time_limit=CREATE_TOPIC_TIMEOUT_S)
+        except CallError as exc:
+            log.warning("creating %s failed: %s", spec.name, exc)
+            return None
+        for result in results:
+            if result.error_code and result.error_code != TOPIC_ALREADY_EXISTS:
+                log.warning("creating %s failed: error %d %s", spec.name, result.error_code,
+                            result.error_message or "")
+            else:
+                log.info("created %s with %d partitions", spec.name, spec.num_partitions)
+        return (await self._cache.refresh()).topic(spec.name)
+
+    async def find(self, key: str) -> tuple[int, int]:
+        """(error, node id) of the coordinator of ``key``, creating the topic on first need
+        (COORDINATOR_NOT_AVAILABLE while it cannot be had)."""
+        try:
+            metadata, topic = await self.topic(create=True)
+        except CoordinatorError as exc:
+            return exc.code, -1
+        if topic is None or not topic.partitions:
+            return COORDINATOR_NOT_AVAILABLE, -1
+        info = topic.partitions.get(partition_for(key, len(topic.partitions)))
+        if info is None or metadata.live_node(info.leader) is None:
+            return COORDINATOR_NOT_AVAILABLE, -1
+        return NONE, info.leader
+
+    async def coordinator_error(self, key: str, broker_id: int | None) -> int:
+        """NOT_COORDINATOR when the client sent a request about ``key`` to a live broker (log
+        node) that does not lead the key's partition (Kafka's check); 0 when it does, or when
+        the broker is not known (a direct call). Any handler could serve the request, but
+        clients must keep talking to the coordinator they found, as Kafka's do.
+
+        A request that reached the port of a broker that is not alive is served: the frontend
+        keeps serving every broker's port, so a client's connection to a dead broker stays up,
+        and clients that cache a coordinator for as long as its connection is up
+        (librdkafka's admin API: a NOT_COORDINATOR inside a response does not evict its cache)
+        would otherwise be told NOT_COORDINATOR until they restart. Serving is safe: the state
+        lives in its partition, whose leader every handler writes to. Clients that look the
+        coordinator up again are sent to the new one."""
+        if broker_id is None:
+            return NONE
+        metadata, topic = await self.topic(create=False)
+        if metadata.live_node(broker_id) is None:
+            return NONE
+        if topic is None or not self.leads(topic, self.partition_of(topic, key), broker_id):
+            return NOT_COORDINATOR
+        return NONE
+
+    async def not_coordinator(self, key: str, broker_id: int | None) -> int:
+        """:meth:`coordinator_error`, with the reason the coordinator is unknown as the error
+        when it is; an empty key is left to the API's own check (e.g. INVALID_GROUP_ID)."""
+        if not key:
+            return NONE
+        try:
+            return await self.coordinator_error(key, broker_id)
+        except CoordinatorError as exc:
+            return exc.code
+
+    @staticmethod
+    def partition_of(topic: TopicInfo, key: str) -> int:
+        return partition_for(key, len(topic.partitions)) if topic.partitions else -1
+
+    @staticmethod
+    def leads(topic: TopicInfo, partition: int, broker_id: int | None) -> bool:
+        """Whether ``broker_id`` leads a partition of the topic (any broker when unknown)."""
+        info = topic.partitions.get(partition)
+        return info is not None and (broker_id is None or info.leader == broker_id)
+
+    @staticmethod
+    def leader(metadata: ClusterMetadata, topic: TopicInfo,
+               partition: int) -> tuple[PartitionInfo, LogNode]:
+        """A partition and its live leader. Raises CoordinatorError (COORDINATOR_NOT_AVAILABLE)."""
+        info = topic.partitions.get(partition)
+        node = metadata.live_node(info.leader) if info is not None else None
+        if info is None or node is None:
+            raise CoordinatorError(COORDINATOR_NOT_AVAILABLE,
+                                   f"{topic.name}-{partition} has no live leader")
+        return info, node

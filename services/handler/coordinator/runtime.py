@@ -1,0 +1,333 @@
+"""The coordinator runtime: a coordinator whose state is records in an internal compacted
+topic, run by stateless handlers (the idea of Kafka's ``CoordinatorRuntime``). It knows keys,
+partitions, records and timers, never what a coordinator coordinates.
+
+- Placement and state: a key lives in one partition of the internal topic (:mod:`.placement`),
+  whose state is replayed from its records and read to the log end before every use
+  (:mod:`.partition`).
+- Changes (:meth:`CoordinatorRuntime.update`): compute the change on the fresh state (records
+  to append and a result), append the records only if the log end is still the one read, else
+  read and compute again (another handler won: handlers are serialised as one process's lock
+  would), then wait until the high watermark covers the write (acks=all) before answering.
+- Waits (:meth:`~CoordinatorRuntime.wait`, :meth:`~CoordinatorRuntime.signal`): an operation
+  parks in the purgatory on its key's waiter key (``<kind>:<topic id>:<key>``) until a writer
+  signals a change there with the partition's new end, or its timeout passes, then reads again
+  and decides. Without a purgatory waiters look again every :data:`POLL_INTERVAL_S`.
+- Timers (:meth:`~CoordinatorRuntime.arm`, :meth:`~CoordinatorRuntime.follow_expirations`):
+  the purgatory's timers by key. Every handler hears every expiry and acts on it with a
+  conditional write, so exactly one of them does. Timers are soft state: those a state implies
+  (``timers_of``) are armed again when a handler first loads a partition and whenever the
+  expiry stream (re)connects, so a purgatory restart loses none.
+
+A second coordinator (the transaction coordinator) plugs in with only its own parts: an
+:class:`~.placement.InternalTopic` (``__transaction_state``, 50 partitions; keys placed by the
+same Java string hash); a state type constructed without arguments whose ``replay(key,
+value)`` applies one record, decoded with its record types from the schema table
+(``coordinator_records``); its operations as change functions ``(state, now) -> (records,
+result)`` given to :meth:`~CoordinatorRuntime.update`, records encoded with the same table;
+``timers_of(state, now)`` naming the timers its state implies (transaction timeouts), and a
+handler of expired keys given to :meth:`~CoordinatorRuntime.follow_expirations` (it ignores
+keys that are not its own). Parked requests use :meth:`~CoordinatorRuntime.wait` and
+:meth:`~CoordinatorRuntime.signal` on its keys.
+
+Clocks: ``now`` is wall-clock milliseconds; deadlines stored in records mean the same on
+every handler only if their clocks agree to well within the coordinator's timeouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from services.common.progress_reports import epoch_key, partition_key
+
+from ..collaborators import CallError, Purgatory, SessionTimers, WaitKind
+from ..metadata_cache import ClusterMetadata, TopicInfo
+from ..metrics import parked
+from .partition import (
+    CoordinatorPartition,
+    Leader,
+    LogClient,
+    Records,
+    S,
+)
+from .placement import COORDINATOR_NOT_AVAILABLE, CoordinatorError, Placement, leader_error
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Without a purgatory, waiters look again this often.
+POLL_INTERVAL_S = 0.2
+MAX_PARALLEL_EXPIRIES = 64
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RuntimeConfig:
+    # Conditional writes lost to other handlers before an operation gives up (retriable).
+    max_update_attempts: int = 200
+    # How long a write may wait to be replicated to the ISR (Kafka's offsets.commit.timeout.ms)
+    # before the operation fails with COORDINATOR_NOT_AVAILABLE.
+    commit_timeout_ms: int = 5000
+
+
+class CoordinatorRuntime(Generic[S]):
+    """Reads, changes, waits and timers of one coordinator's internal topic.
+
+    ``new_state`` makes the empty state of a partition; ``kind`` names the coordinator in its
+    waiter keys; ``timers_of(state, now)`` gives the timers (key -> timeout ms) a partition's
+    state implies; ``writes`` (a counter labelled by outcome) counts appends and conflicts."""
+
+    def __init__(
+        self,
+        placement: Placement,
+        log_nodes: LogClient,
+        purgatory: Purgatory,
+        timers: SessionTimers,
+        new_state: Callable[[], S],
+        *,
+        kind: str,
+        timers_of: Callable[[S, int], Mapping[str, int]] | None = None,
+        writes: Any = None,
+        config: RuntimeConfig | None = None,
+        clock: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        self.placement = placement
+        self._log_nodes = log_nodes
+        self._purgatory = purgatory
+        self._timers = timers
+        self._new_state = new_state
+        self._kind = kind
+        self._timers_of = timers_of
+        self._writes = writes
+        self.config = config or RuntimeConfig()
+        self.now = clock
+        self._partitions: dict[tuple[str | None, int], CoordinatorPartition[S]] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        self._expiries = asyncio.Semaphore(MAX_PARALLEL_EXPIRIES)
+
+    # -- partitions ---------------------------------------------------------------------------
+
+    async def _locate(self, key: str) -> tuple[CoordinatorPartition[S], Leader, str]:
+        """The partition of ``key``, its leader, and the key its waiters park on."""
+        metadata, topic = await self.placement.topic(create=False)
+        if topic is None or not topic.partitions:
+            raise CoordinatorError(COORDINATOR_NOT_AVAILABLE,
+                                   f"{self.placement.spec.name} does not exist")
+        store, leader = self._partition(metadata, topic, self.placement.partition_of(topic, key))
+        return store, leader, f"{self._kind}:{(topic.topic_id or '')[:8]}:{key}"
+
+    def _partition(self, metadata: ClusterMetadata, topic: TopicInfo,
+                   partition: int) -> tuple[CoordinatorPartition[S], Leader]:
+        info, node = self.placement.leader(metadata, topic, partition)
+        store = self._partitions.get((topic.topic_id, partition))
+        if store is None:
+            store = self._partitions[(topic.topic_id, partition)] = CoordinatorPartition(
+                topic.name, partition, self._log_nodes, self._new_state)
+        return store, Leader(node=node, epoch=info.leader_epoch)
+
+    async def _refresh(self, store: CoordinatorPartition[S], leader: Leader) -> S:
+        first = not store.loaded
+        state = await store.refresh(leader)
+        if first:
+            self._spawn(self.arm(self._implied_timers([state])))
+        return state
+
+    async def read(self, key: str) -> S:
+        """The fresh state of the partition holding ``key`` (read-only). Raises
+        CoordinatorError."""
+        return (await self.read_at(key))[0]
+
+    async def read_at(self, key: str) -> tuple[S, int]:
+        """:meth:`read`, with the partition's end that state corresponds to."""
+        store, leader, _ = await self._locate(key)
+        async with store.lock:
+            return await self._refresh(store, leader), store.end
+
+    async def states_led_by(self, broker_id: int | None) -> list[S]:
+        """The fresh states of every partition ``broker_id`` leads (all when None)."""
+        metadata, topic = await self.placement.topic(create=False)
+        if topic is None:
+            return []
+
+        async def fresh(partition: int) -> S:
+            store, leader = self._partition(metadata, topic, partition)
+            async with store.lock:
+                return await self._refresh(store, leader)
+
+        return list(await asyncio.gather(*(
+            fresh(p) for p in sorted(topic.partitions)
+            if self.placement.leads(topic, p, broker_id))))
+
+    # -- changes ------------------------------------------------------------------------------
+
+    async def update(self, key: str,
+                     change: Callable[[S, int], tuple[Records, T]]) -> tuple[T, int]:
+        """Apply ``change(fresh state, now) -> (records, result)`` to the partition of ``key``:
+        the records are appended only if nothing else was appended since the state was read,
+        else the change is computed again; an append is answered once replicated. Returns
+        (result, the partition's end after the change). Raises CoordinatorError."""
+        for attempt in range(self.config.max_update_attempts):
+            store, leader, _ = await self._locate(key)
+            async with store.lock:
+                state = await self._refresh(store, leader)
+                now = self.now()
+                records, result = change(state, now)
+                if not records:
+                    return result, store.end
+                appended = await store.append(leader, records, now)
+                end = store.end
+            if appended is not None:
+                self._count("appended")
+                if appended.high_watermark < appended.log_end_offset:
+                    await self._await_replicated(store, appended.log_end_offset,
+                                                 appended.leader_epoch)
+                return result, end
+            self._count("conflict")
+            # Lost to another handler: back off a little (more with each loss) and retry.
+            await asyncio.sleep(random.uniform(0, min(0.001 * (attempt + 1), 0.05)))
+        raise CoordinatorError(COORDINATOR_NOT_AVAILABLE, f"{key}: too many concurrent updates")
+
+    def _count(self, outcome: str) -> None:
+        if self._writes is not None:
+            self._writes.labels(outcome).inc()
+
+    async def _await_replicated(self, store: CoordinatorPartition[S], end: int,
+                                leader_epoch: int) -> None:
+        """Wait until the partition's high watermark reaches ``end``, on the key of the leader
+        epoch that stored the write, as an acks=all produce does: a later leader, whose log may
+        lack the write, never completes it. Without a purgatory the write stands as the leader
+        has it."""
+        key = (epoch_key(store.topic, store.partition, leader_epoch) if leader_epoch >= 0
+               else partition_key(store.topic, store.partition))
+        timeout_ms = self.config.commit_timeout_ms
+        try:
+            with parked():
+                outcome = await self._purgatory.wait(WaitKind.PRODUCE, {key: end}, True,
+                                                     timeout_ms)
+        except CallError as exc:
+            log.debug("cannot wait for %s to be replicated: %s", key, exc)
+            return
+        state = outcome.keys.get(key)
+        if state is not None and state.error_code:
+            raise leader_error(state.error_code,
+                               f"{key}: error {state.error_code} while replicating")
+        if not outcome.completed:
+            raise CoordinatorError(COORDINATOR_NOT_AVAILABLE,
+                                   f"{key}: not replicated within {timeout_ms} ms")
+
+    # -- waits --------------------------------------------------------------------------------
+
+    async def signal(self, key: str, end: int) -> None:
+        """Wake the operations parked on ``key``: it changed at ``end``. Best effort."""
+        try:
+            _, _, waiters = await self._locate(key)
+            await self._timers.complete({waiters: end})
+        except (CoordinatorError, CallError) as exc:
+            log.debug("could not wake the waiters of %s: %s", key, exc)
+
+    async def wait(self, key: str, threshold: int, timeout_ms: float) -> int:
+        """Park until ``key`` is signalled at ``threshold`` or later, or ``timeout_ms``
+        passes; returns the last position signalled for it (-1 if unknown)."""
+        timeout_ms = max(int(timeout_ms), 1)
+        _, _, waiters = await self._locate(key)
+        try:
+            with parked():
+                result = await self._purgatory.wait(WaitKind.JOIN, {waiters: threshold}, False,
+                                                    timeout_ms)
+        except CallError:
+            await asyncio.sleep(min(timeout_ms / 1000, POLL_INTERVAL_S))
+            return -1
+        state = result.keys.get(waiters)
+        return state.position if state is not None else -1
+
+    # -- timers -------------------------------------------------------------------------------
+
+    async def arm(self, timeouts: Mapping[str, int]) -> None:
+        """Arm or re-arm a timer per key (timeouts in ms). Best effort."""
+        if timeouts:
+            try:
+                await self._timers.schedule(timeouts)
+            except CallError as exc:
+                log.debug("could not arm timers: %s", exc)
+
+    async def disarm(self, keys: Sequence[str]) -> None:
+        """Best effort."""
+        if keys:
+            try:
+                await self._timers.unschedule(keys)
+            except CallError as exc:
+                log.debug("could not disarm timers: %s", exc)
+
+    async def rearmed(self, key: str) -> bool:
+        """Whether a timer that ran out has been armed again since (False when unknown): an
+        expiry is news from the past, and a sign of life since outweighs it."""
+        try:
+            return key in await self._timers.armed([key])
+        except CallError as exc:
+            log.debug("could not check the timer %s: %s", key, exc)
+            return False
+
+    def _implied_timers(self, states: Sequence[S]) -> dict[str, int]:
+        timeouts: dict[str, int] = {}
+        if self._timers_of is not None:
+            now = self.now()
+            for state in states:
+                timeouts.update(self._timers_of(state, now))
+        return timeouts
+
+    async def rearm_all(self) -> None:
+        """Arm the timers of every partition this handler has loaded (the purgatory may have
+        restarted and forgotten them)."""
+        loaded = [store.state for store in list(self._partitions.values()) if store.loaded]
+        await self.arm(self._implied_timers(loaded))
+
+    async def follow_expirations(self, on_expiry: Callable[[str], Awaitable[None]],
+                                 backoff_initial: float = 0.1,
+                                 backoff_max: float = 2.0) -> None:
+        """Hand every timer that runs out to ``on_expiry`` (keys of other coordinators too),
+        for the handler's whole life: follows the purgatory's expiry stream, reconnecting with
+        a backoff; each (re)subscription re-arms the timers of the loaded partitions."""
+        delay = backoff_initial
+
+        async def bounded(key: str) -> None:
+            async with self._expiries:
+                await on_expiry(key)
+
+        while True:
+            try:
+                stream: AsyncIterator[list[str]] = self._timers.watch_expirations()
+                async for keys in stream:
+                    if not keys:
+                        delay = backoff_initial
+                        self._spawn(self.rearm_all())
+                    for key in keys:
+                        self._spawn(bounded(key))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the stream is reopened whatever broke it
+                log.debug("expiry stream broke (%s); reconnecting", exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, backoff_max)
+
+    def _spawn(self, coroutine: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def close(self) -> None:
+        tasks = list(self._background)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+

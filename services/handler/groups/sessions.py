@@ -1,0 +1,105 @@
+"""Session and rebalance timers of groups in the purgatory (Kafka's DelayedHeartbeat, and the
+expiries of DelayedJoin and DelayedSync), through the coordinator runtime's timers.
+
+    member:<len(group)>:<group><member id>   a member's (or pending member id's) session
+    rebalance:<len(group)>:<group>           the group's one deadline: the end of its join
+                                             phase, or of its pending SyncGroups
+
+JoinGroup, SyncGroup, Heartbeat and OffsetCommit re-arm the member's session timer; whoever
+writes a change of a group's deadline arms its timer for the new one (wakes
+:data:`DEADLINE_SLACK_MS` after it, so it has surely passed). What an expiry does is
+:mod:`.membership`'s. Timers are soft state: :func:`timers_of` names those a partition's
+groups imply, which the runtime arms again after a purgatory restart or a first load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..coordinator.runtime import CoordinatorRuntime
+from .group import Group
+from .state import PartitionState
+
+# A deadline timer wakes this long after the deadline, so it has surely passed by then.
+DEADLINE_SLACK_MS = 5
+
+
+def member_key(group_id: str, member_id: str) -> str:
+    """The session timer key of a member (or pending member id) of a group."""
+    return f"member:{len(group_id)}:{group_id}{member_id}"
+
+
+def deadline_key(group_id: str) -> str:
+    """The timer key of a group's rebalance deadline (join phase or pending SyncGroups)."""
+    return f"rebalance:{len(group_id)}:{group_id}"
+
+
+def _split(key: str, prefix: str) -> tuple[int, str] | None:
+    if not key.startswith(prefix):
+        return None
+    length, sep, rest = key[len(prefix):].partition(":")
+    if not sep or not length.isdigit() or int(length) > len(rest):
+        return None
+    return int(length), rest
+
+
+def parse_member_key(key: str) -> tuple[str, str] | None:
+    """(group id, member id) of a :func:`member_key`."""
+    parsed = _split(key, "member:")
+    return None if parsed is None else (parsed[1][:parsed[0]], parsed[1][parsed[0]:])
+
+
+def parse_deadline_key(key: str) -> str | None:
+    """The group id of a :func:`deadline_key`."""
+    parsed = _split(key, "rebalance:")
+    return parsed[1] if parsed is not None and parsed[0] == len(parsed[1]) else None
+
+
+def deadline_timeout(deadline_ms: int, now: int) -> int:
+    return max(deadline_ms - now, 0) + DEADLINE_SLACK_MS
+
+
+def timers_of(state: PartitionState, now: int) -> dict[str, int]:
+    """Every timer the groups of a partition imply: deadlines, sessions, pending members."""
+    timeouts = {}
+    for group in state.groups.values():
+        deadline = group.deadline_ms()
+        if deadline >= 0:
+            timeouts[deadline_key(group.group_id)] = deadline_timeout(deadline, now)
+        for member in group.members.values():
+            timeouts[member_key(group.group_id, member.member_id)] = member.session_timeout_ms
+        for member_id, expires in group.pending_members.items():
+            timeouts[member_key(group.group_id, member_id)] = max(expires - now, 0)
+    return timeouts
+
+
+class GroupTimers:
+    """The timers of groups, armed and disarmed through the runtime."""
+
+    def __init__(self, runtime: CoordinatorRuntime[PartitionState]) -> None:
+        self._runtime = runtime
+
+    async def arm(self, group_id: str, member_id: str, session_timeout_ms: int) -> None:
+        await self._runtime.arm({member_key(group_id, member_id): session_timeout_ms})
+
+    async def arm_member(self, group: Group, member_id: str) -> None:
+        """Re-arm a member's session timer (nothing if it is not a member)."""
+        member = group.members.get(member_id)
+        if member is not None:
+            await self.arm(group.group_id, member_id, member.session_timeout_ms)
+
+    async def disarm(self, group_id: str, member_ids: Sequence[str]) -> None:
+        await self._runtime.disarm([member_key(group_id, m) for m in member_ids])
+
+    async def follow_deadline(self, group_id: str, before: Group | None,
+                              after: Group | None) -> None:
+        """Arm the group's deadline timer for a new deadline, disarm it when there is none."""
+        old = before.deadline_ms() if before is not None else -1
+        new = after.deadline_ms() if after is not None else -1
+        if new == old:
+            return
+        if new >= 0:
+            await self._runtime.arm({deadline_key(group_id):
+                                     deadline_timeout(new, self._runtime.now())})
+        else:
+            await self._runtime.disarm([deadline_key(group_id)])

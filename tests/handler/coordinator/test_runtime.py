@@ -1,0 +1,305 @@
+"""The coordinator runtime with a state of its own that is not a group: named counters, one
+record per counter. Conditional appends serialise handlers racing on one key, a new handler
+rebuilds the state from the log, waits and signals, the high watermark wait, timers a state
+implies, and placement. Nothing here knows groups: the runtime is generic."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Mapping, Sequence
+
+import pytest
+
+from services.common.errors import ErrorCode
+from services.handler.collaborators import (
+    AppendResult,
+    KeyState,
+    PartitionAppend,
+    PartitionRead,
+    ReadLimit,
+    ReadResult,
+    WaitKind,
+    WaitResult,
+)
+from services.handler.coordinator.placement import (
+    CoordinatorError,
+    InternalTopic,
+    Placement,
+    java_string_hash,
+    partition_for,
+)
+from services.handler.coordinator.runtime import CoordinatorRuntime
+from services.handler.metadata_cache import LogNode
+
+from ..fakes import FakeController, cache_of, cluster, topic
+
+TOPIC = InternalTopic(name="__counters", num_partitions=2, replication_factor=1)
+COORDINATOR_NOT_AVAILABLE = ErrorCode.coordinator_not_available.value
+
+
+class Counters:
+    """The fake coordinator's state: counters by name (key: the name, value: the count)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def replay(self, key: bytes, value: bytes | None) -> None:
+        if value is None:
+            self.counts.pop(key.decode(), None)
+        else:
+            self.counts[key.decode()] = int(value)
+
+
+def increment(name: str):  # type: ignore[no-untyped-def]
+    def change(state: Counters, now: int) -> tuple[list[tuple[bytes, bytes | None]], int]:
+        count = state.counts.get(name, 0) + 1
+        return [(name.encode(), str(count).encode())], count
+    return change
+
+
+def timers_of(state: Counters, now: int) -> dict[str, int]:
+    return {f"counter:{name}": 1000 for name in state.counts}
+
+
+class Log:
+    """Partitions in memory with the log node's conditional append; every call yields to the
+    event loop first, so concurrent callers interleave as over the network."""
+
+    def __init__(self) -> None:
+        self.batches: dict[tuple[str, int], list[tuple[int, int, bytes]]] = defaultdict(list)
+        self.ends: dict[tuple[str, int], int] = defaultdict(int)
+        self.lagging = False
+
+    async def append_if_end(self, node: LogNode, append: PartitionAppend, expected: int,
+                            time_limit: float) -> AppendResult:
+        await asyncio.sleep(0)
+        where = (append.topic, append.partition)
+        if self.ends[where] != expected:
+            return AppendResult(topic=append.topic, partition=append.partition,
+                                error_code=ErrorCode.invalid_update_version.value)
+        batch = bytearray(append.records)
+        batch[0:8] = struct.pack(">q", expected)  # the log node assigns offsets
+        count = struct.unpack_from(">i", batch, 23)[0] + 1
+        self.batches[where].append((expected, count, bytes(batch)))
+        self.ends[where] += count
+        end = self.ends[where]
+        return AppendResult(topic=append.topic, partition=append.partition,
+                            log_end_offset=end, high_watermark=expected if self.lagging else end,
+                            leader_epoch=0)
+
+    async def read(self, node: LogNode, reads: Sequence[PartitionRead], max_bytes: int,
+                   limit: ReadLimit, time_limit: float) -> list[ReadResult]:
+        await asyncio.sleep(0)
+        assert limit is ReadLimit.LOG_END
+        out = []
+        for r in reads:
+            where = (r.topic, r.partition)
+            data = b"".join(b for base, count, b in self.batches[where] if base + count > r.offset)
+            out.append(ReadResult(topic=r.topic, partition=r.partition, records=data,
+                                  log_start_offset=0, log_end_offset=self.ends[where],
+                                  high_watermark=self.ends[where]))
+        return out
+
+
+class Purgatory:
+    """Waits on positions, timers by key and an expiry stream, in memory."""
+
+    def __init__(self) -> None:
+        self.positions: dict[str, int] = {}
+        self.changed = asyncio.Condition()
+        self.replicated = True
+        self.produce_waits: list[dict[str, int]] = []
+        self.armed_timers: dict[str, int] = {}
+        self.expired: asyncio.Queue[str] = asyncio.Queue()
+        self.subscriptions = 0
+
+    async def wait(self, kind: WaitKind, thresholds: Mapping[str, int], require_all: bool,
+                   timeout_ms: int) -> WaitResult:
+        if kind is WaitKind.PRODUCE:
+            self.produce_waits.append(dict(thresholds))
+            return WaitResult(completed=self.replicated)
+
+        def reached() -> bool:
+            return any(self.positions.get(k, -1) >= t for k, t in thresholds.items())
+
+        try:
+            async with self.changed:
+                await asyncio.wait_for(self.changed.wait_for(reached), timeout_ms / 1000)
+        except TimeoutError:
+            pass
+        return WaitResult(completed=reached(), keys={
+            k: KeyState(position=self.positions.get(k, -1)) for k in thresholds})
+
+    async def complete(self, positions: Mapping[str, int]) -> None:
+        async with self.changed:
+            for key, position in positions.items():
+                self.positions[key] = max(self.positions.get(key, -1), position)
+            self.changed.notify_all()
+
+    async def schedule(self, deadlines: Mapping[str, int]) -> None:
+        self.armed_timers.update(deadlines)
+
+    async def unschedule(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            self.armed_timers.pop(key, None)
+
+    async def armed(self, keys: Sequence[str]) -> set[str]:
+        return {key for key in keys if key in self.armed_timers}
+
+    async def watch_expirations(self) -> AsyncIterator[list[str]]:
+        self.subscriptions += 1
+        yield []
+        while True:
+            yield [await self.expired.get()]
+
+
+class Writes:
+    """A labelled counter, as the runtime counts its writes."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+
+    def labels(self, outcome: str) -> Writes:
+        self._outcome = outcome
+        return self
+
+    def inc(self) -> None:
+        self.counts[self._outcome] += 1
+
+
+def runtime(log: Log, purgatory: Purgatory,
+            writes: Writes | None = None) -> CoordinatorRuntime[Counters]:
+    metadata = cluster(topic(TOPIC.name, 2, topic_id="0123456789abcdef"))
+    return CoordinatorRuntime(
+        Placement(TOPIC, cache_of(metadata), FakeController(metadata)), log,  # type: ignore[arg-type]
+        purgatory, purgatory, Counters, kind="counter", timers_of=timers_of, writes=writes)
+
+
+def test_changes_are_appended_conditionally_and_replayed() -> None:
+    async def main() -> None:
+        log, purgatory = Log(), Purgatory()
+        counters = runtime(log, purgatory)
+        assert await counters.update("a", increment("a")) == (1, 1)
+        assert await counters.update("a", increment("a")) == (2, 2)
+        assert (await counters.read("a")).counts == {"a": 2}
+        # A change without records writes nothing and answers on the state read.
+        assert await counters.update("a", lambda state, now: ([], state.counts["a"])) == (2, 2)
+        assert sum(len(b) for b in log.batches.values()) == 2
+        await counters.close()
+
+    asyncio.run(main())
+
+
+def test_handlers_racing_on_one_key_are_serialised_by_conditional_appends() -> None:
+    async def main() -> None:
+        log, purgatory, writes = Log(), Purgatory(), Writes()
+        handlers = [runtime(log, purgatory, writes), runtime(log, purgatory, writes)]
+        results = await asyncio.gather(*(handlers[i % 2].update("hot", increment("hot"))
+                                         for i in range(30)))
+        assert sorted(count for count, _ in results) == list(range(1, 31))
+        for handler in handlers:
+            assert (await handler.read("hot")).counts == {"hot": 30}
+        assert writes.counts["appended"] == 30 and writes.counts["conflict"] > 0
+
+    asyncio.run(main())
+
+
+def test_a_new_handler_rebuilds_the_state_from_the_log_skipping_unreadable_records() -> None:
+    async def main() -> None:
+        log, purgatory = Log(), Purgatory()
+        first = runtime(log, purgatory)
+        for name in ("a", "b", "a", "c"):
+            await first.update(name, increment(name))
+        partition = partition_for("a", 2)
+        await first.update("a", lambda state, now: ([(b"a", b"not a count")], None))
+        await first.update("a", lambda state, now: ([(b"a", b"7")], None))
+        fresh = runtime(log, purgatory)
+        state = await fresh.read("a")
+        assert state.counts["a"] == 7
+        assert {n for n in ("a", "b", "c") if partition_for(n, 2) == partition} <= set(
+            state.counts)
+        # Tombstones delete.
+        await fresh.update("a", lambda state, now: ([(b"a", None)], None))
+        assert "a" not in (await first.read("a")).counts
+
+    asyncio.run(main())
+
+
+def test_waiters_wake_when_a_change_is_signalled_and_time_out_otherwise() -> None:
+    async def main() -> None:
+        log, purgatory = Log(), Purgatory()
+        waiter, writer = runtime(log, purgatory), runtime(log, purgatory)
+        state, end = await waiter.read_at("k")
+        assert (state.counts, end) == ({}, 0)
+        parked = asyncio.ensure_future(waiter.wait("k", end + 1, 5000))
+        await asyncio.sleep(0.05)
+        assert not parked.done()
+        _, after = await writer.update("k", increment("k"))
+        await writer.signal("k", after)
+        assert await parked == after
+        assert "counter:0123456" in next(iter(purgatory.positions))  # kind and topic id
+        assert await waiter.wait("k", after + 1, 50) == after  # nothing new: times out
+
+    asyncio.run(main())
+
+
+def test_a_write_answers_only_once_replicated() -> None:
+    async def main() -> None:
+        log, purgatory = Log(), Purgatory()
+        counters = runtime(log, purgatory)
+        log.lagging = True
+        assert await counters.update("a", increment("a")) == (1, 1)
+        assert purgatory.produce_waits == [{f"{TOPIC.name}-{partition_for('a', 2)}@0": 1}]
+        purgatory.replicated = False
+        with pytest.raises(CoordinatorError) as failed:
+            await counters.update("a", increment("a"))
+        assert failed.value.code == COORDINATOR_NOT_AVAILABLE
+
+    asyncio.run(main())
+
+
+def test_timers_the_state_implies_are_armed_on_load_and_on_resubscription() -> None:
+    async def main() -> None:
+        log, purgatory = Log(), Purgatory()
+        await runtime(log, purgatory).update("a", increment("a"))
+        counters = runtime(log, purgatory)
+        await counters.read("a")
+        await asyncio.sleep(0.01)
+        assert purgatory.armed_timers == {"counter:a": 1000}  # armed on the first load
+        purgatory.armed_timers.clear()  # the purgatory restarted
+        expired: list[str] = []
+
+        async def on_expiry(key: str) -> None:
+            expired.append(key)
+
+        follower = asyncio.ensure_future(counters.follow_expirations(on_expiry))
+        await purgatory.expired.put("counter:a")
+        for _ in range(100):
+            if expired:
+                break
+            await asyncio.sleep(0.01)
+        assert expired == ["counter:a"] and purgatory.subscriptions == 1
+        assert purgatory.armed_timers == {"counter:a": 1000}  # re-armed on subscribing
+        assert await counters.rearmed("counter:a") and not await counters.rearmed("other")
+        follower.cancel()
+        await counters.close()
+
+    asyncio.run(main())
+
+
+def test_placement_creates_the_topic_once_and_hashes_keys_as_java() -> None:
+    async def main() -> None:
+        metadata = cluster()
+        controller = FakeController(metadata)
+        placement = Placement(TOPIC, cache_of(metadata), controller)
+        await asyncio.gather(placement.find("a"), placement.find("b"))
+        [(created, _)] = controller.created
+        assert (created[0].name, created[0].num_partitions,
+                created[0].configs["cleanup.policy"]) == (TOPIC.name, 2, "compact")
+
+    assert java_string_hash("hello") == 99162322
+    assert java_string_hash("polygenelubricants") == -(2**31)
+    assert partition_for("polygenelubricants", 50) == 0
+    asyncio.run(main())
