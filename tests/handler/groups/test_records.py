@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.handler.groups import records as r
-from services.log.record_batch import validate_append
+from services.log.log_validator import validate_append
 
 names = st.text(max_size=30)
 ints32 = st.integers(-(2**31), 2**31 - 1)
