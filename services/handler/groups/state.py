@@ -15,13 +15,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .group import Group
 from .records import (
     GroupMetadataKey,
     OffsetCommitKey,
     OffsetCommitValue,
-    Record,
     RecordFormatError,
     decode_group_metadata_value,
     decode_key,
@@ -31,6 +31,14 @@ from .records import (
 log = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
+
+
+class LoggedRecord(NamedTuple):
+    """A record read back from the partition: its offset, key and value (None: a tombstone)."""
+
+    offset: int
+    key: bytes | None
+    value: bytes | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,7 +81,7 @@ class PartitionState:
     def group_ids(self) -> set[str]:
         return set(self.groups) | {g for g, offsets in self.offsets.items() if offsets}
 
-    def apply(self, records: Iterable[Record], end: int) -> None:
+    def apply(self, records: Iterable[LoggedRecord], end: int) -> None:
         """Apply records read from the log (in offset order), then stand at ``end``."""
         for record in records:
             if record.offset < self.end:

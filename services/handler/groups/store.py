@@ -7,6 +7,9 @@ Freshness: :meth:`OffsetsPartition.refresh` reads from the cached end to the log
 it, its start past it, or another leader or leader epoch, which may have cut the tail) is read
 again from its start. The cache is only an optimisation: a new handler builds it from the log.
 
+Records: each update is one uncompressed v2 batch (:mod:`services.common.records`). Reading
+skips control batches and, with a warning, compressed ones (nothing of ours writes them).
+
 Serialising writers: an update is computed on fresh state and appended with
 ``expected_log_end_offset`` = the end that state corresponds to; the log node refuses it with
 INVALID_UPDATE_VERSION if anything was appended in between (another handler won), and the
@@ -18,11 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from services.common.errors import ErrorCode
+from services.common.records.record import build_batch, decode_records
+from services.common.records.record_batch import MAGIC, RecordError, batches_end, iter_batches
 
 from ..collaborators import (
     AppendResult,
@@ -35,8 +40,7 @@ from ..collaborators import (
     ReadResult,
 )
 from ..metadata_cache import LogNode
-from .records import batches_end, build_batch, read_records
-from .state import PartitionState
+from .state import LoggedRecord, PartitionState
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +61,23 @@ class PartitionUnavailableError(Exception):
         super().__init__(message)
         self.code = code
         self.outcome_unknown = outcome_unknown
+
+
+def read_records(data: bytes) -> Iterator[LoggedRecord]:
+    """The records of a run of whole batches, in offset order; a truncated tail ends the run.
+    Raises :class:`RecordError` for a batch that is not v2 or whose records do not decode."""
+    view = memoryview(data)
+    for position, header in iter_batches(view):
+        if header.magic != MAGIC:
+            raise RecordError(f"record batch of magic {header.magic}")
+        if header.is_control:
+            continue
+        if header.compression:
+            log.warning("skipping a compressed batch at offset %d of the offsets topic",
+                        header.base_offset)
+            continue
+        for record in decode_records(view[position:position + header.size], header):
+            yield LoggedRecord(header.base_offset + record.offset_delta, record.key, record.value)
 
 
 class LogClient(LogNodes, ConditionalAppender, Protocol):
@@ -132,7 +153,7 @@ class OffsetsPartition:
         on success apply them to the state and return the append's result, on a conflict
         return None. Raises PartitionUnavailableError."""
         expected = self.state.end
-        batch = build_batch(list(records), timestamp)
+        batch = build_batch(records, timestamp)
         try:
             result = await self._log_nodes.append_if_end(
                 leader.node, PartitionAppend(topic=self.topic, partition=self.partition,

@@ -1,5 +1,5 @@
-"""The ``__consumer_offsets`` codec: round trips of every key and value (Hypothesis), Kafka's
-own older value versions, and record batches the log node accepts as they are."""
+"""The ``__consumer_offsets`` codec: round trips of every key and value (Hypothesis) and Kafka's
+own older value versions."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.handler.groups import records as r
-from services.log.log_validator import validate_append
 
 names = st.text(max_size=30)
 ints32 = st.integers(-(2**31), 2**31 - 1)
@@ -112,17 +111,3 @@ def test_other_record_kinds_are_ignored_and_garbage_is_an_error() -> None:
         r.decode_key(b"\x00")
     with pytest.raises(r.RecordFormatError):
         r.decode_group_metadata_value(struct.pack(">h", 4) + b"\x05ab")
-
-
-@given(items=st.lists(st.tuples(blobs.filter(bool), st.none() | blobs), min_size=1,
-                      max_size=8), base=st.integers(0, 2**40))
-def test_batches_are_valid_for_the_log_node_and_read_back(
-        items: list[tuple[bytes, bytes | None]], base: int) -> None:
-    batch = bytearray(r.build_batch(items, 1_700_000_000_000))
-    validate_append(bytes(batch), 1 << 20)
-    batch[0:8] = struct.pack(">q", base)  # as the log node assigns it
-    got = list(r.read_records(bytes(batch)))
-    assert [(g.offset, g.key, g.value) for g in got] == [
-        (base + i, k, v) for i, (k, v) in enumerate(items)]
-    assert r.batches_end(bytes(batch)) == base + len(items)
-    assert list(r.read_records(bytes(batch)[:-1])) == []  # a torn batch yields nothing
