@@ -16,6 +16,11 @@ from kio.records.writers import write_batch
 from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
 
 from services.common.errors import ErrorCode, KafkaError
+from services.common.records.control_records import (
+    ControlRecordType,
+    EndTransactionMarker,
+    build_end_transaction_batch,
+)
 from services.common.records.record_batch import (
     CONTROL_BIT,
     CRC_OFFSET,
@@ -140,6 +145,13 @@ def test_inconsistent_headers_are_invalid_record(overrides: dict[str, int]) -> N
 def test_an_idempotent_batch_with_a_sequence_is_accepted() -> None:
     validate_append(build_batch(values(3), producer_id=7, producer_epoch=0, base_sequence=0),
                     LIMIT)
+
+
+def test_a_transaction_marker_is_an_intact_batch_the_key_check_skips() -> None:
+    marker = EndTransactionMarker(type=ControlRecordType.COMMIT, coordinator_epoch=3)
+    batch = build_end_transaction_batch(marker, producer_id=7, producer_epoch=1, timestamp=1000)
+    assert stored_batch_problem(batch, 0, 0) is None
+    check_keys(batch, list(iter_batches(batch)))  # its key is a control key, never checked
 
 
 def test_an_empty_append_is_invalid_record() -> None:

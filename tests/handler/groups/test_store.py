@@ -7,14 +7,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.common.records.record import build_batch
-from services.common.records.record_batch import (
-    CONTROL_BIT,
-    TRANSACTIONAL_BIT,
-    RecordError,
-    batches_end,
-    set_base_offset,
+from services.common.records.control_records import (
+    ControlRecordType,
+    EndTransactionMarker,
+    build_end_transaction_batch,
 )
+from services.common.records.record import build_batch
+from services.common.records.record_batch import RecordError, batches_end, set_base_offset
 from services.handler.groups.store import read_records
 from services.log.log_validator import validate_append
 
@@ -39,9 +38,9 @@ def test_batches_are_valid_for_the_log_node_and_read_back(
 
 
 def test_control_and_compressed_batches_are_skipped() -> None:
-    marker = build_test_batch([b"\x00\x00\x00\x00\x00\x00"], keys=[b"\x00\x00\x00\x00"],
-                              attributes=CONTROL_BIT | TRANSACTIONAL_BIT, producer_id=1,
-                              producer_epoch=0)
+    marker = build_end_transaction_batch(
+        EndTransactionMarker(type=ControlRecordType.ABORT, coordinator_epoch=0),
+        producer_id=1, producer_epoch=0, timestamp=0)
     compressed = compressed_batch([(b"k", b"v")], "gzip")
     kept = build_batch([(b"key", b"value")], 0)
     got = list(read_records(marker + compressed + kept))
