@@ -31,14 +31,11 @@ import json
 import os
 import random
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-
-from crc32c import crc32c
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -46,6 +43,12 @@ sys.path.insert(0, str(ROOT / "proto" / "gen"))
 
 from kbroker.log.v1 import log_pb2, log_pb2_grpc  # noqa: E402
 from services.common.channels import insecure_channel  # noqa: E402
+from services.common.records.record import build_batch  # noqa: E402
+from services.common.records.record_batch import (  # noqa: E402
+    HEADER_SIZE,
+    batches_end,
+    set_base_offset,
+)
 from services.local_cluster import ClusterSpec, LocalCluster, free_port  # noqa: E402
 from services.log.segment import LogSegment  # noqa: E402
 
@@ -55,30 +58,9 @@ IN_FLIGHT = 4
 
 def batch_of(size: int, records: int = 16) -> bytes:
     """A valid v2 batch of about ``size`` bytes: ``records`` records of equal values."""
-    value_size = max((size - 61) // records - 12, 1)
-    body = b""
-    for i in range(records):
-        value = bytes([65 + i % 26]) * value_size
-        rec = (b"\x00" + _varint(0) + _varint(i) + _varint(-1) + _varint(len(value)) + value
-               + _varint(0))
-        body += _varint(len(rec)) + rec
-    after_crc = struct.pack(">hiqqqhii", 0, records - 1, 1_700_000_000_000,
-                            1_700_000_000_000, -1, -1, -1, records) + body
-    head = struct.pack(">qiib", 0, len(after_crc) + 9, -1, 2)
-    return head + struct.pack(">I", crc32c(after_crc)) + after_crc
-
-
-def _varint(value: int) -> bytes:
-    encoded = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while True:
-        byte = encoded & 0x7F
-        encoded >>= 7
-        if encoded:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+    value_size = max((size - HEADER_SIZE) // records - 12, 1)
+    return build_batch([(None, bytes([65 + i % 26]) * value_size) for i in range(records)],
+                       1_700_000_000_000)
 
 
 def raw_disk(directory: Path, total: int, block: int) -> dict[str, float]:
@@ -168,7 +150,7 @@ async def log_service(directory: Path, total: int, block: int) -> dict[str, floa
             assert result.error_code == 0 and records, result.error_code
             read_bytes += len(records)
             # The next offset: after the last batch returned (its header says where).
-            offset = _last_batch_end(records)
+            offset = batches_end(records) or 0
         read_s = time.perf_counter() - started
         return {"write": written / append_s / MIB, "write_synced": written / synced_s / MIB,
                 "read": read_bytes / read_s / MIB}
@@ -241,16 +223,6 @@ print(json.dumps({"bytes": count * len(value), "produce_s": produce_s, "consume_
 """
 
 
-def _last_batch_end(records: bytes) -> int:
-    position, next_offset = 0, 0
-    while position + 61 <= len(records):
-        base, length = struct.unpack_from(">qi", records, position)
-        delta = struct.unpack_from(">i", records, position + 23)[0]
-        next_offset = base + delta + 1
-        position += length + 12
-    return next_offset
-
-
 def index_lookups(directory: Path) -> list[tuple[int, int, float]]:
     """(segment MiB, batches, microseconds per lookup) for segments of growing size."""
     results = []
@@ -263,7 +235,7 @@ def index_lookups(directory: Path) -> list[tuple[int, int, float]]:
         chunk = bytearray()
         offsets = []
         for i in range(count):
-            struct.pack_into(">q", batch, 0, i * 4)
+            set_base_offset(batch, 0, i * 4)
             chunk += batch
             offsets.append(i * 4)
             if len(chunk) >= MIB:

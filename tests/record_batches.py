@@ -1,51 +1,52 @@
-"""Builds v2 record batches for tests, byte by byte (records use zigzag varints; CRC32C over
-the bytes after the CRC field, as a producer computes it), so tests do not depend on the code
-under test to produce their input.
+"""Record batches as tests need them: a producer's batch of values with any header fields
+(deliberately inconsistent ones included, the CRC always right), batches compressed by the
+reference libraries, and the offsets of the batches a read returned.
 
-    RecordBatch => BaseOffset:int64 BatchLength:int32 PartitionLeaderEpoch:int32 Magic:int8
-                   CRC:uint32 Attributes:int16 LastOffsetDelta:int32 BaseTimestamp:int64
-                   MaxTimestamp:int64 ProducerId:int64 ProducerEpoch:int16 BaseSequence:int32
-                   RecordCount:int32 Records
+They are written with the codec (:mod:`services.common.records`), which
+``tests/common/records`` checks against independent readers and writers: kio's record reader
+and writer, and each codec's reference library.
 """
 
 from __future__ import annotations
 
-import struct
+import gzip
 from collections.abc import Sequence
 
-from crc32c import crc32c
+import lz4.frame
+import zstandard
+from kafka import codec as kafka_codec
+
+from services.common.records.compression import GZIP, LZ4, SNAPPY, ZSTD
+from services.common.records.record import Record, encode_record
+from services.common.records.record_batch import BatchHeader, iter_batches, pack_batch
+
+Entry = tuple[bytes | None, bytes | None]
+
+CODECS = {"gzip": GZIP, "snappy": SNAPPY, "lz4": LZ4, "zstd": ZSTD}
+# The reference library of each codec, both ways (snappy in the Java client's xerial framing).
+REFERENCE_COMPRESS = {
+    "gzip": gzip.compress,
+    "snappy": lambda data: kafka_codec.snappy_encode(data, xerial_compatible=True),
+    "lz4": lz4.frame.compress,
+    "zstd": lambda data: zstandard.ZstdCompressor().compress(data),
+}
+REFERENCE_DECOMPRESS = {
+    "gzip": gzip.decompress,
+    "snappy": kafka_codec.snappy_decode,
+    "lz4": lz4.frame.decompress,
+    "zstd": lambda data: zstandard.ZstdDecompressor().decompressobj().decompress(data),
+}
 
 
-def varint(value: int) -> bytes:
-    """Kafka's signed varint: zigzag, then 7 bits per byte, least significant first."""
-    encoded = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while True:
-        byte = encoded & 0x7F
-        encoded >>= 7
-        if encoded:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _nullable(data: bytes | None) -> bytes:
-    return varint(-1) if data is None else varint(len(data)) + data
-
-
-def record(
-    offset_delta: int, timestamp_delta: int, key: bytes | None, value: bytes | None
-) -> bytes:
-    body = (
-        b"\x00" + varint(timestamp_delta) + varint(offset_delta) + _nullable(key)
-        + _nullable(value) + varint(0)
-    )
-    return varint(len(body)) + body
+def encode_records(entries: Sequence[Entry], timestamp_step: int = 1) -> bytes:
+    """Uncompressed records of ``(key, value)``: offset deltas 0, 1, ... and timestamp deltas
+    ``i * timestamp_step``."""
+    return b"".join(encode_record(Record(i, i * timestamp_step, key, value))
+                    for i, (key, value) in enumerate(entries))
 
 
 def build_batch(
-    values: Sequence[bytes],
+    values: Sequence[bytes | None],
     *,
     keys: Sequence[bytes | None] | None = None,
     base_offset: int = 0,
@@ -62,25 +63,31 @@ def build_batch(
     max_timestamp: int | None = None,
 ) -> bytes:
     """A valid batch of one record per value (record i has key ``keys[i]``, default ``k<i>``,
-    and timestamp base + i * step); the keyword overrides make deliberately inconsistent headers
-    (the CRC stays right)."""
+    and timestamp base + i * step), its records uncompressed whatever ``attributes`` say; the
+    keyword overrides make deliberately inconsistent headers (the CRC stays right)."""
     if keys is None:
         keys = [f"k{i}".encode() for i in range(len(values))]
-    records = b"".join(
-        record(i, i * timestamp_step, key, value)
-        for i, (key, value) in enumerate(zip(keys, values, strict=True))
-    )
-    count = len(values) if record_count is None else record_count
-    delta = len(values) - 1 if last_offset_delta is None else last_offset_delta
+    payload = encode_records(list(zip(keys, values, strict=True)), timestamp_step)
     if max_timestamp is None:
         max_timestamp = base_timestamp + max(0, (len(values) - 1) * timestamp_step)
-    after_crc = struct.pack(
-        ">hiqqqhii", attributes, delta, base_timestamp, max_timestamp, producer_id,
-        producer_epoch, base_sequence, count,
-    ) + records
-    length = 4 + 1 + 4 + len(after_crc)
-    return struct.pack(">qiibI", base_offset, length, partition_leader_epoch, magic,
-                       crc32c(after_crc)) + after_crc
+    header = BatchHeader(
+        base_offset=base_offset, partition_leader_epoch=partition_leader_epoch, magic=magic,
+        attributes=attributes,
+        last_offset_delta=len(values) - 1 if last_offset_delta is None else last_offset_delta,
+        base_timestamp=base_timestamp, max_timestamp=max_timestamp, producer_id=producer_id,
+        producer_epoch=producer_epoch, base_sequence=base_sequence,
+        record_count=len(values) if record_count is None else record_count)
+    return pack_batch(header, payload)
+
+
+def compressed_batch(entries: Sequence[Entry], codec: str, base_timestamp: int = 1000) -> bytes:
+    """A batch of ``(key, value)`` records (timestamps base + i) compressed by the reference
+    library of ``codec``."""
+    count = len(entries)
+    header = BatchHeader(attributes=CODECS[codec], last_offset_delta=count - 1,
+                         base_timestamp=base_timestamp,
+                         max_timestamp=base_timestamp + count - 1, record_count=count)
+    return pack_batch(header, REFERENCE_COMPRESS[codec](encode_records(entries)))
 
 
 def values(n: int, size: int = 10, tag: str = "v") -> list[bytes]:
@@ -89,13 +96,4 @@ def values(n: int, size: int = 10, tag: str = "v") -> list[bytes]:
 
 def batch_offsets(records: bytes) -> list[tuple[int, int]]:
     """(base offset, record count) of each whole batch in ``records``."""
-    out = []
-    pos = 0
-    while pos + 61 <= len(records):
-        base_offset, length = struct.unpack_from(">qi", records, pos)
-        if pos + 12 + length > len(records):
-            break
-        (count,) = struct.unpack_from(">i", records, pos + 57)
-        out.append((base_offset, count))
-        pos += 12 + length
-    return out
+    return [(header.base_offset, header.record_count) for _, header in iter_batches(records)]

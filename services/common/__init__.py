@@ -1,2 +1,3 @@
 """Code every service shares: gRPC server and channel set-up, configuration, Kafka error codes,
-metrics and process life cycle. Nothing here knows any one service's domain."""
+metrics, process life cycle and the record batch codec (:mod:`.records`). Nothing here knows
+any one service's domain."""

@@ -1,20 +1,13 @@
-"""Sizing runs of v2 record batches by their headers alone (records are never decoded).
+"""Sizing runs of v2 record batches by their headers alone (records are never decoded; the
+format is :mod:`services.common.records.record_batch`).
 
-    RecordBatch => BaseOffset:int64 BatchLength:int32 PartitionLeaderEpoch:int32 Magic:int8
-                   CRC:uint32 Attributes:int16 ... Records
-
-BatchLength counts the bytes after itself, so a batch spans ``12 + BatchLength`` bytes
-(Kafka's ``LOG_OVERHEAD``). A run of batches is cut only at batch boundaries: a consumer gets
-whole batches or none of a partition.
+A batch spans ``12 + batchLength`` bytes (Kafka's ``LOG_OVERHEAD``). A run of batches is cut
+only at batch boundaries: a consumer gets whole batches or none of a partition.
 """
 
 from __future__ import annotations
 
-import struct
-
-LOG_OVERHEAD = 12
-_BATCH_LENGTH = struct.Struct(">i")
-_BATCH_LENGTH_OFFSET = 8
+from services.common.records.record_batch import LOG_OVERHEAD, read_log_overhead
 
 
 def whole_batches_size(records: bytes | memoryview, limit: int, at_least_one: bool) -> int:
@@ -24,8 +17,9 @@ def whole_batches_size(records: bytes | memoryview, limit: int, at_least_one: bo
     run."""
     size = len(records)
     pos = 0
+    read = read_log_overhead
     while pos + LOG_OVERHEAD <= size:
-        (length,) = _BATCH_LENGTH.unpack_from(records, pos + _BATCH_LENGTH_OFFSET)
+        _, length = read(records, pos)
         end = pos + LOG_OVERHEAD + length
         if length < 0 or end > size:
             break

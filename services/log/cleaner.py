@@ -68,18 +68,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from services.common.records.compression import SNAPPY, is_xerial
+from services.common.records.record import Record, decode_records, encode_batch
+from services.common.records.record_batch import (
+    COMPRESSION_MASK,
+    DELETE_HORIZON_BIT,
+    HEADER_SIZE,
+    MIN_BATCH_LENGTH,
+    BatchHeader,
+    RecordError,
+    read_header,
+)
+
 from .checkpoint import OffsetCheckpoint
 from .offset_index import MAX_RELATIVE_OFFSET
-from .record_batch import COMPRESSION_MASK, HEADER_SIZE, MIN_BATCH_LENGTH, BatchHeader, read_header
-from .record_codec import (
-    DELETE_HORIZON_BIT,
-    Record,
-    RecordError,
-    decode_records,
-    delete_horizon,
-    encode_batch,
-    is_xerial,
-)
 from .segment import LogSegment
 from .segment_swap import CLEANED_SUFFIX, discard
 from .topic_config import NEVER
@@ -503,7 +505,7 @@ def filter_batch(
     if header.is_control:
         return batch, 0, 0, None
     records = decode_records(batch, header)
-    horizon = delete_horizon(header)
+    horizon = header.delete_horizon
     base = header.base_offset
     kept: list[Record] = []
     for record in records:
@@ -538,6 +540,6 @@ def filter_batch(
                         max_timestamp=max_timestamp),
         [record._replace(timestamp_delta=timestamp - new_base)
          for record, timestamp in zip(kept, timestamps, strict=True)],
-        xerial=header.compression == 2 and is_xerial(memoryview(batch)[HEADER_SIZE:]),
+        xerial=header.compression == SNAPPY and is_xerial(memoryview(batch)[HEADER_SIZE:]),
     )
     return rebuilt, len(records), len(kept), horizon if has_tombstones else None

@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 import threading
 import time
 from bisect import bisect_right
@@ -74,23 +73,20 @@ from pathlib import Path
 from typing import Any
 
 from services.common.errors import ErrorCode, KafkaError
+from services.common.records.record_batch import (
+    HEADER_SIZE,
+    NO_TIMESTAMP,
+    Batch,
+    read_header,
+    set_partition_leader_epoch,
+)
 
 from . import replica_state, segment_swap
 from .checkpoint import HIGH_WATERMARK_FILE, OffsetCheckpoint
 from .leader_epochs import LeaderEpochCache
+from .log_validator import assign_offsets, check_keys, stored_batch_problem, validate_append
 from .offset_index import MAX_RELATIVE_OFFSET
 from .producer_state import BatchMetadata, ProducerStateManager, snapshot_name
-from .record_batch import (
-    HEADER_SIZE,
-    NO_TIMESTAMP,
-    PARTITION_LEADER_EPOCH_OFFSET,
-    Batch,
-    assign_offsets,
-    read_header,
-    stored_batch_problem,
-    validate_append,
-)
-from .record_codec import check_keys
 from .replica_state import ReplicaState, Role
 from .segment import INDEX_SUFFIX, LOG_SUFFIX, OFFSET_DIGITS, TIME_INDEX_SUFFIX, LogSegment
 from .topic_config import TimestampType, TopicConfig
@@ -108,8 +104,6 @@ NO_OFFSET = -1
 NO_LEADER_EPOCH = -1
 # Kafka's replica.high.watermark.checkpoint.interval.ms.
 HIGH_WATERMARK_CHECKPOINT_MS = 5_000
-
-_EPOCH_FIELD = struct.Struct(">i")
 
 HighWatermarkListener = Callable[[str, int, int, int], None]
 """Called with (topic, partition, new high watermark, leader epoch) whenever a leader's high
@@ -348,7 +342,7 @@ class PartitionLog:
     ) -> AppendInfo:
         """Validate and append the record batches of one produce to this partition (as its
         leader), assigning offsets from the log end offset on. All or nothing: a bad batch
-        (see :func:`~services.log.record_batch.validate_append`) stores none of them.
+        (see :func:`~services.log.log_validator.validate_append`) stores none of them.
         With ``expected_log_end_offset`` the append is conditional (a compare-and-set): it
         happens only if the log end offset equals it, else INVALID_UPDATE_VERSION."""
         config = self.config
@@ -384,9 +378,7 @@ class PartitionLog:
             if state.leader_epoch >= 0:
                 # Outside the CRC, like the base offset: stamped in place.
                 for batch in batches:
-                    _EPOCH_FIELD.pack_into(
-                        buffer, batch.position + PARTITION_LEADER_EPOCH_OFFSET,
-                        state.leader_epoch)
+                    set_partition_leader_epoch(buffer, batch.position, state.leader_epoch)
                 self.leader_epochs.assign(state.leader_epoch, base_offset)
             max_timestamp = max(batch.header.max_timestamp for batch in batches)
             if append_time is not None:

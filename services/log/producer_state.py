@@ -62,14 +62,16 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from services.common.errors import ErrorCode, KafkaError
-
-from .record_batch import CONTROL_BIT, Batch, BatchHeader
+from services.common.records.record_batch import (
+    CONTROL_BIT,
+    NO_PRODUCER_EPOCH,
+    NO_SEQUENCE,
+    Batch,
+    BatchHeader,
+)
 
 log = logging.getLogger(__name__)
 
-NO_PRODUCER_ID = -1
-NO_PRODUCER_EPOCH = -1
-NO_SEQUENCE = -1
 MAX_SEQUENCE = 2**31 - 1
 # Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN: a producer has at most five requests in
 # flight per partition (max.in.flight.requests.per.connection <= 5 with idempotence).

@@ -24,18 +24,19 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from .metrics import FLUSH_SECONDS
-from .offset_index import MAX_RELATIVE_OFFSET, IndexEntry, OffsetIndex
-from .record_batch import (
+from services.common.records.record_batch import (
     HEADER_SIZE,
     LOG_OVERHEAD,
     MIN_BATCH_LENGTH,
     NO_TIMESTAMP,
     Batch,
-    batch_length_at,
     read_header,
-    stored_batch_problem,
+    read_log_overhead,
 )
+
+from .log_validator import stored_batch_problem
+from .metrics import FLUSH_SECONDS
+from .offset_index import MAX_RELATIVE_OFFSET, IndexEntry, OffsetIndex
 from .time_index import TimeIndex
 
 log = logging.getLogger(__name__)
@@ -213,7 +214,7 @@ class LogSegment:
         while position < self.size:
             chunk = os.pread(self._fd, _RECOVERY_CHUNK, position)
             if len(chunk) >= LOG_OVERHEAD:
-                first_size = batch_length_at(chunk, 0) + LOG_OVERHEAD
+                first_size = read_log_overhead(chunk, 0)[1] + LOG_OVERHEAD
                 if len(chunk) < first_size <= self.size - position:
                     chunk = os.pread(self._fd, first_size, position)
             offset_in_chunk = 0
@@ -221,7 +222,7 @@ class LogSegment:
                 remaining = len(chunk) - offset_in_chunk
                 if offset_in_chunk and (
                     remaining < HEADER_SIZE
-                    or batch_length_at(chunk, offset_in_chunk) + LOG_OVERHEAD > remaining
+                    or read_log_overhead(chunk, offset_in_chunk)[1] + LOG_OVERHEAD > remaining
                 ) and position + len(chunk) < self.size:
                     break  # the batch continues past this chunk: read on from it
                 problem = stored_batch_problem(chunk, offset_in_chunk, self.next_offset)

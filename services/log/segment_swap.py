@@ -37,8 +37,9 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from services.common.records.record_batch import HEADER_SIZE, MIN_BATCH_LENGTH, read_header
+
 from .partition_metadata import fsync_directory
-from .record_batch import HEADER_SIZE, MIN_BATCH_LENGTH, read_header
 from .segment import INDEX_SUFFIX, LOG_SUFFIX, OFFSET_DIGITS, TIME_INDEX_SUFFIX, file_stem
 
 log = logging.getLogger(__name__)

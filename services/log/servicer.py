@@ -13,11 +13,11 @@ import time
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from services.common.call_streams import serve_calls
 from services.common.errors import ErrorCode, KafkaError, error_name
+from services.common.records.record_batch import NO_TIMESTAMP
 
 from . import metrics
 from .log_manager import LogManager
 from .partition_log import NO_LEADER_EPOCH, NO_OFFSET, PartitionLog, ReadLimit
-from .record_batch import NO_TIMESTAMP
 from .replica_state import ReplicaState, Role
 
 log = logging.getLogger(__name__)

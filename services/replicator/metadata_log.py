@@ -81,7 +81,6 @@ import json
 import logging
 import os
 import random
-import struct
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -89,12 +88,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from crc32c import crc32c
 
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from services.common.channels import insecure_channel
 from services.common.errors import ErrorCode
-from services.common.varints import decode_varint, encode_varint
+from services.common.records.record import build_batch
+from services.common.records.record import decode_records as records_of_batch
+from services.common.records.record_batch import (
+    MAGIC,
+    BatchHeader,
+    RecordError,
+    compute_crc,
+    iter_batches,
+)
 
 from .metadata import LogNode, MetadataImage, NodeId
 from .metadata_store import (
@@ -180,21 +186,7 @@ class ReplicaView:
     image_offset: int
 
 
-# --- record batches ------------------------------------------------------------------------
-#
-# RecordBatch => BaseOffset:int64 BatchLength:int32 PartitionLeaderEpoch:int32 Magic:int8 (2)
-#                CRC:uint32 (CRC-32C of Attributes..end) Attributes:int16 LastOffsetDelta:int32
-#                BaseTimestamp:int64 MaxTimestamp:int64 ProducerId:int64 ProducerEpoch:int16
-#                BaseSequence:int32 RecordCount:int32 Records
-# Record => Length:varint Attributes:int8 TimestampDelta:varint OffsetDelta:varint
-#           KeyLength:varint Key ValueLength:varint Value HeadersCount:varint
-# (varints zig-zag encoded, as in Kafka's DefaultRecord)
-
-_HEADER = struct.Struct(">qiibIhiqqqhii")
-_AFTER_CRC = struct.Struct(">hiqqqhii")
-_LOG_OVERHEAD = 12  # base offset and batch length
-_CRC_FROM = 21
-_COMPRESSION_MASK = 0x07
+# --- records ------------------------------------------------------------------------------
 
 
 def encode_record(record: MetadataRecord, timestamp_ms: int) -> bytes:
@@ -212,51 +204,33 @@ def encode_record(record: MetadataRecord, timestamp_ms: int) -> bytes:
         document["image"] = encode_image(record.image)
     key = CLAIM_KEY if record.is_claim else IMAGE_KEY
     value = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
-    body = (b"\x00" + encode_varint(0) + encode_varint(0) + encode_varint(len(key)) + key
-            + encode_varint(len(value)) + value + encode_varint(0))
-    after_crc = _AFTER_CRC.pack(0, 0, timestamp_ms, timestamp_ms, -1, -1, -1, 1) \
-        + encode_varint(len(body)) + body
-    length = 4 + 1 + 4 + len(after_crc)  # partition leader epoch, magic, crc, the rest
-    return struct.pack(">qiibI", 0, length, record.controller_epoch, 2,
-                       crc32c(after_crc)) + after_crc
+    return build_batch([(key, value)], timestamp_ms,
+                       partition_leader_epoch=record.controller_epoch)
 
 
 def decode_records(data: bytes) -> list[tuple[int, MetadataRecord]]:
     """(offset, record) of every whole batch in ``data``; a torn tail is left out. Raises
     ValueError for a batch that is not a metadata record."""
     view = memoryview(data)
-    out = []
-    pos = 0
-    while pos + _HEADER.size <= len(view):
-        length = _HEADER.unpack_from(view, pos)[1]
-        end = pos + _LOG_OVERHEAD + length
-        if end > len(view):
-            break
-        out.append(_decode_batch(view, pos, end))
-        pos = end
-    return out
+    return [_decode_batch(view[position:position + header.size], header)
+            for position, header in iter_batches(view)]
 
 
-def _decode_batch(view: memoryview, pos: int, end: int) -> tuple[int, MetadataRecord]:
-    (base_offset, _length, _epoch, magic, crc, attributes, last_delta, _ts, _max_ts, _pid,
-     _pepoch, _seq, count) = _HEADER.unpack_from(view, pos)
-    if magic != 2 or crc32c(view[pos + _CRC_FROM:end]) != crc:
+def _decode_batch(batch: memoryview, header: BatchHeader) -> tuple[int, MetadataRecord]:
+    base_offset = header.base_offset
+    if header.magic != MAGIC or compute_crc(batch, 0, header.size) != header.crc:
         raise ValueError(f"batch at offset {base_offset}: not a valid v2 batch")
-    if attributes & _COMPRESSION_MASK or count != 1 or last_delta != 0:
+    if header.compression or header.record_count != 1 or header.last_offset_delta != 0:
         raise ValueError(f"batch at offset {base_offset}: not one uncompressed record")
-    at = pos + _HEADER.size
-    _size, at = decode_varint(view, at, end)
-    at += 1  # record attributes
-    _ts_delta, at = decode_varint(view, at, end)
-    _offset_delta, at = decode_varint(view, at, end)
-    key_size, at = decode_varint(view, at, end)
-    key = bytes(view[at:at + max(key_size, 0)])
-    at += max(key_size, 0)
-    value_size, at = decode_varint(view, at, end)
-    if key not in (IMAGE_KEY, CLAIM_KEY) or value_size < 0 or at + value_size > end:
+    try:
+        [stored] = records_of_batch(batch, header)
+    except RecordError as e:
+        raise ValueError(f"batch at offset {base_offset}: {e}") from e
+    key, value = stored.key, stored.value
+    if key not in (IMAGE_KEY, CLAIM_KEY) or value is None:
         raise ValueError(f"batch at offset {base_offset}: not a metadata record")
     try:
-        doc = json.loads(bytes(view[at:at + value_size]))
+        doc = json.loads(value)
         if doc.get("format") != RECORD_FORMAT:
             raise ValueError(f"record format {doc.get('format')!r}")
         claim = doc["kind"] == "claim"

@@ -20,8 +20,8 @@ from kbroker.handler.v1 import kafka_handler_pb2_grpc
 from kbroker.kafka.v1 import kafka_pb2 as k
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from kbroker.replicator.v1 import replicator_pb2, replicator_pb2_grpc
+from services.common.records.record_batch import iter_batches
 from services.local_cluster import ClusterSpec, LocalCluster
-from services.log.record_batch import iter_batches
 
 from .records import assert_same, make_messages
 from .test_confluent_kafka import consume_all

@@ -6,33 +6,33 @@ reads during cleaning, and a model-based property test."""
 from __future__ import annotations
 
 import asyncio
-import gzip
 import shutil
-import struct
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-import lz4.frame
 import pytest
-import zstandard
-from crc32c import crc32c
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kafka import codec as kafka_codec
 from prometheus_client import REGISTRY
 
 from services.common.errors import ErrorCode, KafkaError
+from services.common.records.record import decode_records
+from services.common.records.record_batch import (
+    DELETE_HORIZON_BIT,
+    HEADER_SIZE,
+    iter_batches,
+    read_header,
+)
 from services.log import segment_swap
 from services.log.checkpoint import OffsetCheckpoint
 from services.log.cleaner import CLEANER_OFFSET_FILE, LogCleaner
 from services.log.log_manager import LogManager, Schedule
+from services.log.log_validator import stored_batch_problem
 from services.log.partition_log import PartitionLog, ReadLimit
-from services.log.record_batch import iter_batches, read_header, stored_batch_problem
-from services.log.record_codec import DELETE_HORIZON_BIT, decode_records
 from services.log.topic_config import TopicConfig
 
-from ..record_batches import build_batch, record
+from ..record_batches import CODECS, REFERENCE_DECOMPRESS, build_batch, compressed_batch
 
 HW = ReadLimit.HIGH_WATERMARK
 DAY = 86_400_000
@@ -216,22 +216,6 @@ def test_keyless_records_are_refused_by_compacted_topics_only(tmp_path: Path) ->
 # -------------------------------------------------------------------- compressed batches
 
 
-def compressed_batch(entries: Sequence[Entry], codec: str, timestamp: int) -> bytes:
-    """A batch compressed by the reference library of ``codec``."""
-    raw = b"".join(record(i, i, key, value) for i, (key, value) in enumerate(entries))
-    codec_id, payload = {
-        "gzip": (1, lambda: gzip.compress(raw)),
-        "snappy": (2, lambda: kafka_codec.snappy_encode(raw, xerial_compatible=True)),
-        "lz4": (3, lambda: lz4.frame.compress(raw)),
-        "zstd": (4, lambda: zstandard.ZstdCompressor().compress(raw)),
-    }[codec]
-    data = payload()
-    count = len(entries)
-    after_crc = struct.pack(">hiqqqhii", codec_id, count - 1, timestamp, timestamp + count - 1,
-                            -1, -1, -1, count) + data
-    return struct.pack(">qiibI", 0, 9 + len(after_crc), -1, 2, crc32c(after_crc)) + after_crc
-
-
 @pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
 def test_compressed_batches_are_compacted_in_their_own_codec(tmp_path: Path, codec: str) -> None:
     partition_log = open_log(tmp_path, segment_bytes=2000)
@@ -248,14 +232,11 @@ def test_compressed_batches_are_compacted_in_their_own_codec(tmp_path: Path, cod
     assert len(after) == 10 + 6
     data = b"".join(partition_log.read(s.base_offset, 1 << 20, HW).records
                     for s in partition_log.segments if s.size)
-    decompress = {"gzip": gzip.decompress, "snappy": kafka_codec.snappy_decode,
-                  "lz4": lz4.frame.decompress,
-                  "zstd": lambda d: zstandard.ZstdDecompressor().decompressobj().decompress(d)}
     for batch in iter_batches(data):
-        assert batch.header.compression == {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}[codec]
+        assert batch.header.compression == CODECS[codec]
         assert stored_batch_problem(data, batch.position, 0) is None
-        payload = data[batch.position + 61:batch.position + batch.header.size]
-        assert decompress[codec](payload)  # the reference library reads what was written
+        payload = data[batch.position + HEADER_SIZE:batch.position + batch.header.size]
+        assert REFERENCE_DECOMPRESS[codec](payload)  # the reference library reads what was written
     partition_log.close()
 
 

@@ -17,7 +17,8 @@ import pytest
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from services.common.channels import insecure_channel
 from services.common.errors import ErrorCode
-from services.log.record_batch import iter_batches, stored_batch_problem
+from services.common.records.record_batch import iter_batches
+from services.log.log_validator import stored_batch_problem
 from services.log.server import LogService
 
 from ..record_batches import build_batch

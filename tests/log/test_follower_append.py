@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from services.common.errors import ErrorCode, KafkaError
+from services.common.records.record_batch import iter_batches
 from services.log.cleaner import LogCleaner
 from services.log.partition_log import PartitionLog, ReadLimit
-from services.log.record_batch import iter_batches
 from services.log.replica_state import ReplicaState, Role
 from services.log.topic_config import TopicConfig
 

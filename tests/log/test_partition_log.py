@@ -12,6 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.common.errors import ErrorCode, KafkaError
+from services.common.records.record_batch import iter_batches, read_header
+from services.log.log_validator import stored_batch_problem
 from services.log.partition_log import (
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
@@ -19,7 +21,6 @@ from services.log.partition_log import (
     PartitionLog,
     ReadLimit,
 )
-from services.log.record_batch import iter_batches, read_header, stored_batch_problem
 from services.log.topic_config import TimestampType, TopicConfig
 
 from ..record_batches import build_batch, values

@@ -15,6 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.common.errors import ErrorCode, KafkaError
+from services.common.records.record_batch import iter_batches
+from services.log.log_validator import validate_append
 from services.log.partition_log import PartitionLog, ReadLimit
 from services.log.producer_state import (
     BATCHES_TO_RETAIN,
@@ -23,7 +25,6 @@ from services.log.producer_state import (
     increment_sequence,
     snapshot_name,
 )
-from services.log.record_batch import iter_batches, validate_append
 from services.log.topic_config import TimestampType, TopicConfig
 
 from ..record_batches import build_batch, values

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from services.common.errors import ErrorCode, KafkaError
+from services.common.records.record_batch import iter_batches
 from services.log.checkpoint import LOG_START_OFFSET_FILE, RECOVERY_POINT_FILE, OffsetCheckpoint
 from services.log.log_manager import LogManager
 from services.log.partition_log import EARLIEST_TIMESTAMP, PartitionLog, ReadLimit
-from services.log.record_batch import iter_batches
 from services.log.topic_config import TopicConfig
 
 from ..record_batches import build_batch, values

@@ -22,8 +22,8 @@ from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from kbroker.purgatory.v1 import purgatory_pb2, purgatory_pb2_grpc
 from services.common.channels import insecure_channel
 from services.common.errors import ErrorCode
+from services.common.records.record_batch import iter_batches
 from services.log.config import LogConfig
-from services.log.record_batch import iter_batches
 from services.log.server import LogService, start
 
 from ..record_batches import build_batch, values

@@ -20,8 +20,8 @@ import pytest
 from kbroker.log.v1 import log_pb2
 from kbroker.replicator.v1 import replicator_pb2 as pb
 from services.common.errors import ErrorCode
-from services.log.record_batch import iter_batches, validate_append
-from services.log.record_codec import check_keys
+from services.common.records.record_batch import iter_batches
+from services.log.log_validator import check_keys, validate_append
 from services.replicator.controller import Controller, NewTopic
 from services.replicator.log_nodes import GrpcLogNodes, parse_log_nodes
 from services.replicator.metadata import (

@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from services.common.errors import ErrorCode
+from services.common.records.record import build_batch, decode_records
+from services.common.records.record_batch import MAGIC, RecordError, batches_end, iter_batches
 
 from ..collaborators import (
     AppendResult,
@@ -42,7 +44,6 @@ from ..collaborators import (
     ReadLimit,
     ReadResult,
 )
-from ..groups.records import batches_end, build_batch, read_records
 from ..metadata_cache import LogNode
 from .placement import leader_error
 
@@ -58,6 +59,30 @@ OFFSET_OUT_OF_RANGE = ErrorCode.offset_out_of_range.value
 
 # Records to append together: (key, value), a None value being a tombstone.
 Records = Sequence[tuple[bytes, bytes | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedRecord:
+    """One record of the partition as read back: its offset, key and value (None: a
+    tombstone)."""
+
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+def read_records(data: bytes) -> Iterator[LoggedRecord]:
+    """The records of a run of whole batches, in offset order, compressed batches included;
+    control batches are skipped and a truncated tail ends the run. Raises
+    :class:`RecordError` for a batch that is not v2 or whose records do not decode."""
+    view = memoryview(data)
+    for position, header in iter_batches(view):
+        if header.magic != MAGIC:
+            raise RecordError(f"record batch of magic {header.magic}")
+        if header.is_control:
+            continue
+        for record in decode_records(view[position:position + header.size], header):
+            yield LoggedRecord(header.base_offset + record.offset_delta, record.key, record.value)
 
 
 class CoordinatorState(Protocol):

@@ -18,8 +18,8 @@ from kbroker.purgatory.v1 import purgatory_pb2, purgatory_pb2_grpc
 from kbroker.replicator.v1 import replicator_pb2 as pb
 from kbroker.replicator.v1 import replicator_pb2_grpc
 from services.common.channels import insecure_channel
+from services.common.records.record_batch import iter_batches
 from services.log.config import LogConfig
-from services.log.record_batch import iter_batches
 from services.log.server import LogService
 from services.log.server import start as start_log
 from services.purgatory.config import PurgatoryConfig

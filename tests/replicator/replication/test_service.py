@@ -14,7 +14,7 @@ from prometheus_client import REGISTRY
 from kbroker.log.v1 import log_pb2
 from kbroker.purgatory.v1 import purgatory_pb2
 from services.common.errors import ErrorCode
-from services.log.record_batch import iter_batches
+from services.common.records.record_batch import iter_batches
 
 from ...record_batches import build_batch, values
 from .harness import FETCH_WAIT_MS, LAG_MS, Replication, replication, wait_for

@@ -1,4 +1,5 @@
-"""Unit tests of services.log.record_batch: validation of appended batches and patching."""
+"""Unit tests of services.log.log_validator: validation of appended batches, the key check of
+compacted topics, and patching offsets and timestamps."""
 
 from __future__ import annotations
 
@@ -15,20 +16,30 @@ from kio.records.writers import write_batch
 from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
 
 from services.common.errors import ErrorCode, KafkaError
-from services.log.record_batch import (
+from services.common.records.control_records import (
+    ControlRecordType,
+    EndTransactionMarker,
+    build_end_transaction_batch,
+)
+from services.common.records.record_batch import (
+    CONTROL_BIT,
     CRC_OFFSET,
     HEADER_SIZE,
+    LENGTH_OFFSET,
     MAGIC_OFFSET,
     TIMESTAMP_TYPE_BIT,
-    assign_offsets,
     compute_crc,
     iter_batches,
     read_header,
+)
+from services.log.log_validator import (
+    assign_offsets,
+    check_keys,
     stored_batch_problem,
     validate_append,
 )
 
-from ..record_batches import build_batch, values
+from ..record_batches import build_batch, compressed_batch, values
 
 LIMIT = 1_048_588
 
@@ -91,7 +102,7 @@ def test_a_truncated_batch_is_corrupt_message(keep: int) -> None:
 
 def test_a_batch_length_below_the_header_is_corrupt_message() -> None:
     batch = bytearray(build_batch(values(1)))
-    struct.pack_into(">i", batch, 8, 20)
+    struct.pack_into(">i", batch, LENGTH_OFFSET, 20)
     assert error_of(bytes(batch)) == ErrorCode.corrupt_message
 
 
@@ -134,6 +145,13 @@ def test_inconsistent_headers_are_invalid_record(overrides: dict[str, int]) -> N
 def test_an_idempotent_batch_with_a_sequence_is_accepted() -> None:
     validate_append(build_batch(values(3), producer_id=7, producer_epoch=0, base_sequence=0),
                     LIMIT)
+
+
+def test_a_transaction_marker_is_an_intact_batch_the_key_check_skips() -> None:
+    marker = EndTransactionMarker(type=ControlRecordType.COMMIT, coordinator_epoch=3)
+    batch = build_end_transaction_batch(marker, producer_id=7, producer_epoch=1, timestamp=1000)
+    assert stored_batch_problem(batch, 0, 0) is None
+    check_keys(batch, list(iter_batches(batch)))  # its key is a control key, never checked
 
 
 def test_an_empty_append_is_invalid_record() -> None:
@@ -199,3 +217,21 @@ def test_stored_batch_problems_are_reported() -> None:
     damaged = bytearray(batch)
     damaged[-1] ^= 0xFF
     assert stored_batch_problem(damaged, 0, 0) == "CRC mismatch"
+
+
+def test_keyless_records_fail_the_compacted_topic_check() -> None:
+    good = build_batch(values(3))
+    check_keys(good, list(iter_batches(good)))
+    for bad in (build_batch(values(3), keys=[b"a", None, b"c"]),
+                compressed_batch([(b"a", b"1"), (None, b"2")], "zstd")):
+        records = good + bad
+        with pytest.raises(KafkaError) as raised:
+            check_keys(records, list(iter_batches(records)))
+        assert raised.value.errno == ErrorCode.invalid_record.value == 87
+    control = build_batch(values(1), keys=[None], attributes=CONTROL_BIT)
+    check_keys(control, list(iter_batches(control)))
+    broken = bytearray(compressed_batch([(b"a", b"1")], "gzip"))
+    broken[-6] ^= 0xFF  # the gzip trailer's CRC
+    with pytest.raises(KafkaError) as raised:
+        check_keys(broken, list(iter_batches(broken)))
+    assert raised.value.errno == ErrorCode.corrupt_message.value
