@@ -95,7 +95,6 @@ async def start(config: HandlerConfig) -> HandlerService:
                                    coordinator_config(config))
     apis = converted_apis(
         metadata_api=MetadataApi(cache, replicator, config.auto_create_topics_enable),
-        fetch_api=FetchApi(cache, log_nodes, purgatory),
         list_offsets_api=ListOffsetsApi(cache, log_nodes),
         create_topics_api=CreateTopicsApi(cache, replicator),
         delete_topics_api=DeleteTopicsApi(cache, replicator),
@@ -110,6 +109,7 @@ async def start(config: HandlerConfig) -> HandlerService:
         offset_for_leader_epoch_api=OffsetForLeaderEpochApi(cache, log_nodes),
     )
     apis["Produce"] = ProduceApi(cache, log_nodes, purgatory)
+    apis["Fetch"] = FetchApi(cache, log_nodes, purgatory)
     servicer = KafkaHandlerServicer(config, apis)
     follower = asyncio.create_task(cache.follow(replicator.watch), name="metadata-follower")
     expirations = asyncio.create_task(coordinator.follow_expirations(),

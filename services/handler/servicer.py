@@ -32,7 +32,6 @@ from services.common.errors import ErrorCode
 from .apis import (
     cluster,
     configs,
-    fetch,
     group_offsets,
     groups,
     leader_epochs,
@@ -119,67 +118,6 @@ def metadata_response(r: metadata.MetadataResponse) -> k.MetadataResponse:
                 isr_nodes=p.isr_nodes,
                 offline_replicas=p.offline_replicas,
             )
-    return out
-
-
-# --- Fetch -------------------------------------------------------------------------------------
-
-
-def fetch_request(m: k.FetchRequest) -> fetch.FetchRequest:
-    replica_id = _opt(m, "replica_id", -1)
-    if m.HasField("replica_state") and _opt(m.replica_state, "replica_id", -1) != -1:
-        replica_id = m.replica_state.replica_id
-    return fetch.FetchRequest(
-        replica_id=replica_id,
-        max_wait_ms=_opt(m, "max_wait_ms", 0),
-        min_bytes=_opt(m, "min_bytes", 0),
-        max_bytes=_opt(m, "max_bytes", fetch.MAX_INT32),
-        isolation_level=_opt(m, "isolation_level", 0),
-        session_id=_opt(m, "session_id", fetch.NO_SESSION_ID),
-        session_epoch=_opt(m, "session_epoch", fetch.FINAL_EPOCH),
-        topics=[
-            fetch.FetchTopic(
-                topic=_opt(t, "topic", None),
-                topic_id=_opt(t, "topic_id", None),
-                partitions=[
-                    fetch.FetchPartition(
-                        partition=p.partition,
-                        fetch_offset=p.fetch_offset,
-                        partition_max_bytes=_opt(p, "partition_max_bytes",
-                                                 fetch.DEFAULT_PARTITION_MAX_BYTES),
-                        current_leader_epoch=_opt(p, "current_leader_epoch", -1),
-                    )
-                    for p in t.partitions
-                ],
-            )
-            for t in m.topics
-        ],
-    )
-
-
-def fetch_response(r: fetch.FetchResponse) -> k.FetchResponse:
-    out = k.FetchResponse(throttle_time_ms=0, error_code=r.error_code, session_id=r.session_id)
-    for t in r.topics:
-        topic = out.responses.add()
-        _set_opt(topic, "topic", t.topic)
-        _set_opt(topic, "topic_id", t.topic_id)
-        for p in t.partitions:
-            partition = topic.partitions.add(
-                partition_index=p.partition_index,
-                error_code=p.error_code,
-                high_watermark=p.high_watermark,
-                last_stable_offset=p.last_stable_offset,
-                log_start_offset=p.log_start_offset,
-                preferred_read_replica=p.preferred_read_replica,
-                records=p.records,
-            )
-            if p.aborted_transactions is None:
-                partition.aborted_transactions_is_null = True
-            else:
-                partition.aborted_transactions_is_null = False
-                for producer_id, first_offset in p.aborted_transactions:
-                    partition.aborted_transactions.add(producer_id=producer_id,
-                                                       first_offset=first_offset)
     return out
 
 
@@ -766,7 +704,6 @@ class Converted:
 def converted_apis(
     *,
     metadata_api: metadata.MetadataApi | None = None,
-    fetch_api: fetch.FetchApi | None = None,
     list_offsets_api: offsets.ListOffsetsApi | None = None,
     create_topics_api: topics.CreateTopicsApi | None = None,
     delete_topics_api: topics.DeleteTopicsApi | None = None,
@@ -801,7 +738,6 @@ def converted_apis(
 
     add("Metadata", metadata_api, plain(metadata_request),
         metadata_api.handle if metadata_api else None, metadata_response)
-    add("Fetch", fetch_api, plain(fetch_request), None, fetch_response)
     add("ListOffsets", list_offsets_api, plain(list_offsets_request), None,
         list_offsets_response)
     add("DeleteRecords", delete_records_api, plain(delete_records_request), None,
