@@ -34,12 +34,9 @@ from .apis import (
     configs,
     group_offsets,
     groups,
-    leader_epochs,
     metadata,
-    offsets,
     partitions,
     producer_ids,
-    records,
     topics,
 )
 from .config import HandlerConfig
@@ -118,82 +115,6 @@ def metadata_response(r: metadata.MetadataResponse) -> k.MetadataResponse:
                 isr_nodes=p.isr_nodes,
                 offline_replicas=p.offline_replicas,
             )
-    return out
-
-
-# --- ListOffsets -------------------------------------------------------------------------------
-
-
-def list_offsets_request(m: k.ListOffsetsRequest) -> offsets.ListOffsetsRequest:
-    return offsets.ListOffsetsRequest(
-        replica_id=_opt(m, "replica_id", offsets.CONSUMER_REPLICA_ID),
-        isolation_level=_opt(m, "isolation_level", 0),
-        topics=[
-            offsets.ListOffsetsTopic(
-                name=t.name,
-                partitions=[
-                    offsets.ListOffsetsPartition(
-                        partition_index=p.partition_index,
-                        timestamp=_opt(p, "timestamp", 0),
-                        current_leader_epoch=_opt(p, "current_leader_epoch", -1),
-                    )
-                    for p in t.partitions
-                ],
-            )
-            for t in m.topics
-        ],
-    )
-
-
-def list_offsets_response(r: offsets.ListOffsetsResponse) -> k.ListOffsetsResponse:
-    out = k.ListOffsetsResponse(throttle_time_ms=0)
-    for t in r.topics:
-        topic = out.topics.add(name=t.name)
-        for p in t.partitions:
-            topic.partitions.add(
-                partition_index=p.partition_index,
-                error_code=p.error_code,
-                timestamp=p.timestamp,
-                offset=p.offset,
-                leader_epoch=p.leader_epoch,
-            )
-    return out
-
-
-# --- OffsetForLeaderEpoch ----------------------------------------------------------------------
-
-
-def offset_for_leader_epoch_request(
-    m: k.OffsetForLeaderEpochRequest,
-) -> leader_epochs.OffsetForLeaderEpochRequest:
-    return leader_epochs.OffsetForLeaderEpochRequest(
-        replica_id=_opt(m, "replica_id", -1),
-        topics=[
-            leader_epochs.EpochTopic(
-                topic=t.topic,
-                partitions=[
-                    leader_epochs.EpochPartition(
-                        partition=p.partition,
-                        leader_epoch=_opt(p, "leader_epoch", -1),
-                        current_leader_epoch=_opt(p, "current_leader_epoch", -1),
-                    )
-                    for p in t.partitions
-                ],
-            )
-            for t in m.topics
-        ],
-    )
-
-
-def offset_for_leader_epoch_response(
-    r: leader_epochs.OffsetForLeaderEpochResponse,
-) -> k.OffsetForLeaderEpochResponse:
-    out = k.OffsetForLeaderEpochResponse(throttle_time_ms=0)
-    for t in r.topics:
-        topic = out.topics.add(topic=t.topic)
-        for p in t.partitions:
-            topic.partitions.add(error_code=p.error_code, partition=p.partition,
-                                 leader_epoch=p.leader_epoch, end_offset=p.end_offset)
     return out
 
 
@@ -284,34 +205,6 @@ def describe_cluster_response(r: cluster.DescribeClusterResponse) -> k.DescribeC
     for b in r.brokers:
         broker = out.brokers.add(broker_id=b.node_id, host=b.host, port=b.port, is_fenced=False)
         _set_opt(broker, "rack", b.rack)
-    return out
-
-
-# --- DeleteRecords -----------------------------------------------------------------------------
-
-
-def delete_records_request(m: k.DeleteRecordsRequest) -> records.DeleteRecordsRequest:
-    return records.DeleteRecordsRequest(
-        topics=[
-            records.DeleteRecordsTopic(
-                name=t.name,
-                partitions=[records.DeleteRecordsPartition(
-                    partition_index=p.partition_index, offset=_opt(p, "offset", -1))
-                    for p in t.partitions],
-            )
-            for t in m.topics
-        ],
-        timeout_ms=_opt(m, "timeout_ms", 30_000),
-    )
-
-
-def delete_records_response(r: records.DeleteRecordsResponse) -> k.DeleteRecordsResponse:
-    out = k.DeleteRecordsResponse(throttle_time_ms=0)
-    for t in r.topics:
-        topic = out.topics.add(name=t.name)
-        for p in t.partitions:
-            topic.partitions.add(partition_index=p.partition_index,
-                                 low_watermark=p.low_watermark, error_code=p.error_code)
     return out
 
 
@@ -704,17 +597,14 @@ class Converted:
 def converted_apis(
     *,
     metadata_api: metadata.MetadataApi | None = None,
-    list_offsets_api: offsets.ListOffsetsApi | None = None,
     create_topics_api: topics.CreateTopicsApi | None = None,
     delete_topics_api: topics.DeleteTopicsApi | None = None,
     describe_cluster_api: cluster.DescribeClusterApi | None = None,
-    delete_records_api: records.DeleteRecordsApi | None = None,
     describe_configs_api: configs.DescribeConfigsApi | None = None,
     alter_configs_api: configs.AlterConfigsApi | None = None,
     create_partitions_api: partitions.CreatePartitionsApi | None = None,
     init_producer_id_api: producer_ids.InitProducerIdApi | None = None,
     group_apis: groups.GroupApis | None = None,
-    offset_for_leader_epoch_api: leader_epochs.OffsetForLeaderEpochApi | None = None,
 ) -> dict[str, KafkaApi]:
     """The API modules not yet on the generated messages, by RPC name."""
 
@@ -738,10 +628,6 @@ def converted_apis(
 
     add("Metadata", metadata_api, plain(metadata_request),
         metadata_api.handle if metadata_api else None, metadata_response)
-    add("ListOffsets", list_offsets_api, plain(list_offsets_request), None,
-        list_offsets_response)
-    add("DeleteRecords", delete_records_api, plain(delete_records_request), None,
-        delete_records_response)
     add("CreateTopics", create_topics_api, plain(create_topics_request), None,
         create_topics_response)
     add("DeleteTopics", delete_topics_api, plain(delete_topics_request), None,
@@ -757,8 +643,6 @@ def converted_apis(
         plain(incremental_alter_configs_request), None, incremental_alter_configs_response)
     add("CreatePartitions", create_partitions_api, plain(create_partitions_request), None,
         create_partitions_response)
-    add("OffsetForLeaderEpoch", offset_for_leader_epoch_api,
-        plain(offset_for_leader_epoch_request), None, offset_for_leader_epoch_response)
     add("InitProducerId", init_producer_id_api, plain(init_producer_id_request), None,
         init_producer_id_response)
     g = group_apis

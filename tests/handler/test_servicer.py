@@ -27,13 +27,13 @@ def make_servicer(metadata_snapshot, log_nodes=None, controller=None, broker_por
     controller = controller or FakeController(metadata_snapshot)
     apis = glue.converted_apis(
         metadata_api=metadata.MetadataApi(cache, controller, True),
-        list_offsets_api=offsets.ListOffsetsApi(cache, log_nodes),
         create_topics_api=topics.CreateTopicsApi(cache, controller),
         delete_topics_api=topics.DeleteTopicsApi(cache, controller),
         describe_cluster_api=cluster.DescribeClusterApi(cache),
     )
     apis["Produce"] = produce.ProduceApi(cache, log_nodes, purgatory)
     apis["Fetch"] = fetch.FetchApi(cache, log_nodes, purgatory)
+    apis["ListOffsets"] = offsets.ListOffsetsApi(cache, log_nodes)
     return glue.KafkaHandlerServicer(
         HandlerConfig(advertised="default.host:9000", broker_ports=broker_ports), apis)
 
