@@ -94,10 +94,8 @@ async def start(config: HandlerConfig) -> HandlerService:
     coordinator = GroupCoordinator(cache, log_nodes, replicator, purgatory, purgatory,
                                    coordinator_config(config))
     apis = converted_apis(
-        metadata_api=MetadataApi(cache, replicator, config.auto_create_topics_enable),
         create_topics_api=CreateTopicsApi(cache, replicator),
         delete_topics_api=DeleteTopicsApi(cache, replicator),
-        describe_cluster_api=DescribeClusterApi(cache),
         describe_configs_api=DescribeConfigsApi(
             cache, auto_create_topics_enable=config.auto_create_topics_enable),
         alter_configs_api=AlterConfigsApi(cache, replicator),
@@ -106,8 +104,10 @@ async def start(config: HandlerConfig) -> HandlerService:
         group_apis=GroupApis.over(cache, coordinator),
     )
     apis["Produce"] = ProduceApi(cache, log_nodes, purgatory)
+    apis["Metadata"] = MetadataApi(cache, replicator, config.auto_create_topics_enable)
     apis["Fetch"] = FetchApi(cache, log_nodes, purgatory)
     apis["ListOffsets"] = ListOffsetsApi(cache, log_nodes)
+    apis["DescribeCluster"] = DescribeClusterApi(cache)
     apis["DeleteRecords"] = DeleteRecordsApi(cache, log_nodes)
     apis["OffsetForLeaderEpoch"] = OffsetForLeaderEpochApi(cache, log_nodes)
     servicer = KafkaHandlerServicer(config, apis)

@@ -30,11 +30,9 @@ from services.common.error_answers import error_codes, error_response
 from services.common.errors import ErrorCode
 
 from .apis import (
-    cluster,
     configs,
     group_offsets,
     groups,
-    metadata,
     partitions,
     producer_ids,
     topics,
@@ -66,56 +64,6 @@ def _int_or_none(value: object) -> int | None:
         return int(str(value)) if value is not None else None
     except ValueError:
         return None
-
-
-# --- Metadata ----------------------------------------------------------------------------------
-
-
-def metadata_request(m: k.MetadataRequest) -> metadata.MetadataRequest:
-    refs = [metadata.TopicRef(name=_opt(t, "name", None), topic_id=_opt(t, "topic_id", None))
-            for t in m.topics]
-    if m.HasField("topics_is_null"):
-        requested = None if m.topics_is_null else refs
-    else:
-        requested = refs or None
-    return metadata.MetadataRequest(
-        topics=requested,
-        allow_auto_topic_creation=_opt(m, "allow_auto_topic_creation", True),
-        include_cluster_authorized_operations=_opt(
-            m, "include_cluster_authorized_operations", False),
-        include_topic_authorized_operations=_opt(m, "include_topic_authorized_operations", False),
-    )
-
-
-def metadata_response(r: metadata.MetadataResponse) -> k.MetadataResponse:
-    out = k.MetadataResponse(
-        throttle_time_ms=0,
-        controller_id=r.controller_id,
-        cluster_authorized_operations=r.cluster_authorized_operations,
-    )
-    _set_opt(out, "cluster_id", r.cluster_id)
-    for b in r.brokers:
-        broker = out.brokers.add(node_id=b.node_id, host=b.host, port=b.port)
-        _set_opt(broker, "rack", b.rack)
-    for t in r.topics:
-        topic = out.topics.add(
-            error_code=t.error_code,
-            is_internal=t.is_internal,
-            topic_authorized_operations=t.topic_authorized_operations,
-        )
-        _set_opt(topic, "name", t.name)
-        _set_opt(topic, "topic_id", t.topic_id)
-        for p in t.partitions:
-            topic.partitions.add(
-                error_code=p.error_code,
-                partition_index=p.partition_index,
-                leader_id=p.leader_id,
-                leader_epoch=p.leader_epoch,
-                replica_nodes=p.replica_nodes,
-                isr_nodes=p.isr_nodes,
-                offline_replicas=p.offline_replicas,
-            )
-    return out
 
 
 # --- CreateTopics / DeleteTopics ---------------------------------------------------------------
@@ -178,33 +126,6 @@ def delete_topics_response(r: topics.DeleteTopicsResponse) -> k.DeleteTopicsResp
         _set_opt(topic, "name", t.name)
         _set_opt(topic, "topic_id", t.topic_id)
         _set_opt(topic, "error_message", t.error_message)
-    return out
-
-
-# --- DescribeCluster ---------------------------------------------------------------------------
-
-
-def describe_cluster_request(m: k.DescribeClusterRequest) -> cluster.DescribeClusterRequest:
-    return cluster.DescribeClusterRequest(
-        include_cluster_authorized_operations=_opt(
-            m, "include_cluster_authorized_operations", False),
-        endpoint_type=_opt(m, "endpoint_type", cluster.EndpointType.BROKER),
-    )
-
-
-def describe_cluster_response(r: cluster.DescribeClusterResponse) -> k.DescribeClusterResponse:
-    out = k.DescribeClusterResponse(
-        throttle_time_ms=0,
-        error_code=r.error_code,
-        cluster_id=r.cluster_id,
-        controller_id=r.controller_id,
-        cluster_authorized_operations=r.cluster_authorized_operations,
-        endpoint_type=r.endpoint_type,
-    )
-    _set_opt(out, "error_message", r.error_message)
-    for b in r.brokers:
-        broker = out.brokers.add(broker_id=b.node_id, host=b.host, port=b.port, is_fenced=False)
-        _set_opt(broker, "rack", b.rack)
     return out
 
 
@@ -596,10 +517,8 @@ class Converted:
 
 def converted_apis(
     *,
-    metadata_api: metadata.MetadataApi | None = None,
     create_topics_api: topics.CreateTopicsApi | None = None,
     delete_topics_api: topics.DeleteTopicsApi | None = None,
-    describe_cluster_api: cluster.DescribeClusterApi | None = None,
     describe_configs_api: configs.DescribeConfigsApi | None = None,
     alter_configs_api: configs.AlterConfigsApi | None = None,
     create_partitions_api: partitions.CreatePartitionsApi | None = None,
@@ -626,15 +545,10 @@ def converted_apis(
         if api is not None:
             apis[name] = Converted(to_domain, handle or without_context(api), to_proto)
 
-    add("Metadata", metadata_api, plain(metadata_request),
-        metadata_api.handle if metadata_api else None, metadata_response)
     add("CreateTopics", create_topics_api, plain(create_topics_request), None,
         create_topics_response)
     add("DeleteTopics", delete_topics_api, plain(delete_topics_request), None,
         delete_topics_response)
-    add("DescribeCluster", describe_cluster_api, plain(describe_cluster_request),
-        describe_cluster_api.handle if describe_cluster_api else None,
-        describe_cluster_response)
     add("DescribeConfigs", describe_configs_api, plain(describe_configs_request), None,
         describe_configs_response)
     add("AlterConfigs", alter_configs_api, plain(alter_configs_request), None,

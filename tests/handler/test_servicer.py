@@ -26,25 +26,19 @@ def make_servicer(metadata_snapshot, log_nodes=None, controller=None, broker_por
     purgatory = FakePurgatory()
     controller = controller or FakeController(metadata_snapshot)
     apis = glue.converted_apis(
-        metadata_api=metadata.MetadataApi(cache, controller, True),
         create_topics_api=topics.CreateTopicsApi(cache, controller),
         delete_topics_api=topics.DeleteTopicsApi(cache, controller),
-        describe_cluster_api=cluster.DescribeClusterApi(cache),
     )
     apis["Produce"] = produce.ProduceApi(cache, log_nodes, purgatory)
+    apis["Metadata"] = metadata.MetadataApi(cache, controller, True)
     apis["Fetch"] = fetch.FetchApi(cache, log_nodes, purgatory)
     apis["ListOffsets"] = offsets.ListOffsetsApi(cache, log_nodes)
+    apis["DescribeCluster"] = cluster.DescribeClusterApi(cache)
     return glue.KafkaHandlerServicer(
         HandlerConfig(advertised="default.host:9000", broker_ports=broker_ports), apis)
 
 
 def test_unset_fields_take_kafka_defaults():
-    req = glue.metadata_request(k.MetadataRequest())
-    assert req.topics is None and req.allow_auto_topic_creation
-    req = glue.metadata_request(k.MetadataRequest(topics_is_null=False))
-    assert req.topics == []
-    req = glue.describe_cluster_request(k.DescribeClusterRequest())
-    assert req.endpoint_type == 1
     req = glue.create_topics_request(k.CreateTopicsRequest(topics=[
         k.CreateTopicsRequest.CreatableTopic(name="a", configs=[
             k.CreateTopicsRequest.CreatableTopicConfig(name="x")])]))
@@ -52,14 +46,6 @@ def test_unset_fields_take_kafka_defaults():
     req = glue.delete_topics_request(k.DeleteTopicsRequest(
         topic_names=["a"], topics=[k.DeleteTopicsRequest.DeleteTopicState(topic_id="x")]))
     assert [(t.name, t.topic_id) for t in req.topics] == [("a", None), (None, "x")]
-
-
-def test_responses_leave_nulls_unset():
-    out = glue.metadata_response(metadata.MetadataResponse(topics=[
-        metadata.TopicMetadata(error_code=3, name="x")]))
-    assert not out.HasField("cluster_id")
-    assert not out.topics[0].HasField("topic_id")
-    assert out.topics[0].topic_authorized_operations == -(2**31)
 
 
 def test_the_advertised_address_comes_from_the_frontend_or_the_config():
