@@ -104,19 +104,13 @@ async def start(config: HandlerConfig) -> HandlerService:
     coordinator = GroupCoordinator(cache, log_nodes, replicator, purgatory, purgatory,
                                    coordinator_config(config))
     apis = converted_apis(
-        metadata_api=MetadataApi(cache, replicator, config.auto_create_topics_enable),
-        fetch_api=FetchApi(cache, log_nodes, purgatory),
-        list_offsets_api=ListOffsetsApi(cache, log_nodes),
         create_topics_api=CreateTopicsApi(cache, replicator),
         delete_topics_api=DeleteTopicsApi(cache, replicator),
-        describe_cluster_api=DescribeClusterApi(cache),
-        delete_records_api=DeleteRecordsApi(cache, log_nodes),
         describe_configs_api=DescribeConfigsApi(
             cache, auto_create_topics_enable=config.auto_create_topics_enable),
         alter_configs_api=AlterConfigsApi(cache, replicator),
         create_partitions_api=CreatePartitionsApi(cache, replicator),
         init_producer_id_api=InitProducerIdApi(producer_id_blocks),
-        offset_for_leader_epoch_api=OffsetForLeaderEpochApi(cache, log_nodes),
     )
     apis["Produce"] = ProduceApi(cache, log_nodes, purgatory)
     apis.update({
@@ -132,6 +126,12 @@ async def start(config: HandlerConfig) -> HandlerService:
         "OffsetFetch": OffsetFetchApi(coordinator),
         "OffsetDelete": OffsetDeleteApi(cache, coordinator),
     })
+    apis["Metadata"] = MetadataApi(cache, replicator, config.auto_create_topics_enable)
+    apis["Fetch"] = FetchApi(cache, log_nodes, purgatory)
+    apis["ListOffsets"] = ListOffsetsApi(cache, log_nodes)
+    apis["DescribeCluster"] = DescribeClusterApi(cache)
+    apis["DeleteRecords"] = DeleteRecordsApi(cache, log_nodes)
+    apis["OffsetForLeaderEpoch"] = OffsetForLeaderEpochApi(cache, log_nodes)
     servicer = KafkaHandlerServicer(config, apis)
     follower = asyncio.create_task(cache.follow(replicator.watch), name="metadata-follower")
     expirations = asyncio.create_task(coordinator.follow_expirations(),

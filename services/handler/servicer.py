@@ -30,15 +30,9 @@ from services.common.error_answers import error_codes, error_response
 from services.common.errors import ErrorCode
 
 from .apis import (
-    cluster,
     configs,
-    fetch,
-    leader_epochs,
-    metadata,
-    offsets,
     partitions,
     producer_ids,
-    records,
     topics,
 )
 from .config import HandlerConfig
@@ -67,193 +61,6 @@ def _int_or_none(value: object) -> int | None:
         return int(str(value)) if value is not None else None
     except ValueError:
         return None
-
-
-# --- Metadata ----------------------------------------------------------------------------------
-
-
-def metadata_request(m: k.MetadataRequest) -> metadata.MetadataRequest:
-    refs = [metadata.TopicRef(name=_opt(t, "name", None), topic_id=_opt(t, "topic_id", None))
-            for t in m.topics]
-    if m.HasField("topics_is_null"):
-        requested = None if m.topics_is_null else refs
-    else:
-        requested = refs or None
-    return metadata.MetadataRequest(
-        topics=requested,
-        allow_auto_topic_creation=_opt(m, "allow_auto_topic_creation", True),
-        include_cluster_authorized_operations=_opt(
-            m, "include_cluster_authorized_operations", False),
-        include_topic_authorized_operations=_opt(m, "include_topic_authorized_operations", False),
-    )
-
-
-def metadata_response(r: metadata.MetadataResponse) -> k.MetadataResponse:
-    out = k.MetadataResponse(
-        throttle_time_ms=0,
-        controller_id=r.controller_id,
-        cluster_authorized_operations=r.cluster_authorized_operations,
-    )
-    _set_opt(out, "cluster_id", r.cluster_id)
-    for b in r.brokers:
-        broker = out.brokers.add(node_id=b.node_id, host=b.host, port=b.port)
-        _set_opt(broker, "rack", b.rack)
-    for t in r.topics:
-        topic = out.topics.add(
-            error_code=t.error_code,
-            is_internal=t.is_internal,
-            topic_authorized_operations=t.topic_authorized_operations,
-        )
-        _set_opt(topic, "name", t.name)
-        _set_opt(topic, "topic_id", t.topic_id)
-        for p in t.partitions:
-            topic.partitions.add(
-                error_code=p.error_code,
-                partition_index=p.partition_index,
-                leader_id=p.leader_id,
-                leader_epoch=p.leader_epoch,
-                replica_nodes=p.replica_nodes,
-                isr_nodes=p.isr_nodes,
-                offline_replicas=p.offline_replicas,
-            )
-    return out
-
-
-# --- Fetch -------------------------------------------------------------------------------------
-
-
-def fetch_request(m: k.FetchRequest) -> fetch.FetchRequest:
-    replica_id = _opt(m, "replica_id", -1)
-    if m.HasField("replica_state") and _opt(m.replica_state, "replica_id", -1) != -1:
-        replica_id = m.replica_state.replica_id
-    return fetch.FetchRequest(
-        replica_id=replica_id,
-        max_wait_ms=_opt(m, "max_wait_ms", 0),
-        min_bytes=_opt(m, "min_bytes", 0),
-        max_bytes=_opt(m, "max_bytes", fetch.MAX_INT32),
-        isolation_level=_opt(m, "isolation_level", 0),
-        session_id=_opt(m, "session_id", fetch.NO_SESSION_ID),
-        session_epoch=_opt(m, "session_epoch", fetch.FINAL_EPOCH),
-        topics=[
-            fetch.FetchTopic(
-                topic=_opt(t, "topic", None),
-                topic_id=_opt(t, "topic_id", None),
-                partitions=[
-                    fetch.FetchPartition(
-                        partition=p.partition,
-                        fetch_offset=p.fetch_offset,
-                        partition_max_bytes=_opt(p, "partition_max_bytes",
-                                                 fetch.DEFAULT_PARTITION_MAX_BYTES),
-                        current_leader_epoch=_opt(p, "current_leader_epoch", -1),
-                    )
-                    for p in t.partitions
-                ],
-            )
-            for t in m.topics
-        ],
-    )
-
-
-def fetch_response(r: fetch.FetchResponse) -> k.FetchResponse:
-    out = k.FetchResponse(throttle_time_ms=0, error_code=r.error_code, session_id=r.session_id)
-    for t in r.topics:
-        topic = out.responses.add()
-        _set_opt(topic, "topic", t.topic)
-        _set_opt(topic, "topic_id", t.topic_id)
-        for p in t.partitions:
-            partition = topic.partitions.add(
-                partition_index=p.partition_index,
-                error_code=p.error_code,
-                high_watermark=p.high_watermark,
-                last_stable_offset=p.last_stable_offset,
-                log_start_offset=p.log_start_offset,
-                preferred_read_replica=p.preferred_read_replica,
-                records=p.records,
-            )
-            if p.aborted_transactions is None:
-                partition.aborted_transactions_is_null = True
-            else:
-                partition.aborted_transactions_is_null = False
-                for producer_id, first_offset in p.aborted_transactions:
-                    partition.aborted_transactions.add(producer_id=producer_id,
-                                                       first_offset=first_offset)
-    return out
-
-
-# --- ListOffsets -------------------------------------------------------------------------------
-
-
-def list_offsets_request(m: k.ListOffsetsRequest) -> offsets.ListOffsetsRequest:
-    return offsets.ListOffsetsRequest(
-        replica_id=_opt(m, "replica_id", offsets.CONSUMER_REPLICA_ID),
-        isolation_level=_opt(m, "isolation_level", 0),
-        topics=[
-            offsets.ListOffsetsTopic(
-                name=t.name,
-                partitions=[
-                    offsets.ListOffsetsPartition(
-                        partition_index=p.partition_index,
-                        timestamp=_opt(p, "timestamp", 0),
-                        current_leader_epoch=_opt(p, "current_leader_epoch", -1),
-                    )
-                    for p in t.partitions
-                ],
-            )
-            for t in m.topics
-        ],
-    )
-
-
-def list_offsets_response(r: offsets.ListOffsetsResponse) -> k.ListOffsetsResponse:
-    out = k.ListOffsetsResponse(throttle_time_ms=0)
-    for t in r.topics:
-        topic = out.topics.add(name=t.name)
-        for p in t.partitions:
-            topic.partitions.add(
-                partition_index=p.partition_index,
-                error_code=p.error_code,
-                timestamp=p.timestamp,
-                offset=p.offset,
-                leader_epoch=p.leader_epoch,
-            )
-    return out
-
-
-# --- OffsetForLeaderEpoch ----------------------------------------------------------------------
-
-
-def offset_for_leader_epoch_request(
-    m: k.OffsetForLeaderEpochRequest,
-) -> leader_epochs.OffsetForLeaderEpochRequest:
-    return leader_epochs.OffsetForLeaderEpochRequest(
-        replica_id=_opt(m, "replica_id", -1),
-        topics=[
-            leader_epochs.EpochTopic(
-                topic=t.topic,
-                partitions=[
-                    leader_epochs.EpochPartition(
-                        partition=p.partition,
-                        leader_epoch=_opt(p, "leader_epoch", -1),
-                        current_leader_epoch=_opt(p, "current_leader_epoch", -1),
-                    )
-                    for p in t.partitions
-                ],
-            )
-            for t in m.topics
-        ],
-    )
-
-
-def offset_for_leader_epoch_response(
-    r: leader_epochs.OffsetForLeaderEpochResponse,
-) -> k.OffsetForLeaderEpochResponse:
-    out = k.OffsetForLeaderEpochResponse(throttle_time_ms=0)
-    for t in r.topics:
-        topic = out.topics.add(topic=t.topic)
-        for p in t.partitions:
-            topic.partitions.add(error_code=p.error_code, partition=p.partition,
-                                 leader_epoch=p.leader_epoch, end_offset=p.end_offset)
-    return out
 
 
 # --- CreateTopics / DeleteTopics ---------------------------------------------------------------
@@ -316,61 +123,6 @@ def delete_topics_response(r: topics.DeleteTopicsResponse) -> k.DeleteTopicsResp
         _set_opt(topic, "name", t.name)
         _set_opt(topic, "topic_id", t.topic_id)
         _set_opt(topic, "error_message", t.error_message)
-    return out
-
-
-# --- DescribeCluster ---------------------------------------------------------------------------
-
-
-def describe_cluster_request(m: k.DescribeClusterRequest) -> cluster.DescribeClusterRequest:
-    return cluster.DescribeClusterRequest(
-        include_cluster_authorized_operations=_opt(
-            m, "include_cluster_authorized_operations", False),
-        endpoint_type=_opt(m, "endpoint_type", cluster.EndpointType.BROKER),
-    )
-
-
-def describe_cluster_response(r: cluster.DescribeClusterResponse) -> k.DescribeClusterResponse:
-    out = k.DescribeClusterResponse(
-        throttle_time_ms=0,
-        error_code=r.error_code,
-        cluster_id=r.cluster_id,
-        controller_id=r.controller_id,
-        cluster_authorized_operations=r.cluster_authorized_operations,
-        endpoint_type=r.endpoint_type,
-    )
-    _set_opt(out, "error_message", r.error_message)
-    for b in r.brokers:
-        broker = out.brokers.add(broker_id=b.node_id, host=b.host, port=b.port, is_fenced=False)
-        _set_opt(broker, "rack", b.rack)
-    return out
-
-
-# --- DeleteRecords -----------------------------------------------------------------------------
-
-
-def delete_records_request(m: k.DeleteRecordsRequest) -> records.DeleteRecordsRequest:
-    return records.DeleteRecordsRequest(
-        topics=[
-            records.DeleteRecordsTopic(
-                name=t.name,
-                partitions=[records.DeleteRecordsPartition(
-                    partition_index=p.partition_index, offset=_opt(p, "offset", -1))
-                    for p in t.partitions],
-            )
-            for t in m.topics
-        ],
-        timeout_ms=_opt(m, "timeout_ms", 30_000),
-    )
-
-
-def delete_records_response(r: records.DeleteRecordsResponse) -> k.DeleteRecordsResponse:
-    out = k.DeleteRecordsResponse(throttle_time_ms=0)
-    for t in r.topics:
-        topic = out.topics.add(name=t.name)
-        for p in t.partitions:
-            topic.partitions.add(partition_index=p.partition_index,
-                                 low_watermark=p.low_watermark, error_code=p.error_code)
     return out
 
 
@@ -529,18 +281,12 @@ class Converted:
 
 def converted_apis(
     *,
-    metadata_api: metadata.MetadataApi | None = None,
-    fetch_api: fetch.FetchApi | None = None,
-    list_offsets_api: offsets.ListOffsetsApi | None = None,
     create_topics_api: topics.CreateTopicsApi | None = None,
     delete_topics_api: topics.DeleteTopicsApi | None = None,
-    describe_cluster_api: cluster.DescribeClusterApi | None = None,
-    delete_records_api: records.DeleteRecordsApi | None = None,
     describe_configs_api: configs.DescribeConfigsApi | None = None,
     alter_configs_api: configs.AlterConfigsApi | None = None,
     create_partitions_api: partitions.CreatePartitionsApi | None = None,
     init_producer_id_api: producer_ids.InitProducerIdApi | None = None,
-    offset_for_leader_epoch_api: leader_epochs.OffsetForLeaderEpochApi | None = None,
 ) -> dict[str, KafkaApi]:
     """The API modules not yet on the generated messages, by RPC name."""
 
@@ -558,20 +304,10 @@ def converted_apis(
         if api is not None:
             apis[name] = Converted(to_domain, handle or without_context(api), to_proto)
 
-    add("Metadata", metadata_api, plain(metadata_request),
-        metadata_api.handle if metadata_api else None, metadata_response)
-    add("Fetch", fetch_api, plain(fetch_request), None, fetch_response)
-    add("ListOffsets", list_offsets_api, plain(list_offsets_request), None,
-        list_offsets_response)
-    add("DeleteRecords", delete_records_api, plain(delete_records_request), None,
-        delete_records_response)
     add("CreateTopics", create_topics_api, plain(create_topics_request), None,
         create_topics_response)
     add("DeleteTopics", delete_topics_api, plain(delete_topics_request), None,
         delete_topics_response)
-    add("DescribeCluster", describe_cluster_api, plain(describe_cluster_request),
-        describe_cluster_api.handle if describe_cluster_api else None,
-        describe_cluster_response)
     add("DescribeConfigs", describe_configs_api, plain(describe_configs_request), None,
         describe_configs_response)
     add("AlterConfigs", alter_configs_api, plain(alter_configs_request), None,
@@ -580,8 +316,6 @@ def converted_apis(
         plain(incremental_alter_configs_request), None, incremental_alter_configs_response)
     add("CreatePartitions", create_partitions_api, plain(create_partitions_request), None,
         create_partitions_response)
-    add("OffsetForLeaderEpoch", offset_for_leader_epoch_api,
-        plain(offset_for_leader_epoch_request), None, offset_for_leader_epoch_response)
     add("InitProducerId", init_producer_id_api, plain(init_producer_id_request), None,
         init_producer_id_response)
     return apis

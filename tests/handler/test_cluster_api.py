@@ -1,11 +1,12 @@
 import asyncio
 
+from kbroker.kafka.v1 import kafka_pb2 as k
 from services.handler.apis.cluster import (
     AUTHORIZED_OPERATIONS_OMITTED,
     CLUSTER_OPERATIONS,
     DescribeClusterApi,
-    DescribeClusterRequest,
 )
+from services.handler.metadata_cache import MetadataCache
 from services.handler.request_context import split_host_port
 
 from .fakes import CONTEXT, cache_of, cluster
@@ -16,24 +17,40 @@ def describe(request, snapshot):
 
 
 def test_live_log_nodes_are_the_brokers_at_the_advertised_address():
-    response = describe(DescribeClusterRequest(), cluster(nodes=(2, 0), dead=(1,), controller=1))
+    # endpoint_type unset (a hand-made request): brokers.
+    response = describe(k.DescribeClusterRequest(),
+                        cluster(nodes=(2, 0), dead=(1,), controller=1))
     assert response.error_code == 0
-    assert [(b.node_id, b.host, b.port) for b in response.brokers] == [
-        (0, "kafka.example", 9092), (2, "kafka.example", 9092)]
+    assert [(b.broker_id, b.host, b.port, b.is_fenced) for b in response.brokers] == [
+        (0, "kafka.example", 9092, False), (2, "kafka.example", 9092, False)]
+    assert response.endpoint_type == 1
     assert response.cluster_id == "test-cluster"
     assert response.controller_id == 0
     assert response.cluster_authorized_operations == AUTHORIZED_OPERATIONS_OMITTED
-    response = describe(DescribeClusterRequest(include_cluster_authorized_operations=True),
+    response = describe(k.DescribeClusterRequest(include_cluster_authorized_operations=True),
                         cluster())
     assert response.cluster_authorized_operations == CLUSTER_OPERATIONS
 
 
 def test_endpoint_types():
-    response = describe(DescribeClusterRequest(endpoint_type=2), cluster())
-    assert (response.error_code, response.brokers) == (114, [])
-    response = describe(DescribeClusterRequest(endpoint_type=9), cluster())
-    assert response.error_code == 115
+    response = describe(k.DescribeClusterRequest(endpoint_type=2), cluster())
+    assert (response.error_code, list(response.brokers), response.endpoint_type) == (114, [], 2)
+    response = describe(k.DescribeClusterRequest(endpoint_type=9), cluster())
+    assert (response.error_code, response.endpoint_type) == (115, 9)
     assert response.error_message == "Unsupported endpoint type 9"
+
+
+def test_without_metadata_a_retriable_error():
+    async def main():
+        async def down():
+            raise ConnectionError("no replicator")
+
+        return await DescribeClusterApi(MetadataCache(down)).handle(
+            k.DescribeClusterRequest(), CONTEXT)
+
+    response = asyncio.run(main())
+    assert response.error_code == 7 and response.HasField("error_message")
+    assert list(response.brokers) == [] and response.controller_id == -1
 
 
 def test_advertised_addresses():

@@ -1,17 +1,21 @@
 import asyncio
 import time
 
-from services.handler.apis.fetch import FetchApi, FetchPartition, FetchRequest, FetchTopic
+from kbroker.kafka.v1 import kafka_pb2 as k
+from services.handler.apis.fetch import FetchApi
 from services.handler.collaborators import KeyState, UnreachableError, WaitResult
+from services.handler.metadata_cache import MetadataCache
 
 from .batches import batch_offsets
-from .fakes import FakeLogNodes, FakePurgatory, cache_of, cluster, topic
+from .fakes import CONTEXT, FakeLogNodes, FakePurgatory, cache_of, cluster, topic
 
 TOPIC_ID = "5f7c0e53-7bd1-4d52-9b67-1b2a1c3e4f50"
+FetchTopic = k.FetchRequest.FetchTopic
+FetchPartition = k.FetchRequest.FetchPartition
 
 
 def fetch(*topics, **fields):
-    return FetchRequest(
+    return k.FetchRequest(
         topics=[FetchTopic(topic=name, partitions=[
             FetchPartition(partition=p, fetch_offset=offset, partition_max_bytes=1 << 20)
             for p, offset in parts]) for name, parts in topics],
@@ -21,13 +25,26 @@ def fetch(*topics, **fields):
 
 def serve(req, snapshot, log_nodes, purgatory=None):
     api = FetchApi(cache_of(snapshot), log_nodes, purgatory or FakePurgatory())
-    return asyncio.run(api.handle(req))
+    return asyncio.run(api.handle(req, CONTEXT))
 
 
 def parts(response):
     return [(t.topic, p.partition_index, p.error_code, p.high_watermark,
              batch_offsets(p.records))
-            for t in response.topics for p in t.partitions]
+            for t in response.responses for p in t.partitions]
+
+
+def optional(message, name):
+    """A field's value, None when unset (null for the frontend)."""
+    return getattr(message, name) if message.HasField(name) else None
+
+
+def aborted_transactions(partition):
+    """None when the frontend encodes the list as null (unset or flagged null)."""
+    if partition.aborted_transactions_is_null or not partition.HasField(
+            "aborted_transactions_is_null"):
+        return None
+    return [(a.producer_id, a.first_offset) for a in partition.aborted_transactions]
 
 
 def test_reads_from_the_leaders_up_to_the_high_watermark():
@@ -40,9 +57,9 @@ def test_reads_from_the_leaders_up_to_the_high_watermark():
     assert response.error_code == 0
     assert response.session_id == 0
     assert parts(response) == [("t", 0, 0, 3, [(0, 2), (2, 1)]), ("t", 1, 0, 1, [(0, 1)])]
-    p = response.topics[0].partitions[0]
+    p = response.responses[0].partitions[0]
     assert (p.last_stable_offset, p.log_start_offset, p.preferred_read_replica) == (3, 0, -1)
-    assert p.aborted_transactions is None
+    assert aborted_transactions(p) is None
     assert sorted(node for kind, node, _ in log_nodes.calls) == [0, 1]
 
 
@@ -50,7 +67,7 @@ def test_read_committed_has_an_empty_aborted_list():
     log_nodes = FakeLogNodes()
     log_nodes.put("t", 0, [b"a"])
     response = serve(fetch(("t", [(0, 0)]), isolation_level=1), cluster(topic("t")), log_nodes)
-    assert response.topics[0].partitions[0].aborted_transactions == []
+    assert aborted_transactions(response.responses[0].partitions[0]) == []
 
 
 def test_incremental_fetches_name_a_session_that_does_not_exist():
@@ -58,7 +75,8 @@ def test_incremental_fetches_name_a_session_that_does_not_exist():
     for session_id, epoch in [(7, 1), (0, 3)]:
         response = serve(fetch(("t", [(0, 0)]), session_id=session_id, session_epoch=epoch),
                          cluster(topic("t")), log_nodes)
-        assert (response.error_code, response.session_id, response.topics) == (70, 0, [])
+        assert (response.error_code, response.session_id, list(response.responses)) == (
+            70, 0, [])
     assert log_nodes.calls == []
     # A full fetch that closes or opens a session is served sessionless.
     for epoch in (-1, 0):
@@ -71,20 +89,21 @@ def test_topic_ids_resolve_and_unknown_ids_are_reported():
     log_nodes = FakeLogNodes()
     log_nodes.put("t", 0, [b"a"])
     other = "11111111-2222-3333-4444-555555555555"
-    req = FetchRequest(topics=[
+    req = k.FetchRequest(topics=[
         FetchTopic(topic_id=TOPIC_ID, partitions=[FetchPartition(partition=0, fetch_offset=0)]),
         FetchTopic(topic_id=other, partitions=[FetchPartition(partition=0, fetch_offset=0)]),
     ])
     response = serve(req, cluster(topic("t", topic_id=TOPIC_ID)), log_nodes)
-    assert [(t.topic, t.topic_id) for t in response.topics] == [("t", TOPIC_ID), (None, other)]
-    assert [p.error_code for t in response.topics for p in t.partitions] == [0, 100]
+    assert [(optional(t, "topic"), t.topic_id) for t in response.responses] == [
+        ("t", TOPIC_ID), (None, other)]
+    assert [p.error_code for t in response.responses for p in t.partitions] == [0, 100]
 
 
 def test_errors_per_partition():
     log_nodes = FakeLogNodes()
     log_nodes.put("t", 0, [b"a"])
     snapshot = cluster(topic("t", 2, leaders=[0, 1], epoch=5), nodes=(0,), dead=(1,))
-    req = FetchRequest(topics=[
+    req = k.FetchRequest(topics=[
         FetchTopic(topic="t", partitions=[
             FetchPartition(partition=0, fetch_offset=99),
             FetchPartition(partition=1, fetch_offset=0),
@@ -95,9 +114,12 @@ def test_errors_per_partition():
         FetchTopic(topic="missing", partitions=[FetchPartition(partition=0, fetch_offset=0)]),
     ])
     response = serve(req, snapshot, log_nodes)
-    assert [p.error_code for t in response.topics for p in t.partitions] == [1, 6, 75, 74, 3, 3]
-    errored = response.topics[0].partitions[0]
+    assert [p.error_code for t in response.responses for p in t.partitions] == [
+        1, 6, 75, 74, 3, 3]
+    errored = response.responses[0].partitions[0]
     assert (errored.high_watermark, errored.log_start_offset, errored.records) == (-1, -1, b"")
+    # Empty records, not null; no aborted transactions (null).
+    assert errored.HasField("records") and aborted_transactions(errored) is None
 
 
 def test_only_consumers_fetch():
@@ -115,14 +137,14 @@ def test_max_bytes_cuts_at_whole_batches_and_the_first_batch_always_comes():
     size = len(log_nodes.partition("t", 0).batches[0])
     snapshot = cluster(topic("t", 2))
     response = serve(fetch(("t", [(0, 0), (1, 0)]), max_bytes=1), snapshot, log_nodes)
-    assert [len(batch_offsets(p.records)) for p in response.topics[0].partitions] == [1, 0]
+    assert [len(batch_offsets(p.records)) for p in response.responses[0].partitions] == [1, 0]
     response = serve(fetch(("t", [(0, 0), (1, 0)]), max_bytes=size * 4), snapshot, log_nodes)
-    assert [len(batch_offsets(p.records)) for p in response.topics[0].partitions] == [3, 1]
-    req = FetchRequest(topics=[FetchTopic(topic="t", partitions=[
+    assert [len(batch_offsets(p.records)) for p in response.responses[0].partitions] == [3, 1]
+    req = k.FetchRequest(topics=[FetchTopic(topic="t", partitions=[
         FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=size * 2),
         FetchPartition(partition=1, fetch_offset=0, partition_max_bytes=1)])])
     response = serve(req, snapshot, log_nodes)
-    assert [len(batch_offsets(p.records)) for p in response.topics[0].partitions] == [2, 0]
+    assert [len(batch_offsets(p.records)) for p in response.responses[0].partitions] == [2, 0]
 
 
 def test_too_little_data_waits_in_the_purgatory_and_reads_again_when_woken():
@@ -134,7 +156,7 @@ def test_too_little_data_waits_in_the_purgatory_and_reads_again_when_woken():
     async def main():
         api = FetchApi(cache_of(snapshot), log_nodes, purgatory)
         task = asyncio.create_task(api.handle(fetch(("t", [(0, 1), (1, 0)]), min_bytes=1,
-                                                    max_wait_ms=5000)))
+                                                    max_wait_ms=5000), CONTEXT))
         await asyncio.wait_for(purgatory.parked.wait(), 2)
         log_nodes.put("t", 1, [b"late"])
         purgatory.wake.set()
@@ -199,3 +221,51 @@ def test_a_key_error_reported_by_the_purgatory_answers_at_once():
           log_nodes, purgatory)
     assert time.monotonic() - started < 1
     assert len(purgatory.waits) == 1
+
+
+def test_unset_fields_take_kafka_defaults():
+    """A hand-made request naming only partitions and offsets is a consumer's full fetch
+    without byte limits (1 MiB per partition) or epoch checks."""
+    log_nodes = FakeLogNodes()
+    log_nodes.put("t", 0, [b"a"])
+    limits = []
+
+    class Spy(FakeLogNodes):
+        async def read(self, node, reads, max_bytes, limit, time_limit):
+            limits.append((max_bytes, [r.max_bytes for r in reads]))
+            return await log_nodes.read(node, reads, max_bytes, limit, time_limit)
+
+    req = k.FetchRequest(topics=[FetchTopic(topic="t", partitions=[
+        FetchPartition(partition=0, fetch_offset=0)])])
+    response = serve(req, cluster(topic("t", epoch=5)), Spy())
+    assert (response.error_code, response.session_id) == (0, 0)
+    assert parts(response) == [("t", 0, 0, 1, [(0, 1)])]
+    assert limits == [(2**31 - 1, [1 << 20])]
+    # Named by name, of a topic without an id: the answer has no topic id (null).
+    assert not response.responses[0].HasField("topic_id")
+
+
+def test_replica_state_names_the_replica_from_fetch_v15():
+    log_nodes = FakeLogNodes()
+    replica = fetch(("t", [(0, 0)]), replica_id=-1,
+                    replica_state=k.FetchRequest.ReplicaState(replica_id=2))
+    assert parts(serve(replica, cluster(topic("t")), log_nodes)) == [("t", 0, 6, -1, [])]
+    assert log_nodes.calls == []
+    consumer = fetch(("t", [(0, 0)]),
+                     replica_state=k.FetchRequest.ReplicaState(replica_id=-1, replica_epoch=-1))
+    assert parts(serve(consumer, cluster(topic("t")), log_nodes)) == [("t", 0, 0, 0, [])]
+
+
+def test_without_metadata_every_partition_is_not_leader_with_empty_records():
+    async def main():
+        async def down():
+            raise ConnectionError("no replicator")
+
+        api = FetchApi(MetadataCache(down), FakeLogNodes(), FakePurgatory())
+        return await api.handle(fetch(("t", [(0, 0), (1, 5)])), CONTEXT)
+
+    response = asyncio.run(main())
+    # Per partition, as from a broker that does not know them; no error for the whole request.
+    assert response.error_code == 0
+    assert parts(response) == [("t", 0, 6, -1, []), ("t", 1, 6, -1, [])]
+    assert all(p.HasField("records") for p in response.responses[0].partitions)

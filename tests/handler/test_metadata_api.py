@@ -1,17 +1,28 @@
 import asyncio
 
+from kbroker.kafka.v1 import kafka_pb2 as k
 from services.handler.apis.cluster import (
     AUTHORIZED_OPERATIONS_OMITTED,
     CLUSTER_OPERATIONS,
     TOPIC_OPERATIONS,
 )
-from services.handler.apis.metadata import MetadataApi, MetadataRequest, TopicRef
+from services.handler.apis.metadata import MetadataApi
 from services.handler.collaborators import UnreachableError
 from services.handler.metadata_cache import MetadataCache
 
 from .fakes import CONTEXT, FakeController, cluster, topic
 
 TOPIC_ID = "5f7c0e53-7bd1-4d52-9b67-1b2a1c3e4f50"
+EVERY_TOPIC = k.MetadataRequest(topics_is_null=True)
+
+
+def named(*names, **fields):
+    return k.MetadataRequest(topics=[{"name": n} for n in names], **fields)
+
+
+def optional(message, name):
+    """A field's value, None when unset (null for the frontend)."""
+    return getattr(message, name) if message.HasField(name) else None
 
 
 def serve(request, snapshot, *, auto_create=True, controller=None):
@@ -28,7 +39,7 @@ def names(response):
 
 def test_null_topics_lists_every_topic_and_empty_lists_none():
     snapshot = cluster(topic("b"), topic("a", 2), nodes=(0, 1))
-    response, _ = serve(MetadataRequest(topics=None), snapshot)
+    response, _ = serve(EVERY_TOPIC, snapshot)
     assert names(response) == [("a", 0), ("b", 0)]
     assert [(b.node_id, b.host, b.port) for b in response.brokers] == [
         (0, "kafka.example", 9092), (1, "kafka.example", 9092)]
@@ -36,14 +47,17 @@ def test_null_topics_lists_every_topic_and_empty_lists_none():
     assert response.controller_id == 0
     assert response.cluster_authorized_operations == AUTHORIZED_OPERATIONS_OMITTED
     assert response.topics[0].topic_authorized_operations == AUTHORIZED_OPERATIONS_OMITTED
-    response, _ = serve(MetadataRequest(topics=[]), snapshot)
-    assert response.topics == []
+    response, _ = serve(k.MetadataRequest(topics_is_null=False), snapshot)
+    assert list(response.topics) == []
     assert len(response.brokers) == 2
+    # Neither topics nor their null flag (a hand-made request): every topic.
+    response, _ = serve(k.MetadataRequest(), snapshot)
+    assert names(response) == [("a", 0), ("b", 0)]
 
 
 def test_partitions_describe_leaders_replicas_and_dead_leaders():
     snapshot = cluster(topic("t", 2, leaders=[0, 1], epoch=3), nodes=(0,), dead=(1,))
-    response, _ = serve(MetadataRequest(topics=[TopicRef(name="t")]), snapshot)
+    response, _ = serve(named("t"), snapshot)
     (t,) = response.topics
     live, dead = t.partitions
     assert (live.partition_index, live.error_code, live.leader_id, live.leader_epoch) == (
@@ -57,12 +71,13 @@ def test_partitions_describe_leaders_replicas_and_dead_leaders():
 
 def test_missing_topics_are_auto_created_and_answered_in_full():
     snapshot = cluster(topic("old"))
-    request = MetadataRequest(topics=[TopicRef(name="old"), TopicRef(name="new"),
-                                      TopicRef(name="bad name")])
-    response, controller = serve(request, snapshot)
+    # allow_auto_topic_creation unset: true.
+    response, controller = serve(named("old", "new", "bad name"), snapshot)
     assert names(response) == [("old", 0), ("new", 0), ("bad name", 17)]
     assert response.topics[1].partitions[0].leader_id == 0
-    assert response.topics[1].topic_id is not None
+    assert response.topics[1].HasField("topic_id")
+    # The cluster as it is after the creation.
+    assert (response.cluster_id, response.controller_id) == ("test-cluster", 0)
     ((created, validate_only),) = controller.created
     assert [(t.name, t.num_partitions, t.replication_factor) for t in created] == [
         ("new", -1, -1)]
@@ -71,20 +86,20 @@ def test_missing_topics_are_auto_created_and_answered_in_full():
 
 def test_no_auto_creation_when_the_request_or_the_config_forbids_it():
     snapshot = cluster()
-    request = MetadataRequest(topics=[TopicRef(name="new"), TopicRef(name="")],
-                              allow_auto_topic_creation=False)
-    response, controller = serve(request, snapshot)
+    response, controller = serve(named("new", "", allow_auto_topic_creation=False), snapshot)
     assert names(response) == [("new", 3), ("", 17)]
+    # An unknown topic named by name: no topic id (null), authorized operations omitted.
+    assert not response.topics[0].HasField("topic_id")
+    assert response.topics[0].topic_authorized_operations == AUTHORIZED_OPERATIONS_OMITTED
     assert controller.created == []
-    response, controller = serve(MetadataRequest(topics=[TopicRef(name="new")]), snapshot,
-                                 auto_create=False)
+    response, controller = serve(named("new"), snapshot, auto_create=False)
     assert names(response) == [("new", 3)]
     assert controller.created == []
 
 
 def test_creation_failures_are_retriable_leader_not_available():
     snapshot = cluster()
-    response, _ = serve(MetadataRequest(topics=[TopicRef(name="new")]), snapshot,
+    response, _ = serve(named("new"), snapshot,
                         controller=FakeController(snapshot, failure=UnreachableError("down")))
     assert names(response) == [("new", 5)]
 
@@ -92,18 +107,19 @@ def test_creation_failures_are_retriable_leader_not_available():
 def test_by_topic_id_never_creates():
     snapshot = cluster(topic("a", topic_id=TOPIC_ID))
     other = "11111111-2222-3333-4444-555555555555"
-    request = MetadataRequest(topics=[TopicRef(topic_id=TOPIC_ID.upper()),
-                                      TopicRef(topic_id=other), TopicRef(topic_id=TOPIC_ID)])
+    request = k.MetadataRequest(topics=[{"topic_id": TOPIC_ID.upper()}, {"topic_id": other},
+                                        {"topic_id": TOPIC_ID}])
     response, controller = serve(request, snapshot)
-    assert [(t.name, t.topic_id, t.error_code) for t in response.topics] == [
+    assert [(optional(t, "name"), t.topic_id, t.error_code) for t in response.topics] == [
         ("a", TOPIC_ID, 0), (None, other, 100)]
     assert controller.created == []
 
 
 def test_authorized_operations_when_asked():
     snapshot = cluster(topic("a"))
-    response, _ = serve(MetadataRequest(topics=None, include_cluster_authorized_operations=True,
-                                        include_topic_authorized_operations=True), snapshot)
+    response, _ = serve(k.MetadataRequest(topics_is_null=True,
+                                          include_cluster_authorized_operations=True,
+                                          include_topic_authorized_operations=True), snapshot)
     assert response.cluster_authorized_operations == CLUSTER_OPERATIONS
     assert response.topics[0].topic_authorized_operations == TOPIC_OPERATIONS
     # READ (3), WRITE (4) and DESCRIBE (8) among them.
@@ -117,9 +133,16 @@ def test_without_any_metadata_topics_are_leader_not_available():
             raise ConnectionError("no replicator")
 
         api = MetadataApi(MetadataCache(down), FakeController(cluster()), True)
-        return await api.handle(MetadataRequest(topics=[TopicRef(name="x")]), CONTEXT)
+        return (await api.handle(named("x"), CONTEXT),
+                await api.handle(EVERY_TOPIC, CONTEXT))
 
-    response = asyncio.run(main())
+    response, every = asyncio.run(main())
+    assert list(every.topics) == []
     assert names(response) == [("x", 5)]
-    assert response.brokers == []
+    assert list(response.brokers) == []
+    # Nulls stay null: no cluster id, and no topic id for a topic named by name.
+    assert not response.HasField("cluster_id")
+    assert not response.topics[0].HasField("topic_id")
+    assert response.topics[0].topic_authorized_operations == AUTHORIZED_OPERATIONS_OMITTED
+    assert response.controller_id == -1
 

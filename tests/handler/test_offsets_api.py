@@ -1,25 +1,22 @@
 import asyncio
 
-from services.handler.apis.offsets import (
-    ListOffsetsApi,
-    ListOffsetsPartition,
-    ListOffsetsRequest,
-    ListOffsetsTopic,
-)
+from kbroker.kafka.v1 import kafka_pb2 as k
+from services.handler.apis.offsets import ListOffsetsApi
 from services.handler.collaborators import ReadLimit, UnreachableError
+from services.handler.metadata_cache import MetadataCache
 
-from .fakes import FakeLogNodes, cache_of, cluster, topic
+from .fakes import CONTEXT, FakeLogNodes, cache_of, cluster, topic
 
 
 def request(*partitions, replica_id=-1):
-    return ListOffsetsRequest(replica_id=replica_id, topics=[ListOffsetsTopic(
-        name="t", partitions=[ListOffsetsPartition(partition_index=p, timestamp=ts,
-                                                   current_leader_epoch=epoch)
-                              for p, ts, epoch in partitions])])
+    return k.ListOffsetsRequest(replica_id=replica_id, topics=[{
+        "name": "t", "partitions": [{"partition_index": p, "timestamp": ts,
+                                     "current_leader_epoch": epoch}
+                                    for p, ts, epoch in partitions]}])
 
 
 def serve(req, snapshot, log_nodes):
-    return asyncio.run(ListOffsetsApi(cache_of(snapshot), log_nodes).handle(req))
+    return asyncio.run(ListOffsetsApi(cache_of(snapshot), log_nodes).handle(req, CONTEXT))
 
 
 def answers(response):
@@ -70,3 +67,24 @@ def test_errors_per_partition():
     log_nodes.failures[0] = UnreachableError("down")
     response = serve(request((0, -1, -1)), snapshot, log_nodes)
     assert answers(response) == [(0, 6, -1, -1, -1)]
+
+
+def test_an_unset_replica_id_is_a_consumer():
+    log_nodes = FakeLogNodes()
+    log_nodes.put("t", 0, [b"a", b"b"])
+    log_nodes.partition("t", 0).log_end = 5
+    req = k.ListOffsetsRequest(topics=[{"name": "t", "partitions": [
+        {"partition_index": 0, "timestamp": -1}]}])
+    # The high watermark (not the log end), with the partition's leader epoch.
+    assert answers(serve(req, cluster(topic("t", epoch=4)), log_nodes)) == [(0, 0, 2, -1, 4)]
+
+
+def test_without_metadata_every_partition_is_not_leader():
+    async def main():
+        async def down():
+            raise ConnectionError("no replicator")
+
+        return await ListOffsetsApi(MetadataCache(down), FakeLogNodes()).handle(
+            request((0, -1, -1), (1, -2, -1)), CONTEXT)
+
+    assert answers(asyncio.run(main())) == [(0, 6, -1, -1, -1), (1, 6, -1, -1, -1)]

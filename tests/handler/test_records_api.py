@@ -1,5 +1,5 @@
 """DeleteRecords through the handler: the API module against a real log node on port 0 (real
-files in tmp_path), and the servicer's protobuf conversions."""
+files in tmp_path), and what unset request fields mean."""
 
 from __future__ import annotations
 
@@ -8,30 +8,23 @@ from pathlib import Path
 
 from kbroker.kafka.v1 import kafka_pb2 as k
 from services.common.errors import ErrorCode
-from services.handler.apis.records import (
-    DeleteRecordsApi,
-    DeleteRecordsPartition,
-    DeleteRecordsRequest,
-    DeleteRecordsTopic,
-    error_response,
-)
+from services.handler.apis.records import DeleteRecordsApi
 from services.handler.clients import LogNodeClients
-from services.handler.metadata_cache import ClusterMetadata, LogNode
-from services.handler.servicer import delete_records_request, delete_records_response
+from services.handler.collaborators import LowWatermark
+from services.handler.metadata_cache import ClusterMetadata, LogNode, MetadataCache
 from services.log.config import LogConfig
 from services.log.server import start
 
 from ..record_batches import build_batch, values
-from .fakes import cache_of, topic
+from .fakes import CONTEXT, cache_of, cluster, topic
 
 
-def request(*items: tuple[str, int, int], timeout_ms: int = 5000) -> DeleteRecordsRequest:
-    by_topic: dict[str, list[DeleteRecordsPartition]] = {}
+def request(*items: tuple[str, int, int], timeout_ms: int = 5000) -> k.DeleteRecordsRequest:
+    by_topic: dict[str, list[dict[str, int]]] = {}
     for name, partition, offset in items:
-        by_topic.setdefault(name, []).append(
-            DeleteRecordsPartition(partition_index=partition, offset=offset))
-    return DeleteRecordsRequest(topics=[DeleteRecordsTopic(name=n, partitions=p)
-                                        for n, p in by_topic.items()], timeout_ms=timeout_ms)
+        by_topic.setdefault(name, []).append({"partition_index": partition, "offset": offset})
+    return k.DeleteRecordsRequest(topics=[{"name": n, "partitions": p}
+                                          for n, p in by_topic.items()], timeout_ms=timeout_ms)
 
 
 def answers(response) -> list[tuple[str, int, int, int]]:  # type: ignore[no-untyped-def]
@@ -58,7 +51,7 @@ def test_delete_records_moves_log_start_offsets_on_the_leaders(tmp_path: Path) -
             api = DeleteRecordsApi(cache_of(snapshot), clients)
             response = await api.handle(request(
                 ("t", 0, 7), ("t", 1, 99), ("t", 0, 6), ("t", 5, 1), ("nope", 0, 1),
-                ("orphan", 0, 1)))
+                ("orphan", 0, 1)), CONTEXT)
             assert answers(response) == [
                 ("t", 0, 0, 6),  # the last offset given for a partition wins
                 ("t", 1, ErrorCode.offset_out_of_range.value, -1),
@@ -67,7 +60,7 @@ def test_delete_records_moves_log_start_offsets_on_the_leaders(tmp_path: Path) -
                 ("orphan", 0, ErrorCode.not_leader_or_follower.value, -1),
             ]
             assert node.manager.get("t", 0).log_start_offset == 6
-            everything = await api.handle(request(("t", 1, -1)))
+            everything = await api.handle(request(("t", 1, -1)), CONTEXT)
             assert answers(everything) == [("t", 1, 0, 10)]
             assert node.manager.get("t", 1).segment_count == 1
         finally:
@@ -77,14 +70,41 @@ def test_delete_records_moves_log_start_offsets_on_the_leaders(tmp_path: Path) -
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
-def test_protobuf_conversions() -> None:
+class FakeDeleter:
+    """Log nodes that record what they are asked and answer low watermark = offset."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[tuple[str, int, int]], float]] = []
+
+    async def delete_records(self, node, deletions, time_limit):  # type: ignore[no-untyped-def]
+        self.calls.append(([(d.topic, d.partition, d.offset) for d in deletions], time_limit))
+        return [LowWatermark(topic=d.topic, partition=d.partition, low_watermark=d.offset)
+                for d in deletions]
+
+
+def test_unset_offsets_mean_the_high_watermark_and_the_timeout_bounds_the_call() -> None:
+    deleter = FakeDeleter()
+    api = DeleteRecordsApi(cache_of(cluster(topic("t", 4))), deleter)
     message = k.DeleteRecordsRequest(timeout_ms=1234, topics=[
         {"name": "t", "partitions": [{"partition_index": 2, "offset": 40},
                                      {"partition_index": 3}]}])
-    converted = delete_records_request(message)
-    assert converted.timeout_ms == 1234
-    assert [(p.partition_index, p.offset) for p in converted.topics[0].partitions] == [
-        (2, 40), (3, -1)]
-    out = delete_records_response(error_response(converted, 56))
-    assert [(p.partition_index, p.low_watermark, p.error_code)
-            for p in out.topics[0].partitions] == [(2, -1, 56), (3, -1, 56)]
+    response = asyncio.run(api.handle(message, CONTEXT))
+    assert deleter.calls == [([("t", 2, 40), ("t", 3, -1)], 1.234)]
+    assert answers(response) == [("t", 2, 0, 40), ("t", 3, 0, -1)]
+    # Unset timeout (a hand-made request): 30 s.
+    asyncio.run(api.handle(k.DeleteRecordsRequest(topics=[
+        {"name": "t", "partitions": [{"partition_index": 0, "offset": 1}]}]), CONTEXT))
+    assert deleter.calls[-1][1] == 30.0
+
+
+def test_without_metadata_every_partition_is_not_leader() -> None:
+    async def main():  # type: ignore[no-untyped-def]
+        async def down():  # type: ignore[no-untyped-def]
+            raise ConnectionError("no replicator")
+
+        api = DeleteRecordsApi(MetadataCache(down), FakeDeleter())
+        return await api.handle(request(("t", 2, 40), ("t", 3, -1)), CONTEXT)
+
+    assert answers(asyncio.run(main())) == [
+        ("t", 2, ErrorCode.not_leader_or_follower.value, -1),
+        ("t", 3, ErrorCode.not_leader_or_follower.value, -1)]

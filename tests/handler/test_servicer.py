@@ -26,31 +26,19 @@ def make_servicer(metadata_snapshot, log_nodes=None, controller=None, broker_por
     purgatory = FakePurgatory()
     controller = controller or FakeController(metadata_snapshot)
     apis = glue.converted_apis(
-        metadata_api=metadata.MetadataApi(cache, controller, True),
-        fetch_api=fetch.FetchApi(cache, log_nodes, purgatory),
-        list_offsets_api=offsets.ListOffsetsApi(cache, log_nodes),
         create_topics_api=topics.CreateTopicsApi(cache, controller),
         delete_topics_api=topics.DeleteTopicsApi(cache, controller),
-        describe_cluster_api=cluster.DescribeClusterApi(cache),
     )
     apis["Produce"] = produce.ProduceApi(cache, log_nodes, purgatory)
+    apis["Metadata"] = metadata.MetadataApi(cache, controller, True)
+    apis["Fetch"] = fetch.FetchApi(cache, log_nodes, purgatory)
+    apis["ListOffsets"] = offsets.ListOffsetsApi(cache, log_nodes)
+    apis["DescribeCluster"] = cluster.DescribeClusterApi(cache)
     return glue.KafkaHandlerServicer(
         HandlerConfig(advertised="default.host:9000", broker_ports=broker_ports), apis)
 
 
 def test_unset_fields_take_kafka_defaults():
-    req = glue.fetch_request(k.FetchRequest(topics=[k.FetchRequest.FetchTopic(
-        topic="t", partitions=[k.FetchRequest.FetchPartition(partition=0, fetch_offset=3)])]))
-    assert (req.replica_id, req.session_id, req.session_epoch, req.max_bytes) == (
-        -1, 0, -1, 2**31 - 1)
-    assert req.topics[0].partitions[0].current_leader_epoch == -1
-    assert req.topics[0].topic_id is None
-    req = glue.metadata_request(k.MetadataRequest())
-    assert req.topics is None and req.allow_auto_topic_creation
-    req = glue.metadata_request(k.MetadataRequest(topics_is_null=False))
-    assert req.topics == []
-    req = glue.describe_cluster_request(k.DescribeClusterRequest())
-    assert req.endpoint_type == 1
     req = glue.create_topics_request(k.CreateTopicsRequest(topics=[
         k.CreateTopicsRequest.CreatableTopic(name="a", configs=[
             k.CreateTopicsRequest.CreatableTopicConfig(name="x")])]))
@@ -58,31 +46,6 @@ def test_unset_fields_take_kafka_defaults():
     req = glue.delete_topics_request(k.DeleteTopicsRequest(
         topic_names=["a"], topics=[k.DeleteTopicsRequest.DeleteTopicState(topic_id="x")]))
     assert [(t.name, t.topic_id) for t in req.topics] == [("a", None), (None, "x")]
-
-
-def test_replica_state_names_the_replica_from_fetch_v15():
-    req = glue.fetch_request(k.FetchRequest(
-        replica_id=-1, replica_state=k.FetchRequest.ReplicaState(replica_id=2)))
-    assert req.replica_id == 2
-    req = glue.fetch_request(k.FetchRequest(
-        replica_state=k.FetchRequest.ReplicaState(replica_id=-1, replica_epoch=-1)))
-    assert req.replica_id == -1
-
-
-def test_responses_leave_nulls_unset():
-    out = glue.fetch_response(fetch.FetchResponse(topics=[fetch.FetchableTopic(
-        topic="t", topic_id=None, partitions=[fetch.PartitionData(partition_index=0),
-                                              fetch.PartitionData(partition_index=1,
-                                                                  aborted_transactions=[])])]))
-    first, second = out.responses[0].partitions
-    assert first.aborted_transactions_is_null and not second.aborted_transactions_is_null
-    assert not out.responses[0].HasField("topic_id")
-    assert out.session_id == 0 and out.error_code == 0
-    out = glue.metadata_response(metadata.MetadataResponse(topics=[
-        metadata.TopicMetadata(error_code=3, name="x")]))
-    assert not out.HasField("cluster_id")
-    assert not out.topics[0].HasField("topic_id")
-    assert out.topics[0].topic_authorized_operations == -(2**31)
 
 
 def test_the_advertised_address_comes_from_the_frontend_or_the_config():

@@ -14,11 +14,13 @@ every operation the resource supports, as Kafka answers without an authorizer; o
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from typing import Any
 
+from kbroker.kafka.v1 import kafka_pb2 as k
 from services.common.errors import ErrorCode
 
-from ..metadata_cache import MetadataCache, MetadataUnavailableError
+from ..metadata_cache import LogNode, MetadataCache, MetadataUnavailableError
 from ..request_context import RequestContext, broker_port
 
 # Kafka's "authorized operations not requested" marker (Integer.MIN_VALUE).
@@ -64,43 +66,15 @@ class EndpointType(enum.IntEnum):
     CONTROLLER = 2
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Broker:
-    node_id: int
-    host: str
-    port: int
-    rack: str | None = None
-
-
-def advertised_brokers(nodes: list, context: RequestContext) -> list[Broker]:
-    """The live log nodes as brokers at the request's advertised address."""
-    return [
-        Broker(
-            node_id=node.node_id,
-            host=context.advertised_host,
-            port=broker_port(context, node.node_id),
-            rack=node.rack,
-        )
-        for node in nodes
-        if node.alive
-    ]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DescribeClusterRequest:
-    include_cluster_authorized_operations: bool = False
-    endpoint_type: int = EndpointType.BROKER
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DescribeClusterResponse:
-    error_code: int = 0
-    error_message: str | None = None
-    cluster_id: str = ""
-    controller_id: int = -1
-    brokers: list[Broker] = field(default_factory=list)
-    cluster_authorized_operations: int = AUTHORIZED_OPERATIONS_OMITTED
-    endpoint_type: int = EndpointType.BROKER
+def add_brokers(brokers: Any, id_field: str, nodes: Iterable[LogNode],
+                context: RequestContext) -> None:
+    """Add the live log nodes to ``brokers`` (a response's repeated broker field, whose broker
+    id is ``id_field``) as brokers at the request's advertised address."""
+    host = context.advertised_host
+    for node in nodes:
+        if node.alive:
+            brokers.add(host=host, port=broker_port(context, node.node_id), rack=node.rack,
+                        **{id_field: node.node_id})
 
 
 class DescribeClusterApi:
@@ -108,14 +82,14 @@ class DescribeClusterApi:
         self._cache = cache
 
     async def handle(
-        self, request: DescribeClusterRequest, context: RequestContext
-    ) -> DescribeClusterResponse:
+        self, request: k.DescribeClusterRequest, context: RequestContext
+    ) -> k.DescribeClusterResponse:
         # Kafka answers an endpoint type it does not know with UNSUPPORTED_ENDPOINT_TYPE and a
         # known one that is not its own (a broker asked for controllers) with
         # MISMATCHED_ENDPOINT_TYPE.
         if request.endpoint_type != EndpointType.BROKER:
             if request.endpoint_type == EndpointType.CONTROLLER:
-                return DescribeClusterResponse(
+                return k.DescribeClusterResponse(
                     error_code=ErrorCode.mismatched_endpoint_type.value,
                     error_message=(
                         "The request was sent to an endpoint of type BROKER, but we wanted an"
@@ -123,7 +97,7 @@ class DescribeClusterApi:
                     ),
                     endpoint_type=request.endpoint_type,
                 )
-            return DescribeClusterResponse(
+            return k.DescribeClusterResponse(
                 error_code=ErrorCode.unsupported_endpoint_type.value,
                 error_message=f"Unsupported endpoint type {request.endpoint_type}",
                 endpoint_type=request.endpoint_type,
@@ -133,16 +107,17 @@ class DescribeClusterApi:
         except MetadataUnavailableError as exc:
             # DescribeCluster has only top-level errors; a retriable one lets the admin client
             # try again once the replicator answers.
-            return DescribeClusterResponse(
+            return k.DescribeClusterResponse(
                 error_code=ErrorCode.request_timed_out.value, error_message=exc.message
             )
-        return DescribeClusterResponse(
+        response = k.DescribeClusterResponse(
             cluster_id=metadata.cluster_id,
             controller_id=metadata.client_controller_id(),
-            brokers=advertised_brokers(metadata.live_nodes(), context),
             cluster_authorized_operations=(
                 CLUSTER_OPERATIONS
                 if request.include_cluster_authorized_operations
                 else AUTHORIZED_OPERATIONS_OMITTED
             ),
         )
+        add_brokers(response.brokers, "broker_id", metadata.live_nodes(), context)
+        return response

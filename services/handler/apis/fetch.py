@@ -37,9 +37,9 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from kbroker.kafka.v1 import kafka_pb2 as k
 from services.common.errors import ErrorCode, KafkaError
 from services.common.progress_reports import partition_key
 
@@ -62,6 +62,7 @@ from ..metadata_cache import (
 )
 from ..metrics import parked
 from ..record_batches import trim_to_whole_batches
+from ..request_context import RequestContext
 from ..routing import (
     Route,
     by_partition,
@@ -75,9 +76,7 @@ from ..topic_identity import canonical_topic_id
 
 log = logging.getLogger(__name__)
 
-MAX_INT32 = 2**31 - 1
-# Session ids and epochs of KIP-227.
-NO_SESSION_ID = 0
+# Session epochs of KIP-227.
 INITIAL_EPOCH = 0
 FINAL_EPOCH = -1
 READ_COMMITTED = 1
@@ -94,81 +93,14 @@ _NON_BLOCKING_ERRORS = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FetchPartition:
-    partition: int
-    fetch_offset: int
-    partition_max_bytes: int = DEFAULT_PARTITION_MAX_BYTES
-    current_leader_epoch: int = -1
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FetchTopic:
-    topic: str | None = None
-    topic_id: str | None = None
-    partitions: Sequence[FetchPartition] = ()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FetchRequest:
-    replica_id: int = -1
-    max_wait_ms: int = 0
-    min_bytes: int = 0
-    max_bytes: int = MAX_INT32
-    isolation_level: int = 0
-    session_id: int = NO_SESSION_ID
-    session_epoch: int = FINAL_EPOCH
-    topics: Sequence[FetchTopic] = ()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PartitionData:
-    partition_index: int
-    error_code: int = 0
-    high_watermark: int = -1
-    last_stable_offset: int = -1
-    log_start_offset: int = -1
-    # None: null (read_uncommitted and errors); [] for read_committed.
-    aborted_transactions: list[tuple[int, int]] | None = None
-    preferred_read_replica: int = -1
-    records: bytes = b""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FetchableTopic:
-    topic: str | None
-    topic_id: str | None
-    partitions: list[PartitionData] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FetchResponse:
-    error_code: int = 0
-    session_id: int = NO_SESSION_ID
-    topics: list[FetchableTopic] = field(default_factory=list)
-
-
-def error_response(request: FetchRequest, code: int) -> FetchResponse:
-    """Every partition of ``request`` failed with ``code``."""
-    return FetchResponse(
-        topics=[
-            FetchableTopic(
-                topic=t.topic,
-                topic_id=t.topic_id,
-                partitions=[PartitionData(partition_index=p.partition, error_code=code)
-                            for p in t.partitions],
-            )
-            for t in request.topics
-        ]
-    )
-
-
 @dataclass(slots=True)
 class _Slot:
-    """One requested partition: its route (None when it failed before reading), its fixed
-    error if any, and the latest read."""
+    """One requested partition: what is asked of it, its route (None when it failed before
+    reading), its fixed error if any, and the latest read."""
 
-    request: FetchPartition
+    partition: int
+    fetch_offset: int
+    max_bytes: int
     route: Route | None
     error_code: int = 0
     read: ReadResult | None = None
@@ -180,13 +112,13 @@ class _Slot:
 
     @property
     def key(self) -> str:
-        return partition_key(self.topic_name, self.request.partition)
+        return partition_key(self.topic_name, self.partition)
 
 
 @dataclass(slots=True)
 class _TopicSlots:
-    topic: str | None
-    topic_id: str | None
+    # How the response names the topic: ``topic`` and ``topic_id`` when known (unset: null).
+    names: dict[str, str]
     slots: list[_Slot]
 
 
@@ -204,21 +136,21 @@ class FetchApi:
         self._purgatory = purgatory
         self._read_timeout = read_timeout
 
-    async def handle(self, request: FetchRequest) -> FetchResponse:
+    async def handle(self, request: k.FetchRequest, context: RequestContext) -> k.FetchResponse:
         deadline = time.monotonic() + max(request.max_wait_ms, 0) / 1000
         if request.session_epoch not in (INITIAL_EPOCH, FINAL_EPOCH):
-            return FetchResponse(error_code=ErrorCode.fetch_session_id_not_found.value)
+            return k.FetchResponse(error_code=ErrorCode.fetch_session_id_not_found.value)
         try:
             metadata = await self._cache.current()
         except MetadataUnavailableError:
-            return error_response(request, ErrorCode.not_leader_or_follower.value)
+            return self._assemble(self._plan(None, request), request)[0]
         plan = self._plan(metadata, request)
         reading = [s for t in plan for s in t.slots if s.route is not None]
         blocked = any(
             s.error_code and s.error_code not in _NON_BLOCKING_ERRORS
             for t in plan for s in t.slots)
         while True:
-            await self._read(reading, request)
+            await self._read(reading, request.max_bytes)
             response, size = self._assemble(plan, request)
             remaining = deadline - time.monotonic()
             if (
@@ -232,48 +164,62 @@ class FetchApi:
                 return response
             if not await self._wait(reading, deadline):
                 # Expired, or woken by a partition error: answer with one more read.
-                await self._read(reading, request)
+                await self._read(reading, request.max_bytes)
                 return self._assemble(plan, request)[0]
 
-    def _plan(self, metadata: ClusterMetadata, request: FetchRequest) -> list[_TopicSlots]:
+    def _plan(
+        self, metadata: ClusterMetadata | None, request: k.FetchRequest
+    ) -> list[_TopicSlots]:
+        """Each requested partition routed to its leader, or failed with its error. Without
+        metadata every partition is NOT_LEADER_OR_FOLLOWER, as from a broker that does not know
+        it (clients refresh their metadata and retry)."""
         plan = []
-        consumer = request.replica_id < 0
+        # From v15 the fetching replica is named in replica_state (replica_id is then -1).
+        replica_id = request.replica_state.replica_id
+        consumer = (request.replica_id if replica_id == -1 else replica_id) < 0
         for topic in request.topics:
             topic_id = canonical_topic_id(topic.topic_id)
             info: TopicInfo | None
-            if topic_id is not None:
+            if metadata is None:
+                info, missing = None, ErrorCode.not_leader_or_follower.value
+            elif topic_id is not None:
                 info = metadata.topic_by_id(topic_id)
                 missing = ErrorCode.unknown_topic_id.value
             else:
-                info = metadata.topic(topic.topic or "")
+                info = metadata.topic(topic.topic)
                 missing = ErrorCode.unknown_topic_or_partition.value
             slots = []
             for p in topic.partitions:
+                # Unset (a hand-made request): as much as consumers ask for by default.
+                max_bytes = (p.partition_max_bytes if p.HasField("partition_max_bytes")
+                             else DEFAULT_PARTITION_MAX_BYTES)
+                slot = _Slot(p.partition, p.fetch_offset, max_bytes, None)
+                slots.append(slot)
                 if info is None:
-                    slots.append(_Slot(p, None, missing))
+                    slot.error_code = missing
                     continue
                 if not consumer:
-                    slots.append(_Slot(p, None, ErrorCode.not_leader_or_follower.value))
+                    slot.error_code = ErrorCode.not_leader_or_follower.value
                     continue
                 try:
-                    route = locate(metadata, info, p.partition)
+                    route = locate(metadata, info, p.partition)  # type: ignore[arg-type]
                 except KafkaError as exc:
-                    slots.append(_Slot(p, None, exc.errno))
+                    slot.error_code = exc.errno
                     continue
                 epoch_error = leader_epoch_error(p.current_leader_epoch,
                                                  route.partition.leader_epoch)
                 if epoch_error is not None:
-                    slots.append(_Slot(p, None, epoch_error.value))
+                    slot.error_code = epoch_error.value
                     continue
-                slots.append(_Slot(p, route))
-            plan.append(_TopicSlots(
-                topic=info.name if info else topic.topic,
-                topic_id=info.topic_id if info else topic_id,
-                slots=slots,
-            ))
+                slot.route = route
+            known_id = info.topic_id if info else topic_id
+            names = {"topic_id": known_id} if known_id is not None else {}
+            if info is not None or topic.HasField("topic"):
+                names["topic"] = info.name if info else topic.topic
+            plan.append(_TopicSlots(names, slots))
         return plan
 
-    async def _read(self, slots: list[_Slot], request: FetchRequest) -> None:
+    async def _read(self, slots: list[_Slot], max_bytes: int) -> None:
         """Read every routed partition from its leader, one Read per node, concurrently."""
         if not slots:
             return
@@ -281,12 +227,11 @@ class FetchApi:
 
         async def read_on(node: LogNode, items: list[_Slot]) -> list[ReadResult]:
             reads = [
-                PartitionRead(topic=s.topic_name, partition=s.request.partition,
-                              offset=s.request.fetch_offset,
-                              max_bytes=s.request.partition_max_bytes)
+                PartitionRead(topic=s.topic_name, partition=s.partition,
+                              offset=s.fetch_offset, max_bytes=s.max_bytes)
                 for s in items
             ]
-            return await self._log_nodes.read(node, reads, request.max_bytes,
+            return await self._log_nodes.read(node, reads, max_bytes,
                                               ReadLimit.HIGH_WATERMARK, self._read_timeout)
 
         outcomes = await call_per_node(groups, read_on)
@@ -300,49 +245,49 @@ class FetchApi:
                 else:
                     log.error("read failed unexpectedly", exc_info=outcome)
                 for s in items:
-                    s.read = ReadResult(topic=s.topic_name, partition=s.request.partition,
+                    s.read = ReadResult(topic=s.topic_name, partition=s.partition,
                                         error_code=ErrorCode.not_leader_or_follower.value)
                 continue
             results = by_partition(outcome, lambda r: (r.topic, r.partition))
             for s in items:
-                key = (s.topic_name, s.request.partition)
+                key = (s.topic_name, s.partition)
                 s.read = results.get(key) or ReadResult(
                     topic=key[0], partition=key[1],
                     error_code=ErrorCode.unknown_server_error.value)
 
     @staticmethod
-    def _assemble(plan: list[_TopicSlots], request: FetchRequest) -> tuple[FetchResponse, int]:
-        """The response from the latest reads, sized as Kafka sizes it; and its record bytes."""
+    def _assemble(
+        plan: list[_TopicSlots], request: k.FetchRequest
+    ) -> tuple[k.FetchResponse, int]:
+        """The response from the latest reads, sized as Kafka sizes it; and its record bytes.
+        Aborted transactions are null, except an empty list for read_committed; an errored
+        partition has high watermark -1 and empty records (Kafka's
+        ``FetchResponse.partitionResponse``)."""
         committed = request.isolation_level == READ_COMMITTED
         budget = max(request.max_bytes, 0)
         first = True
         total = 0
-        topics = []
+        response = k.FetchResponse()
         for t in plan:
-            partitions = []
+            add = response.responses.add(**t.names).partitions.add
             for s in t.slots:
                 read = s.read
                 code = s.error_code or (leader_error(read.error_code) if read is not None else 0)
                 if code or read is None:
-                    partitions.append(PartitionData(partition_index=s.request.partition,
-                                                    error_code=code))
+                    add(partition_index=s.partition, error_code=code, high_watermark=-1,
+                        records=b"")
                     continue
-                limit = min(max(s.request.partition_max_bytes, 0), budget - total)
+                limit = min(max(s.max_bytes, 0), budget - total)
                 records = trim_to_whole_batches(read.records, limit, at_least_one=first)
                 if records:
                     first = False
                     total += len(records)
-                partitions.append(PartitionData(
-                    partition_index=s.request.partition,
-                    high_watermark=read.high_watermark,
-                    last_stable_offset=read.high_watermark,
-                    log_start_offset=read.log_start_offset,
-                    aborted_transactions=[] if committed else None,
-                    records=records,
-                ))
-            topics.append(FetchableTopic(topic=t.topic, topic_id=t.topic_id,
-                                         partitions=partitions))
-        return FetchResponse(topics=topics), total
+                partition = add(partition_index=s.partition, high_watermark=read.high_watermark,
+                                last_stable_offset=read.high_watermark,
+                                log_start_offset=read.log_start_offset, records=records)
+                if committed:
+                    partition.aborted_transactions_is_null = False
+        return response, total
 
     async def _wait(self, slots: list[_Slot], deadline: float) -> bool:
         """Park until a partition's high watermark moves past the one last read, or the
@@ -351,7 +296,7 @@ class FetchApi:
         thresholds = {}
         for s in slots:
             assert s.read is not None
-            thresholds[s.key] = max(s.read.high_watermark, s.request.fetch_offset) + 1
+            thresholds[s.key] = max(s.read.high_watermark, s.fetch_offset) + 1
         remaining = deadline - time.monotonic()
         timeout_ms = max(math.ceil(remaining * 1000), 1)
         try:

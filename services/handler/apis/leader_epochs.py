@@ -21,13 +21,15 @@ FENCED_LEADER_EPOCH (older) or UNKNOWN_LEADER_EPOCH (newer).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from kbroker.kafka.v1 import kafka_pb2 as k
+from services.common.error_answers import error_response
 from services.common.errors import ErrorCode, KafkaError
 
 from ..collaborators import CallError, EpochEndOffset, EpochEndOffsets, EpochQuery
 from ..metadata_cache import LogNode, MetadataCache, MetadataUnavailableError
+from ..request_context import RequestContext
 from ..routing import (
     Route,
     by_partition,
@@ -42,59 +44,13 @@ log = logging.getLogger(__name__)
 
 TIMEOUT_S = 10.0
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EpochPartition:
-    partition: int
-    leader_epoch: int
-    current_leader_epoch: int = -1
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EpochTopic:
-    topic: str
-    partitions: Sequence[EpochPartition] = ()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OffsetForLeaderEpochRequest:
-    replica_id: int = -1
-    topics: Sequence[EpochTopic] = ()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PartitionEnd:
-    partition: int
-    error_code: int = 0
-    leader_epoch: int = -1
-    end_offset: int = -1
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TopicEnds:
-    topic: str
-    partitions: list[PartitionEnd] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OffsetForLeaderEpochResponse:
-    topics: list[TopicEnds] = field(default_factory=list)
-
-
-def error_response(request: OffsetForLeaderEpochRequest, code: int
-                   ) -> OffsetForLeaderEpochResponse:
-    """Every partition of ``request`` failed with ``code``."""
-    return OffsetForLeaderEpochResponse(topics=[
-        TopicEnds(topic=t.topic, partitions=[PartitionEnd(partition=p.partition,
-                                                          error_code=code)
-                                             for p in t.partitions])
-        for t in request.topics])
+PartitionEnd = k.OffsetForLeaderEpochResponse.EpochEndOffset
 
 
 @dataclass(slots=True)
 class _Slot:
     topic: str
-    request: EpochPartition
+    request: k.OffsetForLeaderEpochRequest.OffsetForLeaderPartition
     answer: PartitionEnd | None = None
 
 
@@ -105,7 +61,9 @@ class OffsetForLeaderEpochApi:
         self._log_nodes = log_nodes
         self._timeout = timeout
 
-    async def handle(self, request: OffsetForLeaderEpochRequest) -> OffsetForLeaderEpochResponse:
+    async def handle(
+        self, request: k.OffsetForLeaderEpochRequest, context: RequestContext
+    ) -> k.OffsetForLeaderEpochResponse:
         try:
             metadata = await self._cache.current()
         except MetadataUnavailableError:
@@ -135,7 +93,7 @@ class OffsetForLeaderEpochApi:
 
         async def ask(node: LogNode, slots: list[_Slot]) -> list[EpochEndOffset]:
             queries = [EpochQuery(topic=s.topic, partition=s.request.partition,
-                                  leader_epoch=s.request.leader_epoch) for s in slots]
+                                  leader_epoch=_leader_epoch(s.request)) for s in slots]
             return await self._log_nodes.end_offsets_for_epochs(node, queries, self._timeout)
 
         outcomes = await call_per_node(groups, ask)
@@ -158,12 +116,20 @@ class OffsetForLeaderEpochApi:
                     s.answer = PartitionEnd(partition=s.request.partition,
                                             leader_epoch=result.leader_epoch,
                                             end_offset=result.end_offset)
-        return OffsetForLeaderEpochResponse(topics=[
-            TopicEnds(topic=t.topic, partitions=[
+        response = k.OffsetForLeaderEpochResponse()
+        for t, row in zip(request.topics, rows, strict=True):
+            response.topics.add(topic=t.topic, partitions=[
                 s.answer or _failed(s.request, ErrorCode.unknown_server_error.value)
                 for s in row])
-            for t, row in zip(request.topics, rows, strict=True)])
+        return response
 
 
-def _failed(request: EpochPartition, code: int) -> PartitionEnd:
+def _leader_epoch(request: k.OffsetForLeaderEpochRequest.OffsetForLeaderPartition) -> int:
+    """The epoch asked about; unset (a hand-made request) is no epoch, -1."""
+    return request.leader_epoch if request.HasField("leader_epoch") else -1
+
+
+def _failed(request: k.OffsetForLeaderEpochRequest.OffsetForLeaderPartition,
+            code: int) -> PartitionEnd:
+    """Unknown leader epoch and end offset: unset, -1."""
     return PartitionEnd(partition=request.partition, error_code=code)

@@ -19,9 +19,9 @@ with a legal name is created with the broker defaults when both the request and
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from typing import Any
 
+from kbroker.kafka.v1 import kafka_pb2 as k
 from services.common.errors import ErrorCode
 
 from ..collaborators import CallError, Controller, NewTopic, TopicResult
@@ -32,8 +32,7 @@ from .cluster import (
     AUTHORIZED_OPERATIONS_OMITTED,
     CLUSTER_OPERATIONS,
     TOPIC_OPERATIONS,
-    Broker,
-    advertised_brokers,
+    add_brokers,
 )
 
 log = logging.getLogger(__name__)
@@ -42,84 +41,29 @@ log = logging.getLogger(__name__)
 AUTO_CREATE_TIMEOUT_S = 30.0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TopicRef:
-    name: str | None = None
-    topic_id: str | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MetadataRequest:
-    # None: every topic.
-    topics: Sequence[TopicRef] | None = None
-    allow_auto_topic_creation: bool = True
-    include_cluster_authorized_operations: bool = False
-    include_topic_authorized_operations: bool = False
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PartitionMetadata:
-    partition_index: int
-    error_code: int = 0
-    leader_id: int = -1
-    leader_epoch: int = -1
-    replica_nodes: list[int] = field(default_factory=list)
-    isr_nodes: list[int] = field(default_factory=list)
-    offline_replicas: list[int] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TopicMetadata:
-    error_code: int = 0
-    name: str | None = None
-    topic_id: str | None = None
-    is_internal: bool = False
-    partitions: list[PartitionMetadata] = field(default_factory=list)
-    topic_authorized_operations: int = AUTHORIZED_OPERATIONS_OMITTED
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MetadataResponse:
-    brokers: list[Broker] = field(default_factory=list)
-    cluster_id: str | None = None
-    controller_id: int = -1
-    topics: list[TopicMetadata] = field(default_factory=list)
-    cluster_authorized_operations: int = AUTHORIZED_OPERATIONS_OMITTED
-
-
 def describe_topic(
-    metadata: ClusterMetadata, topic: TopicInfo, include_authorized_operations: bool
-) -> TopicMetadata:
-    """A topic as Kafka describes it; a partition whose leader is not live has no leader and
-    LEADER_NOT_AVAILABLE."""
-    partitions = []
+    topics: Any, metadata: ClusterMetadata, topic: TopicInfo, include_authorized_operations: bool
+) -> None:
+    """Add ``topic`` to ``topics`` (a response's) as Kafka describes it; a partition whose
+    leader is not live has no leader and LEADER_NOT_AVAILABLE."""
+    partitions = topics.add(
+        name=topic.name, topic_id=topic.topic_id, is_internal=topic.internal,
+        topic_authorized_operations=(
+            TOPIC_OPERATIONS if include_authorized_operations else AUTHORIZED_OPERATIONS_OMITTED),
+    ).partitions
+    live_node = metadata.live_node
     for index in sorted(topic.partitions):
         info = topic.partitions[index]
-        leader_live = metadata.live_node(info.leader) is not None
-        partitions.append(
-            PartitionMetadata(
-                partition_index=index,
-                error_code=0 if leader_live else ErrorCode.leader_not_available.value,
-                leader_id=info.leader if leader_live else -1,
-                leader_epoch=info.leader_epoch,
-                replica_nodes=list(info.replicas),
-                isr_nodes=list(info.isr),
-                offline_replicas=metadata.offline_replicas(info),
-            )
+        leader_live = live_node(info.leader) is not None
+        partitions.add(
+            partition_index=index,
+            error_code=0 if leader_live else ErrorCode.leader_not_available.value,
+            leader_id=info.leader if leader_live else -1,
+            leader_epoch=info.leader_epoch,
+            replica_nodes=info.replicas,
+            isr_nodes=info.isr,
+            offline_replicas=metadata.offline_replicas(info),
         )
-    return TopicMetadata(
-        name=topic.name,
-        topic_id=topic.topic_id,
-        is_internal=topic.internal,
-        partitions=partitions,
-        topic_authorized_operations=(
-            TOPIC_OPERATIONS if include_authorized_operations else AUTHORIZED_OPERATIONS_OMITTED
-        ),
-    )
-
-
-def _unique(values: Sequence[str]) -> list[str]:
-    return list(dict.fromkeys(values))
 
 
 class MetadataApi:
@@ -130,55 +74,56 @@ class MetadataApi:
         self._controller = controller
         self._auto_create = auto_create_topics_enable
 
-    async def handle(self, request: MetadataRequest, context: RequestContext) -> MetadataResponse:
+    async def handle(
+        self, request: k.MetadataRequest, context: RequestContext
+    ) -> k.MetadataResponse:
+        # Unset topics_is_null (a hand-made request): an empty list asks for every topic too.
+        all_topics = (request.topics_is_null if request.HasField("topics_is_null")
+                      else not request.topics)
         try:
             metadata = await self._cache.current()
         except MetadataUnavailableError:
-            return self._unavailable(request)
+            return self._unavailable(request, all_topics)
+        response = k.MetadataResponse()
+        topics = response.topics
         include_ops = request.include_topic_authorized_operations
-        if request.topics is None:
-            topics = [
-                describe_topic(metadata, metadata.topics[name], include_ops)
-                for name in sorted(metadata.topics)
-            ]
+        if all_topics:
+            for name in sorted(metadata.topics):
+                describe_topic(topics, metadata, metadata.topics[name], include_ops)
         else:
-            ids = _unique(
-                [i for i in (canonical_topic_id(t.topic_id) for t in request.topics) if i])
+            ids = list(dict.fromkeys(
+                i for i in (canonical_topic_id(t.topic_id) for t in request.topics) if i))
             if ids:
-                topics = self._by_id(metadata, ids, include_ops)
+                self._by_id(topics, metadata, ids, include_ops)
             else:
-                names = _unique([t.name or "" for t in request.topics])
-                metadata, topics = await self._by_name(metadata, names, request)
-        return MetadataResponse(
-            brokers=advertised_brokers(metadata.live_nodes(), context),
-            cluster_id=metadata.cluster_id,
-            controller_id=metadata.client_controller_id(),
-            topics=topics,
-            cluster_authorized_operations=(
-                CLUSTER_OPERATIONS
-                if request.include_cluster_authorized_operations
-                else AUTHORIZED_OPERATIONS_OMITTED
-            ),
+                names = list(dict.fromkeys(t.name for t in request.topics))
+                metadata = await self._by_name(topics, metadata, names, request)
+        add_brokers(response.brokers, "node_id", metadata.live_nodes(), context)
+        response.cluster_id = metadata.cluster_id
+        response.controller_id = metadata.client_controller_id()
+        response.cluster_authorized_operations = (
+            CLUSTER_OPERATIONS
+            if request.include_cluster_authorized_operations
+            else AUTHORIZED_OPERATIONS_OMITTED
         )
+        return response
 
     @staticmethod
-    def _by_id(
-        metadata: ClusterMetadata, ids: list[str], include_ops: bool
-    ) -> list[TopicMetadata]:
-        out = []
+    def _by_id(topics: Any, metadata: ClusterMetadata, ids: list[str], include_ops: bool
+               ) -> None:
         for topic_id in ids:
             topic = metadata.topic_by_id(topic_id)
             if topic is None:
-                out.append(
-                    TopicMetadata(error_code=ErrorCode.unknown_topic_id.value, topic_id=topic_id)
-                )
+                topics.add(error_code=ErrorCode.unknown_topic_id.value, topic_id=topic_id)
             else:
-                out.append(describe_topic(metadata, topic, include_ops))
-        return out
+                describe_topic(topics, metadata, topic, include_ops)
 
     async def _by_name(
-        self, metadata: ClusterMetadata, names: list[str], request: MetadataRequest
-    ) -> tuple[ClusterMetadata, list[TopicMetadata]]:
+        self, topics: Any, metadata: ClusterMetadata, names: list[str],
+        request: k.MetadataRequest,
+    ) -> ClusterMetadata:
+        """Describe ``names`` into ``topics``, creating the missing ones if allowed; returns
+        the metadata the answer is from (fresh after a creation)."""
         include_ops = request.include_topic_authorized_operations
         missing = [n for n in names if metadata.topic(n) is None]
         creatable = [n for n in missing if invalid_name_reason(n) is None]
@@ -186,21 +131,19 @@ class MetadataApi:
         may_create = request.allow_auto_topic_creation and self._auto_create
         if creatable and may_create:
             metadata, created = await self._create(creatable)
-        out = []
         for name in names:
             topic = metadata.topic(name)
             if topic is not None:
-                out.append(describe_topic(metadata, topic, include_ops))
-            elif invalid_name_reason(name) is not None:
-                out.append(TopicMetadata(error_code=ErrorCode.invalid_topic_exception.value,
-                                         name=name))
+                describe_topic(topics, metadata, topic, include_ops)
+                continue
+            if invalid_name_reason(name) is not None:
+                code = ErrorCode.invalid_topic_exception.value
             elif not may_create:
-                out.append(TopicMetadata(error_code=ErrorCode.unknown_topic_or_partition.value,
-                                         name=name))
+                code = ErrorCode.unknown_topic_or_partition.value
             else:
-                out.append(TopicMetadata(error_code=self._creation_error(created.get(name)),
-                                         name=name))
-        return metadata, out
+                code = self._creation_error(created.get(name))
+            topics.add(error_code=code, name=name)
+        return metadata
 
     async def _create(
         self, names: list[str]
@@ -230,11 +173,11 @@ class MetadataApi:
         return ErrorCode.leader_not_available.value
 
     @staticmethod
-    def _unavailable(request: MetadataRequest) -> MetadataResponse:
+    def _unavailable(request: k.MetadataRequest, all_topics: bool) -> k.MetadataResponse:
         """No metadata at all yet: named topics get a retriable error, there are no brokers."""
-        topics = [
-            TopicMetadata(error_code=ErrorCode.leader_not_available.value,
-                          name=t.name, topic_id=canonical_topic_id(t.topic_id))
-            for t in request.topics or ()
-        ]
-        return MetadataResponse(topics=topics)
+        response = k.MetadataResponse()
+        for t in () if all_topics else request.topics:
+            response.topics.add(error_code=ErrorCode.leader_not_available.value,
+                                name=t.name if t.HasField("name") else None,
+                                topic_id=canonical_topic_id(t.topic_id))
+        return response

@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from kbroker.kafka.v1 import kafka_pb2 as k
+from services.common.error_answers import error_response
 from services.common.errors import ErrorCode, KafkaError
 
 from ..collaborators import CallError, LogNodes, OffsetQuery, OffsetResult, ReadLimit
 from ..metadata_cache import LogNode, MetadataCache, MetadataUnavailableError
+from ..request_context import RequestContext
 from ..routing import (
     Route,
     by_partition,
@@ -45,60 +47,12 @@ EARLIEST_TIMESTAMP = -2
 EARLIEST_LOCAL_TIMESTAMP = -4
 LIST_OFFSETS_TIMEOUT_S = 10.0
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ListOffsetsPartition:
-    partition_index: int
-    timestamp: int
-    current_leader_epoch: int = -1
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ListOffsetsTopic:
-    name: str
-    partitions: Sequence[ListOffsetsPartition] = ()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ListOffsetsRequest:
-    replica_id: int = CONSUMER_REPLICA_ID
-    isolation_level: int = 0
-    topics: Sequence[ListOffsetsTopic] = ()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PartitionOffset:
-    partition_index: int
-    error_code: int = 0
-    timestamp: int = -1
-    offset: int = -1
-    leader_epoch: int = -1
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TopicOffsets:
-    name: str
-    partitions: list[PartitionOffset] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ListOffsetsResponse:
-    topics: list[TopicOffsets] = field(default_factory=list)
-
-
-def error_response(request: ListOffsetsRequest, code: int) -> ListOffsetsResponse:
-    """Every partition of ``request`` failed with ``code``."""
-    return ListOffsetsResponse(topics=[
-        TopicOffsets(name=t.name, partitions=[
-            PartitionOffset(partition_index=p.partition_index, error_code=code)
-            for p in t.partitions])
-        for t in request.topics
-    ])
+PartitionOffset = k.ListOffsetsResponse.ListOffsetsPartitionResponse
 
 
 @dataclass(slots=True)
 class _Slot:
-    request: ListOffsetsPartition
+    request: k.ListOffsetsRequest.ListOffsetsPartition
     topic: str
     answer: PartitionOffset | None = None
 
@@ -112,7 +66,9 @@ class ListOffsetsApi:
         self._log_nodes = log_nodes
         self._timeout = timeout
 
-    async def handle(self, request: ListOffsetsRequest) -> ListOffsetsResponse:
+    async def handle(
+        self, request: k.ListOffsetsRequest, context: RequestContext
+    ) -> k.ListOffsetsResponse:
         try:
             metadata = await self._cache.current()
         except MetadataUnavailableError:
@@ -142,7 +98,8 @@ class ListOffsetsApi:
                 routed.append((route, slot))
             rows.append(row)
 
-        consumer = request.replica_id == CONSUMER_REPLICA_ID
+        # An unset replica id (a hand-made request) is a consumer's.
+        consumer = request.replica_id == CONSUMER_REPLICA_ID or not request.HasField("replica_id")
         limit = ReadLimit.HIGH_WATERMARK if consumer else ReadLimit.LOG_END
         groups = group_by_leader(routed)
         epochs = {(r.topic.name, s.request.partition_index): r.partition.leader_epoch
@@ -181,12 +138,12 @@ class ListOffsetsApi:
                         partition_index=s.request.partition_index,
                         timestamp=result.timestamp, offset=result.offset, leader_epoch=epoch)
 
-        return ListOffsetsResponse(topics=[
-            TopicOffsets(name=t.name, partitions=[
+        response = k.ListOffsetsResponse()
+        for t, row in zip(request.topics, rows, strict=True):
+            response.topics.add(name=t.name, partitions=[
                 s.answer or _failed(s.request, ErrorCode.unknown_server_error.value)
                 for s in row])
-            for t, row in zip(request.topics, rows, strict=True)
-        ])
+        return response
 
 
 def _log_timestamp(timestamp: int) -> int:
@@ -195,5 +152,6 @@ def _log_timestamp(timestamp: int) -> int:
     return EARLIEST_TIMESTAMP if timestamp == EARLIEST_LOCAL_TIMESTAMP else timestamp
 
 
-def _failed(request: ListOffsetsPartition, code: int) -> PartitionOffset:
+def _failed(request: k.ListOffsetsRequest.ListOffsetsPartition, code: int) -> PartitionOffset:
+    """Unknown timestamp, offset and leader epoch: unset, -1."""
     return PartitionOffset(partition_index=request.partition_index, error_code=code)

@@ -20,9 +20,9 @@ Kafka's request map does.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 
+from kbroker.kafka.v1 import kafka_pb2 as k
+from services.common.error_answers import error_response
 from services.common.errors import ErrorCode, KafkaError
 
 from ..collaborators import (
@@ -33,57 +33,19 @@ from ..collaborators import (
     UnreachableError,
 )
 from ..metadata_cache import LogNode, MetadataCache, MetadataUnavailableError
+from ..request_context import RequestContext
 from ..routing import Route, by_partition, call_per_node, group_by_leader, leader_error, locate
 
 log = logging.getLogger(__name__)
 
 DELETE_RECORDS_TIMEOUT_S = 30.0
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DeleteRecordsPartition:
-    partition_index: int
-    offset: int
+PartitionLowWatermark = k.DeleteRecordsResponse.DeleteRecordsPartitionResult
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DeleteRecordsTopic:
-    name: str
-    partitions: Sequence[DeleteRecordsPartition] = ()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DeleteRecordsRequest:
-    topics: Sequence[DeleteRecordsTopic] = ()
-    timeout_ms: int = 30_000
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PartitionLowWatermark:
-    partition_index: int
-    low_watermark: int = -1
-    error_code: int = 0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TopicLowWatermarks:
-    name: str
-    partitions: list[PartitionLowWatermark] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DeleteRecordsResponse:
-    topics: list[TopicLowWatermarks] = field(default_factory=list)
-
-
-def error_response(request: DeleteRecordsRequest, code: int) -> DeleteRecordsResponse:
-    """Every partition of ``request`` failed with ``code``."""
-    return DeleteRecordsResponse(topics=[
-        TopicLowWatermarks(name=t.name, partitions=[
-            PartitionLowWatermark(partition_index=p.partition_index, error_code=code)
-            for p in t.partitions])
-        for t in request.topics
-    ])
+def _failed(partition: int, code: int) -> PartitionLowWatermark:
+    """A partition's answer when its records were not deleted: no low watermark (-1)."""
+    return PartitionLowWatermark(partition_index=partition, low_watermark=-1, error_code=code)
 
 
 class DeleteRecordsApi:
@@ -91,24 +53,26 @@ class DeleteRecordsApi:
         self._cache = cache
         self._log_nodes = log_nodes
 
-    async def handle(self, request: DeleteRecordsRequest) -> DeleteRecordsResponse:
+    async def handle(
+        self, request: k.DeleteRecordsRequest, context: RequestContext
+    ) -> k.DeleteRecordsResponse:
         try:
             metadata = await self._cache.current()
         except MetadataUnavailableError:
             return error_response(request, ErrorCode.not_leader_or_follower.value)
         # The last offset asked for each partition wins; answers keep the request's order.
+        # An unset offset (a hand-made request) is -1, the high watermark.
         wanted: dict[tuple[str, int], int] = {}
         for topic in request.topics:
             for p in topic.partitions:
-                wanted[(topic.name, p.partition_index)] = p.offset
+                wanted[(topic.name, p.partition_index)] = p.offset if p.HasField("offset") else -1
         answers: dict[tuple[str, int], PartitionLowWatermark] = {}
         routed: list[tuple[Route, RecordDeletion]] = []
         for (name, index), offset in wanted.items():
             try:
                 route = locate(metadata, metadata.topic(name), index)
             except KafkaError as exc:
-                answers[(name, index)] = PartitionLowWatermark(
-                    partition_index=index, error_code=exc.errno)
+                answers[(name, index)] = _failed(index, exc.errno)
                 continue
             routed.append((route, RecordDeletion(topic=name, partition=index, offset=offset)))
 
@@ -134,25 +98,21 @@ class DeleteRecordsApi:
                     log.error("deleting records failed unexpectedly", exc_info=outcome)
                     code = ErrorCode.unknown_server_error.value
                 for d in deletions:
-                    answers[(d.topic, d.partition)] = PartitionLowWatermark(
-                        partition_index=d.partition, error_code=code)
+                    answers[(d.topic, d.partition)] = _failed(d.partition, code)
                 continue
             results = by_partition(outcome, lambda r: (r.topic, r.partition))
             for d in deletions:
                 result = results.get((d.topic, d.partition))
                 if result is None:
-                    answer = PartitionLowWatermark(
-                        partition_index=d.partition,
-                        error_code=ErrorCode.unknown_server_error.value)
+                    answer = _failed(d.partition, ErrorCode.unknown_server_error.value)
                 elif result.error_code:
-                    answer = PartitionLowWatermark(partition_index=d.partition,
-                                                   error_code=leader_error(result.error_code))
+                    answer = _failed(d.partition, leader_error(result.error_code))
                 else:
                     answer = PartitionLowWatermark(partition_index=d.partition,
                                                    low_watermark=result.low_watermark)
                 answers[(d.topic, d.partition)] = answer
 
-        topics: list[TopicLowWatermarks] = []
+        response = k.DeleteRecordsResponse()
         for topic in request.topics:
             seen: set[int] = set()
             row = []
@@ -160,8 +120,7 @@ class DeleteRecordsApi:
                 if p.partition_index in seen:
                     continue
                 seen.add(p.partition_index)
-                row.append(answers.get((topic.name, p.partition_index)) or PartitionLowWatermark(
-                    partition_index=p.partition_index,
-                    error_code=ErrorCode.unknown_server_error.value))
-            topics.append(TopicLowWatermarks(name=topic.name, partitions=row))
-        return DeleteRecordsResponse(topics=topics)
+                row.append(answers.get((topic.name, p.partition_index)) or _failed(
+                    p.partition_index, ErrorCode.unknown_server_error.value))
+            response.topics.add(name=topic.name, partitions=row)
+        return response
