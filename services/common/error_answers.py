@@ -10,7 +10,8 @@ of ``kbroker.kafka.v1``:
   ``*_error_code`` field) gets the code, and ``error_message`` the message if one is given;
 - the fields that name an item (:data:`IDENTITY_FIELDS`: topic names and ids, partition
   indexes, group and member ids, config resources, coordinator keys, ...) are copied from
-  the request item to the response item; a request's ``partition`` answers as
+  the request item to the response item (on the request itself only names, not numbers: an
+  InitProducerId's producer id is no item's name); a request's ``partition`` answers as
   ``partition_index``;
 - each repeated entity of the response that holds an error code somewhere below is filled
   from the request's repeated field that matches it best: an entity list sharing identity
@@ -117,9 +118,12 @@ def _plan(request: Descriptor | None, response: Descriptor) -> _Plan:
                      and f.name.endswith(UNKNOWN_SUFFIXES)]
     if request is None:
         return plan
+    top_level = request.containing_type is None
     for name, f in request.fields_by_name.items():
         if f.type == _MESSAGE or _repeated(f) or name not in IDENTITY_FIELDS:
             continue
+        if top_level and f.type != FieldDescriptor.TYPE_STRING:
+            continue  # a number on the request itself (a producer id) is no item's name
         target = _ALIASES.get(name, name) if name not in response.fields_by_name else name
         if target in response.fields_by_name and not _repeated(
                 response.fields_by_name[target]):

@@ -41,7 +41,7 @@ from .exchange import STREAM_SERVICE_NAME, ExchangeServicer, add_exchange_to_ser
 from .groups.coordinator import CoordinatorConfig, GroupCoordinator
 from .groups.group import GroupConfig
 from .metadata_cache import MetadataCache
-from .servicer import KafkaHandlerServicer, add_to_server, converted_apis
+from .servicer import KafkaApi, KafkaHandlerServicer, add_to_server
 
 log = logging.getLogger(__name__)
 
@@ -103,17 +103,23 @@ async def start(config: HandlerConfig) -> HandlerService:
     producer_id_blocks = ProducerIdBlocks(replicator, requester=config.instance)
     coordinator = GroupCoordinator(cache, log_nodes, replicator, purgatory, purgatory,
                                    coordinator_config(config))
-    apis = converted_apis(
-        create_topics_api=CreateTopicsApi(cache, replicator),
-        delete_topics_api=DeleteTopicsApi(cache, replicator),
-        describe_configs_api=DescribeConfigsApi(
+    alter_configs = AlterConfigsApi(cache, replicator)
+    apis: dict[str, KafkaApi] = {
+        "Produce": ProduceApi(cache, log_nodes, purgatory),
+        "Fetch": FetchApi(cache, log_nodes, purgatory),
+        "ListOffsets": ListOffsetsApi(cache, log_nodes),
+        "Metadata": MetadataApi(cache, replicator, config.auto_create_topics_enable),
+        "DescribeCluster": DescribeClusterApi(cache),
+        "DeleteRecords": DeleteRecordsApi(cache, log_nodes),
+        "OffsetForLeaderEpoch": OffsetForLeaderEpochApi(cache, log_nodes),
+        "CreateTopics": CreateTopicsApi(cache, replicator),
+        "DeleteTopics": DeleteTopicsApi(cache, replicator),
+        "CreatePartitions": CreatePartitionsApi(cache, replicator),
+        "DescribeConfigs": DescribeConfigsApi(
             cache, auto_create_topics_enable=config.auto_create_topics_enable),
-        alter_configs_api=AlterConfigsApi(cache, replicator),
-        create_partitions_api=CreatePartitionsApi(cache, replicator),
-        init_producer_id_api=InitProducerIdApi(producer_id_blocks),
-    )
-    apis["Produce"] = ProduceApi(cache, log_nodes, purgatory)
-    apis.update({
+        "AlterConfigs": alter_configs,
+        "IncrementalAlterConfigs": alter_configs,
+        "InitProducerId": InitProducerIdApi(producer_id_blocks),
         "FindCoordinator": FindCoordinatorApi(cache, coordinator),
         "JoinGroup": JoinGroupApi(coordinator),
         "SyncGroup": SyncGroupApi(coordinator),
@@ -125,13 +131,7 @@ async def start(config: HandlerConfig) -> HandlerService:
         "OffsetCommit": OffsetCommitApi(cache, coordinator),
         "OffsetFetch": OffsetFetchApi(coordinator),
         "OffsetDelete": OffsetDeleteApi(cache, coordinator),
-    })
-    apis["Metadata"] = MetadataApi(cache, replicator, config.auto_create_topics_enable)
-    apis["Fetch"] = FetchApi(cache, log_nodes, purgatory)
-    apis["ListOffsets"] = ListOffsetsApi(cache, log_nodes)
-    apis["DescribeCluster"] = DescribeClusterApi(cache)
-    apis["DeleteRecords"] = DeleteRecordsApi(cache, log_nodes)
-    apis["OffsetForLeaderEpoch"] = OffsetForLeaderEpochApi(cache, log_nodes)
+    }
     servicer = KafkaHandlerServicer(config, apis)
     follower = asyncio.create_task(cache.follow(replicator.watch), name="metadata-follower")
     expirations = asyncio.create_task(coordinator.follow_expirations(),

@@ -11,15 +11,15 @@ import pytest
 
 from kbroker.kafka.v1 import kafka_pb2 as k
 from services.common.errors import ErrorCode
-from services.handler.apis.producer_ids import (
-    InitProducerIdApi,
-    InitProducerIdRequest,
-    ProducerIdBlocks,
-)
+from services.handler.apis.producer_ids import InitProducerIdApi, ProducerIdBlocks
 from services.handler.collaborators import OutcomeUnknownError, ProducerIdBlock
+from services.handler.request_context import RequestContext
 
 from ..record_batches import build_batch, values
 from .harness import CALL_TIMEOUT, running_cluster
+
+InitProducerIdRequest = k.InitProducerIdRequest
+CONTEXT = RequestContext(advertised_host="localhost", advertised_port=9092)
 
 
 class FakeSource:
@@ -81,10 +81,10 @@ def test_concurrent_requests_share_one_fetch() -> None:
 def test_no_block_is_a_retriable_error_and_a_later_request_succeeds() -> None:
     async def scenario() -> None:
         api = InitProducerIdApi(ProducerIdBlocks(FakeSource(failures=1)))
-        failed = await api.handle(InitProducerIdRequest())
+        failed = await api.handle(InitProducerIdRequest(), CONTEXT)
         assert failed.error_code == ErrorCode.coordinator_load_in_progress.value
         assert (failed.producer_id, failed.producer_epoch) == (-1, -1)
-        ok = await api.handle(InitProducerIdRequest())
+        ok = await api.handle(InitProducerIdRequest(), CONTEXT)
         assert (ok.error_code, ok.producer_id, ok.producer_epoch) == (0, 0, 0)
 
     asyncio.run(scenario())
@@ -100,7 +100,7 @@ def test_no_block_is_a_retriable_error_and_a_later_request_succeeds() -> None:
 def test_requests_this_broker_cannot_grant(request_: InitProducerIdRequest,
                                            code: ErrorCode) -> None:
     source = FakeSource()
-    response = asyncio.run(InitProducerIdApi(ProducerIdBlocks(source)).handle(request_))
+    response = asyncio.run(InitProducerIdApi(ProducerIdBlocks(source)).handle(request_, CONTEXT))
     assert response.error_code == code.value
     assert (response.producer_id, response.producer_epoch) == (-1, -1)
     assert source.calls == 0
@@ -109,9 +109,9 @@ def test_requests_this_broker_cannot_grant(request_: InitProducerIdRequest,
 def test_a_known_producer_reinitialising_gets_a_new_id_at_epoch_zero() -> None:
     async def scenario() -> None:
         api = InitProducerIdApi(ProducerIdBlocks(FakeSource()))
-        first = await api.handle(InitProducerIdRequest())
-        again = await api.handle(InitProducerIdRequest(producer_id=first.producer_id,
-                                                       producer_epoch=first.producer_epoch))
+        first = await api.handle(InitProducerIdRequest(), CONTEXT)
+        again = await api.handle(InitProducerIdRequest(
+            producer_id=first.producer_id, producer_epoch=first.producer_epoch), CONTEXT)
         assert again.error_code == 0
         assert again.producer_id != first.producer_id and again.producer_epoch == 0
 

@@ -1,5 +1,6 @@
-"""The gRPC glue: protobuf <-> domain conversion, defaults for unset fields, request context,
-and unexpected failures answered as UNKNOWN_SERVER_ERROR."""
+"""The gRPC glue: APIs by RPC name, defaults for unset fields, request context, APIs this
+handler does not serve answered UNSUPPORTED_VERSION, and unexpected failures answered as
+UNKNOWN_SERVER_ERROR."""
 
 import asyncio
 
@@ -25,27 +26,42 @@ def make_servicer(metadata_snapshot, log_nodes=None, controller=None, broker_por
     log_nodes = log_nodes or FakeLogNodes()
     purgatory = FakePurgatory()
     controller = controller or FakeController(metadata_snapshot)
-    apis = glue.converted_apis(
-        create_topics_api=topics.CreateTopicsApi(cache, controller),
-        delete_topics_api=topics.DeleteTopicsApi(cache, controller),
-    )
-    apis["Produce"] = produce.ProduceApi(cache, log_nodes, purgatory)
-    apis["Metadata"] = metadata.MetadataApi(cache, controller, True)
-    apis["Fetch"] = fetch.FetchApi(cache, log_nodes, purgatory)
-    apis["ListOffsets"] = offsets.ListOffsetsApi(cache, log_nodes)
-    apis["DescribeCluster"] = cluster.DescribeClusterApi(cache)
+    apis = {
+        "CreateTopics": topics.CreateTopicsApi(cache, controller),
+        "DeleteTopics": topics.DeleteTopicsApi(cache, controller),
+        "Produce": produce.ProduceApi(cache, log_nodes, purgatory),
+        "Metadata": metadata.MetadataApi(cache, controller, True),
+        "Fetch": fetch.FetchApi(cache, log_nodes, purgatory),
+        "ListOffsets": offsets.ListOffsetsApi(cache, log_nodes),
+        "DescribeCluster": cluster.DescribeClusterApi(cache),
+    }
     return glue.KafkaHandlerServicer(
         HandlerConfig(advertised="default.host:9000", broker_ports=broker_ports), apis)
 
 
 def test_unset_fields_take_kafka_defaults():
-    req = glue.create_topics_request(k.CreateTopicsRequest(topics=[
+    metadata_snapshot = snapshot(topic("t"))
+    controller = FakeController(metadata_snapshot)
+    servicer = make_servicer(metadata_snapshot, controller=controller)
+    request = k.CreateTopicsRequest(topics=[
         k.CreateTopicsRequest.CreatableTopic(name="a", configs=[
-            k.CreateTopicsRequest.CreatableTopicConfig(name="x")])]))
-    assert (req.topics[0].num_partitions, req.topics[0].configs) == (-1, [("x", None)])
-    req = glue.delete_topics_request(k.DeleteTopicsRequest(
-        topic_names=["a"], topics=[k.DeleteTopicsRequest.DeleteTopicState(topic_id="x")]))
-    assert [(t.name, t.topic_id) for t in req.topics] == [("a", None), (None, "x")]
+            k.CreateTopicsRequest.CreatableTopicConfig(name="x")])])
+    response = asyncio.run(servicer.CreateTopics(request, Context()))
+    # No partition count: the broker default; a config without a value: INVALID_CONFIG.
+    assert [(t.name, t.error_code) for t in response.topics] == [("a", 40)]
+    request = k.CreateTopicsRequest(topics=[k.CreateTopicsRequest.CreatableTopic(name="a")])
+    asyncio.run(servicer.CreateTopics(request, Context()))
+    ((sent, _),) = controller.created
+    assert (sent[0].num_partitions, sent[0].replication_factor) == (-1, -1)
+
+
+def test_an_api_this_handler_does_not_serve_answers_unsupported_version():
+    servicer = make_servicer(snapshot(topic("t")))
+    request = k.OffsetCommitRequest(group_id="g", topics=[
+        {"name": "t", "partitions": [{"partition_index": 0}, {"partition_index": 1}]}])
+    response = asyncio.run(servicer.OffsetCommit(request, Context()))
+    assert [(p.partition_index, p.error_code) for p in response.topics[0].partitions] == [
+        (0, 35), (1, 35)]
 
 
 def test_the_advertised_address_comes_from_the_frontend_or_the_config():

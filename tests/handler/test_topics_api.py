@@ -1,21 +1,38 @@
 import asyncio
 
+from kbroker.kafka.v1 import kafka_pb2 as k
 from services.handler.apis.topics import (
     DEFAULT_CONFIG,
     TOPIC_CONFIG,
-    CreatableTopic,
     CreateTopicsApi,
-    CreateTopicsRequest,
     DeleteTopicsApi,
-    DeleteTopicsRequest,
-    TopicToDelete,
 )
 from services.handler.collaborators import OutcomeUnknownError
 from services.handler.metadata_cache import MetadataCache
+from services.handler.request_context import RequestContext
 
 from .fakes import FakeController, cluster, topic
 
 TOPIC_ID = "5f7c0e53-7bd1-4d52-9b67-1b2a1c3e4f50"
+CONTEXT = RequestContext(advertised_host="localhost", advertised_port=9092)
+
+
+def CreatableTopic(name, num_partitions=None, replication_factor=None, assignments=(),
+                   configs=()):
+    """A CreateTopics topic; counts left out are unset, as a hand-made request leaves them."""
+    return k.CreateTopicsRequest.CreatableTopic(
+        name=name, num_partitions=num_partitions, replication_factor=replication_factor,
+        assignments=[{"partition_index": i, "broker_ids": b} for i, b in assignments],
+        configs=[{"name": n, "value": v} for n, v in configs])
+
+
+CreateTopicsRequest = k.CreateTopicsRequest
+DeleteTopicsRequest = k.DeleteTopicsRequest
+TopicToDelete = k.DeleteTopicsRequest.DeleteTopicState
+
+
+def nullable(message, field):
+    return getattr(message, field) if message.HasField(field) else None
 
 
 def setup(snapshot, **options):
@@ -27,7 +44,7 @@ def setup(snapshot, **options):
 
 def create(request, snapshot, **options):
     cache, controller = setup(snapshot, **options)
-    response = asyncio.run(CreateTopicsApi(cache, controller).handle(request))
+    response = asyncio.run(CreateTopicsApi(cache, controller).handle(request, CONTEXT))
     return response, controller, cache
 
 
@@ -45,13 +62,13 @@ def test_created_topics_come_back_with_counts_configs_and_ids():
     assert codes(response) == [("a", 0), ("old", 36)]
     a, old = response.topics
     assert (a.num_partitions, a.replication_factor) == (3, 1)
-    assert a.topic_id is not None
+    assert a.HasField("topic_id") and len(a.topic_id) == 36
     assert {c.name: (c.value, c.config_source) for c in a.configs} == {
         "cleanup.policy": ("delete", DEFAULT_CONFIG),
         "retention.ms": ("1000", TOPIC_CONFIG),
     }
     assert not any(c.read_only or c.is_sensitive for c in a.configs)
-    assert (old.error_message, old.num_partitions, old.configs) == (
+    assert (old.error_message, old.num_partitions, list(old.configs)) == (
         "Topic 'old' already exists.", -1, [])
     # The cache was reloaded, so this handler's next answer shows the topic.
     assert cache.snapshot.topic("a") is not None
@@ -100,8 +117,9 @@ def test_delete_by_name_and_by_id():
         TopicToDelete(name="x", topic_id=other), TopicToDelete(),
         TopicToDelete(name="d"), TopicToDelete(name="d"),
     ])
-    response = asyncio.run(DeleteTopicsApi(cache, controller).handle(request))
-    assert [(t.name, t.topic_id, t.error_code) for t in response.topics] == [
+    response = asyncio.run(DeleteTopicsApi(cache, controller).handle(request, CONTEXT))
+    assert [(nullable(t, "name"), nullable(t, "topic_id"), t.error_code)
+            for t in response.responses] == [
         ("a", None, 0), ("b", TOPIC_ID, 0), ("nope", None, 3), (None, other, 100),
         ("x", other, 42), (None, None, 42), ("d", None, 42), ("d", None, 42)]
     assert controller.deleted == [(["a", "nope"], [TOPIC_ID, other])]

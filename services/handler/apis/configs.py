@@ -29,13 +29,16 @@ from __future__ import annotations
 import enum
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
+from kbroker.kafka.v1 import kafka_pb2 as k
 from services.common.errors import ErrorCode
 
 from ..collaborators import CallError, ConfigOperation, TopicAdmin, TopicConfigChanges
 from ..metadata_cache import ClusterMetadata, MetadataCache, MetadataUnavailableError
+from ..request_context import RequestContext
 from ..topic_identity import invalid_name_reason
 from .topics import DEFAULT_CONTROLLER_TIMEOUT_S
 
@@ -179,61 +182,10 @@ _STATIC_BROKER_CONFIGS: dict[str, ConfigDef] = {
 
 # --- DescribeConfigs ---------------------------------------------------------------------------
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DescribeResource:
-    resource_type: int
-    resource_name: str
-    # None: every config.
-    configuration_keys: Sequence[str] | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DescribeConfigsRequest:
-    resources: Sequence[DescribeResource] = ()
-    include_synonyms: bool = False
-    include_documentation: bool = False
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ConfigSynonym:
-    name: str
-    value: str | None
-    source: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ConfigEntry:
-    name: str
-    value: str | None
-    read_only: bool
-    config_source: int
-    is_sensitive: bool = False
-    synonyms: list[ConfigSynonym] = field(default_factory=list)
-    config_type: int = 0
-    documentation: str | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DescribeConfigsResult:
-    resource_type: int
-    resource_name: str
-    error_code: int = 0
-    error_message: str | None = None
-    configs: list[ConfigEntry] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DescribeConfigsResponse:
-    results: list[DescribeConfigsResult] = field(default_factory=list)
-
-
-def describe_error_response(request: DescribeConfigsRequest, code: int) -> DescribeConfigsResponse:
-    return DescribeConfigsResponse(results=[
-        DescribeConfigsResult(resource_type=r.resource_type, resource_name=r.resource_name,
-                              error_code=code)
-        for r in request.resources
-    ])
+DescribeResource = k.DescribeConfigsRequest.DescribeConfigsResource
+DescribeConfigsResult = k.DescribeConfigsResponse.DescribeConfigsResult
+ConfigEntry = k.DescribeConfigsResponse.DescribeConfigsResourceResult
+ConfigSynonym = k.DescribeConfigsResponse.DescribeConfigsSynonym
 
 
 class DescribeConfigsApi:
@@ -241,7 +193,8 @@ class DescribeConfigsApi:
         self._cache = cache
         self._auto_create = auto_create_topics_enable
 
-    async def handle(self, request: DescribeConfigsRequest) -> DescribeConfigsResponse:
+    async def handle(self, request: k.DescribeConfigsRequest,
+                     context: RequestContext) -> k.DescribeConfigsResponse:
         snapshot: ClusterMetadata | None = None
         unavailable: MetadataUnavailableError | None = None
         try:
@@ -255,11 +208,11 @@ class DescribeConfigsApi:
                                                 str(unavailable)))
             else:
                 results.append(self._describe(resource, snapshot, request))
-        return DescribeConfigsResponse(results=results)
+        return k.DescribeConfigsResponse(results=results)
 
     def _describe(
         self, resource: DescribeResource, snapshot: ClusterMetadata,
-        request: DescribeConfigsRequest,
+        request: k.DescribeConfigsRequest,
     ) -> DescribeConfigsResult:
         if resource.resource_type == ResourceType.TOPIC:
             reason = invalid_name_reason(resource.resource_name)
@@ -291,10 +244,14 @@ class DescribeConfigsApi:
         else:
             return _describe_failed(resource, ErrorCode.invalid_request,
                                     f"Unsupported resource type {resource.resource_type}")
-        if resource.configuration_keys is not None:
-            wanted = set(resource.configuration_keys)
+        # A null key list asks for every config, and so does a hand-made request that says
+        # nothing about it.
+        keys = resource.configuration_keys
+        if not resource.configuration_keys_is_null and (
+                keys or resource.HasField("configuration_keys_is_null")):
+            wanted = set(keys)
             entries = [e for e in entries if e.name in wanted]
-        return DescribeConfigsResult(resource_type=resource.resource_type,
+        return DescribeConfigsResult(error_code=0, resource_type=resource.resource_type,
                                      resource_name=resource.resource_name, configs=entries)
 
     def _broker_entries(
@@ -345,7 +302,7 @@ def _entry(
                                           value=definition.default,
                                           source=ConfigSource.DEFAULT_CONFIG))
     return ConfigEntry(
-        name=name, value=value, read_only=read_only, config_source=source,
+        name=name, value=value, read_only=read_only, config_source=source, is_sensitive=False,
         synonyms=synonym_list, config_type=definition.type,
         documentation=definition.doc if documentation else None,
     )
@@ -361,54 +318,15 @@ def _describe_failed(
 
 # --- AlterConfigs / IncrementalAlterConfigs ----------------------------------------------------
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AlterableConfig:
-    name: str
-    # A null value is only meaningful for DELETE.
-    value: str | None
-    # AlterConfigs sets every config it names.
-    operation: int = ConfigOperation.SET
+AlterRequest = k.AlterConfigsRequest | k.IncrementalAlterConfigsRequest
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AlterResource:
-    resource_type: int
-    resource_name: str
-    configs: Sequence[AlterableConfig] = ()
+def _operation(config: Any) -> int:
+    """A config's operation: AlterConfigs sets every config it names."""
+    return getattr(config, "config_operation", ConfigOperation.SET)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AlterConfigsRequest:
-    resources: Sequence[AlterResource] = ()
-    validate_only: bool = False
-    # True: IncrementalAlterConfigs (operations apply to the current configs); false:
-    # AlterConfigs (the named configs become the whole set).
-    incremental: bool = False
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AlterResult:
-    resource_type: int
-    resource_name: str
-    error_code: int = 0
-    error_message: str | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AlterConfigsResponse:
-    results: list[AlterResult] = field(default_factory=list)
-
-
-def alter_error_response(request: AlterConfigsRequest, code: int) -> AlterConfigsResponse:
-    return AlterConfigsResponse(results=[
-        AlterResult(resource_type=r.resource_type, resource_name=r.resource_name,
-                    error_code=code)
-        for r in request.resources
-    ])
-
-
-def _alter_problem(resource: AlterResource) -> tuple[ErrorCode, str] | None:
+def _alter_problem(resource: Any) -> tuple[ErrorCode, str] | None:
     """What is wrong with ``resource`` before the controller sees it, or None."""
     names = Counter(c.name for c in resource.configs)
     duplicates = sorted(n for n, count in names.items() if count > 1)
@@ -416,10 +334,11 @@ def _alter_problem(resource: AlterResource) -> tuple[ErrorCode, str] | None:
         return ErrorCode.invalid_request, (
             f"Error due to duplicate config keys: {', '.join(duplicates)}")
     for config in resource.configs:
-        if config.operation not in ConfigOperation.__members__.values():
+        operation = _operation(config)
+        if operation not in ConfigOperation.__members__.values():
             return ErrorCode.invalid_request, (
-                f"Unknown operation type {config.operation} for config {config.name}")
-        if config.value is None and config.operation != ConfigOperation.DELETE:
+                f"Unknown operation type {operation} for config {config.name}")
+        if not config.HasField("value") and operation != ConfigOperation.DELETE:
             return ErrorCode.invalid_request, (
                 f"Null value not supported for : {config.name}")
     if resource.resource_type == ResourceType.TOPIC:
@@ -437,69 +356,68 @@ def _alter_problem(resource: AlterResource) -> tuple[ErrorCode, str] | None:
 
 
 class AlterConfigsApi:
-    """AlterConfigs and IncrementalAlterConfigs; the request says which."""
+    """AlterConfigs (the named configs become a topic's whole set) and IncrementalAlterConfigs
+    (operations apply to the current configs); the request's type says which."""
 
     def __init__(self, cache: MetadataCache, admin: TopicAdmin) -> None:
         self._cache = cache
         self._admin = admin
 
-    async def handle(self, request: AlterConfigsRequest) -> AlterConfigsResponse:
+    async def handle(self, request: AlterRequest, context: RequestContext) -> Any:
+        incremental = isinstance(request, k.IncrementalAlterConfigsRequest)
+        response = (k.IncrementalAlterConfigsResponse() if incremental
+                    else k.AlterConfigsResponse())
         keys = Counter((r.resource_type, r.resource_name) for r in request.resources)
-        results: list[AlterResult] = []
-        # Index in ``results`` -> the topic changes to send.
+        # Index in ``response.responses`` -> the topic changes to send.
         pending: dict[int, TopicConfigChanges] = {}
-        for resource in request.resources:
+        for index, resource in enumerate(request.resources):
             if keys[(resource.resource_type, resource.resource_name)] > 1:
                 problem: tuple[ErrorCode, str] | None = (
                     ErrorCode.invalid_request, "Error due to duplicate resource.")
             else:
                 problem = _alter_problem(resource)
-            result = AlterResult(resource_type=resource.resource_type,
-                                 resource_name=resource.resource_name)
+            result = response.responses.add(resource_type=resource.resource_type,
+                                            resource_name=resource.resource_name,
+                                            error_code=0)
             if problem is not None:
-                result = AlterResult(resource_type=resource.resource_type,
-                                     resource_name=resource.resource_name,
-                                     error_code=problem[0].value, error_message=problem[1])
+                result.error_code, result.error_message = problem[0].value, problem[1]
             elif resource.resource_type == ResourceType.TOPIC:
-                pending[len(results)] = TopicConfigChanges(
+                pending[index] = TopicConfigChanges(
                     topic=resource.resource_name,
-                    replace=not request.incremental,
-                    changes=[(c.name, ConfigOperation(c.operation), c.value or "")
+                    replace=not incremental,
+                    changes=[(c.name, ConfigOperation(_operation(c)), c.value)
                              for c in resource.configs],
                 )
-            results.append(result)
         if not pending:
-            return AlterConfigsResponse(results=results)
+            return response
 
+        results = response.responses
         try:
             answers = await self._admin.alter_topic_configs(
                 list(pending.values()), request.validate_only, DEFAULT_CONTROLLER_TIMEOUT_S)
         except CallError as exc:
             log.warning("altering configs failed: %s", exc)
             for index in pending:
-                results[index] = _alter_failed(results[index], ErrorCode.request_timed_out,
-                                               f"the controller did not answer: {exc}")
-            return AlterConfigsResponse(results=results)
+                _alter_failed(results[index], ErrorCode.request_timed_out,
+                              f"the controller did not answer: {exc}")
+            return response
         if len(answers) != len(pending):
             for index in pending:
-                results[index] = _alter_failed(
-                    results[index], ErrorCode.unknown_server_error,
-                    "the controller returned no result for this topic")
-            return AlterConfigsResponse(results=results)
+                _alter_failed(results[index], ErrorCode.unknown_server_error,
+                              "the controller returned no result for this topic")
+            return response
         for index, answer in zip(pending, answers, strict=True):
             if answer.error_code:
-                results[index] = AlterResult(
-                    resource_type=results[index].resource_type,
-                    resource_name=results[index].resource_name,
-                    error_code=answer.error_code, error_message=answer.error_message)
+                results[index].error_code = answer.error_code
+                if answer.error_message is not None:
+                    results[index].error_message = answer.error_message
         if not request.validate_only and any(not a.error_code for a in answers):
             try:
                 await self._cache.refresh()
             except MetadataUnavailableError as exc:
                 log.warning("reloading metadata after a config change failed: %s", exc)
-        return AlterConfigsResponse(results=results)
+        return response
 
 
-def _alter_failed(result: AlterResult, code: ErrorCode, message: str) -> AlterResult:
-    return AlterResult(resource_type=result.resource_type, resource_name=result.resource_name,
-                       error_code=code.value, error_message=message)
+def _alter_failed(result: Any, code: ErrorCode, message: str) -> None:
+    result.error_code, result.error_message = code.value, message

@@ -17,50 +17,20 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 
+from kbroker.kafka.v1 import kafka_pb2 as k
 from services.common.errors import ErrorCode
 
 from ..collaborators import CallError, PartitionIncrease, TopicAdmin
 from ..metadata_cache import MetadataCache, MetadataUnavailableError
+from ..request_context import RequestContext
 from ..topic_identity import invalid_name_reason
 from .topics import controller_timeout
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CreatePartitionsTopic:
-    name: str
-    count: int
-    # Broker ids of each new partition; None: placed by the controller.
-    assignments: Sequence[tuple[int, ...]] | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CreatePartitionsRequest:
-    topics: Sequence[CreatePartitionsTopic] = ()
-    timeout_ms: int = 30_000
-    validate_only: bool = False
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CreatePartitionsResult:
-    name: str
-    error_code: int = 0
-    error_message: str | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CreatePartitionsResponse:
-    results: list[CreatePartitionsResult] = field(default_factory=list)
-
-
-def error_response(request: CreatePartitionsRequest, code: int) -> CreatePartitionsResponse:
-    names = dict.fromkeys(t.name for t in request.topics)
-    return CreatePartitionsResponse(
-        results=[CreatePartitionsResult(name=n, error_code=code) for n in names])
+CreatePartitionsTopic = k.CreatePartitionsRequest.CreatePartitionsTopic
+CreatePartitionsResult = k.CreatePartitionsResponse.CreatePartitionsTopicResult
 
 
 class CreatePartitionsApi:
@@ -68,7 +38,8 @@ class CreatePartitionsApi:
         self._cache = cache
         self._admin = admin
 
-    async def handle(self, request: CreatePartitionsRequest) -> CreatePartitionsResponse:
+    async def handle(self, request: k.CreatePartitionsRequest,
+                     context: RequestContext) -> k.CreatePartitionsResponse:
         counts = Counter(t.name for t in request.topics)
         answers: dict[str, CreatePartitionsResult] = {}
         to_grow: list[CreatePartitionsTopic] = []
@@ -86,18 +57,18 @@ class CreatePartitionsApi:
                     name=topic.name, error_code=ErrorCode.invalid_topic_exception.value,
                     error_message=reason)
                 continue
-            answers[topic.name] = CreatePartitionsResult(name=topic.name)
+            answers[topic.name] = CreatePartitionsResult(name=topic.name, error_code=0)
             to_grow.append(topic)
         if to_grow:
             answers.update(await self._grow(to_grow, request))
         names = dict.fromkeys(t.name for t in request.topics)
-        return CreatePartitionsResponse(results=[answers[n] for n in names])
+        return k.CreatePartitionsResponse(results=[answers[n] for n in names])
 
-    async def _grow(
-        self, topics: list[CreatePartitionsTopic], request: CreatePartitionsRequest
-    ) -> dict[str, CreatePartitionsResult]:
+    async def _grow(self, topics: list[CreatePartitionsTopic],
+                    request: k.CreatePartitionsRequest) -> dict[str, CreatePartitionsResult]:
+        # Null assignments (or none given): the controller places the new partitions.
         increases = [PartitionIncrease(topic=t.name, count=t.count,
-                                       assignments=list(t.assignments or ()))
+                                       assignments=[tuple(a.broker_ids) for a in t.assignments])
                      for t in topics]
         try:
             results = await self._admin.create_partitions(

@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 
+from kbroker.kafka.v1 import kafka_pb2 as k
+from services.common.error_answers import error_response
 from services.common.errors import ErrorCode
 
 from ..collaborators import CallError, ProducerIdBlock, ProducerIdSource
+from ..request_context import RequestContext
 
 log = logging.getLogger(__name__)
 
@@ -122,31 +124,13 @@ class ProducerIdBlocks:
             await asyncio.gather(task, return_exceptions=True)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class InitProducerIdRequest:
-    transactional_id: str | None = None
-    transaction_timeout_ms: int = 0
-    producer_id: int = NO_PRODUCER_ID
-    producer_epoch: int = NO_PRODUCER_EPOCH
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class InitProducerIdResponse:
-    error_code: int = 0
-    producer_id: int = NO_PRODUCER_ID
-    producer_epoch: int = NO_PRODUCER_EPOCH
-
-
-def error_response(_request: InitProducerIdRequest, code: int) -> InitProducerIdResponse:
-    return InitProducerIdResponse(error_code=code)
-
-
 class InitProducerIdApi:
     def __init__(self, blocks: ProducerIdBlocks) -> None:
         self._blocks = blocks
 
-    async def handle(self, request: InitProducerIdRequest) -> InitProducerIdResponse:
-        if request.transactional_id is not None:
+    async def handle(self, request: k.InitProducerIdRequest,
+                     context: RequestContext) -> k.InitProducerIdResponse:
+        if request.HasField("transactional_id"):
             if not request.transactional_id:
                 return error_response(request, ErrorCode.invalid_request.value)
             return error_response(request, ErrorCode.transactional_id_authorization_failed.value)
@@ -158,4 +142,4 @@ class InitProducerIdApi:
             producer_id = await self._blocks.next_id()
         except ProducerIdsUnavailableError:
             return error_response(request, ErrorCode.coordinator_load_in_progress.value)
-        return InitProducerIdResponse(producer_id=producer_id, producer_epoch=0)
+        return k.InitProducerIdResponse(error_code=0, producer_id=producer_id, producer_epoch=0)

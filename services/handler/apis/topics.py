@@ -16,22 +16,23 @@ The handler checks what the replicator's contract cannot express (names given tw
 assignments next to explicit counts, assignments naming a partition twice, null config values,
 a topic named by both name and id) and what must never reach it (illegal names); everything
 else (existing topics, partition counts, replication factors, configs) is the controller's to
-judge. A replicator that cannot be reached leaves the request timed out (REQUEST_TIMED_OUT,
-which admin clients retry). After a change the metadata cache is reloaded, so a Metadata
-request that follows on this handler sees it.
+judge. A hand-made request (grpcurl) that leaves a topic's partition count or replication
+factor unset asks for the broker default, as -1 does. A replicator that cannot be reached
+leaves the request timed out (REQUEST_TIMED_OUT, which admin clients retry). After a change the
+metadata cache is reloaded, so a Metadata request that follows on this handler sees it.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 
+from kbroker.kafka.v1 import kafka_pb2 as k
 from services.common.errors import ErrorCode
 
 from ..collaborators import CallError, Controller, NewTopic, TopicResult
 from ..metadata_cache import MetadataCache, MetadataUnavailableError
+from ..request_context import RequestContext
 from ..topic_identity import canonical_topic_id, invalid_name_reason
 
 log = logging.getLogger(__name__)
@@ -53,55 +54,13 @@ def controller_timeout(timeout_ms: int) -> float:
 
 # --- CreateTopics ------------------------------------------------------------------------------
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CreatableTopic:
-    name: str
-    num_partitions: int = -1
-    replication_factor: int = -1
-    # (partition index, broker ids) in request order; an index may repeat (an error).
-    assignments: Sequence[tuple[int, tuple[int, ...]]] = ()
-    # (name, value) in request order; a null value is an error.
-    configs: Sequence[tuple[str, str | None]] = ()
+CreatableTopic = k.CreateTopicsRequest.CreatableTopic
+CreatableTopicResult = k.CreateTopicsResponse.CreatableTopicResult
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CreateTopicsRequest:
-    topics: Sequence[CreatableTopic] = ()
-    timeout_ms: int = 60_000
-    validate_only: bool = False
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TopicConfig:
-    name: str
-    value: str | None
-    config_source: int
-    read_only: bool = False
-    is_sensitive: bool = False
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CreatableTopicResult:
-    name: str
-    error_code: int = 0
-    error_message: str | None = None
-    topic_id: str | None = None
-    num_partitions: int = -1
-    replication_factor: int = -1
-    configs: list[TopicConfig] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CreateTopicsResponse:
-    topics: list[CreatableTopicResult] = field(default_factory=list)
-
-
-def create_error_response(request: CreateTopicsRequest, code: int) -> CreateTopicsResponse:
-    """Every topic of ``request`` failed with ``code`` (each name once)."""
-    names = dict.fromkeys(t.name for t in request.topics)
-    return CreateTopicsResponse(
-        topics=[CreatableTopicResult(name=n, error_code=code) for n in names])
+def _count(topic: CreatableTopic, field: str) -> int:
+    """A partition count or replication factor; unset (a hand-made request) is the default."""
+    return getattr(topic, field) if topic.HasField(field) else -1
 
 
 def creation_error(topic: CreatableTopic) -> tuple[ErrorCode, str] | None:
@@ -110,24 +69,28 @@ def creation_error(topic: CreatableTopic) -> tuple[ErrorCode, str] | None:
     if reason is not None:
         return ErrorCode.invalid_topic_exception, reason
     if topic.assignments:
-        if topic.replication_factor != -1:
+        if _count(topic, "replication_factor") != -1:
             return ErrorCode.invalid_request, (
                 "A manual partition assignment was specified, but replication factor was not"
                 " set to -1.")
-        if topic.num_partitions != -1:
+        if _count(topic, "num_partitions") != -1:
             return ErrorCode.invalid_request, (
                 "A manual partition assignment was specified, but numPartitions was not set"
                 " to -1.")
-        counts = Counter(index for index, _ in topic.assignments)
+        counts = Counter(a.partition_index for a in topic.assignments)
         for index, count in counts.items():
             if count > 1:
                 return ErrorCode.invalid_replica_assignment, (
                     f"Found multiple manual partition assignments for partition {index}")
-    for name, value in topic.configs:
-        if value is None:
+    for config in topic.configs:
+        if not config.HasField("value"):
             return ErrorCode.invalid_config, (
-                f"Null value not supported for topic configs: {name}")
+                f"Null value not supported for topic configs: {config.name}")
     return None
+
+
+def _failed(name: str, code: int, message: str | None) -> CreatableTopicResult:
+    return CreatableTopicResult(name=name, error_code=code, error_message=message)
 
 
 class CreateTopicsApi:
@@ -135,7 +98,8 @@ class CreateTopicsApi:
         self._cache = cache
         self._controller = controller
 
-    async def handle(self, request: CreateTopicsRequest) -> CreateTopicsResponse:
+    async def handle(self, request: k.CreateTopicsRequest,
+                     context: RequestContext) -> k.CreateTopicsResponse:
         counts = Counter(t.name for t in request.topics)
         answers: dict[str, CreatableTopicResult] = {}
         to_create: list[CreatableTopic] = []
@@ -143,32 +107,29 @@ class CreateTopicsApi:
             if topic.name in answers:
                 continue
             if counts[topic.name] > 1:
-                answers[topic.name] = CreatableTopicResult(
-                    name=topic.name, error_code=ErrorCode.invalid_request.value,
-                    error_message="Duplicate topic name.")
+                answers[topic.name] = _failed(topic.name, ErrorCode.invalid_request.value,
+                                              "Duplicate topic name.")
                 continue
             problem = creation_error(topic)
             if problem is not None:
-                answers[topic.name] = CreatableTopicResult(
-                    name=topic.name, error_code=problem[0].value, error_message=problem[1])
+                answers[topic.name] = _failed(topic.name, problem[0].value, problem[1])
                 continue
             to_create.append(topic)
 
         if to_create:
             answers.update(await self._create(to_create, request))
         names = dict.fromkeys(t.name for t in request.topics)
-        return CreateTopicsResponse(topics=[answers[n] for n in names])
+        return k.CreateTopicsResponse(topics=[answers[n] for n in names])
 
-    async def _create(
-        self, topics: list[CreatableTopic], request: CreateTopicsRequest
-    ) -> dict[str, CreatableTopicResult]:
+    async def _create(self, topics: list[CreatableTopic],
+                      request: k.CreateTopicsRequest) -> dict[str, CreatableTopicResult]:
         new_topics = [
             NewTopic(
                 name=t.name,
-                num_partitions=t.num_partitions,
-                replication_factor=t.replication_factor,
-                configs={name: value for name, value in t.configs if value is not None},
-                assignments={index: brokers for index, brokers in t.assignments},
+                num_partitions=_count(t, "num_partitions"),
+                replication_factor=_count(t, "replication_factor"),
+                configs={c.name: c.value for c in t.configs},
+                assignments={a.partition_index: tuple(a.broker_ids) for a in t.assignments},
             )
             for t in topics
         ]
@@ -177,17 +138,16 @@ class CreateTopicsApi:
                 new_topics, request.validate_only, controller_timeout(request.timeout_ms))
         except CallError as exc:
             log.warning("creating topics failed: %s", exc)
-            return {t.name: CreatableTopicResult(
-                name=t.name, error_code=ErrorCode.request_timed_out.value,
-                error_message=f"the controller did not answer: {exc}") for t in topics}
+            return {t.name: _failed(t.name, ErrorCode.request_timed_out.value,
+                                    f"the controller did not answer: {exc}") for t in topics}
         by_name = {r.name: r for r in results}
         answers = {}
         for topic in topics:
             result = by_name.get(topic.name)
             if result is None:
-                answers[topic.name] = CreatableTopicResult(
-                    name=topic.name, error_code=ErrorCode.unknown_server_error.value,
-                    error_message="the controller returned no result for this topic")
+                answers[topic.name] = _failed(
+                    topic.name, ErrorCode.unknown_server_error.value,
+                    "the controller returned no result for this topic")
             else:
                 answers[topic.name] = _created(topic, result)
         if not request.validate_only and any(not r.error_code for r in results):
@@ -197,17 +157,17 @@ class CreateTopicsApi:
 
 def _created(topic: CreatableTopic, result: TopicResult) -> CreatableTopicResult:
     if result.error_code:
-        return CreatableTopicResult(name=topic.name, error_code=result.error_code,
-                                    error_message=result.error_message or None)
-    overridden = {name for name, _ in topic.configs}
+        return _failed(topic.name, result.error_code, result.error_message or None)
+    overridden = {c.name for c in topic.configs}
     return CreatableTopicResult(
         name=topic.name,
         topic_id=canonical_topic_id(result.topic_id),
         num_partitions=result.num_partitions,
         replication_factor=result.replication_factor,
         configs=[
-            TopicConfig(name=name, value=value,
-                        config_source=TOPIC_CONFIG if name in overridden else DEFAULT_CONFIG)
+            k.CreateTopicsResponse.CreatableTopicConfigs(
+                name=name, value=value, read_only=False, is_sensitive=False,
+                config_source=TOPIC_CONFIG if name in overridden else DEFAULT_CONFIG)
             for name, value in sorted(result.configs.items())
         ],
     )
@@ -222,38 +182,7 @@ async def _reload(cache: MetadataCache) -> None:
 
 # --- DeleteTopics ------------------------------------------------------------------------------
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TopicToDelete:
-    name: str | None = None
-    topic_id: str | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DeleteTopicsRequest:
-    topics: Sequence[TopicToDelete] = ()
-    timeout_ms: int = 30_000
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DeletableTopicResult:
-    name: str | None = None
-    topic_id: str | None = None
-    error_code: int = 0
-    error_message: str | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DeleteTopicsResponse:
-    topics: list[DeletableTopicResult] = field(default_factory=list)
-
-
-def delete_error_response(request: DeleteTopicsRequest, code: int) -> DeleteTopicsResponse:
-    return DeleteTopicsResponse(topics=[
-        DeletableTopicResult(name=t.name, topic_id=canonical_topic_id(t.topic_id),
-                             error_code=code)
-        for t in request.topics
-    ])
+DeletableTopicResult = k.DeleteTopicsResponse.DeletableTopicResult
 
 
 class DeleteTopicsApi:
@@ -261,10 +190,15 @@ class DeleteTopicsApi:
         self._cache = cache
         self._controller = controller
 
-    async def handle(self, request: DeleteTopicsRequest) -> DeleteTopicsResponse:
-        refs = [(t.name, canonical_topic_id(t.topic_id)) for t in request.topics]
+    async def handle(self, request: k.DeleteTopicsRequest,
+                     context: RequestContext) -> k.DeleteTopicsResponse:
+        # Versions before 6 name topics in topic_names (the frontend moves them into topics;
+        # a hand-made request may still use either).
+        refs = [(name, None) for name in request.topic_names]
+        refs += [(t.name if t.HasField("name") else None, canonical_topic_id(t.topic_id))
+                 for t in request.topics]
         # Only entries naming a topic one way count towards duplicates, as in Kafka.
-        name_counts = Counter(name for name, topic_id in refs
+        name_counts: Counter[str | None] = Counter(name for name, topic_id in refs
                               if name is not None and topic_id is None)
         id_counts = Counter(topic_id for name, topic_id in refs
                             if topic_id is not None and name is None)
@@ -295,7 +229,7 @@ class DeleteTopicsApi:
             else:
                 ids.append(topic_id or "")
         if not pending:
-            return DeleteTopicsResponse(topics=out)
+            return k.DeleteTopicsResponse(responses=out)
 
         try:
             results = await self._controller.delete_topics(
@@ -303,28 +237,27 @@ class DeleteTopicsApi:
         except CallError as exc:
             log.warning("deleting topics failed: %s", exc)
             for index in pending:
-                out[index] = DeletableTopicResult(
-                    name=out[index].name, topic_id=out[index].topic_id,
-                    error_code=ErrorCode.request_timed_out.value,
-                    error_message=f"the controller did not answer: {exc}")
-            return DeleteTopicsResponse(topics=out)
+                out[index].error_code = ErrorCode.request_timed_out.value
+                out[index].error_message = f"the controller did not answer: {exc}"
+            return k.DeleteTopicsResponse(responses=out)
 
         by_name = {r.name: r for r in results if r.name}
         by_id = {tid: r for r in results if (tid := canonical_topic_id(r.topic_id))}
         for index, (kind, key) in pending.items():
             result = by_name.get(key) if kind == "name" else by_id.get(key)
+            answer = out[index]
             if result is None:
-                out[index] = DeletableTopicResult(
-                    name=out[index].name, topic_id=out[index].topic_id,
-                    error_code=ErrorCode.unknown_server_error.value,
-                    error_message="the controller returned no result for this topic")
+                answer.error_code = ErrorCode.unknown_server_error.value
+                answer.error_message = "the controller returned no result for this topic"
                 continue
-            out[index] = DeletableTopicResult(
-                name=result.name or out[index].name,
-                topic_id=canonical_topic_id(result.topic_id) or out[index].topic_id,
-                error_code=result.error_code,
-                error_message=result.error_message or None,
-            )
+            if result.name:
+                answer.name = result.name
+            topic_id = canonical_topic_id(result.topic_id)
+            if topic_id:
+                answer.topic_id = topic_id
+            answer.error_code = result.error_code
+            if result.error_message:
+                answer.error_message = result.error_message
         if any(not r.error_code for r in results):
             await _reload(self._cache)
-        return DeleteTopicsResponse(topics=out)
+        return k.DeleteTopicsResponse(responses=out)
