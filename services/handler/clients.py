@@ -1,5 +1,5 @@
-"""The handler's gRPC clients: the collaborator interfaces of ``collaborators.py`` over the
-replicator, log node and purgatory contracts.
+"""The handler's gRPC clients: the interfaces of ``collaborators.py`` over the replicator, log
+node and purgatory stubs, and the mapping of failed calls onto their errors.
 
 Channels are created once and kept: one to the replicator, one to the purgatory and one per
 log node address (log nodes come and go with the metadata). Failed calls become
@@ -22,32 +22,8 @@ from kbroker.purgatory.v1 import purgatory_pb2, purgatory_pb2_grpc
 from kbroker.replicator.v1 import replicator_pb2, replicator_pb2_grpc
 from services.common.call_streams import CallStream
 from services.common.channels import insecure_channel
-from services.common.errors import error_name
 
-from .collaborators import (
-    AppendResult,
-    CallError,
-    EpochEndOffset,
-    EpochQuery,
-    KeyState,
-    LowWatermark,
-    NewTopic,
-    OffsetQuery,
-    OffsetResult,
-    OutcomeUnknownError,
-    PartitionAppend,
-    PartitionIncrease,
-    PartitionRead,
-    ProducerIdBlock,
-    ReadLimit,
-    ReadResult,
-    RecordDeletion,
-    TopicConfigChanges,
-    TopicResult,
-    UnreachableError,
-    WaitKind,
-    WaitResult,
-)
+from .collaborators import CallError, OutcomeUnknownError, UnreachableError
 from .metadata_cache import ClusterMetadata, LogNode, PartitionInfo, TopicInfo
 from .metrics import PURGATORY_WAIT_SECONDS, PURGATORY_WAITS
 from .topic_identity import canonical_topic_id
@@ -89,6 +65,17 @@ async def _call(method: Any, request: Any, time_limit: float, peer: str) -> Any:
         raise call_failure(exc, peer) from exc
 
 
+async def _follow(call: Any, peer: str) -> AsyncIterator[Any]:
+    """The messages of a server stream ``call``, until it ends or breaks (a CallError)."""
+    try:
+        async for message in call:
+            yield message
+    except grpc.aio.AioRpcError as exc:
+        raise call_failure(exc, peer) from exc
+    finally:
+        call.cancel()
+
+
 # --- replicator --------------------------------------------------------------------------------
 
 
@@ -124,18 +111,6 @@ def metadata_from_proto(message: replicator_pb2.ClusterMetadata) -> ClusterMetad
     )
 
 
-def _topic_result(r: replicator_pb2.TopicResult) -> TopicResult:
-    return TopicResult(
-        name=r.name,
-        topic_id=r.topic_id or None,
-        error_code=r.error_code,
-        error_message=r.error_message or None,
-        num_partitions=r.num_partitions,
-        replication_factor=r.replication_factor,
-        configs=dict(r.configs),
-    )
-
-
 class ReplicatorClient:
     """The replicator as the handler's :class:`~.collaborators.Controller` and metadata
     source."""
@@ -153,89 +128,29 @@ class ReplicatorClient:
     async def watch(self) -> AsyncIterator[ClusterMetadata]:
         """The replicator's metadata stream; ends or raises when the stream breaks."""
         call = self._stub.WatchMetadata(replicator_pb2.WatchMetadataRequest())
-        try:
-            async for message in call:
-                yield metadata_from_proto(message)
-        except grpc.aio.AioRpcError as exc:
-            raise call_failure(exc, self._address) from exc
-        finally:
-            call.cancel()
+        async for message in _follow(call, self._address):
+            yield metadata_from_proto(message)
 
-    async def create_topics(
-        self, topics: Sequence[NewTopic], validate_only: bool, time_limit: float
-    ) -> list[TopicResult]:
-        request = replicator_pb2.CreateTopicsRequest(
-            validate_only=validate_only,
-            topics=[
-                replicator_pb2.NewTopic(
-                    name=t.name,
-                    num_partitions=t.num_partitions,
-                    replication_factor=t.replication_factor,
-                    configs=dict(t.configs),
-                    assignments={
-                        index: replicator_pb2.Replicas(node_ids=list(nodes))
-                        for index, nodes in t.assignments.items()
-                    },
-                )
-                for t in topics
-            ],
-        )
-        response = await _call(self._stub.CreateTopics, request, time_limit, self._address)
-        return [_topic_result(r) for r in response.topics]
+    async def create_topics(self, request: replicator_pb2.CreateTopicsRequest,
+                            time_limit: float) -> replicator_pb2.CreateTopicsResponse:
+        return await _call(self._stub.CreateTopics, request, time_limit, self._address)
 
-    async def delete_topics(
-        self, names: Sequence[str], topic_ids: Sequence[str], time_limit: float
-    ) -> list[TopicResult]:
-        request = replicator_pb2.DeleteTopicsRequest(names=list(names), topic_ids=list(topic_ids))
-        response = await _call(self._stub.DeleteTopics, request, time_limit, self._address)
-        return [_topic_result(r) for r in response.topics]
+    async def delete_topics(self, request: replicator_pb2.DeleteTopicsRequest,
+                            time_limit: float) -> replicator_pb2.DeleteTopicsResponse:
+        return await _call(self._stub.DeleteTopics, request, time_limit, self._address)
 
-    async def alter_topic_configs(
-        self, topics: Sequence[TopicConfigChanges], validate_only: bool, time_limit: float
-    ) -> list[TopicResult]:
-        request = replicator_pb2.AlterTopicConfigsRequest(
-            validate_only=validate_only,
-            topics=[
-                replicator_pb2.TopicConfigChanges(
-                    topic=t.topic,
-                    replace=t.replace,
-                    changes=[replicator_pb2.ConfigChange(name=name, operation=int(op),
-                                                         value=value)
-                             for name, op, value in t.changes],
-                )
-                for t in topics
-            ],
-        )
-        response = await _call(self._stub.AlterTopicConfigs, request, time_limit, self._address)
-        return [_topic_result(r) for r in response.topics]
+    async def alter_topic_configs(self, request: replicator_pb2.AlterTopicConfigsRequest,
+                                  time_limit: float) -> replicator_pb2.AlterTopicConfigsResponse:
+        return await _call(self._stub.AlterTopicConfigs, request, time_limit, self._address)
 
-    async def create_partitions(
-        self, topics: Sequence[PartitionIncrease], validate_only: bool, time_limit: float
-    ) -> list[TopicResult]:
-        request = replicator_pb2.CreatePartitionsRequest(
-            validate_only=validate_only,
-            topics=[
-                replicator_pb2.PartitionIncrease(
-                    topic=t.topic, count=t.count,
-                    assignments=[replicator_pb2.Replicas(node_ids=list(a))
-                                 for a in t.assignments],
-                )
-                for t in topics
-            ],
-        )
-        response = await _call(self._stub.CreatePartitions, request, time_limit, self._address)
-        return [_topic_result(r) for r in response.topics]
+    async def create_partitions(self, request: replicator_pb2.CreatePartitionsRequest,
+                                time_limit: float) -> replicator_pb2.CreatePartitionsResponse:
+        return await _call(self._stub.CreatePartitions, request, time_limit, self._address)
 
-    async def allocate_producer_ids(self, requester: str, time_limit: float) -> ProducerIdBlock:
-        response = await _call(
-            self._stub.AllocateProducerIds,
-            replicator_pb2.AllocateProducerIdsRequest(requester=requester),
-            time_limit, self._address)
-        if response.error_code or response.producer_id_len <= 0:
-            raise CallError(f"{self._address}: no producer ids: "
-                            f"{error_name(response.error_code)} {response.error_message}")
-        return ProducerIdBlock(first_id=response.producer_id_start,
-                               size=response.producer_id_len)
+    async def allocate_producer_ids(self, request: replicator_pb2.AllocateProducerIdsRequest,
+                                    time_limit: float,
+                                    ) -> replicator_pb2.AllocateProducerIdsResponse:
+        return await _call(self._stub.AllocateProducerIds, request, time_limit, self._address)
 
     async def close(self) -> None:
         await self._channel.close()
@@ -275,114 +190,30 @@ class LogNodeClients:
             self._append_streams[node.address] = stream
         return stream
 
-    async def append(
-        self, node: LogNode, appends: Sequence[PartitionAppend], time_limit: float
-    ) -> list[AppendResult]:
-        message = log_pb2.AppendStreamRequest()
-        for a in appends:
-            message.request.partitions.add(topic=a.topic, partition=a.partition,
-                                           records=a.records)
-        answer = await self._append_stream(node).call(message, time_limit)
-        return [_append_result(r) for r in answer.response.results]
+    async def append(self, node: LogNode, request: log_pb2.AppendRequest,
+                     time_limit: float) -> log_pb2.AppendResponse:
+        answer = await self._append_stream(node).call(
+            log_pb2.AppendStreamRequest(request=request), time_limit)
+        return answer.response
 
-    async def append_if_end(
-        self, node: LogNode, append: PartitionAppend, expected_log_end_offset: int,
-        time_limit: float,
-    ) -> AppendResult:
-        """Append only if the partition's log end offset is still ``expected_log_end_offset``
-        (else INVALID_UPDATE_VERSION): a compare-and-set on the log."""
-        message = log_pb2.AppendStreamRequest()
-        message.request.partitions.add(
-            topic=append.topic, partition=append.partition, records=append.records,
-            expected_log_end_offset=expected_log_end_offset)
-        answer = await self._append_stream(node).call(message, time_limit)
-        return _append_result(answer.response.results[0])
+    async def read(self, node: LogNode, request: log_pb2.ReadRequest,
+                   time_limit: float) -> log_pb2.ReadResponse:
+        return await _call(self._stub(node).Read, request, time_limit, _peer(node))
 
-    async def read(
-        self,
-        node: LogNode,
-        reads: Sequence[PartitionRead],
-        max_bytes: int,
-        limit: ReadLimit,
-        time_limit: float,
-    ) -> list[ReadResult]:
-        request = log_pb2.ReadRequest(
-            partitions=[
-                log_pb2.PartitionRead(topic=r.topic, partition=r.partition, offset=r.offset,
-                                      max_bytes=r.max_bytes)
-                for r in reads
-            ],
-            max_bytes=max_bytes,
-            limit=int(limit),
-        )
-        response = await _call(self._stub(node).Read, request, time_limit, _peer(node))
-        return [
-            ReadResult(
-                topic=r.topic,
-                partition=r.partition,
-                error_code=r.error_code,
-                error_message=r.error_message or None,
-                records=r.records,
-                high_watermark=r.high_watermark,
-                log_start_offset=r.log_start_offset,
-                log_end_offset=r.log_end_offset,
-            )
-            for r in response.results
-        ]
+    async def list_offsets(self, node: LogNode, request: log_pb2.ListOffsetsRequest,
+                           time_limit: float) -> log_pb2.ListOffsetsResponse:
+        return await _call(self._stub(node).ListOffsets, request, time_limit, _peer(node))
 
-    async def list_offsets(
-        self, node: LogNode, queries: Sequence[OffsetQuery], limit: ReadLimit, time_limit: float
-    ) -> list[OffsetResult]:
-        request = log_pb2.ListOffsetsRequest(
-            partitions=[
-                log_pb2.PartitionTimestamp(topic=q.topic, partition=q.partition,
-                                           timestamp=q.timestamp)
-                for q in queries
-            ],
-            limit=int(limit),
-        )
-        response = await _call(self._stub(node).ListOffsets, request, time_limit, _peer(node))
-        return [
-            OffsetResult(
-                topic=r.topic,
-                partition=r.partition,
-                error_code=r.error_code,
-                offset=r.offset,
-                timestamp=r.timestamp,
-                leader_epoch=r.leader_epoch,
-            )
-            for r in response.results
-        ]
+    async def delete_records(self, node: LogNode, request: log_pb2.DeleteRecordsRequest,
+                             time_limit: float) -> log_pb2.DeleteRecordsResponse:
+        return await _call(self._stub(node).DeleteRecords, request, time_limit, _peer(node))
 
-    async def delete_records(
-        self, node: LogNode, deletions: Sequence[RecordDeletion], time_limit: float
-    ) -> list[LowWatermark]:
-        request = log_pb2.DeleteRecordsRequest(partitions=[
-            log_pb2.PartitionDeleteRecords(topic=d.topic, partition=d.partition, offset=d.offset)
-            for d in deletions
-        ])
-        response = await _call(self._stub(node).DeleteRecords, request, time_limit, _peer(node))
-        return [
-            LowWatermark(topic=r.topic, partition=r.partition, error_code=r.error_code,
-                         low_watermark=r.low_watermark)
-            for r in response.results
-        ]
-
-    async def end_offsets_for_epochs(
-        self, node: LogNode, queries: Sequence[EpochQuery], time_limit: float
-    ) -> list[EpochEndOffset]:
-        request = log_pb2.OffsetForLeaderEpochRequest(partitions=[
-            log_pb2.PartitionLeaderEpoch(topic=q.topic, partition=q.partition,
-                                         leader_epoch=q.leader_epoch)
-            for q in queries
-        ])
-        response = await _call(self._stub(node).OffsetForLeaderEpoch, request, time_limit,
-                               _peer(node))
-        return [
-            EpochEndOffset(topic=r.topic, partition=r.partition, error_code=r.error_code,
-                           leader_epoch=r.leader_epoch, end_offset=r.end_offset)
-            for r in response.results
-        ]
+    async def offset_for_leader_epoch(self, node: LogNode,
+                                      request: log_pb2.OffsetForLeaderEpochRequest,
+                                      time_limit: float,
+                                      ) -> log_pb2.OffsetForLeaderEpochResponse:
+        return await _call(self._stub(node).OffsetForLeaderEpoch, request, time_limit,
+                           _peer(node))
 
     def retain(self, addresses: set[str]) -> None:
         """Close the channels of addresses no log node has any more (a node moved or left);
@@ -412,21 +243,6 @@ class LogNodeClients:
             await asyncio.gather(*self._closing, return_exceptions=True)
 
 
-def _append_result(r: log_pb2.PartitionAppendResult) -> AppendResult:
-    return AppendResult(
-        topic=r.topic,
-        partition=r.partition,
-        error_code=r.error_code,
-        error_message=r.error_message or None,
-        base_offset=r.base_offset,
-        log_append_time_ms=r.log_append_time_ms,
-        log_start_offset=r.log_start_offset,
-        log_end_offset=r.log_end_offset,
-        high_watermark=r.high_watermark,
-        leader_epoch=r.leader_epoch,
-    )
-
-
 async def _close_channel(channel: grpc.aio.Channel, stream: CallStream | None) -> None:
     if stream is not None:
         await stream.close()
@@ -439,11 +255,9 @@ def _peer(node: LogNode) -> str:
 
 # --- purgatory ---------------------------------------------------------------------------------
 
-_KINDS = {
-    WaitKind.FETCH: purgatory_pb2.OPERATION_KIND_FETCH,
-    WaitKind.PRODUCE: purgatory_pb2.OPERATION_KIND_PRODUCE,
-    WaitKind.JOIN: purgatory_pb2.OPERATION_KIND_JOIN,
-}
+# Metric labels of the operation kinds: "fetch", "produce", "join".
+_KIND_LABELS = {value: name.removeprefix("OPERATION_KIND_").lower()
+                for name, value in purgatory_pb2.OperationKind.items()}
 # Session timer calls are quick; a purgatory that does not answer in this time is down.
 SESSION_TIMER_TIMEOUT_S = 5.0
 
@@ -456,19 +270,12 @@ class PurgatoryClient:
         self._channel = insecure_channel(address)
         self._stub = purgatory_pb2_grpc.PurgatoryStub(self._channel)
 
-    async def wait(
-        self,
-        kind: WaitKind,
-        thresholds: Mapping[str, int],
-        require_all: bool,
-        timeout_ms: int,
-    ) -> WaitResult:
+    async def wait(self, kind: purgatory_pb2.OperationKind.ValueType,
+                   thresholds: Mapping[str, int], require_all: bool,
+                   timeout_ms: int) -> purgatory_pb2.AwaitResponse:
         request = purgatory_pb2.AwaitRequest(
-            kind=_KINDS[kind],
-            keys=[purgatory_pb2.WatchedKey(key=k, threshold=t) for k, t in thresholds.items()],
-            require_all=require_all,
-            timeout_ms=timeout_ms,
-        )
+            kind=kind, require_all=require_all, timeout_ms=timeout_ms,
+            keys=[purgatory_pb2.WatchedKey(key=k, threshold=t) for k, t in thresholds.items()])
         started = time.perf_counter()
         outcome = "unavailable"
         try:
@@ -476,17 +283,14 @@ class PurgatoryClient:
                                    timeout_ms / 1000 + PURGATORY_GRACE_S, self._address)
             completed = response.outcome == purgatory_pb2.OUTCOME_COMPLETED
             outcome = "completed" if completed else "expired"
-            return WaitResult(
-                completed=completed,
-                keys={s.key: KeyState(position=s.position, error_code=s.error_code)
-                      for s in response.keys},
-            )
+            return response
         except asyncio.CancelledError:
             outcome = "cancelled"
             raise
         finally:
-            PURGATORY_WAITS.labels(kind.value, outcome).inc()
-            PURGATORY_WAIT_SECONDS.labels(kind.value).observe(time.perf_counter() - started)
+            PURGATORY_WAITS.labels(_KIND_LABELS[kind], outcome).inc()
+            PURGATORY_WAIT_SECONDS.labels(_KIND_LABELS[kind]).observe(
+                time.perf_counter() - started)
 
     async def complete(self, positions: Mapping[str, int]) -> None:
         request = purgatory_pb2.CheckAndCompleteRequest(keys=[
@@ -511,15 +315,9 @@ class PurgatoryClient:
         return set(response.keys)
 
     async def watch_expirations(self) -> AsyncIterator[list[str]]:
-        """Expired keys as the purgatory publishes them (see SessionTimers)."""
         call = self._stub.WatchExpirations(purgatory_pb2.WatchExpirationsRequest())
-        try:
-            async for message in call:
-                yield list(message.keys)
-        except grpc.aio.AioRpcError as exc:
-            raise call_failure(exc, self._address) from exc
-        finally:
-            call.cancel()
+        async for message in _follow(call, self._address):
+            yield list(message.keys)
 
     async def close(self) -> None:
         await self._channel.close()

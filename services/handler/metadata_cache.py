@@ -218,6 +218,14 @@ class MetadataCache:
                 return self._snapshot
             raise
 
+    async def reload(self) -> None:
+        """:meth:`refresh` after this handler changed the metadata, so its own next answers
+        show the change; best effort (a failure is logged)."""
+        try:
+            await self.refresh()
+        except MetadataUnavailableError as exc:
+            log.warning("reloading metadata after a change failed: %s", exc)
+
     async def _load(self) -> ClusterMetadata:
         try:
             snapshot = await self._loader()

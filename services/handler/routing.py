@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from services.common.errors import ErrorCode, KafkaError
 
+from .collaborators import CallError, UnreachableError
 from .metadata_cache import ClusterMetadata, LogNode, PartitionInfo, TopicInfo
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-R = TypeVar("R")
 
 # current_leader_epoch / leader_epoch value meaning "no epoch given, do not check".
 NO_EPOCH = -1
@@ -37,8 +37,11 @@ class Route:
     leader: LogNode
 
 
-def locate(metadata: ClusterMetadata, topic: TopicInfo | None, partition: int) -> Route:
-    """The route to ``partition`` of ``topic``; raises KafkaError when it cannot be served."""
+def locate(metadata: ClusterMetadata, topic: TopicInfo | None, partition: int,
+           current_leader_epoch: int = NO_EPOCH) -> Route:
+    """The route to ``partition`` of ``topic``; raises KafkaError when it cannot be served,
+    or when the client's ``current_leader_epoch`` is not the leader's
+    (:func:`leader_epoch_error`)."""
     if topic is None:
         raise KafkaError(ErrorCode.unknown_topic_or_partition)
     info = topic.partitions.get(partition)
@@ -50,6 +53,9 @@ def locate(metadata: ClusterMetadata, topic: TopicInfo | None, partition: int) -
             ErrorCode.not_leader_or_follower,
             f"no live leader for {topic.name}-{partition}",
         )
+    epoch_error = leader_epoch_error(current_leader_epoch, info.leader_epoch)
+    if epoch_error is not None:
+        raise KafkaError(epoch_error)
     return Route(topic, info, leader)
 
 
@@ -75,40 +81,55 @@ def leader_error(code: int) -> int:
     return code
 
 
-def group_by_leader(items: Iterable[tuple[Route, T]]) -> dict[int, tuple[LogNode, list[T]]]:
-    """Items grouped by their leader node id, each group in the items' order."""
-    groups: dict[int, tuple[LogNode, list[T]]] = {}
-    for route, item in items:
-        group = groups.get(route.leader.node_id)
-        if group is None:
-            groups[route.leader.node_id] = (route.leader, [item])
-        else:
-            group[1].append(item)
-    return groups
+async def call_leaders(
+    routed: Iterable[tuple[Route, T]],
+    call: Callable[[LogNode, list[T]], Awaitable[Sequence[Any]]],
+    *,
+    effect: bool,
+) -> list[tuple[T, int, Any]]:
+    """``call(leader, items)`` once per leader node, the nodes concurrently, so one node's
+    trouble never spoils the others' answers. Returns every item (grouped by node) as
+    ``(item, code, detail)``: code 0 and the node's result for the item's partition (results
+    carry ``topic`` and ``partition``), or the error to answer with and what caused it.
 
+    - a result with an error: :func:`leader_error` of its code; detail: the result;
+    - no result for the partition: UNKNOWN_SERVER_ERROR; detail: None;
+    - a failed call (detail: the exception): NOT_LEADER_OR_FOLLOWER when it never reached the
+      node, or for a call without ``effect`` (a read: clients refresh their metadata and
+      retry); REQUEST_TIMED_OUT when a write may have happened; UNKNOWN_SERVER_ERROR for a
+      failure that is not a :class:`~.collaborators.CallError` (a bug, logged).
+    """
+    groups: dict[int, tuple[LogNode, list[tuple[Route, T]]]] = {}
+    for route, item in routed:
+        groups.setdefault(route.leader.node_id, (route.leader, []))[1].append((route, item))
 
-async def call_per_node(
-    groups: Mapping[int, tuple[LogNode, list[T]]],
-    call: Callable[[LogNode, list[T]], Awaitable[R]],
-) -> dict[int, R | Exception]:
-    """``call(node, items)`` for every group, concurrently; a failed call yields its exception
-    instead of a result, so one node's trouble never spoils the other nodes' answers."""
-
-    async def one(node: LogNode, items: list[T]) -> R | Exception:
+    async def one(node: LogNode, pairs: list[tuple[Route, T]]) -> list[tuple[T, int, Any]]:
         try:
-            return await call(node, items)
+            results = await call(node, [item for _, item in pairs])
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - returned to the caller to map per item
-            return exc
+        except Exception as exc:  # noqa: BLE001 - answered per item
+            code = _failed_call_error(exc, effect)
+            return [(item, code, exc) for _, item in pairs]
+        by_partition = {(r.topic, r.partition): r for r in results}
+        out = []
+        for route, item in pairs:
+            result = by_partition.get((route.topic.name, route.partition.partition))
+            code = (ErrorCode.unknown_server_error.value if result is None
+                    else leader_error(result.error_code))
+            out.append((item, code, result))
+        return out
 
-    node_ids = list(groups)
-    outcomes = await asyncio.gather(*(one(*groups[node_id]) for node_id in node_ids))
-    return dict(zip(node_ids, outcomes, strict=True))
+    answers = await asyncio.gather(*(one(*group) for group in groups.values()))
+    return [answer for node_answers in answers for answer in node_answers]
 
 
-def by_partition(results: Sequence[R], key: Callable[[R], tuple[str, int]]) -> dict[
-    tuple[str, int], R
-]:
-    """Results indexed by (topic, partition)."""
-    return {key(r): r for r in results}
+def _failed_call_error(exc: Exception, effect: bool) -> int:
+    if not isinstance(exc, CallError):
+        log.error("a call to a log node failed unexpectedly", exc_info=exc)
+        return (ErrorCode.unknown_server_error if effect
+                else ErrorCode.not_leader_or_follower).value
+    log.info("a call to a log node failed: %s", exc)
+    if isinstance(exc, UnreachableError) or not effect:
+        return ErrorCode.not_leader_or_follower.value
+    return ErrorCode.request_timed_out.value

@@ -101,7 +101,7 @@ async def start(config: HandlerConfig) -> HandlerService:
     cache = MetadataCache(replicator.load_metadata)
     cache.add_listener(log_nodes.on_metadata)
     producer_id_blocks = ProducerIdBlocks(replicator, requester=config.instance)
-    coordinator = GroupCoordinator(cache, log_nodes, replicator, purgatory, purgatory,
+    coordinator = GroupCoordinator(cache, log_nodes, replicator, purgatory,
                                    coordinator_config(config))
     alter_configs = AlterConfigsApi(cache, replicator)
     apis: dict[str, KafkaApi] = {

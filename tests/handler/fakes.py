@@ -6,21 +6,10 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from services.handler.collaborators import (
-    AppendResult,
-    CallError,
-    KeyState,
-    NewTopic,
-    OffsetQuery,
-    OffsetResult,
-    PartitionAppend,
-    PartitionRead,
-    ReadLimit,
-    ReadResult,
-    TopicResult,
-    WaitKind,
-    WaitResult,
-)
+from kbroker.log.v1 import log_pb2
+from kbroker.purgatory.v1 import purgatory_pb2
+from kbroker.replicator.v1 import replicator_pb2
+from services.handler.collaborators import CallError
 from services.handler.metadata_cache import (
     ClusterMetadata,
     LogNode,
@@ -117,13 +106,12 @@ class FakeLogNodes:
         p.log_end += len(values)
         p.high_watermark = p.log_end
 
-    async def append(
-        self, node: LogNode, appends: Sequence[PartitionAppend], time_limit: float
-    ) -> list[AppendResult]:
-        self.calls.append(("append", node.node_id, list(appends)))
+    async def append(self, node: LogNode, request: log_pb2.AppendRequest,
+                     time_limit: float) -> log_pb2.AppendResponse:
+        self.calls.append(("append", node.node_id, list(request.partitions)))
         self._check(node)
-        out = []
-        for a in appends:
+        out = log_pb2.AppendResponse()
+        for a in request.partitions:
             p = self.partition(a.topic, a.partition)
             count = sum(n for _, n in batch_offsets(a.records))
             base = p.log_end
@@ -131,23 +119,21 @@ class FakeLogNodes:
             p.log_end += count
             if not self.lagging_high_watermark:
                 p.high_watermark = p.log_end
-            out.append(AppendResult(topic=a.topic, partition=a.partition, base_offset=base,
-                                    log_start_offset=0, log_end_offset=p.log_end,
-                                    high_watermark=p.high_watermark))
+            out.results.add(topic=a.topic, partition=a.partition, base_offset=base,
+                            log_start_offset=0, log_end_offset=p.log_end,
+                            high_watermark=p.high_watermark, leader_epoch=-1)
         self.appended.set()
         return out
 
-    async def read(
-        self, node: LogNode, reads: Sequence[PartitionRead], max_bytes: int, limit: ReadLimit,
-        time_limit: float,
-    ) -> list[ReadResult]:
-        self.calls.append(("read", node.node_id, list(reads)))
+    async def read(self, node: LogNode, request: log_pb2.ReadRequest,
+                   time_limit: float) -> log_pb2.ReadResponse:
+        self.calls.append(("read", node.node_id, list(request.partitions)))
         self._check(node)
-        out = []
-        for r in reads:
+        out = log_pb2.ReadResponse()
+        for r in request.partitions:
             p = self.partition(r.topic, r.partition)
             if r.offset > p.log_end or r.offset < 0:
-                out.append(ReadResult(topic=r.topic, partition=r.partition, error_code=1))
+                out.results.add(topic=r.topic, partition=r.partition, error_code=1)
                 continue
             data = b""
             for batch in p.batches:
@@ -157,39 +143,48 @@ class FakeLogNodes:
                 if data and len(data) + len(batch) > r.max_bytes:
                     break
                 data += batch
-            out.append(ReadResult(topic=r.topic, partition=r.partition, records=data,
-                                  high_watermark=p.high_watermark, log_start_offset=0,
-                                  log_end_offset=p.log_end))
+            out.results.add(topic=r.topic, partition=r.partition, records=data,
+                            high_watermark=p.high_watermark, log_start_offset=0,
+                            log_end_offset=p.log_end)
         return out
 
-    async def list_offsets(
-        self, node: LogNode, queries: Sequence[OffsetQuery], limit: ReadLimit, time_limit: float
-    ) -> list[OffsetResult]:
-        self.calls.append(("list_offsets", node.node_id, list(queries)))
+    async def list_offsets(self, node: LogNode, request: log_pb2.ListOffsetsRequest,
+                           time_limit: float) -> log_pb2.ListOffsetsResponse:
+        self.calls.append(("list_offsets", node.node_id, list(request.partitions)))
         self._check(node)
-        out = []
-        for q in queries:
+        out = log_pb2.ListOffsetsResponse()
+        for q in request.partitions:
             p = self.partition(q.topic, q.partition)
-            end = p.high_watermark if limit == ReadLimit.HIGH_WATERMARK else p.log_end
+            end = p.high_watermark if request.limit == log_pb2.READ_LIMIT_HIGH_WATERMARK \
+                else p.log_end
             offset = {-1: end, -2: 0}.get(q.timestamp, 0)
-            out.append(OffsetResult(topic=q.topic, partition=q.partition, offset=offset,
-                                    timestamp=-1, leader_epoch=-1))
+            out.results.add(topic=q.topic, partition=q.partition, offset=offset,
+                            timestamp=-1, leader_epoch=-1)
         return out
+
+
+def wait_result(completed: bool, positions: Mapping[str, int] | None = None,
+                errors: Mapping[str, int] | None = None) -> purgatory_pb2.AwaitResponse:
+    """The purgatory's answer to an Await: its outcome and each key's position and error."""
+    errors = errors or {}
+    return purgatory_pb2.AwaitResponse(
+        outcome=purgatory_pb2.OUTCOME_COMPLETED if completed else purgatory_pb2.OUTCOME_EXPIRED,
+        keys=[purgatory_pb2.KeyState(key=key, position=position, error_code=errors.get(key, 0))
+              for key, position in (positions or {}).items()])
 
 
 class FakePurgatory:
-    """Records waits; answers with ``answer`` (a WaitResult, an exception to raise, or None to
-    sleep out the timeout and expire). ``wake`` completes a pending wait early."""
+    """Records waits; answers with ``answer`` (an AwaitResponse, an exception to raise, or
+    None to sleep out the timeout and expire). ``wake`` completes a pending wait early."""
 
-    def __init__(self, answer: WaitResult | Exception | None = None) -> None:
+    def __init__(self, answer: purgatory_pb2.AwaitResponse | Exception | None = None) -> None:
         self.answer = answer
-        self.waits: list[tuple[WaitKind, dict[str, int], bool, int]] = []
+        self.waits: list[tuple[int, dict[str, int], bool, int]] = []
         self.wake = asyncio.Event()
         self.parked = asyncio.Event()
 
-    async def wait(
-        self, kind: WaitKind, thresholds: Mapping[str, int], require_all: bool, timeout_ms: int
-    ) -> WaitResult:
+    async def wait(self, kind: int, thresholds: Mapping[str, int], require_all: bool,
+                   timeout_ms: int) -> purgatory_pb2.AwaitResponse:
         self.waits.append((kind, dict(thresholds), require_all, timeout_ms))
         self.parked.set()
         if isinstance(self.answer, Exception):
@@ -199,10 +194,9 @@ class FakePurgatory:
         try:
             await asyncio.wait_for(self.wake.wait(), timeout_ms / 1000)
         except TimeoutError:
-            return WaitResult(completed=False)
+            return wait_result(False)
         self.wake.clear()
-        return WaitResult(completed=True,
-                          keys={k: KeyState(position=t) for k, t in thresholds.items()})
+        return wait_result(True, thresholds)
 
 
 class FakeController:
@@ -211,7 +205,7 @@ class FakeController:
     def __init__(self, metadata: ClusterMetadata, *, failure: CallError | None = None) -> None:
         self.metadata = metadata
         self.failure = failure
-        self.created: list[tuple[list[NewTopic], bool]] = []
+        self.created: list[tuple[list[replicator_pb2.NewTopic], bool]] = []
         self.deleted: list[tuple[list[str], list[str]]] = []
         self.loads = 0
 
@@ -219,58 +213,56 @@ class FakeController:
         self.loads += 1
         return self.metadata
 
-    async def create_topics(
-        self, topics: Sequence[NewTopic], validate_only: bool, time_limit: float
-    ) -> list[TopicResult]:
-        self.created.append((list(topics), validate_only))
+    async def create_topics(self, request: replicator_pb2.CreateTopicsRequest,
+                            time_limit: float) -> replicator_pb2.CreateTopicsResponse:
+        self.created.append((list(request.topics), request.validate_only))
         if self.failure is not None:
             raise self.failure
-        out = []
+        out = replicator_pb2.CreateTopicsResponse()
         known = dict(self.metadata.topics)
-        for t in topics:
+        for t in request.topics:
             if t.name in known:
-                out.append(TopicResult(name=t.name, error_code=36,
-                                       error_message=f"Topic '{t.name}' already exists."))
+                out.topics.add(name=t.name, error_code=36,
+                               error_message=f"Topic '{t.name}' already exists.")
                 continue
             count = 1 if t.num_partitions == -1 else t.num_partitions
             if count <= 0:
-                out.append(TopicResult(name=t.name, error_code=37))
+                out.topics.add(name=t.name, error_code=37)
                 continue
             topic_id = f"00000000-0000-0000-0000-{len(known) + 1:012d}"
             configs = {"cleanup.policy": "delete", "retention.ms": "604800000", **t.configs}
-            out.append(TopicResult(name=t.name, topic_id=topic_id, num_partitions=count,
-                                   replication_factor=1, configs=configs))
-            if not validate_only:
+            out.topics.add(name=t.name, topic_id=topic_id, num_partitions=count,
+                           replication_factor=1, configs=configs)
+            if not request.validate_only:
                 known[t.name] = topic_ids(topic(t.name, count), topic_id)
-        self.metadata = ClusterMetadata(
-            version=self.metadata.version + 1, cluster_id=self.metadata.cluster_id,
-            controller_id=self.metadata.controller_id,
-            log_nodes=self.metadata.log_nodes.values(), topics=known.values())
+        self._publish(known)
         return out
 
-    async def delete_topics(
-        self, names: Sequence[str], topic_ids: Sequence[str], time_limit: float
-    ) -> list[TopicResult]:
-        self.deleted.append((list(names), list(topic_ids)))
+    async def delete_topics(self, request: replicator_pb2.DeleteTopicsRequest,
+                            time_limit: float) -> replicator_pb2.DeleteTopicsResponse:
+        self.deleted.append((list(request.names), list(request.topic_ids)))
         if self.failure is not None:
             raise self.failure
         known = dict(self.metadata.topics)
-        out = []
-        for name in names:
+        out = replicator_pb2.DeleteTopicsResponse()
+        for name in request.names:
             gone = known.pop(name, None)
-            out.append(TopicResult(name=name, topic_id=gone.topic_id if gone else None,
-                                   error_code=0 if gone else 3))
-        for topic_id in topic_ids:
+            out.topics.add(name=name, topic_id=gone.topic_id if gone else None,
+                           error_code=0 if gone else 3)
+        for topic_id in request.topic_ids:
             match = next((t for t in known.values() if t.topic_id == topic_id), None)
             if match is not None:
                 known.pop(match.name)
-            out.append(TopicResult(name=match.name if match else "", topic_id=topic_id,
-                                   error_code=0 if match else 100))
+            out.topics.add(name=match.name if match else "", topic_id=topic_id,
+                           error_code=0 if match else 100)
+        self._publish(known)
+        return out
+
+    def _publish(self, topics: Mapping[str, TopicInfo]) -> None:
         self.metadata = ClusterMetadata(
             version=self.metadata.version + 1, cluster_id=self.metadata.cluster_id,
             controller_id=self.metadata.controller_id,
-            log_nodes=self.metadata.log_nodes.values(), topics=known.values())
-        return out
+            log_nodes=self.metadata.log_nodes.values(), topics=topics.values())
 
 
 def topic_ids(info: TopicInfo, topic_id: str) -> TopicInfo:

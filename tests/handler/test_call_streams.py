@@ -15,12 +15,7 @@ from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from services.common.call_streams import CallStream
 from services.common.channels import insecure_channel
 from services.handler.clients import LogNodeClients, status_failure
-from services.handler.collaborators import (
-    CallError,
-    OutcomeUnknownError,
-    PartitionAppend,
-    UnreachableError,
-)
+from services.handler.collaborators import CallError, OutcomeUnknownError, UnreachableError
 from services.handler.metadata_cache import LogNode
 from services.log.config import LogConfig
 from services.log.server import start
@@ -57,8 +52,9 @@ def test_concurrent_appends_share_one_stream_and_get_their_own_answers(tmp_path:
 
             async def one(topic: str, records: int) -> int:
                 batch = build_batch(values(records))
-                [result] = await clients.append(
-                    node, [PartitionAppend(topic=topic, partition=0, records=batch)], 10.0)
+                [result] = (await clients.append(node, log_pb2.AppendRequest(partitions=[
+                    log_pb2.PartitionAppend(topic=topic, partition=0, records=batch)]),
+                    10.0)).results
                 assert (result.topic, result.error_code) == (topic, 0)
                 return result.base_offset
 
@@ -74,8 +70,9 @@ def test_concurrent_appends_share_one_stream_and_get_their_own_answers(tmp_path:
             # A bad batch is that append's error only.
             bad = bytearray(build_batch(values(1)))
             bad[-1] ^= 0xFF
-            [result] = await clients.append(
-                node, [PartitionAppend(topic="a", partition=0, records=bytes(bad))], 10.0)
+            [result] = (await clients.append(node, log_pb2.AppendRequest(partitions=[
+                log_pb2.PartitionAppend(topic="a", partition=0, records=bytes(bad))]),
+                10.0)).results
             assert result.error_code == 2  # CORRUPT_MESSAGE
             assert await one("a", 1) == 40
         finally:
@@ -93,10 +90,11 @@ def test_a_log_node_going_away_fails_calls_then_a_new_stream_serves(tmp_path: Pa
         address = f"127.0.0.1:{port}"
         clients = LogNodeClients()
         node = LogNode(node_id=0, address=address)
-        append = [PartitionAppend(topic="t", partition=0, records=build_batch(values(1)))]
+        append = log_pb2.AppendRequest(partitions=[
+            log_pb2.PartitionAppend(topic="t", partition=0, records=build_batch(values(1)))])
         try:
             await _create(address, ["t"])
-            [first] = await clients.append(node, append, 10.0)
+            [first] = (await clients.append(node, append, 10.0)).results
             assert first.error_code == 0
             await service.stop(0)
             # Nobody listens now: the call fails as a call to an unreachable node.
@@ -107,7 +105,7 @@ def test_a_log_node_going_away_fails_calls_then_a_new_stream_serves(tmp_path: Pa
                                              grpc_address=f"127.0.0.1:{port}"))
             for _ in range(50):
                 try:
-                    [again] = await clients.append(node, append, 5.0)
+                    [again] = (await clients.append(node, append, 5.0)).results
                     break
                 except UnreachableError:
                     await asyncio.sleep(0.1)

@@ -5,6 +5,7 @@ import asyncio
 
 import grpc
 
+from kbroker.purgatory.v1 import purgatory_pb2
 from kbroker.replicator.v1 import replicator_pb2
 from services.handler.clients import (
     LogNodeClients,
@@ -12,7 +13,7 @@ from services.handler.clients import (
     call_failure,
     metadata_from_proto,
 )
-from services.handler.collaborators import OutcomeUnknownError, UnreachableError, WaitKind
+from services.handler.collaborators import OutcomeUnknownError, UnreachableError
 
 from .fakes import cluster
 
@@ -71,7 +72,7 @@ def test_an_unreachable_purgatory_fails_fast():
         purgatory = PurgatoryClient("127.0.0.1:1")
         try:
             return await asyncio.wait_for(
-                purgatory.wait(WaitKind.FETCH, {"t-0": 1}, False, 10_000), 5)
+                purgatory.wait(purgatory_pb2.OPERATION_KIND_FETCH, {"t-0": 1}, False, 10_000), 5)
         except UnreachableError:
             return "unreachable"
         finally:

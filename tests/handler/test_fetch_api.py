@@ -2,12 +2,13 @@ import asyncio
 import time
 
 from kbroker.kafka.v1 import kafka_pb2 as k
+from kbroker.purgatory.v1 import purgatory_pb2
 from services.handler.apis.fetch import FetchApi
-from services.handler.collaborators import KeyState, UnreachableError, WaitResult
+from services.handler.collaborators import UnreachableError
 from services.handler.metadata_cache import MetadataCache
 
 from .batches import batch_offsets
-from .fakes import CONTEXT, FakeLogNodes, FakePurgatory, cache_of, cluster, topic
+from .fakes import CONTEXT, FakeLogNodes, FakePurgatory, cache_of, cluster, topic, wait_result
 
 TOPIC_ID = "5f7c0e53-7bd1-4d52-9b67-1b2a1c3e4f50"
 FetchTopic = k.FetchRequest.FetchTopic
@@ -167,7 +168,7 @@ def test_too_little_data_waits_in_the_purgatory_and_reads_again_when_woken():
     assert time.monotonic() - started < 2
     assert parts(response) == [("t", 0, 0, 1, []), ("t", 1, 0, 1, [(0, 1)])]
     ((kind, thresholds, require_all, timeout_ms),) = purgatory.waits
-    assert kind.value == "fetch"
+    assert kind == purgatory_pb2.OPERATION_KIND_FETCH
     assert thresholds == {"t-0": 2, "t-1": 1}
     assert not require_all
     assert 4000 < timeout_ms <= 5000
@@ -214,8 +215,7 @@ def test_no_wait_when_enough_data_an_error_or_nothing_to_read():
 
 def test_a_key_error_reported_by_the_purgatory_answers_at_once():
     log_nodes = FakeLogNodes()
-    purgatory = FakePurgatory(WaitResult(completed=True,
-                                         keys={"t-0": KeyState(position=0, error_code=6)}))
+    purgatory = FakePurgatory(wait_result(True, {"t-0": 0}, {"t-0": 6}))
     started = time.monotonic()
     serve(fetch(("t", [(0, 0)]), min_bytes=1, max_wait_ms=5000), cluster(topic("t")),
           log_nodes, purgatory)
@@ -231,9 +231,9 @@ def test_unset_fields_take_kafka_defaults():
     limits = []
 
     class Spy(FakeLogNodes):
-        async def read(self, node, reads, max_bytes, limit, time_limit):
-            limits.append((max_bytes, [r.max_bytes for r in reads]))
-            return await log_nodes.read(node, reads, max_bytes, limit, time_limit)
+        async def read(self, node, request, time_limit):
+            limits.append((request.max_bytes, [r.max_bytes for r in request.partitions]))
+            return await log_nodes.read(node, request, time_limit)
 
     req = k.FetchRequest(topics=[FetchTopic(topic="t", partitions=[
         FetchPartition(partition=0, fetch_offset=0)])])

@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 
 from kbroker.kafka.v1 import kafka_pb2 as k
+from kbroker.log.v1 import log_pb2
 from services.common.errors import ErrorCode
 from services.handler.apis.leader_epochs import OffsetForLeaderEpochApi
-from services.handler.collaborators import EpochEndOffset, UnreachableError
+from services.handler.collaborators import UnreachableError
 from services.handler.metadata_cache import MetadataCache
 
 from .fakes import CONTEXT, cache_of, cluster, topic
@@ -23,21 +24,21 @@ class FakeEpochs:
         self.calls: list[tuple[int, list[tuple[str, int, int]]]] = []
         self.failures: dict[int, Exception] = {}
 
-    async def end_offsets_for_epochs(self, node, queries, time_limit):  # type: ignore[no-untyped-def]
+    async def offset_for_leader_epoch(self, node, request, time_limit):  # type: ignore[no-untyped-def]
         self.calls.append((node.node_id, [(q.topic, q.partition, q.leader_epoch)
-                                          for q in queries]))
+                                          for q in request.partitions]))
         if node.node_id in self.failures:
             raise self.failures[node.node_id]
-        out = []
-        for q in queries:
+        out = log_pb2.OffsetForLeaderEpochResponse()
+        for q in request.partitions:
             if q.leader_epoch < 0:
                 answer = (-1, -1)
             elif q.leader_epoch >= 3:
                 answer = (3, 25) if q.leader_epoch == 3 else (-1, -1)
             else:
                 answer = (0, 10)
-            out.append(EpochEndOffset(topic=q.topic, partition=q.partition,
-                                      leader_epoch=answer[0], end_offset=answer[1]))
+            out.results.add(topic=q.topic, partition=q.partition, leader_epoch=answer[0],
+                            end_offset=answer[1])
         return out
 
 

@@ -1,8 +1,9 @@
 import asyncio
 
 from kbroker.kafka.v1 import kafka_pb2 as k
+from kbroker.log.v1 import log_pb2
 from services.handler.apis.offsets import ListOffsetsApi
-from services.handler.collaborators import ReadLimit, UnreachableError
+from services.handler.collaborators import UnreachableError
 from services.handler.metadata_cache import MetadataCache
 
 from .fakes import CONTEXT, FakeLogNodes, cache_of, cluster, topic
@@ -42,13 +43,13 @@ def test_earliest_local_is_earliest_and_non_consumers_see_the_log_end():
     seen = []
 
     class Spy(FakeLogNodes):
-        async def list_offsets(self, node, queries, limit, time_limit):
-            seen.append(limit)
-            return await log_nodes.list_offsets(node, queries, limit, time_limit)
+        async def list_offsets(self, node, request, time_limit):
+            seen.append(request.limit)
+            return await log_nodes.list_offsets(node, request, time_limit)
 
     response = serve(request((0, -4, -1), (1, -1, -1), replica_id=-2),
                      cluster(topic("t", 2)), Spy())
-    assert seen == [ReadLimit.LOG_END]
+    assert seen == [log_pb2.READ_LIMIT_LOG_END]
     assert [q.timestamp for q in log_nodes.calls[0][2]] == [-2, -1]
     assert answers(response)[1][2] == 0  # partition 1 is empty
 

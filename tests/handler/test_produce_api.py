@@ -3,17 +3,14 @@ import asyncio
 import pytest
 
 from kbroker.kafka.v1 import kafka_pb2 as k
+from kbroker.log.v1 import log_pb2
+from kbroker.purgatory.v1 import purgatory_pb2
 from services.handler.apis.produce import ProduceApi
-from services.handler.collaborators import (
-    KeyState,
-    OutcomeUnknownError,
-    UnreachableError,
-    WaitResult,
-)
+from services.handler.collaborators import OutcomeUnknownError, UnreachableError
 from services.handler.request_context import RequestContext
 
 from .batches import record_batch
-from .fakes import FakeLogNodes, FakePurgatory, cache_of, cluster, topic
+from .fakes import FakeLogNodes, FakePurgatory, cache_of, cluster, topic, wait_result
 
 BATCH = record_batch([b"a", b"b", b"c"])
 CONTEXT = RequestContext(advertised_host="localhost", advertised_port=9092)
@@ -85,12 +82,11 @@ def test_unreachable_leader_versus_unknown_outcome():
 
 def test_log_node_errors_pass_through_and_unknown_partitions_mean_not_leader():
     class Rejecting(FakeLogNodes):
-        async def append(self, node, appends, time_limit):
-            from services.handler.collaborators import AppendResult
-            return [AppendResult(topic=a.topic, partition=a.partition,
-                                 error_code=2 if a.partition == 0 else 3,
-                                 error_message="bad crc" if a.partition == 0 else None)
-                    for a in appends]
+        async def append(self, node, request, time_limit):
+            return log_pb2.AppendResponse(results=[log_pb2.PartitionAppendResult(
+                topic=a.topic, partition=a.partition, error_code=2 if a.partition == 0 else 3,
+                error_message="bad crc" if a.partition == 0 else None)
+                for a in request.partitions])
 
     response, _, _ = serve(request(("t", [0, 1])), cluster(topic("t", 2)), Rejecting())
     first, second = response.responses[0].partition_responses
@@ -110,14 +106,12 @@ def test_acks_all_awaits_the_high_watermark_in_the_purgatory():
     log_nodes = FakeLogNodes()
     log_nodes.lagging_high_watermark = True
     snapshot = cluster(topic("t", 3))
-    purgatory = FakePurgatory(WaitResult(completed=False, keys={
-        "t-0": KeyState(position=3), "t-1": KeyState(position=1),
-        "t-2": KeyState(position=0, error_code=6)}))
+    purgatory = FakePurgatory(wait_result(False, {"t-0": 3, "t-1": 1, "t-2": 0}, {"t-2": 6}))
     response, _, purgatory = serve(request(("t", [0, 1, 2]), acks=-1, timeout_ms=1234),
                                    snapshot, log_nodes, purgatory, await_replication=True)
     assert [p.error_code for p in response.responses[0].partition_responses] == [0, 7, 6]
     ((kind, thresholds, require_all, timeout_ms),) = purgatory.waits
-    assert kind.value == "produce"
+    assert kind == purgatory_pb2.OPERATION_KIND_PRODUCE
     assert thresholds == {"t-0": 3, "t-1": 3, "t-2": 3}
     assert require_all
     assert timeout_ms == 1234

@@ -5,17 +5,16 @@ when the ISR shrank meanwhile)."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 from kbroker.kafka.v1 import kafka_pb2 as k
+from kbroker.purgatory.v1 import purgatory_pb2
 from services.common.errors import ErrorCode
 from services.handler.apis.produce import ProduceApi
-from services.handler.collaborators import KeyState, WaitResult
 from services.handler.metadata_cache import PartitionInfo, TopicInfo
 from services.handler.request_context import RequestContext
 
 from .batches import record_batch
-from .fakes import FakeLogNodes, FakePurgatory, cache_of, cluster
+from .fakes import FakeLogNodes, FakePurgatory, cache_of, cluster, wait_result
 
 BATCH = record_batch([b"a", b"b"])
 
@@ -41,13 +40,13 @@ def errors(response) -> list[int]:
 def test_a_replicated_acks_all_write_waits_for_the_high_watermark():
     log_nodes = FakeLogNodes()
     log_nodes.lagging_high_watermark = True
-    purgatory = FakePurgatory(WaitResult(completed=True, keys={"t-0": KeyState(position=2)}))
+    purgatory = FakePurgatory(wait_result(True, {"t-0": 2}))
     api = ProduceApi(cache_of(cluster(replicated("t", (0, 1, 2), 2), nodes=(0, 1, 2))),
                      log_nodes, purgatory)
     response = asyncio.run(api.handle(produce(), CONTEXT))
     assert errors(response) == [0]
-    assert [(kind.value, thresholds) for kind, thresholds, _, _ in purgatory.waits] == [
-        ("produce", {"t-0": 2})]
+    assert [(kind, thresholds) for kind, thresholds, _, _ in purgatory.waits] == [
+        (purgatory_pb2.OPERATION_KIND_PRODUCE, {"t-0": 2})]
 
 
 def test_too_small_an_isr_refuses_acks_all_before_appending():
@@ -79,8 +78,7 @@ def test_an_isr_that_shrank_during_the_wait_is_not_enough_after_append():
         async def wait(self, kind, thresholds, require_all, timeout_ms):  # type: ignore[no-untyped-def]
             # The follower falls out of the ISR; the high watermark then moves without it.
             cache.install(cluster(replicated("t", (0,), 2), nodes=(0, 1, 2), version=2))
-            return WaitResult(completed=True, keys={k: KeyState(position=t)
-                                                    for k, t in thresholds.items()})
+            return wait_result(True, thresholds)
 
     api = ProduceApi(cache, log_nodes, ShrinkingPurgatory())
     response = asyncio.run(api.handle(produce(), CONTEXT))
@@ -89,14 +87,16 @@ def test_an_isr_that_shrank_during_the_wait_is_not_enough_after_append():
 
 def test_an_acks_all_wait_is_keyed_by_the_leader_epoch_of_the_append():
     class EpochLogNodes(FakeLogNodes):
-        async def append(self, node, appends, time_limit):  # type: ignore[no-untyped-def]
-            results = await super().append(node, appends, time_limit)
-            return [dataclasses.replace(r, leader_epoch=4) for r in results]
+        async def append(self, node, request, time_limit):  # type: ignore[no-untyped-def]
+            response = await super().append(node, request, time_limit)
+            for result in response.results:
+                result.leader_epoch = 4
+            return response
 
     log_nodes = EpochLogNodes()
     log_nodes.lagging_high_watermark = True
     # A later leader's report on the plain key does not answer; the epoch's key does.
-    purgatory = FakePurgatory(WaitResult(completed=True, keys={"t-0@4": KeyState(position=2)}))
+    purgatory = FakePurgatory(wait_result(True, {"t-0@4": 2}))
     api = ProduceApi(cache_of(cluster(replicated("t", (0, 1, 2)), nodes=(0, 1, 2))),
                      log_nodes, purgatory)
     assert errors(asyncio.run(api.handle(produce(), CONTEXT))) == [0]

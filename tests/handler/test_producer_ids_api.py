@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from kbroker.kafka.v1 import kafka_pb2 as k
+from kbroker.replicator.v1 import replicator_pb2
 from services.common.errors import ErrorCode
 from services.handler.apis.producer_ids import InitProducerIdApi, ProducerIdBlocks
-from services.handler.collaborators import OutcomeUnknownError, ProducerIdBlock
+from services.handler.collaborators import OutcomeUnknownError
 from services.handler.request_context import RequestContext
 
 from ..record_batches import build_batch, values
@@ -34,13 +35,16 @@ class FakeSource:
         self.gate = asyncio.Event()
         self.gate.set()
 
-    async def allocate_producer_ids(self, requester: str, time_limit: float) -> ProducerIdBlock:
+    async def allocate_producer_ids(self, request: replicator_pb2.AllocateProducerIdsRequest,
+                                    time_limit: float,
+                                    ) -> replicator_pb2.AllocateProducerIdsResponse:
         self.calls += 1
         await self.gate.wait()
         if self.failures:
             self.failures -= 1
             raise OutcomeUnknownError("replicator: UNAVAILABLE")
-        block = ProducerIdBlock(first_id=self.next_first, size=self.size)
+        block = replicator_pb2.AllocateProducerIdsResponse(producer_id_start=self.next_first,
+                                                           producer_id_len=self.size)
         self.next_first += self.size
         return block
 

@@ -7,10 +7,10 @@ import asyncio
 from pathlib import Path
 
 from kbroker.kafka.v1 import kafka_pb2 as k
+from kbroker.log.v1 import log_pb2
 from services.common.errors import ErrorCode
 from services.handler.apis.records import DeleteRecordsApi
 from services.handler.clients import LogNodeClients
-from services.handler.collaborators import LowWatermark
 from services.handler.metadata_cache import ClusterMetadata, LogNode, MetadataCache
 from services.log.config import LogConfig
 from services.log.server import start
@@ -76,10 +76,11 @@ class FakeDeleter:
     def __init__(self) -> None:
         self.calls: list[tuple[list[tuple[str, int, int]], float]] = []
 
-    async def delete_records(self, node, deletions, time_limit):  # type: ignore[no-untyped-def]
+    async def delete_records(self, node, request, time_limit):  # type: ignore[no-untyped-def]
+        deletions = request.partitions
         self.calls.append(([(d.topic, d.partition, d.offset) for d in deletions], time_limit))
-        return [LowWatermark(topic=d.topic, partition=d.partition, low_watermark=d.offset)
-                for d in deletions]
+        return log_pb2.DeleteRecordsResponse(results=[log_pb2.PartitionLowWatermark(
+            topic=d.topic, partition=d.partition, low_watermark=d.offset) for d in deletions])
 
 
 def test_unset_offsets_mean_the_high_watermark_and_the_timeout_bounds_the_call() -> None:

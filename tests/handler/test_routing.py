@@ -2,15 +2,10 @@ import asyncio
 
 import pytest
 
+from kbroker.log.v1 import log_pb2
 from services.common.errors import ErrorCode, KafkaError
-from services.handler.collaborators import UnreachableError
-from services.handler.routing import (
-    call_per_node,
-    group_by_leader,
-    leader_epoch_error,
-    leader_error,
-    locate,
-)
+from services.handler.collaborators import OutcomeUnknownError, UnreachableError
+from services.handler.routing import call_leaders, leader_epoch_error, leader_error, locate
 
 from .fakes import cluster, topic
 
@@ -56,23 +51,44 @@ def test_leader_epoch_checks():
 def test_calls_go_once_per_node_concurrently_and_failures_stay_per_node():
     snapshot = cluster(topic("t", 4, leaders=[0, 1, 0, 2]), nodes=(0, 1, 2))
     items = [(locate(snapshot, snapshot.topic("t"), p), p) for p in range(4)]
-    groups = group_by_leader(items)
-    assert {n: parts for n, (_, parts) in groups.items()} == {0: [0, 2], 1: [1], 2: [3]}
+    calls = {}
     running = 0
     peak = 0
 
     async def call(node, parts):
         nonlocal running, peak
+        calls[node.node_id] = parts
         running += 1
         peak = max(peak, running)
         await asyncio.sleep(0.01)
         running -= 1
         if node.node_id == 1:
             raise UnreachableError("down")
-        return parts
+        if node.node_id == 2:
+            return []  # no result for partition 3
+        return [log_pb2.PartitionReadResult(topic="t", partition=p, error_code=3 if p else 0)
+                for p in parts]
 
-    outcomes = asyncio.run(call_per_node(groups, call))
-    assert outcomes[0] == [0, 2]
-    assert isinstance(outcomes[1], UnreachableError)
-    assert outcomes[2] == [3]
+    answers = {item: (code, detail)
+               for item, code, detail in asyncio.run(call_leaders(items, call, effect=True))}
+    assert calls == {0: [0, 2], 1: [1], 2: [3]}
+    assert answers[0][0] == 0 and answers[0][1].partition == 0
+    assert answers[2][0] == 6  # the leader does not know its partition: not its leader
+    assert answers[1][0] == 6 and isinstance(answers[1][1], UnreachableError)
+    assert answers[3] == (-1, None)
     assert peak == 3
+
+
+@pytest.mark.parametrize(("failure", "effect", "code"), [
+    (UnreachableError("refused"), True, 6), (OutcomeUnknownError("deadline"), True, 7),
+    (RuntimeError("bug"), True, -1), (OutcomeUnknownError("deadline"), False, 6),
+    (RuntimeError("bug"), False, 6)])
+def test_a_failed_call_is_answered_by_what_it_may_have_done(failure, effect, code):
+    snapshot = cluster(topic("t"))
+
+    async def call(node, parts):
+        raise failure
+
+    answers = asyncio.run(call_leaders([(locate(snapshot, snapshot.topic("t"), 0), "p")], call,
+                                       effect=effect))
+    assert answers == [("p", code, failure)]

@@ -3,6 +3,7 @@ handler does not serve answered UNSUPPORTED_VERSION, and unexpected failures ans
 UNKNOWN_SERVER_ERROR."""
 
 import asyncio
+from types import SimpleNamespace
 
 from kbroker.kafka.v1 import kafka_pb2 as k
 from services.handler import servicer as glue
@@ -106,14 +107,14 @@ def test_each_broker_id_gets_a_port_of_its_own_when_the_frontend_serves_one():
 
 def test_unexpected_failures_become_unknown_server_error_per_item():
     class Broken(FakeLogNodes):
-        async def append(self, node, appends, time_limit):
+        async def append(self, node, request, time_limit):
             raise RuntimeError("boom")
 
-        async def list_offsets(self, node, queries, limit, time_limit):
-            return [None]  # a malformed answer
+        async def list_offsets(self, node, request, time_limit):
+            return SimpleNamespace(results=[None])  # a malformed answer
 
     class BrokenController(FakeController):
-        async def create_topics(self, topics, validate_only, time_limit):
+        async def create_topics(self, request, time_limit):
             raise RuntimeError("boom")
 
     servicer = make_servicer(snapshot(topic("t")), Broken(),

@@ -98,7 +98,8 @@ def test_request_level_checks():
                                ("m3", 39), ("c", 40), ("ok", 0)]
     assert response.topics[0].error_message == "Duplicate topic name."
     ((sent, _),) = controller.created
-    assert [(t.name, dict(t.assignments)) for t in sent] == [("ok", {0: (0,), 1: (0,)})]
+    assert [(t.name, {i: tuple(r.node_ids) for i, r in t.assignments.items()}) for t in sent
+            ] == [("ok", {0: (0,), 1: (0,)})]
 
 
 def test_controller_trouble_times_the_topics_out():

@@ -34,9 +34,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from kbroker.kafka.v1 import kafka_pb2 as k
+from kbroker.replicator.v1 import replicator_pb2
 from services.common.errors import ErrorCode
 
-from ..collaborators import CallError, ConfigOperation, TopicAdmin, TopicConfigChanges
+from ..collaborators import CallError, Controller
 from ..metadata_cache import ClusterMetadata, MetadataCache, MetadataUnavailableError
 from ..request_context import RequestContext
 from ..topic_identity import invalid_name_reason
@@ -321,6 +322,10 @@ def _describe_failed(
 AlterRequest = k.AlterConfigsRequest | k.IncrementalAlterConfigsRequest
 
 
+# How a config change applies: IncrementalAlterConfigs' codes, which the replicator's are.
+ConfigOperation = replicator_pb2.ConfigChange.Operation
+
+
 def _operation(config: Any) -> int:
     """A config's operation: AlterConfigs sets every config it names."""
     return getattr(config, "config_operation", ConfigOperation.SET)
@@ -335,7 +340,7 @@ def _alter_problem(resource: Any) -> tuple[ErrorCode, str] | None:
             f"Error due to duplicate config keys: {', '.join(duplicates)}")
     for config in resource.configs:
         operation = _operation(config)
-        if operation not in ConfigOperation.__members__.values():
+        if operation not in ConfigOperation.values():
             return ErrorCode.invalid_request, (
                 f"Unknown operation type {operation} for config {config.name}")
         if not config.HasField("value") and operation != ConfigOperation.DELETE:
@@ -359,7 +364,7 @@ class AlterConfigsApi:
     """AlterConfigs (the named configs become a topic's whole set) and IncrementalAlterConfigs
     (operations apply to the current configs); the request's type says which."""
 
-    def __init__(self, cache: MetadataCache, admin: TopicAdmin) -> None:
+    def __init__(self, cache: MetadataCache, admin: Controller) -> None:
         self._cache = cache
         self._admin = admin
 
@@ -369,7 +374,7 @@ class AlterConfigsApi:
                     else k.AlterConfigsResponse())
         keys = Counter((r.resource_type, r.resource_name) for r in request.resources)
         # Index in ``response.responses`` -> the topic changes to send.
-        pending: dict[int, TopicConfigChanges] = {}
+        pending: dict[int, replicator_pb2.TopicConfigChanges] = {}
         for index, resource in enumerate(request.resources):
             if keys[(resource.resource_type, resource.resource_name)] > 1:
                 problem: tuple[ErrorCode, str] | None = (
@@ -382,19 +387,20 @@ class AlterConfigsApi:
             if problem is not None:
                 result.error_code, result.error_message = problem[0].value, problem[1]
             elif resource.resource_type == ResourceType.TOPIC:
-                pending[index] = TopicConfigChanges(
-                    topic=resource.resource_name,
-                    replace=not incremental,
-                    changes=[(c.name, ConfigOperation(_operation(c)), c.value)
-                             for c in resource.configs],
-                )
+                pending[index] = replicator_pb2.TopicConfigChanges(
+                    topic=resource.resource_name, replace=not incremental, changes=[
+                        replicator_pb2.ConfigChange(name=c.name, operation=_operation(c),
+                                                    value=c.value)
+                        for c in resource.configs])
         if not pending:
             return response
 
         results = response.responses
         try:
-            answers = await self._admin.alter_topic_configs(
-                list(pending.values()), request.validate_only, DEFAULT_CONTROLLER_TIMEOUT_S)
+            answers = (await self._admin.alter_topic_configs(
+                replicator_pb2.AlterTopicConfigsRequest(topics=list(pending.values()),
+                                                        validate_only=request.validate_only),
+                DEFAULT_CONTROLLER_TIMEOUT_S)).topics
         except CallError as exc:
             log.warning("altering configs failed: %s", exc)
             for index in pending:
@@ -409,13 +415,10 @@ class AlterConfigsApi:
         for index, answer in zip(pending, answers, strict=True):
             if answer.error_code:
                 results[index].error_code = answer.error_code
-                if answer.error_message is not None:
+                if answer.error_message:
                     results[index].error_message = answer.error_message
         if not request.validate_only and any(not a.error_code for a in answers):
-            try:
-                await self._cache.refresh()
-            except MetadataUnavailableError as exc:
-                log.warning("reloading metadata after a config change failed: %s", exc)
+            await self._cache.reload()
         return response
 
 

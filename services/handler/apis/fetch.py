@@ -37,22 +37,17 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kbroker.kafka.v1 import kafka_pb2 as k
+from kbroker.log.v1 import log_pb2
+from kbroker.purgatory.v1 import purgatory_pb2
 from services.common.errors import ErrorCode, KafkaError
 from services.common.progress_reports import partition_key
 
-from ..collaborators import (
-    CallError,
-    LogNodes,
-    PartitionRead,
-    Purgatory,
-    ReadLimit,
-    ReadResult,
-    UnreachableError,
-    WaitKind,
-)
+from ..collaborators import CallError, LogNodes, Purgatory, UnreachableError
 from ..metadata_cache import (
     ClusterMetadata,
     LogNode,
@@ -63,15 +58,7 @@ from ..metadata_cache import (
 from ..metrics import parked
 from ..record_batches import trim_to_whole_batches
 from ..request_context import RequestContext
-from ..routing import (
-    Route,
-    by_partition,
-    call_per_node,
-    group_by_leader,
-    leader_epoch_error,
-    leader_error,
-    locate,
-)
+from ..routing import Route, call_leaders, leader_error, locate
 from ..topic_identity import canonical_topic_id
 
 log = logging.getLogger(__name__)
@@ -103,7 +90,7 @@ class _Slot:
     max_bytes: int
     route: Route | None
     error_code: int = 0
-    read: ReadResult | None = None
+    read: log_pb2.PartitionReadResult | None = None
 
     @property
     def topic_name(self) -> str:
@@ -202,16 +189,10 @@ class FetchApi:
                     slot.error_code = ErrorCode.not_leader_or_follower.value
                     continue
                 try:
-                    route = locate(metadata, info, p.partition)  # type: ignore[arg-type]
+                    slot.route = locate(metadata, info, p.partition,  # type: ignore[arg-type]
+                                        p.current_leader_epoch)
                 except KafkaError as exc:
                     slot.error_code = exc.errno
-                    continue
-                epoch_error = leader_epoch_error(p.current_leader_epoch,
-                                                 route.partition.leader_epoch)
-                if epoch_error is not None:
-                    slot.error_code = epoch_error.value
-                    continue
-                slot.route = route
             known_id = info.topic_id if info else topic_id
             names = {"topic_id": known_id} if known_id is not None else {}
             if info is not None or topic.HasField("topic"):
@@ -221,39 +202,18 @@ class FetchApi:
 
     async def _read(self, slots: list[_Slot], max_bytes: int) -> None:
         """Read every routed partition from its leader, one Read per node, concurrently."""
-        if not slots:
-            return
-        groups = group_by_leader((s.route, s) for s in slots if s.route is not None)
 
-        async def read_on(node: LogNode, items: list[_Slot]) -> list[ReadResult]:
-            reads = [
-                PartitionRead(topic=s.topic_name, partition=s.partition,
-                              offset=s.fetch_offset, max_bytes=s.max_bytes)
-                for s in items
-            ]
-            return await self._log_nodes.read(node, reads, max_bytes,
-                                              ReadLimit.HIGH_WATERMARK, self._read_timeout)
+        async def read_on(node: LogNode, items: list[_Slot]) -> Sequence[Any]:
+            reads = log_pb2.ReadRequest(
+                max_bytes=max_bytes, limit=log_pb2.READ_LIMIT_HIGH_WATERMARK, partitions=[
+                    log_pb2.PartitionRead(topic=s.topic_name, partition=s.partition,
+                                          offset=s.fetch_offset, max_bytes=s.max_bytes)
+                    for s in items])
+            return (await self._log_nodes.read(node, reads, self._read_timeout)).results
 
-        outcomes = await call_per_node(groups, read_on)
-        for node_id, (_node, items) in groups.items():
-            outcome = outcomes[node_id]
-            if isinstance(outcome, Exception):
-                # Reads have no effect, so any failure is "this leader cannot serve you now":
-                # consumers refresh metadata and retry on NOT_LEADER_OR_FOLLOWER.
-                if isinstance(outcome, CallError):
-                    log.info("read failed: %s", outcome)
-                else:
-                    log.error("read failed unexpectedly", exc_info=outcome)
-                for s in items:
-                    s.read = ReadResult(topic=s.topic_name, partition=s.partition,
-                                        error_code=ErrorCode.not_leader_or_follower.value)
-                continue
-            results = by_partition(outcome, lambda r: (r.topic, r.partition))
-            for s in items:
-                key = (s.topic_name, s.partition)
-                s.read = results.get(key) or ReadResult(
-                    topic=key[0], partition=key[1],
-                    error_code=ErrorCode.unknown_server_error.value)
+        routed = [(s.route, s) for s in slots if s.route is not None]
+        for s, code, result in await call_leaders(routed, read_on, effect=False):
+            s.read = result if not code else log_pb2.PartitionReadResult(error_code=code)
 
     @staticmethod
     def _assemble(
@@ -303,8 +263,8 @@ class FetchApi:
             # Bounded here too: a purgatory that stalls must not hold the fetch past its wait.
             with parked():
                 outcome = await asyncio.wait_for(
-                    self._purgatory.wait(WaitKind.FETCH, thresholds, require_all=False,
-                                         timeout_ms=timeout_ms),
+                    self._purgatory.wait(purgatory_pb2.OPERATION_KIND_FETCH, thresholds,
+                                         require_all=False, timeout_ms=timeout_ms),
                     max(remaining, 0) + PURGATORY_SLACK_S)
         except UnreachableError as exc:
             # No purgatory to park in: wait out the deadline rather than have consumers spin
@@ -318,6 +278,6 @@ class FetchApi:
             # with what there is now, before the deadline, and let the consumer fetch again.
             log.debug("purgatory failed mid-wait (%r); answering the fetch now", exc)
             return False
-        if not outcome.completed:
+        if outcome.outcome != purgatory_pb2.OUTCOME_COMPLETED:
             return False
-        return not any(state.error_code for state in outcome.keys.values())
+        return not any(state.error_code for state in outcome.keys)

@@ -20,27 +20,19 @@ FENCED_LEADER_EPOCH (older) or UNKNOWN_LEADER_EPOCH (newer).
 
 from __future__ import annotations
 
-import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kbroker.kafka.v1 import kafka_pb2 as k
+from kbroker.log.v1 import log_pb2
 from services.common.error_answers import error_response
 from services.common.errors import ErrorCode, KafkaError
 
-from ..collaborators import CallError, EpochEndOffset, EpochEndOffsets, EpochQuery
+from ..collaborators import LogNodes
 from ..metadata_cache import LogNode, MetadataCache, MetadataUnavailableError
 from ..request_context import RequestContext
-from ..routing import (
-    Route,
-    by_partition,
-    call_per_node,
-    group_by_leader,
-    leader_epoch_error,
-    leader_error,
-    locate,
-)
-
-log = logging.getLogger(__name__)
+from ..routing import Route, call_leaders, locate
 
 TIMEOUT_S = 10.0
 
@@ -55,7 +47,7 @@ class _Slot:
 
 
 class OffsetForLeaderEpochApi:
-    def __init__(self, cache: MetadataCache, log_nodes: EpochEndOffsets, *,
+    def __init__(self, cache: MetadataCache, log_nodes: LogNodes, *,
                  timeout: float = TIMEOUT_S) -> None:
         self._cache = cache
         self._log_nodes = log_nodes
@@ -77,45 +69,25 @@ class OffsetForLeaderEpochApi:
                 slot = _Slot(topic.topic, p)
                 row.append(slot)
                 try:
-                    route = locate(metadata, info, p.partition)
+                    routed.append((locate(metadata, info, p.partition, p.current_leader_epoch),
+                                   slot))
                 except KafkaError as exc:
                     slot.answer = _failed(p, exc.errno)
-                    continue
-                epoch_error = leader_epoch_error(p.current_leader_epoch,
-                                                 route.partition.leader_epoch)
-                if epoch_error is not None:
-                    slot.answer = _failed(p, epoch_error.value)
-                    continue
-                routed.append((route, slot))
             rows.append(row)
 
-        groups = group_by_leader(routed)
 
-        async def ask(node: LogNode, slots: list[_Slot]) -> list[EpochEndOffset]:
-            queries = [EpochQuery(topic=s.topic, partition=s.request.partition,
-                                  leader_epoch=_leader_epoch(s.request)) for s in slots]
-            return await self._log_nodes.end_offsets_for_epochs(node, queries, self._timeout)
+        async def ask(node: LogNode, slots: list[_Slot]) -> Sequence[Any]:
+            queries = log_pb2.OffsetForLeaderEpochRequest(partitions=[
+                log_pb2.PartitionLeaderEpoch(topic=s.topic, partition=s.request.partition,
+                                             leader_epoch=_leader_epoch(s.request))
+                for s in slots])
+            return (await self._log_nodes.offset_for_leader_epoch(node, queries,
+                                                                  self._timeout)).results
 
-        outcomes = await call_per_node(groups, ask)
-        for node_id, (_node, slots) in groups.items():
-            outcome = outcomes[node_id]
-            if isinstance(outcome, Exception):
-                if not isinstance(outcome, CallError):
-                    log.error("OffsetForLeaderEpoch failed unexpectedly", exc_info=outcome)
-                for s in slots:
-                    s.answer = _failed(s.request, ErrorCode.not_leader_or_follower.value)
-                continue
-            results = by_partition(outcome, lambda r: (r.topic, r.partition))
-            for s in slots:
-                result = results.get((s.topic, s.request.partition))
-                if result is None:
-                    s.answer = _failed(s.request, ErrorCode.unknown_server_error.value)
-                elif result.error_code:
-                    s.answer = _failed(s.request, leader_error(result.error_code))
-                else:
-                    s.answer = PartitionEnd(partition=s.request.partition,
-                                            leader_epoch=result.leader_epoch,
-                                            end_offset=result.end_offset)
+        for s, code, result in await call_leaders(routed, ask, effect=False):
+            s.answer = _failed(s.request, code) if code else PartitionEnd(
+                partition=s.request.partition, leader_epoch=result.leader_epoch,
+                end_offset=result.end_offset)
         response = k.OffsetForLeaderEpochResponse()
         for t, row in zip(request.topics, rows, strict=True):
             response.topics.add(topic=t.topic, partitions=[

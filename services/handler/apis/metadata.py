@@ -22,9 +22,10 @@ import logging
 from typing import Any
 
 from kbroker.kafka.v1 import kafka_pb2 as k
+from kbroker.replicator.v1 import replicator_pb2
 from services.common.errors import ErrorCode
 
-from ..collaborators import CallError, Controller, NewTopic, TopicResult
+from ..collaborators import CallError, Controller
 from ..metadata_cache import ClusterMetadata, MetadataCache, MetadataUnavailableError, TopicInfo
 from ..request_context import RequestContext
 from ..topic_identity import canonical_topic_id, invalid_name_reason
@@ -127,7 +128,7 @@ class MetadataApi:
         include_ops = request.include_topic_authorized_operations
         missing = [n for n in names if metadata.topic(n) is None]
         creatable = [n for n in missing if invalid_name_reason(n) is None]
-        created: dict[str, TopicResult] = {}
+        created: dict[str, replicator_pb2.TopicResult] = {}
         may_create = request.allow_auto_topic_creation and self._auto_create
         if creatable and may_create:
             metadata, created = await self._create(creatable)
@@ -147,21 +148,21 @@ class MetadataApi:
 
     async def _create(
         self, names: list[str]
-    ) -> tuple[ClusterMetadata, dict[str, TopicResult]]:
+    ) -> tuple[ClusterMetadata, dict[str, replicator_pb2.TopicResult]]:
         """Create ``names`` with the broker defaults; returns fresh metadata and the results."""
-        results: dict[str, TopicResult] = {}
+        results: dict[str, replicator_pb2.TopicResult] = {}
         try:
-            answers = await self._controller.create_topics(
-                [NewTopic(name=n) for n in names], validate_only=False,
-                time_limit=AUTO_CREATE_TIMEOUT_S,
-            )
-            results = {r.name: r for r in answers}
+            answer = await self._controller.create_topics(
+                replicator_pb2.CreateTopicsRequest(topics=[
+                    replicator_pb2.NewTopic(name=n, num_partitions=-1, replication_factor=-1)
+                    for n in names]), AUTO_CREATE_TIMEOUT_S)
+            results = {r.name: r for r in answer.topics}
         except CallError as exc:
             log.warning("auto-creating topics %s failed: %s", names, exc)
         return await self._cache.refresh(), results
 
     @staticmethod
-    def _creation_error(result: TopicResult | None) -> int:
+    def _creation_error(result: replicator_pb2.TopicResult | None) -> int:
         """The error for a topic this request tried to create but metadata does not show yet.
 
         Kafka answers auto-created topics with LEADER_NOT_AVAILABLE until their partitions are

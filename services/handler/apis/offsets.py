@@ -18,28 +18,20 @@ A partition named twice in one request is INVALID_REQUEST.
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kbroker.kafka.v1 import kafka_pb2 as k
+from kbroker.log.v1 import log_pb2
 from services.common.error_answers import error_response
 from services.common.errors import ErrorCode, KafkaError
 
-from ..collaborators import CallError, LogNodes, OffsetQuery, OffsetResult, ReadLimit
+from ..collaborators import LogNodes
 from ..metadata_cache import LogNode, MetadataCache, MetadataUnavailableError
 from ..request_context import RequestContext
-from ..routing import (
-    Route,
-    by_partition,
-    call_per_node,
-    group_by_leader,
-    leader_epoch_error,
-    leader_error,
-    locate,
-)
-
-log = logging.getLogger(__name__)
+from ..routing import Route, call_leaders, locate
 
 CONSUMER_REPLICA_ID = -1
 LATEST_TIMESTAMP = -1
@@ -55,6 +47,8 @@ class _Slot:
     request: k.ListOffsetsRequest.ListOffsetsPartition
     topic: str
     answer: PartitionOffset | None = None
+    # The partition's leader epoch in this handler's metadata.
+    leader_epoch: int = -1
 
 
 class ListOffsetsApi:
@@ -86,57 +80,35 @@ class ListOffsetsApi:
                     slot.answer = _failed(p, ErrorCode.invalid_request.value)
                     continue
                 try:
-                    route = locate(metadata, info, p.partition_index)
+                    route = locate(metadata, info, p.partition_index, p.current_leader_epoch)
                 except KafkaError as exc:
                     slot.answer = _failed(p, exc.errno)
                     continue
-                epoch_error = leader_epoch_error(p.current_leader_epoch,
-                                                 route.partition.leader_epoch)
-                if epoch_error is not None:
-                    slot.answer = _failed(p, epoch_error.value)
-                    continue
+                slot.leader_epoch = route.partition.leader_epoch
                 routed.append((route, slot))
             rows.append(row)
 
         # An unset replica id (a hand-made request) is a consumer's.
         consumer = request.replica_id == CONSUMER_REPLICA_ID or not request.HasField("replica_id")
-        limit = ReadLimit.HIGH_WATERMARK if consumer else ReadLimit.LOG_END
-        groups = group_by_leader(routed)
-        epochs = {(r.topic.name, s.request.partition_index): r.partition.leader_epoch
-                  for r, s in routed}
+        limit = log_pb2.READ_LIMIT_HIGH_WATERMARK if consumer else log_pb2.READ_LIMIT_LOG_END
 
-        async def list_on(node: LogNode, slots: list[_Slot]) -> list[OffsetResult]:
-            queries = [OffsetQuery(topic=s.topic, partition=s.request.partition_index,
-                                   timestamp=_log_timestamp(s.request.timestamp))
-                       for s in slots]
-            return await self._log_nodes.list_offsets(node, queries, limit, self._timeout)
+        async def list_on(node: LogNode, slots: list[_Slot]) -> Sequence[Any]:
+            queries = log_pb2.ListOffsetsRequest(limit=limit, partitions=[
+                log_pb2.PartitionTimestamp(topic=s.topic, partition=s.request.partition_index,
+                                           timestamp=_log_timestamp(s.request.timestamp))
+                for s in slots])
+            return (await self._log_nodes.list_offsets(node, queries, self._timeout)).results
 
-        outcomes = await call_per_node(groups, list_on)
-        for node_id, (_node, slots) in groups.items():
-            outcome = outcomes[node_id]
-            if isinstance(outcome, Exception):
-                if isinstance(outcome, CallError):
-                    log.info("listing offsets failed: %s", outcome)
-                else:
-                    log.error("listing offsets failed unexpectedly", exc_info=outcome)
-                for s in slots:
-                    s.answer = _failed(s.request, ErrorCode.not_leader_or_follower.value)
+        for s, code, result in await call_leaders(routed, list_on, effect=False):
+            if code:
+                s.answer = _failed(s.request, code)
                 continue
-            results = by_partition(outcome, lambda r: (r.topic, r.partition))
-            for s in slots:
-                key = (s.topic, s.request.partition_index)
-                result = results.get(key)
-                if result is None:
-                    s.answer = _failed(s.request, ErrorCode.unknown_server_error.value)
-                elif result.error_code:
-                    s.answer = _failed(s.request, leader_error(result.error_code))
-                else:
-                    epoch = result.leader_epoch
-                    if s.request.timestamp == LATEST_TIMESTAMP and consumer:
-                        epoch = epochs[key]
-                    s.answer = PartitionOffset(
-                        partition_index=s.request.partition_index,
-                        timestamp=result.timestamp, offset=result.offset, leader_epoch=epoch)
+            epoch = result.leader_epoch
+            if s.request.timestamp == LATEST_TIMESTAMP and consumer:
+                epoch = s.leader_epoch
+            s.answer = PartitionOffset(partition_index=s.request.partition_index,
+                                       timestamp=result.timestamp, offset=result.offset,
+                                       leader_epoch=epoch)
 
         response = k.ListOffsetsResponse()
         for t, row in zip(request.topics, rows, strict=True):

@@ -19,10 +19,11 @@ import logging
 from collections import Counter
 
 from kbroker.kafka.v1 import kafka_pb2 as k
+from kbroker.replicator.v1 import replicator_pb2
 from services.common.errors import ErrorCode
 
-from ..collaborators import CallError, PartitionIncrease, TopicAdmin
-from ..metadata_cache import MetadataCache, MetadataUnavailableError
+from ..collaborators import CallError, Controller
+from ..metadata_cache import MetadataCache
 from ..request_context import RequestContext
 from ..topic_identity import invalid_name_reason
 from .topics import controller_timeout
@@ -34,7 +35,7 @@ CreatePartitionsResult = k.CreatePartitionsResponse.CreatePartitionsTopicResult
 
 
 class CreatePartitionsApi:
-    def __init__(self, cache: MetadataCache, admin: TopicAdmin) -> None:
+    def __init__(self, cache: MetadataCache, admin: Controller) -> None:
         self._cache = cache
         self._admin = admin
 
@@ -67,12 +68,15 @@ class CreatePartitionsApi:
     async def _grow(self, topics: list[CreatePartitionsTopic],
                     request: k.CreatePartitionsRequest) -> dict[str, CreatePartitionsResult]:
         # Null assignments (or none given): the controller places the new partitions.
-        increases = [PartitionIncrease(topic=t.name, count=t.count,
-                                       assignments=[tuple(a.broker_ids) for a in t.assignments])
-                     for t in topics]
+        increases = replicator_pb2.CreatePartitionsRequest(
+            validate_only=request.validate_only, topics=[replicator_pb2.PartitionIncrease(
+                topic=t.name, count=t.count,
+                assignments=[replicator_pb2.Replicas(node_ids=a.broker_ids)
+                             for a in t.assignments])
+                for t in topics])
         try:
-            results = await self._admin.create_partitions(
-                increases, request.validate_only, controller_timeout(request.timeout_ms))
+            results = (await self._admin.create_partitions(
+                increases, controller_timeout(request.timeout_ms))).topics
         except CallError as exc:
             log.warning("creating partitions failed: %s", exc)
             return {t.name: CreatePartitionsResult(
@@ -89,10 +93,7 @@ class CreatePartitionsApi:
             else:
                 answers[topic.name] = CreatePartitionsResult(
                     name=topic.name, error_code=result.error_code,
-                    error_message=result.error_message if result.error_code else None)
+                    error_message=result.error_message or None if result.error_code else None)
         if not request.validate_only and any(not r.error_code for r in results):
-            try:
-                await self._cache.refresh()
-            except MetadataUnavailableError as exc:
-                log.warning("reloading metadata after adding partitions failed: %s", exc)
+            await self._cache.reload()
         return answers

@@ -39,23 +39,18 @@ grouped per leader node, one Append per node, the nodes concurrently.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kbroker.kafka.v1 import kafka_pb2 as k
+from kbroker.log.v1 import log_pb2
+from kbroker.purgatory.v1 import purgatory_pb2
 from services.common.error_answers import error_response
 from services.common.errors import ErrorCode, KafkaError
 from services.common.progress_reports import epoch_key, partition_key
 
-from ..collaborators import (
-    AppendResult,
-    CallError,
-    LogNodes,
-    OutcomeUnknownError,
-    PartitionAppend,
-    Purgatory,
-    UnreachableError,
-    WaitKind,
-)
+from ..collaborators import CallError, LogNodes, Purgatory
 from ..metadata_cache import (
     LogNode,
     MetadataCache,
@@ -65,7 +60,7 @@ from ..metadata_cache import (
 )
 from ..metrics import parked
 from ..request_context import RequestContext
-from ..routing import Route, by_partition, call_per_node, group_by_leader, leader_error, locate
+from ..routing import Route, call_leaders, locate
 
 log = logging.getLogger(__name__)
 
@@ -87,16 +82,12 @@ def _failed(index: int, error_code: int, error_message: str | None = None) -> Pa
                              base_offset=-1, log_append_time_ms=-1, log_start_offset=-1)
 
 
-def _failure(exc: Exception) -> tuple[int, str]:
-    """The error (code, message) of partitions whose leader's Append call failed."""
-    if isinstance(exc, UnreachableError):
-        log.info("append not delivered: %s", exc)
-        return ErrorCode.not_leader_or_follower.value, "the partition leader cannot be reached"
-    if isinstance(exc, OutcomeUnknownError):
-        log.warning("append outcome unknown: %s", exc)
-        return ErrorCode.request_timed_out.value, "the partition leader did not answer in time"
-    log.error("append failed unexpectedly", exc_info=exc)
-    return ErrorCode.unknown_server_error.value, "the append failed"
+# What partitions are told when their leader's Append call failed, by the error it means.
+_CALL_FAILURES = {
+    ErrorCode.not_leader_or_follower.value: "the partition leader cannot be reached",
+    ErrorCode.request_timed_out.value: "the partition leader did not answer in time",
+    ErrorCode.unknown_server_error.value: "the append failed",
+}
 
 
 @dataclass(slots=True)
@@ -106,7 +97,7 @@ class _Slot:
     index: int
     name: str
     response: PartitionResponse | None = None
-    appended: AppendResult | None = None
+    appended: log_pb2.PartitionAppendResult | None = None
 
 
 class ProduceApi:
@@ -141,7 +132,7 @@ class ProduceApi:
             return error_response(request, ErrorCode.not_leader_or_follower.value, exc.message)
 
         slots: list[list[_Slot]] = []
-        routed: list[tuple[Route, tuple[_Slot, PartitionAppend]]] = []
+        routed: list[tuple[Route, tuple[_Slot, bytes]]] = []
         for topic in request.topic_data:
             info = metadata.topic(topic.name) if topic.name else metadata.topic_by_id(
                 topic.topic_id)
@@ -163,39 +154,25 @@ class ProduceApi:
                         slot.response = _failed(
                             p.index, ErrorCode.not_enough_replicas.value, shortfall)
                         continue
-                append = PartitionAppend(topic=route.topic.name, partition=p.index,
-                                         records=p.records)
-                routed.append((route, (slot, append)))
+                routed.append((route, (slot, p.records)))
             slots.append(row)
 
-        groups = group_by_leader(routed)
+        async def append_on(node: LogNode, items: list[tuple[_Slot, bytes]]) -> Sequence[Any]:
+            appends = log_pb2.AppendRequest(partitions=[
+                log_pb2.PartitionAppend(topic=slot.name, partition=slot.index, records=records)
+                for slot, records in items])
+            return (await self._log_nodes.append(node, appends, self._append_timeout)).results
 
-        async def append_on(
-            node: LogNode, items: list[tuple[_Slot, PartitionAppend]]
-        ) -> list[AppendResult]:
-            return await self._log_nodes.append(
-                node, [a for _, a in items], self._append_timeout)
-
-        outcomes = await call_per_node(groups, append_on)
-        for node_id, (_node, items) in groups.items():
-            outcome = outcomes[node_id]
-            if isinstance(outcome, Exception):
-                code, message = _failure(outcome)
-                for slot, _ in items:
-                    slot.response = _failed(slot.index, code, message)
-                continue
-            results = by_partition(outcome, lambda r: (r.topic, r.partition))
-            for slot, append in items:
-                result = results.get((append.topic, append.partition))
-                if result is None:
-                    slot.response = _failed(
-                        slot.index, ErrorCode.unknown_server_error.value,
-                        "the log node returned no result for this partition")
-                elif result.error_code:
-                    slot.response = _failed(
-                        slot.index, leader_error(result.error_code), result.error_message)
-                else:
-                    slot.appended = result
+        for (slot, _), code, detail in await call_leaders(routed, append_on, effect=True):
+            if not code:
+                slot.appended = detail
+            elif isinstance(detail, Exception):
+                slot.response = _failed(slot.index, code, _CALL_FAILURES[code])
+            elif detail is None:
+                slot.response = _failed(slot.index, code,
+                                        "the log node returned no result for this partition")
+            else:
+                slot.response = _failed(slot.index, code, detail.error_message or None)
 
         if request.acks == ACKS_ALL and self._await_replication:
             appended = [s for row in slots for s in row if s.appended is not None]
@@ -245,9 +222,9 @@ class ProduceApi:
         try:
             with parked():
                 outcome = await self._purgatory.wait(
-                    WaitKind.PRODUCE, thresholds, require_all=True,
+                    purgatory_pb2.OPERATION_KIND_PRODUCE, thresholds, require_all=True,
                     timeout_ms=max(timeout_ms, 0))
-            states = outcome.keys
+            states = {state.key: state for state in outcome.keys}
         except CallError as exc:
             log.warning("awaiting replication failed: %s", exc)
             states = {}

@@ -31,10 +31,11 @@ import asyncio
 import logging
 
 from kbroker.kafka.v1 import kafka_pb2 as k
+from kbroker.replicator.v1 import replicator_pb2
 from services.common.error_answers import error_response
-from services.common.errors import ErrorCode
+from services.common.errors import ErrorCode, error_name
 
-from ..collaborators import CallError, ProducerIdBlock, ProducerIdSource
+from ..collaborators import CallError, Controller
 from ..request_context import RequestContext
 
 log = logging.getLogger(__name__)
@@ -52,30 +53,30 @@ class ProducerIdsUnavailableError(Exception):
 
 
 class ProducerIdBlocks:
-    """The producer ids this handler gives out: the current block, and the next one fetched
-    ahead. One fetch at a time; concurrent callers wait for it. Event-loop only."""
+    """The producer ids this handler gives out: the current block (a range of ids), and the
+    next one fetched ahead. One fetch at a time; concurrent callers wait for it. Event-loop
+    only."""
 
     def __init__(
-        self, source: ProducerIdSource, requester: str = "",
-        time_limit: float = ALLOCATE_TIMEOUT_S,
+        self, source: Controller, requester: str = "", time_limit: float = ALLOCATE_TIMEOUT_S,
     ) -> None:
         self._source = source
         self._requester = requester
         self._time_limit = time_limit
-        self._current: ProducerIdBlock | None = None
+        self._current = range(0)
         self._next_id = 0
-        self._ahead: ProducerIdBlock | None = None
-        self._fetching: asyncio.Task[ProducerIdBlock] | None = None
+        self._ahead: range | None = None
+        self._fetching: asyncio.Task[range] | None = None
 
     async def next_id(self) -> int:
         """A producer id no one else got. Raises :class:`ProducerIdsUnavailableError`."""
         while True:
             block = self._current
-            if block is not None and self._next_id <= block.last_id:
+            if self._next_id in block:
                 producer_id = self._next_id
                 self._next_id += 1
-                if self._ahead is None and producer_id == block.first_id + int(
-                    block.size * PREFETCH_THRESHOLD
+                if self._ahead is None and producer_id == block.start + int(
+                    len(block) * PREFETCH_THRESHOLD
                 ):
                     self._start_fetch()
                 return producer_id
@@ -93,12 +94,12 @@ class ProducerIdBlocks:
                 self._use(fetched)
                 self._ahead = None
 
-    def _use(self, block: ProducerIdBlock) -> None:
-        log.info("giving out producer ids %d-%d", block.first_id, block.last_id)
+    def _use(self, block: range) -> None:
+        log.info("giving out producer ids %d-%d", block.start, block[-1])
         self._current = block
-        self._next_id = block.first_id
+        self._next_id = block.start
 
-    def _start_fetch(self) -> asyncio.Task[ProducerIdBlock]:
+    def _start_fetch(self) -> asyncio.Task[range]:
         if self._fetching is None:
             task = asyncio.get_running_loop().create_task(self._fetch())
             # A prefetch nobody awaits must not leave its failure unretrieved.
@@ -106,11 +107,17 @@ class ProducerIdBlocks:
             self._fetching = task
         return self._fetching
 
-    async def _fetch(self) -> ProducerIdBlock:
+    async def _fetch(self) -> range:
         try:
-            block = await self._source.allocate_producer_ids(self._requester, self._time_limit)
-            self._ahead = block
-            return block
+            answer = await self._source.allocate_producer_ids(
+                replicator_pb2.AllocateProducerIdsRequest(requester=self._requester),
+                self._time_limit)
+            if answer.error_code or answer.producer_id_len <= 0:
+                raise CallError(f"no producer ids: {error_name(answer.error_code)} "
+                                f"{answer.error_message}")
+            start = answer.producer_id_start
+            self._ahead = range(start, start + answer.producer_id_len)
+            return self._ahead
         except CallError as exc:
             log.warning("no producer id block: %s", exc)
             raise

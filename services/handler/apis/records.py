@@ -19,24 +19,18 @@ Kafka's request map does.
 
 from __future__ import annotations
 
-import logging
+from collections.abc import Sequence
+from typing import Any
 
 from kbroker.kafka.v1 import kafka_pb2 as k
+from kbroker.log.v1 import log_pb2
 from services.common.error_answers import error_response
 from services.common.errors import ErrorCode, KafkaError
 
-from ..collaborators import (
-    CallError,
-    LowWatermark,
-    RecordDeleter,
-    RecordDeletion,
-    UnreachableError,
-)
+from ..collaborators import LogNodes
 from ..metadata_cache import LogNode, MetadataCache, MetadataUnavailableError
 from ..request_context import RequestContext
-from ..routing import Route, by_partition, call_per_node, group_by_leader, leader_error, locate
-
-log = logging.getLogger(__name__)
+from ..routing import Route, call_leaders, locate
 
 DELETE_RECORDS_TIMEOUT_S = 30.0
 
@@ -49,7 +43,7 @@ def _failed(partition: int, code: int) -> PartitionLowWatermark:
 
 
 class DeleteRecordsApi:
-    def __init__(self, cache: MetadataCache, log_nodes: RecordDeleter) -> None:
+    def __init__(self, cache: MetadataCache, log_nodes: LogNodes) -> None:
         self._cache = cache
         self._log_nodes = log_nodes
 
@@ -67,50 +61,29 @@ class DeleteRecordsApi:
             for p in topic.partitions:
                 wanted[(topic.name, p.partition_index)] = p.offset if p.HasField("offset") else -1
         answers: dict[tuple[str, int], PartitionLowWatermark] = {}
-        routed: list[tuple[Route, RecordDeletion]] = []
+        routed: list[tuple[Route, log_pb2.PartitionDeleteRecords]] = []
         for (name, index), offset in wanted.items():
             try:
                 route = locate(metadata, metadata.topic(name), index)
             except KafkaError as exc:
                 answers[(name, index)] = _failed(index, exc.errno)
                 continue
-            routed.append((route, RecordDeletion(topic=name, partition=index, offset=offset)))
-
-        groups = group_by_leader(routed)
+            routed.append((route, log_pb2.PartitionDeleteRecords(topic=name, partition=index,
+                                                                  offset=offset)))
         time_limit = max(request.timeout_ms, 1) / 1000 if request.timeout_ms > 0 else (
             DELETE_RECORDS_TIMEOUT_S)
 
-        async def delete_on(node: LogNode, deletions: list[RecordDeletion]) -> list[LowWatermark]:
-            return await self._log_nodes.delete_records(node, deletions, time_limit)
+        async def delete_on(node: LogNode,
+                            deletions: list[log_pb2.PartitionDeleteRecords]) -> Sequence[Any]:
+            message = log_pb2.DeleteRecordsRequest(partitions=deletions)
+            return (await self._log_nodes.delete_records(node, message, time_limit)).results
 
-        outcomes = await call_per_node(groups, delete_on)
-        for node_id, (_node, deletions) in groups.items():
-            outcome = outcomes[node_id]
-            if isinstance(outcome, Exception):
-                if isinstance(outcome, CallError):
-                    log.info("deleting records failed: %s", outcome)
-                    # Unreached: nothing happened, find the leader again; else the outcome is
-                    # unknown, which Kafka reports as a timeout.
-                    code = (ErrorCode.not_leader_or_follower.value
-                            if isinstance(outcome, UnreachableError)
-                            else ErrorCode.request_timed_out.value)
-                else:
-                    log.error("deleting records failed unexpectedly", exc_info=outcome)
-                    code = ErrorCode.unknown_server_error.value
-                for d in deletions:
-                    answers[(d.topic, d.partition)] = _failed(d.partition, code)
-                continue
-            results = by_partition(outcome, lambda r: (r.topic, r.partition))
-            for d in deletions:
-                result = results.get((d.topic, d.partition))
-                if result is None:
-                    answer = _failed(d.partition, ErrorCode.unknown_server_error.value)
-                elif result.error_code:
-                    answer = _failed(d.partition, leader_error(result.error_code))
-                else:
-                    answer = PartitionLowWatermark(partition_index=d.partition,
-                                                   low_watermark=result.low_watermark)
-                answers[(d.topic, d.partition)] = answer
+        # A call that never arrived did nothing: clients find the leader again; one whose
+        # outcome is unknown is REQUEST_TIMED_OUT, as Kafka reports it.
+        for d, code, result in await call_leaders(routed, delete_on, effect=True):
+            answers[(d.topic, d.partition)] = _failed(d.partition, code) if code else (
+                PartitionLowWatermark(partition_index=d.partition,
+                                      low_watermark=result.low_watermark))
 
         response = k.DeleteRecordsResponse()
         for topic in request.topics:

@@ -28,10 +28,11 @@ import logging
 from collections import Counter
 
 from kbroker.kafka.v1 import kafka_pb2 as k
+from kbroker.replicator.v1 import replicator_pb2
 from services.common.errors import ErrorCode
 
-from ..collaborators import CallError, Controller, NewTopic, TopicResult
-from ..metadata_cache import MetadataCache, MetadataUnavailableError
+from ..collaborators import CallError, Controller
+from ..metadata_cache import MetadataCache
 from ..request_context import RequestContext
 from ..topic_identity import canonical_topic_id, invalid_name_reason
 
@@ -123,19 +124,17 @@ class CreateTopicsApi:
 
     async def _create(self, topics: list[CreatableTopic],
                       request: k.CreateTopicsRequest) -> dict[str, CreatableTopicResult]:
-        new_topics = [
-            NewTopic(
-                name=t.name,
-                num_partitions=_count(t, "num_partitions"),
+        creation = replicator_pb2.CreateTopicsRequest(
+            validate_only=request.validate_only, topics=[replicator_pb2.NewTopic(
+                name=t.name, num_partitions=_count(t, "num_partitions"),
                 replication_factor=_count(t, "replication_factor"),
                 configs={c.name: c.value for c in t.configs},
-                assignments={a.partition_index: tuple(a.broker_ids) for a in t.assignments},
-            )
-            for t in topics
-        ]
+                assignments={a.partition_index: replicator_pb2.Replicas(node_ids=a.broker_ids)
+                             for a in t.assignments})
+                for t in topics])
         try:
-            results = await self._controller.create_topics(
-                new_topics, request.validate_only, controller_timeout(request.timeout_ms))
+            results = (await self._controller.create_topics(
+                creation, controller_timeout(request.timeout_ms))).topics
         except CallError as exc:
             log.warning("creating topics failed: %s", exc)
             return {t.name: _failed(t.name, ErrorCode.request_timed_out.value,
@@ -151,11 +150,12 @@ class CreateTopicsApi:
             else:
                 answers[topic.name] = _created(topic, result)
         if not request.validate_only and any(not r.error_code for r in results):
-            await _reload(self._cache)
+            await self._cache.reload()
         return answers
 
 
-def _created(topic: CreatableTopic, result: TopicResult) -> CreatableTopicResult:
+def _created(topic: CreatableTopic,
+             result: replicator_pb2.TopicResult) -> CreatableTopicResult:
     if result.error_code:
         return _failed(topic.name, result.error_code, result.error_message or None)
     overridden = {c.name for c in topic.configs}
@@ -171,13 +171,6 @@ def _created(topic: CreatableTopic, result: TopicResult) -> CreatableTopicResult
             for name, value in sorted(result.configs.items())
         ],
     )
-
-
-async def _reload(cache: MetadataCache) -> None:
-    try:
-        await cache.refresh()
-    except MetadataUnavailableError as exc:
-        log.warning("reloading metadata after a topic change failed: %s", exc)
 
 
 # --- DeleteTopics ------------------------------------------------------------------------------
@@ -232,8 +225,9 @@ class DeleteTopicsApi:
             return k.DeleteTopicsResponse(responses=out)
 
         try:
-            results = await self._controller.delete_topics(
-                names, ids, controller_timeout(request.timeout_ms))
+            results = (await self._controller.delete_topics(
+                replicator_pb2.DeleteTopicsRequest(names=names, topic_ids=ids),
+                controller_timeout(request.timeout_ms))).topics
         except CallError as exc:
             log.warning("deleting topics failed: %s", exc)
             for index in pending:
@@ -259,5 +253,5 @@ class DeleteTopicsApi:
             if result.error_message:
                 answer.error_message = result.error_message
         if any(not r.error_code for r in results):
-            await _reload(self._cache)
+            await self._cache.reload()
         return k.DeleteTopicsResponse(responses=out)

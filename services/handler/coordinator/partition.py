@@ -26,24 +26,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
+from kbroker.log.v1 import log_pb2
 from services.common.errors import ErrorCode
 from services.common.records.record import build_batch, decode_records
 from services.common.records.record_batch import MAGIC, RecordError, batches_end, iter_batches
 
-from ..collaborators import (
-    AppendResult,
-    CallError,
-    ConditionalAppender,
-    LogNodes,
-    PartitionAppend,
-    PartitionRead,
-    ReadLimit,
-    ReadResult,
-)
+from ..collaborators import CallError, LogNodes
 from ..metadata_cache import LogNode
 from .placement import leader_error
 
@@ -97,10 +89,6 @@ class CoordinatorState(Protocol):
 S = TypeVar("S", bound=CoordinatorState)
 
 
-class LogClient(LogNodes, ConditionalAppender, Protocol):
-    """What a coordinator needs of the log nodes."""
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Leader:
     node: LogNode
@@ -110,7 +98,7 @@ class Leader:
 class CoordinatorPartition(Generic[S]):
     """The cached state of one partition and the calls that keep it right."""
 
-    def __init__(self, topic: str, partition: int, log_nodes: LogClient,
+    def __init__(self, topic: str, partition: int, log_nodes: LogNodes,
                  new_state: Callable[[], S]) -> None:
         self.topic = topic
         self.partition = partition
@@ -168,32 +156,33 @@ class CoordinatorPartition(Generic[S]):
             log.warning("skipping an unreadable record of %s-%d: %s", self.topic,
                         self.partition, exc)
 
-    async def _read(self, node: LogNode, offset: int) -> ReadResult:
+    async def _call(self, call: Callable[..., Awaitable[Any]], node: LogNode, request: Any,
+                    doing: str) -> Any:
+        """The result for this partition of a log node call. Raises CoordinatorError."""
         try:
-            results = await self._log_nodes.read(
-                node, [PartitionRead(topic=self.topic, partition=self.partition, offset=offset,
-                                     max_bytes=READ_CHUNK_BYTES)],
-                READ_CHUNK_BYTES, ReadLimit.LOG_END, CALL_TIME_LIMIT_S)
+            results = (await call(node, request, CALL_TIME_LIMIT_S)).results
         except CallError as exc:
-            raise leader_error(0, f"reading {self.topic}-{self.partition}: {exc}") from exc
+            raise leader_error(0, f"{doing} {self.topic}-{self.partition}: {exc}") from exc
         if not results:
             raise leader_error(0, f"no answer for {self.topic}-{self.partition}")
         return results[0]
 
+    async def _read(self, node: LogNode, offset: int) -> log_pb2.PartitionReadResult:
+        return await self._call(self._log_nodes.read, node, log_pb2.ReadRequest(
+            max_bytes=READ_CHUNK_BYTES, limit=log_pb2.READ_LIMIT_LOG_END, partitions=[
+                log_pb2.PartitionRead(topic=self.topic, partition=self.partition,
+                                      offset=offset, max_bytes=READ_CHUNK_BYTES)]), "reading")
+
     async def append(self, leader: Leader, records: Records,
-                     timestamp: int) -> AppendResult | None:
+                     timestamp: int) -> log_pb2.PartitionAppendResult | None:
         """Append ``records`` as one batch if nothing was appended since the state was read;
         on success replay them into the state and return the append's result, on a conflict
         return None. Raises CoordinatorError."""
         expected = self.end
-        batch = build_batch(list(records), timestamp)
-        try:
-            result = await self._log_nodes.append_if_end(
-                leader.node, PartitionAppend(topic=self.topic, partition=self.partition,
-                                             records=batch),
-                expected, CALL_TIME_LIMIT_S)
-        except CallError as exc:
-            raise leader_error(0, f"appending to {self.topic}-{self.partition}: {exc}") from exc
+        result = await self._call(self._log_nodes.append, leader.node, log_pb2.AppendRequest(
+            partitions=[log_pb2.PartitionAppend(
+                topic=self.topic, partition=self.partition, expected_log_end_offset=expected,
+                records=build_batch(list(records), timestamp))]), "appending to")
         if result.error_code == CONFLICT:
             return None
         if result.error_code:

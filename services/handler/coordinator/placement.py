@@ -17,9 +17,10 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from kbroker.replicator.v1 import replicator_pb2
 from services.common.errors import ErrorCode
 
-from ..collaborators import CallError, Controller, NewTopic
+from ..collaborators import CallError, Controller
 from ..metadata_cache import (
     ClusterMetadata,
     LogNode,
@@ -118,19 +119,20 @@ class Placement:
         if live == 0:
             return None
         spec = self.spec
-        topic = NewTopic(name=spec.name, num_partitions=spec.num_partitions,
-                         replication_factor=min(spec.replication_factor, live),
-                         configs={"cleanup.policy": "compact", **spec.configs})
+        topic = replicator_pb2.NewTopic(
+            name=spec.name, num_partitions=spec.num_partitions,
+            replication_factor=min(spec.replication_factor, live),
+            configs={"cleanup.policy": "compact", **spec.configs})
         try:
-            results = await self._controller.create_topics([topic], validate_only=False,
-                                                           time_limit=CREATE_TOPIC_TIMEOUT_S)
+            results = (await self._controller.create_topics(
+                replicator_pb2.CreateTopicsRequest(topics=[topic]), CREATE_TOPIC_TIMEOUT_S)).topics
         except CallError as exc:
             log.warning("creating %s failed: %s", spec.name, exc)
             return None
         for result in results:
             if result.error_code and result.error_code != TOPIC_ALREADY_EXISTS:
                 log.warning("creating %s failed: error %d %s", spec.name, result.error_code,
-                            result.error_message or "")
+                            result.error_message)
             else:
                 log.info("created %s with %d partitions", spec.name, spec.num_partitions)
         return (await self._cache.refresh()).topic(spec.name)

@@ -44,18 +44,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from kbroker.purgatory.v1 import purgatory_pb2
 from services.common.progress_reports import epoch_key, partition_key
 
-from ..collaborators import CallError, Purgatory, SessionTimers, WaitKind
+from ..collaborators import CallError, LogNodes, Purgatory
 from ..metadata_cache import ClusterMetadata, TopicInfo
 from ..metrics import parked
-from .partition import (
-    CoordinatorPartition,
-    Leader,
-    LogClient,
-    Records,
-    S,
-)
+from .partition import CoordinatorPartition, Leader, Records, S
 from .placement import COORDINATOR_NOT_AVAILABLE, CoordinatorError, Placement, leader_error
 
 log = logging.getLogger(__name__)
@@ -90,9 +85,8 @@ class CoordinatorRuntime(Generic[S]):
     def __init__(
         self,
         placement: Placement,
-        log_nodes: LogClient,
+        log_nodes: LogNodes,
         purgatory: Purgatory,
-        timers: SessionTimers,
         new_state: Callable[[], S],
         *,
         kind: str,
@@ -104,7 +98,6 @@ class CoordinatorRuntime(Generic[S]):
         self.placement = placement
         self._log_nodes = log_nodes
         self._purgatory = purgatory
-        self._timers = timers
         self._new_state = new_state
         self._kind = kind
         self._timers_of = timers_of
@@ -212,16 +205,16 @@ class CoordinatorRuntime(Generic[S]):
         timeout_ms = self.config.commit_timeout_ms
         try:
             with parked():
-                outcome = await self._purgatory.wait(WaitKind.PRODUCE, {key: end}, True,
-                                                     timeout_ms)
+                outcome = await self._purgatory.wait(purgatory_pb2.OPERATION_KIND_PRODUCE,
+                                                     {key: end}, True, timeout_ms)
         except CallError as exc:
             log.debug("cannot wait for %s to be replicated: %s", key, exc)
             return
-        state = outcome.keys.get(key)
-        if state is not None and state.error_code:
-            raise leader_error(state.error_code,
-                               f"{key}: error {state.error_code} while replicating")
-        if not outcome.completed:
+        for state in outcome.keys:
+            if state.key == key and state.error_code:
+                raise leader_error(state.error_code,
+                                   f"{key}: error {state.error_code} while replicating")
+        if outcome.outcome != purgatory_pb2.OUTCOME_COMPLETED:
             raise CoordinatorError(COORDINATOR_NOT_AVAILABLE,
                                    f"{key}: not replicated within {timeout_ms} ms")
 
@@ -231,7 +224,7 @@ class CoordinatorRuntime(Generic[S]):
         """Wake the operations parked on ``key``: it changed at ``end``. Best effort."""
         try:
             _, _, waiters = await self._locate(key)
-            await self._timers.complete({waiters: end})
+            await self._purgatory.complete({waiters: end})
         except (CoordinatorError, CallError) as exc:
             log.debug("could not wake the waiters of %s: %s", key, exc)
 
@@ -242,13 +235,12 @@ class CoordinatorRuntime(Generic[S]):
         _, _, waiters = await self._locate(key)
         try:
             with parked():
-                result = await self._purgatory.wait(WaitKind.JOIN, {waiters: threshold}, False,
-                                                    timeout_ms)
+                result = await self._purgatory.wait(purgatory_pb2.OPERATION_KIND_JOIN,
+                                                    {waiters: threshold}, False, timeout_ms)
         except CallError:
             await asyncio.sleep(min(timeout_ms / 1000, POLL_INTERVAL_S))
             return -1
-        state = result.keys.get(waiters)
-        return state.position if state is not None else -1
+        return next((s.position for s in result.keys if s.key == waiters), -1)
 
     # -- timers -------------------------------------------------------------------------------
 
@@ -256,7 +248,7 @@ class CoordinatorRuntime(Generic[S]):
         """Arm or re-arm a timer per key (timeouts in ms). Best effort."""
         if timeouts:
             try:
-                await self._timers.schedule(timeouts)
+                await self._purgatory.schedule(timeouts)
             except CallError as exc:
                 log.debug("could not arm timers: %s", exc)
 
@@ -264,7 +256,7 @@ class CoordinatorRuntime(Generic[S]):
         """Best effort."""
         if keys:
             try:
-                await self._timers.unschedule(keys)
+                await self._purgatory.unschedule(keys)
             except CallError as exc:
                 log.debug("could not disarm timers: %s", exc)
 
@@ -272,7 +264,7 @@ class CoordinatorRuntime(Generic[S]):
         """Whether a timer that ran out has been armed again since (False when unknown): an
         expiry is news from the past, and a sign of life since outweighs it."""
         try:
-            return key in await self._timers.armed([key])
+            return key in await self._purgatory.armed([key])
         except CallError as exc:
             log.debug("could not check the timer %s: %s", key, exc)
             return False
@@ -305,7 +297,7 @@ class CoordinatorRuntime(Generic[S]):
 
         while True:
             try:
-                stream: AsyncIterator[list[str]] = self._timers.watch_expirations()
+                stream: AsyncIterator[list[str]] = self._purgatory.watch_expirations()
                 async for keys in stream:
                     if not keys:
                         delay = backoff_initial

@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 
 from services.common.errors import ErrorCode
 
-from ..collaborators import Controller, Purgatory, SessionTimers
-from ..coordinator.partition import LogClient
+from ..collaborators import Controller, LogNodes, Purgatory
 from ..coordinator.placement import InternalTopic, Placement
 from ..coordinator.runtime import CoordinatorRuntime, RuntimeConfig, wall_clock_ms
 from ..metadata_cache import MetadataCache
@@ -64,14 +63,13 @@ class GroupListing:
 class GroupCoordinator:
     """Groups and committed offsets over ``__consumer_offsets``, the purgatory and metadata."""
 
-    def __init__(self, cache: MetadataCache, log_nodes: LogClient, controller: Controller,
-                 purgatory: Purgatory, timers: SessionTimers,
-                 config: CoordinatorConfig | None = None,
+    def __init__(self, cache: MetadataCache, log_nodes: LogNodes, controller: Controller,
+                 purgatory: Purgatory, config: CoordinatorConfig | None = None,
                  clock: Callable[[], int] = wall_clock_ms) -> None:
         self.config = config = config or CoordinatorConfig()
         self.placement = Placement(offsets_topic(config), cache, controller)
         self.runtime = CoordinatorRuntime(
-            self.placement, log_nodes, purgatory, timers, PartitionState, kind="group",
+            self.placement, log_nodes, purgatory, PartitionState, kind="group",
             timers_of=timers_of, writes=GROUP_WRITES, config=config.runtime, clock=clock)
         group_timers = GroupTimers(self.runtime)
         self.membership = Membership(self.runtime, group_timers, config.group)

@@ -12,17 +12,9 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 
 import pytest
 
+from kbroker.log.v1 import log_pb2
+from kbroker.purgatory.v1 import purgatory_pb2
 from services.common.errors import ErrorCode
-from services.handler.collaborators import (
-    AppendResult,
-    KeyState,
-    PartitionAppend,
-    PartitionRead,
-    ReadLimit,
-    ReadResult,
-    WaitKind,
-    WaitResult,
-)
 from services.handler.coordinator.placement import (
     CoordinatorError,
     InternalTopic,
@@ -33,7 +25,7 @@ from services.handler.coordinator.placement import (
 from services.handler.coordinator.runtime import CoordinatorRuntime
 from services.handler.metadata_cache import LogNode
 
-from ..fakes import FakeController, cache_of, cluster, topic
+from ..fakes import FakeController, cache_of, cluster, topic, wait_result
 
 TOPIC = InternalTopic(name="__counters", num_partitions=2, replication_factor=1)
 COORDINATOR_NOT_AVAILABLE = ErrorCode.coordinator_not_available.value
@@ -72,34 +64,38 @@ class Log:
         self.ends: dict[tuple[str, int], int] = defaultdict(int)
         self.lagging = False
 
-    async def append_if_end(self, node: LogNode, append: PartitionAppend, expected: int,
-                            time_limit: float) -> AppendResult:
+    async def append(self, node: LogNode, request: log_pb2.AppendRequest,
+                     time_limit: float) -> log_pb2.AppendResponse:
         await asyncio.sleep(0)
+        [append] = request.partitions
         where = (append.topic, append.partition)
+        expected = append.expected_log_end_offset
+        assert append.HasField("expected_log_end_offset")
         if self.ends[where] != expected:
-            return AppendResult(topic=append.topic, partition=append.partition,
-                                error_code=ErrorCode.invalid_update_version.value)
+            return log_pb2.AppendResponse(results=[log_pb2.PartitionAppendResult(
+                topic=append.topic, partition=append.partition,
+                error_code=ErrorCode.invalid_update_version.value)])
         batch = bytearray(append.records)
         batch[0:8] = struct.pack(">q", expected)  # the log node assigns offsets
         count = struct.unpack_from(">i", batch, 23)[0] + 1
         self.batches[where].append((expected, count, bytes(batch)))
         self.ends[where] += count
         end = self.ends[where]
-        return AppendResult(topic=append.topic, partition=append.partition,
-                            log_end_offset=end, high_watermark=expected if self.lagging else end,
-                            leader_epoch=0)
+        return log_pb2.AppendResponse(results=[log_pb2.PartitionAppendResult(
+            topic=append.topic, partition=append.partition, log_end_offset=end,
+            high_watermark=expected if self.lagging else end, leader_epoch=0)])
 
-    async def read(self, node: LogNode, reads: Sequence[PartitionRead], max_bytes: int,
-                   limit: ReadLimit, time_limit: float) -> list[ReadResult]:
+    async def read(self, node: LogNode, request: log_pb2.ReadRequest,
+                   time_limit: float) -> log_pb2.ReadResponse:
         await asyncio.sleep(0)
-        assert limit is ReadLimit.LOG_END
-        out = []
-        for r in reads:
+        assert request.limit == log_pb2.READ_LIMIT_LOG_END
+        out = log_pb2.ReadResponse()
+        for r in request.partitions:
             where = (r.topic, r.partition)
             data = b"".join(b for base, count, b in self.batches[where] if base + count > r.offset)
-            out.append(ReadResult(topic=r.topic, partition=r.partition, records=data,
-                                  log_start_offset=0, log_end_offset=self.ends[where],
-                                  high_watermark=self.ends[where]))
+            out.results.add(topic=r.topic, partition=r.partition, records=data,
+                            log_start_offset=0, log_end_offset=self.ends[where],
+                            high_watermark=self.ends[where])
         return out
 
 
@@ -115,11 +111,11 @@ class Purgatory:
         self.expired: asyncio.Queue[str] = asyncio.Queue()
         self.subscriptions = 0
 
-    async def wait(self, kind: WaitKind, thresholds: Mapping[str, int], require_all: bool,
-                   timeout_ms: int) -> WaitResult:
-        if kind is WaitKind.PRODUCE:
+    async def wait(self, kind: int, thresholds: Mapping[str, int], require_all: bool,
+                   timeout_ms: int) -> purgatory_pb2.AwaitResponse:
+        if kind == purgatory_pb2.OPERATION_KIND_PRODUCE:
             self.produce_waits.append(dict(thresholds))
-            return WaitResult(completed=self.replicated)
+            return wait_result(self.replicated)
 
         def reached() -> bool:
             return any(self.positions.get(k, -1) >= t for k, t in thresholds.items())
@@ -129,8 +125,7 @@ class Purgatory:
                 await asyncio.wait_for(self.changed.wait_for(reached), timeout_ms / 1000)
         except TimeoutError:
             pass
-        return WaitResult(completed=reached(), keys={
-            k: KeyState(position=self.positions.get(k, -1)) for k in thresholds})
+        return wait_result(reached(), {k: self.positions.get(k, -1) for k in thresholds})
 
     async def complete(self, positions: Mapping[str, int]) -> None:
         async with self.changed:
@@ -174,7 +169,7 @@ def runtime(log: Log, purgatory: Purgatory,
     metadata = cluster(topic(TOPIC.name, 2, topic_id="0123456789abcdef"))
     return CoordinatorRuntime(
         Placement(TOPIC, cache_of(metadata), FakeController(metadata)), log,  # type: ignore[arg-type]
-        purgatory, purgatory, Counters, kind="counter", timers_of=timers_of, writes=writes)
+        purgatory, Counters, kind="counter", timers_of=timers_of, writes=writes)
 
 
 def test_changes_are_appended_conditionally_and_replayed() -> None:
