@@ -49,94 +49,68 @@ SERVICE_NAME = kafka_handler_pb2.DESCRIPTOR.services_by_name["KafkaHandler"].ful
 
 
 class HandlerService:
-    """A running handler."""
+    """A running handler: its gRPC server, bound port, and what stops with it."""
 
-    def __init__(
-        self,
-        server: grpc.aio.Server,
-        port: int,
-        cache: MetadataCache,
-        follower: asyncio.Task[None],
-        replicator: ReplicatorClient,
-        log_nodes: LogNodeClients,
-        purgatory: PurgatoryClient,
-        producer_id_blocks: ProducerIdBlocks | None = None,
-        coordinator: GroupCoordinator | None = None,
-        expirations: asyncio.Task[None] | None = None,
-    ) -> None:
+    def __init__(self, server: grpc.aio.Server, port: int,
+                 resources: contextlib.AsyncExitStack) -> None:
         self.server = server
         self.port = port
-        self.cache = cache
-        self._follower = follower
-        self._replicator = replicator
-        self._log_nodes = log_nodes
-        self._purgatory = purgatory
-        self._producer_id_blocks = producer_id_blocks
-        self.coordinator = coordinator
-        self._expirations = expirations
+        self._resources = resources
 
     async def stop(self, grace: float = 1.0) -> None:
-        """Finish in-flight requests (up to ``grace`` seconds), then close every channel."""
+        """Finish in-flight requests (up to ``grace`` seconds), then stop the background tasks
+        and close every channel."""
         await self.server.stop(grace)
-        self._follower.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._follower
-        if self._expirations is not None:
-            self._expirations.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._expirations
-        if self.coordinator is not None:
-            await self.coordinator.close()
-        if self._producer_id_blocks is not None:
-            await self._producer_id_blocks.close()
-        await self._replicator.close()
-        await self._log_nodes.close()
-        await self._purgatory.close()
+        await self._resources.aclose()
 
 
 async def start(config: HandlerConfig) -> HandlerService:
-    replicator = ReplicatorClient(config.replicator_address)
-    log_nodes = LogNodeClients()
-    purgatory = PurgatoryClient(config.purgatory_address)
-    cache = MetadataCache(replicator.load_metadata)
-    cache.add_listener(log_nodes.on_metadata)
-    producer_id_blocks = ProducerIdBlocks(replicator, requester=config.instance)
-    coordinator = GroupCoordinator(cache, log_nodes, replicator, purgatory,
-                                   coordinator_config(config))
-    alter_configs = AlterConfigsApi(cache, replicator)
-    apis: dict[str, KafkaApi] = {
-        "Produce": ProduceApi(cache, log_nodes, purgatory),
-        "Fetch": FetchApi(cache, log_nodes, purgatory),
-        "ListOffsets": ListOffsetsApi(cache, log_nodes),
-        "Metadata": MetadataApi(cache, replicator, config.auto_create_topics_enable),
-        "DescribeCluster": DescribeClusterApi(cache),
-        "DeleteRecords": DeleteRecordsApi(cache, log_nodes),
-        "OffsetForLeaderEpoch": OffsetForLeaderEpochApi(cache, log_nodes),
-        "CreateTopics": CreateTopicsApi(cache, replicator),
-        "DeleteTopics": DeleteTopicsApi(cache, replicator),
-        "CreatePartitions": CreatePartitionsApi(cache, replicator),
-        "DescribeConfigs": DescribeConfigsApi(
-            cache, auto_create_topics_enable=config.auto_create_topics_enable),
-        "AlterConfigs": alter_configs,
-        "IncrementalAlterConfigs": alter_configs,
-        "InitProducerId": InitProducerIdApi(producer_id_blocks),
-        "FindCoordinator": FindCoordinatorApi(cache, coordinator),
-        "JoinGroup": JoinGroupApi(coordinator),
-        "SyncGroup": SyncGroupApi(coordinator),
-        "Heartbeat": HeartbeatApi(coordinator),
-        "LeaveGroup": LeaveGroupApi(coordinator),
-        "ListGroups": ListGroupsApi(coordinator),
-        "DescribeGroups": DescribeGroupsApi(coordinator),
-        "DeleteGroups": DeleteGroupsApi(coordinator),
-        "OffsetCommit": OffsetCommitApi(cache, coordinator),
-        "OffsetFetch": OffsetFetchApi(coordinator),
-        "OffsetDelete": OffsetDeleteApi(cache, coordinator),
-    }
-    servicer = KafkaHandlerServicer(config, apis)
-    follower = asyncio.create_task(cache.follow(replicator.watch), name="metadata-follower")
-    expirations = asyncio.create_task(coordinator.follow_expirations(),
-                                      name="session-expirations")
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        replicator = ReplicatorClient(config.replicator_address)
+        log_nodes = LogNodeClients()
+        purgatory = PurgatoryClient(config.purgatory_address)
+        cache = MetadataCache(replicator.load_metadata)
+        cache.add_listener(log_nodes.on_metadata)
+        producer_id_blocks = ProducerIdBlocks(replicator, requester=config.instance)
+        coordinator = GroupCoordinator(cache, log_nodes, replicator, purgatory,
+                                       coordinator_config(config))
+        for resource in (replicator, log_nodes, purgatory, producer_id_blocks, coordinator):
+            stack.push_async_callback(resource.close)
+        alter_configs = AlterConfigsApi(cache, replicator)
+        apis: dict[str, KafkaApi] = {
+            "Produce": ProduceApi(cache, log_nodes, purgatory),
+            "Fetch": FetchApi(cache, log_nodes, purgatory),
+            "ListOffsets": ListOffsetsApi(cache, log_nodes),
+            "Metadata": MetadataApi(cache, replicator, config.auto_create_topics_enable),
+            "DescribeCluster": DescribeClusterApi(cache),
+            "DeleteRecords": DeleteRecordsApi(cache, log_nodes),
+            "OffsetForLeaderEpoch": OffsetForLeaderEpochApi(cache, log_nodes),
+            "CreateTopics": CreateTopicsApi(cache, replicator),
+            "DeleteTopics": DeleteTopicsApi(cache, replicator),
+            "CreatePartitions": CreatePartitionsApi(cache, replicator),
+            "DescribeConfigs": DescribeConfigsApi(
+                cache, auto_create_topics_enable=config.auto_create_topics_enable),
+            "AlterConfigs": alter_configs,
+            "IncrementalAlterConfigs": alter_configs,
+            "InitProducerId": InitProducerIdApi(producer_id_blocks),
+            "FindCoordinator": FindCoordinatorApi(cache, coordinator),
+            "JoinGroup": JoinGroupApi(coordinator),
+            "SyncGroup": SyncGroupApi(coordinator),
+            "Heartbeat": HeartbeatApi(coordinator),
+            "LeaveGroup": LeaveGroupApi(coordinator),
+            "ListGroups": ListGroupsApi(coordinator),
+            "DescribeGroups": DescribeGroupsApi(coordinator),
+            "DeleteGroups": DeleteGroupsApi(coordinator),
+            "OffsetCommit": OffsetCommitApi(cache, coordinator),
+            "OffsetFetch": OffsetFetchApi(coordinator),
+            "OffsetDelete": OffsetDeleteApi(cache, coordinator),
+        }
+        servicer = KafkaHandlerServicer(config, apis)
+        for task in (
+            asyncio.create_task(cache.follow(replicator.watch), name="metadata-follower"),
+            asyncio.create_task(coordinator.follow_expirations(), name="session-expirations"),
+        ):
+            stack.push_async_callback(_cancel, task)
         server, port, _health = await create_server(
             "handler",
             [ServiceBinding(SERVICE_NAME, add_to_server, servicer),
@@ -145,19 +119,14 @@ async def start(config: HandlerConfig) -> HandlerService:
             config.grpc_address,
             config.instance,
         )
-    except BaseException:
-        follower.cancel()
-        expirations.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await follower
-        with contextlib.suppress(asyncio.CancelledError):
-            await expirations
-        await replicator.close()
-        await purgatory.close()
-        raise
-    log.info("handler %s serving on port %d", config.instance, port)
-    return HandlerService(server, port, cache, follower, replicator, log_nodes, purgatory,
-                          producer_id_blocks, coordinator, expirations)
+        log.info("handler %s serving on port %d", config.instance, port)
+        return HandlerService(server, port, stack.pop_all())
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def coordinator_config(config: HandlerConfig) -> CoordinatorConfig:

@@ -130,15 +130,11 @@ class OffsetFetchApi(GroupApi):
     async def _fetch(self, group: FetchGroup, context: RequestContext,
                      in_partitions: bool) -> dict[str, Any]:
         """One group's answer, as the fields of either shape's group."""
-        code = await self._not_coordinator(group.group_id, context)
         wanted = None if group.topics_is_null else [
             (t.name, p) for t in group.topics for p in t.partition_indexes]
-        try:
-            committed = {} if code else await self._coordinator.offsets.fetch(group.group_id,
-                                                                             wanted)
-        except CoordinatorError as exc:
-            code = exc.code
-        if code:
+        code, committed = await self._serve(group.group_id, context, lambda: (
+            self._coordinator.offsets.fetch(group.group_id, wanted)))
+        if code or committed is None:
             return {"group_id": group.group_id, "error_code": code, "topics": [] if wanted is None
                     else [_topic(t.name, [(p, None, code if in_partitions else 0)
                                           for p in t.partition_indexes]) for t in group.topics]}
@@ -168,18 +164,14 @@ class OffsetDeleteApi(_OffsetsApi):
                      context: RequestContext) -> k.OffsetDeleteResponse:
         if not request.group_id:
             return k.OffsetDeleteResponse(error_code=INVALID_GROUP_ID)
-        code = await self._not_coordinator(request.group_id, context)
-        if code:
-            return k.OffsetDeleteResponse(error_code=code)
         metadata = await self._metadata()
         wanted = [(t.name, p.partition_index) for t in request.topics for p in t.partitions]
-        try:
-            code, errors = await self._coordinator.offsets.delete(
-                request.group_id, [tp for tp in wanted if _known(metadata, tp)])
-        except CoordinatorError as exc:
-            code = exc.code
-        if code:
-            return k.OffsetDeleteResponse(error_code=code)
+        code, outcome = await self._serve(request.group_id, context, lambda: (
+            self._coordinator.offsets.delete(request.group_id,
+                                             [tp for tp in wanted if _known(metadata, tp)])))
+        error, errors = outcome if outcome is not None else (code, {})
+        if error:
+            return k.OffsetDeleteResponse(error_code=error)
         return k.OffsetDeleteResponse(error_code=0, topics=[
             {"name": t.name, "partitions": [
                 {"partition_index": p.partition_index,

@@ -42,14 +42,16 @@ to FindCoordinator.
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from kbroker.kafka.v1 import kafka_pb2 as k
 from services.common.errors import ErrorCode
 
 from ..coordinator.placement import CoordinatorError
 from ..groups.coordinator import GroupCoordinator
-from ..groups.group import STATES_BY_NAME, GroupState, JoinRequest, JoinResult
+from ..groups.group import STATES_BY_NAME, GroupState, JoinRequest
 from ..metadata_cache import MetadataCache, MetadataUnavailableError
 from ..request_context import RequestContext, broker_port
 from .cluster import AUTHORIZED_OPERATIONS_OMITTED, AclOperation, operations_bitfield
@@ -64,6 +66,8 @@ COORDINATOR_NOT_AVAILABLE = ErrorCode.coordinator_not_available.value
 INVALID_REQUEST = ErrorCode.invalid_request.value
 INVALID_GROUP_ID = ErrorCode.invalid_group_id.value
 GROUP_ID_NOT_FOUND = ErrorCode.group_id_not_found.value
+
+T = TypeVar("T")
 
 Coordinator = k.FindCoordinatorResponse.Coordinator
 LeftMember = k.LeaveGroupResponse.MemberResponse
@@ -94,6 +98,19 @@ class GroupApi:
 
     async def _not_coordinator(self, group_id: str, context: RequestContext) -> int:
         return await self._coordinator.placement.not_coordinator(group_id, context.broker_id)
+
+    async def _serve(self, group_id: str, context: RequestContext,
+                     operation: Callable[[], Awaitable[T]]) -> tuple[int, T | None]:
+        """(0, what ``operation()`` gives) if this broker coordinates ``group_id`` and the
+        operation can be done; else (the error to answer, None): NOT_COORDINATOR, or the
+        reason the group's partition cannot be served now."""
+        code = await self._not_coordinator(group_id, context)
+        if code:
+            return code, None
+        try:
+            return 0, await operation()
+        except CoordinatorError as exc:
+            return exc.code, None
 
 
 # --- FindCoordinator ---------------------------------------------------------------------------
@@ -145,16 +162,6 @@ def _coordinator(key: str, code: int) -> Coordinator:
 # --- JoinGroup, SyncGroup, Heartbeat, LeaveGroup -----------------------------------------------
 
 
-def join_group_response(r: JoinResult) -> k.JoinGroupResponse:
-    return k.JoinGroupResponse(
-        error_code=r.error, generation_id=r.generation, leader=r.leader, member_id=r.member_id,
-        skip_assignment=r.skip_assignment, protocol_type=r.protocol_type,
-        protocol_name=r.protocol_name,
-        members=[k.JoinGroupResponse.JoinGroupResponseMember(
-            member_id=member_id, group_instance_id=instance_id, metadata=metadata)
-            for member_id, instance_id, metadata in r.members])
-
-
 class JoinGroupApi(GroupApi):
     async def handle(self, request: k.JoinGroupRequest,
                      context: RequestContext) -> k.JoinGroupResponse:
@@ -174,47 +181,33 @@ class JoinGroupApi(GroupApi):
             protocols=tuple((p.name, p.metadata) for p in request.protocols),
             require_known_member_id=version is None or version >= 4,
         )
-        code = await self._not_coordinator(request.group_id, context)
-        if not code:
-            try:
-                return join_group_response(
-                    await self._coordinator.membership.join(request.group_id, join))
-            except CoordinatorError as exc:
-                code = exc.code
-        return join_group_response(JoinResult(error=code, member_id=request.member_id))
+        code, answer = await self._serve(
+            request.group_id, context,
+            lambda: self._coordinator.membership.join(request.group_id, join))
+        return k.JoinGroupResponse(error_code=code, member_id=request.member_id) if code \
+            else answer
 
 
 class SyncGroupApi(GroupApi):
     async def handle(self, request: k.SyncGroupRequest,
                      context: RequestContext) -> k.SyncGroupResponse:
-        code = await self._not_coordinator(request.group_id, context)
-        if code:
-            return k.SyncGroupResponse(error_code=code, assignment=b"")
-        try:
-            result = await self._coordinator.membership.sync(
+        code, answer = await self._serve(request.group_id, context, lambda: (
+            self._coordinator.membership.sync(
                 request.group_id, request.member_id, optional(request, "group_instance_id"),
                 request.generation_id, optional(request, "protocol_type"),
                 optional(request, "protocol_name"),
-                {a.member_id: a.assignment for a in request.assignments})
-        except CoordinatorError as exc:
-            return k.SyncGroupResponse(error_code=exc.code, assignment=b"")
-        return k.SyncGroupResponse(error_code=result.error, assignment=result.assignment,
-                                   protocol_type=result.protocol_type,
-                                   protocol_name=result.protocol_name)
+                {a.member_id: a.assignment for a in request.assignments})))
+        return k.SyncGroupResponse(error_code=code, assignment=b"") if code else answer
 
 
 class HeartbeatApi(GroupApi):
     async def handle(self, request: k.HeartbeatRequest,
                      context: RequestContext) -> k.HeartbeatResponse:
-        code = await self._not_coordinator(request.group_id, context)
-        if not code:
-            try:
-                code = await self._coordinator.membership.heartbeat(
-                    request.group_id, request.member_id, optional(request, "group_instance_id"),
-                    request.generation_id)
-            except CoordinatorError as exc:
-                code = exc.code
-        return k.HeartbeatResponse(error_code=code)
+        code, error = await self._serve(request.group_id, context, lambda: (
+            self._coordinator.membership.heartbeat(
+                request.group_id, request.member_id, optional(request, "group_instance_id"),
+                request.generation_id)))
+        return k.HeartbeatResponse(error_code=code or error)
 
 
 class LeaveGroupApi(GroupApi):
@@ -226,15 +219,11 @@ class LeaveGroupApi(GroupApi):
             else request.members
         if not request.group_id:
             return k.LeaveGroupResponse(error_code=INVALID_GROUP_ID)
-        code = await self._not_coordinator(request.group_id, context)
-        if not code:
-            try:
-                errors = await self._coordinator.membership.leave(
-                    request.group_id,
-                    [(m.member_id, optional(m, "group_instance_id")) for m in members])
-            except CoordinatorError as exc:
-                code = exc.code
-        if code:
+        code, errors = await self._serve(request.group_id, context, lambda: (
+            self._coordinator.membership.leave(
+                request.group_id,
+                [(m.member_id, optional(m, "group_instance_id")) for m in members])))
+        if errors is None:
             return k.LeaveGroupResponse(error_code=code)
         if single:
             return k.LeaveGroupResponse(error_code=errors[0])
@@ -283,11 +272,8 @@ class DescribeGroupsApi(GroupApi):
         not_found_is_an_error = newer_shape(context, 6, True)
         response = k.DescribeGroupsResponse()
         for group_id in request.groups:
-            code = await self._not_coordinator(group_id, context)
-            try:
-                group = None if code else await self._coordinator.describe(group_id)
-            except CoordinatorError as exc:
-                code = exc.code
+            code, group = await self._serve(group_id, context,
+                                            functools.partial(self._coordinator.describe, group_id))
             if code:
                 response.groups.append(_described(group_id, error_code=code))
             elif group is None and not_found_is_an_error:
@@ -324,10 +310,7 @@ class DeleteGroupsApi(GroupApi):
                      context: RequestContext) -> k.DeleteGroupsResponse:
         response = k.DeleteGroupsResponse()
         for group_id in dict.fromkeys(request.groups_names):
-            code = await self._not_coordinator(group_id, context)
-            try:
-                code = code or await self._coordinator.delete_group(group_id)
-            except CoordinatorError as exc:
-                code = exc.code
-            response.results.add(group_id=group_id, error_code=code)
+            code, error = await self._serve(
+                group_id, context, functools.partial(self._coordinator.delete_group, group_id))
+            response.results.add(group_id=group_id, error_code=code or error)
         return response

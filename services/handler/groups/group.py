@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
+from kbroker.kafka.v1 import kafka_pb2 as k
 from services.common.errors import ErrorCode
 
 from ..coordinator.schema import RecordFormatError, decode, kafka
@@ -61,9 +62,13 @@ MEMBER_ID_REQUIRED = ErrorCode.member_id_required.value
 FENCED_INSTANCE_ID = ErrorCode.fenced_instance_id.value
 GROUP_MAX_SIZE_REACHED = ErrorCode.group_max_size_reached.value
 
-# Kafka's JoinGroupRequest.UNKNOWN_MEMBER_ID and UNKNOWN_GENERATION_ID.
+# Kafka's JoinGroupRequest.UNKNOWN_MEMBER_ID.
 UNKNOWN_MEMBER = ""
-NO_GENERATION = -1
+
+# Answers, as the generated messages (unset fields: Kafka's defaults).
+JoinResult = k.JoinGroupResponse
+JoinedMember = k.JoinGroupResponse.JoinGroupResponseMember
+SyncResult = k.SyncGroupResponse
 
 
 class GroupState(enum.Enum):
@@ -144,33 +149,11 @@ class JoinRequest:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class JoinResult:
-    """A JoinGroup answer. ``members`` (id, instance id, metadata) only for the leader."""
-
-    error: int
-    member_id: str = UNKNOWN_MEMBER
-    generation: int = NO_GENERATION
-    protocol_type: str | None = None
-    protocol_name: str | None = None
-    leader: str = ""
-    members: tuple[tuple[str, str | None, bytes], ...] = ()
-    skip_assignment: bool = False
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class JoinWait:
     """The member joined a rebalance: answer once the group moves past ``generation``."""
 
     member_id: str
     generation: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SyncResult:
-    error: int
-    assignment: bytes = b""
-    protocol_type: str | None = None
-    protocol_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -212,7 +195,7 @@ class Group:
     sync_deadline_ms: int = -1
 
     def copy(self) -> Group:
-        return replace(self, members={k: replace(m) for k, m in self.members.items()},
+        return replace(self, members={i: replace(m) for i, m in self.members.items()},
                        pending_members=dict(self.pending_members),
                        pending_sync=set(self.pending_sync))
 
@@ -288,11 +271,6 @@ class Group:
         if not votes:
             return None
         return max(votes, key=lambda name: votes[name])
-
-    def member_metadata(self) -> tuple[tuple[str, str | None, bytes], ...]:
-        """Every member with its metadata for the selected protocol (the leader's input)."""
-        return tuple((m.member_id, m.group_instance_id, m.metadata(self.protocol_name))
-                     for m in self.members.values())
 
     def subscribed_topics(self) -> set[str] | None:
         """Topics the members subscribe to, from consumer protocol metadata; None when some
@@ -418,18 +396,16 @@ class Group:
         for member_id in [m for m, expires in self.pending_members.items() if expires <= now]:
             del self.pending_members[member_id]
 
-    def _answer(self, member_id: str, *, leader_view: bool | None = None) -> JoinResult:
-        is_leader = self.leader_id == member_id if leader_view is None else leader_view
-        return JoinResult(
-            error=NONE, member_id=member_id, generation=self.generation,
-            protocol_type=self.protocol_type, protocol_name=self.protocol_name,
-            leader=self.leader_id or "",
-            members=self.member_metadata() if is_leader else (),
-        )
-
     def join_answer(self, member_id: str) -> JoinResult:
-        """The answer of a member whose join is over (the group is past its join phase)."""
-        return self._answer(member_id)
+        """The answer of a member whose join is over (the group is past its join phase): the
+        leader also gets every member with its metadata for the selected protocol."""
+        return JoinResult(
+            error_code=NONE, member_id=member_id, generation_id=self.generation,
+            protocol_type=self.protocol_type, protocol_name=self.protocol_name,
+            leader=self.leader_id or "", members=[
+                JoinedMember(member_id=m.member_id, group_instance_id=m.group_instance_id,
+                             metadata=m.metadata(self.protocol_name))
+                for m in self.members.values()] if self.leader_id == member_id else [])
 
     def join(self, request: JoinRequest, now: int, config: GroupConfig,
              new_member_id: Callable[[str], str] | None = None) -> JoinResult | JoinWait:
@@ -437,7 +413,7 @@ class Group:
         timeout are checked by the caller)."""
         make_id = new_member_id or _new_member_id
         if self.state is GroupState.DEAD:
-            return JoinResult(error=COORDINATOR_NOT_AVAILABLE, member_id=request.member_id)
+            return JoinResult(error_code=COORDINATOR_NOT_AVAILABLE, member_id=request.member_id)
         if request.member_id == UNKNOWN_MEMBER:
             return self._join_new_member(request, now, config, make_id)
         return self._join_known_member(request, now, config)
@@ -454,18 +430,18 @@ class Group:
     def _join_new_member(self, request: JoinRequest, now: int, config: GroupConfig,
                          make_id: Callable[[str], str]) -> JoinResult | JoinWait:
         if not self.supports_protocols(request.protocol_type, request.protocols):
-            return JoinResult(error=INCONSISTENT_GROUP_PROTOCOL)
+            return JoinResult(error_code=INCONSISTENT_GROUP_PROTOCOL)
         existing = self.static_member_id(request.group_instance_id)
         if existing is None and len(self.members) + len(self.pending_members) >= \
                 config.max_size:
-            return JoinResult(error=GROUP_MAX_SIZE_REACHED)
+            return JoinResult(error_code=GROUP_MAX_SIZE_REACHED)
         member_id = make_id(request.client_id)
         if request.group_instance_id is not None:
             if existing is not None:
                 return self._replace_static_member(existing, member_id, request, now, config)
         elif request.require_known_member_id:
             self.pending_members[member_id] = now + request.session_timeout_ms
-            return JoinResult(error=MEMBER_ID_REQUIRED, member_id=member_id)
+            return JoinResult(error_code=MEMBER_ID_REQUIRED, member_id=member_id)
         return self._add_member_and_rebalance(self._new_member(member_id, request), now, config)
 
     def _add_member_and_rebalance(self, member: Member, now: int,
@@ -514,14 +490,15 @@ class Group:
         if self.state is GroupState.STABLE:
             if self.select_protocol() == self.protocol_name:
                 # KIP-814: a returning leader learns the members but keeps the assignment.
-                is_leader = self.leader_id == new_id
-                return replace(self._answer(new_id), skip_assignment=is_leader)
+                answer = self.join_answer(new_id)
+                answer.skip_assignment = self.leader_id == new_id
+                return answer
             member.joined = True
             self.maybe_prepare_rebalance(now, config)
             self.maybe_complete_join(now, config)
             return JoinWait(member_id=new_id, generation=self._awaited_generation())
         if self.state is GroupState.COMPLETING_REBALANCE:
-            return self._answer(new_id)
+            return self.join_answer(new_id)
         # PreparingRebalance: it joins the rebalance in progress.
         member.joined = True
         self.maybe_complete_join(now, config)
@@ -532,18 +509,18 @@ class Group:
         member_id = request.member_id
         if member_id in self.pending_members:
             if not self.supports_protocols(request.protocol_type, request.protocols):
-                return JoinResult(error=INCONSISTENT_GROUP_PROTOCOL, member_id=member_id)
+                return JoinResult(error_code=INCONSISTENT_GROUP_PROTOCOL, member_id=member_id)
             del self.pending_members[member_id]
             return self._add_member_and_rebalance(self._new_member(member_id, request), now,
                                                   config)
         if self.is_static_member_fenced(request.group_instance_id, member_id):
-            return JoinResult(error=FENCED_INSTANCE_ID, member_id=member_id)
+            return JoinResult(error_code=FENCED_INSTANCE_ID, member_id=member_id)
         if member_id not in self.members or (
                 request.group_instance_id is not None
                 and self.static_member_id(request.group_instance_id) is None):
-            return JoinResult(error=UNKNOWN_MEMBER_ID, member_id=member_id)
+            return JoinResult(error_code=UNKNOWN_MEMBER_ID, member_id=member_id)
         if not self.supports_protocols(request.protocol_type, request.protocols):
-            return JoinResult(error=INCONSISTENT_GROUP_PROTOCOL, member_id=member_id)
+            return JoinResult(error_code=INCONSISTENT_GROUP_PROTOCOL, member_id=member_id)
         member = self.members[member_id]
         member.client_id, member.client_host = request.client_id, request.client_host
         state = self.state
@@ -552,14 +529,14 @@ class Group:
         if state is GroupState.COMPLETING_REBALANCE:
             if member.matches(request.protocols):
                 # It missed the answer of this generation's join: give it again.
-                return self._answer(member_id)
+                return self.join_answer(member_id)
             return self._update_member_and_rebalance(member, request, now, config)
         if state is GroupState.STABLE:
             if self.leader_id == member_id or not member.matches(request.protocols):
                 # The leader rejoining forces a rebalance (e.g. topic metadata changed).
                 return self._update_member_and_rebalance(member, request, now, config)
-            return self._answer(member_id)
-        return JoinResult(error=UNKNOWN_MEMBER_ID, member_id=member_id)
+            return self.join_answer(member_id)
+        return JoinResult(error_code=UNKNOWN_MEMBER_ID, member_id=member_id)
 
     def rejoin(self, member_id: str, now: int, config: GroupConfig) -> JoinWait | None:
         """A member whose JoinGroup is still parked when a newer rebalance began (before its
@@ -578,19 +555,19 @@ class Group:
              assignments: dict[str, bytes], now: int) -> SyncResult | SyncWait:
         """Kafka's ``classicGroupSync``: the leader's assignment makes the group Stable."""
         if self.state is GroupState.DEAD:
-            return SyncResult(error=COORDINATOR_NOT_AVAILABLE)
+            return SyncResult(error_code=COORDINATOR_NOT_AVAILABLE)
         error = self.validate_member(member_id, group_instance_id)
         if error:
-            return SyncResult(error=error)
+            return SyncResult(error_code=error)
         if generation != self.generation:
-            return SyncResult(error=ILLEGAL_GENERATION)
+            return SyncResult(error_code=ILLEGAL_GENERATION)
         if (protocol_type is not None and protocol_type != self.protocol_type) or (
                 protocol_name is not None and protocol_name != self.protocol_name):
-            return SyncResult(error=INCONSISTENT_GROUP_PROTOCOL)
+            return SyncResult(error_code=INCONSISTENT_GROUP_PROTOCOL)
         if self.state is GroupState.EMPTY:
-            return SyncResult(error=UNKNOWN_MEMBER_ID)
+            return SyncResult(error_code=UNKNOWN_MEMBER_ID)
         if self.state is GroupState.PREPARING_REBALANCE:
-            return SyncResult(error=REBALANCE_IN_PROGRESS)
+            return SyncResult(error_code=REBALANCE_IN_PROGRESS)
         self._synced(member_id)
         if self.state is GroupState.COMPLETING_REBALANCE:
             if self.leader_id != member_id:
@@ -603,7 +580,7 @@ class Group:
 
     def sync_answer(self, member_id: str) -> SyncResult:
         member = self.members[member_id]
-        return SyncResult(error=NONE, assignment=member.assignment,
+        return SyncResult(error_code=NONE, assignment=member.assignment,
                           protocol_type=self.protocol_type, protocol_name=self.protocol_name)
 
     def heartbeat(self, member_id: str, group_instance_id: str | None, generation: int) -> int:

@@ -117,17 +117,17 @@ class Membership:
         """Kafka's JoinGroup: answers at once (errors, MEMBER_ID_REQUIRED, the current
         generation for a member with nothing new), or once the rebalance it joined is over."""
         if not group_id:
-            return JoinResult(error=INVALID_GROUP_ID, member_id=request.member_id)
+            return JoinResult(error_code=INVALID_GROUP_ID, member_id=request.member_id)
         config = self.config
         if not config.min_session_timeout_ms <= request.session_timeout_ms <= \
                 config.max_session_timeout_ms:
-            return JoinResult(error=INVALID_SESSION_TIMEOUT, member_id=request.member_id)
+            return JoinResult(error_code=INVALID_SESSION_TIMEOUT, member_id=request.member_id)
         change = await self.update_group(
             group_id, lambda group, now: group.join(request, now, config))
         outcome = change.result
         if isinstance(outcome, JoinResult):
-            if outcome.error == ErrorCode.member_id_required.value or (
-                    outcome.error == NONE and outcome.member_id):
+            if outcome.error_code == ErrorCode.member_id_required.value or (
+                    outcome.error_code == NONE and outcome.member_id):
                 await self._timers.arm(group_id, outcome.member_id, request.session_timeout_ms)
             return outcome
         if change.before is not None and change.after is not None:
@@ -146,13 +146,13 @@ class Membership:
         floor = -1
         while True:
             if time.monotonic() > give_up:
-                return JoinResult(error=REBALANCE_IN_PROGRESS, member_id=member_id)
+                return JoinResult(error_code=REBALANCE_IN_PROGRESS, member_id=member_id)
             state, end = await self._runtime.read_at(group_id)
             group = state.group(group_id)
             if group is None or member_id not in group.members:
                 fenced = group is not None and group.is_static_member_fenced(
                     request.group_instance_id, member_id)
-                return JoinResult(error=ErrorCode.fenced_instance_id.value if fenced
+                return JoinResult(error_code=ErrorCode.fenced_instance_id.value if fenced
                                   else UNKNOWN_MEMBER_ID, member_id=member_id)
             if group.generation > waited and group.state in (
                     GroupState.COMPLETING_REBALANCE, GroupState.STABLE):
@@ -180,14 +180,14 @@ class Membership:
                    generation: int, protocol_type: str | None, protocol_name: str | None,
                    assignments: Mapping[str, bytes]) -> SyncResult:
         if not group_id:
-            return SyncResult(error=INVALID_GROUP_ID)
+            return SyncResult(error_code=INVALID_GROUP_ID)
         change = await self.update_group(
             group_id, lambda group, now: group.sync(
                 member_id, group_instance_id, generation, protocol_type, protocol_name,
                 dict(assignments), now))
         outcome = change.result
         if isinstance(outcome, SyncResult):
-            if outcome.error == NONE and change.after is not None:
+            if outcome.error_code == NONE and change.after is not None:
                 await self._timers.arm_member(change.after, member_id)
             return outcome
         return await self._await_sync(group_id, member_id, group_instance_id, outcome,
@@ -206,20 +206,20 @@ class Membership:
         while True:
             remaining_ms = (give_up - time.monotonic()) * 1000
             if remaining_ms <= 0:
-                return SyncResult(error=REBALANCE_IN_PROGRESS)
+                return SyncResult(error_code=REBALANCE_IN_PROGRESS)
             floor = max(floor, await self._runtime.wait(group_id, max(threshold, floor + 1),
                                                         remaining_ms))
             state, end = await self._runtime.read_at(group_id)
             threshold = end + 1
             group = state.group(group_id)
             if group is None:
-                return SyncResult(error=UNKNOWN_MEMBER_ID)
+                return SyncResult(error_code=UNKNOWN_MEMBER_ID)
             error = group.validate_member(member_id, group_instance_id)
             if error:
-                return SyncResult(error=error)
+                return SyncResult(error_code=error)
             if group.generation != waiting.generation or group.state not in (
                     GroupState.COMPLETING_REBALANCE, GroupState.STABLE):
-                return SyncResult(error=REBALANCE_IN_PROGRESS)
+                return SyncResult(error_code=REBALANCE_IN_PROGRESS)
             if group.state is GroupState.STABLE:
                 await self._timers.arm_member(group, member_id)
                 return group.sync_answer(member_id)

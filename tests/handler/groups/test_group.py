@@ -67,7 +67,7 @@ def stable_group(*clients: str, now: int = 0) -> tuple[Group, list[str]]:
     assert group.state is GroupState.COMPLETING_REBALANCE
     result = group.sync(members[0], None, group.generation, "consumer", "range",
                         {m: m.encode() for m in members}, now + 3000)
-    assert isinstance(result, SyncResult) and result.error == 0
+    assert isinstance(result, SyncResult) and result.error_code == 0
     assert group.state is GroupState.STABLE
     return group, members
 
@@ -76,7 +76,7 @@ def test_a_new_member_of_v4_first_gets_its_id_then_joins_with_it() -> None:
     group = Group(group_id="g")
     first = join(group, request(require_id=True), 0)
     assert isinstance(first, JoinResult)
-    assert first.error == E.member_id_required.value and first.member_id.startswith("c-")
+    assert first.error_code == E.member_id_required.value and first.member_id.startswith("c-")
     assert group.state is GroupState.EMPTY and first.member_id in group.pending_members
     # A pending member holds up the end of a join phase until it joins or lapses.
     outcome = join(group, request(first.member_id), 10)
@@ -101,8 +101,8 @@ def test_the_initial_delay_waits_for_more_members_within_the_rebalance_timeout()
     assert group.state is GroupState.COMPLETING_REBALANCE
     assert group.generation == 1 and group.leader_id == a.member_id
     leader = group.join_answer(a.member_id)
-    assert [m for m, _, _ in leader.members] == [a.member_id, b.member_id]
-    assert group.join_answer(b.member_id).members == ()
+    assert [m.member_id for m in leader.members] == [a.member_id, b.member_id]
+    assert list(group.join_answer(b.member_id).members) == []
     assert leader.protocol_name == "range" and leader.leader == a.member_id
 
 
@@ -116,21 +116,22 @@ def test_the_most_voted_common_protocol_is_selected() -> None:
     assert group.maybe_complete_join(6000, CONFIG)
     # sticky is not common; a and c prefer range, b roundrobin.
     assert group.protocol_name == "range"
-    assert [m for _, _, m in group.member_metadata()] == [b"1", b"4", b"5"]
+    assert [m.metadata for m in group.join_answer(group.leader_id).members] == [
+        b"1", b"4", b"5"]
 
 
 def test_a_member_without_a_common_protocol_or_of_another_type_is_refused() -> None:
     group, _ = stable_group("a")
     outcome = join(group, request(client="b", protocols=(("sticky", b""),)), 0)
     assert isinstance(outcome, JoinResult)
-    assert outcome.error == E.inconsistent_group_protocol.value
+    assert outcome.error_code == E.inconsistent_group_protocol.value
     outcome = join(group, request(client="b", protocol_type="connect"), 0)
     assert isinstance(outcome, JoinResult)
-    assert outcome.error == E.inconsistent_group_protocol.value
+    assert outcome.error_code == E.inconsistent_group_protocol.value
     empty = Group(group_id="e")
     outcome = join(empty, request(protocols=()), 0)
     assert isinstance(outcome, JoinResult)
-    assert outcome.error == E.inconsistent_group_protocol.value
+    assert outcome.error_code == E.inconsistent_group_protocol.value
 
 
 def test_sync_delivers_every_assignment_and_an_empty_one_to_members_left_out() -> None:
@@ -142,7 +143,7 @@ def test_sync_delivers_every_assignment_and_an_empty_one_to_members_left_out() -
     follower = group.sync(b.member_id, None, 1, None, None, {}, 3001)
     assert follower == SyncWait(generation=1)
     assert group.sync(b.member_id, None, 0, None, None, {}, 3001) == SyncResult(
-        error=E.illegal_generation.value)
+        error_code=E.illegal_generation.value)
     result = group.sync(a.member_id, None, 1, "consumer", "range",
                         {a.member_id: b"A", b.member_id: b"B", "stranger": b"X"}, 3002)
     assert isinstance(result, SyncResult) and result.assignment == b"A"
@@ -150,8 +151,8 @@ def test_sync_delivers_every_assignment_and_an_empty_one_to_members_left_out() -
     assert group.sync_answer(b.member_id).assignment == b"B"
     assert group.sync_answer(c.member_id).assignment == b""
     assert group.sync(c.member_id, None, 1, None, None, {}, 3003) == SyncResult(
-        error=0, assignment=b"", protocol_type="consumer", protocol_name="range")
-    assert group.sync(c.member_id, None, 1, "consumer", "roundrobin", {}, 3003).error == \
+        error_code=0, assignment=b"", protocol_type="consumer", protocol_name="range")
+    assert group.sync(c.member_id, None, 1, "consumer", "roundrobin", {}, 3003).error_code == \
         E.inconsistent_group_protocol.value
 
 
@@ -186,7 +187,7 @@ def test_a_rebalance_ends_when_all_rejoined_or_at_its_deadline_dropping_the_rest
 def test_followers_with_nothing_new_get_the_current_generation_and_the_leader_rebalances() -> None:
     group, (a, b) = stable_group("a", "b")
     same = join(group, request(b, client="b"), 10)
-    assert isinstance(same, JoinResult) and same.generation == 1 and same.members == ()
+    assert isinstance(same, JoinResult) and same.generation_id == 1 and not same.members
     assert group.state is GroupState.STABLE
     leader = join(group, request(a, client="a"), 20)
     assert isinstance(leader, JoinWait)
@@ -232,13 +233,13 @@ def test_static_members_come_back_without_a_rebalance_and_fence_their_old_id() -
     finish_join(group)
     group.sync(a.member_id, None, 1, None, None, {a.member_id: b"A", b.member_id: b"B"}, 3001)
     again = join(group, request(client="b", instance="i-b"), 5000)
-    assert isinstance(again, JoinResult) and again.error == 0
-    assert again.member_id != b.member_id and again.generation == 1
+    assert isinstance(again, JoinResult) and again.error_code == 0
+    assert again.member_id != b.member_id and again.generation_id == 1
     assert group.state is GroupState.STABLE
     assert group.sync_answer(again.member_id).assignment == b"B"
     assert group.heartbeat(b.member_id, "i-b", 1) == E.fenced_instance_id.value
     stale = join(group, request(b.member_id, client="b", instance="i-b"), 5001)
-    assert isinstance(stale, JoinResult) and stale.error == E.fenced_instance_id.value
+    assert isinstance(stale, JoinResult) and stale.error_code == E.fenced_instance_id.value
     # A static member may leave by instance id alone; a wrong member id is fenced.
     assert group.leave([("wrong", "i-a")], 6000, CONFIG) == [E.fenced_instance_id.value]
     assert group.leave([("", "i-a")], 6000, CONFIG) == [0]
@@ -332,7 +333,7 @@ def test_a_leader_that_never_syncs_is_removed_and_a_follower_leads() -> None:
     assert group.on_deadline(deadline, CONFIG) == [a]
     assert group.state is GroupState.PREPARING_REBALANCE and group.leader_id == b
     assert group.sync(b, None, 1, None, None, {}, deadline + 1) == SyncResult(
-        error=E.rebalance_in_progress.value)
+        error_code=E.rebalance_in_progress.value)
 
 
 def test_a_new_rebalance_forgets_the_pending_syncs_and_the_last_one_leaving_empties() -> None:
