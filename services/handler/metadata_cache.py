@@ -155,7 +155,6 @@ class MetadataCache:
     def __init__(self, loader: Loader) -> None:
         self._loader = loader
         self._snapshot: ClusterMetadata | None = None
-        self._changed = asyncio.Event()
         self._first_load: asyncio.Future[ClusterMetadata] | None = None
         self._listeners: list[Callable[[ClusterMetadata], None]] = []
 
@@ -173,8 +172,6 @@ class MetadataCache:
         if current is not None and not authoritative and snapshot.version < current.version:
             return False
         self._snapshot = snapshot
-        self._changed.set()
-        self._changed = asyncio.Event()
         for listener in self._listeners:
             try:
                 listener(snapshot)
@@ -235,14 +232,6 @@ class MetadataCache:
         self.install(snapshot)
         assert self._snapshot is not None
         return self._snapshot
-
-    async def wait_for_change(self, time_limit: float) -> bool:
-        """Wait until another snapshot is installed; False on timeout."""
-        try:
-            await asyncio.wait_for(self._changed.wait(), time_limit)
-        except TimeoutError:
-            return False
-        return True
 
     async def follow(self, stream: StreamFactory, backoff: Backoff | None = None) -> None:
         """Install every snapshot of ``stream()`` until cancelled, reopening it with a backoff

@@ -87,21 +87,10 @@ GROUP_SESSION_EXPIRIES = Counter(
 )
 
 
-_api_requests: dict[tuple[str, int], Any] = {}
-_api_seconds: dict[str, Any] = {}
-
-
 def record_request(api: str, error_code: int, seconds: float) -> None:
-    """One handled request: counted by API and code, timed by API (children cached: a label
-    lookup takes a lock and hashes the labels)."""
-    counter = _api_requests.get((api, error_code))
-    if counter is None:
-        counter = _api_requests[(api, error_code)] = REQUESTS.labels(api, str(error_code))
-    counter.inc()
-    histogram = _api_seconds.get(api)
-    if histogram is None:
-        histogram = _api_seconds[api] = REQUEST_SECONDS.labels(api)
-    histogram.observe(seconds)
+    """One handled request: counted by API and code, timed by API."""
+    REQUESTS.labels(api, error_code).inc()
+    REQUEST_SECONDS.labels(api).observe(seconds)
 
 
 class RemoteTime:

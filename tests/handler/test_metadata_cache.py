@@ -90,11 +90,14 @@ def test_follow_reconnects_after_the_stream_breaks():
 
     async def main():
         cache = MetadataCache(_failing_loader)
+        changed = asyncio.Event()
+        cache.add_listener(lambda snapshot: changed.set())
         follower = asyncio.create_task(cache.follow(stream, Backoff(initial=0.01, maximum=0.02)))
         try:
             async with asyncio.timeout(5):
                 while cache.snapshot is None or cache.snapshot.topic("after") is None:
-                    await cache.wait_for_change(1.0)
+                    await changed.wait()
+                    changed.clear()
         finally:
             follower.cancel()
             await asyncio.gather(follower, return_exceptions=True)

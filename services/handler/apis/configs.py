@@ -196,20 +196,14 @@ class DescribeConfigsApi:
 
     async def handle(self, request: k.DescribeConfigsRequest,
                      context: RequestContext) -> k.DescribeConfigsResponse:
-        snapshot: ClusterMetadata | None = None
-        unavailable: MetadataUnavailableError | None = None
         try:
             snapshot = await self._cache.current()
         except MetadataUnavailableError as exc:
-            unavailable = exc
-        results = []
-        for resource in request.resources:
-            if unavailable is not None or snapshot is None:
-                results.append(_describe_failed(resource, ErrorCode.request_timed_out,
-                                                str(unavailable)))
-            else:
-                results.append(self._describe(resource, snapshot, request))
-        return k.DescribeConfigsResponse(results=results)
+            return k.DescribeConfigsResponse(results=[
+                _describe_failed(r, ErrorCode.request_timed_out, str(exc))
+                for r in request.resources])
+        return k.DescribeConfigsResponse(results=[
+            self._describe(r, snapshot, request) for r in request.resources])
 
     def _describe(
         self, resource: DescribeResource, snapshot: ClusterMetadata,

@@ -41,6 +41,7 @@ from services.common.errors import ErrorCode
 
 from ..coordinator.placement import CoordinatorError
 from ..groups.coordinator import GroupCoordinator
+from ..groups.group import INVALID_GROUP_ID
 from ..groups.state import CommittedOffset, TopicPartition
 from ..metadata_cache import ClusterMetadata, MetadataCache, MetadataUnavailableError
 from ..request_context import RequestContext
@@ -48,7 +49,6 @@ from .groups import GroupApi, newer_shape, optional
 
 UNKNOWN_TOPIC_OR_PARTITION = ErrorCode.unknown_topic_or_partition.value
 OFFSET_METADATA_TOO_LARGE = ErrorCode.offset_metadata_too_large.value
-INVALID_GROUP_ID = ErrorCode.invalid_group_id.value
 NO_OFFSET = -1
 
 FetchGroup = k.OffsetFetchRequest.OffsetFetchRequestGroup

@@ -51,7 +51,14 @@ from services.common.errors import ErrorCode
 
 from ..coordinator.placement import CoordinatorError
 from ..groups.coordinator import GroupCoordinator
-from ..groups.group import STATES_BY_NAME, GroupState, JoinRequest
+from ..groups.group import (
+    COORDINATOR_NOT_AVAILABLE,
+    GROUP_ID_NOT_FOUND,
+    INVALID_GROUP_ID,
+    STATES_BY_NAME,
+    GroupState,
+    JoinRequest,
+)
 from ..metadata_cache import MetadataCache, MetadataUnavailableError
 from ..request_context import RequestContext, broker_port
 from .cluster import AUTHORIZED_OPERATIONS_OMITTED, AclOperation, operations_bitfield
@@ -62,10 +69,7 @@ GROUP_OPERATIONS = operations_bitfield(AclOperation.READ, AclOperation.DESCRIBE,
                                        AclOperation.DELETE)
 CLASSIC_GROUP_TYPE = "classic"
 
-COORDINATOR_NOT_AVAILABLE = ErrorCode.coordinator_not_available.value
 INVALID_REQUEST = ErrorCode.invalid_request.value
-INVALID_GROUP_ID = ErrorCode.invalid_group_id.value
-GROUP_ID_NOT_FOUND = ErrorCode.group_id_not_found.value
 
 T = TypeVar("T")
 

@@ -15,20 +15,17 @@ a Metadata request that follows on this handler sees the new partitions.
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 
 from kbroker.kafka.v1 import kafka_pb2 as k
 from kbroker.replicator.v1 import replicator_pb2
 from services.common.errors import ErrorCode
 
-from ..collaborators import CallError, Controller
+from ..collaborators import Controller
 from ..metadata_cache import MetadataCache
 from ..request_context import RequestContext
 from ..topic_identity import invalid_name_reason
-from .topics import controller_timeout
-
-log = logging.getLogger(__name__)
+from .topics import controller_results, controller_timeout
 
 CreatePartitionsTopic = k.CreatePartitionsRequest.CreatePartitionsTopic
 CreatePartitionsResult = k.CreatePartitionsResponse.CreatePartitionsTopicResult
@@ -74,26 +71,10 @@ class CreatePartitionsApi:
                 assignments=[replicator_pb2.Replicas(node_ids=a.broker_ids)
                              for a in t.assignments])
                 for t in topics])
-        try:
-            results = (await self._admin.create_partitions(
-                increases, controller_timeout(request.timeout_ms))).topics
-        except CallError as exc:
-            log.warning("creating partitions failed: %s", exc)
-            return {t.name: CreatePartitionsResult(
-                name=t.name, error_code=ErrorCode.request_timed_out.value,
-                error_message=f"the controller did not answer: {exc}") for t in topics}
-        by_name = {r.name: r for r in results}
-        answers = {}
-        for topic in topics:
-            result = by_name.get(topic.name)
-            if result is None:
-                answers[topic.name] = CreatePartitionsResult(
-                    name=topic.name, error_code=ErrorCode.unknown_server_error.value,
-                    error_message="the controller returned no result for this topic")
-            else:
-                answers[topic.name] = CreatePartitionsResult(
-                    name=topic.name, error_code=result.error_code,
-                    error_message=result.error_message or None if result.error_code else None)
-        if not request.validate_only and any(not r.error_code for r in results):
-            await self._cache.reload()
-        return answers
+        results = await controller_results(
+            self._cache, self._admin.create_partitions(
+                increases, controller_timeout(request.timeout_ms)),
+            [t.name for t in topics], request.validate_only)
+        return {name: CreatePartitionsResult(name=name, error_code=r.error_code,
+                                             error_message=r.error_message or None)
+                for name, r in results.items()}

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Awaitable, Iterable
+from typing import Any
 
 from kbroker.kafka.v1 import kafka_pb2 as k
 from kbroker.replicator.v1 import replicator_pb2
@@ -51,6 +53,27 @@ def controller_timeout(timeout_ms: int) -> float:
     if timeout_ms <= 0:
         return DEFAULT_CONTROLLER_TIMEOUT_S
     return max(timeout_ms / 1000, MIN_CONTROLLER_TIMEOUT_S)
+
+
+async def controller_results(
+    cache: MetadataCache, call: Awaitable[Any], names: Iterable[str], validate_only: bool,
+) -> dict[str, replicator_pb2.TopicResult]:
+    """The controller's result (``call``'s answer) for each topic of ``names``: with
+    REQUEST_TIMED_OUT when the controller did not answer, UNKNOWN_SERVER_ERROR when it gave
+    none for the topic. After a change the metadata cache is reloaded."""
+    try:
+        results = {r.name: r for r in (await call).topics}
+    except CallError as exc:
+        log.warning("the controller did not answer: %s", exc)
+        failed = replicator_pb2.TopicResult(error_code=ErrorCode.request_timed_out.value,
+                                            error_message=f"the controller did not answer: {exc}")
+        return dict.fromkeys(names, failed)
+    if not validate_only and any(not r.error_code for r in results.values()):
+        await cache.reload()
+    missing = replicator_pb2.TopicResult(
+        error_code=ErrorCode.unknown_server_error.value,
+        error_message="the controller returned no result for this topic")
+    return {name: results.get(name, missing) for name in names}
 
 
 # --- CreateTopics ------------------------------------------------------------------------------
@@ -132,26 +155,11 @@ class CreateTopicsApi:
                 assignments={a.partition_index: replicator_pb2.Replicas(node_ids=a.broker_ids)
                              for a in t.assignments})
                 for t in topics])
-        try:
-            results = (await self._controller.create_topics(
-                creation, controller_timeout(request.timeout_ms))).topics
-        except CallError as exc:
-            log.warning("creating topics failed: %s", exc)
-            return {t.name: _failed(t.name, ErrorCode.request_timed_out.value,
-                                    f"the controller did not answer: {exc}") for t in topics}
-        by_name = {r.name: r for r in results}
-        answers = {}
-        for topic in topics:
-            result = by_name.get(topic.name)
-            if result is None:
-                answers[topic.name] = _failed(
-                    topic.name, ErrorCode.unknown_server_error.value,
-                    "the controller returned no result for this topic")
-            else:
-                answers[topic.name] = _created(topic, result)
-        if not request.validate_only and any(not r.error_code for r in results):
-            await self._cache.reload()
-        return answers
+        results = await controller_results(
+            self._cache, self._controller.create_topics(
+                creation, controller_timeout(request.timeout_ms)),
+            [t.name for t in topics], request.validate_only)
+        return {t.name: _created(t, results[t.name]) for t in topics}
 
 
 def _created(topic: CreatableTopic,

@@ -142,14 +142,12 @@ class Placement:
         (COORDINATOR_NOT_AVAILABLE while it cannot be had)."""
         try:
             metadata, topic = await self.topic(create=True)
+            if topic is None:
+                return COORDINATOR_NOT_AVAILABLE, -1
+            _, node = self.leader(metadata, topic, self.partition_of(topic, key))
         except CoordinatorError as exc:
             return exc.code, -1
-        if topic is None or not topic.partitions:
-            return COORDINATOR_NOT_AVAILABLE, -1
-        info = topic.partitions.get(partition_for(key, len(topic.partitions)))
-        if info is None or metadata.live_node(info.leader) is None:
-            return COORDINATOR_NOT_AVAILABLE, -1
-        return NONE, info.leader
+        return NONE, node.node_id
 
     async def coordinator_error(self, key: str, broker_id: int | None) -> int:
         """NOT_COORDINATOR when the client sent a request about ``key`` to a live broker (log

@@ -40,7 +40,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -48,7 +48,7 @@ from kbroker.purgatory.v1 import purgatory_pb2
 from services.common.progress_reports import epoch_key, partition_key
 
 from ..collaborators import CallError, LogNodes, Purgatory
-from ..metadata_cache import ClusterMetadata, TopicInfo
+from ..metadata_cache import Backoff, ClusterMetadata, TopicInfo
 from ..metrics import parked
 from .partition import CoordinatorPartition, Leader, Records, S
 from .placement import COORDINATOR_NOT_AVAILABLE, CoordinatorError, Placement, leader_error
@@ -64,6 +64,15 @@ MAX_PARALLEL_EXPIRIES = 64
 
 def wall_clock_ms() -> int:
     return int(time.time() * 1000)
+
+
+async def _best_effort(call: Awaitable[T], what: str, otherwise: T) -> T:
+    """What ``call`` gives, or ``otherwise`` when it fails (a purgatory that is down)."""
+    try:
+        return await call
+    except CallError as exc:
+        log.debug("could not %s: %s", what, exc)
+        return otherwise
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -247,27 +256,17 @@ class CoordinatorRuntime(Generic[S]):
     async def arm(self, timeouts: Mapping[str, int]) -> None:
         """Arm or re-arm a timer per key (timeouts in ms). Best effort."""
         if timeouts:
-            try:
-                await self._purgatory.schedule(timeouts)
-            except CallError as exc:
-                log.debug("could not arm timers: %s", exc)
+            await _best_effort(self._purgatory.schedule(timeouts), "arm timers", None)
 
     async def disarm(self, keys: Sequence[str]) -> None:
         """Best effort."""
         if keys:
-            try:
-                await self._purgatory.unschedule(keys)
-            except CallError as exc:
-                log.debug("could not disarm timers: %s", exc)
+            await _best_effort(self._purgatory.unschedule(keys), "disarm timers", None)
 
     async def rearmed(self, key: str) -> bool:
         """Whether a timer that ran out has been armed again since (False when unknown): an
         expiry is news from the past, and a sign of life since outweighs it."""
-        try:
-            return key in await self._purgatory.armed([key])
-        except CallError as exc:
-            log.debug("could not check the timer %s: %s", key, exc)
-            return False
+        return key in await _best_effort(self._purgatory.armed([key]), f"check {key}", set())
 
     def _implied_timers(self, states: Sequence[S]) -> dict[str, int]:
         timeouts: dict[str, int] = {}
@@ -283,13 +282,11 @@ class CoordinatorRuntime(Generic[S]):
         loaded = [store.state for store in list(self._partitions.values()) if store.loaded]
         await self.arm(self._implied_timers(loaded))
 
-    async def follow_expirations(self, on_expiry: Callable[[str], Awaitable[None]],
-                                 backoff_initial: float = 0.1,
-                                 backoff_max: float = 2.0) -> None:
+    async def follow_expirations(self, on_expiry: Callable[[str], Awaitable[None]]) -> None:
         """Hand every timer that runs out to ``on_expiry`` (keys of other coordinators too),
         for the handler's whole life: follows the purgatory's expiry stream, reconnecting with
         a backoff; each (re)subscription re-arms the timers of the loaded partitions."""
-        delay = backoff_initial
+        backoff = Backoff()
 
         async def bounded(key: str) -> None:
             async with self._expiries:
@@ -297,10 +294,9 @@ class CoordinatorRuntime(Generic[S]):
 
         while True:
             try:
-                stream: AsyncIterator[list[str]] = self._purgatory.watch_expirations()
-                async for keys in stream:
+                async for keys in self._purgatory.watch_expirations():
                     if not keys:
-                        delay = backoff_initial
+                        backoff.reset()
                         self._spawn(self.rearm_all())
                     for key in keys:
                         self._spawn(bounded(key))
@@ -308,8 +304,7 @@ class CoordinatorRuntime(Generic[S]):
                 raise
             except Exception as exc:  # noqa: BLE001 - the stream is reopened whatever broke it
                 log.debug("expiry stream broke (%s); reconnecting", exc)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, backoff_max)
+            await asyncio.sleep(backoff.next_delay())
 
     def _spawn(self, coroutine: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coroutine)

@@ -16,23 +16,26 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from services.common.errors import ErrorCode
-
 from ..collaborators import Controller, LogNodes, Purgatory
 from ..coordinator.placement import InternalTopic, Placement
 from ..coordinator.runtime import CoordinatorRuntime, RuntimeConfig, wall_clock_ms
 from ..metadata_cache import MetadataCache
 from ..metrics import GROUP_WRITES
-from .group import NONE, Group, GroupConfig, GroupState
+from .group import (
+    GROUP_ID_NOT_FOUND,
+    INVALID_GROUP_ID,
+    NON_EMPTY_GROUP,
+    NONE,
+    Group,
+    GroupConfig,
+    GroupState,
+)
 from .membership import Membership
 from .offsets import Offsets
 from .sessions import GroupTimers, timers_of
 from .state import PartitionState, Record, group_record, offset_record
 
 OFFSETS_TOPIC = "__consumer_offsets"
-INVALID_GROUP_ID = ErrorCode.invalid_group_id.value
-GROUP_ID_NOT_FOUND = ErrorCode.group_id_not_found.value
-NON_EMPTY_GROUP = ErrorCode.non_empty_group.value
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -61,6 +61,9 @@ REBALANCE_IN_PROGRESS = ErrorCode.rebalance_in_progress.value
 MEMBER_ID_REQUIRED = ErrorCode.member_id_required.value
 FENCED_INSTANCE_ID = ErrorCode.fenced_instance_id.value
 GROUP_MAX_SIZE_REACHED = ErrorCode.group_max_size_reached.value
+INVALID_GROUP_ID = ErrorCode.invalid_group_id.value
+GROUP_ID_NOT_FOUND = ErrorCode.group_id_not_found.value
+NON_EMPTY_GROUP = ErrorCode.non_empty_group.value
 
 # Kafka's JoinGroupRequest.UNKNOWN_MEMBER_ID.
 UNKNOWN_MEMBER = ""

@@ -39,6 +39,7 @@ from ..coordinator.placement import CoordinatorError
 from ..coordinator.runtime import POLL_INTERVAL_S, CoordinatorRuntime
 from ..metrics import GROUP_REBALANCES, GROUP_SESSION_EXPIRIES
 from .group import (
+    INVALID_GROUP_ID,
     NONE,
     REBALANCE_IN_PROGRESS,
     UNKNOWN_MEMBER_ID,
@@ -64,7 +65,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-INVALID_GROUP_ID = ErrorCode.invalid_group_id.value
 INVALID_SESSION_TIMEOUT = ErrorCode.invalid_session_timeout.value
 MAX_SYNC_WAIT_MS = 25_000
 

@@ -12,14 +12,19 @@ from collections.abc import Mapping, Sequence
 from services.common.errors import ErrorCode
 
 from ..coordinator.runtime import CoordinatorRuntime
-from .group import NONE, REBALANCE_IN_PROGRESS, Group, GroupState
+from .group import (
+    GROUP_ID_NOT_FOUND,
+    ILLEGAL_GENERATION,
+    INVALID_GROUP_ID,
+    NON_EMPTY_GROUP,
+    NONE,
+    REBALANCE_IN_PROGRESS,
+    Group,
+    GroupState,
+)
 from .sessions import GroupTimers
 from .state import CommittedOffset, PartitionState, Record, TopicPartition, offset_record
 
-INVALID_GROUP_ID = ErrorCode.invalid_group_id.value
-ILLEGAL_GENERATION = ErrorCode.illegal_generation.value
-GROUP_ID_NOT_FOUND = ErrorCode.group_id_not_found.value
-NON_EMPTY_GROUP = ErrorCode.non_empty_group.value
 GROUP_SUBSCRIBED_TO_TOPIC = ErrorCode.group_subscribed_to_topic.value
 
 
