@@ -34,12 +34,6 @@ log = logging.getLogger(__name__)
 Method = Callable[[Any, Any], Awaitable[Any]]
 
 
-class _AbortedError(Exception):
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(details)
-        self.code, self.details = code, details
-
-
 class CallContext:
     """What the servicer methods use of a ``grpc.aio.ServicerContext``, for one call."""
 
@@ -54,10 +48,6 @@ class CallContext:
 
     def set_trailing_metadata(self, metadata: Sequence[tuple[str, str]]) -> None:
         self.trailing_metadata = tuple(metadata)
-
-    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
-        """End the call with ``code``, as a unary call's context does."""
-        raise _AbortedError(code, details)
 
 
 def kafka_methods(servicer: object) -> dict[str, tuple[Method, Any]]:
@@ -96,8 +86,6 @@ class ExchangeServicer(handler_pb2_grpc.KafkaHandlerStreamServicer):
         context = CallContext([(m.key, m.value) for m in call.metadata])
         try:
             response = await method(request, context)
-        except _AbortedError as exc:
-            return _failed(call.call_id, exc.code, exc.details)
         except Exception as exc:
             log.exception("%s failed", call.method)
             return _failed(call.call_id, grpc.StatusCode.INTERNAL, f"{call.method}: {exc}")

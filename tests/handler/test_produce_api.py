@@ -108,7 +108,7 @@ def test_acks_all_awaits_the_high_watermark_in_the_purgatory():
     snapshot = cluster(topic("t", 3))
     purgatory = FakePurgatory(wait_result(False, {"t-0": 3, "t-1": 1, "t-2": 0}, {"t-2": 6}))
     response, _, purgatory = serve(request(("t", [0, 1, 2]), acks=-1, timeout_ms=1234),
-                                   snapshot, log_nodes, purgatory, await_replication=True)
+                                   snapshot, log_nodes, purgatory)
     assert [p.error_code for p in response.responses[0].partition_responses] == [0, 7, 6]
     ((kind, thresholds, require_all, timeout_ms),) = purgatory.waits
     assert kind == purgatory_pb2.OPERATION_KIND_PRODUCE
@@ -121,5 +121,5 @@ def test_acks_all_without_a_purgatory_times_out():
     log_nodes = FakeLogNodes()
     log_nodes.lagging_high_watermark = True
     response, _, _ = serve(request(("t", [0]), acks=-1), cluster(topic("t")), log_nodes,
-                           FakePurgatory(UnreachableError("down")), await_replication=True)
+                           FakePurgatory(UnreachableError("down")))
     assert outcome(response) == [("t", 0, 7, -1)]

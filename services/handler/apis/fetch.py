@@ -110,18 +110,10 @@ class _TopicSlots:
 
 
 class FetchApi:
-    def __init__(
-        self,
-        cache: MetadataCache,
-        log_nodes: LogNodes,
-        purgatory: Purgatory,
-        *,
-        read_timeout: float = READ_TIMEOUT_S,
-    ) -> None:
+    def __init__(self, cache: MetadataCache, log_nodes: LogNodes, purgatory: Purgatory) -> None:
         self._cache = cache
         self._log_nodes = log_nodes
         self._purgatory = purgatory
-        self._read_timeout = read_timeout
 
     async def handle(self, request: k.FetchRequest, context: RequestContext) -> k.FetchResponse:
         deadline = time.monotonic() + max(request.max_wait_ms, 0) / 1000
@@ -209,7 +201,7 @@ class FetchApi:
                     log_pb2.PartitionRead(topic=s.topic_name, partition=s.partition,
                                           offset=s.fetch_offset, max_bytes=s.max_bytes)
                     for s in items])
-            return (await self._log_nodes.read(node, reads, self._read_timeout)).results
+            return (await self._log_nodes.read(node, reads, READ_TIMEOUT_S)).results
 
         routed = [(s.route, s) for s in slots if s.route is not None]
         for s, code, result in await call_leaders(routed, read_on, effect=False):

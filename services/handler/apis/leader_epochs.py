@@ -47,11 +47,9 @@ class _Slot:
 
 
 class OffsetForLeaderEpochApi:
-    def __init__(self, cache: MetadataCache, log_nodes: LogNodes, *,
-                 timeout: float = TIMEOUT_S) -> None:
+    def __init__(self, cache: MetadataCache, log_nodes: LogNodes) -> None:
         self._cache = cache
         self._log_nodes = log_nodes
-        self._timeout = timeout
 
     async def handle(
         self, request: k.OffsetForLeaderEpochRequest, context: RequestContext
@@ -82,7 +80,7 @@ class OffsetForLeaderEpochApi:
                                              leader_epoch=_leader_epoch(s.request))
                 for s in slots])
             return (await self._log_nodes.offset_for_leader_epoch(node, queries,
-                                                                  self._timeout)).results
+                                                                  TIMEOUT_S)).results
 
         for s, code, result in await call_leaders(routed, ask, effect=False):
             s.answer = _failed(s.request, code) if code else PartitionEnd(

@@ -52,13 +52,9 @@ class _Slot:
 
 
 class ListOffsetsApi:
-    def __init__(
-        self, cache: MetadataCache, log_nodes: LogNodes, *,
-        timeout: float = LIST_OFFSETS_TIMEOUT_S,
-    ) -> None:
+    def __init__(self, cache: MetadataCache, log_nodes: LogNodes) -> None:
         self._cache = cache
         self._log_nodes = log_nodes
-        self._timeout = timeout
 
     async def handle(
         self, request: k.ListOffsetsRequest, context: RequestContext
@@ -97,7 +93,8 @@ class ListOffsetsApi:
                 log_pb2.PartitionTimestamp(topic=s.topic, partition=s.request.partition_index,
                                            timestamp=_log_timestamp(s.request.timestamp))
                 for s in slots])
-            return (await self._log_nodes.list_offsets(node, queries, self._timeout)).results
+            answer = await self._log_nodes.list_offsets(node, queries, LIST_OFFSETS_TIMEOUT_S)
+            return answer.results
 
         for s, code, result in await call_leaders(routed, list_on, effect=False):
             if code:

@@ -101,20 +101,10 @@ class _Slot:
 
 
 class ProduceApi:
-    def __init__(
-        self,
-        cache: MetadataCache,
-        log_nodes: LogNodes,
-        purgatory: Purgatory,
-        *,
-        await_replication: bool = True,
-        append_timeout: float = APPEND_TIMEOUT_S,
-    ) -> None:
+    def __init__(self, cache: MetadataCache, log_nodes: LogNodes, purgatory: Purgatory) -> None:
         self._cache = cache
         self._log_nodes = log_nodes
         self._purgatory = purgatory
-        self._await_replication = await_replication
-        self._append_timeout = append_timeout
 
     async def handle(self, request: ProduceRequest, context: RequestContext) -> ProduceResponse:
         if request.acks not in VALID_ACKS:
@@ -161,7 +151,7 @@ class ProduceApi:
             appends = log_pb2.AppendRequest(partitions=[
                 log_pb2.PartitionAppend(topic=slot.name, partition=slot.index, records=records)
                 for slot, records in items])
-            return (await self._log_nodes.append(node, appends, self._append_timeout)).results
+            return (await self._log_nodes.append(node, appends, APPEND_TIMEOUT_S)).results
 
         for (slot, _), code, detail in await call_leaders(routed, append_on, effect=True):
             if not code:
@@ -174,7 +164,7 @@ class ProduceApi:
             else:
                 slot.response = _failed(slot.index, code, detail.error_message or None)
 
-        if request.acks == ACKS_ALL and self._await_replication:
+        if request.acks == ACKS_ALL:
             appended = [s for row in slots for s in row if s.appended is not None]
             await self._await_high_watermarks(appended, request.timeout_ms)
             self._check_insync_after_append(appended)

@@ -57,12 +57,9 @@ class ProducerIdBlocks:
     next one fetched ahead. One fetch at a time; concurrent callers wait for it. Event-loop
     only."""
 
-    def __init__(
-        self, source: Controller, requester: str = "", time_limit: float = ALLOCATE_TIMEOUT_S,
-    ) -> None:
+    def __init__(self, source: Controller, requester: str = "") -> None:
         self._source = source
         self._requester = requester
-        self._time_limit = time_limit
         self._current = range(0)
         self._next_id = 0
         self._ahead: range | None = None
@@ -111,7 +108,7 @@ class ProducerIdBlocks:
         try:
             answer = await self._source.allocate_producer_ids(
                 replicator_pb2.AllocateProducerIdsRequest(requester=self._requester),
-                self._time_limit)
+                ALLOCATE_TIMEOUT_S)
             if answer.error_code or answer.producer_id_len <= 0:
                 raise CallError(f"no producer ids: {error_name(answer.error_code)} "
                                 f"{answer.error_message}")

@@ -204,10 +204,8 @@ class DeleteTopicsApi:
         id_counts = Counter(topic_id for name, topic_id in refs
                             if topic_id is not None and name is None)
         out: list[DeletableTopicResult] = []
-        names: list[str] = []
-        ids: list[str] = []
-        # Slots to fill from the controller's answer: index in ``out`` -> ("name"|"id", key).
-        pending: dict[int, tuple[str, str]] = {}
+        # The answers to fill from the controller's, with the topic's name or else its id.
+        pending: list[tuple[DeletableTopicResult, str | None, str | None]] = []
         for name, topic_id in refs:
             error: str | None = None
             if name is None and topic_id is None:
@@ -218,45 +216,39 @@ class DeleteTopicsApi:
                 error = "Duplicate topic name."
             elif topic_id is not None and id_counts[topic_id] > 1:
                 error = "Duplicate topic id."
+            out.append(answer := DeletableTopicResult(name=name, topic_id=topic_id))
             if error is not None:
-                out.append(DeletableTopicResult(name=name, topic_id=topic_id,
-                                                error_code=ErrorCode.invalid_request.value,
-                                                error_message=error))
-                continue
-            pending[len(out)] = ("name", name) if name is not None else ("id", topic_id or "")
-            out.append(DeletableTopicResult(name=name, topic_id=topic_id))
-            if name is not None:
-                names.append(name)
+                answer.error_code, answer.error_message = ErrorCode.invalid_request.value, error
             else:
-                ids.append(topic_id or "")
+                pending.append((answer, name, topic_id))
         if not pending:
             return k.DeleteTopicsResponse(responses=out)
 
+        deletion = replicator_pb2.DeleteTopicsRequest(
+            names=[name for _, name, _ in pending if name is not None],
+            topic_ids=[topic_id for _, name, topic_id in pending if name is None])
         try:
             results = (await self._controller.delete_topics(
-                replicator_pb2.DeleteTopicsRequest(names=names, topic_ids=ids),
-                controller_timeout(request.timeout_ms))).topics
+                deletion, controller_timeout(request.timeout_ms))).topics
         except CallError as exc:
             log.warning("deleting topics failed: %s", exc)
-            for index in pending:
-                out[index].error_code = ErrorCode.request_timed_out.value
-                out[index].error_message = f"the controller did not answer: {exc}"
+            for answer, _, _ in pending:
+                answer.error_code = ErrorCode.request_timed_out.value
+                answer.error_message = f"the controller did not answer: {exc}"
             return k.DeleteTopicsResponse(responses=out)
 
         by_name = {r.name: r for r in results if r.name}
         by_id = {tid: r for r in results if (tid := canonical_topic_id(r.topic_id))}
-        for index, (kind, key) in pending.items():
-            result = by_name.get(key) if kind == "name" else by_id.get(key)
-            answer = out[index]
+        for answer, name, topic_id in pending:
+            result = by_name.get(name) if name is not None else by_id.get(topic_id or "")
             if result is None:
                 answer.error_code = ErrorCode.unknown_server_error.value
                 answer.error_message = "the controller returned no result for this topic"
                 continue
             if result.name:
                 answer.name = result.name
-            topic_id = canonical_topic_id(result.topic_id)
-            if topic_id:
-                answer.topic_id = topic_id
+            if canonical_topic_id(result.topic_id):
+                answer.topic_id = canonical_topic_id(result.topic_id)
             answer.error_code = result.error_code
             if result.error_message:
                 answer.error_message = result.error_message

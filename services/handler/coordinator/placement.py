@@ -7,7 +7,7 @@ The topic is created on first need (a FindCoordinator) with its configured parti
 replication factor min(configured, live log nodes) and ``cleanup.policy=compact``; concurrent
 requests share one creation. Requests that reach a live broker that does not lead the key's
 partition are NOT_COORDINATOR, as Kafka's; a request that reached the port of a broker that
-is not alive is served (see :meth:`Placement.coordinator_error`).
+is not alive is served (see :meth:`Placement.not_coordinator`).
 """
 
 from __future__ import annotations
@@ -149,11 +149,13 @@ class Placement:
             return exc.code, -1
         return NONE, node.node_id
 
-    async def coordinator_error(self, key: str, broker_id: int | None) -> int:
+    async def not_coordinator(self, key: str, broker_id: int | None) -> int:
         """NOT_COORDINATOR when the client sent a request about ``key`` to a live broker (log
-        node) that does not lead the key's partition (Kafka's check); 0 when it does, or when
-        the broker is not known (a direct call). Any handler could serve the request, but
-        clients must keep talking to the coordinator they found, as Kafka's do.
+        node) that does not lead the key's partition (Kafka's check); the reason when the
+        coordinator is unknown; 0 when it does, or when the broker is not known (a direct
+        call). An empty key is left to the API's own check (e.g. INVALID_GROUP_ID). Any
+        handler could serve the request, but clients must keep talking to the coordinator they
+        found, as Kafka's do.
 
         A request that reached the port of a broker that is not alive is served: the frontend
         keeps serving every broker's port, so a client's connection to a dead broker stays up,
@@ -162,24 +164,17 @@ class Placement:
         would otherwise be told NOT_COORDINATOR until they restart. Serving is safe: the state
         lives in its partition, whose leader every handler writes to. Clients that look the
         coordinator up again are sent to the new one."""
-        if broker_id is None:
+        if broker_id is None or not key:
             return NONE
-        metadata, topic = await self.topic(create=False)
+        try:
+            metadata, topic = await self.topic(create=False)
+        except CoordinatorError as exc:
+            return exc.code
         if metadata.live_node(broker_id) is None:
             return NONE
         if topic is None or not self.leads(topic, self.partition_of(topic, key), broker_id):
             return NOT_COORDINATOR
         return NONE
-
-    async def not_coordinator(self, key: str, broker_id: int | None) -> int:
-        """:meth:`coordinator_error`, with the reason the coordinator is unknown as the error
-        when it is; an empty key is left to the API's own check (e.g. INVALID_GROUP_ID)."""
-        if not key:
-            return NONE
-        try:
-            return await self.coordinator_error(key, broker_id)
-        except CoordinatorError as exc:
-            return exc.code
 
     @staticmethod
     def partition_of(topic: TopicInfo, key: str) -> int:
