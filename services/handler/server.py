@@ -38,8 +38,7 @@ from .apis.topics import CreateTopicsApi, DeleteTopicsApi
 from .clients import LogNodeClients, PurgatoryClient, ReplicatorClient
 from .config import HandlerConfig
 from .exchange import STREAM_SERVICE_NAME, ExchangeServicer, add_exchange_to_server
-from .groups.coordinator import CoordinatorConfig, GroupCoordinator
-from .groups.group import GroupConfig
+from .groups.coordinator import GroupCoordinator
 from .metadata_cache import MetadataCache
 from .servicer import KafkaApi, KafkaHandlerServicer, add_to_server
 
@@ -72,8 +71,7 @@ async def start(config: HandlerConfig) -> HandlerService:
         cache = MetadataCache(replicator.load_metadata)
         cache.add_listener(log_nodes.on_metadata)
         producer_id_blocks = ProducerIdBlocks(replicator, requester=config.instance)
-        coordinator = GroupCoordinator(cache, log_nodes, replicator, purgatory,
-                                       coordinator_config(config))
+        coordinator = GroupCoordinator(cache, log_nodes, replicator, purgatory, config)
         for resource in (replicator, log_nodes, purgatory, producer_id_blocks, coordinator):
             stack.push_async_callback(resource.close)
         alter_configs = AlterConfigsApi(cache, replicator)
@@ -127,19 +125,3 @@ async def _cancel(task: asyncio.Task[None]) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
-
-
-def coordinator_config(config: HandlerConfig) -> CoordinatorConfig:
-    """The group coordinator's settings (Kafka's offsets.* and group.* broker configs)."""
-    return CoordinatorConfig(
-        num_partitions=config.offsets_topic_num_partitions,
-        replication_factor=config.offsets_topic_replication_factor,
-        segment_bytes=config.offsets_topic_segment_bytes,
-        offset_metadata_max_bytes=config.offset_metadata_max_bytes,
-        group=GroupConfig(
-            initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
-            min_session_timeout_ms=config.group_min_session_timeout_ms,
-            max_session_timeout_ms=config.group_max_session_timeout_ms,
-            max_size=config.group_max_size,
-        ),
-    )

@@ -75,7 +75,7 @@ class OffsetCommitApi(_OffsetsApi):
     async def handle(self, request: k.OffsetCommitRequest,
                      context: RequestContext) -> k.OffsetCommitResponse:
         metadata = await self._metadata()
-        limit = self._coordinator.config.offset_metadata_max_bytes
+        limit = self._coordinator.offset_metadata_max_bytes
         now = self._coordinator.now()
         expire = now + request.retention_time_ms if request.retention_time_ms >= 0 else -1
         errors: dict[TopicPartition, int] = {}

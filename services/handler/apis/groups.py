@@ -259,7 +259,7 @@ class ListGroupsApi(GroupApi):
             return k.ListGroupsResponse(error_code=exc.code)
         return k.ListGroupsResponse(error_code=0, groups=[
             k.ListGroupsResponse.ListedGroup(
-                group_id=g.group_id, protocol_type=g.protocol_type,
+                group_id=g.group_id, protocol_type=g.protocol_type or "",
                 group_state=g.state.kafka_name, group_type=CLASSIC_GROUP_TYPE)
             for g in listings if not states or g.state in states])
 

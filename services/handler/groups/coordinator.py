@@ -4,8 +4,8 @@ internal topic is ``__consumer_offsets`` and whose state per partition is its gr
 committed offsets (:mod:`.state`). Every handler can serve every group, because everything a
 group is, including a rebalance in progress, lives in that topic.
 
-By concern: placement (FindCoordinator, ``__consumer_offsets``: the runtime's
-:class:`~..coordinator.placement.Placement` of :func:`offsets_topic`), membership
+By concern: placement (FindCoordinator, ``__consumer_offsets`` as Kafka creates it from the
+offsets.topic.* settings: the runtime's :class:`~..coordinator.placement.Placement`), membership
 (:mod:`.membership`), committed offsets (:mod:`.offsets`), session and rebalance timers
 (:mod:`.sessions`), and here the groups as a whole (DescribeGroups, ListGroups,
 DeleteGroups) and the wiring.
@@ -13,12 +13,10 @@ DeleteGroups) and the wiring.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-
 from ..collaborators import Controller, LogNodes, Purgatory
+from ..config import HandlerConfig
 from ..coordinator.placement import InternalTopic, Placement
-from ..coordinator.runtime import CoordinatorRuntime, RuntimeConfig, wall_clock_ms
+from ..coordinator.runtime import CoordinatorRuntime
 from ..metadata_cache import MetadataCache
 from ..metrics import GROUP_WRITES
 from .group import (
@@ -38,44 +36,26 @@ from .state import PartitionState, Record, group_record, offset_record
 OFFSETS_TOPIC = "__consumer_offsets"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CoordinatorConfig:
-    num_partitions: int = 50
-    replication_factor: int = 3
-    segment_bytes: int = 104_857_600
-    offset_metadata_max_bytes: int = 4096
-    group: GroupConfig = field(default_factory=GroupConfig)
-    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
-
-
-def offsets_topic(config: CoordinatorConfig) -> InternalTopic:
-    """``__consumer_offsets`` as Kafka creates it (offsets.topic.* settings)."""
-    return InternalTopic(name=OFFSETS_TOPIC, num_partitions=config.num_partitions,
-                         replication_factor=config.replication_factor,
-                         configs={"segment.bytes": str(config.segment_bytes),
-                                  "compression.type": "producer"})
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GroupListing:
-    group_id: str
-    protocol_type: str
-    state: GroupState
-
-
 class GroupCoordinator:
     """Groups and committed offsets over ``__consumer_offsets``, the purgatory and metadata."""
 
     def __init__(self, cache: MetadataCache, log_nodes: LogNodes, controller: Controller,
-                 purgatory: Purgatory, config: CoordinatorConfig | None = None,
-                 clock: Callable[[], int] = wall_clock_ms) -> None:
-        self.config = config = config or CoordinatorConfig()
-        self.placement = Placement(offsets_topic(config), cache, controller)
+                 purgatory: Purgatory, config: HandlerConfig) -> None:
+        self.offset_metadata_max_bytes = config.offset_metadata_max_bytes
+        self.placement = Placement(InternalTopic(
+            name=OFFSETS_TOPIC, num_partitions=config.offsets_topic_num_partitions,
+            replication_factor=config.offsets_topic_replication_factor,
+            configs={"segment.bytes": str(config.offsets_topic_segment_bytes),
+                     "compression.type": "producer"}), cache, controller)
         self.runtime = CoordinatorRuntime(
             self.placement, log_nodes, purgatory, PartitionState, kind="group",
-            timers_of=timers_of, writes=GROUP_WRITES, config=config.runtime, clock=clock)
+            timers_of=timers_of, writes=GROUP_WRITES)
         group_timers = GroupTimers(self.runtime)
-        self.membership = Membership(self.runtime, group_timers, config.group)
+        self.membership = Membership(self.runtime, group_timers, GroupConfig(
+            initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+            min_session_timeout_ms=config.group_min_session_timeout_ms,
+            max_session_timeout_ms=config.group_max_session_timeout_ms,
+            max_size=config.group_max_size))
         self.offsets = Offsets(self.runtime, group_timers)
 
     def now(self) -> int:
@@ -108,16 +88,12 @@ class GroupCoordinator:
 
         return (await self.runtime.update(group_id, change))[0]
 
-    async def list_groups(self, broker_id: int | None = None) -> list[GroupListing]:
-        """Every group of the offsets partitions ``broker_id`` leads (all when None)."""
-        listings = []
-        for state in await self.runtime.states_led_by(broker_id):
-            for group_id in sorted(state.group_ids()):
-                group = state.group(group_id) or Group(group_id=group_id)
-                listings.append(GroupListing(group_id=group_id,
-                                             protocol_type=group.protocol_type or "",
-                                             state=group.state))
-        return listings
+    async def list_groups(self, broker_id: int | None = None) -> list[Group]:
+        """Every group of the offsets partitions ``broker_id`` leads (all when None); a group
+        that only has offsets is an Empty one."""
+        return [state.group(group_id) or Group(group_id=group_id)
+                for state in await self.runtime.states_led_by(broker_id)
+                for group_id in sorted(state.group_ids())]
 
     async def follow_expirations(self) -> None:
         """Act on the group timers that run out, for the handler's whole life."""

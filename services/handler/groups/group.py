@@ -85,17 +85,11 @@ class GroupState(enum.Enum):
 
     @property
     def kafka_name(self) -> str:
-        return _STATE_NAMES[self]
+        """``PreparingRebalance`` for PREPARING_REBALANCE."""
+        return self.name.title().replace("_", "")
 
 
-_STATE_NAMES = {
-    GroupState.EMPTY: "Empty",
-    GroupState.PREPARING_REBALANCE: "PreparingRebalance",
-    GroupState.COMPLETING_REBALANCE: "CompletingRebalance",
-    GroupState.STABLE: "Stable",
-    GroupState.DEAD: "Dead",
-}
-STATES_BY_NAME = {name.lower(): state for state, name in _STATE_NAMES.items()}
+STATES_BY_NAME = {state.kafka_name.lower(): state for state in GroupState}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -204,9 +198,6 @@ class Group:
 
     # -- queries ---------------------------------------------------------------------------
 
-    def is_empty(self) -> bool:
-        return not self.members
-
     def static_member_id(self, group_instance_id: str | None) -> str | None:
         if group_instance_id is None:
             return None
@@ -255,11 +246,10 @@ class Group:
 
     def supports_protocols(self, protocol_type: str,
                            protocols: Sequence[tuple[str, bytes]]) -> bool:
-        if self.is_empty():
+        if not self.members:
             return bool(protocol_type) and bool(protocols)
-        counts = Counter(name for m in self.members.values() for name, _ in m.protocols)
-        return protocol_type == self.protocol_type and any(
-            counts.get(name, 0) == len(self.members) for name, _ in protocols)
+        candidates = self.candidate_protocols()
+        return protocol_type == self.protocol_type and any(n in candidates for n, _ in protocols)
 
     def select_protocol(self) -> str | None:
         """Each member votes for its most preferred candidate; the most votes win (ties: the
