@@ -1,6 +1,8 @@
 """The Kafka APIs, one module per API family (as Kafka's ``KafkaApis`` handlers).
 
-Each module takes a version-free domain request, does the work through the collaborator
-interfaces (``..collaborators``) and the metadata cache, and returns a domain response with
-the error codes Kafka's Java broker would give. Nothing here knows about gRPC or protobuf.
+Each API takes its request as the generated message of ``kbroker.kafka.v1`` (version-free: the
+frontend owns wire versions) and returns the response message, with the error codes Kafka's Java
+broker would give. The work goes through the metadata cache and the interfaces of
+``..collaborators``, whose requests and answers are the internal services' generated messages.
+Nothing here knows about gRPC.
 """

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 from kbroker.replicator.v1 import replicator_pb2
 from services.common.errors import ErrorCode
@@ -56,16 +54,6 @@ def leader_error(code: int, message: str) -> CoordinatorError:
         NOT_COORDINATOR if code == NOT_LEADER_OR_FOLLOWER else COORDINATOR_NOT_AVAILABLE, message)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class InternalTopic:
-    """A coordinator's internal topic as it is created (``cleanup.policy=compact`` added)."""
-
-    name: str
-    num_partitions: int
-    replication_factor: int
-    configs: Mapping[str, str] = field(default_factory=dict)
-
-
 def java_string_hash(text: str) -> int:
     """Java's ``String.hashCode``: over UTF-16 code units, 32-bit wrapping."""
     data = text.encode("utf-16-be")
@@ -82,13 +70,16 @@ def partition_for(key: str, partitions: int) -> int:
 
 
 class Placement:
-    """The internal topic of one coordinator in the cluster metadata."""
+    """The internal topic of one coordinator in the cluster metadata. ``topic`` is as it is
+    created: ``cleanup.policy=compact`` is added, and the replication factor bounded by the
+    live log nodes."""
 
-    def __init__(self, topic: InternalTopic, cache: MetadataCache, controller: Controller) -> None:
+    def __init__(self, topic: replicator_pb2.NewTopic, cache: MetadataCache,
+                 controller: Controller) -> None:
         self.spec = topic
         self._cache = cache
         self._controller = controller
-        self._creation: asyncio.Task[TopicInfo | None] | None = None
+        self._creation: asyncio.Task[None] | None = None
 
     async def metadata(self) -> ClusterMetadata:
         try:
@@ -113,11 +104,10 @@ class Placement:
             topic = metadata.topic(name)
         return metadata, topic
 
-    async def _create(self) -> TopicInfo | None:
-        metadata = await self.metadata()
-        live = len(metadata.live_nodes())
+    async def _create(self) -> None:
+        live = len((await self.metadata()).live_nodes())
         if live == 0:
-            return None
+            return
         spec = self.spec
         topic = replicator_pb2.NewTopic(
             name=spec.name, num_partitions=spec.num_partitions,
@@ -128,14 +118,14 @@ class Placement:
                 replicator_pb2.CreateTopicsRequest(topics=[topic]), CREATE_TOPIC_TIMEOUT_S)).topics
         except CallError as exc:
             log.warning("creating %s failed: %s", spec.name, exc)
-            return None
+            return
         for result in results:
             if result.error_code and result.error_code != TOPIC_ALREADY_EXISTS:
                 log.warning("creating %s failed: error %d %s", spec.name, result.error_code,
                             result.error_message)
             else:
                 log.info("created %s with %d partitions", spec.name, spec.num_partitions)
-        return (await self._cache.refresh()).topic(spec.name)
+        await self._cache.refresh()
 
     async def find(self, key: str) -> tuple[int, int]:
         """(error, node id) of the coordinator of ``key``, creating the topic on first need

@@ -19,16 +19,16 @@ partitions, records and timers, never what a coordinator coordinates.
   (``timers_of``) are armed again when a handler first loads a partition and whenever the
   expiry stream (re)connects, so a purgatory restart loses none.
 
-A second coordinator (the transaction coordinator) plugs in with only its own parts: an
-:class:`~.placement.InternalTopic` (``__transaction_state``, 50 partitions; keys placed by the
-same Java string hash); a state type constructed without arguments whose ``replay(key,
-value)`` applies one record, decoded with its record types from the schema table
-(``coordinator_records``); its operations as change functions ``(state, now) -> (records,
-result)`` given to :meth:`~CoordinatorRuntime.update`, records encoded with the same table;
-``timers_of(state, now)`` naming the timers its state implies (transaction timeouts), and a
-handler of expired keys given to :meth:`~CoordinatorRuntime.follow_expirations` (it ignores
-keys that are not its own). Parked requests use :meth:`~CoordinatorRuntime.wait` and
-:meth:`~CoordinatorRuntime.signal` on its keys.
+A second coordinator (the transaction coordinator) plugs in with only its own parts: its
+internal topic (a ``NewTopic`` for a :class:`~.placement.Placement`: ``__transaction_state``,
+50 partitions; keys placed by the same Java string hash); a state type constructed without
+arguments whose ``replay(key, value)`` applies one record, decoded with its record types from
+the schema table (``coordinator_records``); its operations as change functions ``(state, now)
+-> (records, result)`` given to :meth:`~CoordinatorRuntime.update`, records encoded with the
+same table; ``timers_of(state, now)`` naming the timers its state implies (transaction
+timeouts), and a handler of expired keys given to :meth:`~CoordinatorRuntime.follow_expirations`
+(it ignores keys that are not its own). Parked requests use :meth:`~CoordinatorRuntime.wait`
+and :meth:`~CoordinatorRuntime.signal` on its keys.
 
 Clocks: ``now`` is wall-clock milliseconds; deadlines stored in records mean the same on
 every handler only if their clocks agree to well within the coordinator's timeouts.

@@ -1,6 +1,5 @@
 """The group coordinator of the classic consumer group protocol, run by stateless handlers on
 the coordinator runtime: ``group`` (the pure state machine), ``state`` (a partition's groups
 and offsets, and their records), ``membership`` (join, sync, heartbeat, leave, deadlines,
-session expiry), ``offsets`` (commit, fetch, delete), ``sessions`` (their purgatory timers),
-``coordinator`` (placement on ``__consumer_offsets``, groups as a whole, the wiring) and
-``records`` (the record batches that carry the records)."""
+session expiry), ``offsets`` (commit, fetch, delete), ``sessions`` (their purgatory timers)
+and ``coordinator`` (placement on ``__consumer_offsets``, groups as a whole, the wiring)."""

@@ -1,21 +1,19 @@
 """The group coordinator (Kafka's ``GroupCoordinator`` with its ``GroupMetadataManager``) run by
 stateless handlers: the first user of the coordinator runtime (:mod:`..coordinator`), whose
-internal topic is ``__consumer_offsets`` and whose state per partition is its groups and
-committed offsets (:mod:`.state`). Every handler can serve every group, because everything a
-group is, including a rebalance in progress, lives in that topic.
-
-By concern: placement (FindCoordinator, ``__consumer_offsets`` as Kafka creates it from the
-offsets.topic.* settings: the runtime's :class:`~..coordinator.placement.Placement`), membership
-(:mod:`.membership`), committed offsets (:mod:`.offsets`), session and rebalance timers
-(:mod:`.sessions`), and here the groups as a whole (DescribeGroups, ListGroups,
-DeleteGroups) and the wiring.
+internal topic is ``__consumer_offsets`` (created as Kafka creates it, from the offsets.topic.*
+settings) and whose state per partition is its groups and committed offsets (:mod:`.state`).
+Every handler can serve every group, because everything a group is, including a rebalance in
+progress, lives in that topic. Here: the groups as a whole (DescribeGroups, ListGroups,
+DeleteGroups) and the wiring of the package's other parts.
 """
 
 from __future__ import annotations
 
+from kbroker.replicator.v1 import replicator_pb2
+
 from ..collaborators import Controller, LogNodes, Purgatory
 from ..config import HandlerConfig
-from ..coordinator.placement import InternalTopic, Placement
+from ..coordinator.placement import Placement
 from ..coordinator.runtime import CoordinatorRuntime
 from ..metadata_cache import MetadataCache
 from ..metrics import GROUP_WRITES
@@ -42,7 +40,7 @@ class GroupCoordinator:
     def __init__(self, cache: MetadataCache, log_nodes: LogNodes, controller: Controller,
                  purgatory: Purgatory, config: HandlerConfig) -> None:
         self.offset_metadata_max_bytes = config.offset_metadata_max_bytes
-        self.placement = Placement(InternalTopic(
+        self.placement = Placement(replicator_pb2.NewTopic(
             name=OFFSETS_TOPIC, num_partitions=config.offsets_topic_num_partitions,
             replication_factor=config.offsets_topic_replication_factor,
             configs={"segment.bytes": str(config.offsets_topic_segment_bytes),

@@ -14,10 +14,10 @@ import pytest
 
 from kbroker.log.v1 import log_pb2
 from kbroker.purgatory.v1 import purgatory_pb2
+from kbroker.replicator.v1 import replicator_pb2
 from services.common.errors import ErrorCode
 from services.handler.coordinator.placement import (
     CoordinatorError,
-    InternalTopic,
     Placement,
     java_string_hash,
     partition_for,
@@ -27,7 +27,7 @@ from services.handler.metadata_cache import LogNode
 
 from ..fakes import FakeController, cache_of, cluster, topic, wait_result
 
-TOPIC = InternalTopic(name="__counters", num_partitions=2, replication_factor=1)
+TOPIC = replicator_pb2.NewTopic(name="__counters", num_partitions=2, replication_factor=1)
 COORDINATOR_NOT_AVAILABLE = ErrorCode.coordinator_not_available.value
 
 
