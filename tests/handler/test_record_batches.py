@@ -1,7 +1,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.handler.record_batches import trim_to_whole_batches, whole_batches_size
+from services.handler.apis.fetch import trim_to_whole_batches, whole_batches_size
 
 from .batches import batch_offsets, record_batch
 

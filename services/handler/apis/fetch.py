@@ -46,6 +46,7 @@ from kbroker.log.v1 import log_pb2
 from kbroker.purgatory.v1 import purgatory_pb2
 from services.common.errors import ErrorCode, KafkaError
 from services.common.progress_reports import partition_key
+from services.common.records.record_batch import LOG_OVERHEAD, read_log_overhead
 
 from ..collaborators import CallError, LogNodes, Purgatory, UnreachableError
 from ..metadata_cache import (
@@ -56,7 +57,6 @@ from ..metadata_cache import (
     TopicInfo,
 )
 from ..metrics import parked
-from ..record_batches import trim_to_whole_batches
 from ..request_context import RequestContext
 from ..routing import Route, call_leaders, leader_error, locate
 from ..topic_identity import canonical_topic_id
@@ -273,3 +273,29 @@ class FetchApi:
         if outcome.outcome != purgatory_pb2.OUTCOME_COMPLETED:
             return False
         return not any(state.error_code for state in outcome.keys)
+
+
+def whole_batches_size(records: bytes, limit: int, at_least_one: bool) -> int:
+    """The size of the longest run of whole batches at the start of ``records`` that fits in
+    ``limit`` bytes; with ``at_least_one`` the first batch counts even if it alone does not
+    (Kafka's rule for the first partition of a fetch). A torn or malformed batch ends the run.
+    A consumer gets whole batches of a partition or none."""
+    size = len(records)
+    pos = 0
+    read = read_log_overhead  # 12 bytes a batch, not its whole header: this walk is hot
+    while pos + LOG_OVERHEAD <= size:
+        _, length = read(records, pos)
+        end = pos + LOG_OVERHEAD + length
+        if length < 0 or end > size or end > limit and not (at_least_one and pos == 0):
+            break
+        pos = end
+    return pos
+
+
+def trim_to_whole_batches(records: bytes, limit: int, at_least_one: bool) -> bytes:
+    """``records`` (whole batches, as log nodes return them) cut to :func:`whole_batches_size`;
+    the same object when it fits, without walking its batches (the common case of a fetch)."""
+    if len(records) <= limit:
+        return records
+    keep = whole_batches_size(records, limit, at_least_one)
+    return records if keep == len(records) else records[:keep]
