@@ -91,7 +91,7 @@ async def start(config: HandlerConfig) -> HandlerService:
             "AlterConfigs": alter_configs,
             "IncrementalAlterConfigs": alter_configs,
             "InitProducerId": InitProducerIdApi(producer_id_blocks),
-            "FindCoordinator": FindCoordinatorApi(cache, coordinator),
+            "FindCoordinator": FindCoordinatorApi(coordinator),
             "JoinGroup": JoinGroupApi(coordinator),
             "SyncGroup": SyncGroupApi(coordinator),
             "Heartbeat": HeartbeatApi(coordinator),

@@ -59,7 +59,6 @@ from ..groups.group import (
     GroupState,
     JoinRequest,
 )
-from ..metadata_cache import MetadataCache, MetadataUnavailableError
 from ..request_context import RequestContext, broker_port
 from .cluster import AUTHORIZED_OPERATIONS_OMITTED, AclOperation, operations_bitfield
 
@@ -121,10 +120,6 @@ class GroupApi:
 
 
 class FindCoordinatorApi(GroupApi):
-    def __init__(self, cache: MetadataCache, coordinator: GroupCoordinator) -> None:
-        super().__init__(coordinator)
-        self._cache = cache
-
     async def handle(self, request: k.FindCoordinatorRequest,
                      context: RequestContext) -> k.FindCoordinatorResponse:
         batched = newer_shape(context, 4, bool(request.coordinator_keys))
@@ -136,26 +131,15 @@ class FindCoordinatorApi(GroupApi):
                 code, node_id = INVALID_REQUEST, -1
             else:
                 code, node_id = await self._coordinator.placement.find(key)
-            response.coordinators.append(await self._answer(key, code, node_id, context))
+            response.coordinators.append(_coordinator(key, code) if code else Coordinator(
+                key=key, node_id=node_id, host=context.advertised_host,
+                port=broker_port(context, node_id), error_code=0))
         # Before v4 the one key is answered at the top level.
         first = response.coordinators[0] if response.coordinators else _coordinator("", 0)
         for name in ("error_code", "node_id", "host", "port", "error_message"):
             if first.HasField(name):
                 setattr(response, name, getattr(first, name))
         return response
-
-    async def _answer(self, key: str, code: int, node_id: int,
-                      context: RequestContext) -> Coordinator:
-        if code:
-            return _coordinator(key, code)
-        try:
-            metadata = await self._cache.current()
-        except MetadataUnavailableError:
-            return _coordinator(key, COORDINATOR_NOT_AVAILABLE)
-        if metadata.live_node(node_id) is None:
-            return _coordinator(key, COORDINATOR_NOT_AVAILABLE)
-        return Coordinator(key=key, node_id=node_id, host=context.advertised_host,
-                           port=broker_port(context, node_id), error_code=0)
 
 
 def _coordinator(key: str, code: int) -> Coordinator:

@@ -128,8 +128,8 @@ class Placement:
         await self._cache.refresh()
 
     async def find(self, key: str) -> tuple[int, int]:
-        """(error, node id) of the coordinator of ``key``, creating the topic on first need
-        (COORDINATOR_NOT_AVAILABLE while it cannot be had)."""
+        """(error, node id) of the coordinator of ``key``: the live leader of its partition,
+        the topic created on first need (COORDINATOR_NOT_AVAILABLE while it cannot be had)."""
         try:
             metadata, topic = await self.topic(create=True)
             if topic is None:

@@ -33,15 +33,12 @@ from collections.abc import Mapping
 from dataclasses import MISSING, field, fields
 from typing import Any, TypeVar
 
-from services.common.varints import VarintError, decode_uvarint, encode_uvarint, encode_varint
+from services.common.varints import VarintError, decode_uvarint, encode_uvarint
 
-__all__ = ["Reader", "RecordFormatError", "decode", "decode_key", "encode", "kafka",
-           "lowest_version", "varint"]
+__all__ = ["RecordFormatError", "decode", "decode_key", "encode", "kafka", "lowest_version"]
 
 T = TypeVar("T")
 
-# Kafka's signed varint (zigzag), as records in batches use.
-varint = encode_varint
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
 _FIXED = {"int8": struct.Struct(">b"), "int16": _INT16, "int32": _INT32,
@@ -108,19 +105,12 @@ class Reader:
     def fixed(self, layout: struct.Struct) -> Any:
         return layout.unpack(self._take(layout.size))[0]
 
-    def int8(self) -> int:
-        return int(self.fixed(_FIXED["int8"]))
-
     def uvarint(self) -> int:
         try:
             value, self.pos = decode_uvarint(self.data, self.pos)
         except VarintError as exc:
             raise RecordFormatError(str(exc)) from None
         return value
-
-    def varint(self) -> int:
-        raw = self.uvarint()
-        return (raw >> 1) ^ -(raw & 1)
 
 
 def decode(cls: type[T], data: bytes | memoryview) -> T:
