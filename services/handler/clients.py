@@ -80,35 +80,19 @@ async def _follow(call: Any, peer: str) -> AsyncIterator[Any]:
 
 
 def metadata_from_proto(message: replicator_pb2.ClusterMetadata) -> ClusterMetadata:
+    """The cache's snapshot of the replicator's metadata (ids canonical, empty racks none)."""
     return ClusterMetadata(
-        version=message.version,
-        cluster_id=message.cluster_id,
+        version=message.version, cluster_id=message.cluster_id,
         controller_id=message.controller_id,
-        log_nodes=[
-            LogNode(node_id=n.node_id, address=n.address, rack=n.rack or None, alive=n.alive)
-            for n in message.log_nodes
-        ],
-        topics=[
-            TopicInfo(
-                name=t.name,
-                topic_id=canonical_topic_id(t.topic_id),
-                internal=t.internal,
-                configs=dict(t.configs),
-                partitions={
-                    p.partition: PartitionInfo(
-                        partition=p.partition,
-                        leader=p.leader,
-                        leader_epoch=p.leader_epoch,
-                        replicas=tuple(p.replicas),
-                        isr=tuple(p.isr),
-                        offline_replicas=tuple(p.offline_replicas),
-                    )
-                    for p in t.partitions
-                },
-            )
-            for t in message.topics
-        ],
-    )
+        log_nodes=[LogNode(node_id=n.node_id, address=n.address, rack=n.rack or None,
+                           alive=n.alive) for n in message.log_nodes],
+        topics=[TopicInfo(
+            name=t.name, topic_id=canonical_topic_id(t.topic_id), internal=t.internal,
+            configs=dict(t.configs), partitions={p.partition: PartitionInfo(
+                partition=p.partition, leader=p.leader, leader_epoch=p.leader_epoch,
+                replicas=tuple(p.replicas), isr=tuple(p.isr),
+                offline_replicas=tuple(p.offline_replicas)) for p in t.partitions})
+            for t in message.topics])
 
 
 class ReplicatorClient:
@@ -215,20 +199,17 @@ class LogNodeClients:
         return await _call(self._stub(node).OffsetForLeaderEpoch, request, time_limit,
                            _peer(node))
 
-    def retain(self, addresses: set[str]) -> None:
-        """Close the channels of addresses no log node has any more (a node moved or left);
-        calls still running on them fail as calls to a vanished node would."""
+    def on_metadata(self, snapshot: ClusterMetadata) -> None:
+        """Metadata listener: close the channels of addresses no log node has any more (a
+        node moved or left); calls still running on them fail as calls to a vanished node
+        would."""
+        addresses = {node.address for node in snapshot.log_nodes.values()}
         for address in [a for a in self._stubs if a not in addresses]:
             channel, _ = self._stubs.pop(address)
             stream = self._append_streams.pop(address, None)
-            task = asyncio.get_running_loop().create_task(
-                _close_channel(channel, stream))
+            task = asyncio.get_running_loop().create_task(_close_channel(channel, stream))
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
-
-    def on_metadata(self, snapshot: ClusterMetadata) -> None:
-        """Metadata listener: keep channels only for the log nodes the cluster has."""
-        self.retain({node.address for node in snapshot.log_nodes.values()})
 
     async def close(self) -> None:
         channels = [channel for channel, _ in self._stubs.values()]

@@ -50,19 +50,14 @@ class CallContext:
         self.trailing_metadata = tuple(metadata)
 
 
-def kafka_methods(servicer: object) -> dict[str, tuple[Method, Any]]:
-    """Every KafkaHandler method of ``servicer`` with its request message class."""
-    service = kafka_handler_pb2.DESCRIPTOR.services_by_name["KafkaHandler"]
-    return {
-        method.name: (getattr(servicer, method.name),
-                      message_factory.GetMessageClass(method.input_type))
-        for method in service.methods
-    }
-
-
 class ExchangeServicer(handler_pb2_grpc.KafkaHandlerStreamServicer):
     def __init__(self, servicer: object) -> None:
-        self._methods = kafka_methods(servicer)
+        # Every KafkaHandler method of ``servicer``, with its request message class.
+        service = kafka_handler_pb2.DESCRIPTOR.services_by_name["KafkaHandler"]
+        self._methods: dict[str, tuple[Method, Any]] = {
+            method.name: (getattr(servicer, method.name),
+                          message_factory.GetMessageClass(method.input_type))
+            for method in service.methods}
 
     async def Exchange(self, request_iterator, context):
         await serve_calls(request_iterator, context, self.serve_one)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from services.common.errors import ErrorCode, KafkaError
+from services.common.progress_reports import epoch_key, partition_key
 
 from .collaborators import CallError, UnreachableError
 from .metadata_cache import ClusterMetadata, LogNode, PartitionInfo, TopicInfo
@@ -79,6 +80,16 @@ def leader_error(code: int) -> int:
     if code == ErrorCode.unknown_topic_or_partition.value:
         return ErrorCode.not_leader_or_follower.value
     return code
+
+
+def replication_key(topic: str, partition: int, leader_epoch: int) -> str:
+    """The purgatory key a write waits on until the high watermark covers it (acks=all): the
+    partition's at the leader epoch that stored it, so that only that leader's high watermark
+    (never a later leader's, whose log may lack the write) completes the wait, and a leader
+    change fails it; the partition's own key for a replica without an epoch (-1)."""
+    if leader_epoch < 0:
+        return partition_key(topic, partition)
+    return epoch_key(topic, partition, leader_epoch)
 
 
 async def call_leaders(

@@ -48,7 +48,6 @@ from kbroker.log.v1 import log_pb2
 from kbroker.purgatory.v1 import purgatory_pb2
 from services.common.error_answers import error_response
 from services.common.errors import ErrorCode, KafkaError
-from services.common.progress_reports import epoch_key, partition_key
 
 from ..collaborators import CallError, LogNodes, Purgatory
 from ..metadata_cache import (
@@ -60,7 +59,7 @@ from ..metadata_cache import (
 )
 from ..metrics import parked
 from ..request_context import RequestContext
-from ..routing import Route, call_leaders, locate
+from ..routing import Route, call_leaders, locate, replication_key
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +203,7 @@ class ProduceApi:
         for slot in slots:
             assert slot.appended is not None
             if slot.appended.high_watermark < slot.appended.log_end_offset:
-                pending[_wait_key(slot.name, slot.index, slot.appended.leader_epoch)] = slot
+                pending[replication_key(slot.name, slot.index, slot.appended.leader_epoch)] = slot
         if not pending:
             return
         thresholds = {key: s.appended.log_end_offset for key, s in pending.items()
@@ -224,15 +223,6 @@ class ProduceApi:
                 slot.response = _failed(slot.index, state.error_code)
             elif state is None or state.position < thresholds[key]:
                 slot.response = _failed(slot.index, ErrorCode.request_timed_out.value)
-
-
-def _wait_key(topic: str, partition: int, leader_epoch: int) -> str:
-    """The purgatory key an acks=all append waits on: the partition's at the leader epoch
-    that stored it, so that only that leader's high watermark (never a later leader's, whose
-    log may lack the append) completes the wait; a leader change fails it."""
-    if leader_epoch < 0:
-        return partition_key(topic, partition)
-    return epoch_key(topic, partition, leader_epoch)
 
 
 def min_insync_replicas(topic: TopicInfo) -> int:

@@ -45,11 +45,11 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from kbroker.purgatory.v1 import purgatory_pb2
-from services.common.progress_reports import epoch_key, partition_key
 
 from ..collaborators import CallError, LogNodes, Purgatory
 from ..metadata_cache import Backoff, ClusterMetadata, TopicInfo
 from ..metrics import parked
+from ..routing import replication_key
 from .partition import CoordinatorPartition, Leader, Records, S
 from .placement import COORDINATOR_NOT_AVAILABLE, CoordinatorError, Placement, leader_error
 
@@ -205,12 +205,10 @@ class CoordinatorRuntime(Generic[S]):
 
     async def _await_replicated(self, store: CoordinatorPartition[S], end: int,
                                 leader_epoch: int) -> None:
-        """Wait until the partition's high watermark reaches ``end``, on the key of the leader
-        epoch that stored the write, as an acks=all produce does: a later leader, whose log may
-        lack the write, never completes it. Without a purgatory the write stands as the leader
-        has it."""
-        key = (epoch_key(store.topic, store.partition, leader_epoch) if leader_epoch >= 0
-               else partition_key(store.topic, store.partition))
+        """Wait until the partition's high watermark reaches ``end``, as an acks=all produce
+        does (:func:`~..routing.replication_key`). Without a purgatory the write stands as the
+        leader has it."""
+        key = replication_key(store.topic, store.partition, leader_epoch)
         timeout_ms = self.config.commit_timeout_ms
         try:
             with parked():
