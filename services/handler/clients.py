@@ -151,11 +151,6 @@ class LogNodeClients:
         self._append_streams: dict[str, CallStream] = {}
         self._closing: set[asyncio.Task[None]] = set()
 
-    @property
-    def addresses(self) -> set[str]:
-        """Addresses with an open channel."""
-        return set(self._stubs)
-
     def _stub(self, node: LogNode) -> log_pb2_grpc.LogServiceStub:
         entry = self._stubs.get(node.address)
         if entry is None:

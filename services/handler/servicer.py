@@ -71,14 +71,11 @@ class KafkaHandlerServicer:
                 host, port = split_host_port(str(advertised))
             except ValueError:
                 log.warning("ignoring malformed kafka-advertised %r", advertised)
-        try:
-            broker_ports = int(values.get("kafka-broker-ports", self._default_broker_ports))
-        except ValueError:
-            broker_ports = self._default_broker_ports
+        broker_ports = _int_or_none(values.get("kafka-broker-ports"))
         return RequestContext(
             advertised_host=host,
             advertised_port=port,
-            broker_ports=broker_ports,
+            broker_ports=self._default_broker_ports if broker_ports is None else broker_ports,
             # The frontend percent-encodes client ids (gRPC metadata is printable ASCII).
             client_id=unquote(str(values.get("kafka-client-id", ""))),
             client_host=str(values.get("kafka-client-host", "")),

@@ -58,11 +58,11 @@ def test_channels_of_departed_log_nodes_are_closed():
         snapshot = cluster(nodes=(0, 1))
         for node in snapshot.log_nodes.values():
             clients._stub(node)
-        assert clients.addresses == {"node-0:1", "node-1:1"}
+        assert set(clients._stubs) == {"node-0:1", "node-1:1"}
         clients.on_metadata(cluster(nodes=(1,)))
-        assert clients.addresses == {"node-1:1"}
+        assert set(clients._stubs) == {"node-1:1"}
         await clients.close()
-        assert clients.addresses == set()
+        assert set(clients._stubs) == set()
 
     asyncio.run(main())
 

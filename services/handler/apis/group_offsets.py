@@ -121,15 +121,13 @@ class OffsetFetchApi(GroupApi):
             return k.OffsetFetchResponse(groups=[
                 await self._fetch(group, context, in_partitions) for group in request.groups])
         # Before v8 one group, named and answered at the top level.
-        single = await self._fetch(FetchGroup(
-            group_id=request.group_id, topics_is_null=request.topics_is_null,
-            topics=[{"name": t.name, "partition_indexes": t.partition_indexes}
-                    for t in request.topics]), context, in_partitions)
+        single = await self._fetch(request, context, in_partitions)
         return k.OffsetFetchResponse(error_code=single["error_code"], topics=single["topics"])
 
-    async def _fetch(self, group: FetchGroup, context: RequestContext,
+    async def _fetch(self, group: FetchGroup | k.OffsetFetchRequest, context: RequestContext,
                      in_partitions: bool) -> dict[str, Any]:
-        """One group's answer, as the fields of either shape's group."""
+        """One group's answer, as the fields of either shape's group (before v8 the request
+        names its one group with the same fields as a group of v8)."""
         wanted = None if group.topics_is_null else [
             (t.name, p) for t in group.topics for p in t.partition_indexes]
         code, committed = await self._serve(group.group_id, context, lambda: (

@@ -70,8 +70,6 @@ DEFAULT_MIN_INSYNC_REPLICAS = 1
 APPEND_TIMEOUT_S = 30.0
 
 
-ProduceRequest = k.ProduceRequest
-ProduceResponse = k.ProduceResponse
 PartitionResponse = k.ProduceResponse.PartitionProduceResponse
 
 
@@ -105,7 +103,8 @@ class ProduceApi:
         self._log_nodes = log_nodes
         self._purgatory = purgatory
 
-    async def handle(self, request: ProduceRequest, context: RequestContext) -> ProduceResponse:
+    async def handle(self, request: k.ProduceRequest,
+                     context: RequestContext) -> k.ProduceResponse:
         if request.acks not in VALID_ACKS:
             return error_response(request, ErrorCode.invalid_required_acks.value)
         # A null transactional id may arrive as an empty string; neither names a transaction.
@@ -168,7 +167,7 @@ class ProduceApi:
             await self._await_high_watermarks(appended, request.timeout_ms)
             self._check_insync_after_append(appended)
 
-        response = ProduceResponse()
+        response = k.ProduceResponse()
         for topic, row in zip(request.topic_data, slots, strict=True):
             answer = response.responses.add(partition_responses=[
                 s.response or _success(s) for s in row])
@@ -225,17 +224,13 @@ class ProduceApi:
                 slot.response = _failed(slot.index, ErrorCode.request_timed_out.value)
 
 
-def min_insync_replicas(topic: TopicInfo) -> int:
-    """The topic's min.insync.replicas (1 when unset or unreadable)."""
-    try:
-        return int(topic.configs.get("min.insync.replicas", DEFAULT_MIN_INSYNC_REPLICAS))
-    except ValueError:
-        return DEFAULT_MIN_INSYNC_REPLICAS
-
-
 def _insync_shortfall(topic: TopicInfo, partition: PartitionInfo) -> str | None:
-    """Why an acks=-1 write to ``partition`` cannot be acknowledged, or None if it can."""
-    required = min_insync_replicas(topic)
+    """Why an acks=-1 write to ``partition`` cannot be acknowledged (its ISR is smaller than
+    the topic's min.insync.replicas, 1 when unset or unreadable), or None if it can."""
+    try:
+        required = int(topic.configs.get("min.insync.replicas", DEFAULT_MIN_INSYNC_REPLICAS))
+    except ValueError:
+        required = DEFAULT_MIN_INSYNC_REPLICAS
     if len(partition.isr) >= required:
         return None
     return (f"The size of the current ISR {list(partition.isr)} is insufficient to satisfy "
@@ -246,9 +241,6 @@ def _insync_shortfall(topic: TopicInfo, partition: PartitionInfo) -> str | None:
 def _success(slot: _Slot) -> PartitionResponse:
     result = slot.appended
     assert result is not None
-    return PartitionResponse(
-        index=slot.index,
-        base_offset=result.base_offset,
-        log_append_time_ms=result.log_append_time_ms,
-        log_start_offset=result.log_start_offset,
-    )
+    return PartitionResponse(index=slot.index, base_offset=result.base_offset,
+                             log_append_time_ms=result.log_append_time_ms,
+                             log_start_offset=result.log_start_offset)

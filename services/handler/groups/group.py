@@ -213,13 +213,10 @@ class Group:
 
     def validate_member(self, member_id: str, group_instance_id: str | None) -> int:
         """FENCED_INSTANCE_ID, UNKNOWN_MEMBER_ID or NONE (Kafka's ``validateMember``)."""
-        if group_instance_id is not None:
-            existing = self.static_member_id(group_instance_id)
-            if existing is not None and existing != member_id:
-                return FENCED_INSTANCE_ID
-            if existing is None:
-                return UNKNOWN_MEMBER_ID
-        if member_id not in self.members:
+        if self.is_static_member_fenced(group_instance_id, member_id):
+            return FENCED_INSTANCE_ID
+        if member_id not in self.members or (
+                group_instance_id is not None and self.static_member_id(group_instance_id) is None):
             return UNKNOWN_MEMBER_ID
         return NONE
 
@@ -506,12 +503,9 @@ class Group:
             del self.pending_members[member_id]
             return self._add_member_and_rebalance(self._new_member(member_id, request), now,
                                                   config)
-        if self.is_static_member_fenced(request.group_instance_id, member_id):
-            return JoinResult(error_code=FENCED_INSTANCE_ID, member_id=member_id)
-        if member_id not in self.members or (
-                request.group_instance_id is not None
-                and self.static_member_id(request.group_instance_id) is None):
-            return JoinResult(error_code=UNKNOWN_MEMBER_ID, member_id=member_id)
+        error = self.validate_member(member_id, request.group_instance_id)
+        if error:
+            return JoinResult(error_code=error, member_id=member_id)
         if not self.supports_protocols(request.protocol_type, request.protocols):
             return JoinResult(error_code=INCONSISTENT_GROUP_PROTOCOL, member_id=member_id)
         member = self.members[member_id]
