@@ -14,13 +14,12 @@ every operation the resource supports, as Kafka answers without an authorizer; o
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
 from typing import Any
 
 from kbroker.kafka.v1 import kafka_pb2 as k
 from services.common.errors import ErrorCode
 
-from ..metadata_cache import LogNode, MetadataCache, MetadataUnavailableError
+from ..metadata_cache import ClusterMetadata, MetadataCache, MetadataUnavailableError
 from ..request_context import RequestContext, broker_port
 
 # Kafka's "authorized operations not requested" marker (Integer.MIN_VALUE).
@@ -66,15 +65,23 @@ class EndpointType(enum.IntEnum):
     CONTROLLER = 2
 
 
-def add_brokers(brokers: Any, id_field: str, nodes: Iterable[LogNode],
-                context: RequestContext) -> None:
-    """Add the live log nodes to ``brokers`` (a response's repeated broker field, whose broker
-    id is ``id_field``) as brokers at the request's advertised address."""
-    host = context.advertised_host
-    for node in nodes:
-        if node.alive:
-            brokers.add(host=host, port=broker_port(context, node.node_id), rack=node.rack,
-                        **{id_field: node.node_id})
+def authorized(requested: bool, operations: int) -> int:
+    """An authorized-operations field: every operation the resource supports when the client
+    asks (there is no authorizer), else the "not requested" marker."""
+    return operations if requested else AUTHORIZED_OPERATIONS_OMITTED
+
+
+def describe_cluster(response: Any, id_field: str, metadata: ClusterMetadata,
+                     include_operations: bool, context: RequestContext) -> None:
+    """Fill in what Metadata and DescribeCluster both answer: the live log nodes as brokers at
+    the request's advertised address (``id_field``: the response's broker id field), the
+    cluster id, the controller and the cluster's authorized operations."""
+    for node in metadata.live_nodes():
+        response.brokers.add(host=context.advertised_host, rack=node.rack,
+                             port=broker_port(context, node.node_id), **{id_field: node.node_id})
+    response.cluster_id = metadata.cluster_id
+    response.controller_id = metadata.client_controller_id()
+    response.cluster_authorized_operations = authorized(include_operations, CLUSTER_OPERATIONS)
 
 
 class DescribeClusterApi:
@@ -87,37 +94,25 @@ class DescribeClusterApi:
         # Kafka answers an endpoint type it does not know with UNSUPPORTED_ENDPOINT_TYPE and a
         # known one that is not its own (a broker asked for controllers) with
         # MISMATCHED_ENDPOINT_TYPE.
+        if request.endpoint_type == EndpointType.CONTROLLER:
+            return k.DescribeClusterResponse(
+                error_code=ErrorCode.mismatched_endpoint_type.value,
+                endpoint_type=request.endpoint_type,
+                error_message="The request was sent to an endpoint of type BROKER, but we wanted"
+                              " an endpoint of type CONTROLLER")
         if request.endpoint_type != EndpointType.BROKER:
-            if request.endpoint_type == EndpointType.CONTROLLER:
-                return k.DescribeClusterResponse(
-                    error_code=ErrorCode.mismatched_endpoint_type.value,
-                    error_message=(
-                        "The request was sent to an endpoint of type BROKER, but we wanted an"
-                        " endpoint of type CONTROLLER"
-                    ),
-                    endpoint_type=request.endpoint_type,
-                )
             return k.DescribeClusterResponse(
                 error_code=ErrorCode.unsupported_endpoint_type.value,
                 error_message=f"Unsupported endpoint type {request.endpoint_type}",
-                endpoint_type=request.endpoint_type,
-            )
+                endpoint_type=request.endpoint_type)
         try:
             metadata = await self._cache.current()
         except MetadataUnavailableError as exc:
             # DescribeCluster has only top-level errors; a retriable one lets the admin client
             # try again once the replicator answers.
             return k.DescribeClusterResponse(
-                error_code=ErrorCode.request_timed_out.value, error_message=exc.message
-            )
-        response = k.DescribeClusterResponse(
-            cluster_id=metadata.cluster_id,
-            controller_id=metadata.client_controller_id(),
-            cluster_authorized_operations=(
-                CLUSTER_OPERATIONS
-                if request.include_cluster_authorized_operations
-                else AUTHORIZED_OPERATIONS_OMITTED
-            ),
-        )
-        add_brokers(response.brokers, "broker_id", metadata.live_nodes(), context)
+                error_code=ErrorCode.request_timed_out.value, error_message=exc.message)
+        response = k.DescribeClusterResponse()
+        describe_cluster(response, "broker_id", metadata,
+                         request.include_cluster_authorized_operations, context)
         return response

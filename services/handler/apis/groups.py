@@ -60,7 +60,12 @@ from ..groups.group import (
     JoinRequest,
 )
 from ..request_context import RequestContext, broker_port
-from .cluster import AUTHORIZED_OPERATIONS_OMITTED, AclOperation, operations_bitfield
+from .cluster import (
+    AUTHORIZED_OPERATIONS_OMITTED,
+    AclOperation,
+    authorized,
+    operations_bitfield,
+)
 
 GROUP_KEY_TYPE = 0
 TRANSACTION_KEY_TYPE = 1
@@ -255,8 +260,7 @@ class DescribeGroupsApi(GroupApi):
 
     async def handle(self, request: k.DescribeGroupsRequest,
                      context: RequestContext) -> k.DescribeGroupsResponse:
-        operations = (GROUP_OPERATIONS if request.include_authorized_operations
-                      else AUTHORIZED_OPERATIONS_OMITTED)
+        operations = authorized(request.include_authorized_operations, GROUP_OPERATIONS)
         not_found_is_an_error = newer_shape(context, 6, True)
         response = k.DescribeGroupsResponse()
         for group_id in request.groups:

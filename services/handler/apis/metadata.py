@@ -29,12 +29,7 @@ from ..collaborators import CallError, Controller
 from ..metadata_cache import ClusterMetadata, MetadataCache, MetadataUnavailableError, TopicInfo
 from ..request_context import RequestContext
 from ..topic_identity import canonical_topic_id, invalid_name_reason
-from .cluster import (
-    AUTHORIZED_OPERATIONS_OMITTED,
-    CLUSTER_OPERATIONS,
-    TOPIC_OPERATIONS,
-    add_brokers,
-)
+from .cluster import TOPIC_OPERATIONS, authorized, describe_cluster
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +44,7 @@ def describe_topic(
     leader is not live has no leader and LEADER_NOT_AVAILABLE."""
     partitions = topics.add(
         name=topic.name, topic_id=topic.topic_id, is_internal=topic.internal,
-        topic_authorized_operations=(
-            TOPIC_OPERATIONS if include_authorized_operations else AUTHORIZED_OPERATIONS_OMITTED),
+        topic_authorized_operations=authorized(include_authorized_operations, TOPIC_OPERATIONS),
     ).partitions
     live_node = metadata.live_node
     for index in sorted(topic.partitions):
@@ -99,14 +93,8 @@ class MetadataApi:
             else:
                 names = list(dict.fromkeys(t.name for t in request.topics))
                 metadata = await self._by_name(topics, metadata, names, request)
-        add_brokers(response.brokers, "node_id", metadata.live_nodes(), context)
-        response.cluster_id = metadata.cluster_id
-        response.controller_id = metadata.client_controller_id()
-        response.cluster_authorized_operations = (
-            CLUSTER_OPERATIONS
-            if request.include_cluster_authorized_operations
-            else AUTHORIZED_OPERATIONS_OMITTED
-        )
+        describe_cluster(response, "node_id", metadata,
+                         request.include_cluster_authorized_operations, context)
         return response
 
     @staticmethod
