@@ -97,10 +97,6 @@ class _Slot:
         assert self.route is not None
         return self.route.topic.name
 
-    @property
-    def key(self) -> str:
-        return partition_key(self.topic_name, self.partition)
-
 
 @dataclass(slots=True)
 class _TopicSlots:
@@ -245,10 +241,9 @@ class FetchApi:
         """Park until a partition's high watermark moves past the one last read, or the
         deadline. True when woken by progress (worth reading and checking again); False when
         the wait expired or a partition reported an error (the fetch answers now)."""
-        thresholds = {}
-        for s in slots:
-            assert s.read is not None
-            thresholds[s.key] = max(s.read.high_watermark, s.fetch_offset) + 1
+        thresholds = {partition_key(s.topic_name, s.partition):
+                      max(s.read.high_watermark if s.read else -1, s.fetch_offset) + 1
+                      for s in slots}
         remaining = deadline - time.monotonic()
         timeout_ms = max(math.ceil(remaining * 1000), 1)
         try:

@@ -82,10 +82,6 @@ LeftMember = k.LeaveGroupResponse.MemberResponse
 DescribedGroup = k.DescribeGroupsResponse.DescribedGroup
 
 
-def error_message(code: int) -> str | None:
-    return None if code == 0 else ErrorCode(code).name.upper()
-
-
 def newer_shape(context: RequestContext, since: int, present: bool) -> bool:
     """Whether a request uses the shape its API took in version ``since``: by the client's
     version, or, when that is unknown, by whether the newer field is ``present``."""
@@ -136,20 +132,19 @@ class FindCoordinatorApi(GroupApi):
                 code, node_id = INVALID_REQUEST, -1
             else:
                 code, node_id = await self._coordinator.placement.find(key)
-            response.coordinators.append(_coordinator(key, code) if code else Coordinator(
-                key=key, node_id=node_id, host=context.advertised_host,
-                port=broker_port(context, node_id), error_code=0))
+            if code:
+                response.coordinators.add(key=key, node_id=-1, host="", port=-1, error_code=code,
+                                          error_message=ErrorCode(code).name.upper())
+            else:
+                response.coordinators.add(key=key, node_id=node_id, host=context.advertised_host,
+                                          port=broker_port(context, node_id), error_code=0)
         # Before v4 the one key is answered at the top level.
-        first = response.coordinators[0] if response.coordinators else _coordinator("", 0)
+        first = response.coordinators[0] if response.coordinators else Coordinator(
+            node_id=-1, host="", port=-1, error_code=0)
         for name in ("error_code", "node_id", "host", "port", "error_message"):
             if first.HasField(name):
                 setattr(response, name, getattr(first, name))
         return response
-
-
-def _coordinator(key: str, code: int) -> Coordinator:
-    return Coordinator(key=key, node_id=-1, host="", port=-1, error_code=code,
-                       error_message=error_message(code))
 
 
 # --- JoinGroup, SyncGroup, Heartbeat, LeaveGroup -----------------------------------------------

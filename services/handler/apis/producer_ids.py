@@ -48,10 +48,6 @@ PREFETCH_THRESHOLD = 0.9
 ALLOCATE_TIMEOUT_S = 10.0
 
 
-class ProducerIdsUnavailableError(Exception):
-    """No producer id block could be obtained."""
-
-
 class ProducerIdBlocks:
     """The producer ids this handler gives out: the current block (a range of ids), and the
     next one fetched ahead. One fetch at a time; concurrent callers wait for it. Event-loop
@@ -66,7 +62,8 @@ class ProducerIdBlocks:
         self._fetching: asyncio.Task[range] | None = None
 
     async def next_id(self) -> int:
-        """A producer id no one else got. Raises :class:`ProducerIdsUnavailableError`."""
+        """A producer id no one else got. Raises :class:`~..collaborators.CallError` when no
+        block can be had."""
         while True:
             block = self._current
             if self._next_id in block:
@@ -82,10 +79,7 @@ class ProducerIdBlocks:
                 self._ahead = None
                 continue
             task = self._start_fetch()
-            try:
-                fetched = await asyncio.shield(task)
-            except CallError as exc:
-                raise ProducerIdsUnavailableError(str(exc)) from exc
+            fetched = await asyncio.shield(task)
             # Another waiter may have switched to it already.
             if self._ahead is fetched:
                 self._use(fetched)
@@ -144,6 +138,6 @@ class InitProducerIdApi:
             return error_response(request, ErrorCode.invalid_request.value)
         try:
             producer_id = await self._blocks.next_id()
-        except ProducerIdsUnavailableError:
+        except CallError:
             return error_response(request, ErrorCode.coordinator_load_in_progress.value)
         return k.InitProducerIdResponse(error_code=0, producer_id=producer_id, producer_epoch=0)

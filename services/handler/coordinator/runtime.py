@@ -41,7 +41,6 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from kbroker.purgatory.v1 import purgatory_pb2
@@ -60,6 +59,11 @@ T = TypeVar("T")
 # Without a purgatory, waiters look again this often.
 POLL_INTERVAL_S = 0.2
 MAX_PARALLEL_EXPIRIES = 64
+# Conditional writes lost to other handlers before an operation gives up (retriable).
+MAX_UPDATE_ATTEMPTS = 200
+# How long a write may wait to be replicated to the ISR (Kafka's offsets.commit.timeout.ms)
+# before the operation fails with COORDINATOR_NOT_AVAILABLE.
+COMMIT_TIMEOUT_MS = 5000
 
 
 def wall_clock_ms() -> int:
@@ -73,15 +77,6 @@ async def _best_effort(call: Awaitable[T], what: str, otherwise: T) -> T:
     except CallError as exc:
         log.debug("could not %s: %s", what, exc)
         return otherwise
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RuntimeConfig:
-    # Conditional writes lost to other handlers before an operation gives up (retriable).
-    max_update_attempts: int = 200
-    # How long a write may wait to be replicated to the ISR (Kafka's offsets.commit.timeout.ms)
-    # before the operation fails with COORDINATOR_NOT_AVAILABLE.
-    commit_timeout_ms: int = 5000
 
 
 class CoordinatorRuntime(Generic[S]):
@@ -101,8 +96,6 @@ class CoordinatorRuntime(Generic[S]):
         kind: str,
         timers_of: Callable[[S, int], Mapping[str, int]] | None = None,
         writes: Any = None,
-        config: RuntimeConfig | None = None,
-        clock: Callable[[], int] = wall_clock_ms,
     ) -> None:
         self.placement = placement
         self._log_nodes = log_nodes
@@ -111,8 +104,7 @@ class CoordinatorRuntime(Generic[S]):
         self._kind = kind
         self._timers_of = timers_of
         self._writes = writes
-        self.config = config or RuntimeConfig()
-        self.now = clock
+        self.now = wall_clock_ms
         self._partitions: dict[tuple[str | None, int], CoordinatorPartition[S]] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._expiries = asyncio.Semaphore(MAX_PARALLEL_EXPIRIES)
@@ -178,7 +170,7 @@ class CoordinatorRuntime(Generic[S]):
         the records are appended only if nothing else was appended since the state was read,
         else the change is computed again; an append is answered once replicated. Returns
         (result, the partition's end after the change). Raises CoordinatorError."""
-        for attempt in range(self.config.max_update_attempts):
+        for attempt in range(MAX_UPDATE_ATTEMPTS):
             store, leader, _ = await self._locate(key)
             async with store.lock:
                 state = await self._refresh(store, leader)
@@ -209,7 +201,7 @@ class CoordinatorRuntime(Generic[S]):
         does (:func:`~..routing.replication_key`). Without a purgatory the write stands as the
         leader has it."""
         key = replication_key(store.topic, store.partition, leader_epoch)
-        timeout_ms = self.config.commit_timeout_ms
+        timeout_ms = COMMIT_TIMEOUT_MS
         try:
             with parked():
                 outcome = await self._purgatory.wait(purgatory_pb2.OPERATION_KIND_PRODUCE,
