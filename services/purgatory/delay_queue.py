@@ -17,7 +17,7 @@ import heapq
 import itertools
 from collections.abc import Callable
 
-from .timer_task_list import TimerTaskList
+from .timer_task import TimerTaskList
 
 
 class DelayQueue:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, KeysView
 from typing import Generic, TypeVar
 
 from .delayed_operation import DelayedOperation
-from .timer import Timer
+from .timer import SystemTimer
 
 Op = TypeVar("Op", bound=DelayedOperation)
 
@@ -43,7 +43,7 @@ class DelayedOperationPurgatory(Generic[Op]):
     def __init__(
         self,
         name: str,
-        timer: Timer,
+        timer: SystemTimer,
         on_watched_keys_changed: Callable[[int], None] | None = None,
         *,
         purge_interval: int = DEFAULT_PURGE_INTERVAL,
@@ -116,10 +116,6 @@ class DelayedOperationPurgatory(Generic[Op]):
             del self._watchers[key]
             self._watched_keys_changed()
         return completed
-
-    def cancel(self, op: Op) -> bool:
-        """Abandon a pending operation (its waiter went away). True if it was pending."""
-        return op.abandon()
 
     def purge_completed(self) -> int:
         """Drop every completed operation from every watcher list and forget keys left with

@@ -15,8 +15,7 @@ from hypothesis import strategies as st
 
 from services.purgatory.delay_queue import DelayQueue
 from services.purgatory.timer import SystemTimer
-from services.purgatory.timer_task import TimerTask
-from services.purgatory.timer_task_list import TimerTaskList
+from services.purgatory.timer_task import TimerTask, TimerTaskList
 from services.purgatory.timing_wheel import TimingWheel
 
 from .fakes import ManualTimer
