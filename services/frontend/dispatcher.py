@@ -70,13 +70,9 @@ class UnanswerableRequestError(Exception):
 class _Schema:
     """The compiled pieces of one (API, version)."""
 
-    api: SupportedApi
-    version: int
-    request_cls: type
-    response_cls: type
+    flexible_request: bool
     read_request: Callable[[bytes, int], tuple[Any, int]]
-    request_to_proto: Callable[[Any], dict[str, Any]]
-    request_message: type[Message]
+    request_to_proto: Callable[[Any], Message]
     response_from_proto: Callable[[Message], Any]
     write_response: Callable[[FrameWriter, Any], None]
     flexible_response: bool
@@ -87,16 +83,13 @@ def _compile_schemas() -> dict[tuple[int, int], _Schema]:
     request pays for a first-time compilation."""
     out = {}
     for api in SUPPORTED_APIS.values():
-        if api.rpc is None:
-            continue
         for version in range(api.min_version, api.max_version + 1):
             request_cls = converter.load_schema(api.schema_name, version, EntityType.request)
             response_cls = converter.load_schema(api.schema_name, version, EntityType.response)
             out[(api.key, version)] = _Schema(
-                api=api, version=version, request_cls=request_cls, response_cls=response_cls,
+                flexible_request=request_cls.__flexible__,  # type: ignore[attr-defined]
                 read_request=entity_reader(request_cls),
                 request_to_proto=converter.to_proto_fn(request_cls),
-                request_message=converter.proto_class(api.schema_name, EntityType.request),
                 response_from_proto=converter.from_proto_fn(response_cls),
                 write_response=entity_writer(response_cls),  # type: ignore[arg-type]
                 flexible_response=response_cls.__flexible__,  # type: ignore[attr-defined]
@@ -106,8 +99,8 @@ def _compile_schemas() -> dict[tuple[int, int], _Schema]:
 
 @dataclasses.dataclass(slots=True)
 class Request:
-    """A decoded request: its API, version and header fields, and the kio body (None for an
-    ApiVersions request of a version too new to decode)."""
+    """A decoded request: its API, version and header fields, and the kio body (``body`` and
+    ``schema`` None for an ApiVersions request of a version too new to decode)."""
 
     api: SupportedApi
     version: int
@@ -134,16 +127,11 @@ class _ApiVersionsAnswers:
         api = SUPPORTED_APIS[API_VERSIONS_KEY]
         self._bodies: dict[int, bytes] = {}
         self._invalid: dict[int, bytes] = {}
-        # Per version: whether the request is flexible, and its reader.
-        self.readers: dict[int, tuple[bool, Callable[[bytes, int], tuple[Any, int]]]] = {}
         ok = kafka_pb2.ApiVersionsResponse(
             error_code=0, api_keys=keys, throttle_time_ms=0, finalized_features_epoch=-1,
             zk_migration_ready=False)
         invalid = kafka_pb2.ApiVersionsResponse(error_code=int(ErrorCode.invalid_request))
         for version in range(api.min_version, api.max_version + 1):
-            request_cls = converter.load_schema(api.schema_name, version, EntityType.request)
-            self.readers[version] = (request_cls.__flexible__,  # type: ignore[attr-defined]
-                                     entity_reader(request_cls))
             self._bodies[version] = _encode_body(api.schema_name, version, ok)
             self._invalid[version] = _encode_body(api.schema_name, version, invalid)
         # KIP-511: a client newer than the broker gets the error and the ranges in v0, the
@@ -216,21 +204,15 @@ class Dispatcher:
         if api is None:
             raise UnanswerableRequestError(f"unknown API key {api_key}")
         metrics = self._metrics[api_key]
-        if not api.supports(version):
+        schema = self._schemas.get((api_key, version))
+        if schema is None:
             if api_key == API_VERSIONS_KEY:
                 return Request(api, version, correlation_id, None, None, None, metrics)
             raise UnanswerableRequestError(f"{api.name} v{version} is not supported "
                                            f"({api.min_version}..{api.max_version})")
-        schema = self._schemas.get((api_key, version))
         try:
-            if schema is None:  # ApiVersions: decoded here, answered locally
-                flexible, read = self._api_versions.readers[version]
-                header, offset = headers.read_request_header(frame, flexible)
-                body, _ = read(frame, offset)
-            else:
-                header, offset = headers.read_request_header(
-                    frame, schema.request_cls.__flexible__)  # type: ignore[attr-defined]
-                body, _ = schema.read_request(frame, offset)
+            header, offset = headers.read_request_header(frame, schema.flexible_request)
+            body, _ = schema.read_request(frame, offset)
         except Exception as e:  # noqa: BLE001 - any decode failure means a malformed request
             raise UnanswerableRequestError(f"cannot decode {api.name} v{version}: "
                                            f"{type(e).__name__}: {e}") from None
@@ -239,17 +221,14 @@ class Dispatcher:
     async def handle(self, request: Request, client_host: str,
                      local_port: int = 0) -> list[bytes] | None:
         """The response frame (as buffers) for ``request``, or None when none is due."""
-        if request.schema is None:
+        api, schema = request.api, request.schema
+        if api.rpc is None or schema is None:
             return self._api_versions.answer(request)
-        schema = request.schema
-        api = schema.api
-        metrics = request.metrics
-        message = schema.request_message(**schema.request_to_proto(request.body))
+        message = schema.request_to_proto(request.body)
         converter.normalise_request(api.key, request.version, message)
-        assert api.rpc is not None
         called = time.perf_counter()
         try:
-            response, remote = await self._pool.call_timed(
+            response, remote = await self._pool.call(
                 api.rpc, message,
                 metadata=self._metadata(request.client_id, client_host, request.version,
                                         local_port),
@@ -283,7 +262,7 @@ class Dispatcher:
             codes = {int(ErrorCode.unknown_server_error)}
             frame = self._encode(request, fallback)
         if codes:
-            metrics.errors(codes)
+            request.metrics.errors(codes)
         return frame
 
     def _encode(self, request: Request, response: Message) -> list[bytes]:
@@ -291,10 +270,10 @@ class Dispatcher:
         assert schema is not None
         entity = schema.response_from_proto(response)
         out = FrameWriter()
-        out.write(headers.response_header(schema.api.key, request.correlation_id,
+        out.write(headers.response_header(request.api.key, request.correlation_id,
                                           schema.flexible_response))
         schema.write_response(out, entity)
-        if schema.api.key == FETCH_KEY and METRICS_ENABLED:
+        if request.api.key == FETCH_KEY and METRICS_ENABLED:
             count_fetched_bytes(response, entity)
         return out.finish()  # type: ignore[return-value]
 
