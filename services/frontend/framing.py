@@ -42,11 +42,6 @@ class FrameWriter:
             self._small += data
         return n
 
-    @property
-    def size(self) -> int:
-        """Bytes written so far (the frame's size, without its prefix)."""
-        return self._size
-
     def finish(self) -> list[bytes | bytearray]:
         """The whole frame, size prefix first."""
         if self._small:

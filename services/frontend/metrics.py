@@ -115,18 +115,8 @@ HANDLER_FAILURES = LoopCounter(
 class ApiMetrics:
     """The per-API children, bound once so a request pays no label lookups."""
 
-    __slots__ = (
-        "api",
-        "local",
-        "remote",
-        "request_bytes",
-        "request_queue",
-        "requests",
-        "response_bytes",
-        "response_queue",
-        "send",
-        "total",
-    )
+    __slots__ = ("api", "local", "remote", "request_bytes", "request_queue", "requests",
+                 "response_bytes", "response_queue", "send", "total")
 
     def __init__(self, api: str) -> None:
         self.api = api

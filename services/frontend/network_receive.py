@@ -65,16 +65,14 @@ class FrameChannel(asyncio.BufferedProtocol):
         self._read_waiter: asyncio.Future[None] | None = None
         self._writing_paused = False
         self._drain_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        # The connection's task (``on_connect``): held here, as the loop keeps only a weak
-        # reference to tasks.
-        self.task: asyncio.Task[None] | None = None
 
     # -- asyncio protocol callbacks ---------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self._transport = transport  # type: ignore[assignment]
-        self.task = self._loop.create_task(self._on_connect(self))
+        # The server keeps the connection's task (the loop holds tasks only weakly).
+        self._loop.create_task(self._on_connect(self))
 
     def get_buffer(self, sizehint: int) -> memoryview:
         body = self._body

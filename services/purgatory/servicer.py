@@ -9,7 +9,7 @@ import grpc
 
 from kbroker.purgatory.v1 import purgatory_pb2, purgatory_pb2_grpc
 
-from .delayed_await import AwaitResult, Outcome
+from .delayed_await import Outcome
 from .purgatories import Purgatories
 
 _PREFIX = "OPERATION_KIND_"
@@ -54,15 +54,14 @@ class PurgatoryServicer(purgatory_pb2_grpc.PurgatoryServicer):
             # The caller cancelled or the server is stopping: take the operation off every list.
             self._purgatories.cancel(op)
             raise
-        return _to_response(result)
+        return purgatory_pb2.AwaitResponse(outcome=_OUTCOMES[result.outcome], keys=[
+            purgatory_pb2.KeyState(key=s.key, position=s.position, error_code=s.error_code)
+            for s in result.keys])
 
     async def CheckAndComplete(
         self, request: purgatory_pb2.CheckAndCompleteRequest, context: grpc.aio.ServicerContext
     ) -> purgatory_pb2.CheckAndCompleteResponse:
-        completed = self._purgatories.report(
-            (state.key, state.position, state.error_code) for state in request.keys
-        )
-        return purgatory_pb2.CheckAndCompleteResponse(completed=completed)
+        return purgatory_pb2.CheckAndCompleteResponse(completed=self._report(request))
 
     async def ReportProgress(
         self, request_iterator: AsyncIterator[purgatory_pb2.CheckAndCompleteRequest],
@@ -70,10 +69,12 @@ class PurgatoryServicer(purgatory_pb2_grpc.PurgatoryServicer):
     ) -> purgatory_pb2.CheckAndCompleteResponse:
         completed = 0
         async for request in request_iterator:
-            completed += self._purgatories.report(
-                (state.key, state.position, state.error_code) for state in request.keys
-            )
+            completed += self._report(request)
         return purgatory_pb2.CheckAndCompleteResponse(completed=completed)
+
+    def _report(self, request: purgatory_pb2.CheckAndCompleteRequest) -> int:
+        return self._purgatories.report(
+            (state.key, state.position, state.error_code) for state in request.keys)
 
     async def WatchKeys(
         self, request: purgatory_pb2.WatchKeysRequest, context: grpc.aio.ServicerContext,
@@ -129,12 +130,3 @@ class PurgatoryServicer(purgatory_pb2_grpc.PurgatoryServicer):
             pending_by_kind=description.pending_by_kind, watched_keys=description.watched_keys
         )
 
-
-def _to_response(result: AwaitResult) -> purgatory_pb2.AwaitResponse:
-    return purgatory_pb2.AwaitResponse(
-        outcome=_OUTCOMES[result.outcome],
-        keys=[
-            purgatory_pb2.KeyState(key=s.key, position=s.position, error_code=s.error_code)
-            for s in result.keys
-        ],
-    )
