@@ -58,8 +58,7 @@ class Purgatories:
         self.states = KeyStates()
         self._by_kind: dict[str, DelayedOperationPurgatory[DelayedAwait]] = {
             kind: DelayedOperationPurgatory(
-                kind, timer, on_watched_keys_changed=metrics.WATCHED_KEYS.labels(kind).set,
-                purge_interval=purge_interval, on_purge=metrics.PURGED.labels(kind).inc,
+                kind, timer, purge_interval=purge_interval,
                 on_key_watched=self.watched.watch if kind in REPORTED_KINDS else None)
             for kind in KINDS}
         # Session timers live in the heartbeat kind's purgatory, beside any Await of that kind.
@@ -74,10 +73,7 @@ class Purgatories:
         op = _OPERATIONS.get((kind, require_all), DelayedAwait)(
             kind=kind, thresholds=thresholds, require_all=require_all, timeout_ms=timeout_ms,
             states=self.states, listener=_record_outcome)
-        if not self._by_kind[kind].try_complete_else_watch(op, op.thresholds):
-            pending = metrics.PENDING.labels(kind)
-            pending.inc()
-            op.add_done_callback(lambda _op: pending.dec())
+        self._by_kind[kind].try_complete_else_watch(op, op.thresholds)
         return op
 
     def report(self, reports: Iterable[tuple[str, int, int]]) -> int:
