@@ -57,34 +57,20 @@ class ReleaseReader:
     def lease_holder(self, name: str) -> str | None:
         """The ``holderIdentity`` of Lease ``name`` ("" when released), or None when it cannot
         be read (absent, forbidden, unreachable)."""
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            response = self.coordination.read_namespaced_lease(name, self.namespace,
-                                                               _preload_content=False)
-        except ApiException:
+        data = _read(self.coordination.read_namespaced_lease, name, self.namespace)
+        if data is None:
             return None
-        if response.status != 200:
-            return None
-        return (self._json(response).get("spec") or {}).get("holderIdentity") or ""
+        return (json.loads(data).get("spec") or {}).get("holderIdentity") or ""
 
     def metrics(self, pod: dict[str, Any]) -> str | None:
         """The Prometheus text of ``pod``, via the API server's pod proxy; None when it does
         not answer."""
-        from kubernetes.client.exceptions import ApiException
-
         port = _named_port(pod, "metrics")
         if port is None:
             return None
-        try:
-            response = self.core.connect_get_namespaced_pod_proxy_with_path(
-                f"{pod['metadata']['name']}:{port}", self.namespace, "metrics",
-                _preload_content=False)
-        except ApiException:
-            return None
-        if response.status != 200:
-            return None
-        return bytes(response.data).decode()
+        data = _read(self.core.connect_get_namespaced_pod_proxy_with_path,
+                     f"{pod['metadata']['name']}:{port}", self.namespace, "metrics")
+        return None if data is None else bytes(data).decode()
 
     def status(self) -> ClusterStatus:
         pods = self.pods()
@@ -98,6 +84,18 @@ class ReleaseReader:
                                          f"namespace {self.namespace!r}"]
         return summarize(pods, workloads, metrics, problems, lease_name=lease_name,
                          lease_holder=holder)
+
+
+def _read(call: Callable[..., Any], *args: str) -> Any:
+    """The body of the API's answer to ``call(*args)``, or None when the call fails or does
+    not answer 200."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        response = call(*args, _preload_content=False)
+    except ApiException:
+        return None
+    return response.data if response.status == 200 else None
 
 
 def _named_port(pod: dict[str, Any], name: str) -> int | None:
