@@ -13,11 +13,13 @@ Not thread-safe (one event loop).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+
+from kbroker.purgatory.v1 import purgatory_pb2
 
 from . import metrics
-from .delayed_await import AwaitResult, DelayedAwait, Outcome
+from .delayed_await import DelayedAwait
 from .delayed_fetch import DelayedFetch
 from .delayed_heartbeat import DelayedHeartbeat, Heartbeats
 from .delayed_operation_purgatory import DEFAULT_PURGE_INTERVAL, DelayedOperationPurgatory
@@ -34,13 +36,6 @@ REPORTED_KINDS = (DelayedFetch.KIND, DelayedProduce.KIND)
 # other combination is a plain DelayedAwait.
 _OPERATIONS: dict[tuple[str, bool], type[DelayedAwait]] = {
     (DelayedFetch.KIND, False): DelayedFetch, (DelayedProduce.KIND, True): DelayedProduce}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Description:
-    pending_by_kind: dict[str, int]
-    # Distinct keys with a watcher list, over all kinds (see DelayedOperationPurgatory).
-    watched_keys: int
 
 
 class Purgatories:
@@ -103,10 +98,13 @@ class Purgatories:
         """Purge completed operations from every kind's watcher lists now."""
         return sum(p.purge_completed() for p in self._by_kind.values())
 
-    def describe(self) -> Description:
+    def describe(self) -> purgatory_pb2.DescribeResponse:
+        """Pending operations per kind, and distinct keys with a watcher list over all kinds
+        (see DelayedOperationPurgatory)."""
         keys = set().union(*(p.watched_keys() for p in self._by_kind.values()))
-        return Description(pending_by_kind={kind: p.pending for kind, p in self._by_kind.items()},
-                           watched_keys=len(keys))
+        return purgatory_pb2.DescribeResponse(
+            pending_by_kind={kind: p.pending for kind, p in self._by_kind.items()},
+            watched_keys=len(keys))
 
     def shutdown(self) -> None:
         """Abandon everything pending and stop the timer."""
@@ -115,11 +113,13 @@ class Purgatories:
         self._timer.shutdown()
 
 
-def _record_outcome(op: DelayedAwait, result: AwaitResult) -> None:
-    if result.outcome is Outcome.COMPLETED:
+def _record_outcome(op: DelayedAwait, answer: purgatory_pb2.AwaitResponse) -> None:
+    waited = time.monotonic() - op.started
+    if answer.outcome == purgatory_pb2.OUTCOME_COMPLETED:
         metrics.COMPLETED.labels(op.kind).inc()
+        outcome = "completed"
     else:
         metrics.EXPIRED.labels(op.kind).inc()
-        metrics.EXPIRATION_LATENESS.labels(op.kind).observe(
-            max(result.waited - op.delay_ms / 1000, 0.0))
-    metrics.COMPLETION_DELAY.labels(op.kind, result.outcome.value).observe(result.waited)
+        metrics.EXPIRATION_LATENESS.labels(op.kind).observe(max(waited - op.delay_ms / 1000, 0.0))
+        outcome = "expired"
+    metrics.COMPLETION_DELAY.labels(op.kind, outcome).observe(waited)

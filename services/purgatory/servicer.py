@@ -9,7 +9,6 @@ import grpc
 
 from kbroker.purgatory.v1 import purgatory_pb2, purgatory_pb2_grpc
 
-from .delayed_await import Outcome
 from .purgatories import Purgatories
 
 _PREFIX = "OPERATION_KIND_"
@@ -17,11 +16,6 @@ KIND_NAMES: dict[int, str] = {
     number: name[len(_PREFIX):].lower()
     for name, number in purgatory_pb2.OperationKind.items()
     if number != purgatory_pb2.OPERATION_KIND_UNSPECIFIED
-}
-
-_OUTCOMES = {
-    Outcome.COMPLETED: purgatory_pb2.OUTCOME_COMPLETED,
-    Outcome.EXPIRED: purgatory_pb2.OUTCOME_EXPIRED,
 }
 
 
@@ -49,14 +43,11 @@ class PurgatoryServicer(purgatory_pb2_grpc.PurgatoryServicer):
             timeout_ms=request.timeout_ms,
         )
         try:
-            result = await op.result
+            return await op.result
         except asyncio.CancelledError:
             # The caller cancelled or the server is stopping: take the operation off every list.
             self._purgatories.cancel(op)
             raise
-        return purgatory_pb2.AwaitResponse(outcome=_OUTCOMES[result.outcome], keys=[
-            purgatory_pb2.KeyState(key=s.key, position=s.position, error_code=s.error_code)
-            for s in result.keys])
 
     async def CheckAndComplete(
         self, request: purgatory_pb2.CheckAndCompleteRequest, context: grpc.aio.ServicerContext
@@ -83,9 +74,7 @@ class PurgatoryServicer(purgatory_pb2_grpc.PurgatoryServicer):
         subscription = watched.subscribe()
         try:
             while True:
-                changes = await subscription.next_changes()
-                yield purgatory_pb2.WatchedKeys(reset=changes.reset, added=changes.added,
-                                                removed=changes.removed)
+                yield await subscription.next_changes()
         finally:
             watched.unsubscribe(subscription)
 
@@ -125,8 +114,5 @@ class PurgatoryServicer(purgatory_pb2_grpc.PurgatoryServicer):
     async def Describe(
         self, request: purgatory_pb2.DescribeRequest, context: grpc.aio.ServicerContext
     ) -> purgatory_pb2.DescribeResponse:
-        description = self._purgatories.describe()
-        return purgatory_pb2.DescribeResponse(
-            pending_by_kind=description.pending_by_kind, watched_keys=description.watched_keys
-        )
+        return self._purgatories.describe()
 
