@@ -97,30 +97,28 @@ def _bindable(host: str, port: int) -> bool:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that is free now and that the kernel will not hand to someone else meanwhile.
-
-    A service binds the port only after it started, so a port the kernel chose (port 0) could
-    be given to an outgoing connection in between ("Address already in use"). Ports below the
-    ephemeral range are never chosen by the kernel, so they are picked at random there and
-    checked; if none is free, fall back to the kernel's choice."""
-    low, _ = _ephemeral_range()
-    if low > _FIRST_PRIVATE_PORT + 1000:
-        for _ in range(100):
-            port = _random.randrange(_FIRST_PRIVATE_PORT, low)
-            if _bindable(host, port):
-                return port
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A port that is free now and that the kernel will not hand to someone else meanwhile."""
+    return free_port_range(host, 1)
 
 
 def free_port_range(host: str, count: int, attempts: int = 100) -> int:
-    """The first of ``count`` consecutive free ports (see :func:`free_port`)."""
+    """The first of ``count`` consecutive ports that are free now and that the kernel will not
+    hand to someone else meanwhile.
+
+    A service binds its port only after it started, so a port the kernel chose (port 0) could
+    be given to an outgoing connection in between ("Address already in use"). Ports below the
+    ephemeral range are never chosen by the kernel, so they are picked at random there and
+    checked; where that range is too small, the kernel's choice is checked instead."""
+    low, _ = _ephemeral_range()
     for _ in range(attempts):
-        first = free_port(host)
-        if first + count <= 65535 and all(
-            _bindable(host, port) for port in range(first + 1, first + count)
-        ):
+        if low > _FIRST_PRIVATE_PORT + 1000:
+            first = _random.randrange(_FIRST_PRIVATE_PORT, low - count)
+        else:
+            with socket.socket() as s:
+                s.bind((host, 0))
+                first = int(s.getsockname()[1])
+        if first + count <= 65536 and all(
+                _bindable(host, port) for port in range(first, first + count)):
             return first
     raise OSError(f"no {count} consecutive free ports on {host}")
 

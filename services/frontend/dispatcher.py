@@ -219,7 +219,7 @@ class Dispatcher:
         return Request(api, version, correlation_id, header.client_id, body, schema, metrics)
 
     async def handle(self, request: Request, client_host: str,
-                     local_port: int = 0) -> list[bytes] | None:
+                     local_port: int) -> list[bytes] | None:
         """The response frame (as buffers) for ``request``, or None when none is due."""
         api, schema = request.api, request.schema
         if api.rpc is None or schema is None:
@@ -295,17 +295,16 @@ class Dispatcher:
                     request.client_id, error, code.name.upper())
         return response
 
-    def _metadata(self, client_id: str | None, client_host: str, version: int = -1,
-                  local_port: int = 0) -> Metadata:
+    def _metadata(self, client_id: str | None, client_host: str, version: int,
+                  local_port: int) -> Metadata:
         key = (client_id, client_host, version, local_port)
         metadata = self._grpc_metadata.get(key)
         if metadata is None:
             pairs = [("kafka-client-host", client_host),
                      ("kafka-advertised", self._advertised),
                      ("kafka-broker-ports", self._broker_ports),
-                     ("kafka-frontend-id", self._instance)]
-            if version >= 0:
-                pairs.append(("kafka-api-version", str(version)))
+                     ("kafka-frontend-id", self._instance),
+                     ("kafka-api-version", str(version))]
             # The broker whose port the client connected to (group APIs answer
             # NOT_COORDINATOR at the wrong one).
             broker_id = local_port - self._first_port

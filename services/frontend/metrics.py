@@ -31,23 +31,10 @@ and the phases, which add up to the total, each next to its Kafka JMX name
     phase="response_send"   done - sending            ResponseSendTimeMs
     kbroker_frontend_request_total_seconds  done - received  TotalTimeMs
 
-A Produce with acks=0 has no answer: its response phases are 0.
-
-    kbroker_frontend_requests_total{api}                   RequestsPerSec
-    kbroker_frontend_request_total_seconds{api}            TotalTimeMs
-    kbroker_frontend_request_phase_seconds{api,phase}      the phases above
-    kbroker_frontend_request_bytes_total{api}              RequestBytes (a size histogram
-                                                           in Kafka, a byte counter here)
-    kbroker_frontend_response_bytes_total{api}             (kafka.network ResponseBytes)
-    kbroker_frontend_error_responses_total{api,error_code} ErrorsPerSec (Kafka counts each
-        occurrence, NONE included; here a response counts once per distinct non-zero code
-        anywhere in it: top-level, per topic, per partition)
-    kbroker_frontend_topic_bytes_in_total{topic}           kafka.server:type=BrokerTopicMetrics,
-        name=BytesInPerSec,topic=<t>: record bytes of produced partitions that were appended
-    kbroker_frontend_topic_bytes_out_total{topic}          kafka.server:type=BrokerTopicMetrics,
-        name=BytesOutPerSec,topic=<t>: record bytes in Fetch answers
-    kbroker_frontend_open_connections                      kafka.server:type=socket-server-
-        metrics,name=connection-count
+A Produce with acks=0 has no answer: its response phases are 0. Each family's help names its
+Kafka equivalent where there is one; bytes are counted per topic as Kafka's BrokerTopicMetrics
+(produced records that were appended, records in Fetch answers) and per API as counters where
+Kafka keeps a size histogram (RequestBytes).
 
 The Spark report (spark/jobs/latency_report.py) reads these families by name."""
 
@@ -102,6 +89,8 @@ CLOSED_CONNECTIONS = LoopCounter(
     "kbroker_frontend_connections_closed_total",
     "Connections closed by the frontend, by reason (malformed request, handler unavailable).",
     ["reason"])
+# Kafka's ErrorsPerSec counts each occurrence, NONE included; here a response counts once per
+# distinct non-zero code anywhere in it (top-level, per topic, per partition).
 ERROR_RESPONSES = LoopCounter(
     "kbroker_frontend_error_responses_total",
     "Responses carrying a non-zero error code (top-level or for any topic or partition), "
