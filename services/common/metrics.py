@@ -93,8 +93,10 @@ class _LoopMetric(Collector):
         self._documentation = documentation
         self._labelnames = tuple(labelnames)
         self._children: dict[tuple[str, ...], Any] = {}
+        # The same children by the label values as callers give them (not always strings).
+        self._by_values: dict[tuple[Any, ...], Any] = {}
         if not self._labelnames:
-            self._children[()] = self._new_child()
+            self._children[()] = self._by_values[()] = self._new_child()
         if registry is not None:
             registry.register(self)
 
@@ -102,7 +104,7 @@ class _LoopMetric(Collector):
         raise NotImplementedError
 
     def labels(self, *values: Any) -> Any:
-        child = self._children.get(values)
+        child = self._by_values.get(values)
         if child is None:
             if len(values) != len(self._labelnames):
                 raise ValueError(f"{self._name}: labels {self._labelnames}, got {values}")
@@ -110,18 +112,8 @@ class _LoopMetric(Collector):
             child = self._children.get(key)
             if child is None:
                 child = self._children[key] = self._new_child()
-            self._children[values] = child
+            self._by_values[values] = child
         return child
-
-    def _items(self) -> list[tuple[tuple[str, ...], Any]]:
-        # Children are keyed by the values as given and as strings: report each once.
-        seen: set[int] = set()
-        out = []
-        for key, child in list(self._children.items()):
-            if id(child) not in seen and all(isinstance(v, str) for v in key):
-                seen.add(id(child))
-                out.append((key, child))
-        return out
 
 
 class EventLoopCounter(_LoopMetric):
@@ -144,7 +136,7 @@ class EventLoopCounter(_LoopMetric):
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         family = CounterMetricFamily(self._name, self._documentation, labels=self._labelnames)
-        for key, child in self._items():
+        for key, child in list(self._children.items()):
             family.add_metric(list(key), child.value)
         yield family
 
@@ -169,7 +161,7 @@ class EventLoopHistogram(_LoopMetric):
     def collect(self) -> Iterator[HistogramMetricFamily]:
         family = HistogramMetricFamily(self._name, self._documentation,
                                        labels=self._labelnames)
-        for key, child in self._items():
+        for key, child in list(self._children.items()):
             cumulative = list(itertools.accumulate(child.counts))
             family.add_metric(list(key), list(zip(self._les, cumulative, strict=True)),
                               child.sum)

@@ -64,7 +64,8 @@ class FrameChannel(asyncio.BufferedProtocol):
         self._closed = False
         self._read_waiter: asyncio.Future[None] | None = None
         self._writing_paused = False
-        self._drain_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        # The connection writes one answer at a time: at most one drain waits.
+        self._drain_waiter: asyncio.Future[None] | None = None
 
     # -- asyncio protocol callbacks ---------------------------------------------------------
 
@@ -104,20 +105,16 @@ class FrameChannel(asyncio.BufferedProtocol):
         self._closed = True
         self._lost = exc if exc is not None else ConnectionResetError("connection lost")
         self._wake_reader()
-        while self._drain_waiters:
-            waiter = self._drain_waiters.popleft()
-            if not waiter.done():
-                waiter.set_exception(ConnectionResetError("connection lost"))
+        if self._drain_waiter is not None and not self._drain_waiter.done():
+            self._drain_waiter.set_exception(ConnectionResetError("connection lost"))
 
     def pause_writing(self) -> None:
         self._writing_paused = True
 
     def resume_writing(self) -> None:
         self._writing_paused = False
-        while self._drain_waiters:
-            waiter = self._drain_waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
+        if self._drain_waiter is not None and not self._drain_waiter.done():
+            self._drain_waiter.set_result(None)
 
     # -- frames -----------------------------------------------------------------------------
 
@@ -208,9 +205,8 @@ class FrameChannel(asyncio.BufferedProtocol):
             raise ConnectionResetError("connection lost")
         if not self._writing_paused:
             return
-        waiter = self._loop.create_future()
-        self._drain_waiters.append(waiter)
-        await waiter
+        self._drain_waiter = self._loop.create_future()
+        await self._drain_waiter
 
     def extra_info(self, name: str) -> object:
         return self._transport.get_extra_info(name) if self._transport is not None else None
