@@ -30,7 +30,7 @@ from services.common.error_answers import error_codes
 from . import converter, headers
 from .api_versions import API_VERSIONS_KEY, SUPPORTED_APIS, SupportedApi, supported_versions
 from .error_responses import UNAVAILABLE_CODES, error_response
-from .framing import SIZE, FrameWriter
+from .framing import FrameWriter
 from .handler_pool import HandlerCallError, HandlerPool, Metadata
 from .metrics import (
     HANDLER_FAILURES,
@@ -118,51 +118,11 @@ class Request:
         return not (self.api.key == PRODUCE_KEY and self.body.acks == 0)
 
 
-class _ApiVersionsAnswers:
-    """The ApiVersions responses, encoded once per version: they differ only in the header."""
-
-    def __init__(self) -> None:
-        keys = [{"api_key": key, "min_version": lo, "max_version": hi}
-                for key, lo, hi in supported_versions()]
-        api = SUPPORTED_APIS[API_VERSIONS_KEY]
-        self._bodies: dict[int, bytes] = {}
-        self._invalid: dict[int, bytes] = {}
-        ok = kafka_pb2.ApiVersionsResponse(
-            error_code=0, api_keys=keys, throttle_time_ms=0, finalized_features_epoch=-1,
-            zk_migration_ready=False)
-        invalid = kafka_pb2.ApiVersionsResponse(error_code=int(ErrorCode.invalid_request))
-        for version in range(api.min_version, api.max_version + 1):
-            self._bodies[version] = _encode_body(api.schema_name, version, ok)
-            self._invalid[version] = _encode_body(api.schema_name, version, invalid)
-        # KIP-511: a client newer than the broker gets the error and the ranges in v0, the
-        # one body every client version can read, so it can pick a version both support.
-        self._unsupported = _encode_body(api.schema_name, 0, kafka_pb2.ApiVersionsResponse(
-            error_code=int(ErrorCode.unsupported_version), api_keys=keys))
-
-    def answer(self, request: Request) -> list[bytes]:
-        if request.body is None:
-            body = self._unsupported
-        elif _valid_software(request.version, request.body):
-            body = self._bodies[request.version]
-        else:
-            body = self._invalid[request.version]
-        # ApiVersions responses always use response header v0.
-        header = headers.response_header(API_VERSIONS_KEY, request.correlation_id, False)
-        return [SIZE.pack(len(header) + len(body)), header, body]
-
-
 def _valid_software(version: int, body: Any) -> bool:
     if version < 3:
         return True
     return bool(_SOFTWARE_PATTERN.fullmatch(body.client_software_name)
                 and _SOFTWARE_PATTERN.fullmatch(body.client_software_version))
-
-
-def _encode_body(api: str, version: int, message: Message) -> bytes:
-    cls = converter.load_schema(api, version, EntityType.response)
-    out = FrameWriter()
-    entity_writer(cls)(out, converter.from_proto(message, cls))  # type: ignore[arg-type]
-    return b"".join(out.finish()[1:])
 
 
 def _deadline_seconds(api_key: int, request: Message) -> float:
@@ -189,7 +149,8 @@ class Dispatcher:
         self._first_port = first_port
         self._instance = instance
         self._schemas = _compile_schemas()
-        self._api_versions = _ApiVersionsAnswers()
+        self._api_keys = [{"api_key": key, "min_version": lo, "max_version": hi}
+                          for key, lo, hi in supported_versions()]
         self._metrics = {key: ApiMetrics(api.name) for key, api in SUPPORTED_APIS.items()}
         self._grpc_metadata: dict[tuple[str | None, str, int, int], Metadata] = {}
 
@@ -223,7 +184,7 @@ class Dispatcher:
         """The response frame (as buffers) for ``request``, or None when none is due."""
         api, schema = request.api, request.schema
         if api.rpc is None or schema is None:
-            return self._api_versions.answer(request)
+            return self._api_versions(request)
         message = schema.request_to_proto(request.body)
         converter.normalise_request(api.key, request.version, message)
         called = time.perf_counter()
@@ -251,7 +212,7 @@ class Dispatcher:
                     "Produce with acks=0 failed on at least one partition", kind="acks0_failure")
             return None
         try:
-            frame = self._encode(request, response)
+            frame = self._encode(request, schema, response)
         except Exception:
             log.exception("%s v%d: cannot encode the handler's response", api.name,
                           request.version)
@@ -260,14 +221,30 @@ class Dispatcher:
                 raise UnanswerableRequestError(f"{api.name}: unencodable response",
                                                kind="bad_response") from None
             codes = {int(ErrorCode.unknown_server_error)}
-            frame = self._encode(request, fallback)
+            frame = self._encode(request, schema, fallback)
         if codes:
             request.metrics.errors(codes)
         return frame
 
-    def _encode(self, request: Request, response: Message) -> list[bytes]:
+    def _api_versions(self, request: Request) -> list[bytes]:
+        """The supported version ranges (KIP-511: INVALID_REQUEST for a malformed client
+        software name or version; a client newer than the broker gets UNSUPPORTED_VERSION and
+        the ranges in v0, the one body every client version can read, so it can pick a version
+        both support)."""
         schema = request.schema
-        assert schema is not None
+        if schema is None:
+            schema = self._schemas[(API_VERSIONS_KEY, 0)]
+            answer = kafka_pb2.ApiVersionsResponse(
+                error_code=int(ErrorCode.unsupported_version), api_keys=self._api_keys)
+        elif _valid_software(request.version, request.body):
+            answer = kafka_pb2.ApiVersionsResponse(
+                error_code=0, api_keys=self._api_keys, throttle_time_ms=0,
+                finalized_features_epoch=-1, zk_migration_ready=False)
+        else:
+            answer = kafka_pb2.ApiVersionsResponse(error_code=int(ErrorCode.invalid_request))
+        return self._encode(request, schema, answer)
+
+    def _encode(self, request: Request, schema: _Schema, response: Message) -> list[bytes]:
         entity = schema.response_from_proto(response)
         out = FrameWriter()
         out.write(headers.response_header(request.api.key, request.correlation_id,

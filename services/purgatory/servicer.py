@@ -33,9 +33,8 @@ class PurgatoryServicer(purgatory_pb2_grpc.PurgatoryServicer):
         thresholds: dict[str, int] = {}
         for watched in request.keys:
             # A key named twice must satisfy the stricter threshold.
-            previous = thresholds.get(watched.key)
-            if previous is None or watched.threshold > previous:
-                thresholds[watched.key] = watched.threshold
+            thresholds[watched.key] = max(watched.threshold,
+                                          thresholds.get(watched.key, watched.threshold))
         op = self._purgatories.park(
             kind=kind,
             thresholds=thresholds,
