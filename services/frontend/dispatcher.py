@@ -118,13 +118,6 @@ class Request:
         return not (self.api.key == PRODUCE_KEY and self.body.acks == 0)
 
 
-def _valid_software(version: int, body: Any) -> bool:
-    if version < 3:
-        return True
-    return bool(_SOFTWARE_PATTERN.fullmatch(body.client_software_name)
-                and _SOFTWARE_PATTERN.fullmatch(body.client_software_version))
-
-
 def _deadline_seconds(api_key: int, request: Message) -> float:
     if api_key == PRODUCE_KEY:
         return max(request.timeout_ms, 0) / 1000 + PRODUCE_GRACE_SECONDS  # type: ignore[attr-defined]
@@ -236,7 +229,9 @@ class Dispatcher:
             schema = self._schemas[(API_VERSIONS_KEY, 0)]
             answer = kafka_pb2.ApiVersionsResponse(
                 error_code=int(ErrorCode.unsupported_version), api_keys=self._api_keys)
-        elif _valid_software(request.version, request.body):
+        elif request.version < 3 or (
+                _SOFTWARE_PATTERN.fullmatch(request.body.client_software_name)
+                and _SOFTWARE_PATTERN.fullmatch(request.body.client_software_version)):
             answer = kafka_pb2.ApiVersionsResponse(
                 error_code=0, api_keys=self._api_keys, throttle_time_ms=0,
                 finalized_features_epoch=-1, zk_migration_ready=False)

@@ -13,7 +13,7 @@ ready pod only (a standby reports no partitions).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 ROLES = ("frontend", "handler", "log", "purgatory", "replicator")
@@ -119,9 +119,8 @@ class ClusterStatus:
     pods: tuple[PodState, ...]
     rollouts: tuple[Rollout, ...]
     partitions: PartitionHealth | None  # None: the replicator's metrics could not be read
-    problems: tuple[str, ...] = field(default=())
-    replicator: ReplicatorLeadership = field(
-        default_factory=lambda: ReplicatorLeadership((), (), ()))
+    problems: tuple[str, ...]
+    replicator: ReplicatorLeadership
 
     @property
     def rolled_out(self) -> bool:

@@ -188,10 +188,6 @@ class SystemTimer:
         return self._due.count + sum(
             bucket.count for wheel in self._wheel.wheels() for bucket in wheel.buckets)
 
-    @property
-    def wheel_count(self) -> int:
-        return sum(1 for _ in self._wheel.wheels())
-
     def shutdown(self) -> None:
         """Drop every scheduled task without running it."""
         for wheel in self._wheel.wheels():

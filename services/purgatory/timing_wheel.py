@@ -16,9 +16,8 @@ slices come due one after another, each moving only the tasks of one finer tick,
 Adding still costs one list append, and each task still moves down at most once per wheel.
 
 Lists are queued in the shared :class:`~.delay_queue.DelayQueue` by expiration, and only when
-their expiration changes (an empty list taking a new slice), not once per task. When the
-earliest one expires, the timer advances the clock of every wheel to it and re-adds its tasks:
-they land in finer wheels, or run once due.
+their expiration changes (an empty list taking a new slice), not once per task; the timer
+reaps them (:mod:`.timer`).
 
 Picking the wheel is direct, not a climb through the levels: with ``delta`` = E - the finest
 wheel's current time, the first level whose interval exceeds ``delta`` (a bisection of the
