@@ -233,16 +233,16 @@ class HandlerPool:
                     log.debug("%s: handler %s unreachable: %s", rpc, handler.address, e.details)
                     continue
                 reached = True
-                if e.code in _MID_REQUEST_CODES:
+                mid_request = e.code in _MID_REQUEST_CODES
+                if mid_request:
                     log.warning("%s: handler %s failed mid-request (attempt %d): %s", rpc,
                                 handler.address, attempt + 1, e.details)
                     if retry_safe:
                         continue
-                    raise HandlerCallError(rpc, e.code, e.details, reached=True,
-                                           availability=True) from None
                 raise HandlerCallError(
                     rpc, e.code, e.details, reached=True,
-                    availability=e.code == grpc.StatusCode.DEADLINE_EXCEEDED) from None
+                    availability=mid_request or e.code == grpc.StatusCode.DEADLINE_EXCEEDED,
+                ) from None
         if last is None:
             raise HandlerCallError(rpc, grpc.StatusCode.DEADLINE_EXCEEDED, "no time left",
                                    reached=False, availability=True)

@@ -138,29 +138,6 @@ class ApiMetrics:
             ERROR_RESPONSES.labels(self.api, str(code)).inc()
 
 
-class TopicBytes:
-    """Per-topic byte counters with their children cached (topics are few and long-lived;
-    only topics that exist reach here: bytes are counted for appended or fetched data)."""
-
-    __slots__ = ("_family", "_children")
-
-    def __init__(self, family: Any) -> None:
-        self._family = family
-        self._children: dict[str, Any] = {}
-
-    def add(self, topic: str, size: int) -> None:
-        child = self._children.get(topic)
-        if child is None:
-            if len(self._children) > 100_000:  # bounded, whatever clients do
-                self._children.clear()
-            child = self._children[topic] = self._family.labels(topic)
-        child.inc(size)
-
-
-BYTES_IN = TopicBytes(TOPIC_BYTES_IN)
-BYTES_OUT = TopicBytes(TOPIC_BYTES_OUT)
-
-
 def produce_outcome(body: Any, response: Message) -> set[int]:
     """Count BytesIn for a Produce and return the response's error codes. ``body`` is the
     decoded (kio) request: its records are the frame's bytes, so sizes cost nothing, where
@@ -181,7 +158,7 @@ def produce_outcome(body: Any, response: Message) -> set[int]:
             if p.records and (not failed or (data.name, p.index) not in failed):
                 size += len(p.records)
         if size:
-            BYTES_IN.add(data.name, size)
+            TOPIC_BYTES_IN.labels(data.name).inc(size)
     return codes
 
 
@@ -196,4 +173,4 @@ def count_fetched_bytes(response: Message, entity: Any) -> None:
             if p.records:
                 size += len(p.records)
         if size and proto_topic.topic:
-            BYTES_OUT.add(proto_topic.topic, size)
+            TOPIC_BYTES_OUT.labels(proto_topic.topic).inc(size)
