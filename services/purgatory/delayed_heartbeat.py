@@ -64,8 +64,8 @@ class DelayedHeartbeat(DelayedOperation):
 class Subscription:
     """One subscriber's queue of expired keys."""
 
-    def __init__(self, limit: int = QUEUE_LIMIT) -> None:
-        self.queue: asyncio.Queue[str] = asyncio.Queue(maxsize=limit)
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[str] = asyncio.Queue(maxsize=QUEUE_LIMIT)
         self.dropped = 0
 
     def offer(self, key: str) -> None:

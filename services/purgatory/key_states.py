@@ -46,16 +46,14 @@ class KeyStates:
         """The number of the latest report (0 before any)."""
         return self._sequence
 
-    def report(self, key: str, position: int, error_code: int = 0) -> KeyState:
+    def report(self, key: str, position: int, error_code: int = 0) -> None:
         self._sequence += 1
-        state = KeyState(key=key, position=position, error_code=error_code,
-                         sequence=self._sequence)
         states = self._states
-        states[key] = state
+        states[key] = KeyState(key=key, position=position, error_code=error_code,
+                               sequence=self._sequence)
         states.move_to_end(key)
         if len(states) > CAPACITY:
             states.popitem(last=False)
-        return state
 
     def get(self, key: str) -> KeyState | None:
         return self._states.get(key)
