@@ -36,23 +36,19 @@ class ReleaseReader:
         self.namespace = namespace
         self.selector = f"{INSTANCE_LABEL}={release},{PART_OF_SELECTOR}"
 
-    @staticmethod
-    def _json(response: Any) -> Any:
-        return json.loads(response.data)
+    def _items(self, lister: Callable[..., Any]) -> list[dict[str, Any]]:
+        return json.loads(lister(self.namespace, label_selector=self.selector,
+                                 _preload_content=False).data)["items"]
 
     def pods(self) -> list[dict[str, Any]]:
-        return self._json(self.core.list_namespaced_pod(
-            self.namespace, label_selector=self.selector, _preload_content=False))["items"]
+        return self._items(self.core.list_namespaced_pod)
 
     def workloads(self) -> list[dict[str, Any]]:
-        out = []
-        for kind, lister in (("StatefulSet", self.apps.list_namespaced_stateful_set),
-                             ("Deployment", self.apps.list_namespaced_deployment)):
-            items = self._json(lister(self.namespace, label_selector=self.selector,
-                                      _preload_content=False))["items"]
-            # List answers leave out each item's kind.
-            out.extend({**item, "kind": kind} for item in items)
-        return out
+        # List answers leave out each item's kind.
+        return [{**item, "kind": kind}
+                for kind, lister in (("StatefulSet", self.apps.list_namespaced_stateful_set),
+                                     ("Deployment", self.apps.list_namespaced_deployment))
+                for item in self._items(lister)]
 
     def lease_holder(self, name: str) -> str | None:
         """The ``holderIdentity`` of Lease ``name`` ("" when released), or None when it cannot
