@@ -110,14 +110,16 @@ class _Handler:
     def __init__(self, address: str) -> None:
         self.address = address
         self.channel = insecure_channel(address)
-        self._stream = CallStream(self.channel.stream_stream(_EXCHANGE_METHOD), StreamCallError,
-                                  encode=_encode_call, decode=_decode_reply)
+        self.stream: CallStream | None = None  # set up by the first call
 
     async def call(self, rpc: str, request: Message, metadata: Metadata,
                    time_limit: float) -> tuple[Message, float]:
         """One attempt on this handler: the response and the seconds the handler reports the
         request spent parked in the purgatory (trailing metadata ``kbroker-remote-ms``)."""
-        reply, response = await self._stream.call(
+        if self.stream is None:
+            self.stream = CallStream(self.channel.stream_stream(_EXCHANGE_METHOD),
+                                     StreamCallError, encode=_encode_call, decode=_decode_reply)
+        reply, response = await self.stream.call(
             (rpc, request.SerializeToString(), metadata), time_limit)
         if reply.status_code:
             raise StreamCallError(_STATUS_CODES.get(reply.status_code, grpc.StatusCode.UNKNOWN),
@@ -130,7 +132,8 @@ class _Handler:
         return _RESPONSE_TYPES[rpc].FromString(response), remote
 
     async def close(self, grace: float | None = None) -> None:
-        await self._stream.close()
+        if self.stream is not None:
+            await self.stream.close()
         await self.channel.close(grace)
 
 
