@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import signal
 import sys
 import time
@@ -19,19 +20,9 @@ from .local_cluster import ClusterSpec, LocalCluster
 
 
 def _up(args: argparse.Namespace) -> int:
-    spec = ClusterSpec(
-        data_dir=Path(args.data_dir),
-        host=args.host,
-        kafka_port=args.kafka_port,
-        advertised_host=args.advertised_host,
-        advertised_port=args.advertised_port,
-        handlers=args.handlers,
-        log_nodes=args.log_nodes,
-        base_port=args.base_port,
-        num_partitions=args.partitions,
-        default_replication_factor=args.replication_factor,
-        log_level=args.log_level,
-    )
+    # The flags are named (dest) after the ClusterSpec fields they set.
+    names = {f.name for f in dataclasses.fields(ClusterSpec)}
+    spec = ClusterSpec(**{name: value for name, value in vars(args).items() if name in names})
     cluster = LocalCluster(spec)
     stopping = False
 
@@ -74,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="run a whole local cluster until Ctrl-C")
-    up.add_argument("--data-dir", default="data", help="folder for data and logs")
+    up.add_argument("--data-dir", default=Path("data"), type=Path,
+                    help="folder for data and logs")
     up.add_argument("--host", default="127.0.0.1", help="address the Kafka listener binds")
     up.add_argument("--kafka-port", type=int, default=9092,
                     help="bootstrap port; broker N (log node N) is also served on port + N")
@@ -86,9 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--log-nodes", type=int, default=3)
     up.add_argument("--base-port", type=int, default=19090,
                     help="first internal gRPC port (0: any free ports)")
-    up.add_argument("--partitions", type=int, default=1, help="num.partitions for new topics")
-    up.add_argument("--replication-factor", type=int, default=1,
-                    help="default.replication.factor for new topics")
+    up.add_argument("--partitions", dest="num_partitions", type=int, default=1,
+                    help="num.partitions for new topics")
+    up.add_argument("--replication-factor", dest="default_replication_factor", type=int,
+                    default=1, help="default.replication.factor for new topics")
     up.add_argument("--log-level", default="INFO")
     k8s_cli.add_parser(sub)
     args = parser.parse_args(argv)

@@ -24,6 +24,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.common.config import flag_name
+
 # Ports picked for local services lie between this and the kernel's ephemeral range.
 _FIRST_PRIVATE_PORT = 20000
 _random = random.SystemRandom()
@@ -97,30 +99,28 @@ def _bindable(host: str, port: int) -> bool:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that is free now and that the kernel will not hand to someone else meanwhile.
-
-    A service binds the port only after it started, so a port the kernel chose (port 0) could
-    be given to an outgoing connection in between ("Address already in use"). Ports below the
-    ephemeral range are never chosen by the kernel, so they are picked at random there and
-    checked; if none is free, fall back to the kernel's choice."""
-    low, _ = _ephemeral_range()
-    if low > _FIRST_PRIVATE_PORT + 1000:
-        for _ in range(100):
-            port = _random.randrange(_FIRST_PRIVATE_PORT, low)
-            if _bindable(host, port):
-                return port
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A port that is free now and that the kernel will not hand to someone else meanwhile."""
+    return free_port_range(host, 1)
 
 
 def free_port_range(host: str, count: int, attempts: int = 100) -> int:
-    """The first of ``count`` consecutive free ports (see :func:`free_port`)."""
+    """The first of ``count`` consecutive ports that are free now and that the kernel will not
+    hand to someone else meanwhile.
+
+    A service binds its port only after it started, so a port the kernel chose (port 0) could
+    be given to an outgoing connection in between ("Address already in use"). Ports below the
+    ephemeral range are never chosen by the kernel, so they are picked at random there and
+    checked; where that range is too small, the kernel's choice is checked instead."""
+    low, _ = _ephemeral_range()
     for _ in range(attempts):
-        first = free_port(host)
-        if first + count <= 65535 and all(
-            _bindable(host, port) for port in range(first + 1, first + count)
-        ):
+        if low > _FIRST_PRIVATE_PORT + 1000:
+            first = _random.randrange(_FIRST_PRIVATE_PORT, low - count)
+        else:
+            with socket.socket() as s:
+                s.bind((host, 0))
+                first = int(s.getsockname()[1])
+        if first + count <= 65536 and all(
+                _bindable(host, port) for port in range(first, first + count)):
             return first
     raise OSError(f"no {count} consecutive free ports on {host}")
 
@@ -141,88 +141,53 @@ class LocalCluster:
     def _port(self, offset: int) -> int:
         return self.spec.base_port + offset if self.spec.base_port else free_port()
 
-    def _add(self, name: str, module: str, grpc_port: int, args: list[str]) -> ServiceProcess:
+    def _add(self, name: str, module: str, grpc_port: int, **flags: object) -> ServiceProcess:
+        """Plan service ``name``: ``python -m module`` with a flag per keyword (the config
+        field it sets; None leaves the field at the service's default)."""
         metrics_port = grpc_port + 1000 if self.spec.base_port else free_port()
-        svc = ServiceProcess(
-            name=name,
-            module=module,
-            args=[
-                "--grpc-address", f"127.0.0.1:{grpc_port}",
-                "--metrics-port", str(metrics_port),
-                *args,
-            ],
-            grpc_port=grpc_port,
-            metrics_port=metrics_port,
-            log_path=self.log_dir / f"{name}.log",
-        )
+        flags = {"grpc_address": f"127.0.0.1:{grpc_port}", "metrics_port": metrics_port,
+                 **flags}
+        args = [item for field, value in flags.items() if value is not None
+                for item in (flag_name(field), str(value))]
+        svc = ServiceProcess(name=name, module=module, args=args, grpc_port=grpc_port,
+                             metrics_port=metrics_port, log_path=self.log_dir / f"{name}.log")
         self.services[name] = svc
         return svc
 
     def _plan(self) -> None:
         spec = self.spec
-        purgatory = self._add("purgatory", "services.purgatory", self._port(210), [])
-        log_addresses = []
-        for i in range(spec.log_nodes):
-            node = self._add(
-                f"log-{i}", "services.log", self._port(110 + i),
-                [
-                    "--node-id", str(i),
-                    "--data-dir", str(self.data_dir / f"log-{i}"),
-                    "--purgatory-address", purgatory.grpc_address,
-                    "--retention-check-interval-ms", str(spec.retention_check_interval_ms),
-                    "--cleaner-backoff-ms", str(spec.cleaner_backoff_ms),
-                ],
-            )
-            log_addresses.append(f"{i}={node.grpc_address}")
+        purgatory = self._add("purgatory", "services.purgatory", self._port(210))
+        log_nodes = [
+            self._add(f"log-{i}", "services.log", self._port(110 + i), node_id=i,
+                      data_dir=self.data_dir / f"log-{i}",
+                      purgatory_address=purgatory.grpc_address,
+                      retention_check_interval_ms=spec.retention_check_interval_ms,
+                      cleaner_backoff_ms=spec.cleaner_backoff_ms)
+            for i in range(spec.log_nodes)]
         replicator = self._add(
             "replicator", "services.replicator", self._port(310),
-            [
-                "--data-dir", str(self.data_dir / "replicator"),
-                "--log-nodes", ",".join(log_addresses),
-                "--num-partitions", str(spec.num_partitions),
-                "--default-replication-factor", str(spec.default_replication_factor),
-                "--replica-lag-time-max-ms", str(spec.replica_lag_time_max_ms),
-                "--purgatory-address", purgatory.grpc_address,
-            ],
-        )
-        handler_addresses = []
-        for i in range(spec.handlers):
-            handler = self._add(
-                f"handler-{i}", "services.handler", self._port(10 + i),
-                [
-                    "--replicator-address", replicator.grpc_address,
-                    "--purgatory-address", purgatory.grpc_address,
-                    "--advertised", self.advertised,
-                    "--broker-ports", str(spec.log_nodes),
-                    "--instance", f"handler-{i}",
-                    *self._group_args(),
-                ],
-            )
-            handler_addresses.append(handler.grpc_address)
-        self._add(
-            "frontend", "services.frontend", self._port(0),
-            [
-                "--listen-host", spec.host,
-                "--listen-port", str(self.kafka_port),
-                "--advertised-host", spec.advertised_host or spec.host,
-                "--advertised-port", str(spec.advertised_port or self.kafka_port),
-                "--broker-ports", str(spec.log_nodes),
-                "--handlers", ",".join(handler_addresses),
-                "--instance", "frontend-0",
-            ],
-        )
-
-    def _group_args(self) -> list[str]:
-        spec = self.spec
-        args = []
-        for flag, value in (
-            ("--group-initial-rebalance-delay-ms", spec.group_initial_rebalance_delay_ms),
-            ("--group-min-session-timeout-ms", spec.group_min_session_timeout_ms),
-            ("--offsets-topic-num-partitions", spec.offsets_topic_num_partitions),
-        ):
-            if value is not None:
-                args += [flag, str(value)]
-        return args
+            data_dir=self.data_dir / "replicator",
+            log_nodes=",".join(f"{i}={node.grpc_address}" for i, node in enumerate(log_nodes)),
+            num_partitions=spec.num_partitions,
+            default_replication_factor=spec.default_replication_factor,
+            replica_lag_time_max_ms=spec.replica_lag_time_max_ms,
+            purgatory_address=purgatory.grpc_address)
+        handlers = [
+            self._add(f"handler-{i}", "services.handler", self._port(10 + i),
+                      replicator_address=replicator.grpc_address,
+                      purgatory_address=purgatory.grpc_address, advertised=self.advertised,
+                      broker_ports=spec.log_nodes, instance=f"handler-{i}",
+                      group_initial_rebalance_delay_ms=spec.group_initial_rebalance_delay_ms,
+                      group_min_session_timeout_ms=spec.group_min_session_timeout_ms,
+                      offsets_topic_num_partitions=spec.offsets_topic_num_partitions)
+            for i in range(spec.handlers)]
+        self._add("frontend", "services.frontend", self._port(0), listen_host=spec.host,
+                  listen_port=self.kafka_port,
+                  advertised_host=spec.advertised_host or spec.host,
+                  advertised_port=spec.advertised_port or self.kafka_port,
+                  broker_ports=spec.log_nodes,
+                  handlers=",".join(handler.grpc_address for handler in handlers),
+                  instance="frontend-0")
 
     @property
     def advertised(self) -> str:

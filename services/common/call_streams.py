@@ -22,7 +22,7 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -30,38 +30,29 @@ from google.protobuf.message import DecodeError
 log = logging.getLogger(__name__)
 
 
-class Envelope(Protocol):
-    """A stream message: a ``call_id`` next to the payload."""
-
-    call_id: int
-
-
 FailureOf = Callable[[grpc.StatusCode, str], Exception]
 """Turns a failed call's status code and details into the exception its caller raises."""
 
-Encode = Callable[[Any, int], Any]
-"""The stream message for a call's request and call id."""
-Decode = Callable[[Any], tuple[int, Any]]
-"""A stream message read back: (its call id, the answer the caller gets)."""
 
-
-def _set_call_id(request: Envelope, call_id: int) -> Envelope:
+def _set_call_id(request: Any, call_id: int) -> Any:
     request.call_id = call_id
     return request
 
 
-def _by_call_id(message: Envelope) -> tuple[int, Envelope]:
+def _by_call_id(message: Any) -> tuple[int, Any]:
     return message.call_id, message
 
 
 class CallStream:
     """One stream opened with ``open_stream`` (e.g. a stub's stream-stream method); answers are
     matched to requests by their ``call_id``. By default requests and answers are messages with
-    a ``call_id`` field; ``encode``/``decode`` let a stream of raw bytes carry its own
-    envelopes (see :mod:`.envelopes`)."""
+    a ``call_id`` field; ``encode(request, call_id)`` (the stream message) and ``decode(message)``
+    (its call id and the caller's answer) let a stream of raw bytes carry its own envelopes
+    (see :mod:`.envelopes`)."""
 
     def __init__(self, open_stream: Callable[[], Any], failure_of: FailureOf,
-                 encode: Encode = _set_call_id, decode: Decode = _by_call_id) -> None:
+                 encode: Callable[[Any, int], Any] = _set_call_id,
+                 decode: Callable[[Any], tuple[int, Any]] = _by_call_id) -> None:
         self._open_stream = open_stream
         self._failure_of = failure_of
         self._encode = encode

@@ -9,15 +9,15 @@ MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
 # Record batches travel in messages of hundreds of KB to tens of MB: large HTTP/2 frames and
 # windows cut the per-frame work (and wake-ups) per message.
-_HTTP2_BULK = [
+_BULK = [
     ("grpc.http2.max_frame_size", 16 * 1024 * 1024 - 1),
     ("grpc.http2.lookahead_bytes", 16 * 1024 * 1024),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 ]
 
 CHANNEL_OPTIONS = [
-    *_HTTP2_BULK,
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    *_BULK,
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
@@ -30,9 +30,7 @@ CHANNEL_OPTIONS = [
 ]
 
 SERVER_OPTIONS = [
-    *_HTTP2_BULK,
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    *_BULK,
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.http2.max_pings_without_data", 0),

@@ -42,40 +42,36 @@ def split_bytes_field(data: bytes, field_number: int) -> tuple[bytes, memoryview
     ``data``; empty if absent). A field given twice takes its last value, as protobuf does.
 
     Raises ``DecodeError`` for bytes that are not a protobuf message."""
-    try:
-        return _split_bytes_field(data, field_number)
-    except VarintError as exc:
-        raise DecodeError(str(exc)) from None
-
-
-def _split_bytes_field(data: bytes, field_number: int) -> tuple[bytes, memoryview]:
     end = len(data)
     position = 0
     value: tuple[int, int] | None = None
     rest: list[bytes] = []
     kept_from = 0
-    while position < end:
-        field_start = position
-        key, position = decode_uvarint(data, position, end)
-        wire_type = key & 7
-        if wire_type == 0:
-            _, position = decode_uvarint(data, position, end)
-        elif wire_type == 1:
-            position += 8
-        elif wire_type == _LENGTH_DELIMITED:
-            length, position = decode_uvarint(data, position, end)
-            value_start = position
-            position += length
-            if key >> 3 == field_number and position <= end:
-                value = (value_start, position)
-                rest.append(data[kept_from:field_start])
-                kept_from = position
-        elif wire_type == 5:
-            position += 4
-        else:
-            raise DecodeError(f"unsupported wire type {wire_type}")
-        if position > end:
-            raise DecodeError("truncated field")
+    try:
+        while position < end:
+            field_start = position
+            key, position = decode_uvarint(data, position, end)
+            wire_type = key & 7
+            if wire_type == 0:
+                _, position = decode_uvarint(data, position, end)
+            elif wire_type == 1:
+                position += 8
+            elif wire_type == _LENGTH_DELIMITED:
+                length, position = decode_uvarint(data, position, end)
+                value_start = position
+                position += length
+                if key >> 3 == field_number and position <= end:
+                    value = (value_start, position)
+                    rest.append(data[kept_from:field_start])
+                    kept_from = position
+            elif wire_type == 5:
+                position += 4
+            else:
+                raise DecodeError(f"unsupported wire type {wire_type}")
+            if position > end:
+                raise DecodeError("truncated field")
+    except VarintError as exc:
+        raise DecodeError(str(exc)) from None
     if value is None:
         return data, memoryview(b"")
     rest.append(data[kept_from:end])

@@ -38,9 +38,6 @@ from google.protobuf.message import Message
 
 from kbroker.kafka.v1 import kafka_pb2
 
-__all__ = ["IDENTITY_FIELDS", "UNKNOWN_SUFFIXES", "error_codes", "error_response",
-           "response_type"]
-
 # Fields that name an item of a request rather than say something about it.
 IDENTITY_FIELDS = frozenset({
     "name", "topic", "topic_id", "index", "partition", "partition_index", "group_id",
@@ -114,49 +111,43 @@ def _plan(request: Descriptor | None, response: Descriptor) -> _Plan:
     value), just its error code and message."""
     plan = _Plan(code=_code_field(response), message=_ERROR_MESSAGE in response.fields_by_name)
     plan.unknowns = [f.name for f in response.fields
-                     if not _repeated(f) and f.type in _INTEGERS
+                     if not f.is_repeated and f.type in _INTEGERS
                      and f.name.endswith(UNKNOWN_SUFFIXES)]
     if request is None:
         return plan
     top_level = request.containing_type is None
     for name, f in request.fields_by_name.items():
-        if f.type == _MESSAGE or _repeated(f) or name not in IDENTITY_FIELDS:
+        if f.type == _MESSAGE or f.is_repeated or name not in IDENTITY_FIELDS:
             continue
         if top_level and f.type != FieldDescriptor.TYPE_STRING:
             continue  # a number on the request itself (a producer id) is no item's name
         target = _ALIASES.get(name, name) if name not in response.fields_by_name else name
-        if target in response.fields_by_name and not _repeated(
-                response.fields_by_name[target]):
+        if target in response.fields_by_name and not response.fields_by_name[target].is_repeated:
             plan.copies.append((name, target))
     for target in response.fields:
-        if not _repeated(target) or target.type != _MESSAGE:
+        if not target.is_repeated or target.type != _MESSAGE:
             continue
         element = target.message_type
         if not _holds_error_code(element):
             continue
-        best: tuple[int, str, _Plan | None, str | None] | None = None
+        # The request's list most like it: entities by similarity, plain values by name.
+        best, best_score = None, 0
         for source in request.fields:
-            if not _repeated(source):
+            if not source.is_repeated:
                 continue
             if source.type == _MESSAGE:
                 score = _similarity(source.message_type, element)
-                candidate = (score, source.name, None, None)
             else:
-                key = _key_of_plain(source.name, element)
-                candidate = (1 if key else 0, source.name, None, key)
-            if candidate[0] > 0 and (best is None or candidate[0] > best[0]):
-                best = candidate
+                score = 1 if _key_of_plain(source.name, element) else 0
+            if score > best_score:
+                best, best_score = source, score
         if best is None:
             continue
-        _, source_name, _, key = best
-        source = request.fields_by_name[source_name]
-        sub = _plan(source.message_type, element) if source.type == _MESSAGE else None
-        plan.lists.append((source_name, target.name, sub, key))
+        if best.type == _MESSAGE:
+            plan.lists.append((best.name, target.name, _plan(best.message_type, element), None))
+        else:
+            plan.lists.append((best.name, target.name, None, _key_of_plain(best.name, element)))
     return plan
-
-
-def _repeated(f: FieldDescriptor) -> bool:
-    return bool(f.is_repeated)
 
 
 def _code_field(message: Descriptor) -> str | None:
@@ -185,7 +176,7 @@ def _similarity(request: Descriptor, response: Descriptor) -> int:
             score += 2
     for f in request.fields:
         other = response.fields_by_name.get(f.name)
-        if other is not None and _repeated(f) and _repeated(other) and \
+        if other is not None and f.is_repeated and other.is_repeated and \
                 f.type == _MESSAGE and other.type == _MESSAGE:
             score += 1 + _similarity(f.message_type, other.message_type)
     return score

@@ -39,13 +39,8 @@ from prometheus_client.utils import floatToGoString
 
 from kbroker.metrics.v1 import metrics_pb2, metrics_pb2_grpc
 
-
-def _enabled_from_env() -> bool:
-    raw = os.environ.get("KBROKER_METRICS_ENABLED", "true").strip().lower()
-    return raw not in ("0", "false", "no", "off")
-
-
-METRICS_ENABLED = _enabled_from_env()
+METRICS_ENABLED = os.environ.get("KBROKER_METRICS_ENABLED", "true").strip().lower() not in (
+    "0", "false", "no", "off")
 
 
 class NullMetric:
@@ -58,26 +53,10 @@ class NullMetric:
     def labels(self, *args: Any, **kwargs: Any) -> NullMetric:
         return self
 
-    def inc(self, amount: float = 1) -> None:
+    def _record_nothing(self, *args: Any) -> None:
         pass
 
-    def dec(self, amount: float = 1) -> None:
-        pass
-
-    def set(self, value: float) -> None:
-        pass
-
-    def observe(self, amount: float) -> None:
-        pass
-
-    def set_function(self, f: Callable[[], float]) -> None:
-        pass
-
-    def remove(self, *labels: Any) -> None:
-        pass
-
-    def clear(self) -> None:
-        pass
+    inc = dec = set = observe = set_function = remove = clear = _record_nothing
 
 
 class _LoopCounterValue:
@@ -114,6 +93,10 @@ class _LoopMetric(Collector):
         self._documentation = documentation
         self._labelnames = tuple(labelnames)
         self._children: dict[tuple[str, ...], Any] = {}
+        # The same children by the label values as callers give them (not always strings).
+        self._by_values: dict[tuple[Any, ...], Any] = {}
+        if not self._labelnames:
+            self._children[()] = self._by_values[()] = self._new_child()
         if registry is not None:
             registry.register(self)
 
@@ -121,7 +104,7 @@ class _LoopMetric(Collector):
         raise NotImplementedError
 
     def labels(self, *values: Any) -> Any:
-        child = self._children.get(values)
+        child = self._by_values.get(values)
         if child is None:
             if len(values) != len(self._labelnames):
                 raise ValueError(f"{self._name}: labels {self._labelnames}, got {values}")
@@ -129,18 +112,8 @@ class _LoopMetric(Collector):
             child = self._children.get(key)
             if child is None:
                 child = self._children[key] = self._new_child()
-            self._children[values] = child
+            self._by_values[values] = child
         return child
-
-    def _items(self) -> list[tuple[tuple[str, ...], Any]]:
-        # Children are keyed by the values as given and as strings: report each once.
-        seen: set[int] = set()
-        out = []
-        for key, child in list(self._children.items()):
-            if id(child) not in seen and all(isinstance(v, str) for v in key):
-                seen.add(id(child))
-                out.append((key, child))
-        return out
 
 
 class EventLoopCounter(_LoopMetric):
@@ -154,8 +127,6 @@ class EventLoopCounter(_LoopMetric):
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = (),
                  registry: Any = REGISTRY) -> None:
         super().__init__(name.removesuffix("_total"), documentation, labelnames, registry)
-        if not self._labelnames:
-            self._children[()] = _LoopCounterValue()
 
     def _new_child(self) -> _LoopCounterValue:
         return _LoopCounterValue()
@@ -165,12 +136,9 @@ class EventLoopCounter(_LoopMetric):
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         family = CounterMetricFamily(self._name, self._documentation, labels=self._labelnames)
-        for key, child in self._items():
+        for key, child in list(self._children.items()):
             family.add_metric(list(key), child.value)
         yield family
-
-    def describe(self) -> list[CounterMetricFamily]:
-        return [CounterMetricFamily(self._name, self._documentation, labels=self._labelnames)]
 
 
 class EventLoopHistogram(_LoopMetric):
@@ -183,8 +151,6 @@ class EventLoopHistogram(_LoopMetric):
         self._bounds = (*bounds, math.inf)
         self._les = tuple(floatToGoString(b) for b in self._bounds)
         super().__init__(name, documentation, labelnames, registry)
-        if not self._labelnames:
-            self._children[()] = _LoopHistogramValue(self._bounds)
 
     def _new_child(self) -> _LoopHistogramValue:
         return _LoopHistogramValue(self._bounds)
@@ -195,15 +161,11 @@ class EventLoopHistogram(_LoopMetric):
     def collect(self) -> Iterator[HistogramMetricFamily]:
         family = HistogramMetricFamily(self._name, self._documentation,
                                        labels=self._labelnames)
-        for key, child in self._items():
+        for key, child in list(self._children.items()):
             cumulative = list(itertools.accumulate(child.counts))
             family.add_metric(list(key), list(zip(self._les, cumulative, strict=True)),
                               child.sum)
         yield family
-
-    def describe(self) -> list[HistogramMetricFamily]:
-        return [HistogramMetricFamily(self._name, self._documentation,
-                                      labels=self._labelnames)]
 
 
 if METRICS_ENABLED:
@@ -267,16 +229,12 @@ class _Sequence:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._last = 0
+        self.last = 0
 
     def next(self) -> int:
         with self._lock:
-            self._last += 1
-            return self._last
-
-    @property
-    def last(self) -> int:
-        return self._last
+            self.last += 1
+            return self.last
 
 
 SEQUENCE = _Sequence()
@@ -343,109 +301,9 @@ def snapshot(service: str, instance: str, prefixes: list[str]) -> metrics_pb2.Me
     return out
 
 
-def _split_method(full: str) -> tuple[str, str]:
-    # "/package.Service/Method"
-    _, service, method = full.split("/", 2)
-    return service, method
-
-
-def grpc_server_interceptor(service_name: str) -> grpc.aio.ServerInterceptor:
-    return _MetricsInterceptor() if METRICS_ENABLED else _PassThroughInterceptor()
-
-
-class _PassThroughInterceptor(grpc.aio.ServerInterceptor):
-    """Metrics off: calls go to their handlers untouched."""
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        return await continuation(details)
-
-
-class _RpcMetrics:
-    """The gRPC server metrics of one method, children bound once: a call pays no label
-    lookups (those take a lock and hash the labels)."""
-
-    __slots__ = ("_handled", "_labels", "seconds", "started")
-
-    def __init__(self, labels: tuple[str, str, str]) -> None:
-        self._labels = labels
-        self.started = GRPC_STARTED.labels(*labels)
-        self.seconds = GRPC_SECONDS.labels(*labels)
-        self._handled: dict[str, Any] = {}
-
-    def finish(self, context: grpc.aio.ServicerContext, default: str, started: float) -> None:
-        """Count the call under its code (the context's, else ``default``) and time it."""
-        code = _code_of(context, default)
-        handled = self._handled.get(code)
-        if handled is None:
-            handled = self._handled[code] = GRPC_HANDLED.labels(*self._labels, code)
-        handled.inc()
-        self.seconds.observe(time.perf_counter() - started)
-
-
-def _observed(handler: grpc.RpcMethodHandler, service: str, method: str
-              ) -> grpc.RpcMethodHandler:
-    """``handler`` with every call counted and timed. A handler that raised without setting
-    a code counts as UNKNOWN (unary) or CANCELLED (streams, typically the peer leaving)."""
-    codec = {"request_deserializer": handler.request_deserializer,
-             "response_serializer": handler.response_serializer}
-    perf_counter = time.perf_counter
-    if handler.unary_unary is not None:
-        unary_inner = handler.unary_unary
-        unary_rpc = _RpcMetrics((service, method, "unary"))
-
-        async def unary(request, context):
-            unary_rpc.started.inc()
-            started = perf_counter()
-            outcome = "UNKNOWN"
-            try:
-                response = await unary_inner(request, context)
-                outcome = "OK"
-                return response
-            finally:
-                unary_rpc.finish(context, outcome, started)
-
-        return grpc.unary_unary_rpc_method_handler(unary, **codec)
-    if handler.unary_stream is not None:
-        stream_inner = handler.unary_stream
-        stream_rpc = _RpcMetrics((service, method, "server_stream"))
-
-        async def server_stream(request, context):
-            stream_rpc.started.inc()
-            started = perf_counter()
-            outcome = "CANCELLED"
-            try:
-                async for item in stream_inner(request, context):
-                    yield item
-                outcome = "OK"
-            finally:
-                stream_rpc.finish(context, outcome, started)
-
-        return grpc.unary_stream_rpc_method_handler(server_stream, **codec)
-    if handler.stream_unary is not None:
-        client_inner = handler.stream_unary
-        client_rpc = _RpcMetrics((service, method, "client_stream"))
-
-        async def client_stream(request_iterator, context):
-            client_rpc.started.inc()
-            started = perf_counter()
-            outcome = "CANCELLED"
-            try:
-                response = await client_inner(request_iterator, context)
-                outcome = "OK"
-                return response
-            finally:
-                client_rpc.finish(context, outcome, started)
-
-        return grpc.stream_unary_rpc_method_handler(client_stream, **codec)
-    return handler
-
-
-class _MetricsInterceptor(grpc.aio.ServerInterceptor):
-    """Counts and times every call. The wrapped handler of a method is built once and reused
+class MetricsInterceptor(grpc.aio.ServerInterceptor):
+    """Counts and times every unary and streaming-response call (bidirectional streams, which
+    carry many calls, are left alone). The wrapped handler of a method is built once and reused
     while the server hands out the same handler for it (generated servicers always do)."""
 
     def __init__(self) -> None:
@@ -462,9 +320,86 @@ class _MetricsInterceptor(grpc.aio.ServerInterceptor):
         cached = self._wrapped.get(details.method)
         if cached is not None and cached[0] is handler:
             return cached[1]
-        wrapped = _observed(handler, *_split_method(details.method))
+        _, service, method = details.method.split("/", 2)  # "/package.Service/Method"
+        wrapped = _observed(handler, service, method)
         self._wrapped[details.method] = (handler, wrapped)
         return wrapped
+
+
+class _RpcMetrics:
+    """The gRPC server metrics of one method, children bound once: a call pays no label
+    lookups (those take a lock and hash the labels)."""
+
+    __slots__ = ("_handled", "_labels", "_seconds", "_started")
+
+    def __init__(self, labels: tuple[str, str, str]) -> None:
+        self._labels = labels
+        self._started = GRPC_STARTED.labels(*labels)
+        self._seconds = GRPC_SECONDS.labels(*labels)
+        self._handled: dict[str, Any] = {}
+
+    def start(self) -> float:
+        self._started.inc()
+        return time.perf_counter()
+
+    def finish(self, context: grpc.aio.ServicerContext, default: str, started: float) -> None:
+        """Count the call under its code (the context's, else ``default``) and time it."""
+        code = _code_of(context, default)
+        handled = self._handled.get(code)
+        if handled is None:
+            handled = self._handled[code] = GRPC_HANDLED.labels(*self._labels, code)
+        handled.inc()
+        self._seconds.observe(time.perf_counter() - started)
+
+
+# Calls answered once: (handler attribute, grpc_type, its code if the handler raised without
+# setting one, the handler factory). A unary call that fails so is UNKNOWN; a client stream
+# typically ends so because the peer left.
+_SINGLE_ANSWER = (
+    ("unary_unary", "unary", "UNKNOWN", grpc.unary_unary_rpc_method_handler),
+    ("stream_unary", "client_stream", "CANCELLED", grpc.stream_unary_rpc_method_handler),
+)
+
+
+def _observed(handler: grpc.RpcMethodHandler, service: str, method: str
+              ) -> grpc.RpcMethodHandler:
+    """``handler`` with every call counted and timed."""
+    codec = {"request_deserializer": handler.request_deserializer,
+             "response_serializer": handler.response_serializer}
+    if handler.unary_stream is not None:
+        stream_inner = handler.unary_stream
+        stream_rpc = _RpcMetrics((service, method, "server_stream"))
+
+        async def server_stream(request, context):
+            started = stream_rpc.start()
+            outcome = "CANCELLED"  # a stream that raised: typically the peer left
+            try:
+                async for item in stream_inner(request, context):
+                    yield item
+                outcome = "OK"
+            finally:
+                stream_rpc.finish(context, outcome, started)
+
+        return grpc.unary_stream_rpc_method_handler(server_stream, **codec)
+    found = [(getattr(handler, attribute), grpc_type, failed, factory)
+             for attribute, grpc_type, failed, factory in _SINGLE_ANSWER
+             if getattr(handler, attribute) is not None]
+    if not found:
+        return handler
+    [(inner, grpc_type, failed, factory)] = found
+    rpc = _RpcMetrics((service, method, grpc_type))
+
+    async def call(request, context):
+        started = rpc.start()
+        outcome = failed
+        try:
+            response = await inner(request, context)
+            outcome = "OK"
+            return response
+        finally:
+            rpc.finish(context, outcome, started)
+
+    return factory(call, **codec)
 
 
 def _code_of(context: grpc.aio.ServicerContext, default: str) -> str:

@@ -75,7 +75,7 @@ class ProgressStream:
     ``on_outcome("sent" | "failed")`` is told how each write went (for metrics)."""
 
     def __init__(self, address: str, position_of: PositionSource | None = None,
-                 on_outcome: Callable[[str], None] | None = None) -> None:
+                 on_outcome: Callable[[str], None] = lambda outcome: None) -> None:
         self.address = address
         self._channel = insecure_channel(address)
         self._stub = purgatory_pb2_grpc.PurgatoryStub(self._channel)
@@ -173,15 +173,13 @@ class ProgressStream:
             self._failed()
             log.exception("purgatory %s: progress report failed", self.address)
         else:
-            if self._on_outcome is not None:
-                self._on_outcome("sent")
+            self._on_outcome("sent")
 
     def _failed(self) -> None:
         if self._stream is not None:
             self._stream.cancel()
             self._stream = None
-        if self._on_outcome is not None:
-            self._on_outcome("failed")
+        self._on_outcome("failed")
 
     async def close(self) -> None:
         """Stop sending (pending reports are dropped) and close the channel."""

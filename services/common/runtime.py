@@ -13,16 +13,6 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-
-def setup_logging(service: str) -> None:
-    level = os.environ.get("KBROKER_LOG_LEVEL", "INFO").upper()
-    logging.basicConfig(
-        level=level,
-        stream=sys.stderr,
-        format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s",
-    )
-
-
 # glibc mallopt parameters.
 _M_TRIM_THRESHOLD = -1
 _M_TOP_PAD = -2
@@ -52,10 +42,13 @@ def tune_allocator() -> bool:
 
 
 def run(service: str, main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
-    """Run ``main(stop_event)`` on uvloop until it returns; SIGTERM/SIGINT set the event."""
+    """Run ``main(stop_event)`` on uvloop until it returns (logging to stderr at
+    ``KBROKER_LOG_LEVEL``); SIGTERM/SIGINT set the event."""
     import uvloop
 
-    setup_logging(service)
+    logging.basicConfig(level=os.environ.get("KBROKER_LOG_LEVEL", "INFO").upper(),
+                        stream=sys.stderr,
+                        format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s")
     tune_allocator()
 
     async def _wrapper() -> None:

@@ -17,7 +17,7 @@ from grpc_reflection.v1alpha import reflection
 from kbroker.metrics.v1 import metrics_pb2, metrics_pb2_grpc
 
 from .channels import SERVER_OPTIONS
-from .metrics import MetricsServicer, grpc_server_interceptor
+from .metrics import METRICS_ENABLED, MetricsInterceptor, MetricsServicer
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +41,7 @@ async def create_server(
     Health reports SERVING for the overall server ("") and for each binding's name.
     """
     server = grpc.aio.server(
-        options=SERVER_OPTIONS, interceptors=[grpc_server_interceptor(service)]
-    )
+        options=SERVER_OPTIONS, interceptors=[MetricsInterceptor()] if METRICS_ENABLED else [])
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     metrics_pb2_grpc.add_MetricsServicer_to_server(MetricsServicer(service, instance), server)

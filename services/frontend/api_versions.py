@@ -43,9 +43,6 @@ class SupportedApi:
         """The handler RPC serving the API (None: answered by the frontend)."""
         return self.name if self.forwarded else None
 
-    def supports(self, version: int) -> bool:
-        return self.min_version <= version <= self.max_version
-
 
 API_VERSIONS_KEY = 18
 

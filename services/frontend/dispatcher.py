@@ -30,7 +30,7 @@ from services.common.error_answers import error_codes
 from . import converter, headers
 from .api_versions import API_VERSIONS_KEY, SUPPORTED_APIS, SupportedApi, supported_versions
 from .error_responses import UNAVAILABLE_CODES, error_response
-from .framing import SIZE, FrameWriter
+from .framing import FrameWriter
 from .handler_pool import HandlerCallError, HandlerPool, Metadata
 from .metrics import (
     HANDLER_FAILURES,
@@ -70,13 +70,9 @@ class UnanswerableRequestError(Exception):
 class _Schema:
     """The compiled pieces of one (API, version)."""
 
-    api: SupportedApi
-    version: int
-    request_cls: type
-    response_cls: type
+    flexible_request: bool
     read_request: Callable[[bytes, int], tuple[Any, int]]
-    request_to_proto: Callable[[Any], dict[str, Any]]
-    request_message: type[Message]
+    request_to_proto: Callable[[Any], Message]
     response_from_proto: Callable[[Message], Any]
     write_response: Callable[[FrameWriter, Any], None]
     flexible_response: bool
@@ -87,16 +83,13 @@ def _compile_schemas() -> dict[tuple[int, int], _Schema]:
     request pays for a first-time compilation."""
     out = {}
     for api in SUPPORTED_APIS.values():
-        if api.rpc is None:
-            continue
         for version in range(api.min_version, api.max_version + 1):
             request_cls = converter.load_schema(api.schema_name, version, EntityType.request)
             response_cls = converter.load_schema(api.schema_name, version, EntityType.response)
             out[(api.key, version)] = _Schema(
-                api=api, version=version, request_cls=request_cls, response_cls=response_cls,
+                flexible_request=request_cls.__flexible__,  # type: ignore[attr-defined]
                 read_request=entity_reader(request_cls),
                 request_to_proto=converter.to_proto_fn(request_cls),
-                request_message=converter.proto_class(api.schema_name, EntityType.request),
                 response_from_proto=converter.from_proto_fn(response_cls),
                 write_response=entity_writer(response_cls),  # type: ignore[arg-type]
                 flexible_response=response_cls.__flexible__,  # type: ignore[attr-defined]
@@ -106,8 +99,8 @@ def _compile_schemas() -> dict[tuple[int, int], _Schema]:
 
 @dataclasses.dataclass(slots=True)
 class Request:
-    """A decoded request: its API, version and header fields, and the kio body (None for an
-    ApiVersions request of a version too new to decode)."""
+    """A decoded request: its API, version and header fields, and the kio body (``body`` and
+    ``schema`` None for an ApiVersions request of a version too new to decode)."""
 
     api: SupportedApi
     version: int
@@ -123,58 +116,6 @@ class Request:
     def expects_response(self) -> bool:
         # Produce with acks=0 is processed but never answered.
         return not (self.api.key == PRODUCE_KEY and self.body.acks == 0)
-
-
-class _ApiVersionsAnswers:
-    """The ApiVersions responses, encoded once per version: they differ only in the header."""
-
-    def __init__(self) -> None:
-        keys = [{"api_key": key, "min_version": lo, "max_version": hi}
-                for key, lo, hi in supported_versions()]
-        api = SUPPORTED_APIS[API_VERSIONS_KEY]
-        self._bodies: dict[int, bytes] = {}
-        self._invalid: dict[int, bytes] = {}
-        # Per version: whether the request is flexible, and its reader.
-        self.readers: dict[int, tuple[bool, Callable[[bytes, int], tuple[Any, int]]]] = {}
-        ok = kafka_pb2.ApiVersionsResponse(
-            error_code=0, api_keys=keys, throttle_time_ms=0, finalized_features_epoch=-1,
-            zk_migration_ready=False)
-        invalid = kafka_pb2.ApiVersionsResponse(error_code=int(ErrorCode.invalid_request))
-        for version in range(api.min_version, api.max_version + 1):
-            request_cls = converter.load_schema(api.schema_name, version, EntityType.request)
-            self.readers[version] = (request_cls.__flexible__,  # type: ignore[attr-defined]
-                                     entity_reader(request_cls))
-            self._bodies[version] = _encode_body(api.schema_name, version, ok)
-            self._invalid[version] = _encode_body(api.schema_name, version, invalid)
-        # KIP-511: a client newer than the broker gets the error and the ranges in v0, the
-        # one body every client version can read, so it can pick a version both support.
-        self._unsupported = _encode_body(api.schema_name, 0, kafka_pb2.ApiVersionsResponse(
-            error_code=int(ErrorCode.unsupported_version), api_keys=keys))
-
-    def answer(self, request: Request) -> list[bytes]:
-        if request.body is None:
-            body = self._unsupported
-        elif _valid_software(request.version, request.body):
-            body = self._bodies[request.version]
-        else:
-            body = self._invalid[request.version]
-        # ApiVersions responses always use response header v0.
-        header = headers.response_header(API_VERSIONS_KEY, request.correlation_id, False)
-        return [SIZE.pack(len(header) + len(body)), header, body]
-
-
-def _valid_software(version: int, body: Any) -> bool:
-    if version < 3:
-        return True
-    return bool(_SOFTWARE_PATTERN.fullmatch(body.client_software_name)
-                and _SOFTWARE_PATTERN.fullmatch(body.client_software_version))
-
-
-def _encode_body(api: str, version: int, message: Message) -> bytes:
-    cls = converter.load_schema(api, version, EntityType.response)
-    out = FrameWriter()
-    entity_writer(cls)(out, converter.from_proto(message, cls))  # type: ignore[arg-type]
-    return b"".join(out.finish()[1:])
 
 
 def _deadline_seconds(api_key: int, request: Message) -> float:
@@ -201,7 +142,8 @@ class Dispatcher:
         self._first_port = first_port
         self._instance = instance
         self._schemas = _compile_schemas()
-        self._api_versions = _ApiVersionsAnswers()
+        self._api_keys = [{"api_key": key, "min_version": lo, "max_version": hi}
+                          for key, lo, hi in supported_versions()]
         self._metrics = {key: ApiMetrics(api.name) for key, api in SUPPORTED_APIS.items()}
         self._grpc_metadata: dict[tuple[str | None, str, int, int], Metadata] = {}
 
@@ -216,40 +158,31 @@ class Dispatcher:
         if api is None:
             raise UnanswerableRequestError(f"unknown API key {api_key}")
         metrics = self._metrics[api_key]
-        if not api.supports(version):
+        schema = self._schemas.get((api_key, version))
+        if schema is None:
             if api_key == API_VERSIONS_KEY:
                 return Request(api, version, correlation_id, None, None, None, metrics)
             raise UnanswerableRequestError(f"{api.name} v{version} is not supported "
                                            f"({api.min_version}..{api.max_version})")
-        schema = self._schemas.get((api_key, version))
         try:
-            if schema is None:  # ApiVersions: decoded here, answered locally
-                flexible, read = self._api_versions.readers[version]
-                header, offset = headers.read_request_header(frame, flexible)
-                body, _ = read(frame, offset)
-            else:
-                header, offset = headers.read_request_header(
-                    frame, schema.request_cls.__flexible__)  # type: ignore[attr-defined]
-                body, _ = schema.read_request(frame, offset)
+            header, offset = headers.read_request_header(frame, schema.flexible_request)
+            body, _ = schema.read_request(frame, offset)
         except Exception as e:  # noqa: BLE001 - any decode failure means a malformed request
             raise UnanswerableRequestError(f"cannot decode {api.name} v{version}: "
                                            f"{type(e).__name__}: {e}") from None
         return Request(api, version, correlation_id, header.client_id, body, schema, metrics)
 
     async def handle(self, request: Request, client_host: str,
-                     local_port: int = 0) -> list[bytes] | None:
+                     local_port: int) -> list[bytes] | None:
         """The response frame (as buffers) for ``request``, or None when none is due."""
-        if request.schema is None:
-            return self._api_versions.answer(request)
-        schema = request.schema
-        api = schema.api
-        metrics = request.metrics
-        message = schema.request_message(**schema.request_to_proto(request.body))
+        api, schema = request.api, request.schema
+        if api.rpc is None or schema is None:
+            return self._api_versions(request)
+        message = schema.request_to_proto(request.body)
         converter.normalise_request(api.key, request.version, message)
-        assert api.rpc is not None
         called = time.perf_counter()
         try:
-            response, remote = await self._pool.call_timed(
+            response, remote = await self._pool.call(
                 api.rpc, message,
                 metadata=self._metadata(request.client_id, client_host, request.version,
                                         local_port),
@@ -272,7 +205,7 @@ class Dispatcher:
                     "Produce with acks=0 failed on at least one partition", kind="acks0_failure")
             return None
         try:
-            frame = self._encode(request, response)
+            frame = self._encode(request, schema, response)
         except Exception:
             log.exception("%s v%d: cannot encode the handler's response", api.name,
                           request.version)
@@ -281,20 +214,38 @@ class Dispatcher:
                 raise UnanswerableRequestError(f"{api.name}: unencodable response",
                                                kind="bad_response") from None
             codes = {int(ErrorCode.unknown_server_error)}
-            frame = self._encode(request, fallback)
+            frame = self._encode(request, schema, fallback)
         if codes:
-            metrics.errors(codes)
+            request.metrics.errors(codes)
         return frame
 
-    def _encode(self, request: Request, response: Message) -> list[bytes]:
+    def _api_versions(self, request: Request) -> list[bytes]:
+        """The supported version ranges (KIP-511: INVALID_REQUEST for a malformed client
+        software name or version; a client newer than the broker gets UNSUPPORTED_VERSION and
+        the ranges in v0, the one body every client version can read, so it can pick a version
+        both support)."""
         schema = request.schema
-        assert schema is not None
+        if schema is None:
+            schema = self._schemas[(API_VERSIONS_KEY, 0)]
+            answer = kafka_pb2.ApiVersionsResponse(
+                error_code=int(ErrorCode.unsupported_version), api_keys=self._api_keys)
+        elif request.version < 3 or (
+                _SOFTWARE_PATTERN.fullmatch(request.body.client_software_name)
+                and _SOFTWARE_PATTERN.fullmatch(request.body.client_software_version)):
+            answer = kafka_pb2.ApiVersionsResponse(
+                error_code=0, api_keys=self._api_keys, throttle_time_ms=0,
+                finalized_features_epoch=-1, zk_migration_ready=False)
+        else:
+            answer = kafka_pb2.ApiVersionsResponse(error_code=int(ErrorCode.invalid_request))
+        return self._encode(request, schema, answer)
+
+    def _encode(self, request: Request, schema: _Schema, response: Message) -> list[bytes]:
         entity = schema.response_from_proto(response)
         out = FrameWriter()
-        out.write(headers.response_header(schema.api.key, request.correlation_id,
+        out.write(headers.response_header(request.api.key, request.correlation_id,
                                           schema.flexible_response))
         schema.write_response(out, entity)
-        if schema.api.key == FETCH_KEY and METRICS_ENABLED:
+        if request.api.key == FETCH_KEY and METRICS_ENABLED:
             count_fetched_bytes(response, entity)
         return out.finish()  # type: ignore[return-value]
 
@@ -316,17 +267,16 @@ class Dispatcher:
                     request.client_id, error, code.name.upper())
         return response
 
-    def _metadata(self, client_id: str | None, client_host: str, version: int = -1,
-                  local_port: int = 0) -> Metadata:
+    def _metadata(self, client_id: str | None, client_host: str, version: int,
+                  local_port: int) -> Metadata:
         key = (client_id, client_host, version, local_port)
         metadata = self._grpc_metadata.get(key)
         if metadata is None:
             pairs = [("kafka-client-host", client_host),
                      ("kafka-advertised", self._advertised),
                      ("kafka-broker-ports", self._broker_ports),
-                     ("kafka-frontend-id", self._instance)]
-            if version >= 0:
-                pairs.append(("kafka-api-version", str(version)))
+                     ("kafka-frontend-id", self._instance),
+                     ("kafka-api-version", str(version))]
             # The broker whose port the client connected to (group APIs answer
             # NOT_COORDINATOR at the wrong one).
             broker_id = local_port - self._first_port

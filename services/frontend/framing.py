@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import struct
 
-SIZE = struct.Struct(">i")
+_SIZE = struct.Struct(">i")
 
 # Pieces at least this large go to the socket as their own buffer; smaller ones are coalesced.
 _SEPARATE_CHUNK_BYTES = 16 * 1024
@@ -42,14 +42,9 @@ class FrameWriter:
             self._small += data
         return n
 
-    @property
-    def size(self) -> int:
-        """Bytes written so far (the frame's size, without its prefix)."""
-        return self._size
-
     def finish(self) -> list[bytes | bytearray]:
         """The whole frame, size prefix first."""
         if self._small:
             self._chunks.append(self._small)
             self._small = bytearray()
-        return [SIZE.pack(self._size), *self._chunks]
+        return [_SIZE.pack(self._size), *self._chunks]

@@ -19,8 +19,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
 
 import grpc
 from google.protobuf import message_factory
@@ -68,44 +66,27 @@ class HandlerCallError(Exception):
         self.availability = availability
 
 
-def _never_reached(error: grpc.aio.AioRpcError | StreamCallError) -> bool:
-    if error.code() != grpc.StatusCode.UNAVAILABLE:
-        return False
-    details = (error.details() or "").lower()
-    return any(marker in details for marker in _NOT_CONNECTED_MARKERS)
-
-
 class StreamCallError(Exception):
-    """A call over a handler stream failed; shaped like ``grpc.aio.AioRpcError`` (``code()``,
-    ``details()``) so both paths share one retry policy. ``answered``: the handler itself
-    answered with this status (as opposed to the stream failing)."""
+    """A call over a handler stream failed: the stream broke, the call ran out of time, or
+    the handler answered with this status."""
 
-    def __init__(self, code: grpc.StatusCode, details: str, *, answered: bool = False) -> None:
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
         super().__init__(f"{code.name}: {details}")
-        self._code = code
-        self._details = details
-        self.answered = answered
+        self.code = code
+        self.details = details
 
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
+    @property
+    def never_reached(self) -> bool:
+        """No connection could be made: the request was never sent."""
+        details = self.details.lower()
+        return self.code == grpc.StatusCode.UNAVAILABLE and any(
+            marker in details for marker in _NOT_CONNECTED_MARKERS)
 
 
 _STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
-_KAFKA_METHODS = kafka_handler_pb2.DESCRIPTOR.services_by_name["KafkaHandler"].methods_by_name
-_RESPONSE_TYPES: dict[str, Any] = {}
-
-
-def _response_type(rpc: str) -> Any:
-    response_type = _RESPONSE_TYPES.get(rpc)
-    if response_type is None:
-        response_type = message_factory.GetMessageClass(_KAFKA_METHODS[rpc].output_type)
-        _RESPONSE_TYPES[rpc] = response_type
-    return response_type
-
-
+_RESPONSE_TYPES = {
+    method.name: message_factory.GetMessageClass(method.output_type) for method in
+    kafka_handler_pb2.DESCRIPTOR.services_by_name["KafkaHandler"].methods}
 _EXCHANGE_METHOD = "/{}/Exchange".format(
     handler_pb2.DESCRIPTOR.services_by_name["KafkaHandlerStream"].full_name)
 
@@ -120,35 +101,35 @@ def _decode_reply(data: bytes) -> tuple[int, tuple[handler_pb2.HandlerReply, mem
     return reply.call_id, (reply, response)
 
 
-@dataclass(slots=True)
 class _Handler:
     """One handler: its channel and the long-lived KafkaHandlerStream/Exchange stream its
-    calls go over (cheaper than a unary call each)."""
+    calls go over (cheaper than a unary call each). Bytes in and out: the envelopes are
+    written and read by hand (no extra copies of the request or response inside them, see
+    services.common.envelopes)."""
 
-    address: str
-    channel: grpc.aio.Channel
-    stream: CallStream | None = None
-
-    def call_stream(self) -> CallStream:
-        if self.stream is None:
-            # Bytes in and out: the envelopes are written and read by hand (no extra copies of
-            # the request or response inside them, see services.common.envelopes).
-            exchange = self.channel.stream_stream(_EXCHANGE_METHOD)
-            self.stream = CallStream(exchange, StreamCallError, encode=_encode_call,
-                                     decode=_decode_reply)
-        return self.stream
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.channel = insecure_channel(address)
+        self.stream: CallStream | None = None  # set up by the first call
 
     async def call(self, rpc: str, request: Message, metadata: Metadata,
-                   time_limit: float) -> tuple[Message, Sequence[tuple[str, Any]]]:
-        """One attempt on this handler: the response and its trailing metadata."""
-        reply, response = await self.call_stream().call(
+                   time_limit: float) -> tuple[Message, float]:
+        """One attempt on this handler: the response and the seconds the handler reports the
+        request spent parked in the purgatory (trailing metadata ``kbroker-remote-ms``)."""
+        if self.stream is None:
+            self.stream = CallStream(self.channel.stream_stream(_EXCHANGE_METHOD),
+                                     StreamCallError, encode=_encode_call, decode=_decode_reply)
+        reply, response = await self.stream.call(
             (rpc, request.SerializeToString(), metadata), time_limit)
         if reply.status_code:
-            raise StreamCallError(
-                _STATUS_CODES.get(reply.status_code, grpc.StatusCode.UNKNOWN),
-                reply.status_details, answered=True)
-        trailers = [(m.key, m.value) for m in reply.trailing_metadata]
-        return _response_type(rpc).FromString(response), trailers
+            raise StreamCallError(_STATUS_CODES.get(reply.status_code, grpc.StatusCode.UNKNOWN),
+                                  reply.status_details)
+        remote = 0.0
+        for entry in reply.trailing_metadata:
+            if entry.key == REMOTE_TIME_METADATA_KEY:
+                with contextlib.suppress(ValueError):
+                    remote = max(float(entry.value), 0.0) / 1000
+        return _RESPONSE_TYPES[rpc].FromString(response), remote
 
     async def close(self, grace: float | None = None) -> None:
         if self.stream is not None:
@@ -174,11 +155,6 @@ class HandlerPool:
     @property
     def addresses(self) -> tuple[str, ...]:
         return tuple(h.address for h in self._handlers)
-
-    @property
-    def max_attempts(self) -> int:
-        """Every handler once, plus one."""
-        return len(self._handlers) + 1
 
     async def start(self) -> None:
         """Resolve the handlers once; DNS or Kubernetes addresses are then followed."""
@@ -206,11 +182,7 @@ class HandlerPool:
             task.add_done_callback(self._closing.discard)
         handlers = []
         for address in wanted:
-            handler = known.get(address)
-            if handler is None:
-                channel = insecure_channel(address)
-                handler = _Handler(address, channel)
-            handlers.append(handler)
+            handlers.append(known.get(address) or _Handler(address))
         if [h.address for h in handlers] != [h.address for h in self._handlers]:
             log.info("handlers: %s", ", ".join(wanted) or "none")
         self._handlers = handlers
@@ -237,23 +209,17 @@ class HandlerPool:
         return handlers[start] if fallback is None else fallback
 
     async def call(self, rpc: str, request: Message, *, metadata: Metadata,
-                   time_limit: float, retry_safe: bool) -> Message:
+                   time_limit: float, retry_safe: bool) -> tuple[Message, float]:
         """Send ``request`` to the handler RPC ``rpc``; the whole call, retries included, ends
-        within ``time_limit`` seconds. Raises :class:`HandlerCallError` when no answer came."""
-        response, _remote = await self.call_timed(
-            rpc, request, metadata=metadata, time_limit=time_limit, retry_safe=retry_safe)
-        return response
-
-    async def call_timed(self, rpc: str, request: Message, *, metadata: Metadata,
-                         time_limit: float, retry_safe: bool) -> tuple[Message, float]:
-        """:meth:`call`, also returning the seconds the answering handler reports the request
-        spent parked in the purgatory (trailing metadata ``kbroker-remote-ms``; 0 if none)."""
+        within ``time_limit`` seconds. Returns the response and the seconds the answering
+        handler reports the request spent parked in the purgatory (0 if none). Raises
+        :class:`HandlerCallError` when no answer came."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + time_limit
         tried: set[str] = set()
         reached = False
-        last: grpc.aio.AioRpcError | StreamCallError | None = None
-        for attempt in range(self.max_attempts):
+        last: StreamCallError | None = None
+        for attempt in range(len(self._handlers) + 1):  # every handler once, plus one
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
@@ -263,30 +229,27 @@ class HandlerPool:
                                        reached=reached, availability=True)
             tried.add(handler.address)
             try:
-                response, trailers = await handler.call(rpc, request, metadata, remaining)
-                return response, _remote_seconds(trailers)
-            except (grpc.aio.AioRpcError, StreamCallError) as e:
+                return await handler.call(rpc, request, metadata, remaining)
+            except StreamCallError as e:
                 last = e
-                if _never_reached(e):
-                    log.debug("%s: handler %s unreachable: %s", rpc, handler.address,
-                              e.details())
+                if e.never_reached:
+                    log.debug("%s: handler %s unreachable: %s", rpc, handler.address, e.details)
                     continue
                 reached = True
-                if e.code() in _MID_REQUEST_CODES:
+                mid_request = e.code in _MID_REQUEST_CODES
+                if mid_request:
                     log.warning("%s: handler %s failed mid-request (attempt %d): %s", rpc,
-                                handler.address, attempt + 1, e.details())
+                                handler.address, attempt + 1, e.details)
                     if retry_safe:
                         continue
-                    raise HandlerCallError(rpc, e.code(), e.details() or "", reached=True,
-                                           availability=True) from None
-                availability = e.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-                raise HandlerCallError(rpc, e.code(), e.details() or "", reached=True,
-                                       availability=availability) from None
+                raise HandlerCallError(
+                    rpc, e.code, e.details, reached=True,
+                    availability=mid_request or e.code == grpc.StatusCode.DEADLINE_EXCEEDED,
+                ) from None
         if last is None:
             raise HandlerCallError(rpc, grpc.StatusCode.DEADLINE_EXCEEDED, "no time left",
                                    reached=False, availability=True)
-        raise HandlerCallError(rpc, last.code(), last.details() or "", reached=reached,
-                               availability=True)
+        raise HandlerCallError(rpc, last.code, last.details, reached=reached, availability=True)
 
     async def close(self) -> None:
         if self._watch is not None:
@@ -296,13 +259,3 @@ class HandlerPool:
         channels = [h.close() for h in self._handlers]
         self._handlers = []
         await asyncio.gather(*channels, *self._closing, return_exceptions=True)
-
-
-def _remote_seconds(trailers: Sequence[tuple[str, str | bytes]] | None) -> float:
-    for key, value in trailers or ():
-        if key == REMOTE_TIME_METADATA_KEY:
-            try:
-                return max(float(value), 0.0) / 1000
-            except ValueError:
-                return 0.0
-    return 0.0

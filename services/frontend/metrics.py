@@ -31,23 +31,10 @@ and the phases, which add up to the total, each next to its Kafka JMX name
     phase="response_send"   done - sending            ResponseSendTimeMs
     kbroker_frontend_request_total_seconds  done - received  TotalTimeMs
 
-A Produce with acks=0 has no answer: its response phases are 0.
-
-    kbroker_frontend_requests_total{api}                   RequestsPerSec
-    kbroker_frontend_request_total_seconds{api}            TotalTimeMs
-    kbroker_frontend_request_phase_seconds{api,phase}      the phases above
-    kbroker_frontend_request_bytes_total{api}              RequestBytes (a size histogram
-                                                           in Kafka, a byte counter here)
-    kbroker_frontend_response_bytes_total{api}             (kafka.network ResponseBytes)
-    kbroker_frontend_error_responses_total{api,error_code} ErrorsPerSec (Kafka counts each
-        occurrence, NONE included; here a response counts once per distinct non-zero code
-        anywhere in it: top-level, per topic, per partition)
-    kbroker_frontend_topic_bytes_in_total{topic}           kafka.server:type=BrokerTopicMetrics,
-        name=BytesInPerSec,topic=<t>: record bytes of produced partitions that were appended
-    kbroker_frontend_topic_bytes_out_total{topic}          kafka.server:type=BrokerTopicMetrics,
-        name=BytesOutPerSec,topic=<t>: record bytes in Fetch answers
-    kbroker_frontend_open_connections                      kafka.server:type=socket-server-
-        metrics,name=connection-count
+A Produce with acks=0 has no answer: its response phases are 0. Each family's help names its
+Kafka equivalent where there is one; bytes are counted per topic as Kafka's BrokerTopicMetrics
+(produced records that were appended, records in Fetch answers) and per API as counters where
+Kafka keeps a size histogram (RequestBytes).
 
 The Spark report (spark/jobs/latency_report.py) reads these families by name."""
 
@@ -102,6 +89,8 @@ CLOSED_CONNECTIONS = LoopCounter(
     "kbroker_frontend_connections_closed_total",
     "Connections closed by the frontend, by reason (malformed request, handler unavailable).",
     ["reason"])
+# Kafka's ErrorsPerSec counts each occurrence, NONE included; here a response counts once per
+# distinct non-zero code anywhere in it (top-level, per topic, per partition).
 ERROR_RESPONSES = LoopCounter(
     "kbroker_frontend_error_responses_total",
     "Responses carrying a non-zero error code (top-level or for any topic or partition), "
@@ -115,18 +104,8 @@ HANDLER_FAILURES = LoopCounter(
 class ApiMetrics:
     """The per-API children, bound once so a request pays no label lookups."""
 
-    __slots__ = (
-        "api",
-        "local",
-        "remote",
-        "request_bytes",
-        "request_queue",
-        "requests",
-        "response_bytes",
-        "response_queue",
-        "send",
-        "total",
-    )
+    __slots__ = ("api", "local", "remote", "request_bytes", "request_queue", "requests",
+                 "response_bytes", "response_queue", "send", "total")
 
     def __init__(self, api: str) -> None:
         self.api = api
@@ -159,29 +138,6 @@ class ApiMetrics:
             ERROR_RESPONSES.labels(self.api, str(code)).inc()
 
 
-class TopicBytes:
-    """Per-topic byte counters with their children cached (topics are few and long-lived;
-    only topics that exist reach here: bytes are counted for appended or fetched data)."""
-
-    __slots__ = ("_family", "_children")
-
-    def __init__(self, family: Any) -> None:
-        self._family = family
-        self._children: dict[str, Any] = {}
-
-    def add(self, topic: str, size: int) -> None:
-        child = self._children.get(topic)
-        if child is None:
-            if len(self._children) > 100_000:  # bounded, whatever clients do
-                self._children.clear()
-            child = self._children[topic] = self._family.labels(topic)
-        child.inc(size)
-
-
-BYTES_IN = TopicBytes(TOPIC_BYTES_IN)
-BYTES_OUT = TopicBytes(TOPIC_BYTES_OUT)
-
-
 def produce_outcome(body: Any, response: Message) -> set[int]:
     """Count BytesIn for a Produce and return the response's error codes. ``body`` is the
     decoded (kio) request: its records are the frame's bytes, so sizes cost nothing, where
@@ -202,7 +158,7 @@ def produce_outcome(body: Any, response: Message) -> set[int]:
             if p.records and (not failed or (data.name, p.index) not in failed):
                 size += len(p.records)
         if size:
-            BYTES_IN.add(data.name, size)
+            TOPIC_BYTES_IN.labels(data.name).inc(size)
     return codes
 
 
@@ -217,4 +173,4 @@ def count_fetched_bytes(response: Message, entity: Any) -> None:
             if p.records:
                 size += len(p.records)
         if size and proto_topic.topic:
-            BYTES_OUT.add(proto_topic.topic, size)
+            TOPIC_BYTES_OUT.labels(proto_topic.topic).inc(size)

@@ -64,17 +64,16 @@ class FrameChannel(asyncio.BufferedProtocol):
         self._closed = False
         self._read_waiter: asyncio.Future[None] | None = None
         self._writing_paused = False
-        self._drain_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        # The connection's task (``on_connect``): held here, as the loop keeps only a weak
-        # reference to tasks.
-        self.task: asyncio.Task[None] | None = None
+        # The connection writes one answer at a time: at most one drain waits.
+        self._drain_waiter: asyncio.Future[None] | None = None
 
     # -- asyncio protocol callbacks ---------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self._transport = transport  # type: ignore[assignment]
-        self.task = self._loop.create_task(self._on_connect(self))
+        # The server keeps the connection's task (the loop holds tasks only weakly).
+        self._loop.create_task(self._on_connect(self))
 
     def get_buffer(self, sizehint: int) -> memoryview:
         body = self._body
@@ -106,20 +105,16 @@ class FrameChannel(asyncio.BufferedProtocol):
         self._closed = True
         self._lost = exc if exc is not None else ConnectionResetError("connection lost")
         self._wake_reader()
-        while self._drain_waiters:
-            waiter = self._drain_waiters.popleft()
-            if not waiter.done():
-                waiter.set_exception(ConnectionResetError("connection lost"))
+        if self._drain_waiter is not None and not self._drain_waiter.done():
+            self._drain_waiter.set_exception(ConnectionResetError("connection lost"))
 
     def pause_writing(self) -> None:
         self._writing_paused = True
 
     def resume_writing(self) -> None:
         self._writing_paused = False
-        while self._drain_waiters:
-            waiter = self._drain_waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
+        if self._drain_waiter is not None and not self._drain_waiter.done():
+            self._drain_waiter.set_result(None)
 
     # -- frames -----------------------------------------------------------------------------
 
@@ -210,9 +205,8 @@ class FrameChannel(asyncio.BufferedProtocol):
             raise ConnectionResetError("connection lost")
         if not self._writing_paused:
             return
-        waiter = self._loop.create_future()
-        self._drain_waiters.append(waiter)
-        await waiter
+        self._drain_waiter = self._loop.create_future()
+        await self._drain_waiter
 
     def extra_info(self, name: str) -> object:
         return self._transport.get_extra_info(name) if self._transport is not None else None

@@ -66,12 +66,9 @@ class FrontendService:
 
     async def _bind(self, port: int) -> asyncio.Server:
         max_frame_bytes = self.config.socket_request_max_bytes
-
-        def protocol() -> FrameChannel:
-            return FrameChannel(max_frame_bytes, self._on_connect)
-
         return await asyncio.get_running_loop().create_server(
-            protocol, self.config.listen_host, port, reuse_address=True, start_serving=False)
+            lambda: FrameChannel(max_frame_bytes, self._on_connect), self.config.listen_host,
+            port, reuse_address=True, start_serving=False)
 
     async def _on_connect(self, channel: FrameChannel) -> None:
         assert self._dispatcher is not None

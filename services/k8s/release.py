@@ -36,55 +36,37 @@ class ReleaseReader:
         self.namespace = namespace
         self.selector = f"{INSTANCE_LABEL}={release},{PART_OF_SELECTOR}"
 
-    @staticmethod
-    def _json(response: Any) -> Any:
-        return json.loads(response.data)
+    def _items(self, lister: Callable[..., Any]) -> list[dict[str, Any]]:
+        return json.loads(lister(self.namespace, label_selector=self.selector,
+                                 _preload_content=False).data)["items"]
 
     def pods(self) -> list[dict[str, Any]]:
-        return self._json(self.core.list_namespaced_pod(
-            self.namespace, label_selector=self.selector, _preload_content=False))["items"]
+        return self._items(self.core.list_namespaced_pod)
 
     def workloads(self) -> list[dict[str, Any]]:
-        out = []
-        for kind, lister in (("StatefulSet", self.apps.list_namespaced_stateful_set),
-                             ("Deployment", self.apps.list_namespaced_deployment)):
-            items = self._json(lister(self.namespace, label_selector=self.selector,
-                                      _preload_content=False))["items"]
-            # List answers leave out each item's kind.
-            out.extend({**item, "kind": kind} for item in items)
-        return out
+        # List answers leave out each item's kind.
+        return [{**item, "kind": kind}
+                for kind, lister in (("StatefulSet", self.apps.list_namespaced_stateful_set),
+                                     ("Deployment", self.apps.list_namespaced_deployment))
+                for item in self._items(lister)]
 
     def lease_holder(self, name: str) -> str | None:
         """The ``holderIdentity`` of Lease ``name`` ("" when released), or None when it cannot
         be read (absent, forbidden, unreachable)."""
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            response = self.coordination.read_namespaced_lease(name, self.namespace,
-                                                               _preload_content=False)
-        except ApiException:
+        data = _read(self.coordination.read_namespaced_lease, name, self.namespace)
+        if data is None:
             return None
-        if response.status != 200:
-            return None
-        return (self._json(response).get("spec") or {}).get("holderIdentity") or ""
+        return (json.loads(data).get("spec") or {}).get("holderIdentity") or ""
 
     def metrics(self, pod: dict[str, Any]) -> str | None:
         """The Prometheus text of ``pod``, via the API server's pod proxy; None when it does
         not answer."""
-        from kubernetes.client.exceptions import ApiException
-
         port = _named_port(pod, "metrics")
         if port is None:
             return None
-        try:
-            response = self.core.connect_get_namespaced_pod_proxy_with_path(
-                f"{pod['metadata']['name']}:{port}", self.namespace, "metrics",
-                _preload_content=False)
-        except ApiException:
-            return None
-        if response.status != 200:
-            return None
-        return bytes(response.data).decode()
+        data = _read(self.core.connect_get_namespaced_pod_proxy_with_path,
+                     f"{pod['metadata']['name']}:{port}", self.namespace, "metrics")
+        return None if data is None else bytes(data).decode()
 
     def status(self) -> ClusterStatus:
         pods = self.pods()
@@ -98,6 +80,18 @@ class ReleaseReader:
                                          f"namespace {self.namespace!r}"]
         return summarize(pods, workloads, metrics, problems, lease_name=lease_name,
                          lease_holder=holder)
+
+
+def _read(call: Callable[..., Any], *args: str) -> Any:
+    """The body of the API's answer to ``call(*args)``, or None when the call fails or does
+    not answer 200."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        response = call(*args, _preload_content=False)
+    except ApiException:
+        return None
+    return response.data if response.status == 200 else None
 
 
 def _named_port(pod: dict[str, Any], name: str) -> int | None:

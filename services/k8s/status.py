@@ -13,7 +13,7 @@ ready pod only (a standby reports no partitions).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 ROLES = ("frontend", "handler", "log", "purgatory", "replicator")
@@ -42,7 +42,7 @@ class PodState:
 
 @dataclass(frozen=True, slots=True)
 class Rollout:
-    """One StatefulSet or Deployment and how far its rollout is."""
+    """One StatefulSet or Deployment and how far its rollout is (see :func:`rollout`)."""
 
     kind: str
     name: str
@@ -50,28 +50,14 @@ class Rollout:
     desired: int
     ready: int
     updated: int
-    current_generation: bool
-    # StatefulSets: pods still on the previous revision.
-    revision_done: bool = True
-    # Pods not terminated, of any revision (status.replicas; -1: not reported).
-    total: int = -1
     # One ready pod is the goal (the replicator: the others are standbys, never ready).
-    active_standby: bool = False
+    active_standby: bool
+    complete: bool
 
     @property
     def ready_goal(self) -> int:
         """How many pods must be ready: all of them, or one for an active/standby role."""
         return min(1, self.desired) if self.active_standby else self.desired
-
-    @property
-    def complete(self) -> bool:
-        if not (self.current_generation and self.revision_done and self.updated >= self.desired):
-            return False
-        if self.active_standby:
-            # Old pods gone (no stale active or standby left) and exactly one ready: a second
-            # ready replicator is not a finished rollout.
-            return self.total <= self.desired and self.ready == self.ready_goal
-        return self.ready >= self.desired
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,9 +119,8 @@ class ClusterStatus:
     pods: tuple[PodState, ...]
     rollouts: tuple[Rollout, ...]
     partitions: PartitionHealth | None  # None: the replicator's metrics could not be read
-    problems: tuple[str, ...] = field(default=())
-    replicator: ReplicatorLeadership = field(
-        default_factory=lambda: ReplicatorLeadership((), (), ()))
+    problems: tuple[str, ...]
+    replicator: ReplicatorLeadership
 
     @property
     def rolled_out(self) -> bool:
@@ -177,27 +162,27 @@ def pod_state(pod: Mapping[str, Any]) -> PodState:
 def rollout(workload: Mapping[str, Any]) -> Rollout:
     """Rollout progress of a StatefulSet or Deployment, judged as ``kubectl rollout status``
     does: the controller has seen the latest spec, every pod is updated and ready; for the
-    replicator, every pod updated, no old one left, and exactly one ready."""
+    replicator, every pod updated, no old one left (no stale active or standby) and exactly
+    one ready (a second ready replicator is not a finished rollout)."""
     meta, spec, status = workload["metadata"], workload.get("spec", {}), workload.get("status", {})
     kind = workload.get("kind", "")
-    desired = int(spec.get("replicas", 1))
-    revision_done = True
-    if kind == "StatefulSet" and status.get("updateRevision"):
-        revision_done = status.get("currentRevision") == status["updateRevision"]
     role = (meta.get("labels") or {}).get(COMPONENT_LABEL, "?")
-    return Rollout(
-        kind=kind,
-        name=meta["name"],
-        role=role,
-        desired=desired,
-        ready=int(status.get("readyReplicas", 0)),
-        updated=int(status.get("updatedReplicas", 0)),
-        current_generation=int(status.get("observedGeneration", 0))
-        >= int(meta.get("generation", 0)),
-        revision_done=revision_done,
-        total=int(status.get("replicas", -1)),
-        active_standby=role == REPLICATOR,
-    )
+    desired = int(spec.get("replicas", 1))
+    ready = int(status.get("readyReplicas", 0))
+    updated = int(status.get("updatedReplicas", 0))
+    # StatefulSets name their revisions: none of the pods may be left on the previous one.
+    revision_done = kind != "StatefulSet" or not status.get("updateRevision") or (
+        status.get("currentRevision") == status["updateRevision"])
+    rolled = (int(status.get("observedGeneration", 0)) >= int(meta.get("generation", 0))
+              and revision_done and updated >= desired)
+    if role == REPLICATOR:
+        # status.replicas: pods not terminated, of any revision.
+        complete = (rolled and int(status.get("replicas", -1)) <= desired
+                    and ready == min(1, desired))
+    else:
+        complete = rolled and ready >= desired
+    return Rollout(kind=kind, name=meta["name"], role=role, desired=desired, ready=ready,
+                   updated=updated, active_standby=role == REPLICATOR, complete=complete)
 
 
 def _is_replicator(pod: Mapping[str, Any]) -> bool:

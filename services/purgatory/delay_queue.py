@@ -17,7 +17,7 @@ import heapq
 import itertools
 from collections.abc import Callable
 
-from .timer_task_list import TimerTaskList
+from .timer_task import TimerTaskList
 
 
 class DelayQueue:
@@ -47,17 +47,10 @@ class DelayQueue:
 
     def poll(self, now_ms: float) -> TimerTaskList | None:
         """Remove and return the earliest bucket if it has expired by ``now_ms``, else None."""
-        heap = self._heap
-        while heap:
-            expiration, _, bucket = heap[0]
-            if bucket.expiration_ms != expiration:
-                heapq.heappop(heap)
-                continue
-            if expiration > now_ms:
-                return None
-            heapq.heappop(heap)
-            return bucket
-        return None
+        expiration = self.earliest_expiration()
+        if expiration is None or expiration > now_ms:
+            return None
+        return heapq.heappop(self._heap)[2]
 
     def clear(self) -> None:
         self._heap.clear()

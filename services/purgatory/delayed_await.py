@@ -11,35 +11,22 @@ which is how Kafka's DelayedProduce treats a partition that is no longer pending
 The operation completes when any key is done (``require_all`` false: DelayedFetch) or when every
 key is done (``require_all`` true: DelayedProduce); with no keys at all, "every" holds at once
 and "any" never does, so the latter is a plain delay. It answers exactly once through
-``result``: COMPLETED with each key's state, or EXPIRED after ``timeout_ms`` with each key's
-state as :meth:`DelayedAwait.expired_state` reports it.
+``result``, with the Await RPC's own answer (``AwaitResponse``): COMPLETED with each key's state,
+or EXPIRED after ``timeout_ms`` with each key's state as :meth:`DelayedAwait.expired_state`
+reports it; keys in the order they were given, each with the state that decided it (its error)
+or else its last reported state.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+
+from kbroker.purgatory.v1 import purgatory_pb2
 
 from .delayed_operation import DelayedOperation
 from .key_states import KeyState, KeyStates
-
-
-class Outcome(enum.Enum):
-    COMPLETED = "completed"
-    EXPIRED = "expired"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AwaitResult:
-    """How an operation ended; ``keys`` in the order they were given, each with the state that
-    decided it (its error) or else its last reported state; ``waited`` in seconds."""
-
-    outcome: Outcome
-    keys: tuple[KeyState, ...]
-    waited: float
 
 
 class DelayedAwait(DelayedOperation):
@@ -56,13 +43,14 @@ class DelayedAwait(DelayedOperation):
         require_all: bool,
         timeout_ms: int,
         states: KeyStates,
-        listener: Callable[[DelayedAwait, AwaitResult], None] | None = None,
+        listener: Callable[[DelayedAwait, purgatory_pb2.AwaitResponse], None] | None = None,
     ) -> None:
         super().__init__(timeout_ms)
         self.kind = kind
         self.thresholds = dict(thresholds)
         self.require_all = require_all
-        self.result: asyncio.Future[AwaitResult] = asyncio.get_running_loop().create_future()
+        self.result: asyncio.Future[purgatory_pb2.AwaitResponse] = (
+            asyncio.get_running_loop().create_future())
         self._states = states
         # Only reports numbered above this one happened after parking.
         self._parked_after = states.sequence
@@ -70,7 +58,7 @@ class DelayedAwait(DelayedOperation):
         self._failed: dict[str, KeyState] = {}
         self._satisfied = False
         self._listener = listener
-        self._started = time.monotonic()
+        self.started = time.monotonic()
 
     def try_complete(self) -> bool:
         waiting = self._waiting
@@ -95,19 +83,18 @@ class DelayedAwait(DelayedOperation):
 
     def on_complete(self) -> None:
         satisfied = self._satisfied
-        outcome = Outcome.COMPLETED if satisfied else Outcome.EXPIRED
-        failed = self._failed
-        waiting = self._waiting
-        keys: list[KeyState] = []
+        keys = []
         for key in self.thresholds:
-            if key in failed:
-                keys.append(failed[key])
-            elif not satisfied and key in waiting:
-                keys.append(self.expired_state(self._states.current(key)))
-            else:
-                keys.append(self._states.current(key))
-        answer = AwaitResult(outcome=outcome, keys=tuple(keys),
-                             waited=time.monotonic() - self._started)
+            state = self._failed.get(key)
+            if state is None:
+                state = self._states.current(key)
+                if not satisfied and key in self._waiting:
+                    state = self.expired_state(state)
+            keys.append(purgatory_pb2.KeyState(key=key, position=state.position,
+                                               error_code=state.error_code))
+        answer = purgatory_pb2.AwaitResponse(
+            outcome=purgatory_pb2.OUTCOME_COMPLETED if satisfied else purgatory_pb2.OUTCOME_EXPIRED,
+            keys=keys)
         if self._listener is not None:
             self._listener(self, answer)
         if not self.result.done():

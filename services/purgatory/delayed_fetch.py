@@ -16,24 +16,10 @@ handler answers with what is there. Maps onto Await with ``require_all`` false.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-
-from .delayed_await import AwaitResult, DelayedAwait
-from .key_states import KeyStates
+from .delayed_await import DelayedAwait
 
 
 class DelayedFetch(DelayedAwait):
     """A fetch parked until one of its partitions moves or fails, or ``max_wait_ms``."""
 
     KIND = "fetch"
-
-    def __init__(
-        self,
-        *,
-        thresholds: Mapping[str, int],
-        max_wait_ms: int,
-        states: KeyStates,
-        listener: Callable[[DelayedAwait, AwaitResult], None] | None = None,
-    ) -> None:
-        super().__init__(kind=self.KIND, thresholds=thresholds, require_all=False,
-                         timeout_ms=max_wait_ms, states=states, listener=listener)

@@ -64,8 +64,8 @@ class DelayedHeartbeat(DelayedOperation):
 class Subscription:
     """One subscriber's queue of expired keys."""
 
-    def __init__(self, limit: int = QUEUE_LIMIT) -> None:
-        self.queue: asyncio.Queue[str] = asyncio.Queue(maxsize=limit)
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[str] = asyncio.Queue(maxsize=QUEUE_LIMIT)
         self.dropped = 0
 
     def offer(self, key: str) -> None:
@@ -92,7 +92,6 @@ class Heartbeats:
         self._purgatory = purgatory
         self._timers: dict[str, DelayedHeartbeat] = {}
         self._subscribers: set[Subscription] = set()
-        self._pending = metrics.PENDING.labels(KIND)
 
     def __len__(self) -> int:
         return len(self._timers)
@@ -107,9 +106,7 @@ class Heartbeats:
             op = DelayedHeartbeat(key, timeout_ms, self._expired)
             self._timers[key] = op
             op.add_done_callback(self._forget)
-            if not self._purgatory.try_complete_else_watch(op, (key,)):
-                self._pending.inc()
-                op.add_done_callback(self._parked_done)
+            self._purgatory.try_complete_else_watch(op, (key,))
         return rearmed
 
     def unschedule(self, keys: Iterable[str]) -> int:
@@ -135,9 +132,6 @@ class Heartbeats:
         if self._timers.get(op.key) is op:
             del self._timers[op.key]
 
-    def _parked_done(self, op: DelayedOperation) -> None:
-        self._pending.dec()
-
     def _expired(self, op: DelayedHeartbeat) -> None:
         metrics.EXPIRED.labels(KIND).inc()
         for subscription in self._subscribers:
@@ -150,7 +144,3 @@ class Heartbeats:
 
     def unsubscribe(self, subscription: Subscription) -> None:
         self._subscribers.discard(subscription)
-
-    @property
-    def subscribers(self) -> int:
-        return len(self._subscribers)

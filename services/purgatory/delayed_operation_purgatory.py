@@ -26,8 +26,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, KeysView
 from typing import Generic, TypeVar
 
+from . import metrics
 from .delayed_operation import DelayedOperation
-from .timer import Timer
+from .timer import SystemTimer
 
 Op = TypeVar("Op", bound=DelayedOperation)
 
@@ -38,16 +39,15 @@ _MISSING = object()
 
 
 class DelayedOperationPurgatory(Generic[Op]):
-    """Pending operations of one kind, watched by key, expired by a shared timer."""
+    """Pending operations of one kind (``name``), watched by key, expired by a shared timer;
+    its gauges (pending operations, watched keys) read the live state at scrape time."""
 
     def __init__(
         self,
         name: str,
-        timer: Timer,
-        on_watched_keys_changed: Callable[[int], None] | None = None,
+        timer: SystemTimer,
         *,
         purge_interval: int = DEFAULT_PURGE_INTERVAL,
-        on_purge: Callable[[int], None] | None = None,
         on_key_watched: Callable[[str], None] | None = None,
     ) -> None:
         if purge_interval < 1:
@@ -57,9 +57,10 @@ class DelayedOperationPurgatory(Generic[Op]):
         # Insertion-ordered dicts used as sets: O(1) removal, completion in arrival order.
         self._watchers: dict[str, dict[Op, None]] = {}
         self._keys_of: dict[Op, tuple[str, ...]] = {}
-        self._on_watched_keys_changed = on_watched_keys_changed
         self._purge_interval = purge_interval
-        self._on_purge = on_purge
+        self._purged = metrics.PURGED.labels(name)
+        metrics.PENDING.labels(name).set_function(lambda: len(self._keys_of))
+        metrics.WATCHED_KEYS.labels(name).set_function(lambda: len(self._watchers))
         # Told of every key an operation is parked on (after it is on the key's list).
         self._on_key_watched = on_key_watched
         # Entries of completed operations still in watcher lists.
@@ -78,20 +79,16 @@ class DelayedOperationPurgatory(Generic[Op]):
             return True
         unique = tuple(dict.fromkeys(keys))
         self._keys_of[op] = unique
-        added = 0
         for key in unique:
             watchers = self._watchers.get(key)
             if watchers is None:
                 watchers = self._watchers[key] = {}
-                added += 1
             watchers[op] = None
         if self._on_key_watched is not None:
             for key in unique:
                 self._on_key_watched(key)
         op.add_done_callback(self._forget)
         self._timer.add(op)
-        if added:
-            self._watched_keys_changed()
         return False
 
     def check_and_complete(self, key: str) -> int:
@@ -114,18 +111,12 @@ class DelayedOperationPurgatory(Generic[Op]):
             self._checking = outer
         if not watchers and self._watchers.get(key) is watchers:
             del self._watchers[key]
-            self._watched_keys_changed()
         return completed
-
-    def cancel(self, op: Op) -> bool:
-        """Abandon a pending operation (its waiter went away). True if it was pending."""
-        return op.abandon()
 
     def purge_completed(self) -> int:
         """Drop every completed operation from every watcher list and forget keys left with
         none; returns how many entries went."""
         removed = 0
-        emptied = False
         for key, watchers in tuple(self._watchers.items()):
             stale = [op for op in watchers if op.is_completed]
             for op in stale:
@@ -133,18 +124,13 @@ class DelayedOperationPurgatory(Generic[Op]):
             removed += len(stale)
             if not watchers:
                 del self._watchers[key]
-                emptied = True
         self._completed_entries = 0
-        if emptied:
-            self._watched_keys_changed()
-        if self._on_purge is not None:
-            self._on_purge(removed)
+        self._purged.inc(removed)
         return removed
 
     def _forget(self, op: DelayedOperation) -> None:
         keys = self._keys_of.pop(op, ())  # type: ignore[call-overload]
         checking = self._checking
-        emptied = False
         for key in keys:
             watchers = self._watchers.get(key)
             if watchers is None:
@@ -157,15 +143,8 @@ class DelayedOperationPurgatory(Generic[Op]):
             watchers.pop(op, None)  # type: ignore[call-overload]
             if not watchers and key != checking:
                 del self._watchers[key]
-                emptied = True
-        if emptied:
-            self._watched_keys_changed()
         if self._completed_entries >= self._purge_interval:
             self.purge_completed()
-
-    def _watched_keys_changed(self) -> None:
-        if self._on_watched_keys_changed is not None:
-            self._on_watched_keys_changed(len(self._watchers))
 
     @property
     def pending(self) -> int:
@@ -191,4 +170,3 @@ class DelayedOperationPurgatory(Generic[Op]):
             op.abandon()
         self._watchers.clear()
         self._completed_entries = 0
-        self._watched_keys_changed()

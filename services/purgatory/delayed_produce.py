@@ -14,13 +14,12 @@ their outcome. Maps onto Await with ``require_all`` true; the handler reads the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from services.common.errors import ErrorCode
 
-from .delayed_await import AwaitResult, DelayedAwait
-from .key_states import KeyState, KeyStates
+from .delayed_await import DelayedAwait
+from .key_states import KeyState
 
 REQUEST_TIMED_OUT = ErrorCode.request_timed_out.value
 
@@ -29,17 +28,6 @@ class DelayedProduce(DelayedAwait):
     """An acks=all produce parked until every partition is replicated or fails, or times out."""
 
     KIND = "produce"
-
-    def __init__(
-        self,
-        *,
-        thresholds: Mapping[str, int],
-        timeout_ms: int,
-        states: KeyStates,
-        listener: Callable[[DelayedAwait, AwaitResult], None] | None = None,
-    ) -> None:
-        super().__init__(kind=self.KIND, thresholds=thresholds, require_all=True,
-                         timeout_ms=timeout_ms, states=states, listener=listener)
 
     def expired_state(self, state: KeyState) -> KeyState:
         return replace(state, error_code=REQUEST_TIMED_OUT)

@@ -5,7 +5,7 @@ is lower (a leader change may legitimately move a high watermark observation bac
 reporter decides what a position means. Each report gets the next sequence number, which lets
 an operation tell reports made after it was parked from older ones.
 
-The table is bounded: past ``capacity`` keys the least recently reported key is forgotten, so
+The table is bounded: past :data:`CAPACITY` keys the least recently reported key is forgotten, so
 churning keys (members of groups that come and go) cannot grow it without limit. Forgetting a
 key only means a later waiter on it does not see its old position and waits for the next report.
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-DEFAULT_CAPACITY = 1_000_000
+CAPACITY = 1_000_000
 
 # The position of a key nobody has reported yet.
 UNKNOWN_POSITION = -1
@@ -37,10 +37,7 @@ class KeyState:
 class KeyStates:
     """Last report per key, least recently reported first."""
 
-    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
-        if capacity < 1:
-            raise ValueError("capacity must be positive")
-        self._capacity = capacity
+    def __init__(self) -> None:
         self._states: OrderedDict[str, KeyState] = OrderedDict()
         self._sequence = 0
 
@@ -49,16 +46,14 @@ class KeyStates:
         """The number of the latest report (0 before any)."""
         return self._sequence
 
-    def report(self, key: str, position: int, error_code: int = 0) -> KeyState:
+    def report(self, key: str, position: int, error_code: int = 0) -> None:
         self._sequence += 1
-        state = KeyState(key=key, position=position, error_code=error_code,
-                         sequence=self._sequence)
         states = self._states
-        states[key] = state
+        states[key] = KeyState(key=key, position=position, error_code=error_code,
+                               sequence=self._sequence)
         states.move_to_end(key)
-        if len(states) > self._capacity:
+        if len(states) > CAPACITY:
             states.popitem(last=False)
-        return state
 
     def get(self, key: str) -> KeyState | None:
         return self._states.get(key)

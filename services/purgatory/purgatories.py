@@ -13,30 +13,29 @@ Not thread-safe (one event loop).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+
+from kbroker.purgatory.v1 import purgatory_pb2
 
 from . import metrics
-from .delayed_await import AwaitResult, DelayedAwait, Outcome
+from .delayed_await import DelayedAwait
 from .delayed_fetch import DelayedFetch
 from .delayed_heartbeat import DelayedHeartbeat, Heartbeats
 from .delayed_operation_purgatory import DEFAULT_PURGE_INTERVAL, DelayedOperationPurgatory
 from .delayed_produce import DelayedProduce
 from .key_states import KeyStates
-from .timer import Timer
+from .timer import SystemTimer
 from .watched_keys import DEFAULT_LINGER_SECONDS, WatchedKeys
 
-# The kinds Describe always lists, even with nothing pending.
+# Every kind of operation (the Await RPC's OperationKind), each with a purgatory of its own.
 KINDS = ("fetch", "produce", "join", "heartbeat")
 # The kinds whose keys progress reporters (log nodes, the replicator) report: partitions.
 REPORTED_KINDS = (DelayedFetch.KIND, DelayedProduce.KIND)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Description:
-    pending_by_kind: dict[str, int]
-    # Distinct keys with a watcher list, over all kinds (see DelayedOperationPurgatory).
-    watched_keys: int
+# A fetch waiting on any key and a produce waiting on every key follow their Kafka rules; any
+# other combination is a plain DelayedAwait.
+_OPERATIONS: dict[tuple[str, bool], type[DelayedAwait]] = {
+    (DelayedFetch.KIND, False): DelayedFetch, (DelayedProduce.KIND, True): DelayedProduce}
 
 
 class Purgatories:
@@ -44,61 +43,32 @@ class Purgatories:
 
     def __init__(
         self,
-        timer: Timer,
-        states: KeyStates | None = None,
+        timer: SystemTimer,
         *,
         purge_interval: int = DEFAULT_PURGE_INTERVAL,
         watch_linger: float = DEFAULT_LINGER_SECONDS,
     ) -> None:
         self._timer = timer
         self.watched = WatchedKeys(watch_linger)
-        self._purge_interval = purge_interval
-        self._states = states if states is not None else KeyStates()
-        self._by_kind: dict[str, DelayedOperationPurgatory[DelayedAwait]] = {}
-        for kind in KINDS:
-            self._purgatory(kind)
+        self.states = KeyStates()
+        self._by_kind: dict[str, DelayedOperationPurgatory[DelayedAwait]] = {
+            kind: DelayedOperationPurgatory(
+                kind, timer, purge_interval=purge_interval,
+                on_key_watched=self.watched.watch if kind in REPORTED_KINDS else None)
+            for kind in KINDS}
         # Session timers live in the heartbeat kind's purgatory, beside any Await of that kind.
         self.heartbeats = Heartbeats(
-            self._purgatory(DelayedHeartbeat.KIND))  # type: ignore[arg-type]
-
-    def _purgatory(self, kind: str) -> DelayedOperationPurgatory[DelayedAwait]:
-        purgatory = self._by_kind.get(kind)
-        if purgatory is None:
-            purgatory = DelayedOperationPurgatory(
-                kind, self._timer, on_watched_keys_changed=metrics.WATCHED_KEYS.labels(kind).set,
-                purge_interval=self._purge_interval, on_purge=metrics.PURGED.labels(kind).inc,
-                on_key_watched=self.watched.watch if kind in REPORTED_KINDS else None,
-            )
-            self._by_kind[kind] = purgatory
-        return purgatory
-
-    @property
-    def states(self) -> KeyStates:
-        return self._states
+            self._by_kind[DelayedHeartbeat.KIND])  # type: ignore[arg-type]
 
     def park(
         self, *, kind: str, thresholds: Mapping[str, int], require_all: bool, timeout_ms: int
     ) -> DelayedAwait:
         """Create an operation and complete it at once if it can, else watch it. Await
-        ``op.result`` for the answer; call :meth:`cancel` if the waiter goes away.
-
-        A fetch waiting on any key is a :class:`DelayedFetch`, a produce waiting on every key a
-        :class:`DelayedProduce`; any other combination is a plain :class:`DelayedAwait`."""
-        op: DelayedAwait
-        if kind == DelayedFetch.KIND and not require_all:
-            op = DelayedFetch(thresholds=thresholds, max_wait_ms=timeout_ms,
-                              states=self._states, listener=_record_outcome)
-        elif kind == DelayedProduce.KIND and require_all:
-            op = DelayedProduce(thresholds=thresholds, timeout_ms=timeout_ms,
-                                states=self._states, listener=_record_outcome)
-        else:
-            op = DelayedAwait(kind=kind, thresholds=thresholds, require_all=require_all,
-                              timeout_ms=timeout_ms, states=self._states,
-                              listener=_record_outcome)
-        if not self._purgatory(kind).try_complete_else_watch(op, op.thresholds):
-            pending = metrics.PENDING.labels(kind)
-            pending.inc()
-            op.add_done_callback(lambda _op: pending.dec())
+        ``op.result`` for the answer; call :meth:`cancel` if the waiter goes away."""
+        op = _OPERATIONS.get((kind, require_all), DelayedAwait)(
+            kind=kind, thresholds=thresholds, require_all=require_all, timeout_ms=timeout_ms,
+            states=self.states, listener=_record_outcome)
+        self._by_kind[kind].try_complete_else_watch(op, op.thresholds)
         return op
 
     def report(self, reports: Iterable[tuple[str, int, int]]) -> int:
@@ -106,14 +76,11 @@ class Purgatories:
         returns how many completed."""
         keys: dict[str, None] = {}
         for key, position, error_code in reports:
-            self._states.report(key, position, error_code)
+            self.states.report(key, position, error_code)
             keys[key] = None
-        completed = 0
         purgatories = tuple(self._by_kind.values())
-        for key in keys:
-            for purgatory in purgatories:
-                completed += purgatory.check_and_complete(key)
-        return completed
+        return sum(purgatory.check_and_complete(key)
+                   for key in keys for purgatory in purgatories)
 
     def sweep_watched_keys(self) -> int:
         """Withdraw published keys that have had no operation for the linger time."""
@@ -122,7 +89,7 @@ class Purgatories:
 
     def cancel(self, op: DelayedAwait) -> bool:
         """Abandon ``op`` (its waiter went away); True if it was still pending."""
-        if self._purgatory(op.kind).cancel(op):
+        if op.abandon():
             metrics.ABANDONED.labels(op.kind).inc()
             return True
         return False
@@ -131,14 +98,13 @@ class Purgatories:
         """Purge completed operations from every kind's watcher lists now."""
         return sum(p.purge_completed() for p in self._by_kind.values())
 
-    def describe(self) -> Description:
-        pending = {kind: p.pending for kind, p in self._by_kind.items()}
-        watched = [p.watched_keys() for p in self._by_kind.values() if p.watched_keys()]
-        if len(watched) <= 1:
-            count = len(watched[0]) if watched else 0
-        else:
-            count = len(set().union(*watched))
-        return Description(pending_by_kind=pending, watched_keys=count)
+    def describe(self) -> purgatory_pb2.DescribeResponse:
+        """Pending operations per kind, and distinct keys with a watcher list over all kinds
+        (see DelayedOperationPurgatory)."""
+        keys = set().union(*(p.watched_keys() for p in self._by_kind.values()))
+        return purgatory_pb2.DescribeResponse(
+            pending_by_kind={kind: p.pending for kind, p in self._by_kind.items()},
+            watched_keys=len(keys))
 
     def shutdown(self) -> None:
         """Abandon everything pending and stop the timer."""
@@ -147,11 +113,13 @@ class Purgatories:
         self._timer.shutdown()
 
 
-def _record_outcome(op: DelayedAwait, result: AwaitResult) -> None:
-    if result.outcome is Outcome.COMPLETED:
+def _record_outcome(op: DelayedAwait, answer: purgatory_pb2.AwaitResponse) -> None:
+    waited = time.monotonic() - op.started
+    if answer.outcome == purgatory_pb2.OUTCOME_COMPLETED:
         metrics.COMPLETED.labels(op.kind).inc()
+        outcome = "completed"
     else:
         metrics.EXPIRED.labels(op.kind).inc()
-        metrics.EXPIRATION_LATENESS.labels(op.kind).observe(
-            max(result.waited - op.delay_ms / 1000, 0.0))
-    metrics.COMPLETION_DELAY.labels(op.kind, result.outcome.value).observe(result.waited)
+        metrics.EXPIRATION_LATENESS.labels(op.kind).observe(max(waited - op.delay_ms / 1000, 0.0))
+        outcome = "expired"
+    metrics.COMPLETION_DELAY.labels(op.kind, outcome).observe(waited)

@@ -9,7 +9,6 @@ import grpc
 
 from kbroker.purgatory.v1 import purgatory_pb2, purgatory_pb2_grpc
 
-from .delayed_await import AwaitResult, Outcome
 from .purgatories import Purgatories
 
 _PREFIX = "OPERATION_KIND_"
@@ -17,11 +16,6 @@ KIND_NAMES: dict[int, str] = {
     number: name[len(_PREFIX):].lower()
     for name, number in purgatory_pb2.OperationKind.items()
     if number != purgatory_pb2.OPERATION_KIND_UNSPECIFIED
-}
-
-_OUTCOMES = {
-    Outcome.COMPLETED: purgatory_pb2.OUTCOME_COMPLETED,
-    Outcome.EXPIRED: purgatory_pb2.OUTCOME_EXPIRED,
 }
 
 
@@ -39,9 +33,8 @@ class PurgatoryServicer(purgatory_pb2_grpc.PurgatoryServicer):
         thresholds: dict[str, int] = {}
         for watched in request.keys:
             # A key named twice must satisfy the stricter threshold.
-            previous = thresholds.get(watched.key)
-            if previous is None or watched.threshold > previous:
-                thresholds[watched.key] = watched.threshold
+            thresholds[watched.key] = max(watched.threshold,
+                                          thresholds.get(watched.key, watched.threshold))
         op = self._purgatories.park(
             kind=kind,
             thresholds=thresholds,
@@ -49,20 +42,16 @@ class PurgatoryServicer(purgatory_pb2_grpc.PurgatoryServicer):
             timeout_ms=request.timeout_ms,
         )
         try:
-            result = await op.result
+            return await op.result
         except asyncio.CancelledError:
             # The caller cancelled or the server is stopping: take the operation off every list.
             self._purgatories.cancel(op)
             raise
-        return _to_response(result)
 
     async def CheckAndComplete(
         self, request: purgatory_pb2.CheckAndCompleteRequest, context: grpc.aio.ServicerContext
     ) -> purgatory_pb2.CheckAndCompleteResponse:
-        completed = self._purgatories.report(
-            (state.key, state.position, state.error_code) for state in request.keys
-        )
-        return purgatory_pb2.CheckAndCompleteResponse(completed=completed)
+        return purgatory_pb2.CheckAndCompleteResponse(completed=self._report(request))
 
     async def ReportProgress(
         self, request_iterator: AsyncIterator[purgatory_pb2.CheckAndCompleteRequest],
@@ -70,10 +59,12 @@ class PurgatoryServicer(purgatory_pb2_grpc.PurgatoryServicer):
     ) -> purgatory_pb2.CheckAndCompleteResponse:
         completed = 0
         async for request in request_iterator:
-            completed += self._purgatories.report(
-                (state.key, state.position, state.error_code) for state in request.keys
-            )
+            completed += self._report(request)
         return purgatory_pb2.CheckAndCompleteResponse(completed=completed)
+
+    def _report(self, request: purgatory_pb2.CheckAndCompleteRequest) -> int:
+        return self._purgatories.report(
+            (state.key, state.position, state.error_code) for state in request.keys)
 
     async def WatchKeys(
         self, request: purgatory_pb2.WatchKeysRequest, context: grpc.aio.ServicerContext,
@@ -82,9 +73,7 @@ class PurgatoryServicer(purgatory_pb2_grpc.PurgatoryServicer):
         subscription = watched.subscribe()
         try:
             while True:
-                changes = await subscription.next_changes()
-                yield purgatory_pb2.WatchedKeys(reset=changes.reset, added=changes.added,
-                                                removed=changes.removed)
+                yield await subscription.next_changes()
         finally:
             watched.unsubscribe(subscription)
 
@@ -124,17 +113,5 @@ class PurgatoryServicer(purgatory_pb2_grpc.PurgatoryServicer):
     async def Describe(
         self, request: purgatory_pb2.DescribeRequest, context: grpc.aio.ServicerContext
     ) -> purgatory_pb2.DescribeResponse:
-        description = self._purgatories.describe()
-        return purgatory_pb2.DescribeResponse(
-            pending_by_kind=description.pending_by_kind, watched_keys=description.watched_keys
-        )
+        return self._purgatories.describe()
 
-
-def _to_response(result: AwaitResult) -> purgatory_pb2.AwaitResponse:
-    return purgatory_pb2.AwaitResponse(
-        outcome=_OUTCOMES[result.outcome],
-        keys=[
-            purgatory_pb2.KeyState(key=s.key, position=s.position, error_code=s.error_code)
-            for s in result.keys
-        ],
-    )

@@ -1,13 +1,13 @@
-"""Timers for delayed operations: run a task once after its delay unless it is cancelled first
-(Kafka's ``Timer`` and ``SystemTimer``).
+"""The timer of delayed operations: runs a task once after its delay unless it is cancelled
+first (Kafka's ``Timer`` and its one implementation ``SystemTimer``).
 
-:class:`Timer` is the small interface the purgatory depends on. :class:`SystemTimer` implements
-it with a hierarchical :class:`~.timing_wheel.TimingWheel` (tick 1 ms and 20 buckets per wheel
-by default), so adding and cancelling cost O(1) however many operations are pending, and with
-one :class:`~.delay_queue.DelayQueue` of buckets ordered by expiration. The reaper (Kafka's
-``SystemTimer.advanceClock`` and its reaper thread) is :meth:`SystemTimer.advance_clock`: it
-takes every bucket that has expired, advances the wheels' clocks to it and re-adds its tasks,
-which moves tasks of coarse wheels into finer ones and runs the ones that are due.
+:class:`SystemTimer` keeps tasks in a hierarchical :class:`~.timing_wheel.TimingWheel` (tick 1 ms
+and 20 buckets per wheel by default), so adding and cancelling cost O(1) however many operations
+are pending, with one :class:`~.delay_queue.DelayQueue` of buckets ordered by expiration. The
+reaper (Kafka's ``SystemTimer.advanceClock`` and its reaper thread) is
+:meth:`SystemTimer.advance_clock`: it takes every bucket that has expired, advances the wheels'
+clocks to it and re-adds its tasks, which moves tasks of coarse wheels into finer ones and runs
+the ones that are due.
 
 Driving: given an event loop, the timer reads the monotonic clock (the one asyncio and uvloop
 schedule on) and sleeps until the earliest bucket expires (one ``loop.call_at`` wakeup, moved
@@ -32,12 +32,10 @@ import asyncio
 import logging
 import math
 import time
-from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 from .delay_queue import DelayQueue
-from .timer_task import TimerTask
-from .timer_task_list import TimerTaskList
+from .timer_task import TimerTask, TimerTaskList
 from .timing_wheel import TimingWheel
 
 log = logging.getLogger(__name__)
@@ -51,28 +49,9 @@ _monotonic = time.monotonic
 _ceil = math.ceil
 
 
-class Timer(ABC):
-    """Runs tasks after their delay; :meth:`TimerTask.cancel` takes a task off in O(1)."""
-
-    @abstractmethod
-    def add(self, task: TimerTask) -> None:
-        """Schedule ``task`` to run ``task.delay_ms`` from now (at the next reap when <= 0).
-
-        Raises ValueError if the task is already scheduled.
-        """
-
-    @property
-    @abstractmethod
-    def size(self) -> int:
-        """Tasks scheduled and not yet run or cancelled."""
-
-    @abstractmethod
-    def shutdown(self) -> None:
-        """Drop every scheduled task without running it."""
-
-
-class SystemTimer(Timer):
-    """A :class:`Timer` over a hierarchical timing wheel, reaped on an event loop or by hand."""
+class SystemTimer:
+    """Runs tasks after their delay over a hierarchical timing wheel, reaped on an event loop
+    or by hand; :meth:`TimerTask.cancel` takes a task off in O(1)."""
 
     def __init__(
         self,
@@ -83,10 +62,10 @@ class SystemTimer(Timer):
         wheel_size: int = DEFAULT_WHEEL_SIZE,
         reap_budget: int = DEFAULT_REAP_BUDGET,
     ) -> None:
-        # No clock given: the monotonic clock itself, read inline by add (not loop.time():
-        # uvloop's loop time is cached once per loop iteration in whole milliseconds, and a
-        # stale "now" would make tasks due early). Event loops schedule on the same clock, so
-        # wakeups line up with deadlines.
+        # No clock given: the monotonic clock, read inline by add (not loop.time(): uvloop's
+        # loop time is cached once per loop iteration in whole milliseconds, and a stale "now"
+        # would make tasks due early). Event loops schedule on the same clock, so wakeups line
+        # up with deadlines.
         self._loop = loop
         self._clock = clock_ms
         self._tick_ms = tick_ms
@@ -102,50 +81,30 @@ class SystemTimer(Timer):
             # Only a list newly queued can be earlier than the wakeup: checked then, not per add.
             self._queue.on_offer = self._on_list_queued
 
-    @property
-    def tick_ms(self) -> int:
-        return self._tick_ms
-
     def _now(self) -> float:
         clock = self._clock
         return _monotonic() * 1000.0 if clock is None else clock()
 
     def add(self, task: TimerTask) -> None:
+        """Schedule ``task`` to run ``task.delay_ms`` from now (at the next reap when <= 0).
+
+        Raises ValueError if the task is already scheduled."""
         if task._list is not None:
             raise ValueError("timer task is already scheduled")
         clock = self._clock
         now = _monotonic() * 1000.0 if clock is None else clock()
         tick = self._tick_ms
         if tick == 1:
-            expiration = _ceil(now + task.delay_ms)
+            task.expiration_ms = _ceil(now + task.delay_ms)
         else:
-            expiration = _ceil((now + task.delay_ms) / tick) * tick
-        task.expiration_ms = expiration
+            task.expiration_ms = _ceil((now + task.delay_ms) / tick) * tick
         wheel = self._wheel
         if now >= wheel.current_time_ms + wheel.interval_ms:
             self._catch_up(now)
-        # TimingWheel.add, inlined (the method call is a fair share of the cost of an add).
-        delta = expiration - wheel.current_time_ms
-        if delta >= wheel.interval_ms:
-            wheel = wheel.wheel_for(expiration, delta)
-        elif delta < wheel.tick_ms:
+        if not wheel.add(task):
             self._due.add(task)
             if self._loop is not None and not self._reaping and self._wakeup_at >= 0:
                 self._schedule(-1)
-            return
-        width = wheel._slice_ms
-        bucket = wheel._buckets[expiration // width % wheel._slots]
-        tail = bucket._prev
-        task._prev = tail
-        task._next = bucket
-        tail._next = task
-        bucket._prev = task
-        task._list = bucket
-        bucket.count += 1
-        start = expiration - expiration % width
-        if bucket.expiration_ms != start:
-            bucket.expiration_ms = start
-            self._queue.offer(bucket)
 
     def _catch_up(self, now: float) -> None:
         # Catch the clock up after a quiet spell, so a short delay lands in the finest wheel
@@ -225,14 +184,12 @@ class SystemTimer(Timer):
 
     @property
     def size(self) -> int:
+        """Tasks scheduled and not yet run or cancelled."""
         return self._due.count + sum(
             bucket.count for wheel in self._wheel.wheels() for bucket in wheel.buckets)
 
-    @property
-    def wheel_count(self) -> int:
-        return sum(1 for _ in self._wheel.wheels())
-
     def shutdown(self) -> None:
+        """Drop every scheduled task without running it."""
         for wheel in self._wheel.wheels():
             for bucket in wheel.buckets:
                 bucket.flush()

@@ -1,25 +1,31 @@
-"""A task a timer runs once after its delay (Kafka's ``TimerTask`` and ``TimerTaskEntry`` in one).
+"""A task a timer runs once after its delay, and the buckets that hold scheduled tasks (Kafka's
+``TimerTask``, ``TimerTaskEntry`` and ``TimerTaskList``).
 
-A task is itself the node of the doubly linked :class:`~.timer_task_list.TimerTaskList` that
-holds it while it is scheduled: one object per pending operation instead of two, and cancelling
-is an O(1) unlink with no search. Kafka keeps a separate entry object so that a task can be
-rescheduled while another thread still holds its old entry; here every call happens on one event
-loop, so a task is on at most one list at a time and the list it is on is exactly its state:
+A task is itself the node of the doubly linked :class:`TimerTaskList` that holds it while it is
+scheduled: one object per pending operation instead of a task and an entry, and cancelling is
+an O(1) unlink with no search. Kafka keeps a separate entry so that a task can be rescheduled
+while another thread still holds its old entry; here every call happens on one event loop, so a
+task is on at most one list at a time and the list it is on is exactly its state:
 
 - ``_list is None``: not scheduled (never added, already run, or cancelled);
-- otherwise: scheduled, due at ``expiration_ms`` on the timer's clock, linked between
-  ``_prev`` and ``_next`` of that list.
+- otherwise: scheduled, due at ``expiration_ms`` on the timer's clock, linked into that list.
 
-Not thread-safe: a task belongs to the event loop of the timer it is added to.
+A :class:`TimerTaskList` is a bucket of the timing wheel: the tasks due in one tick of one wheel,
+in insertion order, as a circular list whose sentinel is the list object itself. Invariants:
+every task linked into a list has ``_list`` pointing at it, and ``count`` is their number;
+``expiration_ms`` is the start of the tick the bucket stands for (``-1`` while the bucket is
+empty and not in the delay queue); it changes only from ``-1``, so a bucket sits in the delay
+queue at most once, keyed by its current expiration.
+
+Not thread-safe: tasks and lists belong to the event loop of one timer.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
 
-if TYPE_CHECKING:
-    from .timer_task_list import TimerTaskList
+NO_EXPIRATION = -1
 
 
 class Link:
@@ -61,3 +67,71 @@ class TimerTask(Link, ABC):
     @property
     def scheduled(self) -> bool:
         return self._list is not None
+
+
+class TimerTaskList(Link):
+    """Tasks in insertion order; O(1) add, remove and pop of the first."""
+
+    __slots__ = ("count", "expiration_ms")
+
+    def __init__(self) -> None:
+        self._next = self
+        self._prev = self
+        self.count = 0
+        self.expiration_ms = NO_EXPIRATION
+
+    def add(self, task: TimerTask) -> None:
+        """Append ``task``, which must not be on any list."""
+        tail = self._prev
+        task._prev = tail
+        task._next = self
+        tail._next = task
+        self._prev = task
+        task._list = self
+        self.count += 1
+
+    def remove(self, task: TimerTask) -> None:
+        """Unlink ``task`` if it is on this list (else nothing happens)."""
+        if task._list is not self:
+            return
+        task._prev._next = task._next
+        task._next._prev = task._prev
+        task._list = None
+        self.count -= 1
+
+    def pop(self) -> TimerTask | None:
+        """Unlink and return the first task, or None when empty."""
+        first = self._next
+        if first is self:
+            return None
+        assert isinstance(first, TimerTask)
+        self.remove(first)
+        return first
+
+    def set_expiration(self, expiration_ms: int) -> bool:
+        """Set the bucket's expiration; True if it changed (the bucket must then be queued)."""
+        if self.expiration_ms == expiration_ms:
+            return False
+        self.expiration_ms = expiration_ms
+        return True
+
+    def flush(self) -> list[TimerTask]:
+        """Unlink every task, reset the expiration, and return the tasks in order."""
+        tasks = list(self)
+        for task in tasks:
+            task._list = None
+        self._next = self._prev = self
+        self.count = 0
+        self.expiration_ms = NO_EXPIRATION
+        return tasks
+
+    def __iter__(self) -> Iterator[TimerTask]:
+        node = self._next
+        while node is not self:
+            assert isinstance(node, TimerTask)
+            following = node._next
+            yield node
+            node = following
+
+    def __len__(self) -> int:
+        return self.count

@@ -7,7 +7,7 @@ belongs to the finest wheel whose range holds it: E before ``current_time_ms + i
 expired: :meth:`TimingWheel.add` refuses it and the caller runs it). Overflow wheels are created
 on demand, each with a tick equal to the interval of the wheel below.
 
-Buckets and slices: the finest wheel has one bucket (a :class:`~.timer_task_list.TimerTaskList`)
+Buckets and slices: the finest wheel has one bucket (a :class:`~.timer_task.TimerTaskList`)
 per tick. A coarser wheel keeps each of its ticks split into ``wheel_size`` slices, one list per
 tick of the wheel below (``wheel_size`` x ``wheel_size`` lists, indexed by the finer tick), and
 every list expires at the start of its own slice. So a coarse tick that comes due does not hand
@@ -16,9 +16,8 @@ slices come due one after another, each moving only the tasks of one finer tick,
 Adding still costs one list append, and each task still moves down at most once per wheel.
 
 Lists are queued in the shared :class:`~.delay_queue.DelayQueue` by expiration, and only when
-their expiration changes (an empty list taking a new slice), not once per task. When the
-earliest one expires, the timer advances the clock of every wheel to it and re-adds its tasks:
-they land in finer wheels, or run once due.
+their expiration changes (an empty list taking a new slice), not once per task; the timer
+reaps them (:mod:`.timer`).
 
 Picking the wheel is direct, not a climb through the levels: with ``delta`` = E - the finest
 wheel's current time, the first level whose interval exceeds ``delta`` (a bisection of the
@@ -39,8 +38,7 @@ from bisect import bisect_right
 from collections.abc import Iterator
 
 from .delay_queue import DelayQueue
-from .timer_task import TimerTask
-from .timer_task_list import TimerTaskList
+from .timer_task import TimerTask, TimerTaskList
 
 # Intervals are precomputed for the levels up to this span: far beyond any real delay.
 _MAX_SPAN_MS = 1 << 64
@@ -86,7 +84,7 @@ class TimingWheel:
                 return False
             wheel = self
         else:
-            wheel = self.wheel_for(expiration, delta)
+            wheel = self._wheel_for(expiration, delta)
         width = wheel._slice_ms
         bucket = wheel._buckets[expiration // width % wheel._slots]
         # TimerTaskList.add, inlined: adding is on the hot path of every parked operation.
@@ -104,7 +102,7 @@ class TimingWheel:
             self._queue.offer(bucket)
         return True
 
-    def wheel_for(self, expiration_ms: int, delta: int) -> TimingWheel:
+    def _wheel_for(self, expiration_ms: int, delta: int) -> TimingWheel:
         """The overflow wheel whose range holds ``expiration_ms``, ``delta`` (at least this
         wheel's interval) after this wheel's current time; created if missing. Called on the
         finest wheel."""

@@ -27,21 +27,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kbroker.purgatory.v1 import purgatory_pb2
+
 DEFAULT_LINGER_SECONDS = 60.0
-
-
-@dataclass(frozen=True, slots=True)
-class KeyChanges:
-    """One message to a subscriber: ``reset`` means ``added`` is the whole set."""
-
-    reset: bool = False
-    added: tuple[str, ...] = ()
-    removed: tuple[str, ...] = ()
 
 
 @dataclass(eq=False, slots=True)
 class KeySubscription:
-    """Changes not yet taken by one subscriber, merged into one message."""
+    """Changes not yet taken by one subscriber, merged into one ``WatchedKeys`` message
+    (``reset``: ``added`` is the whole set)."""
 
     _reset: bool = True
     _added: dict[str, None] = field(default_factory=dict)
@@ -61,19 +55,19 @@ class KeySubscription:
             self._removed[key] = None
         self._ready.set()
 
-    def take(self) -> KeyChanges | None:
+    def take(self) -> purgatory_pb2.WatchedKeys | None:
         """The changes gathered since the last take, or None if there are none."""
         if not (self._reset or self._added or self._removed):
             return None
-        changes = KeyChanges(reset=self._reset, added=tuple(self._added),
-                             removed=tuple(self._removed))
+        changes = purgatory_pb2.WatchedKeys(reset=self._reset, added=self._added,
+                                            removed=self._removed)
         self._reset = False
         self._added.clear()
         self._removed.clear()
         self._ready.clear()
         return changes
 
-    async def next_changes(self) -> KeyChanges:
+    async def next_changes(self) -> purgatory_pb2.WatchedKeys:
         """Wait for changes and take them (the first call returns the reset at once)."""
         while True:
             changes = self.take()

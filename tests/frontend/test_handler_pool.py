@@ -23,8 +23,8 @@ class MutableResolver:
 
 
 async def metadata(pool: HandlerPool) -> str:
-    answer = await pool.call("Metadata", k.MetadataRequest(topics_is_null=True), metadata=(),
-                             time_limit=5, retry_safe=True)
+    answer, _remote = await pool.call("Metadata", k.MetadataRequest(topics_is_null=True),
+                                      metadata=(), time_limit=5, retry_safe=True)
     return answer.cluster_id
 
 

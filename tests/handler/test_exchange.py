@@ -83,9 +83,9 @@ def test_the_handler_pool_streams_to_handlers_that_serve_streams(tmp_path: Path)
             await pool.start()
             try:
                 request = k.MetadataRequest(topics_is_null=True)
-                answers = await asyncio.gather(*(
+                answers = [answer for answer, _remote in await asyncio.gather(*(
                     pool.call("Metadata", request, metadata=FRONTEND_METADATA, time_limit=10,
-                              retry_safe=True) for _ in range(20)))
+                              retry_safe=True) for _ in range(20)))]
                 [handler] = pool._handlers
                 assert handler.stream is not None
                 assert len({a.SerializeToString() for a in answers}) == 1

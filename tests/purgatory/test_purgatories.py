@@ -9,8 +9,10 @@ from collections.abc import Callable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kbroker.purgatory.v1.purgatory_pb2 import OUTCOME_COMPLETED as COMPLETED
+from kbroker.purgatory.v1.purgatory_pb2 import OUTCOME_EXPIRED as EXPIRED
 from services.purgatory import metrics
-from services.purgatory.delayed_await import DelayedAwait, Outcome
+from services.purgatory.delayed_await import DelayedAwait
 from services.purgatory.delayed_fetch import DelayedFetch
 from services.purgatory.delayed_operation import DelayedOperation
 from services.purgatory.delayed_produce import DelayedProduce
@@ -29,7 +31,7 @@ def on_loop(test: Callable[[Purgatories, ManualTimer], None]) -> None:
     asyncio.run(scenario())
 
 
-def outcome(op: DelayedAwait) -> Outcome | None:
+def outcome(op: DelayedAwait) -> int | None:
     return op.result.result().outcome if op.result.done() else None
 
 
@@ -40,7 +42,7 @@ def test_any_key_completes_when_one_reaches_its_threshold():
         assert p.report([("a", 4, 0)]) == 0 and outcome(op) is None
         assert p.report([("b", 5, 0)]) == 1
         answer = op.result.result()
-        assert answer.outcome is Outcome.COMPLETED
+        assert answer.outcome == COMPLETED
         assert [(s.key, s.position) for s in answer.keys] == [("a", 4), ("b", 5)]
         # Completed through "b", the operation stays on "a" until "a" is checked or purged.
         assert p.describe().pending_by_kind["fetch"] == 0 and p.describe().watched_keys == 1
@@ -60,12 +62,12 @@ def test_completed_operations_are_purged_from_their_other_keys_past_the_interval
         ops = [p.park(kind="fetch", thresholds={"hot": 1, f"cold-{i}": 1}, require_all=False,
                       timeout_ms=1000) for i in range(4)]
         assert p.report([("hot", 1, 0)]) == 4
-        assert all(outcome(op) is Outcome.COMPLETED for op in ops)
+        assert all(outcome(op) == COMPLETED for op in ops)
         # Four completed entries linger on the cold keys: below the interval of five.
         assert fetch.completed_entries == 4 and p.describe().watched_keys == 4
         more = p.park(kind="fetch", thresholds={"hot": 2, "cold-9": 1}, require_all=False,
                       timeout_ms=1000)
-        assert p.report([("hot", 2, 0)]) == 1 and outcome(more) is Outcome.COMPLETED
+        assert p.report([("hot", 2, 0)]) == 1 and outcome(more) == COMPLETED
         # The fifth reached the interval: every list was purged.
         assert fetch.completed_entries == 0 and p.describe().watched_keys == 0
         assert metrics.PURGED.labels("fetch")._value.get() - before == 5
@@ -82,7 +84,7 @@ def test_expired_and_cancelled_operations_leave_every_list_at_once():
         assert p.describe().watched_keys == 4
         assert p.cancel(cancelled) and p.describe().watched_keys == 2
         timer.advance(10)
-        assert outcome(expiring) is Outcome.EXPIRED and p.describe().watched_keys == 0
+        assert outcome(expiring) == EXPIRED and p.describe().watched_keys == 0
 
     on_loop(scenario)
 
@@ -95,7 +97,7 @@ def test_all_keys_must_reach_their_thresholds():
         assert p.report([("b", 6, 0)]) == 0
         assert outcome(op) is None
         assert p.report([("b", 7, 0)]) == 1
-        assert outcome(op) is Outcome.COMPLETED
+        assert outcome(op) == COMPLETED
 
     on_loop(scenario)
 
@@ -104,7 +106,7 @@ def test_a_report_made_before_parking_is_seen_at_parking():
     def scenario(p: Purgatories, timer: ManualTimer) -> None:
         p.report([("a", 10, 0)])
         op = p.park(kind="fetch", thresholds={"a": 10}, require_all=False, timeout_ms=100)
-        assert outcome(op) is Outcome.COMPLETED
+        assert outcome(op) == COMPLETED
         assert p.describe().pending_by_kind["fetch"] == 0 and timer.size == 0
 
     on_loop(scenario)
@@ -117,7 +119,7 @@ def test_errors_count_only_when_reported_after_parking():
         assert outcome(op) is None  # the old error is history
         assert p.report([("a", 0, 6)]) == 1
         answer = op.result.result()
-        assert answer.outcome is Outcome.COMPLETED and answer.keys[0].error_code == 6
+        assert answer.outcome == COMPLETED and answer.keys[0].error_code == 6
 
     on_loop(scenario)
 
@@ -141,7 +143,7 @@ def test_expiry_answers_expired_once_and_releases_the_keys():
         timer.advance(99)
         assert outcome(op) is None
         timer.advance(1)
-        assert outcome(op) is Outcome.EXPIRED
+        assert outcome(op) == EXPIRED
         assert op.result.result().keys[0].position == -1  # never reported
         assert p.report([("a", 5, 0)]) == 0
         assert p.describe().watched_keys == 0
@@ -154,7 +156,7 @@ def test_non_positive_timeout_checks_once_and_answers_at_once():
         p.report([("a", 3, 0)])
         met = p.park(kind="fetch", thresholds={"a": 3}, require_all=False, timeout_ms=0)
         unmet = p.park(kind="fetch", thresholds={"a": 4}, require_all=False, timeout_ms=-1)
-        assert outcome(met) is Outcome.COMPLETED and outcome(unmet) is Outcome.EXPIRED
+        assert outcome(met) == COMPLETED and outcome(unmet) == EXPIRED
         assert timer.size == 0 and p.describe().pending_by_kind["fetch"] == 0
 
     on_loop(scenario)
@@ -164,9 +166,9 @@ def test_no_keys_means_every_holds_at_once_and_any_is_a_plain_delay():
     def scenario(p: Purgatories, timer: ManualTimer) -> None:
         every = p.park(kind="join", thresholds={}, require_all=True, timeout_ms=50)
         delay = p.park(kind="join", thresholds={}, require_all=False, timeout_ms=50)
-        assert outcome(every) is Outcome.COMPLETED and outcome(delay) is None
+        assert outcome(every) == COMPLETED and outcome(delay) is None
         timer.advance(50)
-        assert outcome(delay) is Outcome.EXPIRED
+        assert outcome(delay) == EXPIRED
 
     on_loop(scenario)
 
@@ -282,7 +284,7 @@ def test_random_histories_complete_each_operation_at_most_once_and_leak_nothing(
                 if not op.result.done():
                     continue
                 answer = op.result.result()
-                if answer.outcome is Outcome.EXPIRED:
+                if answer.outcome == EXPIRED:
                     assert timer.now_ms >= parked_at + op.delay_ms
         assert all(count == 1 for count in answers.values())
         for op, _ in ops:
@@ -306,7 +308,7 @@ def test_an_expired_produce_times_out_only_its_pending_partitions():
         assert outcome(op) is None
         timer.advance(1)
         answer = op.result.result()
-        assert answer.outcome is Outcome.EXPIRED
+        assert answer.outcome == EXPIRED
         assert [(s.key, s.position, s.error_code) for s in answer.keys] == [
             ("t-0", 5, 0),  # replicated in time
             ("t-1", 2, 6),  # its leader moved: NOT_LEADER_OR_FOLLOWER stands
@@ -323,7 +325,7 @@ def test_an_expired_fetch_answers_what_is_there():
         p.report([("t-0", 4, 0)])
         timer.advance(800)
         answer = op.result.result()
-        assert answer.outcome is Outcome.EXPIRED
+        assert answer.outcome == EXPIRED
         assert [(s.key, s.position, s.error_code) for s in answer.keys] == [("t-0", 4, 0)]
 
     on_loop(scenario)

@@ -15,8 +15,7 @@ from hypothesis import strategies as st
 
 from services.purgatory.delay_queue import DelayQueue
 from services.purgatory.timer import SystemTimer
-from services.purgatory.timer_task import TimerTask
-from services.purgatory.timer_task_list import TimerTaskList
+from services.purgatory.timer_task import TimerTask, TimerTaskList
 from services.purgatory.timing_wheel import TimingWheel
 
 from .fakes import ManualTimer
@@ -135,13 +134,13 @@ def test_cancelled_while_due_in_the_same_reap_never_runs():
 def test_overflow_wheels_are_created_on_demand_with_the_lower_interval_as_tick():
     timer = ManualTimer(tick_ms=1, wheel_size=20)
     runs: list[tuple[Recorder, float]] = []
-    assert timer.wheel_count == 1
+    assert len(list(timer._wheel.wheels())) == 1
     timer.add(Recorder(19, runs))
-    assert timer.wheel_count == 1
+    assert len(list(timer._wheel.wheels())) == 1
     timer.add(Recorder(20, runs))  # beyond the 20 ms of the first wheel
-    assert timer.wheel_count == 2
+    assert len(list(timer._wheel.wheels())) == 2
     timer.add(Recorder(7_999, runs))
-    assert timer.wheel_count == 3  # 20 ms ticks cover 400 ms, 400 ms ticks cover 8 s
+    assert len(list(timer._wheel.wheels())) == 3  # 20 ms ticks cover 400 ms, 400 ms ticks cover 8 s
     wheels = list(timer._wheel.wheels())
     assert [w.tick_ms for w in wheels] == [1, 20, 400]
     timer.advance(8_000)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from services.purgatory.watched_keys import KeyChanges, WatchedKeys
+from kbroker.purgatory.v1 import purgatory_pb2 as pb
+from services.purgatory.watched_keys import WatchedKeys
 
 
 class Clock:
@@ -21,18 +22,18 @@ def test_a_subscriber_starts_with_a_reset_of_every_published_key() -> None:
     keys.watch("a-0")
     keys.watch("b-1")
     subscription = keys.subscribe()
-    assert subscription.take() == KeyChanges(reset=True, added=("a-0", "b-1"))
+    assert subscription.take() == pb.WatchedKeys(reset=True, added=("a-0", "b-1"))
     assert subscription.take() is None
 
 
 def test_a_key_is_added_once_however_many_operations_park_on_it() -> None:
     keys = WatchedKeys(linger=10, clock=Clock())
     subscription = keys.subscribe()
-    assert subscription.take() == KeyChanges(reset=True)
+    assert subscription.take() == pb.WatchedKeys(reset=True)
     keys.watch("t-0")
     keys.watch("t-0")
     keys.watch("t-1")
-    assert subscription.take() == KeyChanges(added=("t-0", "t-1"))
+    assert subscription.take() == pb.WatchedKeys(added=("t-0", "t-1"))
     keys.watch("t-0")
     assert subscription.take() is None
 
@@ -49,14 +50,14 @@ def test_idle_keys_are_withdrawn_after_the_linger_and_busy_ones_stay() -> None:
     assert keys.sweep(lambda key: False) == 0
     clock.now += 0.2
     assert keys.sweep(lambda key: key == "busy-0") == 1
-    assert subscription.take() == KeyChanges(removed=("idle-0",))
+    assert subscription.take() == pb.WatchedKeys(removed=("idle-0",))
     assert "busy-0" in keys and "idle-0" not in keys
     # Still watched at the sweep: its linger starts again from then.
     clock.now += 9.9
     assert keys.sweep(lambda key: False) == 0
     clock.now += 0.2
     assert keys.sweep(lambda key: False) == 1
-    assert subscription.take() == KeyChanges(removed=("busy-0",))
+    assert subscription.take() == pb.WatchedKeys(removed=("busy-0",))
 
 
 def test_changes_merge_until_taken_and_a_re_added_key_is_reported_again() -> None:
@@ -65,16 +66,16 @@ def test_changes_merge_until_taken_and_a_re_added_key_is_reported_again() -> Non
     subscription = keys.subscribe()
     subscription.take()
     keys.watch("t-0")
-    assert subscription.take() == KeyChanges(added=("t-0",))
+    assert subscription.take() == pb.WatchedKeys(added=("t-0",))
     clock.now += 2
     keys.sweep(lambda key: False)
     keys.watch("t-0")
     # Withdrawn and added again before the subscriber looked: it hears of the add (and so
     # reports the key's position again), not of the removal.
-    assert subscription.take() == KeyChanges(added=("t-0",))
+    assert subscription.take() == pb.WatchedKeys(added=("t-0",))
     clock.now += 2
     keys.sweep(lambda key: False)
-    assert subscription.take() == KeyChanges(removed=("t-0",))
+    assert subscription.take() == pb.WatchedKeys(removed=("t-0",))
 
 
 def test_a_pending_reset_absorbs_later_changes() -> None:
@@ -86,19 +87,19 @@ def test_a_pending_reset_absorbs_later_changes() -> None:
     clock.now += 2
     keys.watch("new-0")
     keys.sweep(lambda key: False)
-    assert subscription.take() == KeyChanges(reset=True, added=("new-0",))
+    assert subscription.take() == pb.WatchedKeys(reset=True, added=("new-0",))
 
 
 def test_next_changes_waits_for_a_change() -> None:
     async def scenario() -> None:
         keys = WatchedKeys(linger=10, clock=Clock())
         subscription = keys.subscribe()
-        assert await subscription.next_changes() == KeyChanges(reset=True)
+        assert await subscription.next_changes() == pb.WatchedKeys(reset=True)
         waiter = asyncio.ensure_future(subscription.next_changes())
         await asyncio.sleep(0.01)
         assert not waiter.done()
         keys.watch("t-0")
-        assert await asyncio.wait_for(waiter, 1) == KeyChanges(added=("t-0",))
+        assert await asyncio.wait_for(waiter, 1) == pb.WatchedKeys(added=("t-0",))
         keys.unsubscribe(subscription)
         keys.watch("t-1")
         assert subscription.take() is None
