@@ -21,10 +21,9 @@ LeaderAndIsr propagation, in one process).
   for longer than ``replica.lag.time.max.ms`` leaves the ISR, a caught-up follower holding the
   high watermark joins it. Partitions whose leader does not answer are left alone: their
   followers cannot catch up, and the leader's fencing elects one of them instead. Changes are
-  committed through the controller
-  (:meth:`~services.replicator.controller.Controller.change_isr`), so handlers learn them with
-  the metadata (for min.insync.replicas) and they survive a restart; the leader is told
-  whether it is now alone in the ISR.
+  committed through the controller (:mod:`~services.replicator.controller.partitions`), so
+  handlers learn them with the metadata (for min.insync.replicas) and they survive a restart;
+  the leader is told whether it is now alone in the ISR.
 
 Not thread-safe: one event loop.
 """
@@ -42,12 +41,19 @@ from typing import Any
 from services.common.errors import ErrorCode
 
 from .. import metrics
-from ..controller import Controller, replica_state
+from ..controller import Controller
 from ..log_nodes import LogNodeError, PartitionSpec
 from ..metadata import MetadataImage, NodeId, TopicName
 from .fetcher import FetchSettings, LeaderFetcher
 from .high_watermarks import HighWatermarkPusher
-from .nodes import PartitionError, ReplicaNodes, ReplicaState, Role, TopicPartition
+from .nodes import (
+    PartitionError,
+    ReplicaNodes,
+    ReplicaState,
+    Role,
+    TopicPartition,
+    replica_state,
+)
 from .partition_state import PartitionReplication
 from .progress import ProgressReporter
 
@@ -408,7 +414,7 @@ class ReplicationManager:
         if not changes:
             return
         try:
-            applied = await self._controller.change_isr(changes)
+            applied = await self._controller.partitions.change_isr(changes)
         except OSError:
             log.exception("could not save ISR changes; retrying at the next check")
             return

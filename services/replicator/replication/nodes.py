@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from services.common.errors import ErrorCode
 
-from ..metadata import NodeId
+from ..metadata import NodeId, PartitionRegistration
 
 if TYPE_CHECKING:
     from ..log_nodes import PartitionFailure, PartitionSpec
@@ -44,6 +44,16 @@ class ReplicaState:
     leader_epoch: int
     # A leader that is the only in-sync replica commits its own appends.
     in_sync_alone: bool = False
+
+
+def replica_state(topic: str, partition: PartitionRegistration, node: NodeId) -> ReplicaState:
+    """The state ``node``'s replica of ``partition`` should have."""
+    if node == partition.leader:
+        return ReplicaState(topic=topic, partition=partition.partition, role=Role.LEADER,
+                            leader_epoch=partition.leader_epoch,
+                            in_sync_alone=tuple(partition.isr) == (node,))
+    return ReplicaState(topic=topic, partition=partition.partition, role=Role.FOLLOWER,
+                        leader_epoch=partition.leader_epoch)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
