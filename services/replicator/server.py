@@ -20,6 +20,7 @@ from services.common.server import ServiceBinding, create_server
 
 from .config import ReplicatorConfig
 from .controller import Controller
+from .grpc_log_nodes import GrpcLogNodes
 from .leadership import (
     ElectionSettings,
     KubernetesLeases,
@@ -28,7 +29,7 @@ from .leadership import (
     default_namespace,
     kubernetes_api_client,
 )
-from .log_nodes import GrpcLogNodes, parse_log_nodes
+from .log_nodes import parse_log_nodes
 from .metadata import LogNode
 from .metadata_log import MetadataLog
 from .metadata_store import JsonFileMetadataStore, MetadataStore

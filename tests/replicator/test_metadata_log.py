@@ -23,7 +23,8 @@ from services.common.errors import ErrorCode
 from services.common.records.record_batch import iter_batches
 from services.log.log_validator import check_keys, validate_append
 from services.replicator.controller import Controller
-from services.replicator.log_nodes import GrpcLogNodes, parse_log_nodes
+from services.replicator.grpc_log_nodes import GrpcLogNodes
+from services.replicator.log_nodes import parse_log_nodes
 from services.replicator.metadata import (
     LogNode,
     MetadataImage,

@@ -24,7 +24,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
-from ..log_nodes import LogNodeClient
+from ..log_nodes import LogNodes
 from ..metadata import LogNode, MetadataImage, new_cluster_id
 from ..metadata_store import MetadataStore
 from .cluster import ClusterControlManager
@@ -45,7 +45,7 @@ class Controller(ControllerCore):
         *,
         image: MetadataImage,
         store: MetadataStore,
-        client: LogNodeClient,
+        client: LogNodes,
         num_partitions: int = 1,
         default_replication_factor: int = 1,
         node_session_timeout_ms: int = 3000,

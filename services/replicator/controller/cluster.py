@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Mapping
 
-from ..log_nodes import LogNodeClient
+from ..log_nodes import LogNodes
 from ..metadata import LogNode, MetadataImage, NodeId
 from .core import ControllerCore
 
@@ -35,7 +35,7 @@ def with_liveness(
 
 
 class ClusterControlManager:
-    def __init__(self, core: ControllerCore, client: LogNodeClient,
+    def __init__(self, core: ControllerCore, client: LogNodes,
                  session_timeout_ms: int) -> None:
         self._core = core
         self._client = client

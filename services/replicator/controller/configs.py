@@ -15,10 +15,11 @@ import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
+from kbroker.log.v1 import log_pb2
 from kbroker.replicator.v1 import replicator_pb2 as pb
 from services.common.errors import ErrorCode, KafkaError
 
-from ..log_nodes import LogNodeClient, PartitionSpec
+from ..log_nodes import LogNodes, failure_message
 from ..metadata import NodeId, TopicName, TopicRegistration
 from ..topic_rules import apply_config_changes
 from .core import ControllerCore
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 class ConfigControlManager:
-    def __init__(self, core: ControllerCore, client: LogNodeClient) -> None:
+    def __init__(self, core: ControllerCore, client: LogNodes) -> None:
         self._core = core
         self._client = client
         # Nodes whose replicas may carry outdated configs (a push failed, or the node was
@@ -100,12 +101,12 @@ class ConfigControlManager:
         that fail are marked stale. Per-replica failures (a replica the node does not have)
         are logged only: the configs reach it when it is created."""
         wanted = set(nodes)
-        specs: dict[NodeId, list[PartitionSpec]] = {}
+        specs: dict[NodeId, list[log_pb2.PartitionSpec]] = {}
         for topic in topics:
             for p in topic.partitions:
                 for node in p.replicas:
                     if node in wanted:
-                        specs.setdefault(node, []).append(PartitionSpec(
+                        specs.setdefault(node, []).append(log_pb2.PartitionSpec(
                             topic=topic.name, partition=p.partition, topic_id=topic.topic_id,
                             configs=topic.configs))
         work = list(specs)
@@ -119,4 +120,4 @@ class ConfigControlManager:
             self._stale.discard(node)
             for f in outcome:
                 log.warning("log node %d: could not update the configs of %s-%d: %s", node,
-                            f.topic, f.partition, f.message)
+                            f.topic, f.partition, failure_message(f))

@@ -26,11 +26,12 @@ import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
+from kbroker.log.v1 import log_pb2
 from kbroker.replicator.v1 import replicator_pb2 as pb
 from services.common.errors import ErrorCode, KafkaError
 
 from ..assignment import assign_replicas, ring_position
-from ..log_nodes import LogNodeClient, LogNodeError, PartitionFailure, PartitionSpec
+from ..log_nodes import LogNodeError, LogNodes, failure_message, kafka_error, replica_state
 from ..metadata import (
     MetadataImage,
     NodeId,
@@ -40,7 +41,6 @@ from ..metadata import (
     new_topic_id,
 )
 from ..metadata_log import METADATA_TOPIC
-from ..replication.nodes import replica_state
 from ..topic_rules import (
     collision_key,
     resolve_num_partitions,
@@ -79,7 +79,7 @@ def not_saved(error: OSError) -> KafkaError:
 
 
 class TopicControlManager:
-    def __init__(self, core: ControllerCore, client: LogNodeClient, *, num_partitions: int,
+    def __init__(self, core: ControllerCore, client: LogNodes, *, num_partitions: int,
                  default_replication_factor: int) -> None:
         if num_partitions < 1:
             raise ValueError("num_partitions must be at least 1")
@@ -190,18 +190,18 @@ class TopicControlManager:
         """Create the replicas on their live nodes, one call per node. Returns the failed
         topics with their error, and the pending deletions that were carried out on the way."""
         live = set(image.live_node_ids)
-        specs: dict[NodeId, list[PartitionSpec]] = {}
+        specs: dict[NodeId, list[log_pb2.PartitionSpec]] = {}
         for topic in topics:
             for p in topic.partitions:
                 for node in p.replicas:
                     if node in live:
-                        specs.setdefault(node, []).append(PartitionSpec(
+                        specs.setdefault(node, []).append(log_pb2.PartitionSpec(
                             topic=topic.name, partition=p.partition, topic_id=topic.topic_id,
                             configs=topic.configs, state=replica_state(topic.name, p, node)))
         nodes = list(specs)
         cleared: Replicas = {}
 
-        async def create_on(node: NodeId) -> list[PartitionFailure]:
+        async def create_on(node: NodeId) -> list[log_pb2.PartitionError]:
             wanted = {(s.topic, s.partition) for s in specs[node]}
             # Remnants of an earlier topic with the same name go first, or the new topic would
             # inherit their records.
@@ -227,8 +227,8 @@ class TopicControlManager:
             else:
                 for failure in outcome:
                     failures.setdefault(failure.topic, KafkaError(
-                        failure.error,
-                        f"log node {node}, partition {failure.partition}: {failure.message}"))
+                        kafka_error(failure.error_code), f"log node {node}, partition "
+                        f"{failure.partition}: {failure_message(failure)}"))
         return failures, cleared
 
     # -- adding partitions ------------------------------------------------------------------
@@ -422,7 +422,7 @@ class TopicControlManager:
                 continue
             for f in outcome:
                 log.warning("log node %d: could not delete %s-%d: %s", node, f.topic,
-                            f.partition, f.message)
+                            f.partition, failure_message(f))
             done[node] = set(parts) - {(f.topic, f.partition) for f in outcome}
         if any(done.values()):
             try:

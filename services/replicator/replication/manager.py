@@ -32,28 +32,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Coroutine
 from typing import Any
 
-from services.common.errors import ErrorCode
+from kbroker.log.v1 import log_pb2
+from services.common.errors import ErrorCode, error_name
 
 from .. import metrics
 from ..controller import Controller
-from ..log_nodes import LogNodeError, PartitionSpec
+from ..log_nodes import LogNodeError, LogNodes, TopicPartition, failure_message, replica_state
 from ..metadata import MetadataImage, NodeId, TopicName
 from .fetcher import FetchSettings, LeaderFetcher
 from .high_watermarks import HighWatermarkPusher
-from .nodes import (
-    PartitionError,
-    ReplicaNodes,
-    ReplicaState,
-    Role,
-    TopicPartition,
-    replica_state,
-)
 from .partition_state import PartitionReplication
 from .progress import ProgressReporter
 
@@ -72,7 +64,7 @@ class ReplicationManager:
         self,
         *,
         controller: Controller,
-        nodes: ReplicaNodes,
+        nodes: LogNodes,
         lag_time_max_ms: int,
         fetch: FetchSettings | None = None,
         resync_interval_s: float = 1.0,
@@ -88,7 +80,7 @@ class ReplicationManager:
         self._fetchers: dict[NodeId, LeaderFetcher] = {}
         self._pushers: dict[NodeId, HighWatermarkPusher] = {}
         # Per node: the states it confirmed.
-        self._confirmed: dict[NodeId, dict[TopicPartition, ReplicaState]] = {}
+        self._confirmed: dict[NodeId, dict[TopicPartition, log_pb2.ReplicaState]] = {}
         self._alive: set[NodeId] = set()
         self._sync_needed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -217,9 +209,9 @@ class ReplicationManager:
                 on_refused=self._refused)
         return pusher
 
-    def _refused(self, node: NodeId, failure: PartitionError) -> None:
+    def _refused(self, node: NodeId, failure: log_pb2.PartitionError) -> None:
         log.info("log node %d refused %s-%d: %s", node, failure.topic, failure.partition,
-                 failure.error.name)
+                 error_name(failure.error_code))
         self._stale_state(node, (failure.topic, failure.partition))
 
     # -- replica states --------------------------------------------------------------------
@@ -235,10 +227,10 @@ class ReplicationManager:
                     "it must be truncated", state.topic, state.partition, follower,
                     state.leader, state.leader_epoch)
 
-    def wanted_states(self, node: NodeId) -> dict[TopicPartition, ReplicaState]:
+    def wanted_states(self, node: NodeId) -> dict[TopicPartition, log_pb2.ReplicaState]:
         """The state of every replicated replica ``node`` holds, as the metadata has it."""
         image = self._controller.image
-        wanted: dict[TopicPartition, ReplicaState] = {}
+        wanted: dict[TopicPartition, log_pb2.ReplicaState] = {}
         for key, state in self._states.items():
             if node not in state.replicas:
                 continue
@@ -247,7 +239,7 @@ class ReplicationManager:
                 continue
             wanted[key] = replica_state(state.topic, topic.partitions[state.partition], node)
             if state.expanding and node == state.leader:
-                wanted[key] = dataclasses.replace(wanted[key], in_sync_alone=False)
+                wanted[key].in_sync_alone = False
         return wanted
 
     async def _sync_states_forever(self) -> None:
@@ -283,7 +275,7 @@ class ReplicationManager:
             for d in described:
                 key = (d.topic, d.partition)
                 state = confirmed.get(key)
-                if state is not None and (d.error is not ErrorCode.none or d.role != state.role
+                if state is not None and (d.error_code or d.role != state.role
                                           or d.leader_epoch != state.leader_epoch):
                     log.info("log node %d lost its state of %s-%d; sending it again", node,
                              d.topic, d.partition)
@@ -318,27 +310,25 @@ class ReplicationManager:
                 metrics.REPLICA_STATE_UPDATES.labels("taken").inc()
                 confirmed[key] = state
                 self._resume(node, key, state)
-            elif failure.error is ErrorCode.unknown_topic_or_partition:
+            elif failure.error_code == ErrorCode.unknown_topic_or_partition.value:
                 missing.append(state)
             else:
                 metrics.REPLICA_STATE_UPDATES.labels("refused").inc()
-                log.warning("log node %d refused its state of %s-%d: %s %s", node,
-                            state.topic, state.partition, failure.error.name, failure.message)
+                log.warning("log node %d refused its state of %s-%d: %s", node, state.topic,
+                            state.partition, failure_message(failure))
         if missing:
             await self._create_missing(node, missing, confirmed)
 
-    async def _create_missing(self, node: NodeId, states: list[ReplicaState],
-                              confirmed: dict[TopicPartition, ReplicaState]) -> None:
+    async def _create_missing(self, node: NodeId, states: list[log_pb2.ReplicaState],
+                              confirmed: dict[TopicPartition, log_pb2.ReplicaState]) -> None:
         """Create replicas the metadata places on ``node`` but the node lacks (it was down
         when they were created), with their state; they then catch up like any follower."""
         image = self._controller.image
-        specs = []
-        for state in states:
-            topic = image.topics.get(TopicName(state.topic))
-            if topic is not None:
-                specs.append(PartitionSpec(topic=topic.name, partition=state.partition,
-                                           topic_id=topic.topic_id, configs=topic.configs,
-                                           state=state))
+        states = [s for s in states if TopicName(s.topic) in image.topics]
+        specs = [log_pb2.PartitionSpec(
+            topic=s.topic, partition=s.partition, state=s,
+            topic_id=image.topics[TopicName(s.topic)].topic_id,
+            configs=image.topics[TopicName(s.topic)].configs) for s in states]
         if not specs:
             return
         try:
@@ -349,16 +339,16 @@ class ReplicationManager:
         failed = {(f.topic, f.partition) for f in failures}
         for f in failures:
             log.warning("log node %d could not create its replica of %s-%d: %s", node,
-                        f.topic, f.partition, f.message)
-        for spec in specs:
-            key = (spec.topic, spec.partition)
-            if key not in failed and spec.state is not None:
+                        f.topic, f.partition, failure_message(f))
+        for state in states:
+            key = (state.topic, state.partition)
+            if key not in failed:
                 log.info("log node %d: created its missing replica of %s-%d", node, *key)
                 metrics.REPLICA_STATE_UPDATES.labels("taken").inc()
-                confirmed[key] = spec.state
-                self._resume(node, key, spec.state)
+                confirmed[key] = state
+                self._resume(node, key, state)
 
-    def _resume(self, node: NodeId, key: TopicPartition, state: ReplicaState) -> None:
+    def _resume(self, node: NodeId, key: TopicPartition, state: log_pb2.ReplicaState) -> None:
         """A replica took its state: fetch for it at once, and give a leader its high
         watermark (it forgets it on a restart)."""
         partition = self._states.get(key)
@@ -367,7 +357,7 @@ class ReplicationManager:
         for fetcher in self._fetchers.values():
             if key in fetcher.partitions:
                 fetcher.retry_now(key)
-        if state.role is Role.LEADER and partition.high_watermark >= 0:
+        if state.role == log_pb2.REPLICA_ROLE_LEADER and partition.high_watermark >= 0:
             self._pusher(node).push(state.topic, state.partition, state.leader_epoch,
                                     partition.high_watermark)
 
@@ -435,7 +425,8 @@ class ReplicationManager:
             self._sync_needed.set()
             return set()
         confirmed = self._confirmed.get(state.leader, {}).get(key)
-        if (confirmed is None or confirmed.role is not Role.LEADER or confirmed.in_sync_alone
+        if (confirmed is None or confirmed.role != log_pb2.REPLICA_ROLE_LEADER
+                or confirmed.in_sync_alone
                 or confirmed.leader_epoch != state.leader_epoch):
             return set()
         return joining
