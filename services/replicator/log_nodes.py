@@ -17,7 +17,7 @@ from typing import Protocol
 from kbroker.log.v1 import log_pb2
 from services.common.errors import ErrorCode, error_name
 
-from .metadata import LogNode, NodeId, PartitionRegistration
+from .metadata import LogNode, NodeId, PartitionRegistration, TopicRegistration
 
 NO_OFFSET = -1
 
@@ -87,6 +87,23 @@ def replica_state(topic: str, partition: PartitionRegistration,
     return log_pb2.ReplicaState(topic=topic, partition=partition.partition,
                                 role=log_pb2.REPLICA_ROLE_FOLLOWER,
                                 leader_epoch=partition.leader_epoch)
+
+
+def partition_specs(
+    topics: Iterable[TopicRegistration], nodes: Iterable[NodeId], *, with_state: bool
+) -> dict[NodeId, list[log_pb2.PartitionSpec]]:
+    """The replicas of ``topics`` on each of ``nodes`` holding some, with their topic's id
+    and configs (and ``with_state``, the state each should have)."""
+    wanted = set(nodes)
+    specs: dict[NodeId, list[log_pb2.PartitionSpec]] = {}
+    for topic in topics:
+        for p in topic.partitions:
+            for node in (n for n in p.replicas if n in wanted):
+                specs.setdefault(node, []).append(log_pb2.PartitionSpec(
+                    topic=topic.name, partition=p.partition, topic_id=topic.topic_id,
+                    configs=topic.configs,
+                    state=replica_state(topic.name, p, node) if with_state else None))
+    return specs
 
 
 class LogNodes(Protocol):

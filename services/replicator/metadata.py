@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NewType
 
@@ -96,12 +96,6 @@ class MetadataImage:
         live = self.live_node_ids
         return live[0] if live else NO_NODE
 
-    def node(self, node_id: int) -> LogNode | None:
-        for node in self.log_nodes:
-            if node.node_id == node_id:
-                return node
-        return None
-
     def offline_replicas(self, partition: PartitionRegistration) -> tuple[NodeId, ...]:
         live = set(self.live_node_ids)
         return tuple(r for r in partition.replicas if r not in live)
@@ -126,16 +120,6 @@ class MetadataImage:
         for topic in added:
             topics[topic.name] = topic
         return self.replace(topics=topics)
-
-    def with_pending_deletions(
-        self, change: Callable[[dict[NodeId, set[tuple[str, int]]]], None]
-    ) -> MetadataImage:
-        """A copy whose pending deletions ``change`` edited (in a mutable copy)."""
-        pending = {node: set(parts) for node, parts in self.pending_deletions.items()}
-        change(pending)
-        return self.replace(
-            pending_deletions={node: frozenset(p) for node, p in pending.items() if p}
-        )
 
 
 def kafka_uuid_text(value: uuid.UUID) -> str:

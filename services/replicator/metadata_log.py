@@ -63,9 +63,7 @@ the claim holds a majority, no writer of an older epoch can complete a save (eac
 majorities meets a claimed replica, where its append fails and it finds itself deposed), so
 the image read is the last committed one. Second, write that image under the new epoch. If no
 majority of the replicas answers, the load retries with backoff for ``start_timeout`` seconds,
-saying why, then fails. An empty log with a ``metadata.json`` in the replicator's data directory
-takes that file's image once (migration; the file is renamed ``metadata.json.migrated`` once
-the image is in the log).
+saying why, then fails.
 
 A save that failed (no majority) may still have reached some replicas; like an uncommitted
 entry of any quorum log it can surface at the next load if one of those replicas is read.
@@ -79,13 +77,11 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import random
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 
@@ -103,13 +99,7 @@ from services.common.records.record_batch import (
 )
 
 from .metadata import LogNode, MetadataImage, NodeId
-from .metadata_store import (
-    FILE_NAME,
-    DeposedError,
-    JsonFileMetadataStore,
-    decode_image,
-    encode_image,
-)
+from .metadata_store import DeposedError, decode_image, encode_image
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +110,6 @@ METADATA_TOPIC_ID = "00000000-0000-0000-0000-000000000001"
 IMAGE_KEY = b"image"
 CLAIM_KEY = b"claim"
 RECORD_FORMAT = 1
-MIGRATED_SUFFIX = ".migrated"
 
 # An image of tens of thousands of partitions is a few MB of JSON.
 MAX_RECORD_BYTES = 64 * 1024 * 1024
@@ -398,15 +387,13 @@ class _Takeover:
 
 class MetadataLog:
     """:class:`~services.replicator.metadata_store.MetadataStore` over the metadata log on
-    ``nodes`` (see the module docstring). ``legacy_dir``: where a ``metadata.json`` to migrate
-    may be. ``call_timeout``: seconds per call to a log node; ``start_timeout``: how long
-    :meth:`load` waits for a majority of the replicas."""
+    ``nodes`` (see the module docstring). ``call_timeout``: seconds per call to a log node;
+    ``start_timeout``: how long :meth:`load` waits for a majority of the replicas."""
 
     def __init__(
         self,
         nodes: Sequence[LogNode],
         *,
-        legacy_dir: str | os.PathLike[str] | None = None,
         call_timeout: float = 5.0,
         start_timeout: float = 60.0,
         writer_id: str | None = None,
@@ -415,7 +402,6 @@ class MetadataLog:
             raise ValueError("the metadata log needs at least one log node")
         self._replicas = [_Replica(n, call_timeout) for n in nodes]
         self.majority = len(self._replicas) // 2 + 1
-        self._legacy_dir = Path(legacy_dir) if legacy_dir is not None else None
         self._start_timeout = start_timeout
         self.writer_id = writer_id or uuid.uuid4().hex
         # 0 until load() took over: a save without a load writes at epoch 1.
@@ -438,8 +424,8 @@ class MetadataLog:
 
     async def load(self) -> MetadataImage | None:
         """Rebuild the image from a majority of the replicas and take over under a new
-        controller epoch (see the module docstring). None: the log is empty and there is no
-        ``metadata.json`` to migrate (a new cluster; the first save starts it)."""
+        controller epoch (see the module docstring). None: the log is empty (a new cluster;
+        the first save starts it)."""
         deadline = time.monotonic() + self._start_timeout
         delay, conflicts = 0.1, 0
         while True:
@@ -488,36 +474,16 @@ class MetadataLog:
         self._sequence = max([self._sequence, *(r.sequence for r in lasts + images)])
         self._deposed = None
         await self._write(None, _Takeover(chosen))
-        if chosen is not None:
-            image = chosen.image
-            migrated = False
-        else:
-            image = await self._legacy_image()
-            if image is None:
-                log.info("metadata log: empty on %d of %d log nodes; a new cluster starts at "
-                         "controller epoch %d", len(views), len(self._replicas), self._epoch)
-                return None
-            migrated = True
-        assert image is not None
-        await self._write(image)
-        if migrated:
-            self._retire_legacy_file()
-        log.info("metadata log: took over at controller epoch %d with metadata version %d "
-                 "(cluster %s), read from %d of %d log nodes%s", self._epoch, image.version,
-                 image.cluster_id, len(views), len(self._replicas),
-                 " (migrated from metadata.json)" if migrated else "")
-        return image
-
-    async def _legacy_image(self) -> MetadataImage | None:
-        if self._legacy_dir is None:
+        if chosen is None or chosen.image is None:
+            log.info("metadata log: empty on %d of %d log nodes; a new cluster starts at "
+                     "controller epoch %d", len(views), len(self._replicas), self._epoch)
             return None
-        return await JsonFileMetadataStore(self._legacy_dir).load()
-
-    def _retire_legacy_file(self) -> None:
-        assert self._legacy_dir is not None
-        path = self._legacy_dir / FILE_NAME
-        with contextlib.suppress(FileNotFoundError):
-            path.replace(path.with_name(FILE_NAME + MIGRATED_SUFFIX))
+        image = chosen.image
+        await self._write(image)
+        log.info("metadata log: took over at controller epoch %d with metadata version %d "
+                 "(cluster %s), read from %d of %d log nodes", self._epoch, image.version,
+                 image.cluster_id, len(views), len(self._replicas))
+        return image
 
     # -- save -------------------------------------------------------------------------------
 

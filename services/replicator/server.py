@@ -88,8 +88,7 @@ def metadata_store(config: ReplicatorConfig, nodes: tuple[LogNode, ...]) -> Meta
     if config.metadata_store == "file":
         return JsonFileMetadataStore(config.data_dir)
     if config.metadata_store == "log":
-        return MetadataLog(nodes, legacy_dir=config.data_dir,
-                           start_timeout=max(config.metadata_log_start_timeout_ms, 0) / 1000)
+        return MetadataLog(nodes, start_timeout=max(config.metadata_log_start_timeout_ms, 0) / 1000)
     raise ValueError(f"unknown --metadata-store {config.metadata_store!r} (log or file)")
 
 

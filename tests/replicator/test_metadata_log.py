@@ -1,8 +1,8 @@
 """The replicated metadata log against real log nodes (gRPC servers on 127.0.0.1, data in
 tmp_path): record codec, round trip, majority writes with a node down, a node that comes back
 with stale data, fencing of a deposed writer, racing takeovers and a takeover that reached only
-a minority, a deposed controller, a restarted replicator without its data directory, migration
-from metadata.json, and waiting for the log nodes at start-up."""
+a minority, a deposed controller, a restarted replicator without its data directory, and
+waiting for the log nodes at start-up."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ from services.replicator.metadata_log import (
     decode_records,
     encode_record,
 )
-from services.replicator.metadata_store import FILE_NAME, JsonFileMetadataStore
+from services.replicator.metadata_store import FILE_NAME
 
 from .replication.harness import Node, replication, wait_for
 
@@ -383,24 +383,6 @@ def test_the_metadata_topic_name_is_reserved(tmp_path: Path) -> None:
             finally:
                 await controller.close()
                 await client.close()
-
-    asyncio.run(scenario())
-
-
-def test_migration_from_metadata_json_happens_once(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        legacy = tmp_path / "replicator"
-        old = image_with(41, "from-file", next_producer_id=9000)
-        JsonFileMetadataStore(legacy).save_now(old)
-        async with log_nodes(tmp_path) as nodes:
-            async with metadata_log(nodes, legacy_dir=legacy) as store:
-                assert await store.load() == old
-            assert not (legacy / FILE_NAME).exists()
-            assert (legacy / (FILE_NAME + ".migrated")).exists()
-            # A metadata.json appearing later is not read: the log has the metadata.
-            JsonFileMetadataStore(legacy).save_now(image_with(1, "ignored"))
-            async with metadata_log(nodes, legacy_dir=legacy) as store:
-                assert await store.load() == old
 
     asyncio.run(scenario())
 

@@ -15,11 +15,10 @@ import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from kbroker.log.v1 import log_pb2
 from kbroker.replicator.v1 import replicator_pb2 as pb
 from services.common.errors import ErrorCode, KafkaError
 
-from ..log_nodes import LogNodes, failure_message
+from ..log_nodes import LogNodes, failure_message, partition_specs
 from ..metadata import NodeId, TopicName, TopicRegistration
 from ..topic_rules import apply_config_changes
 from .core import ControllerCore
@@ -100,19 +99,10 @@ class ConfigControlManager:
         """Send the configs of ``topics`` to those of ``nodes`` holding their replicas; nodes
         that fail are marked stale. Per-replica failures (a replica the node does not have)
         are logged only: the configs reach it when it is created."""
-        wanted = set(nodes)
-        specs: dict[NodeId, list[log_pb2.PartitionSpec]] = {}
-        for topic in topics:
-            for p in topic.partitions:
-                for node in p.replicas:
-                    if node in wanted:
-                        specs.setdefault(node, []).append(log_pb2.PartitionSpec(
-                            topic=topic.name, partition=p.partition, topic_id=topic.topic_id,
-                            configs=topic.configs))
-        work = list(specs)
+        specs = partition_specs(topics, nodes, with_state=False)
         outcomes = await asyncio.gather(
-            *(self._client.update_configs(n, specs[n]) for n in work), return_exceptions=True)
-        for node, outcome in zip(work, outcomes, strict=True):
+            *(self._client.update_configs(n, s) for n, s in specs.items()), return_exceptions=True)
+        for node, outcome in zip(specs, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 log.warning("log node %d: config update deferred: %s", node, outcome)
                 self._stale.add(node)

@@ -24,14 +24,14 @@ import dataclasses
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from kbroker.log.v1 import log_pb2
 from kbroker.replicator.v1 import replicator_pb2 as pb
 from services.common.errors import ErrorCode, KafkaError
 
 from ..assignment import assign_replicas, ring_position
-from ..log_nodes import LogNodeError, LogNodes, failure_message, kafka_error, replica_state
+from ..log_nodes import LogNodeError, LogNodes, failure_message, kafka_error, partition_specs
 from ..metadata import (
     MetadataImage,
     NodeId,
@@ -107,7 +107,7 @@ class TopicControlManager:
         taken_ids = {t.topic_id for t in image.topics.values()}
         start_index = image.next_leader_index
         results: list[pb.TopicResult] = []
-        planned: dict[int, TopicRegistration] = {}
+        planned: list[TopicRegistration] = []
         for request in requests:
             try:
                 if occurrences[request.name] > 1:
@@ -121,26 +121,15 @@ class TopicControlManager:
                 start_index += 1
             taken_names[collision_key(topic.name)] = topic.name
             taken_ids.add(topic.topic_id)
-            planned[len(results)] = topic
+            planned.append(topic)
             results.append(created(topic, with_id=not validate_only))
         if validate_only or not planned:
             return results
-
-        failures, cleared = await self._create_on_log_nodes(list(planned.values()), image)
-        topics = [t for t in planned.values() if t.name not in failures]
-        try:
-            await self._core.commit(lambda current: (_without(
-                current.with_topics(added=topics).replace(next_leader_index=start_index),
-                cleared), None), bump=bool(topics))
-        except OSError as e:
-            log.exception("could not save the metadata of new topics")
-            failures.update((t.name, not_saved(e)) for t in topics)
-            topics = []
-        for i, topic in planned.items():
-            if topic.name in failures:
-                results[i] = failed(topic.name, failures[topic.name])
-        await self._remove_replicas([t for t in planned.values() if t.name in failures])
-        for topic in topics:
+        results, done = await self._place(
+            image, planned, results, "topics",
+            lambda current, topics: current.with_topics(added=topics).replace(
+                next_leader_index=start_index))
+        for topic in done:
             log.info("created topic %s (%s) with %d partition(s), replication factor %d",
                      topic.name, topic.topic_id, len(topic.partitions), topic.replication_factor)
         return results
@@ -184,21 +173,35 @@ class TopicControlManager:
                                  configs=validate_configs(dict(request.configs)),
                                  partitions=_new_partitions(replica_lists, live, 0))
 
+    async def _place(
+        self, image: MetadataImage, planned: list[TopicRegistration],
+        results: list[pb.TopicResult], what: str,
+        add: Callable[[MetadataImage, list[TopicRegistration]], MetadataImage],
+    ) -> tuple[list[pb.TopicResult], list[TopicRegistration]]:
+        """Create the replicas of ``planned`` (new topics, or topics with only their new
+        partitions) on their live nodes; commit those whose replicas all exist (``add`` puts
+        them in the image current then) and remove the replicas of the others. Returns the
+        results with the failures in, and the topics committed."""
+        failures, cleared = await self._create_on_log_nodes(planned, image)
+        done = [t for t in planned if t.name not in failures]
+        try:
+            await self._core.commit(
+                lambda current: (_pending(add(current, done), done=cleared), None),
+                bump=bool(done))
+        except OSError as e:
+            log.exception("could not save the metadata of new %s", what)
+            failures.update((t.name, not_saved(e)) for t in done)
+            done = []
+        await self._remove_replicas([t for t in planned if t.name in failures])
+        return [failed(r.name, failures[r.name]) if r.name in failures else r
+                for r in results], done
+
     async def _create_on_log_nodes(
         self, topics: Sequence[TopicRegistration], image: MetadataImage
     ) -> tuple[dict[str, KafkaError], Replicas]:
         """Create the replicas on their live nodes, one call per node. Returns the failed
         topics with their error, and the pending deletions that were carried out on the way."""
-        live = set(image.live_node_ids)
-        specs: dict[NodeId, list[log_pb2.PartitionSpec]] = {}
-        for topic in topics:
-            for p in topic.partitions:
-                for node in p.replicas:
-                    if node in live:
-                        specs.setdefault(node, []).append(log_pb2.PartitionSpec(
-                            topic=topic.name, partition=p.partition, topic_id=topic.topic_id,
-                            configs=topic.configs, state=replica_state(topic.name, p, node)))
-        nodes = list(specs)
+        specs = partition_specs(topics, image.live_node_ids, with_state=True)
         cleared: Replicas = {}
 
         async def create_on(node: NodeId) -> list[log_pb2.PartitionError]:
@@ -213,22 +216,23 @@ class TopicControlManager:
                 cleared[node] = set(stale)
             return await self._client.create_partitions(node, specs[node])
 
-        outcomes = await asyncio.gather(*(create_on(n) for n in nodes), return_exceptions=True)
+        outcomes = await asyncio.gather(*(create_on(n) for n in specs), return_exceptions=True)
         failures: dict[str, KafkaError] = {}
-        for node, outcome in zip(nodes, outcomes, strict=True):
+        for node, outcome in zip(specs, outcomes, strict=True):
             if isinstance(outcome, LogNodeError):
-                for spec in specs[node]:
-                    failures.setdefault(spec.topic, KafkaError(outcome.error, outcome.message))
+                error = KafkaError(outcome.error, outcome.message)
             elif isinstance(outcome, BaseException):
                 log.error("creating partitions on log node %d failed", node, exc_info=outcome)
-                for spec in specs[node]:
-                    failures.setdefault(spec.topic, KafkaError(
-                        ErrorCode.unknown_server_error, f"log node {node}: {outcome!r}"))
+                error = KafkaError(ErrorCode.unknown_server_error,
+                                   f"log node {node}: {outcome!r}")
             else:
-                for failure in outcome:
-                    failures.setdefault(failure.topic, KafkaError(
-                        kafka_error(failure.error_code), f"log node {node}, partition "
-                        f"{failure.partition}: {failure_message(failure)}"))
+                for f in outcome:
+                    failures.setdefault(f.topic, KafkaError(
+                        kafka_error(f.error_code),
+                        f"log node {node}, partition {f.partition}: {failure_message(f)}"))
+                continue
+            for spec in specs[node]:
+                failures.setdefault(spec.topic, error)
         return failures, cleared
 
     # -- adding partitions ------------------------------------------------------------------
@@ -247,8 +251,7 @@ class TopicControlManager:
         image = self._core.image
         occurrences = Counter(r.topic for r in requests)
         results: list[pb.TopicResult] = []
-        # Topic name -> the topic with only its new partitions.
-        planned: dict[str, TopicRegistration] = {}
+        planned: list[TopicRegistration] = []  # each topic with only its new partitions
         for request in requests:
             try:
                 if occurrences[request.topic] > 1:
@@ -258,35 +261,18 @@ class TopicControlManager:
             except KafkaError as e:
                 results.append(failed(request.topic, e))
                 continue
-            topic = image.topics[TopicName(request.topic)]
-            planned[topic.name] = added
-            results.append(created(dataclasses.replace(
-                topic, partitions=topic.partitions + added.partitions)))
+            planned.append(added)
+            results.append(created(_grown(image.topics[added.name], added)))
         if validate_only or not planned:
             return results
-
-        failures, cleared = await self._create_on_log_nodes(list(planned.values()), image)
-        grown = [name for name in planned if name not in failures]
-
-        def grow(current: MetadataImage) -> tuple[MetadataImage, None]:
-            # The existing partitions as they are now (their ISR may have changed meanwhile).
-            topics = [dataclasses.replace(current.topics[name], partitions=(
-                current.topics[name].partitions + planned[name].partitions))
-                for name in grown if name in current.topics]
-            return _without(current.with_topics(added=topics), cleared), None
-
-        try:
-            await self._core.commit(grow, bump=bool(grown))
-        except OSError as e:
-            log.exception("could not save the metadata of new partitions")
-            failures.update((name, not_saved(e)) for name in grown)
-            grown = []
-        results = [failed(r.name, failures[r.name]) if r.name in failures and r.name in planned
-                   else r for r in results]
-        await self._remove_replicas([t for name, t in planned.items() if name in failures])
-        for name in grown:
-            log.info("topic %s now has %d partition(s)", name, len(
-                image.topics[TopicName(name)].partitions) + len(planned[name].partitions))
+        # The existing partitions as they are now (their ISR may have changed meanwhile).
+        results, done = await self._place(
+            image, planned, results, "partitions",
+            lambda current, topics: current.with_topics(added=[
+                _grown(current.topics[t.name], t) for t in topics if t.name in current.topics]))
+        for topic in done:
+            log.info("topic %s now has %d partition(s)", topic.name,
+                     topic.partitions[-1].partition + 1)
         return results
 
     def _plan_partitions(
@@ -380,7 +366,7 @@ class TopicControlManager:
         replicas = _replicas_by_node(doomed.values())
         try:
             await self._core.commit(lambda current: (
-                _with_pending(current.with_topics(removed=doomed), replicas), None))
+                _pending(current.with_topics(removed=doomed), add=replicas), None))
         except OSError as e:
             log.exception("could not save the metadata without the deleted topics")
             return [failed(r.name, not_saved(e), r.topic_id) if r.name in doomed else r
@@ -397,7 +383,7 @@ class TopicControlManager:
             return
         replicas = _replicas_by_node(topics)
         try:
-            await self._core.commit(lambda current: (_with_pending(current, replicas), None),
+            await self._core.commit(lambda current: (_pending(current, add=replicas), None),
                                     bump=False)
         except OSError:
             log.exception("could not save pending replica deletions")
@@ -426,7 +412,7 @@ class TopicControlManager:
             done[node] = set(parts) - {(f.topic, f.partition) for f in outcome}
         if any(done.values()):
             try:
-                await self._core.commit(lambda current: (_without(current, done), None),
+                await self._core.commit(lambda current: (_pending(current, done=done), None),
                                         bump=False)
             except OSError:
                 log.exception("could not save completed replica deletions")
@@ -453,6 +439,10 @@ def _new_partitions(replica_lists: Iterable[Sequence[NodeId]], live: Iterable[No
     return tuple(partitions)
 
 
+def _grown(topic: TopicRegistration, added: TopicRegistration) -> TopicRegistration:
+    return dataclasses.replace(topic, partitions=topic.partitions + added.partitions)
+
+
 def _deleted(topic: TopicRegistration) -> pb.TopicResult:
     return pb.TopicResult(name=topic.name, topic_id=topic.topic_id, num_partitions=-1,
                           replication_factor=-1)
@@ -471,25 +461,15 @@ def _replicas_by_node(topics: Iterable[TopicRegistration]) -> Replicas:
     return replicas
 
 
-def _with_pending(image: MetadataImage, replicas: Replicas) -> MetadataImage:
-    def add(pending: Replicas) -> None:
-        for node, parts in replicas.items():
-            pending.setdefault(node, set()).update(parts)
-
-    return image.with_pending_deletions(add)
-
-
-def _without(image: MetadataImage, cleared: Replicas) -> MetadataImage:
-    """The image without the pending deletions ``cleared`` carried out."""
-    if not any(cleared.values()):
-        return image
-
-    def remove(pending: Replicas) -> None:
-        for node, parts in cleared.items():
-            if node in pending:
-                pending[node] -= parts
-
-    return image.with_pending_deletions(remove)
+def _pending(image: MetadataImage, add: Replicas | None = None,
+             done: Replicas | None = None) -> MetadataImage:
+    """The image with the replica deletions ``add`` pending and those ``done`` no more."""
+    pending = {node: set(parts) for node, parts in image.pending_deletions.items()}
+    for node, parts in (add or {}).items():
+        pending.setdefault(node, set()).update(parts)
+    for node, parts in (done or {}).items():
+        pending.get(node, set()).difference_update(parts)
+    return image.replace(pending_deletions={n: frozenset(p) for n, p in pending.items() if p})
 
 
 def _canonical_uuid(text: str) -> str | None:
