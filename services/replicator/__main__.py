@@ -7,7 +7,6 @@ at a newer controller epoch) stops acting at once and exits with status 1.
 """
 
 import asyncio
-import contextlib
 import logging
 import sys
 
@@ -26,21 +25,18 @@ async def serve_alone(config: ReplicatorConfig, stop: asyncio.Event) -> int:
     1)."""
     service: ReplicatorService = await start(config)
     log.info("replicator ready: gRPC on %s", config.grpc_address)
-    deposed = asyncio.create_task(service.controller.deposed.wait())
-    stopping = asyncio.create_task(stop.wait())
+    deposed = service.controller.deposed
+    waits = [asyncio.create_task(event.wait()) for event in (deposed, stop)]
     try:
-        await asyncio.wait({deposed, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for task in (deposed, stopping):
+        for task in waits:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        code = 1 if deposed.done() and not deposed.cancelled() else 0
-        if code:
+        if deposed.is_set():
             log.error("this replicator was deposed from the cluster metadata by another "
                       "replicator: stopping")
         await service.stop()
-    return code
+    return 1 if deposed.is_set() else 0
 
 
 def main() -> None:

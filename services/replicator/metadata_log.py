@@ -87,7 +87,7 @@ import grpc
 
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from services.common.channels import insecure_channel
-from services.common.errors import ErrorCode
+from services.common.errors import ErrorCode, error_name
 from services.common.records.record import build_batch
 from services.common.records.record import decode_records as records_of_batch
 from services.common.records.record_batch import (
@@ -98,7 +98,7 @@ from services.common.records.record_batch import (
     iter_batches,
 )
 
-from .metadata import LogNode, MetadataImage, NodeId
+from .metadata import LogNode, MetadataImage
 from .metadata_store import DeposedError, decode_image, encode_image
 
 log = logging.getLogger(__name__)
@@ -168,11 +168,10 @@ class ReplicaView:
     """What a replica holds: its log end offset, its last record (None: empty) and its last
     image record with that record's offset (None, -1: no image yet)."""
 
-    node_id: NodeId
     log_end_offset: int
-    last: MetadataRecord | None
-    image: MetadataRecord | None
-    image_offset: int
+    last: MetadataRecord | None = None
+    image: MetadataRecord | None = None
+    image_offset: int = -1
 
 
 # --- records ------------------------------------------------------------------------------
@@ -282,26 +281,24 @@ class _Replica:
             self._check(state.error_code, "describe")
             end = state.log_end_offset
             if end <= max(state.log_start_offset, 0):
-                return ReplicaView(node_id=self.node_id, log_end_offset=end, last=None,
-                                   image=None, image_offset=-1)
+                return ReplicaView(log_end_offset=end)
             found = await self._read_one(end - 1)
             if found is None or found[0] != end - 1 or found[2] != end:
                 continue  # appended to, cut or deleted meanwhile: look again
             _, last, _ = found
             if not last.is_claim:
-                return ReplicaView(node_id=self.node_id, log_end_offset=end, last=last,
-                                   image=last, image_offset=end - 1)
+                return ReplicaView(log_end_offset=end, last=last, image=last,
+                                   image_offset=end - 1)
             if last.image_offset < 0:
-                return ReplicaView(node_id=self.node_id, log_end_offset=end, last=last,
-                                   image=None, image_offset=-1)
+                return ReplicaView(log_end_offset=end, last=last)
             # A trailing claim: the image before it is the newest record of its key, which
             # the cleaner keeps.
             pointed = await self._read_one(last.image_offset)
             if pointed is None or pointed[0] != last.image_offset or pointed[1].is_claim:
                 raise ValueError(f"{self}: the claim at offset {end - 1} points at offset "
                                  f"{last.image_offset}, which holds no image")
-            return ReplicaView(node_id=self.node_id, log_end_offset=end, last=last,
-                               image=pointed[1], image_offset=last.image_offset)
+            return ReplicaView(log_end_offset=end, last=last, image=pointed[1],
+                               image_offset=last.image_offset)
         raise MetadataLogError(f"{self}: the metadata log kept moving while being read")
 
     async def _read_one(self, offset: int) -> tuple[int, MetadataRecord, int] | None:
@@ -347,12 +344,8 @@ class _Replica:
 
     def _check(self, code: int, what: str, message: str = "") -> None:
         if code:
-            try:
-                name = ErrorCode(code).name.upper()
-            except ValueError:
-                name = str(code)
-            raise MetadataLogError(f"{self}: could not {what} the metadata log: {name} "
-                                   f"{message}".rstrip())
+            raise MetadataLogError(f"{self}: could not {what} the metadata log: "
+                                   f"{error_name(code)} {message}".rstrip())
 
     async def _call(self, method, request):  # type: ignore[no-untyped-def]
         try:

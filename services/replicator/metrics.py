@@ -1,17 +1,7 @@
-"""Prometheus metrics of the replicator service, refreshed from each new metadata image.
-
-Kafka's JMX names beside ours:
-
-    kbroker_replicator_under_replicated_partitions  kafka.server:type=ReplicaManager,
-                                                    name=UnderReplicatedPartitions
-    kbroker_replicator_offline_partitions           kafka.controller:type=KafkaController,
-                                                    name=OfflinePartitionsCount
-    kbroker_replicator_isr_shrinks_total            kafka.server:type=ReplicaManager,
-                                                    name=IsrShrinksPerSec
-    kbroker_replicator_isr_expands_total            ... name=IsrExpandsPerSec
-    kbroker_replicator_follower_lag_messages{topic,partition,replica}
-                                                    kafka.server:type=FetcherLagMetrics,
-                                                    name=ConsumerLag
+"""Prometheus metrics of the replicator service, refreshed from each new metadata image;
+each help text names the Kafka JMX metric it stands for (ReplicaManager's
+UnderReplicatedPartitions and IsrShrinks/ExpandsPerSec, KafkaController's
+OfflinePartitionsCount, FetcherLagMetrics' ConsumerLag, ...).
 
 ISR changes are counted by comparing each image with the one before (a partition whose ISR
 both lost and gained members counts once each way). Follower lag (offsets, and seconds since

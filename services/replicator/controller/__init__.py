@@ -60,6 +60,7 @@ class Controller(ControllerCore):
         self.configs = ConfigControlManager(self, client)
         self.producer_ids = ProducerIdControlManager(self)
         self._checked_once = False
+        self._tasks: list[asyncio.Task[None]] = []
 
     @classmethod
     async def open(
@@ -103,14 +104,22 @@ class Controller(ControllerCore):
         await self.when_idle(self.topics.flush_deletions)
         await self.when_idle(self.configs.resync)
 
-    async def run_node_checks(self, interval: float) -> None:
-        """Check the log nodes every ``interval`` seconds until cancelled."""
-        await _every(interval, self.check_nodes, "log node check")
+    def start(self, node_check_interval: float, rebalance_interval: float | None) -> None:
+        """Check the log nodes every ``node_check_interval`` seconds and, unless
+        ``rebalance_interval`` is None, elect preferred leaders that often, until closed."""
+        self._tasks.append(asyncio.create_task(
+            _every(node_check_interval, self.check_nodes, "log node check"),
+            name="log-node-checks"))
+        if rebalance_interval is not None:
+            self._tasks.append(asyncio.create_task(
+                _every(rebalance_interval, self.partitions.elect_preferred_leaders,
+                       "preferred leader election"), name="leader-rebalance"))
 
-    async def run_leader_rebalance(self, interval: float) -> None:
-        """Elect preferred leaders every ``interval`` seconds until cancelled."""
-        await _every(interval, self.partitions.elect_preferred_leaders,
-                     "preferred leader election")
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await super().close()
 
 
 async def _every(interval: float, work: Callable[[], Awaitable[object]], what: str) -> None:

@@ -27,7 +27,7 @@ its state again; a follower append that does not continue its log (its log end m
 log end offset from the answer and retries; a read out of the leader's range either finds the
 follower's log ending below the leader's log start (it then drops its log and starts over
 there, Kafka's truncateFullyAndStartAt) or past the leader's end (it is checked against the
-leader's log again, and reported to ``on_diverged``).
+leader's log again, with a warning).
 """
 
 from __future__ import annotations
@@ -84,14 +84,12 @@ class LeaderFetcher:
         settings: FetchSettings,
         on_progress: Callable[[PartitionReplication], None],
         on_stale_state: Callable[[NodeId, TopicPartition], None],
-        on_diverged: Callable[[NodeId, PartitionReplication], None],
     ) -> None:
         self.leader = leader
         self._nodes = nodes
         self._settings = settings
         self._on_progress = on_progress
         self._on_stale_state = on_stale_state
-        self._on_diverged = on_diverged
         self._partitions: dict[TopicPartition, PartitionReplication] = {}
         self._followers: frozenset[NodeId] = frozenset()
         self._retry_at: dict[Pair, float] = {}
@@ -294,7 +292,9 @@ class LeaderFetcher:
             self._on_stale_state(self.leader, partition.key)
         elif error == _OUT_OF_RANGE:
             partition.forget_follower(follower)  # check it against the leader again
-            self._on_diverged(follower, partition)
+            log.warning("%s-%d: follower %d is outside the leader's log (leader %d, epoch %d); "
+                        "it must be truncated", partition.topic, partition.partition, follower,
+                        self.leader, partition.leader_epoch)
         else:
             self._log_failure(
                 f"reading {partition.topic}-{partition.partition}: {error_name(error)}")

@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Coroutine
 from typing import Any
 
@@ -44,7 +43,7 @@ from .. import metrics
 from ..controller import Controller
 from ..log_nodes import LogNodeError, LogNodes, TopicPartition, failure_message, replica_state
 from ..metadata import MetadataImage, NodeId, TopicName
-from .fetcher import FetchSettings, LeaderFetcher
+from .fetcher import FetchSettings, LeaderFetcher, now_ms
 from .high_watermarks import HighWatermarkPusher
 from .partition_state import PartitionReplication
 from .progress import ProgressReporter
@@ -53,10 +52,6 @@ log = logging.getLogger(__name__)
 
 # Every this many state rounds, the nodes' replica states are checked (see verify_states).
 VERIFY_EVERY = 5
-
-
-def now_ms() -> int:
-    return int(time.monotonic() * 1000)
 
 
 class ReplicationManager:
@@ -86,10 +81,6 @@ class ReplicationManager:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping: set[asyncio.Task[None]] = set()
         self._stopped = False
-
-    @property
-    def partitions(self) -> dict[TopicPartition, PartitionReplication]:
-        return dict(self._states)
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -182,8 +173,7 @@ class ReplicationManager:
             if fetcher is None:
                 fetcher = self._fetchers[leader] = LeaderFetcher(
                     leader=leader, nodes=self._nodes, settings=self._fetch,
-                    on_progress=self._progress, on_stale_state=self._stale_state,
-                    on_diverged=self._diverged)
+                    on_progress=self._progress, on_stale_state=self._stale_state)
                 fetcher.set_partitions(partitions, self._alive)
                 fetcher.start()
             else:
@@ -221,11 +211,6 @@ class ReplicationManager:
         confirmed = self._confirmed.get(node)
         if confirmed is not None and confirmed.pop(key, None) is not None:
             self._sync_needed.set()
-
-    def _diverged(self, follower: NodeId, state: PartitionReplication) -> None:
-        log.warning("%s-%d: follower %d is outside the leader's log (leader %d, epoch %d); "
-                    "it must be truncated", state.topic, state.partition, follower,
-                    state.leader, state.leader_epoch)
 
     def wanted_states(self, node: NodeId) -> dict[TopicPartition, log_pb2.ReplicaState]:
         """The state of every replicated replica ``node`` holds, as the metadata has it."""

@@ -40,8 +40,7 @@ def test_a_long_poll_abandoned_for_a_partition_change_is_no_failed_round(
     async def main() -> None:
         nodes = StalledLeaderNodes()
         fetcher = LeaderFetcher(leader=0, nodes=nodes, settings=FetchSettings(),  # type: ignore[arg-type]
-                                on_progress=lambda _: None, on_stale_state=lambda *_: None,
-                                on_diverged=lambda *_: None)
+                                on_progress=lambda _: None, on_stale_state=lambda *_: None)
         first = {("a", 0): partition("a")}
         fetcher.set_partitions(first, [0, 1])
         fetcher.start()
