@@ -5,7 +5,8 @@ in the replicator."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -45,23 +46,22 @@ class GrpcLogNodes:
     async def create_partitions(
         self, node_id: NodeId, specs: Sequence[log_pb2.PartitionSpec]
     ) -> list[log_pb2.PartitionError]:
-        reply = await self._call(node_id, "create partitions", "CreatePartitions",
-                                 log_pb2.CreatePartitionsRequest(partitions=specs))
-        return _failed(reply.results)
+        return _failed(await self._call(node_id, "create partitions", "CreatePartitions",
+                                        log_pb2.CreatePartitionsRequest(partitions=specs)))
 
     async def delete_partitions(
         self, node_id: NodeId, partitions: Sequence[TopicPartition]
     ) -> list[log_pb2.PartitionError]:
-        reply = await self._call(node_id, "delete partitions", "DeletePartitions",
-                                 log_pb2.DeletePartitionsRequest(partitions=_keys(partitions)))
-        return _failed(reply.results)
+        return _failed(await self._call(node_id, "delete partitions", "DeletePartitions",
+                                        log_pb2.DeletePartitionsRequest(partitions=[
+                                            log_pb2.TopicPartition(topic=t, partition=p)
+                                            for t, p in partitions])))
 
     async def update_configs(
         self, node_id: NodeId, specs: Sequence[log_pb2.PartitionSpec]
     ) -> list[log_pb2.PartitionError]:
-        reply = await self._call(node_id, "update configs", "UpdatePartitionConfigs",
-                                 log_pb2.UpdatePartitionConfigsRequest(partitions=specs))
-        return _failed(reply.results)
+        return _failed(await self._call(node_id, "update configs", "UpdatePartitionConfigs",
+                                        log_pb2.UpdatePartitionConfigsRequest(partitions=specs)))
 
     async def fetch(
         self, node_id: NodeId, reads: Sequence[log_pb2.PartitionRead], *, max_wait_ms: int,
@@ -69,60 +69,56 @@ class GrpcLogNodes:
     ) -> Sequence[log_pb2.PartitionReadResult]:
         request = log_pb2.ReadRequest(limit=log_pb2.READ_LIMIT_LOG_END, max_bytes=max_bytes,
                                       max_wait_ms=max_wait_ms, partitions=reads)
-        reply = await self._call(node_id, "read", "Read", request,
-                                 time_limit=max_wait_ms / 1000 + CALL_TIMEOUT)
-        return reply.results  # type: ignore[no-any-return]
+        return (await self._call(node_id, "read", "Read", request,
+                                 time_limit=max_wait_ms / 1000 + CALL_TIMEOUT)).results
 
     async def replicate(
         self, node_id: NodeId, appends: Sequence[log_pb2.PartitionReplicate]
     ) -> Sequence[log_pb2.PartitionReplicateResult]:
-        reply = await self._call(node_id, "replicate", "ReplicateAppend",
-                                 log_pb2.ReplicateAppendRequest(partitions=appends))
-        return reply.results  # type: ignore[no-any-return]
+        return (await self._call(node_id, "replicate", "ReplicateAppend",
+                                 log_pb2.ReplicateAppendRequest(partitions=appends))).results
 
     async def update_high_watermarks(
         self, node_id: NodeId, updates: Sequence[log_pb2.PartitionHighWatermark]
     ) -> list[log_pb2.PartitionError]:
-        reply = await self._call(node_id, "update high watermarks", "UpdateHighWatermarks",
-                                 log_pb2.UpdateHighWatermarksRequest(partitions=updates))
-        return _failed(reply.results)
+        return _failed(await self._call(node_id, "update high watermarks",
+                                        "UpdateHighWatermarks",
+                                        log_pb2.UpdateHighWatermarksRequest(partitions=updates)))
 
     async def update_replica_states(
         self, node_id: NodeId, states: Sequence[log_pb2.ReplicaState]
     ) -> list[log_pb2.PartitionError]:
-        reply = await self._call(node_id, "update replica states", "UpdateReplicaStates",
-                                 log_pb2.UpdateReplicaStatesRequest(states=states))
-        return _failed(reply.results)
+        return _failed(await self._call(node_id, "update replica states", "UpdateReplicaStates",
+                                        log_pb2.UpdateReplicaStatesRequest(states=states)))
 
     async def describe(
         self, node_id: NodeId, partitions: Sequence[TopicPartition]
     ) -> Sequence[log_pb2.PartitionState]:
-        reply = await self._call(node_id, "describe partitions", "DescribePartitions",
-                                 log_pb2.DescribePartitionsRequest(partitions=_keys(partitions)))
-        return reply.partitions  # type: ignore[no-any-return]
+        request = log_pb2.DescribePartitionsRequest(partitions=[
+            log_pb2.TopicPartition(topic=t, partition=p) for t, p in partitions])
+        return (await self._call(node_id, "describe partitions", "DescribePartitions",
+                                 request)).partitions
 
     async def end_offsets(
         self, node_id: NodeId, requests: Sequence[PartitionNumber]
     ) -> Sequence[log_pb2.EpochEndOffset]:
         request = log_pb2.OffsetForLeaderEpochRequest(partitions=[
-            log_pb2.PartitionLeaderEpoch(topic=topic, partition=partition, leader_epoch=epoch)
-            for topic, partition, epoch in requests])
-        reply = await self._call(node_id, "find epoch end offsets", "OffsetForLeaderEpoch",
-                                 request)
-        return reply.results  # type: ignore[no-any-return]
+            log_pb2.PartitionLeaderEpoch(topic=t, partition=p, leader_epoch=epoch)
+            for t, p, epoch in requests])
+        return (await self._call(node_id, "find epoch end offsets", "OffsetForLeaderEpoch",
+                                 request)).results
 
     async def truncate(
         self, node_id: NodeId, requests: Sequence[PartitionNumber], *, start_over: bool = False,
     ) -> Sequence[log_pb2.PartitionReplicateResult]:
         request = log_pb2.TruncateRequest(partitions=[
-            log_pb2.PartitionTruncation(topic=topic, partition=partition, offset=offset,
+            log_pb2.PartitionTruncation(topic=t, partition=p, offset=offset,
                                         start_over=start_over)
-            for topic, partition, offset in requests])
-        reply = await self._call(node_id, "truncate", "Truncate", request)
-        return reply.results  # type: ignore[no-any-return]
+            for t, p, offset in requests])
+        return (await self._call(node_id, "truncate", "Truncate", request)).results
 
     async def _call(self, node_id: NodeId, what: str, method: str, request: object,
-                    time_limit: float = CALL_TIMEOUT):  # type: ignore[no-untyped-def]
+                    time_limit: float = CALL_TIMEOUT) -> Any:
         stub = self._log.get(node_id)
         if stub is None:
             raise LogNodeError(node_id, ErrorCode.request_timed_out,
@@ -141,10 +137,5 @@ class GrpcLogNodes:
         await asyncio.gather(*(c.close() for c in self._channels.values()))
 
 
-def _keys(partitions: Iterable[TopicPartition]) -> list[log_pb2.TopicPartition]:
-    return [log_pb2.TopicPartition(topic=topic, partition=partition)
-            for topic, partition in partitions]
-
-
-def _failed(results: Iterable[log_pb2.PartitionError]) -> list[log_pb2.PartitionError]:
-    return [r for r in results if r.error_code]
+def _failed(reply: Any) -> list[log_pb2.PartitionError]:
+    return [r for r in reply.results if r.error_code]

@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 
 from kbroker.replicator.v1 import replicator_pb2, replicator_pb2_grpc
+from services.common.kubernetes_api import current_namespace, default_api_client
 from services.common.server import ServiceBinding, create_server
 
 from .config import ReplicatorConfig
@@ -27,8 +28,6 @@ from .leadership import (
     KubernetesLeases,
     LeaseElector,
     default_identity,
-    default_namespace,
-    kubernetes_api_client,
 )
 from .log_nodes import parse_log_nodes
 from .metadata import LogNode
@@ -266,7 +265,7 @@ async def _cancel(task: asyncio.Task[None]) -> None:
 def election_settings(config: ReplicatorConfig) -> ElectionSettings:
     return ElectionSettings(
         lease_name=config.leader_election_lease,
-        namespace=config.leader_election_namespace or default_namespace(),
+        namespace=config.leader_election_namespace or current_namespace(),
         identity=config.leader_election_identity or default_identity(),
         lease_duration=config.leader_election_lease_duration_ms / 1000,
         renew_deadline=config.leader_election_renew_deadline_ms / 1000,
@@ -280,7 +279,7 @@ async def start_leased(config: ReplicatorConfig,
     ``api_client`` (default: the in-cluster service account, else the kubeconfig)."""
     settings = election_settings(config)
     own_client = api_client is None
-    client = kubernetes_api_client() if api_client is None else api_client
+    client = default_api_client() if api_client is None else api_client
     elector = LeaseElector(
         KubernetesLeases(client, settings.lease_name, settings.namespace,
                          settings.request_timeout), settings)

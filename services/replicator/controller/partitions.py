@@ -53,15 +53,14 @@ class Election:
     clean: bool
 
 
-def unclean_allowed(topic: TopicRegistration, default: bool) -> bool:
-    value = topic.configs.get(UNCLEAN_CONFIG)
-    return default if value is None else value.strip().lower() == "true"
+# The topics whose partitions changed, and the leader elections among those changes.
+Elections = tuple[list[TopicRegistration], list[Election]]
 
 
 def _changed_partitions(
     image: MetadataImage,
     change: Callable[[TopicRegistration, PartitionRegistration], PartitionRegistration | None],
-) -> tuple[list[TopicRegistration], list[Election]]:
+) -> Elections:
     """The topics where ``change`` (None: unchanged) altered a partition, and the elections
     among those changes."""
     changed: list[TopicRegistration] = []
@@ -91,7 +90,7 @@ def fence(
     live: Collection[NodeId],
     *,
     unclean_default: bool = False,
-) -> tuple[list[TopicRegistration], list[Election]]:
+) -> Elections:
     """The topics whose partitions change because ``fenced`` nodes are gone (``live``: the
     nodes that answer), and the leader elections among those changes."""
     fenced, live = set(fenced), set(live)
@@ -107,7 +106,8 @@ def fence(
         if candidates:
             return dataclasses.replace(p, leader=candidates[0],
                                        leader_epoch=p.leader_epoch + 1, isr=remaining)
-        if unclean_allowed(topic, unclean_default):
+        unclean = topic.configs.get(UNCLEAN_CONFIG)
+        if unclean_default if unclean is None else unclean.strip().lower() == "true":
             outside = [r for r in p.replicas if r in live and r not in fenced]
             if outside:
                 return dataclasses.replace(p, leader=outside[0],
@@ -119,7 +119,7 @@ def fence(
 
 def preferred(
     image: MetadataImage, live: Collection[NodeId]
-) -> tuple[list[TopicRegistration], list[Election]]:
+) -> Elections:
     """The topics whose partitions go back to their preferred (first) replica, and those
     elections: every partition whose preferred replica is live, in the ISR and not leading."""
     live = set(live)
@@ -162,22 +162,28 @@ class PartitionControlManager:
         self._core = core
         self._unclean_default = unclean_leader_election
 
+    async def _elect(self, rule: Callable[[MetadataImage], Elections], what: str
+                     ) -> Elections | None:
+        """Commit the partitions ``rule`` changes; returns the changes (None: not saved)."""
+
+        def elect(image: MetadataImage) -> tuple[MetadataImage, Elections]:
+            changed, elections = rule(image)
+            return (image.with_topics(added=changed) if changed else image), (changed, elections)
+
+        try:
+            return await self._core.commit(elect)
+        except OSError:
+            log.exception("could not save %s; retrying later", what)
+            return None
+
     async def fence(self, fenced: Collection[NodeId]) -> None:
         """Commit new leaders and smaller ISRs for the partitions of ``fenced`` nodes."""
         if not fenced:
             return
-
-        def elect(image: MetadataImage) -> tuple[MetadataImage, tuple[list[TopicRegistration],
-                                                                      list[Election]]]:
-            changed, elections = fence(image, fenced, image.live_node_ids,
-                                       unclean_default=self._unclean_default)
-            return (image.with_topics(added=changed) if changed else image), (changed, elections)
-
-        try:
-            changed, elections = await self._core.commit(elect)
-        except OSError:
-            log.exception("could not save the partitions of fenced log nodes; retrying")
-            return
+        done = await self._elect(lambda image: fence(
+            image, fenced, image.live_node_ids, unclean_default=self._unclean_default),
+            "the partitions of fenced log nodes")
+        changed, elections = done or ([], [])
         for e in elections:
             kind = "clean" if e.clean else "unclean"
             metrics.LEADER_ELECTIONS.labels(kind).inc()
@@ -191,16 +197,9 @@ class PartitionControlManager:
 
     async def elect_preferred_leaders(self) -> int:
         """Give partitions back to their preferred replica; returns how many moved."""
-
-        def elect(image: MetadataImage) -> tuple[MetadataImage, list[Election]]:
-            changed, elections = preferred(image, image.live_node_ids)
-            return (image.with_topics(added=changed) if changed else image), elections
-
-        try:
-            elections = await self._core.commit(elect)
-        except OSError:
-            log.exception("could not save preferred leaders; retrying later")
-            return 0
+        done = await self._elect(lambda image: preferred(image, image.live_node_ids),
+                                 "preferred leaders")
+        elections = done[1] if done else []
         for e in elections:
             metrics.LEADER_ELECTIONS.labels("preferred").inc()
             log.info("%s-%d: leadership back to the preferred replica %d (from %d) at epoch %d",

@@ -321,29 +321,31 @@ class LeaderFetcher:
                 if not partitions[key].followers[follower].verified:
                     self._back_off((key, follower))
 
-    async def _start_over(
-        self, follower: NodeId, keys: list[TopicPartition],
-        partitions: Mapping[TopicPartition, PartitionReplication],
+    async def _truncate(
+        self, follower: NodeId, cuts: list[tuple[str, int, int]],
+        partitions: Mapping[TopicPartition, PartitionReplication], *, start_over: bool = False,
     ) -> None:
-        """Followers whose log ends below the leader's log start drop it and continue empty
-        at the leader's log start (Kafka's truncateFullyAndStartAt)."""
-        todo = [(k[0], k[1], partitions[k].followers[follower].start_over_at) for k in keys
-                if partitions[k].followers[follower].start_over_at >= 0]
-        if not todo:
-            return
-        for result in await self._nodes.truncate(follower, todo, start_over=True):
-            key = (result.topic, result.partition)
-            partition = partitions.get(key)
+        """Cut ``follower``'s replicas back to an offset each (with ``start_over``: drop their
+        logs and continue empty there); a replica cut is verified."""
+        for result in await self._nodes.truncate(follower, cuts, start_over=start_over):
+            partition = partitions.get((result.topic, result.partition))
             if partition is None:
                 continue
             progress = partition.followers[follower]
-            progress.start_over_at = NO_OFFSET
+            if start_over:
+                progress.start_over_at = NO_OFFSET
             if result.error_code:
                 self._append_failed(partition, follower, result.error_code, result.error_message)
                 continue
-            log.warning("%s-%d: follower %d was behind the leader's log start; it starts "
-                        "over at %d", result.topic, result.partition, follower,
-                        result.log_end_offset)
+            if start_over:
+                log.warning("%s-%d: follower %d was behind the leader's log start; it starts "
+                            "over at %d", result.topic, result.partition, follower,
+                            result.log_end_offset)
+            else:
+                log.warning("%s-%d: follower %d cut from offset %d to %d to match leader %d at "
+                            "epoch %d", result.topic, result.partition, follower,
+                            progress.log_end_offset, result.log_end_offset, self.leader,
+                            partition.leader_epoch)
             progress.log_end_offset = result.log_end_offset
             progress.high_watermark = result.high_watermark
             progress.verified = True
@@ -357,7 +359,12 @@ class LeaderFetcher:
         part: ask the leader where the follower's latest epoch ends; if the leader knows only
         an older epoch, the follower's own end of that one counts too. A follower whose log
         has no epochs has nothing to compare and is taken as it is."""
-        await self._start_over(follower, keys, partitions)
+        # Followers whose log ends below the leader's log start drop it and continue empty
+        # at the leader's log start (Kafka's truncateFullyAndStartAt).
+        restarts = [(k[0], k[1], partitions[k].followers[follower].start_over_at) for k in keys
+                    if partitions[k].followers[follower].start_over_at >= 0]
+        if restarts:
+            await self._truncate(follower, restarts, partitions, start_over=True)
         todo = {k: partitions[k] for k in keys if not partitions[k].followers[follower].verified}
         if not todo:
             return
@@ -418,21 +425,5 @@ class LeaderFetcher:
                 cuts.append((key[0], key[1], target))
             else:
                 progress.verified = True
-        if not cuts:
-            return
-        for result in await self._nodes.truncate(follower, cuts):
-            key = (result.topic, result.partition)
-            partition = todo.get(key)
-            if partition is None:
-                continue
-            if result.error_code:
-                self._append_failed(partition, follower, result.error_code, result.error_message)
-                continue
-            progress = partition.followers[follower]
-            log.warning("%s-%d: follower %d cut from offset %d to %d to match leader %d at "
-                        "epoch %d", result.topic, result.partition, follower,
-                        progress.log_end_offset, result.log_end_offset, self.leader,
-                        partition.leader_epoch)
-            progress.log_end_offset = result.log_end_offset
-            progress.high_watermark = result.high_watermark
-            progress.verified = True
+        if cuts:
+            await self._truncate(follower, cuts, todo)
