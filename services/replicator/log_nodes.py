@@ -107,71 +107,48 @@ def partition_specs(
 
 
 class LogNodes(Protocol):
-    async def is_serving(self, node_id: NodeId) -> bool:
-        """Whether the node's LogService health check answers SERVING (False on any failure)."""
-        ...
+    """The LogService calls the replicator makes, by node. The controller's: ``is_serving``
+    (the health check answers SERVING; False on any failure), creating replicas (with their
+    state, if given; existing ones are confirmed), deleting them (unknown ones are no error),
+    replacing their topic configs. Replication's: long-poll reads up to the log end, follower
+    appends, high watermarks, replica states, descriptions, OffsetForLeaderEpoch for (topic,
+    partition, epoch) each, and truncation to an offset each (``start_over``: drop the log and
+    continue empty there)."""
 
-    async def create_partitions(
-        self, node_id: NodeId, specs: Sequence[log_pb2.PartitionSpec]
-    ) -> list[log_pb2.PartitionError]:
-        """Create (or confirm) replicas, with their state if given."""
-        ...
+    async def is_serving(self, node_id: NodeId) -> bool: ...
 
-    async def delete_partitions(
-        self, node_id: NodeId, partitions: Sequence[TopicPartition]
-    ) -> list[log_pb2.PartitionError]:
-        """Delete replicas (unknown ones are not an error)."""
-        ...
+    async def create_partitions(self, node_id: NodeId, specs: Sequence[log_pb2.PartitionSpec]
+                                ) -> list[log_pb2.PartitionError]: ...
 
-    async def update_configs(
-        self, node_id: NodeId, specs: Sequence[log_pb2.PartitionSpec]
-    ) -> list[log_pb2.PartitionError]:
-        """Replace the topic configs of replicas."""
-        ...
+    async def delete_partitions(self, node_id: NodeId, partitions: Sequence[TopicPartition]
+                                ) -> list[log_pb2.PartitionError]: ...
 
-    async def fetch(
-        self, node_id: NodeId, reads: Sequence[log_pb2.PartitionRead], *, max_wait_ms: int,
-        max_bytes: int,
-    ) -> Sequence[log_pb2.PartitionReadResult]:
-        """Read up to the log end (whole batches), waiting up to ``max_wait_ms`` for data when
-        there is none."""
-        ...
+    async def update_configs(self, node_id: NodeId, specs: Sequence[log_pb2.PartitionSpec]
+                             ) -> list[log_pb2.PartitionError]: ...
 
-    async def replicate(
-        self, node_id: NodeId, appends: Sequence[log_pb2.PartitionReplicate]
-    ) -> Sequence[log_pb2.PartitionReplicateResult]:
-        """Follower appends of the leader's batches."""
-        ...
+    async def fetch(self, node_id: NodeId, reads: Sequence[log_pb2.PartitionRead], *,
+                    max_wait_ms: int, max_bytes: int
+                    ) -> Sequence[log_pb2.PartitionReadResult]: ...
+
+    async def replicate(self, node_id: NodeId, appends: Sequence[log_pb2.PartitionReplicate]
+                        ) -> Sequence[log_pb2.PartitionReplicateResult]: ...
 
     async def update_high_watermarks(
         self, node_id: NodeId, updates: Sequence[log_pb2.PartitionHighWatermark]
-    ) -> list[log_pb2.PartitionError]:
-        """Move replicas' high watermarks."""
-        ...
+    ) -> list[log_pb2.PartitionError]: ...
 
-    async def update_replica_states(
-        self, node_id: NodeId, states: Sequence[log_pb2.ReplicaState]
-    ) -> list[log_pb2.PartitionError]:
-        """Give replicas their state."""
-        ...
+    async def update_replica_states(self, node_id: NodeId,
+                                    states: Sequence[log_pb2.ReplicaState]
+                                    ) -> list[log_pb2.PartitionError]: ...
 
-    async def describe(
-        self, node_id: NodeId, partitions: Sequence[TopicPartition]
-    ) -> Sequence[log_pb2.PartitionState]:
-        """The offsets, epoch and role of replicas on the node."""
-        ...
+    async def describe(self, node_id: NodeId, partitions: Sequence[TopicPartition]
+                       ) -> Sequence[log_pb2.PartitionState]: ...
 
-    async def end_offsets(
-        self, node_id: NodeId, requests: Sequence[PartitionNumber]
-    ) -> Sequence[log_pb2.EpochEndOffset]:
-        """OffsetForLeaderEpoch for (topic, partition, leader epoch) each."""
-        ...
+    async def end_offsets(self, node_id: NodeId, requests: Sequence[PartitionNumber]
+                          ) -> Sequence[log_pb2.EpochEndOffset]: ...
 
-    async def truncate(
-        self, node_id: NodeId, requests: Sequence[PartitionNumber], *, start_over: bool = False,
-    ) -> Sequence[log_pb2.PartitionReplicateResult]:
-        """Cut (topic, partition) replicas back to an offset each; with ``start_over``, drop
-        their logs and continue empty at that offset."""
-        ...
+    async def truncate(self, node_id: NodeId, requests: Sequence[PartitionNumber], *,
+                       start_over: bool = False
+                       ) -> Sequence[log_pb2.PartitionReplicateResult]: ...
 
     async def close(self) -> None: ...

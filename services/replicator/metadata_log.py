@@ -389,14 +389,13 @@ class MetadataLog:
         *,
         call_timeout: float = 5.0,
         start_timeout: float = 60.0,
-        writer_id: str | None = None,
     ) -> None:
         if not nodes:
             raise ValueError("the metadata log needs at least one log node")
         self._replicas = [_Replica(n, call_timeout) for n in nodes]
         self.majority = len(self._replicas) // 2 + 1
         self._start_timeout = start_timeout
-        self.writer_id = writer_id or uuid.uuid4().hex
+        self.writer_id = uuid.uuid4().hex
         # 0 until load() took over: a save without a load writes at epoch 1.
         self._epoch = 0
         self._sequence = 0

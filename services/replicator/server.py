@@ -65,6 +65,15 @@ class ReplicatorService:
         await self.log_nodes.close()
 
 
+async def _serve(config: ReplicatorConfig, servicer: replicator_pb2_grpc.ReplicatorServicer
+                 ) -> tuple[grpc.aio.Server, int, HealthServicer]:
+    return await create_server(
+        "replicator",
+        [ServiceBinding(SERVICE_NAME, replicator_pb2_grpc.add_ReplicatorServicer_to_server,
+                        servicer)],
+        config.grpc_address, instance=config.grpc_address)
+
+
 def metadata_store(config: ReplicatorConfig, nodes: tuple[LogNode, ...]) -> MetadataStore:
     """The store ``--metadata-store`` names: the metadata log on the log nodes (default) or
     the JSON file in the data directory."""
@@ -91,13 +100,7 @@ async def start(config: ReplicatorConfig) -> ReplicatorService:
             node_session_timeout_ms=config.node_session_timeout_ms,
             unclean_leader_election=config.unclean_leader_election_enable,
         )
-        server, port, health = await create_server(
-            "replicator",
-            [ServiceBinding(SERVICE_NAME, replicator_pb2_grpc.add_ReplicatorServicer_to_server,
-                            ReplicatorServicer(controller))],
-            config.grpc_address,
-            instance=config.grpc_address,
-        )
+        server, port, health = await _serve(config, ReplicatorServicer(controller))
     except BaseException:
         await log_nodes.close()
         raise
@@ -262,8 +265,11 @@ async def _cancel(task: asyncio.Task[None]) -> None:
         await task
 
 
-def election_settings(config: ReplicatorConfig) -> ElectionSettings:
-    return ElectionSettings(
+async def start_leased(config: ReplicatorConfig,
+                       api_client: ApiClient | None = None) -> LeasedReplicator:
+    """Serve as a standby at once and campaign for ``config.leader_election_lease`` through
+    ``api_client`` (default: the in-cluster service account, else the kubeconfig)."""
+    settings = ElectionSettings(
         lease_name=config.leader_election_lease,
         namespace=config.leader_election_namespace or current_namespace(),
         identity=config.leader_election_identity or default_identity(),
@@ -271,25 +277,12 @@ def election_settings(config: ReplicatorConfig) -> ElectionSettings:
         renew_deadline=config.leader_election_renew_deadline_ms / 1000,
         retry_period=config.leader_election_retry_period_ms / 1000,
     )
-
-
-async def start_leased(config: ReplicatorConfig,
-                       api_client: ApiClient | None = None) -> LeasedReplicator:
-    """Serve as a standby at once and campaign for ``config.leader_election_lease`` through
-    ``api_client`` (default: the in-cluster service account, else the kubeconfig)."""
-    settings = election_settings(config)
     own_client = api_client is None
     client = default_api_client() if api_client is None else api_client
     elector = LeaseElector(
         KubernetesLeases(client, settings.lease_name, settings.namespace,
                          settings.request_timeout), settings)
-    server, port, health = await create_server(
-        "replicator",
-        [ServiceBinding(SERVICE_NAME, replicator_pb2_grpc.add_ReplicatorServicer_to_server,
-                        _StandbyServicer())],
-        config.grpc_address,
-        instance=config.grpc_address,
-    )
+    server, port, health = await _serve(config, _StandbyServicer())
     for name in ("", SERVICE_NAME):
         await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     await health.set(PROCESS_HEALTH, health_pb2.HealthCheckResponse.SERVING)

@@ -17,6 +17,7 @@ Every check raises :class:`KafkaError` with the Kafka code; nothing here has sid
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -143,8 +144,6 @@ def validate_assignment(
 
 # -- topic configs ----------------------------------------------------------------------------
 
-INT_RANGE = (-(2**31), 2**31 - 1)
-LONG_RANGE = (-(2**63), 2**63 - 1)
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 _DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 _THROTTLED_REPLICA = re.compile(r"[0-9]+:[0-9]+")
@@ -154,7 +153,7 @@ Validator = Callable[[str], str | None]
 
 
 def _integer(bits: int, at_least: int | None = None, at_most: int | None = None) -> Validator:
-    low, high = INT_RANGE if bits == 32 else LONG_RANGE
+    low, high = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
 
     def check(value: str) -> str | None:
         text = value.strip()
@@ -172,12 +171,8 @@ def _integer(bits: int, at_least: int | None = None, at_most: int | None = None)
     return check
 
 
-def _int(at_least: int | None = None, at_most: int | None = None) -> Validator:
-    return _integer(32, at_least, at_most)
-
-
-def _long(at_least: int | None = None) -> Validator:
-    return _integer(64, at_least)
+_int = functools.partial(_integer, 32)
+_long = functools.partial(_integer, 64)
 
 
 def _ratio(value: str) -> str | None:

@@ -138,16 +138,13 @@ class LeaderFetcher:
             try:
                 await self._round()
                 failures = 0
-            except asyncio.CancelledError:
-                raise
+                continue
             except LogNodeError as exc:
-                failures += 1
                 self._log_failure(exc.message)
-                await asyncio.sleep(self._settings.backoff_ms / 1000 * 2 ** min(failures - 1, 3))
             except Exception:  # the loop must survive anything one round does
-                failures += 1
                 log.exception("replica fetcher of leader %d: round failed", self.leader)
-                await asyncio.sleep(self._settings.backoff_ms / 1000 * 2 ** min(failures - 1, 3))
+            failures += 1
+            await asyncio.sleep(self._settings.backoff_ms / 1000 * 2 ** min(failures - 1, 3))
 
     def _log_failure(self, message: str) -> None:
         now = time.monotonic()

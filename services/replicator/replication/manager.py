@@ -97,11 +97,7 @@ class ReplicationManager:
         self._stopped = True
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks = []
-        await asyncio.gather(*(f.stop() for f in self._fetchers.values()),
+        await asyncio.gather(*self._tasks, *(f.stop() for f in self._fetchers.values()),
                              *(p.close() for p in self._pushers.values()), *self._stopping,
                              return_exceptions=True)
         if self._purgatory is not None:
@@ -362,7 +358,9 @@ class ReplicationManager:
         now = now_ms()
         changes: dict[TopicPartition, tuple[NodeId, int, tuple[NodeId, ...]]] = {}
         for key, state in self._states.items():
-            self._observe_lag(state, now)
+            for follower in state.followers:
+                metrics.observe_follower(state.topic, state.partition, follower,
+                                         *state.follower_lag(follower, now))
             if state.leader not in self._alive:
                 # Nobody can catch up with a leader that does not answer: that is for fencing
                 # to settle (a new leader), not for the ISR to lose its followers.
@@ -415,12 +413,4 @@ class ReplicationManager:
                 or confirmed.leader_epoch != state.leader_epoch):
             return set()
         return joining
-
-    def _observe_lag(self, state: PartitionReplication, now: int) -> None:
-        for follower in state.followers:
-            messages, seconds = state.follower_lag(follower, now)
-            if messages >= 0:
-                metrics.set_follower_lag(state.topic, state.partition, follower, messages)
-            if seconds >= 0:
-                metrics.set_follower_lag_seconds(state.topic, state.partition, follower, seconds)
 
