@@ -362,20 +362,13 @@ class _Replica:
 
 @dataclass(frozen=True, slots=True)
 class _Write:
-    """A record to write at a replica: its batch (a claim's depends on the replica), and the
-    takeover it belongs to (None: a save)."""
+    """A record to write at a replica: its batch (a claim's depends on the replica). A claim
+    is a strict write: ``chosen`` is the image record the load picked (None: none), and
+    anything newer found on a replica is a conflict."""
 
     batch_for: Callable[[_Replica], bytes]
     record: MetadataRecord
-    takeover: _Takeover | None
-
-
-@dataclass(frozen=True, slots=True)
-class _Takeover:
-    """A strict write (a claim): ``chosen`` is the image record the load picked (None: none),
-    and anything newer found on a replica is a conflict."""
-
-    chosen: MetadataRecord | None
+    chosen: MetadataRecord | None = None
 
 
 class MetadataLog:
@@ -465,7 +458,7 @@ class MetadataLog:
         # Never below what this writer used itself in an earlier attempt.
         self._sequence = max([self._sequence, *(r.sequence for r in lasts + images)])
         self._deposed = None
-        await self._write(None, _Takeover(chosen))
+        await self._write(None, chosen)
         if chosen is None or chosen.image is None:
             log.info("metadata log: empty on %d of %d log nodes; a new cluster starts at "
                      "controller epoch %d", len(views), len(self._replicas), self._epoch)
@@ -484,10 +477,10 @@ class MetadataLog:
         writer is found, MetadataLogError when no majority took it."""
         await self._write(image)
 
-    async def _write(self, image: MetadataImage | None, takeover: _Takeover | None = None
+    async def _write(self, image: MetadataImage | None, chosen: MetadataRecord | None = None
                      ) -> None:
-        """One record (an image, or with ``takeover`` a claim) at every replica; returns once
-        a majority acknowledged it."""
+        """One record (an image, or without one a claim over ``chosen``) at every replica;
+        returns once a majority acknowledged it."""
         async with self._save_lock:
             if self._deposed is not None:
                 raise self._deposed
@@ -508,7 +501,7 @@ class MetadataLog:
 
             # Every replica gets the record through its worker; the save waits for a
             # majority only, and a slow replica's worker carries on without it.
-            write = _Write(batch_for, record, takeover)
+            write = _Write(batch_for, record, chosen)
             waits = [self._submit(replica, write) for replica in self._replicas]
             acked, failures = 0, []
             pending = set(waits)
@@ -550,7 +543,7 @@ class MetadataLog:
             error: BaseException | None = None
             stored = False
             try:
-                if self._deposed is not None and write.takeover is None:
+                if self._deposed is not None and not write.record.is_claim:
                     raise self._deposed
                 stored = await self._write_replica(replica, write)
             except asyncio.CancelledError as e:
@@ -574,13 +567,13 @@ class MetadataLog:
     async def _write_replica(self, replica: _Replica, write: _Write) -> bool:
         """Append the record at ``replica``'s end; True once stored, False when a newer
         record of this writer is there already."""
-        record, takeover = write.record, write.takeover
+        record = write.record
         if record.sequence <= replica.written_sequence:
             return False
         for _ in range(_WRITE_ATTEMPTS):
             if replica.end is None:
                 view = await replica.inspect()
-                self._check_found(replica, view, record, takeover)
+                self._check_found(replica, view, record, write.chosen)
                 replica.saw(view)
             expected = replica.end
             assert expected is not None
@@ -588,7 +581,7 @@ class MetadataLog:
                 replica.end = await replica.append(write.batch_for(replica), expected)
             except _MismatchError as e:
                 replica.end = None
-                if takeover is not None:
+                if record.is_claim:
                     raise _ConflictError(f"{replica}: written meanwhile ({e})") from None
                 continue
             except BaseException:
@@ -601,14 +594,13 @@ class MetadataLog:
         raise MetadataLogError(f"{replica}: its end kept moving")
 
     def _check_found(self, replica: _Replica, view: ReplicaView, mine: MetadataRecord,
-                     takeover: _Takeover | None) -> None:
+                     chosen: MetadataRecord | None) -> None:
         """What a replica holds must not be newer than what this writer writes there."""
         found = view.last
-        if takeover is not None:
+        if mine.is_claim:
             if found is not None and found.controller_epoch >= mine.controller_epoch:
                 raise _ConflictError(f"{replica} holds controller epoch "
                                      f"{found.controller_epoch} already")
-            chosen = takeover.chosen
             if view.image is not None and (chosen is None or view.image.order > chosen.order):
                 raise _ConflictError(f"{replica} holds an image newer than the one read")
             return

@@ -1,18 +1,16 @@
 """The controller's commit core (Kafka's QuorumController without its control managers): the
 current metadata image and the one way it changes.
 
-- Commit (:meth:`ControllerCore.commit`): under the commit lock, a change computes the new
-  image (and a result for its caller) from the image current at that moment; the new image is
-  saved (:class:`~services.replicator.metadata_store.MetadataStore`, by default the replicated
-  metadata log) and only then made current and published. A failed save leaves the previous
-  image in place. So a change computed before an await never overwrites one committed
-  meanwhile: managers rebuild what they commit from the image they are given.
-- Versions: a change clients can see bumps the version and reaches the watchers; bookkeeping
-  they cannot see (pending deletions, producer ids) is saved without a new version.
-- Exclusive section (:meth:`ControllerCore.exclusive`): operations that talk to log nodes
-  between reading the image and committing (topic creation and deletion, config changes,
-  partition additions) run one at a time, shielded, so a caller that goes away never leaves
-  one half applied. Other commits (liveness, elections, ISR changes) do not wait for it.
+- Commit: under the commit lock, a change computes the new image (and its caller's result)
+  from the image current at that moment; the image is saved (the
+  :class:`~services.replicator.metadata_store.MetadataStore`) and only then made current and
+  published; a failed save leaves the previous one. So a change computed before an await never
+  overwrites one committed meanwhile. A change clients can see bumps the version and reaches
+  the watchers; bookkeeping they cannot see (pending deletions, producer ids) does not.
+- Exclusive section: operations that talk to log nodes between reading the image and
+  committing (topic creation and deletion, config changes, partition additions) run one at a
+  time, shielded, so a caller that goes away never leaves one half applied. Other commits
+  (liveness, elections, ISR changes) do not wait for it.
 - Deposed: once the store finds that another replicator has taken over the metadata
   (:class:`~services.replicator.metadata_store.DeposedError`), every later commit fails and
   :attr:`ControllerCore.deposed` is set; the process must stop acting as the controller.
@@ -42,8 +40,6 @@ Change = Callable[[MetadataImage], tuple[MetadataImage, T]]
 
 
 class ControllerCore:
-    """The image, its store and its watchers; control managers change the image through
-    :meth:`commit`."""
 
     def __init__(self, image: MetadataImage, store: MetadataStore) -> None:
         self._image = image
@@ -76,10 +72,9 @@ class ControllerCore:
                 await operation()
 
     async def commit(self, change: Change[T], *, bump: bool = True) -> T:
-        """Apply ``change`` to the current image, save, then make it current (and with
-        ``bump``, a new version told to the watchers). Returns the change's result. Raises
-        OSError (DeposedError once another replicator took over) when the save failed; the
-        image stays as it was."""
+        """Apply ``change`` (with ``bump``: as a new version), save, make current; returns the
+        change's result. Raises OSError (DeposedError once another replicator took over) when
+        the save failed."""
         async with self._commit_lock:
             current = self._image
             image, result = change(current)

@@ -13,8 +13,6 @@ on the log nodes that go with them. Every operation runs in the core's exclusive
   replicas. Replicas that could not be deleted (node down) stay in ``pending_deletions``, which
   is persisted and retried after each node check and before a topic of the same name is placed
   on that node again; so a deletion's replica removal never interleaves with a re-creation.
-- Commits rebuild the topics from the image current at the commit: ISR changes and elections
-  commit meanwhile.
 """
 
 from __future__ import annotations
