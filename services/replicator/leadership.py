@@ -208,7 +208,7 @@ class KubernetesLeases:
             lease = await self._call(self._api.read_namespaced_lease, self._name,
                                      self._namespace)
         except LeaseApiError as exc:
-            if _status(exc.__cause__) == 404:
+            if getattr(exc.__cause__, "status", None) == 404:
                 return None
             raise
         return _record_of(lease), lease
@@ -237,10 +237,6 @@ class KubernetesLeases:
             raise LeaseApiError(f"{exc.status} {exc.reason}") from exc
         except Exception as exc:  # urllib3/socket errors, timeouts, bad answers
             raise LeaseApiError(repr(exc)) from exc
-
-
-def _status(exc: BaseException | None) -> int | None:
-    return getattr(exc, "status", None)
 
 
 def _record_of(lease: Any) -> LeaseRecord:

@@ -2,9 +2,9 @@
 ``MetadataImage``): the cluster id, the metadata version, the log nodes and their liveness, and
 every topic with its partitions' replicas, leader, leader epoch and ISR.
 
-Every change produces a new image with ``version`` one higher; readers hold an image without
-locks. Replicas on log nodes that are not alive are the partition's offline replicas; they are
-derived from liveness, not stored.
+Every change clients can see produces a new image with ``version`` one higher; readers hold
+an image without locks. Replicas on log nodes that are not alive are the partition's offline
+replicas; they are derived from liveness, not stored.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class MetadataImage:
     ``next_leader_index`` is where the next automatic assignment starts its round-robin;
     ``pending_deletions`` are partition replicas of deleted topics that a log node has not yet
     confirmed deleting (it was unreachable), retried later; ``next_producer_id`` is the first id
-    of the next block of producer ids to hand out (:mod:`~services.replicator.producer_ids`).
+    of the next block of producer ids (:mod:`~services.replicator.controller.producer_ids`).
     """
 
     cluster_id: str
