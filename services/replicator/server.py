@@ -57,6 +57,22 @@ class ReplicatorService:
     log_nodes: GrpcLogNodes
     replication: ReplicationManager
 
+    async def serve_until(self, stop: asyncio.Event) -> int:
+        """Serve until ``stop`` is set (exit status 0) or this replicator is deposed from the
+        cluster metadata by another (1)."""
+        deposed = self.controller.deposed
+        waits = [asyncio.create_task(event.wait()) for event in (deposed, stop)]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waits:
+                task.cancel()
+            if deposed.is_set():
+                log.error("this replicator was deposed from the cluster metadata by another "
+                          "replicator: stopping")
+            await self.stop()
+        return 1 if deposed.is_set() else 0
+
     async def stop(self, grace: float = 1.0) -> None:
         await self.replication.stop()
         # Ends the metadata streams, so watchers see a clean end instead of a cancellation.
