@@ -1,9 +1,10 @@
 """The replicator service: cluster metadata (Kafka's controller role) - topics, their partitions'
-replica assignments, leaders and ISRs, and log node liveness - served to handlers over gRPC.
+replica assignments, leaders and ISRs, and log node liveness - served to handlers over gRPC,
+and the replication role (:mod:`.replication`).
 
-Domain modules: ``metadata`` (the immutable metadata image), ``metadata_store`` (its durable
-copy: the store interface and the JSON file), ``metadata_log`` (the default store, a replicated
-metadata log on the log nodes), ``topic_rules`` (what a valid topic is), ``assignment``
-(replica placement), ``log_nodes`` (talking to log nodes), ``publisher`` (change notification)
-and ``controller`` (the operations); ``servicer``/``server`` are the gRPC glue.
+Domain modules: ``metadata`` (the immutable image), ``controller`` (the commit core and its
+control managers), ``metadata_store`` and ``metadata_log`` (the image's durable copy),
+``topic_rules`` and ``assignment`` (valid topics, replica placement), ``log_nodes`` (what the
+replicator asks of log nodes), ``publisher`` (change notification), ``leadership`` (the
+Lease); ``servicer``, ``server`` and ``grpc_log_nodes`` are the gRPC glue.
 """

@@ -7,8 +7,6 @@ at a newer controller epoch) stops acting at once and exits with status 1.
 """
 
 import asyncio
-import contextlib
-import logging
 import sys
 
 from services.common.config import load
@@ -16,31 +14,7 @@ from services.common.metrics import serve_prometheus
 from services.common.runtime import run
 
 from .config import ReplicatorConfig
-from .server import ReplicatorService, start, start_leased
-
-log = logging.getLogger("services.replicator")
-
-
-async def serve_alone(config: ReplicatorConfig, stop: asyncio.Event) -> int:
-    """A single replicator (no Lease): serve until ``stop``, or until deposed (exit status
-    1)."""
-    service: ReplicatorService = await start(config)
-    log.info("replicator ready: gRPC on %s", config.grpc_address)
-    deposed = asyncio.create_task(service.controller.deposed.wait())
-    stopping = asyncio.create_task(stop.wait())
-    try:
-        await asyncio.wait({deposed, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in (deposed, stopping):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        code = 1 if deposed.done() and not deposed.cancelled() else 0
-        if code:
-            log.error("this replicator was deposed from the cluster metadata by another "
-                      "replicator: stopping")
-        await service.stop()
-    return code
+from .server import start, start_leased
 
 
 def main() -> None:
@@ -52,10 +26,8 @@ def main() -> None:
         if config.metrics_port:
             host = config.grpc_address.rsplit(":", 1)[0].strip("[]") or "127.0.0.1"
             serve_prometheus(config.metrics_port, host)
-        if not config.leader_election_lease:
-            exit_code = await serve_alone(config, stop)
-            return
-        replicator = await start_leased(config)
+        replicator = await (start_leased(config) if config.leader_election_lease
+                            else start(config))
         exit_code = await replicator.serve_until(stop)
 
     run("replicator", serve)

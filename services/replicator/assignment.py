@@ -40,11 +40,6 @@ def assign_replicas(
     if not 1 <= replication_factor <= n:
         raise ValueError(f"replication factor {replication_factor} with {n} node(s)")
     rack_of = {node: (racks or {}).get(node, "") for node in nodes}
-    if not any(rack_of.values()):
-        return [
-            tuple(nodes[(start_index + p + j) % n] for j in range(replication_factor))
-            for p in range(num_partitions)
-        ]
     ring = rack_alternated(nodes, rack_of)
     all_racks = set(rack_of.values())
     assignment = []
@@ -74,8 +69,7 @@ def ring_position(nodes: Sequence[NodeId], racks: Mapping[NodeId, str] | None,
                   node: NodeId) -> int:
     """Where ``node`` is in the ring :func:`assign_replicas` uses for these nodes (0 if it is
     not among them): the start index that makes it lead partition 0."""
-    rack_of = {n: (racks or {}).get(n, "") for n in nodes}
-    ring = rack_alternated(nodes, rack_of) if any(rack_of.values()) else list(nodes)
+    ring = rack_alternated(nodes, {n: (racks or {}).get(n, "") for n in nodes})
     return ring.index(node) if node in ring else 0
 
 

@@ -14,8 +14,7 @@ class ReplicatorConfig:
     grpc_address: str = option("127.0.0.1:19400", "host:port of the Replicator gRPC service")
     metrics_port: int = option(0, "Prometheus HTTP port (0: disabled)")
     data_dir: str = option(
-        "data/replicator", "directory of metadata.json (the file store, or a file to migrate "
-        "into an empty metadata log)")
+        "data/replicator", "directory of metadata.json (--metadata-store file)")
     metadata_store: str = option(
         "log", "where the cluster metadata lives: log (a replicated metadata log, partition "
         "__cluster_metadata-0 on every log node) or file (metadata.json in the data dir)")

@@ -41,7 +41,6 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -51,7 +50,6 @@ log = logging.getLogger(__name__)
 
 # client-go's JitterFactor: retries wait up to this factor of the retry period.
 JITTER_FACTOR = 1.2
-SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +208,7 @@ class KubernetesLeases:
             lease = await self._call(self._api.read_namespaced_lease, self._name,
                                      self._namespace)
         except LeaseApiError as exc:
-            if _status(exc.__cause__) == 404:
+            if getattr(exc.__cause__, "status", None) == 404:
                 return None
             raise
         return _record_of(lease), lease
@@ -239,10 +237,6 @@ class KubernetesLeases:
             raise LeaseApiError(f"{exc.status} {exc.reason}") from exc
         except Exception as exc:  # urllib3/socket errors, timeouts, bad answers
             raise LeaseApiError(repr(exc)) from exc
-
-
-def _status(exc: BaseException | None) -> int | None:
-    return getattr(exc, "status", None)
 
 
 def _record_of(lease: Any) -> LeaseRecord:
@@ -394,28 +388,7 @@ class LeaseElector:
         return True
 
 
-def default_namespace() -> str:
-    """The pod's namespace (its service account's), else ``default``."""
-    try:
-        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or "default"
-    except OSError:
-        return "default"
-
-
 def default_identity() -> str:
     """The pod name (a pod's hostname), else this machine's host name. Identities must be
     unique among the candidates: two with the same one would both lead."""
     return socket.gethostname()
-
-
-def kubernetes_api_client() -> ApiClient:
-    """An API client for the cluster this process runs in (its service account), or else
-    for the current context of the kubeconfig (``KUBECONFIG``, ``~/.kube/config``)."""
-    from kubernetes import client, config
-
-    configuration = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=configuration)
-    except config.ConfigException:
-        config.load_kube_config(client_configuration=configuration)
-    return client.ApiClient(configuration)

@@ -1,34 +1,29 @@
-"""Talking to log nodes: parsing their configured addresses, health checks, creating and
-deleting partition replicas and updating their topic configs, and the replication calls (the
-kbroker.log.v1 LogService), with gRPC failures turned into Kafka error codes here and nowhere
-else in the replicator.
+"""What the replicator asks of log nodes (the ``kbroker.log.v1`` LogService), on its generated
+messages: health, creating and deleting partition replicas and updating their configs (the
+controller), and long-poll reads on leaders, follower appends, high watermarks, replica states,
+descriptions, epoch end offsets and truncation (replication).
 
-:class:`LogNodeClient` is what the controller needs, :class:`~.replication.nodes.ReplicaNodes`
-what replication needs; :class:`GrpcLogNodes` implements both with one long-lived channel per
-node.
+:class:`LogNodes` is implemented over gRPC by
+:class:`~services.replicator.grpc_log_nodes.GrpcLogNodes`; tests may substitute fakes. A call
+that fails as a whole raises :class:`LogNodeError`; per-partition failures come back in the
+results as Kafka error codes (calls that change replicas return only the failed partitions).
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from kbroker.log.v1 import log_pb2
+from services.common.errors import ErrorCode, error_name
 
-from kbroker.log.v1 import log_pb2, log_pb2_grpc
-from services.common.channels import insecure_channel
-from services.common.errors import ErrorCode
+from .metadata import LogNode, NodeId, PartitionRegistration, TopicRegistration
 
-from .metadata import LogNode, NodeId
-from .replication import nodes as replica
+NO_OFFSET = -1
 
-LOG_SERVICE_NAME = log_pb2.DESCRIPTOR.services_by_name["LogService"].full_name
-
-# Creating or deleting replicas touches a few files; anything slower is a sick node.
-CALL_TIMEOUT = 10.0
+TopicPartition = tuple[str, int]
+# (topic, partition, offset or leader epoch)
+PartitionNumber = tuple[str, int, int]
 
 
 def parse_log_nodes(entries: Iterable[str]) -> tuple[LogNode, ...]:
@@ -56,26 +51,6 @@ def parse_log_nodes(entries: Iterable[str]) -> tuple[LogNode, ...]:
     return tuple(nodes[n] for n in sorted(nodes))
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PartitionSpec:
-    """A replica to create: the topic's name, id and configs, the partition index, and (for
-    creation) the replica's state."""
-
-    topic: str
-    partition: int
-    topic_id: str
-    configs: Mapping[str, str] = field(default_factory=dict)
-    state: replica.ReplicaState | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PartitionFailure:
-    topic: str
-    partition: int
-    error: ErrorCode
-    message: str
-
-
 class LogNodeError(Exception):
     """A call to a log node failed as a whole (unreachable, timed out, internal error);
     ``error`` is the Kafka error the affected topics report."""
@@ -87,243 +62,93 @@ class LogNodeError(Exception):
         self.message = message
 
 
-class LogNodeClient(Protocol):
-    async def is_serving(self, node_id: NodeId) -> bool:
-        """Whether the node's LogService health check answers SERVING (False on any failure)."""
-        ...
-
-    async def create_partitions(
-        self, node_id: NodeId, specs: Sequence[PartitionSpec]
-    ) -> list[PartitionFailure]:
-        """Create (or confirm) replicas; per-partition failures are returned, a failure of the
-        whole call raises :class:`LogNodeError`."""
-        ...
-
-    async def delete_partitions(
-        self, node_id: NodeId, partitions: Sequence[tuple[str, int]]
-    ) -> list[PartitionFailure]:
-        """Delete replicas (unknown ones are not an error); as :meth:`create_partitions`."""
-        ...
-
-    async def update_configs(
-        self, node_id: NodeId, specs: Sequence[PartitionSpec]
-    ) -> list[PartitionFailure]:
-        """Replace the topic configs of replicas; as :meth:`create_partitions`."""
-        ...
-
-    async def close(self) -> None: ...
-
-
-class GrpcLogNodes:
-    """:class:`LogNodeClient` over gRPC, one channel per configured node."""
-
-    def __init__(self, nodes: Sequence[LogNode], health_timeout: float = 1.0) -> None:
-        self._health_timeout = health_timeout
-        self._nodes = {n.node_id: n for n in nodes}
-        self._channels = {n.node_id: insecure_channel(n.address) for n in nodes}
-        self._log = {i: log_pb2_grpc.LogServiceStub(c) for i, c in self._channels.items()}
-        self._health = {i: health_pb2_grpc.HealthStub(c) for i, c in self._channels.items()}
-
-    async def is_serving(self, node_id: NodeId) -> bool:
-        stub = self._health.get(node_id)
-        if stub is None:
-            return False
-        try:
-            reply = await stub.Check(health_pb2.HealthCheckRequest(service=LOG_SERVICE_NAME),
-                                     timeout=self._health_timeout)
-        except grpc.aio.AioRpcError:
-            return False
-        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
-
-    async def create_partitions(
-        self, node_id: NodeId, specs: Sequence[PartitionSpec]
-    ) -> list[PartitionFailure]:
-        request = log_pb2.CreatePartitionsRequest(partitions=[
-            log_pb2.PartitionSpec(topic=s.topic, partition=s.partition, topic_id=s.topic_id,
-                                  configs=dict(s.configs),
-                                  state=_state_message(s.state) if s.state else None)
-            for s in specs
-        ])
-        reply = await self._call(node_id, "create partitions", self._stub(node_id).CreatePartitions,
-                                 request)
-        return _failures(reply.results)
-
-    async def delete_partitions(
-        self, node_id: NodeId, partitions: Sequence[tuple[str, int]]
-    ) -> list[PartitionFailure]:
-        request = log_pb2.DeletePartitionsRequest(partitions=[
-            log_pb2.TopicPartition(topic=topic, partition=partition)
-            for topic, partition in partitions
-        ])
-        reply = await self._call(node_id, "delete partitions", self._stub(node_id).DeletePartitions,
-                                 request)
-        return _failures(reply.results)
-
-    async def update_configs(
-        self, node_id: NodeId, specs: Sequence[PartitionSpec]
-    ) -> list[PartitionFailure]:
-        request = log_pb2.UpdatePartitionConfigsRequest(partitions=[
-            log_pb2.PartitionSpec(topic=s.topic, partition=s.partition, topic_id=s.topic_id,
-                                  configs=dict(s.configs))
-            for s in specs
-        ])
-        reply = await self._call(node_id, "update configs",
-                                 self._stub(node_id).UpdatePartitionConfigs, request)
-        return _failures(reply.results)
-
-    # -- replication (see replication.nodes.ReplicaNodes) -----------------------------------
-
-    async def fetch(
-        self, node_id: NodeId, requests: Sequence[replica.FetchRequest], *, max_wait_ms: int,
-        max_bytes: int, partition_max_bytes: int,
-    ) -> list[replica.FetchResult]:
-        request = log_pb2.ReadRequest(
-            limit=log_pb2.READ_LIMIT_LOG_END, max_bytes=max_bytes, max_wait_ms=max_wait_ms,
-            partitions=[log_pb2.PartitionRead(topic=r.topic, partition=r.partition,
-                                              offset=r.offset, max_bytes=partition_max_bytes)
-                        for r in requests])
-        reply = await self._call(node_id, "read", self._stub(node_id).Read, request,
-                                 time_limit=max_wait_ms / 1000 + CALL_TIMEOUT)
-        return [replica.FetchResult(
-            topic=r.topic, partition=r.partition, error=_error(r.error_code), records=r.records,
-            log_start_offset=r.log_start_offset, log_end_offset=r.log_end_offset,
-            high_watermark=r.high_watermark) for r in reply.results]
-
-    async def replicate(
-        self, node_id: NodeId, requests: Sequence[replica.ReplicateRequest]
-    ) -> list[replica.ReplicateResult]:
-        request = log_pb2.ReplicateAppendRequest(partitions=[
-            log_pb2.PartitionReplicate(topic=r.topic, partition=r.partition,
-                                       leader_epoch=r.leader_epoch, records=r.records,
-                                       high_watermark=r.high_watermark,
-                                       log_start_offset=r.log_start_offset)
-            for r in requests])
-        reply = await self._call(node_id, "replicate", self._stub(node_id).ReplicateAppend,
-                                 request)
-        return [replica.ReplicateResult(
-            topic=r.topic, partition=r.partition, error=_error(r.error_code),
-            message=r.error_message, log_end_offset=r.log_end_offset,
-            high_watermark=r.high_watermark) for r in reply.results]
-
-    async def update_high_watermarks(
-        self, node_id: NodeId, updates: Sequence[replica.HighWatermarkUpdate]
-    ) -> list[replica.PartitionError]:
-        request = log_pb2.UpdateHighWatermarksRequest(partitions=[
-            log_pb2.PartitionHighWatermark(topic=u.topic, partition=u.partition,
-                                           leader_epoch=u.leader_epoch,
-                                           high_watermark=u.high_watermark)
-            for u in updates])
-        reply = await self._call(node_id, "update high watermarks",
-                                 self._stub(node_id).UpdateHighWatermarks, request)
-        return _partition_errors(reply.results)
-
-    async def update_replica_states(
-        self, node_id: NodeId, states: Sequence[replica.ReplicaState]
-    ) -> list[replica.PartitionError]:
-        request = log_pb2.UpdateReplicaStatesRequest(states=[_state_message(s) for s in states])
-        reply = await self._call(node_id, "update replica states",
-                                 self._stub(node_id).UpdateReplicaStates, request)
-        return _partition_errors(reply.results)
-
-    async def describe(
-        self, node_id: NodeId, partitions: Sequence[replica.TopicPartition]
-    ) -> list[replica.ReplicaDescription]:
-        request = log_pb2.DescribePartitionsRequest(partitions=[
-            log_pb2.TopicPartition(topic=topic, partition=partition)
-            for topic, partition in partitions])
-        reply = await self._call(node_id, "describe partitions",
-                                 self._stub(node_id).DescribePartitions, request)
-        return [replica.ReplicaDescription(
-            topic=p.topic, partition=p.partition, error=_error(p.error_code),
-            log_end_offset=p.log_end_offset, high_watermark=p.high_watermark,
-            leader_epoch=p.leader_epoch, role=_ROLES.get(p.role, replica.Role.UNKNOWN),
-            latest_log_epoch=p.latest_log_epoch)
-            for p in reply.partitions]
-
-    async def end_offsets(
-        self, node_id: NodeId, requests: Sequence[tuple[str, int, int]]
-    ) -> list[replica.EpochEndOffset]:
-        request = log_pb2.OffsetForLeaderEpochRequest(partitions=[
-            log_pb2.PartitionLeaderEpoch(topic=topic, partition=partition, leader_epoch=epoch)
-            for topic, partition, epoch in requests])
-        reply = await self._call(node_id, "find epoch end offsets",
-                                 self._stub(node_id).OffsetForLeaderEpoch, request)
-        return [replica.EpochEndOffset(
-            topic=r.topic, partition=r.partition, error=_error(r.error_code),
-            leader_epoch=r.leader_epoch, end_offset=r.end_offset) for r in reply.results]
-
-    async def truncate(
-        self, node_id: NodeId, requests: Sequence[tuple[str, int, int]],
-        *, start_over: bool = False,
-    ) -> list[replica.ReplicateResult]:
-        request = log_pb2.TruncateRequest(partitions=[
-            log_pb2.PartitionTruncation(topic=topic, partition=partition, offset=offset,
-                                        start_over=start_over)
-            for topic, partition, offset in requests])
-        reply = await self._call(node_id, "truncate", self._stub(node_id).Truncate, request)
-        return [replica.ReplicateResult(
-            topic=r.topic, partition=r.partition, error=_error(r.error_code),
-            message=r.error_message, log_end_offset=r.log_end_offset,
-            high_watermark=r.high_watermark) for r in reply.results]
-
-    def _stub(self, node_id: NodeId) -> log_pb2_grpc.LogServiceStub:
-        stub = self._log.get(node_id)
-        if stub is None:
-            raise LogNodeError(node_id, ErrorCode.request_timed_out,
-                                     f"log node {node_id} is not configured")
-        return stub
-
-    async def _call(self, node_id: NodeId, what: str, method, request,  # type: ignore[no-untyped-def]
-                    time_limit: float = CALL_TIMEOUT):
-        address = self._nodes[node_id].address
-        try:
-            return await method(request, timeout=time_limit)
-        except grpc.aio.AioRpcError as e:
-            # Retriable for clients: the next health check takes a dead node out of placement.
-            raise LogNodeError(
-                node_id, ErrorCode.request_timed_out,
-                f"log node {node_id} ({address}) could not {what}: {e.code().name} {e.details()}",
-            ) from e
-
-    async def close(self) -> None:
-        await asyncio.gather(*(c.close() for c in self._channels.values()))
-
-
-def _failures(results: Iterable[log_pb2.PartitionError]) -> list[PartitionFailure]:
-    failures = []
-    for r in results:
-        if r.error_code == 0:
-            continue
-        try:
-            error = ErrorCode(r.error_code)
-        except ValueError:
-            error = ErrorCode.unknown_server_error
-        failures.append(PartitionFailure(topic=r.topic, partition=r.partition, error=error,
-                                         message=r.error_message or error.name.upper()))
-    return failures
-
-
-_ROLES = {
-    log_pb2.REPLICA_ROLE_LEADER: replica.Role.LEADER,
-    log_pb2.REPLICA_ROLE_FOLLOWER: replica.Role.FOLLOWER,
-}
-_ROLE_VALUES = {role: value for value, role in _ROLES.items()}
-
-
-def _state_message(state: replica.ReplicaState) -> log_pb2.ReplicaState:
-    return log_pb2.ReplicaState(topic=state.topic, partition=state.partition,
-                                role=_ROLE_VALUES[state.role], leader_epoch=state.leader_epoch,
-                                in_sync_alone=state.in_sync_alone)
-
-
-def _error(code: int) -> ErrorCode:
+def kafka_error(code: int) -> ErrorCode:
+    """A log node's error code (one this broker does not know: UNKNOWN_SERVER_ERROR)."""
     try:
         return ErrorCode(code)
     except ValueError:
         return ErrorCode.unknown_server_error
 
 
-def _partition_errors(results: Iterable[log_pb2.PartitionError]) -> list[replica.PartitionError]:
-    return [replica.PartitionError(topic=r.topic, partition=r.partition,
-                                   error=_error(r.error_code), message=r.error_message)
-            for r in results if r.error_code]
+def failure_message(failure: log_pb2.PartitionError) -> str:
+    return failure.error_message or error_name(failure.error_code)
+
+
+def replica_state(topic: str, partition: PartitionRegistration,
+                  node: NodeId) -> log_pb2.ReplicaState:
+    """The state ``node``'s replica of ``partition`` should have (Kafka's LeaderAndIsr for one
+    partition): leader or follower at the leader epoch; a leader that is the only in-sync
+    replica commits its own appends."""
+    if node == partition.leader:
+        return log_pb2.ReplicaState(topic=topic, partition=partition.partition,
+                                    role=log_pb2.REPLICA_ROLE_LEADER,
+                                    leader_epoch=partition.leader_epoch,
+                                    in_sync_alone=tuple(partition.isr) == (node,))
+    return log_pb2.ReplicaState(topic=topic, partition=partition.partition,
+                                role=log_pb2.REPLICA_ROLE_FOLLOWER,
+                                leader_epoch=partition.leader_epoch)
+
+
+def partition_specs(
+    topics: Iterable[TopicRegistration], nodes: Iterable[NodeId], *, with_state: bool
+) -> dict[NodeId, list[log_pb2.PartitionSpec]]:
+    """The replicas of ``topics`` on each of ``nodes`` holding some, with their topic's id
+    and configs (and ``with_state``, the state each should have)."""
+    wanted = set(nodes)
+    specs: dict[NodeId, list[log_pb2.PartitionSpec]] = {}
+    for topic in topics:
+        for p in topic.partitions:
+            for node in (n for n in p.replicas if n in wanted):
+                specs.setdefault(node, []).append(log_pb2.PartitionSpec(
+                    topic=topic.name, partition=p.partition, topic_id=topic.topic_id,
+                    configs=topic.configs,
+                    state=replica_state(topic.name, p, node) if with_state else None))
+    return specs
+
+
+class LogNodes(Protocol):
+    """The LogService calls the replicator makes, by node. The controller's: ``is_serving``
+    (the health check answers SERVING; False on any failure), creating replicas (with their
+    state, if given; existing ones are confirmed), deleting them (unknown ones are no error),
+    replacing their topic configs. Replication's: long-poll reads up to the log end, follower
+    appends, high watermarks, replica states, descriptions, OffsetForLeaderEpoch for (topic,
+    partition, epoch) each, and truncation to an offset each (``start_over``: drop the log and
+    continue empty there)."""
+
+    async def is_serving(self, node_id: NodeId) -> bool: ...
+
+    async def create_partitions(self, node_id: NodeId, specs: Sequence[log_pb2.PartitionSpec]
+                                ) -> list[log_pb2.PartitionError]: ...
+
+    async def delete_partitions(self, node_id: NodeId, partitions: Sequence[TopicPartition]
+                                ) -> list[log_pb2.PartitionError]: ...
+
+    async def update_configs(self, node_id: NodeId, specs: Sequence[log_pb2.PartitionSpec]
+                             ) -> list[log_pb2.PartitionError]: ...
+
+    async def fetch(self, node_id: NodeId, reads: Sequence[log_pb2.PartitionRead], *,
+                    max_wait_ms: int, max_bytes: int
+                    ) -> Sequence[log_pb2.PartitionReadResult]: ...
+
+    async def replicate(self, node_id: NodeId, appends: Sequence[log_pb2.PartitionReplicate]
+                        ) -> Sequence[log_pb2.PartitionReplicateResult]: ...
+
+    async def update_high_watermarks(
+        self, node_id: NodeId, updates: Sequence[log_pb2.PartitionHighWatermark]
+    ) -> list[log_pb2.PartitionError]: ...
+
+    async def update_replica_states(self, node_id: NodeId,
+                                    states: Sequence[log_pb2.ReplicaState]
+                                    ) -> list[log_pb2.PartitionError]: ...
+
+    async def describe(self, node_id: NodeId, partitions: Sequence[TopicPartition]
+                       ) -> Sequence[log_pb2.PartitionState]: ...
+
+    async def end_offsets(self, node_id: NodeId, requests: Sequence[PartitionNumber]
+                          ) -> Sequence[log_pb2.EpochEndOffset]: ...
+
+    async def truncate(self, node_id: NodeId, requests: Sequence[PartitionNumber], *,
+                       start_over: bool = False
+                       ) -> Sequence[log_pb2.PartitionReplicateResult]: ...
+
+    async def close(self) -> None: ...

@@ -2,9 +2,9 @@
 ``MetadataImage``): the cluster id, the metadata version, the log nodes and their liveness, and
 every topic with its partitions' replicas, leader, leader epoch and ISR.
 
-Every change produces a new image with ``version`` one higher; readers hold an image without
-locks. Replicas on log nodes that are not alive are the partition's offline replicas; they are
-derived from liveness, not stored.
+Every change clients can see produces a new image with ``version`` one higher; readers hold
+an image without locks. Replicas on log nodes that are not alive are the partition's offline
+replicas; they are derived from liveness, not stored.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NewType
 
@@ -73,7 +73,7 @@ class MetadataImage:
     ``next_leader_index`` is where the next automatic assignment starts its round-robin;
     ``pending_deletions`` are partition replicas of deleted topics that a log node has not yet
     confirmed deleting (it was unreachable), retried later; ``next_producer_id`` is the first id
-    of the next block of producer ids to hand out (:mod:`~services.replicator.producer_ids`).
+    of the next block of producer ids (:mod:`~services.replicator.controller.producer_ids`).
     """
 
     cluster_id: str
@@ -95,12 +95,6 @@ class MetadataImage:
         real broker id), -1 when none is alive."""
         live = self.live_node_ids
         return live[0] if live else NO_NODE
-
-    def node(self, node_id: int) -> LogNode | None:
-        for node in self.log_nodes:
-            if node.node_id == node_id:
-                return node
-        return None
 
     def offline_replicas(self, partition: PartitionRegistration) -> tuple[NodeId, ...]:
         live = set(self.live_node_ids)
@@ -126,16 +120,6 @@ class MetadataImage:
         for topic in added:
             topics[topic.name] = topic
         return self.replace(topics=topics)
-
-    def with_pending_deletions(
-        self, change: Callable[[dict[NodeId, set[tuple[str, int]]]], None]
-    ) -> MetadataImage:
-        """A copy whose pending deletions ``change`` edited (in a mutable copy)."""
-        pending = {node: set(parts) for node, parts in self.pending_deletions.items()}
-        change(pending)
-        return self.replace(
-            pending_deletions={node: frozenset(p) for node, p in pending.items() if p}
-        )
 
 
 def kafka_uuid_text(value: uuid.UUID) -> str:

@@ -63,9 +63,7 @@ the claim holds a majority, no writer of an older epoch can complete a save (eac
 majorities meets a claimed replica, where its append fails and it finds itself deposed), so
 the image read is the last committed one. Second, write that image under the new epoch. If no
 majority of the replicas answers, the load retries with backoff for ``start_timeout`` seconds,
-saying why, then fails. An empty log with a ``metadata.json`` in the replicator's data directory
-takes that file's image once (migration; the file is renamed ``metadata.json.migrated`` once
-the image is in the log).
+saying why, then fails.
 
 A save that failed (no majority) may still have reached some replicas; like an uncommitted
 entry of any quorum log it can surface at the next load if one of those replicas is read.
@@ -79,19 +77,17 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import random
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from services.common.channels import insecure_channel
-from services.common.errors import ErrorCode
+from services.common.errors import ErrorCode, error_name
 from services.common.records.record import build_batch
 from services.common.records.record import decode_records as records_of_batch
 from services.common.records.record_batch import (
@@ -102,14 +98,8 @@ from services.common.records.record_batch import (
     iter_batches,
 )
 
-from .metadata import LogNode, MetadataImage, NodeId
-from .metadata_store import (
-    FILE_NAME,
-    DeposedError,
-    JsonFileMetadataStore,
-    decode_image,
-    encode_image,
-)
+from .metadata import LogNode, MetadataImage
+from .metadata_store import DeposedError, decode_image, encode_image
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +110,6 @@ METADATA_TOPIC_ID = "00000000-0000-0000-0000-000000000001"
 IMAGE_KEY = b"image"
 CLAIM_KEY = b"claim"
 RECORD_FORMAT = 1
-MIGRATED_SUFFIX = ".migrated"
 
 # An image of tens of thousands of partitions is a few MB of JSON.
 MAX_RECORD_BYTES = 64 * 1024 * 1024
@@ -179,11 +168,10 @@ class ReplicaView:
     """What a replica holds: its log end offset, its last record (None: empty) and its last
     image record with that record's offset (None, -1: no image yet)."""
 
-    node_id: NodeId
     log_end_offset: int
-    last: MetadataRecord | None
-    image: MetadataRecord | None
-    image_offset: int
+    last: MetadataRecord | None = None
+    image: MetadataRecord | None = None
+    image_offset: int = -1
 
 
 # --- records ------------------------------------------------------------------------------
@@ -293,26 +281,24 @@ class _Replica:
             self._check(state.error_code, "describe")
             end = state.log_end_offset
             if end <= max(state.log_start_offset, 0):
-                return ReplicaView(node_id=self.node_id, log_end_offset=end, last=None,
-                                   image=None, image_offset=-1)
+                return ReplicaView(log_end_offset=end)
             found = await self._read_one(end - 1)
             if found is None or found[0] != end - 1 or found[2] != end:
                 continue  # appended to, cut or deleted meanwhile: look again
             _, last, _ = found
             if not last.is_claim:
-                return ReplicaView(node_id=self.node_id, log_end_offset=end, last=last,
-                                   image=last, image_offset=end - 1)
+                return ReplicaView(log_end_offset=end, last=last, image=last,
+                                   image_offset=end - 1)
             if last.image_offset < 0:
-                return ReplicaView(node_id=self.node_id, log_end_offset=end, last=last,
-                                   image=None, image_offset=-1)
+                return ReplicaView(log_end_offset=end, last=last)
             # A trailing claim: the image before it is the newest record of its key, which
             # the cleaner keeps.
             pointed = await self._read_one(last.image_offset)
             if pointed is None or pointed[0] != last.image_offset or pointed[1].is_claim:
                 raise ValueError(f"{self}: the claim at offset {end - 1} points at offset "
                                  f"{last.image_offset}, which holds no image")
-            return ReplicaView(node_id=self.node_id, log_end_offset=end, last=last,
-                               image=pointed[1], image_offset=last.image_offset)
+            return ReplicaView(log_end_offset=end, last=last, image=pointed[1],
+                               image_offset=last.image_offset)
         raise MetadataLogError(f"{self}: the metadata log kept moving while being read")
 
     async def _read_one(self, offset: int) -> tuple[int, MetadataRecord, int] | None:
@@ -358,12 +344,8 @@ class _Replica:
 
     def _check(self, code: int, what: str, message: str = "") -> None:
         if code:
-            try:
-                name = ErrorCode(code).name.upper()
-            except ValueError:
-                name = str(code)
-            raise MetadataLogError(f"{self}: could not {what} the metadata log: {name} "
-                                   f"{message}".rstrip())
+            raise MetadataLogError(f"{self}: could not {what} the metadata log: "
+                                   f"{error_name(code)} {message}".rstrip())
 
     async def _call(self, method, request):  # type: ignore[no-untyped-def]
         try:
@@ -380,44 +362,33 @@ class _Replica:
 
 @dataclass(frozen=True, slots=True)
 class _Write:
-    """A record to write at a replica: its batch (a claim's depends on the replica), and the
-    takeover it belongs to (None: a save)."""
+    """A record to write at a replica: its batch (a claim's depends on the replica). A claim
+    is a strict write: ``chosen`` is the image record the load picked (None: none), and
+    anything newer found on a replica is a conflict."""
 
     batch_for: Callable[[_Replica], bytes]
     record: MetadataRecord
-    takeover: _Takeover | None
-
-
-@dataclass(frozen=True, slots=True)
-class _Takeover:
-    """A strict write (a claim): ``chosen`` is the image record the load picked (None: none),
-    and anything newer found on a replica is a conflict."""
-
-    chosen: MetadataRecord | None
+    chosen: MetadataRecord | None = None
 
 
 class MetadataLog:
     """:class:`~services.replicator.metadata_store.MetadataStore` over the metadata log on
-    ``nodes`` (see the module docstring). ``legacy_dir``: where a ``metadata.json`` to migrate
-    may be. ``call_timeout``: seconds per call to a log node; ``start_timeout``: how long
-    :meth:`load` waits for a majority of the replicas."""
+    ``nodes`` (see the module docstring). ``call_timeout``: seconds per call to a log node;
+    ``start_timeout``: how long :meth:`load` waits for a majority of the replicas."""
 
     def __init__(
         self,
         nodes: Sequence[LogNode],
         *,
-        legacy_dir: str | os.PathLike[str] | None = None,
         call_timeout: float = 5.0,
         start_timeout: float = 60.0,
-        writer_id: str | None = None,
     ) -> None:
         if not nodes:
             raise ValueError("the metadata log needs at least one log node")
         self._replicas = [_Replica(n, call_timeout) for n in nodes]
         self.majority = len(self._replicas) // 2 + 1
-        self._legacy_dir = Path(legacy_dir) if legacy_dir is not None else None
         self._start_timeout = start_timeout
-        self.writer_id = writer_id or uuid.uuid4().hex
+        self.writer_id = uuid.uuid4().hex
         # 0 until load() took over: a save without a load writes at epoch 1.
         self._epoch = 0
         self._sequence = 0
@@ -438,8 +409,8 @@ class MetadataLog:
 
     async def load(self) -> MetadataImage | None:
         """Rebuild the image from a majority of the replicas and take over under a new
-        controller epoch (see the module docstring). None: the log is empty and there is no
-        ``metadata.json`` to migrate (a new cluster; the first save starts it)."""
+        controller epoch (see the module docstring). None: the log is empty (a new cluster;
+        the first save starts it)."""
         deadline = time.monotonic() + self._start_timeout
         delay, conflicts = 0.1, 0
         while True:
@@ -487,37 +458,17 @@ class MetadataLog:
         # Never below what this writer used itself in an earlier attempt.
         self._sequence = max([self._sequence, *(r.sequence for r in lasts + images)])
         self._deposed = None
-        await self._write(None, _Takeover(chosen))
-        if chosen is not None:
-            image = chosen.image
-            migrated = False
-        else:
-            image = await self._legacy_image()
-            if image is None:
-                log.info("metadata log: empty on %d of %d log nodes; a new cluster starts at "
-                         "controller epoch %d", len(views), len(self._replicas), self._epoch)
-                return None
-            migrated = True
-        assert image is not None
-        await self._write(image)
-        if migrated:
-            self._retire_legacy_file()
-        log.info("metadata log: took over at controller epoch %d with metadata version %d "
-                 "(cluster %s), read from %d of %d log nodes%s", self._epoch, image.version,
-                 image.cluster_id, len(views), len(self._replicas),
-                 " (migrated from metadata.json)" if migrated else "")
-        return image
-
-    async def _legacy_image(self) -> MetadataImage | None:
-        if self._legacy_dir is None:
+        await self._write(None, chosen)
+        if chosen is None or chosen.image is None:
+            log.info("metadata log: empty on %d of %d log nodes; a new cluster starts at "
+                     "controller epoch %d", len(views), len(self._replicas), self._epoch)
             return None
-        return await JsonFileMetadataStore(self._legacy_dir).load()
-
-    def _retire_legacy_file(self) -> None:
-        assert self._legacy_dir is not None
-        path = self._legacy_dir / FILE_NAME
-        with contextlib.suppress(FileNotFoundError):
-            path.replace(path.with_name(FILE_NAME + MIGRATED_SUFFIX))
+        image = chosen.image
+        await self._write(image)
+        log.info("metadata log: took over at controller epoch %d with metadata version %d "
+                 "(cluster %s), read from %d of %d log nodes", self._epoch, image.version,
+                 image.cluster_id, len(views), len(self._replicas))
+        return image
 
     # -- save -------------------------------------------------------------------------------
 
@@ -526,10 +477,10 @@ class MetadataLog:
         writer is found, MetadataLogError when no majority took it."""
         await self._write(image)
 
-    async def _write(self, image: MetadataImage | None, takeover: _Takeover | None = None
+    async def _write(self, image: MetadataImage | None, chosen: MetadataRecord | None = None
                      ) -> None:
-        """One record (an image, or with ``takeover`` a claim) at every replica; returns once
-        a majority acknowledged it."""
+        """One record (an image, or without one a claim over ``chosen``) at every replica;
+        returns once a majority acknowledged it."""
         async with self._save_lock:
             if self._deposed is not None:
                 raise self._deposed
@@ -550,7 +501,7 @@ class MetadataLog:
 
             # Every replica gets the record through its worker; the save waits for a
             # majority only, and a slow replica's worker carries on without it.
-            write = _Write(batch_for, record, takeover)
+            write = _Write(batch_for, record, chosen)
             waits = [self._submit(replica, write) for replica in self._replicas]
             acked, failures = 0, []
             pending = set(waits)
@@ -592,7 +543,7 @@ class MetadataLog:
             error: BaseException | None = None
             stored = False
             try:
-                if self._deposed is not None and write.takeover is None:
+                if self._deposed is not None and not write.record.is_claim:
                     raise self._deposed
                 stored = await self._write_replica(replica, write)
             except asyncio.CancelledError as e:
@@ -616,13 +567,13 @@ class MetadataLog:
     async def _write_replica(self, replica: _Replica, write: _Write) -> bool:
         """Append the record at ``replica``'s end; True once stored, False when a newer
         record of this writer is there already."""
-        record, takeover = write.record, write.takeover
+        record = write.record
         if record.sequence <= replica.written_sequence:
             return False
         for _ in range(_WRITE_ATTEMPTS):
             if replica.end is None:
                 view = await replica.inspect()
-                self._check_found(replica, view, record, takeover)
+                self._check_found(replica, view, record, write.chosen)
                 replica.saw(view)
             expected = replica.end
             assert expected is not None
@@ -630,7 +581,7 @@ class MetadataLog:
                 replica.end = await replica.append(write.batch_for(replica), expected)
             except _MismatchError as e:
                 replica.end = None
-                if takeover is not None:
+                if record.is_claim:
                     raise _ConflictError(f"{replica}: written meanwhile ({e})") from None
                 continue
             except BaseException:
@@ -643,14 +594,13 @@ class MetadataLog:
         raise MetadataLogError(f"{replica}: its end kept moving")
 
     def _check_found(self, replica: _Replica, view: ReplicaView, mine: MetadataRecord,
-                     takeover: _Takeover | None) -> None:
+                     chosen: MetadataRecord | None) -> None:
         """What a replica holds must not be newer than what this writer writes there."""
         found = view.last
-        if takeover is not None:
+        if mine.is_claim:
             if found is not None and found.controller_epoch >= mine.controller_epoch:
                 raise _ConflictError(f"{replica} holds controller epoch "
                                      f"{found.controller_epoch} already")
-            chosen = takeover.chosen
             if view.image is not None and (chosen is None or view.image.order > chosen.order):
                 raise _ConflictError(f"{replica} holds an image newer than the one read")
             return

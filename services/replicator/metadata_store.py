@@ -81,7 +81,7 @@ class JsonFileMetadataStore:
         await asyncio.to_thread(self.save_now, image)
 
     async def close(self) -> None:
-        return None
+        pass
 
     def load_now(self) -> MetadataImage | None:
         """:meth:`load`, blocking."""
@@ -99,14 +99,10 @@ class JsonFileMetadataStore:
         self.directory.mkdir(parents=True, exist_ok=True)
         data = json.dumps(encode_image(image), indent=1, sort_keys=True).encode()
         tmp = self.path.with_name(FILE_NAME + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, self.path)
         dir_fd = os.open(self.directory, os.O_RDONLY)
         try:

@@ -1,17 +1,7 @@
-"""Prometheus metrics of the replicator service, refreshed from each new metadata image.
-
-Kafka's JMX names beside ours:
-
-    kbroker_replicator_under_replicated_partitions  kafka.server:type=ReplicaManager,
-                                                    name=UnderReplicatedPartitions
-    kbroker_replicator_offline_partitions           kafka.controller:type=KafkaController,
-                                                    name=OfflinePartitionsCount
-    kbroker_replicator_isr_shrinks_total            kafka.server:type=ReplicaManager,
-                                                    name=IsrShrinksPerSec
-    kbroker_replicator_isr_expands_total            ... name=IsrExpandsPerSec
-    kbroker_replicator_follower_lag_messages{topic,partition,replica}
-                                                    kafka.server:type=FetcherLagMetrics,
-                                                    name=ConsumerLag
+"""Prometheus metrics of the replicator service, refreshed from each new metadata image;
+each help text names the Kafka JMX metric it stands for (ReplicaManager's
+UnderReplicatedPartitions and IsrShrinks/ExpandsPerSec, KafkaController's
+OfflinePartitionsCount, FetcherLagMetrics' ConsumerLag, ...).
 
 ISR changes are counted by comparing each image with the one before (a partition whose ISR
 both lost and gained members counts once each way). Follower lag (offsets, and seconds since
@@ -99,11 +89,6 @@ def observe(image: MetadataImage) -> None:
         ISR_EXPANDS.inc(expands)
 
 
-def set_follower_lag(topic: str, partition: int, replica: int, lag: int) -> None:
-    """A follower's lag as follower fetching measures it (leader log end - follower log end)."""
-    FOLLOWER_LAG.labels(topic, str(partition), str(replica)).set(max(lag, 0))
-
-
 FOLLOWER_LAG_SECONDS = Gauge(
     "kbroker_replicator_follower_lag_seconds",
     "Seconds since a follower replica was last caught up with its leader's log end "
@@ -137,8 +122,15 @@ REPLICA_STATE_UPDATES = Counter(
 )
 
 
-def set_follower_lag_seconds(topic: str, partition: int, replica: int, seconds: float) -> None:
-    FOLLOWER_LAG_SECONDS.labels(topic, str(partition), str(replica)).set(seconds)
+def observe_follower(topic: str, partition: int, replica: int, messages: int,
+                     seconds: float) -> None:
+    """A follower's lag as follower fetching measures it: messages behind the leader's log end
+    and seconds since it was last caught up (each -1: unknown, no sample)."""
+    labels = (topic, str(partition), str(replica))
+    if messages >= 0:
+        FOLLOWER_LAG.labels(*labels).set(messages)
+    if seconds >= 0:
+        FOLLOWER_LAG_SECONDS.labels(*labels).set(seconds)
 
 
 def forget_follower(topic: str, partition: int, replica: int) -> None:

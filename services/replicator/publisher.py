@@ -29,10 +29,6 @@ class ImagePublisher:
         self._listeners: list[Callable[[MetadataImage], None]] = []
 
     @property
-    def latest(self) -> MetadataImage:
-        return self._image
-
-    @property
     def watchers(self) -> int:
         """Watchers currently iterating."""
         return self._watchers

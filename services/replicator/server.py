@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import grpc
@@ -16,19 +17,19 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 
 from kbroker.replicator.v1 import replicator_pb2, replicator_pb2_grpc
+from services.common.kubernetes_api import current_namespace, default_api_client
 from services.common.server import ServiceBinding, create_server
 
 from .config import ReplicatorConfig
 from .controller import Controller
+from .grpc_log_nodes import GrpcLogNodes
 from .leadership import (
     ElectionSettings,
     KubernetesLeases,
     LeaseElector,
     default_identity,
-    default_namespace,
-    kubernetes_api_client,
 )
-from .log_nodes import GrpcLogNodes, parse_log_nodes
+from .log_nodes import parse_log_nodes
 from .metadata import LogNode
 from .metadata_log import MetadataLog
 from .metadata_store import JsonFileMetadataStore, MetadataStore
@@ -45,40 +46,48 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = replicator_pb2.DESCRIPTOR.services_by_name["Replicator"].full_name
 
 
+@dataclass
 class ReplicatorService:
-    """A running replicator: gRPC server, bound port, controller and node monitor."""
+    """A running replicator: gRPC server, bound port, controller and replication role."""
 
-    def __init__(
-        self,
-        server: grpc.aio.Server,
-        port: int,
-        controller: Controller,
-        monitor: asyncio.Task[None],
-        log_nodes: GrpcLogNodes,
-        replication: ReplicationManager,
-        rebalance: asyncio.Task[None] | None = None,
-        health: HealthServicer | None = None,
-    ) -> None:
-        self._server = server
-        self.health = health
-        self.port = port
-        self.controller = controller
-        self._monitor = monitor
-        self._log_nodes = log_nodes
-        self.replication = replication
-        self._rebalance = rebalance
+    server: grpc.aio.Server
+    port: int
+    health: HealthServicer
+    controller: Controller
+    log_nodes: GrpcLogNodes
+    replication: ReplicationManager
+
+    async def serve_until(self, stop: asyncio.Event) -> int:
+        """Serve until ``stop`` is set (exit status 0) or this replicator is deposed from the
+        cluster metadata by another (1)."""
+        deposed = self.controller.deposed
+        waits = [asyncio.create_task(event.wait()) for event in (deposed, stop)]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waits:
+                task.cancel()
+            if deposed.is_set():
+                log.error("this replicator was deposed from the cluster metadata by another "
+                          "replicator: stopping")
+            await self.stop()
+        return 1 if deposed.is_set() else 0
 
     async def stop(self, grace: float = 1.0) -> None:
-        for task in (self._monitor, self._rebalance):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
         await self.replication.stop()
         # Ends the metadata streams, so watchers see a clean end instead of a cancellation.
         await self.controller.close()
-        await self._server.stop(grace)
-        await self._log_nodes.close()
+        await self.server.stop(grace)
+        await self.log_nodes.close()
+
+
+async def _serve(config: ReplicatorConfig, servicer: replicator_pb2_grpc.ReplicatorServicer
+                 ) -> tuple[grpc.aio.Server, int, HealthServicer]:
+    return await create_server(
+        "replicator",
+        [ServiceBinding(SERVICE_NAME, replicator_pb2_grpc.add_ReplicatorServicer_to_server,
+                        servicer)],
+        config.grpc_address, instance=config.grpc_address)
 
 
 def metadata_store(config: ReplicatorConfig, nodes: tuple[LogNode, ...]) -> MetadataStore:
@@ -87,8 +96,7 @@ def metadata_store(config: ReplicatorConfig, nodes: tuple[LogNode, ...]) -> Meta
     if config.metadata_store == "file":
         return JsonFileMetadataStore(config.data_dir)
     if config.metadata_store == "log":
-        return MetadataLog(nodes, legacy_dir=config.data_dir,
-                           start_timeout=max(config.metadata_log_start_timeout_ms, 0) / 1000)
+        return MetadataLog(nodes, start_timeout=max(config.metadata_log_start_timeout_ms, 0) / 1000)
     raise ValueError(f"unknown --metadata-store {config.metadata_store!r} (log or file)")
 
 
@@ -108,17 +116,10 @@ async def start(config: ReplicatorConfig) -> ReplicatorService:
             node_session_timeout_ms=config.node_session_timeout_ms,
             unclean_leader_election=config.unclean_leader_election_enable,
         )
-        server, port, health = await create_server(
-            "replicator",
-            [ServiceBinding(SERVICE_NAME, replicator_pb2_grpc.add_ReplicatorServicer_to_server,
-                            ReplicatorServicer(controller))],
-            config.grpc_address,
-            instance=config.grpc_address,
-        )
+        server, port, health = await _serve(config, ReplicatorServicer(controller))
     except BaseException:
         await log_nodes.close()
         raise
-    monitor = asyncio.create_task(controller.run_node_checks(interval), name="log-node-checks")
     purgatory = ProgressReporter(config.purgatory_address) if config.purgatory_address else None
     replication = ReplicationManager(
         controller=controller, nodes=log_nodes, lag_time_max_ms=config.replica_lag_time_max_ms,
@@ -128,16 +129,13 @@ async def start(config: ReplicatorConfig) -> ReplicatorService:
                             backoff_ms=config.replica_fetch_backoff_ms),
         resync_interval_s=interval, purgatory=purgatory)
     replication.start()
-    rebalance = None
-    if config.auto_leader_rebalance_enable:
-        rebalance = asyncio.create_task(controller.run_leader_rebalance(
-            max(config.leader_imbalance_check_interval_ms, 1) / 1000), name="leader-rebalance")
+    controller.start(interval, max(config.leader_imbalance_check_interval_ms, 1) / 1000
+                     if config.auto_leader_rebalance_enable else None)
     image = controller.image
     log.info("replicator serving on port %d: cluster %s, metadata version %d, %d/%d log nodes "
              "alive", port, image.cluster_id, image.version, len(image.live_node_ids),
              len(image.log_nodes))
-    return ReplicatorService(server, port, controller, monitor, log_nodes, replication,
-                             rebalance, health)
+    return ReplicatorService(server, port, health, controller, log_nodes, replication)
 
 
 # Health name that is SERVING while the process serves gRPC, active or standby: the target
@@ -180,17 +178,14 @@ class LeasedReplicator:
     """
 
     def __init__(self, config: ReplicatorConfig, elector: LeaseElector,
-                 standby: grpc.aio.Server, port: int, health: HealthServicer,
-                 close_api: Callable[[], None]) -> None:
+                 standby: grpc.aio.Server, port: int, close_api: Callable[[], None]) -> None:
         self._config = config
         self.elector = elector
         self._standby: grpc.aio.Server | None = standby
         self.port = port
-        self._standby_health = health
         self._close_api = close_api
         self.service: ReplicatorService | None = None
         self._renewals: asyncio.Task[None] | None = None
-        self.lost = False
         # Completes when this replica stops leading on its own: the Lease was lost or the
         # active start failed. A graceful stop() cancels it instead.
         self.finished: asyncio.Task[None] = asyncio.create_task(
@@ -207,17 +202,14 @@ class LeasedReplicator:
             self._config, grpc_address=f"{host}:{self.port}")), name="replicator-start")
         try:
             await asyncio.wait({self._renewals, starting}, return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            await self._adopt(starting)
-            raise
-        if not starting.done():
-            # Lost the Lease before the controller was open.
-            await self._adopt(starting)
-        else:
-            self.service = starting.result()
-            if self.service.health is not None:
-                await self.service.health.set(PROCESS_HEALTH,
-                                              health_pb2.HealthCheckResponse.SERVING)
+        finally:
+            # A start still under way when the Lease is lost is cancelled; a finished one is
+            # kept (to be stopped), a failed one ends the leadership with its error.
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                self.service = await starting
+        if self.service is not None:
+            await self.service.health.set(PROCESS_HEALTH, health_pb2.HealthCheckResponse.SERVING)
             log.info("replicator %s is active (lease %s/%s)", self.elector.settings.identity,
                      self.elector.settings.namespace, self.elector.settings.lease_name)
             deposed = asyncio.create_task(self.service.controller.deposed.wait())
@@ -231,29 +223,18 @@ class LeasedReplicator:
                 # one must not act, whatever the Lease says. Stop, then let the Lease go.
                 log.error("replicator %s was deposed from the cluster metadata: stepping down",
                           self.elector.settings.identity)
-                self._renewals.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._renewals
-                self.lost = True
+                await _cancel(self._renewals)
                 await self._step_down()
                 await self.elector.release()
                 return
-        self.lost = True
         await self._step_down()
-
-    async def _adopt(self, starting: asyncio.Task[ReplicatorService]) -> None:
-        """Cancel a start in progress; keep the service if it had finished (to stop it)."""
-        starting.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            self.service = await starting
 
     async def _step_down(self) -> None:
         service, self.service = self.service, None
         if service is None:
             return
-        if service.health is not None:
-            for name in ("", SERVICE_NAME, PROCESS_HEALTH):
-                await service.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        for name in ("", SERVICE_NAME, PROCESS_HEALTH):
+            await service.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         try:
             async with asyncio.timeout(_STEP_DOWN_TIMEOUT_S):
                 await service.stop(0)
@@ -264,17 +245,12 @@ class LeasedReplicator:
     async def stop(self, grace: float = 1.0) -> None:
         """Graceful stop (SIGTERM): stop acting, then release the Lease so a standby takes
         over at its next try."""
-        if not self.finished.done():
-            self.finished.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.finished
+        await _cancel(self.finished)
         service, self.service = self.service, None
         if service is not None:
             await service.stop(grace)
         if self._renewals is not None:
-            self._renewals.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewals
+            await _cancel(self._renewals)
         await self.elector.release()
         standby, self._standby = self._standby, None
         if standby is not None:
@@ -297,38 +273,36 @@ class LeasedReplicator:
         return 1 if ended else 0
 
 
-def election_settings(config: ReplicatorConfig) -> ElectionSettings:
-    return ElectionSettings(
-        lease_name=config.leader_election_lease,
-        namespace=config.leader_election_namespace or default_namespace(),
-        identity=config.leader_election_identity or default_identity(),
-        lease_duration=config.leader_election_lease_duration_ms / 1000,
-        renew_deadline=config.leader_election_renew_deadline_ms / 1000,
-        retry_period=config.leader_election_retry_period_ms / 1000,
-    )
+async def _cancel(task: asyncio.Task[None]) -> None:
+    """Cancel ``task`` (if still running) and wait until it ends; its error (already logged
+    by whoever watched it) is not raised again."""
+    task.cancel()
+    with contextlib.suppress(Exception, asyncio.CancelledError):
+        await task
 
 
 async def start_leased(config: ReplicatorConfig,
                        api_client: ApiClient | None = None) -> LeasedReplicator:
     """Serve as a standby at once and campaign for ``config.leader_election_lease`` through
     ``api_client`` (default: the in-cluster service account, else the kubeconfig)."""
-    settings = election_settings(config)
+    settings = ElectionSettings(
+        lease_name=config.leader_election_lease,
+        namespace=config.leader_election_namespace or current_namespace(),
+        identity=config.leader_election_identity or default_identity(),
+        lease_duration=config.leader_election_lease_duration_ms / 1000,
+        renew_deadline=config.leader_election_renew_deadline_ms / 1000,
+        retry_period=config.leader_election_retry_period_ms / 1000,
+    )
     own_client = api_client is None
-    client = kubernetes_api_client() if api_client is None else api_client
+    client = default_api_client() if api_client is None else api_client
     elector = LeaseElector(
         KubernetesLeases(client, settings.lease_name, settings.namespace,
                          settings.request_timeout), settings)
-    server, port, health = await create_server(
-        "replicator",
-        [ServiceBinding(SERVICE_NAME, replicator_pb2_grpc.add_ReplicatorServicer_to_server,
-                        _StandbyServicer())],
-        config.grpc_address,
-        instance=config.grpc_address,
-    )
+    server, port, health = await _serve(config, _StandbyServicer())
     for name in ("", SERVICE_NAME):
         await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     await health.set(PROCESS_HEALTH, health_pb2.HealthCheckResponse.SERVING)
     log.info("replicator %s on port %d: standby, waiting for lease %s/%s", settings.identity,
              port, settings.namespace, settings.lease_name)
-    return LeasedReplicator(config, elector, server, port, health,
+    return LeasedReplicator(config, elector, server, port,
                             client.close if own_client else lambda: None)

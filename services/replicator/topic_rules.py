@@ -17,11 +17,12 @@ Every check raises :class:`KafkaError` with the Kafka code; nothing here has sid
 
 from __future__ import annotations
 
-import enum
+import functools
 import math
 import re
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
+from kbroker.replicator.v1 import replicator_pb2 as pb
 from services.common.errors import ErrorCode, KafkaError
 
 from .metadata import NodeId
@@ -143,8 +144,6 @@ def validate_assignment(
 
 # -- topic configs ----------------------------------------------------------------------------
 
-INT_RANGE = (-(2**31), 2**31 - 1)
-LONG_RANGE = (-(2**63), 2**63 - 1)
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 _DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 _THROTTLED_REPLICA = re.compile(r"[0-9]+:[0-9]+")
@@ -154,7 +153,7 @@ Validator = Callable[[str], str | None]
 
 
 def _integer(bits: int, at_least: int | None = None, at_most: int | None = None) -> Validator:
-    low, high = INT_RANGE if bits == 32 else LONG_RANGE
+    low, high = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
 
     def check(value: str) -> str | None:
         text = value.strip()
@@ -172,12 +171,8 @@ def _integer(bits: int, at_least: int | None = None, at_most: int | None = None)
     return check
 
 
-def _int(at_least: int | None = None, at_most: int | None = None) -> Validator:
-    return _integer(32, at_least, at_most)
-
-
-def _long(at_least: int | None = None) -> Validator:
-    return _integer(64, at_least)
+_int = functools.partial(_integer, 32)
+_long = functools.partial(_integer, 64)
 
 
 def _ratio(value: str) -> str | None:
@@ -299,45 +294,37 @@ LIST_CONFIG_DEFAULTS: dict[str, str] = {
 }
 
 
-class ConfigOperation(enum.IntEnum):
-    """IncrementalAlterConfigs' operations, with Kafka's codes."""
-
-    SET = 0
-    DELETE = 1
-    APPEND = 2
-    SUBTRACT = 3
-
-
 def _items(value: str) -> list[str]:
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
 def apply_config_changes(
-    current: Mapping[str, str],
-    changes: Sequence[tuple[str, ConfigOperation, str]],
-    *,
-    replace: bool = False,
+    current: Mapping[str, str], changes: Iterable[pb.ConfigChange], *, replace: bool = False
 ) -> dict[str, str]:
-    """The topic configs after ``changes`` (name, operation, value) are applied to ``current``
-    (or, with ``replace``, to nothing), validated.
+    """The topic configs after ``changes`` are applied to ``current`` (or, with ``replace``,
+    to nothing), validated.
 
     Deleting a config that is not set (even an unknown name) is not an error, as in Kafka.
     Raises INVALID_CONFIG for APPEND/SUBTRACT of a config that is not a list, and for unknown
     names or bad values in the result."""
     configs = {} if replace else dict(current)
-    for name, operation, value in changes:
-        if operation == ConfigOperation.SET:
-            configs[name] = value
-        elif operation == ConfigOperation.DELETE:
+    for change in changes:
+        name, operation = change.name, change.operation
+        if operation == pb.ConfigChange.SET:
+            configs[name] = change.value
+        elif operation == pb.ConfigChange.DELETE:
             configs.pop(name, None)
+        elif operation not in (pb.ConfigChange.APPEND, pb.ConfigChange.SUBTRACT):
+            raise KafkaError(ErrorCode.invalid_request,
+                             f"Unknown operation type {operation} for config {name}")
         else:
             if name not in LIST_CONFIG_DEFAULTS:
-                verb = "append" if operation == ConfigOperation.APPEND else "subtract"
+                verb = "append" if operation == pb.ConfigChange.APPEND else "subtract"
                 raise KafkaError(ErrorCode.invalid_config,
                                  f"Config value {verb} is not allowed for config key: {name}")
             items = _items(configs.get(name, LIST_CONFIG_DEFAULTS[name]))
-            given = _items(value)
-            if operation == ConfigOperation.APPEND:
+            given = _items(change.value)
+            if operation == pb.ConfigChange.APPEND:
                 items += [item for item in given if item not in items]
             else:
                 items = [item for item in items if item not in given]

@@ -1,8 +1,8 @@
 """The replicated metadata log against real log nodes (gRPC servers on 127.0.0.1, data in
 tmp_path): record codec, round trip, majority writes with a node down, a node that comes back
 with stale data, fencing of a deposed writer, racing takeovers and a takeover that reached only
-a minority, a deposed controller, a restarted replicator without its data directory, migration
-from metadata.json, and waiting for the log nodes at start-up."""
+a minority, a deposed controller, a restarted replicator without its data directory, and
+waiting for the log nodes at start-up."""
 
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ from kbroker.replicator.v1 import replicator_pb2 as pb
 from services.common.errors import ErrorCode
 from services.common.records.record_batch import iter_batches
 from services.log.log_validator import check_keys, validate_append
-from services.replicator.controller import Controller, NewTopic
-from services.replicator.log_nodes import GrpcLogNodes, parse_log_nodes
+from services.replicator.controller import Controller
+from services.replicator.grpc_log_nodes import GrpcLogNodes
+from services.replicator.log_nodes import parse_log_nodes
 from services.replicator.metadata import (
     LogNode,
     MetadataImage,
@@ -42,7 +43,7 @@ from services.replicator.metadata_log import (
     decode_records,
     encode_record,
 )
-from services.replicator.metadata_store import FILE_NAME, JsonFileMetadataStore
+from services.replicator.metadata_store import FILE_NAME
 
 from .replication.harness import Node, replication, wait_for
 
@@ -337,6 +338,12 @@ def test_a_takeover_that_reached_a_minority_hides_no_later_commit(tmp_path: Path
     asyncio.run(scenario())
 
 
+async def create(controller: Controller, name: str) -> list[pb.TopicResult]:
+    reply = await controller.topics.create_topics(pb.CreateTopicsRequest(topics=[
+        pb.NewTopic(name=name, num_partitions=-1, replication_factor=-1)]))
+    return list(reply.topics)
+
+
 def test_a_deposed_controller_keeps_its_image_and_says_so(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with log_nodes(tmp_path) as nodes:
@@ -346,14 +353,14 @@ def test_a_deposed_controller_keeps_its_image_and_says_so(tmp_path: Path) -> Non
                 store=MetadataLog(configured_nodes, call_timeout=2.0), client=client,
                 log_nodes=configured_nodes)
             try:
-                (created,) = await controller.create_topics([NewTopic(name="a")])
-                assert created.error == ErrorCode.none
+                (created,) = await create(controller, "a")
+                assert created.error_code == ErrorCode.none.value
                 async with metadata_log(nodes) as usurper:
                     await usurper.load()
                 before = controller.image
-                (refused,) = await controller.create_topics([NewTopic(name="b")])
-                assert refused.error == ErrorCode.unknown_server_error
-                assert "deposed" in refused.message
+                (refused,) = await create(controller, "b")
+                assert refused.error_code == ErrorCode.unknown_server_error.value
+                assert "deposed" in refused.error_message
                 assert controller.deposed.is_set()
                 assert controller.image is before and "b" not in controller.image.topics
             finally:
@@ -371,29 +378,11 @@ def test_the_metadata_topic_name_is_reserved(tmp_path: Path) -> None:
             controller = await Controller.open(
                 store=MetadataLog(configured_nodes), client=client, log_nodes=configured_nodes)
             try:
-                (result,) = await controller.create_topics([NewTopic(name=METADATA_TOPIC)])
-                assert result.error == ErrorCode.invalid_request
+                (result,) = await create(controller, METADATA_TOPIC)
+                assert result.error_code == ErrorCode.invalid_request.value
             finally:
                 await controller.close()
                 await client.close()
-
-    asyncio.run(scenario())
-
-
-def test_migration_from_metadata_json_happens_once(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        legacy = tmp_path / "replicator"
-        old = image_with(41, "from-file", next_producer_id=9000)
-        JsonFileMetadataStore(legacy).save_now(old)
-        async with log_nodes(tmp_path) as nodes:
-            async with metadata_log(nodes, legacy_dir=legacy) as store:
-                assert await store.load() == old
-            assert not (legacy / FILE_NAME).exists()
-            assert (legacy / (FILE_NAME + ".migrated")).exists()
-            # A metadata.json appearing later is not read: the log has the metadata.
-            JsonFileMetadataStore(legacy).save_now(image_with(1, "ignored"))
-            async with metadata_log(nodes, legacy_dir=legacy) as store:
-                assert await store.load() == old
 
     asyncio.run(scenario())
 

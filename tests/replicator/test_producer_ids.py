@@ -11,28 +11,29 @@ import pytest
 
 from kbroker.replicator.v1 import replicator_pb2 as pb
 from services.common.errors import ErrorCode, KafkaError
-from services.replicator.metadata import MetadataImage
-from services.replicator.metadata_store import FILE_NAME, JsonFileMetadataStore
-from services.replicator.producer_ids import (
+from services.replicator.controller.producer_ids import (
     MAX_PRODUCER_ID,
     PRODUCER_ID_BLOCK_SIZE,
-    next_block,
+    take_block,
 )
+from services.replicator.metadata import MetadataImage
+from services.replicator.metadata_store import FILE_NAME, JsonFileMetadataStore
 
 from .harness import cluster
 
 
 def test_blocks_follow_each_other_from_the_stored_next_id() -> None:
-    block = next_block(MetadataImage(cluster_id="c", version=1, next_producer_id=3000))
-    assert (block.first_id, block.last_id, block.next_block_first_id) == (3000, 3999, 4000)
-    assert block.size == PRODUCER_ID_BLOCK_SIZE == 1000
+    image, first = take_block(MetadataImage(cluster_id="c", version=1, next_producer_id=3000))
+    assert (first, first + PRODUCER_ID_BLOCK_SIZE - 1, image.next_producer_id) == (
+        3000, 3999, 4000)
+    assert PRODUCER_ID_BLOCK_SIZE == 1000
 
 
 def test_the_id_space_can_run_out() -> None:
     image = MetadataImage(cluster_id="c", version=1,
                           next_producer_id=MAX_PRODUCER_ID - PRODUCER_ID_BLOCK_SIZE + 1)
     with pytest.raises(KafkaError) as caught:
-        next_block(image)
+        take_block(image)
     assert caught.value.code is ErrorCode.unknown_server_error
 
 

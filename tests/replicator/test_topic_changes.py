@@ -12,7 +12,7 @@ import pytest
 
 from kbroker.replicator.v1 import replicator_pb2 as pb
 from services.common.errors import ErrorCode, KafkaError
-from services.replicator.topic_rules import ConfigOperation, apply_config_changes
+from services.replicator.topic_rules import apply_config_changes
 
 from .harness import cluster, new_topic, wait_for
 
@@ -26,21 +26,21 @@ def change(name: str, op: int = SET, value: str = "") -> pb.ConfigChange:
 
 
 def test_apply_config_changes_follows_kafka_list_semantics() -> None:
-    assert apply_config_changes({}, [("cleanup.policy", ConfigOperation.APPEND, "compact")]) == {
+    assert apply_config_changes({}, [change("cleanup.policy", APPEND, "compact")]) == {
         "cleanup.policy": "delete,compact"}
     assert apply_config_changes({"cleanup.policy": "delete,compact"},
-                                [("cleanup.policy", ConfigOperation.SUBTRACT, "delete")]) == {
+                                [change("cleanup.policy", SUBTRACT, "delete")]) == {
         "cleanup.policy": "compact"}
     assert apply_config_changes({"retention.ms": "5"},
-                                [("retention.ms", ConfigOperation.DELETE, ""),
-                                 ("no.such.config", ConfigOperation.DELETE, "")]) == {}
-    assert apply_config_changes({"retention.ms": "5"}, [("segment.ms", ConfigOperation.SET, "9")],
+                                [change("retention.ms", DELETE, ""),
+                                 change("no.such.config", DELETE, "")]) == {}
+    assert apply_config_changes({"retention.ms": "5"}, [change("segment.ms", SET, "9")],
                                 replace=True) == {"segment.ms": "9"}
     with pytest.raises(KafkaError) as info:
-        apply_config_changes({}, [("retention.ms", ConfigOperation.APPEND, "5")])
+        apply_config_changes({}, [change("retention.ms", APPEND, "5")])
     assert info.value.code == ErrorCode.invalid_config
     with pytest.raises(KafkaError) as info:
-        apply_config_changes({}, [("retention.ms", ConfigOperation.SET, "soon")])
+        apply_config_changes({}, [change("retention.ms", SET, "soon")])
     assert info.value.code == ErrorCode.invalid_config
 
 

@@ -11,6 +11,6 @@ follower bookkeeping in ``Partition``, and the controller's ISR handling), run f
 - :mod:`.manager`: follows the cluster metadata, gives every replica its state (leader or
   follower, epoch), runs the fetchers and the ISR checks, and commits ISR changes through the
   controller.
-- :mod:`.nodes`: what the role needs from log nodes (implemented over gRPC in
-  :mod:`services.replicator.log_nodes`).
+
+What the role asks of log nodes is :mod:`services.replicator.log_nodes`.
 """

@@ -27,7 +27,7 @@ its state again; a follower append that does not continue its log (its log end m
 log end offset from the answer and retries; a read out of the leader's range either finds the
 follower's log ending below the leader's log start (it then drops its log and starts over
 there, Kafka's truncateFullyAndStartAt) or past the leader's end (it is checked against the
-leader's log again, and reported to ``on_diverged``).
+leader's log again, with a warning).
 """
 
 from __future__ import annotations
@@ -39,27 +39,20 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from services.common.errors import ErrorCode
+from kbroker.log.v1 import log_pb2
+from services.common.errors import ErrorCode, error_name
 
 from .. import metrics
-from ..log_nodes import LogNodeError
+from ..log_nodes import NO_OFFSET, LogNodeError, LogNodes, TopicPartition
 from ..metadata import NodeId
-from .nodes import (
-    NO_OFFSET,
-    FetchRequest,
-    ReplicaNodes,
-    ReplicateRequest,
-    Role,
-    TopicPartition,
-)
 from .partition_state import PartitionReplication
 
 log = logging.getLogger(__name__)
 
-_STALE_STATE = frozenset({
+_STALE_STATE = frozenset(e.value for e in (
     ErrorCode.not_leader_or_follower, ErrorCode.fenced_leader_epoch,
-    ErrorCode.unknown_leader_epoch, ErrorCode.unknown_topic_or_partition,
-})
+    ErrorCode.unknown_leader_epoch, ErrorCode.unknown_topic_or_partition))
+_OUT_OF_RANGE = ErrorCode.offset_out_of_range.value
 _FAILURE_LOG_INTERVAL_S = 30.0
 
 # A (partition, follower) pair.
@@ -87,18 +80,16 @@ class LeaderFetcher:
         self,
         *,
         leader: NodeId,
-        nodes: ReplicaNodes,
+        nodes: LogNodes,
         settings: FetchSettings,
         on_progress: Callable[[PartitionReplication], None],
         on_stale_state: Callable[[NodeId, TopicPartition], None],
-        on_diverged: Callable[[NodeId, PartitionReplication], None],
     ) -> None:
         self.leader = leader
         self._nodes = nodes
         self._settings = settings
         self._on_progress = on_progress
         self._on_stale_state = on_stale_state
-        self._on_diverged = on_diverged
         self._partitions: dict[TopicPartition, PartitionReplication] = {}
         self._followers: frozenset[NodeId] = frozenset()
         self._retry_at: dict[Pair, float] = {}
@@ -147,16 +138,13 @@ class LeaderFetcher:
             try:
                 await self._round()
                 failures = 0
-            except asyncio.CancelledError:
-                raise
+                continue
             except LogNodeError as exc:
-                failures += 1
                 self._log_failure(exc.message)
-                await asyncio.sleep(self._settings.backoff_ms / 1000 * 2 ** min(failures - 1, 3))
             except Exception:  # the loop must survive anything one round does
-                failures += 1
                 log.exception("replica fetcher of leader %d: round failed", self.leader)
-                await asyncio.sleep(self._settings.backoff_ms / 1000 * 2 ** min(failures - 1, 3))
+            failures += 1
+            await asyncio.sleep(self._settings.backoff_ms / 1000 * 2 ** min(failures - 1, 3))
 
     def _log_failure(self, message: str) -> None:
         now = time.monotonic()
@@ -205,14 +193,14 @@ class LeaderFetcher:
         if not entries:
             return
         order = list(entries)
-        requests = [FetchRequest(topic=key[0], partition=key[1], offset=offset)
-                    for key, offset in order]
+        reads = [log_pb2.PartitionRead(topic=key[0], partition=key[1], offset=offset,
+                                       max_bytes=self._settings.max_bytes)
+                 for key, offset in order]
         # A long poll is abandoned when the partitions change (a new partition or follower
         # must not wait for the others' data).
         reading = asyncio.ensure_future(self._nodes.fetch(
-            self.leader, requests, max_wait_ms=self._settings.wait_ms,
-            max_bytes=self._settings.response_max_bytes,
-            partition_max_bytes=self._settings.max_bytes))
+            self.leader, reads, max_wait_ms=self._settings.wait_ms,
+            max_bytes=self._settings.response_max_bytes))
         changed = asyncio.ensure_future(self._changed.wait())
         try:
             await asyncio.wait({reading, changed}, return_when=asyncio.FIRST_COMPLETED)
@@ -225,29 +213,29 @@ class LeaderFetcher:
             return
         results = reading.result()
         read_at = now_ms()
-        appends: dict[NodeId, list[ReplicateRequest]] = {}
+        appends: dict[NodeId, list[log_pb2.PartitionReplicate]] = {}
         leader_ends: dict[TopicPartition, int] = {}
         for (key, _offset), result in zip(order, results, strict=False):
             partition = partitions[key]
             if self._partitions.get(key) is not partition:
                 continue  # its state changed while reading
             followers = entries[(key, _offset)]
-            if result.error is not ErrorCode.none:
+            if result.error_code:
                 for follower in followers:
                     progress = partition.followers[follower]
-                    if (result.error is ErrorCode.offset_out_of_range
+                    if (result.error_code == _OUT_OF_RANGE
                             and 0 <= progress.log_end_offset < result.log_start_offset):
                         # Behind what the leader still has: copying cannot catch it up.
                         progress.start_over_at = result.log_start_offset
                         continue
-                    self._read_failed(partition, follower, result.error)
+                    self._read_failed(partition, follower, result.error_code)
                 continue
             partition.record_leader(result.log_end_offset, result.high_watermark)
             leader_ends[key] = result.log_end_offset
             for follower in followers:
                 progress = partition.followers[follower]
                 if result.records or progress.high_watermark < partition.high_watermark:
-                    appends.setdefault(follower, []).append(ReplicateRequest(
+                    appends.setdefault(follower, []).append(log_pb2.PartitionReplicate(
                         topic=partition.topic, partition=partition.partition,
                         leader_epoch=partition.leader_epoch, records=result.records,
                         high_watermark=partition.high_watermark,
@@ -263,7 +251,7 @@ class LeaderFetcher:
     async def _append(
         self,
         follower: NodeId,
-        appends: list[ReplicateRequest],
+        appends: list[log_pb2.PartitionReplicate],
         partitions: Mapping[TopicPartition, PartitionReplication],
         leader_ends: Mapping[TopicPartition, int],
     ) -> None:
@@ -281,13 +269,13 @@ class LeaderFetcher:
             partition = partitions.get(key)
             if partition is None or self._partitions.get(key) is not partition:
                 continue
-            if result.error is ErrorCode.offset_out_of_range and result.log_end_offset >= 0:
+            if result.error_code == _OUT_OF_RANGE and result.log_end_offset >= 0:
                 # The follower's log end is not where we thought: continue from it.
                 partition.record_follower(follower, result.log_end_offset, leader_ends[key],
                                           appended_at)
                 continue
-            if result.error is not ErrorCode.none:
-                self._append_failed(partition, follower, result.error, result.message)
+            if result.error_code:
+                self._append_failed(partition, follower, result.error_code, result.error_message)
                 continue
             metrics.REPLICATED_BYTES.inc(sent.get(key, 0))
             partition.record_follower(follower, result.log_end_offset, leader_ends[key],
@@ -295,25 +283,28 @@ class LeaderFetcher:
             self._on_progress(partition)
 
     def _read_failed(self, partition: PartitionReplication, follower: NodeId,
-                     error: ErrorCode) -> None:
+                     error: int) -> None:
         self._back_off((partition.key, follower))
         if error in _STALE_STATE:
             self._on_stale_state(self.leader, partition.key)
-        elif error is ErrorCode.offset_out_of_range:
+        elif error == _OUT_OF_RANGE:
             partition.forget_follower(follower)  # check it against the leader again
-            self._on_diverged(follower, partition)
+            log.warning("%s-%d: follower %d is outside the leader's log (leader %d, epoch %d); "
+                        "it must be truncated", partition.topic, partition.partition, follower,
+                        self.leader, partition.leader_epoch)
         else:
-            self._log_failure(f"reading {partition.topic}-{partition.partition}: {error.name}")
+            self._log_failure(
+                f"reading {partition.topic}-{partition.partition}: {error_name(error)}")
 
     def _append_failed(self, partition: PartitionReplication, follower: NodeId,
-                       error: ErrorCode, message: str) -> None:
+                       error: int, message: str) -> None:
         self._back_off((partition.key, follower))
         if error in _STALE_STATE:
             partition.forget_follower(follower)
             self._on_stale_state(follower, partition.key)
         else:
             self._log_failure(f"appending {partition.topic}-{partition.partition} to "
-                              f"{follower}: {error.name} {message}")
+                              f"{follower}: {error_name(error)} {message}")
 
     async def _prepare_follower(
         self, follower: NodeId, keys: list[TopicPartition],
@@ -327,29 +318,31 @@ class LeaderFetcher:
                 if not partitions[key].followers[follower].verified:
                     self._back_off((key, follower))
 
-    async def _start_over(
-        self, follower: NodeId, keys: list[TopicPartition],
-        partitions: Mapping[TopicPartition, PartitionReplication],
+    async def _truncate(
+        self, follower: NodeId, cuts: list[tuple[str, int, int]],
+        partitions: Mapping[TopicPartition, PartitionReplication], *, start_over: bool = False,
     ) -> None:
-        """Followers whose log ends below the leader's log start drop it and continue empty
-        at the leader's log start (Kafka's truncateFullyAndStartAt)."""
-        todo = [(k[0], k[1], partitions[k].followers[follower].start_over_at) for k in keys
-                if partitions[k].followers[follower].start_over_at >= 0]
-        if not todo:
-            return
-        for result in await self._nodes.truncate(follower, todo, start_over=True):
-            key = (result.topic, result.partition)
-            partition = partitions.get(key)
+        """Cut ``follower``'s replicas back to an offset each (with ``start_over``: drop their
+        logs and continue empty there); a replica cut is verified."""
+        for result in await self._nodes.truncate(follower, cuts, start_over=start_over):
+            partition = partitions.get((result.topic, result.partition))
             if partition is None:
                 continue
             progress = partition.followers[follower]
-            progress.start_over_at = NO_OFFSET
-            if result.error is not ErrorCode.none:
-                self._append_failed(partition, follower, result.error, result.message)
+            if start_over:
+                progress.start_over_at = NO_OFFSET
+            if result.error_code:
+                self._append_failed(partition, follower, result.error_code, result.error_message)
                 continue
-            log.warning("%s-%d: follower %d was behind the leader's log start; it starts "
-                        "over at %d", result.topic, result.partition, follower,
-                        result.log_end_offset)
+            if start_over:
+                log.warning("%s-%d: follower %d was behind the leader's log start; it starts "
+                            "over at %d", result.topic, result.partition, follower,
+                            result.log_end_offset)
+            else:
+                log.warning("%s-%d: follower %d cut from offset %d to %d to match leader %d at "
+                            "epoch %d", result.topic, result.partition, follower,
+                            progress.log_end_offset, result.log_end_offset, self.leader,
+                            partition.leader_epoch)
             progress.log_end_offset = result.log_end_offset
             progress.high_watermark = result.high_watermark
             progress.verified = True
@@ -363,7 +356,12 @@ class LeaderFetcher:
         part: ask the leader where the follower's latest epoch ends; if the leader knows only
         an older epoch, the follower's own end of that one counts too. A follower whose log
         has no epochs has nothing to compare and is taken as it is."""
-        await self._start_over(follower, keys, partitions)
+        # Followers whose log ends below the leader's log start drop it and continue empty
+        # at the leader's log start (Kafka's truncateFullyAndStartAt).
+        restarts = [(k[0], k[1], partitions[k].followers[follower].start_over_at) for k in keys
+                    if partitions[k].followers[follower].start_over_at >= 0]
+        if restarts:
+            await self._truncate(follower, restarts, partitions, start_over=True)
         todo = {k: partitions[k] for k in keys if not partitions[k].followers[follower].verified}
         if not todo:
             return
@@ -373,7 +371,7 @@ class LeaderFetcher:
             partition = todo.get(key)
             if partition is None:
                 continue
-            if (d.error is not ErrorCode.none or d.role is not Role.FOLLOWER
+            if (d.error_code or d.role != log_pb2.REPLICA_ROLE_FOLLOWER
                     or d.leader_epoch != partition.leader_epoch):
                 self._back_off((key, follower))
                 self._on_stale_state(follower, key)
@@ -395,8 +393,8 @@ class LeaderFetcher:
             if key not in latest:
                 continue
             progress = todo[key].followers[follower]
-            if answer.error is not ErrorCode.none:
-                self._read_failed(todo[key], follower, answer.error)
+            if answer.error_code:
+                self._read_failed(todo[key], follower, answer.error_code)
             elif answer.end_offset < 0:
                 # The leader knows no epoch that old: keep what was committed (Kafka's
                 # fallback to the high watermark).
@@ -412,7 +410,7 @@ class LeaderFetcher:
                 if key not in older:
                     continue
                 leader_end = older[key][1]
-                if own.error is not ErrorCode.none:
+                if own.error_code:
                     self._back_off((key, follower))
                     continue
                 targets[key] = leader_end if own.end_offset < 0 else min(leader_end,
@@ -424,21 +422,5 @@ class LeaderFetcher:
                 cuts.append((key[0], key[1], target))
             else:
                 progress.verified = True
-        if not cuts:
-            return
-        for result in await self._nodes.truncate(follower, cuts):
-            key = (result.topic, result.partition)
-            partition = todo.get(key)
-            if partition is None:
-                continue
-            if result.error is not ErrorCode.none:
-                self._append_failed(partition, follower, result.error, result.message)
-                continue
-            progress = partition.followers[follower]
-            log.warning("%s-%d: follower %d cut from offset %d to %d to match leader %d at "
-                        "epoch %d", result.topic, result.partition, follower,
-                        progress.log_end_offset, result.log_end_offset, self.leader,
-                        partition.leader_epoch)
-            progress.log_end_offset = result.log_end_offset
-            progress.high_watermark = result.high_watermark
-            progress.verified = True
+        if cuts:
+            await self._truncate(follower, cuts, todo)

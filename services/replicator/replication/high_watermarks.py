@@ -17,10 +17,11 @@ import logging
 import time
 from collections.abc import Callable
 
+from kbroker.log.v1 import log_pb2
+
 from .. import metrics
-from ..log_nodes import LogNodeError
+from ..log_nodes import LogNodeError, LogNodes, TopicPartition
 from ..metadata import NodeId
-from .nodes import HighWatermarkUpdate, PartitionError, ReplicaNodes, TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -31,16 +32,16 @@ class HighWatermarkPusher:
     def __init__(
         self,
         node_id: NodeId,
-        nodes: ReplicaNodes,
+        nodes: LogNodes,
         *,
         backoff_s: float,
-        on_refused: Callable[[NodeId, PartitionError], None],
+        on_refused: Callable[[NodeId, log_pb2.PartitionError], None],
     ) -> None:
         self.node_id = node_id
         self._nodes = nodes
         self._backoff_s = backoff_s
         self._on_refused = on_refused
-        self._pending: dict[TopicPartition, HighWatermarkUpdate] = {}
+        self._pending: dict[TopicPartition, log_pb2.PartitionHighWatermark] = {}
         self._wake = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(
             self._run(), name=f"high-watermarks-{node_id}")
@@ -48,7 +49,7 @@ class HighWatermarkPusher:
 
     def push(self, topic: str, partition: int, leader_epoch: int, high_watermark: int) -> None:
         """Send ``high_watermark`` soon; returns at once."""
-        self._pending[(topic, partition)] = HighWatermarkUpdate(
+        self._pending[(topic, partition)] = log_pb2.PartitionHighWatermark(
             topic=topic, partition=partition, leader_epoch=leader_epoch,
             high_watermark=high_watermark)
         self._wake.set()

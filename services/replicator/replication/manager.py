@@ -21,10 +21,9 @@ LeaderAndIsr propagation, in one process).
   for longer than ``replica.lag.time.max.ms`` leaves the ISR, a caught-up follower holding the
   high watermark joins it. Partitions whose leader does not answer are left alone: their
   followers cannot catch up, and the leader's fencing elects one of them instead. Changes are
-  committed through the controller
-  (:meth:`~services.replicator.controller.Controller.change_isr`), so handlers learn them with
-  the metadata (for min.insync.replicas) and they survive a restart; the leader is told
-  whether it is now alone in the ISR.
+  committed through the controller (:mod:`~services.replicator.controller.partitions`), so
+  handlers learn them with the metadata (for min.insync.replicas) and they survive a restart;
+  the leader is told whether it is now alone in the ISR.
 
 Not thread-safe: one event loop.
 """
@@ -33,21 +32,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
-import time
 from collections.abc import Coroutine
 from typing import Any
 
-from services.common.errors import ErrorCode
+from kbroker.log.v1 import log_pb2
+from services.common.errors import ErrorCode, error_name
 
 from .. import metrics
-from ..controller import Controller, replica_state
-from ..log_nodes import LogNodeError, PartitionSpec
+from ..controller import Controller
+from ..log_nodes import LogNodeError, LogNodes, TopicPartition, failure_message, replica_state
 from ..metadata import MetadataImage, NodeId, TopicName
-from .fetcher import FetchSettings, LeaderFetcher
+from .fetcher import FetchSettings, LeaderFetcher, now_ms
 from .high_watermarks import HighWatermarkPusher
-from .nodes import PartitionError, ReplicaNodes, ReplicaState, Role, TopicPartition
 from .partition_state import PartitionReplication
 from .progress import ProgressReporter
 
@@ -57,16 +54,12 @@ log = logging.getLogger(__name__)
 VERIFY_EVERY = 5
 
 
-def now_ms() -> int:
-    return int(time.monotonic() * 1000)
-
-
 class ReplicationManager:
     def __init__(
         self,
         *,
         controller: Controller,
-        nodes: ReplicaNodes,
+        nodes: LogNodes,
         lag_time_max_ms: int,
         fetch: FetchSettings | None = None,
         resync_interval_s: float = 1.0,
@@ -82,16 +75,12 @@ class ReplicationManager:
         self._fetchers: dict[NodeId, LeaderFetcher] = {}
         self._pushers: dict[NodeId, HighWatermarkPusher] = {}
         # Per node: the states it confirmed.
-        self._confirmed: dict[NodeId, dict[TopicPartition, ReplicaState]] = {}
+        self._confirmed: dict[NodeId, dict[TopicPartition, log_pb2.ReplicaState]] = {}
         self._alive: set[NodeId] = set()
         self._sync_needed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping: set[asyncio.Task[None]] = set()
         self._stopped = False
-
-    @property
-    def partitions(self) -> dict[TopicPartition, PartitionReplication]:
-        return dict(self._states)
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -108,11 +97,7 @@ class ReplicationManager:
         self._stopped = True
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks = []
-        await asyncio.gather(*(f.stop() for f in self._fetchers.values()),
+        await asyncio.gather(*self._tasks, *(f.stop() for f in self._fetchers.values()),
                              *(p.close() for p in self._pushers.values()), *self._stopping,
                              return_exceptions=True)
         if self._purgatory is not None:
@@ -184,8 +169,7 @@ class ReplicationManager:
             if fetcher is None:
                 fetcher = self._fetchers[leader] = LeaderFetcher(
                     leader=leader, nodes=self._nodes, settings=self._fetch,
-                    on_progress=self._progress, on_stale_state=self._stale_state,
-                    on_diverged=self._diverged)
+                    on_progress=self._progress, on_stale_state=self._stale_state)
                 fetcher.set_partitions(partitions, self._alive)
                 fetcher.start()
             else:
@@ -211,9 +195,9 @@ class ReplicationManager:
                 on_refused=self._refused)
         return pusher
 
-    def _refused(self, node: NodeId, failure: PartitionError) -> None:
+    def _refused(self, node: NodeId, failure: log_pb2.PartitionError) -> None:
         log.info("log node %d refused %s-%d: %s", node, failure.topic, failure.partition,
-                 failure.error.name)
+                 error_name(failure.error_code))
         self._stale_state(node, (failure.topic, failure.partition))
 
     # -- replica states --------------------------------------------------------------------
@@ -224,15 +208,10 @@ class ReplicationManager:
         if confirmed is not None and confirmed.pop(key, None) is not None:
             self._sync_needed.set()
 
-    def _diverged(self, follower: NodeId, state: PartitionReplication) -> None:
-        log.warning("%s-%d: follower %d is outside the leader's log (leader %d, epoch %d); "
-                    "it must be truncated", state.topic, state.partition, follower,
-                    state.leader, state.leader_epoch)
-
-    def wanted_states(self, node: NodeId) -> dict[TopicPartition, ReplicaState]:
+    def wanted_states(self, node: NodeId) -> dict[TopicPartition, log_pb2.ReplicaState]:
         """The state of every replicated replica ``node`` holds, as the metadata has it."""
         image = self._controller.image
-        wanted: dict[TopicPartition, ReplicaState] = {}
+        wanted: dict[TopicPartition, log_pb2.ReplicaState] = {}
         for key, state in self._states.items():
             if node not in state.replicas:
                 continue
@@ -241,7 +220,7 @@ class ReplicationManager:
                 continue
             wanted[key] = replica_state(state.topic, topic.partitions[state.partition], node)
             if state.expanding and node == state.leader:
-                wanted[key] = dataclasses.replace(wanted[key], in_sync_alone=False)
+                wanted[key].in_sync_alone = False
         return wanted
 
     async def _sync_states_forever(self) -> None:
@@ -277,7 +256,7 @@ class ReplicationManager:
             for d in described:
                 key = (d.topic, d.partition)
                 state = confirmed.get(key)
-                if state is not None and (d.error is not ErrorCode.none or d.role != state.role
+                if state is not None and (d.error_code or d.role != state.role
                                           or d.leader_epoch != state.leader_epoch):
                     log.info("log node %d lost its state of %s-%d; sending it again", node,
                              d.topic, d.partition)
@@ -312,27 +291,25 @@ class ReplicationManager:
                 metrics.REPLICA_STATE_UPDATES.labels("taken").inc()
                 confirmed[key] = state
                 self._resume(node, key, state)
-            elif failure.error is ErrorCode.unknown_topic_or_partition:
+            elif failure.error_code == ErrorCode.unknown_topic_or_partition.value:
                 missing.append(state)
             else:
                 metrics.REPLICA_STATE_UPDATES.labels("refused").inc()
-                log.warning("log node %d refused its state of %s-%d: %s %s", node,
-                            state.topic, state.partition, failure.error.name, failure.message)
+                log.warning("log node %d refused its state of %s-%d: %s", node, state.topic,
+                            state.partition, failure_message(failure))
         if missing:
             await self._create_missing(node, missing, confirmed)
 
-    async def _create_missing(self, node: NodeId, states: list[ReplicaState],
-                              confirmed: dict[TopicPartition, ReplicaState]) -> None:
+    async def _create_missing(self, node: NodeId, states: list[log_pb2.ReplicaState],
+                              confirmed: dict[TopicPartition, log_pb2.ReplicaState]) -> None:
         """Create replicas the metadata places on ``node`` but the node lacks (it was down
         when they were created), with their state; they then catch up like any follower."""
         image = self._controller.image
-        specs = []
-        for state in states:
-            topic = image.topics.get(TopicName(state.topic))
-            if topic is not None:
-                specs.append(PartitionSpec(topic=topic.name, partition=state.partition,
-                                           topic_id=topic.topic_id, configs=topic.configs,
-                                           state=state))
+        states = [s for s in states if TopicName(s.topic) in image.topics]
+        specs = [log_pb2.PartitionSpec(
+            topic=s.topic, partition=s.partition, state=s,
+            topic_id=image.topics[TopicName(s.topic)].topic_id,
+            configs=image.topics[TopicName(s.topic)].configs) for s in states]
         if not specs:
             return
         try:
@@ -343,16 +320,16 @@ class ReplicationManager:
         failed = {(f.topic, f.partition) for f in failures}
         for f in failures:
             log.warning("log node %d could not create its replica of %s-%d: %s", node,
-                        f.topic, f.partition, f.message)
-        for spec in specs:
-            key = (spec.topic, spec.partition)
-            if key not in failed and spec.state is not None:
+                        f.topic, f.partition, failure_message(f))
+        for state in states:
+            key = (state.topic, state.partition)
+            if key not in failed:
                 log.info("log node %d: created its missing replica of %s-%d", node, *key)
                 metrics.REPLICA_STATE_UPDATES.labels("taken").inc()
-                confirmed[key] = spec.state
-                self._resume(node, key, spec.state)
+                confirmed[key] = state
+                self._resume(node, key, state)
 
-    def _resume(self, node: NodeId, key: TopicPartition, state: ReplicaState) -> None:
+    def _resume(self, node: NodeId, key: TopicPartition, state: log_pb2.ReplicaState) -> None:
         """A replica took its state: fetch for it at once, and give a leader its high
         watermark (it forgets it on a restart)."""
         partition = self._states.get(key)
@@ -361,7 +338,7 @@ class ReplicationManager:
         for fetcher in self._fetchers.values():
             if key in fetcher.partitions:
                 fetcher.retry_now(key)
-        if state.role is Role.LEADER and partition.high_watermark >= 0:
+        if state.role == log_pb2.REPLICA_ROLE_LEADER and partition.high_watermark >= 0:
             self._pusher(node).push(state.topic, state.partition, state.leader_epoch,
                                     partition.high_watermark)
 
@@ -381,7 +358,9 @@ class ReplicationManager:
         now = now_ms()
         changes: dict[TopicPartition, tuple[NodeId, int, tuple[NodeId, ...]]] = {}
         for key, state in self._states.items():
-            self._observe_lag(state, now)
+            for follower in state.followers:
+                metrics.observe_follower(state.topic, state.partition, follower,
+                                         *state.follower_lag(follower, now))
             if state.leader not in self._alive:
                 # Nobody can catch up with a leader that does not answer: that is for fencing
                 # to settle (a new leader), not for the ISR to lose its followers.
@@ -408,7 +387,7 @@ class ReplicationManager:
         if not changes:
             return
         try:
-            applied = await self._controller.change_isr(changes)
+            applied = await self._controller.partitions.change_isr(changes)
         except OSError:
             log.exception("could not save ISR changes; retrying at the next check")
             return
@@ -429,16 +408,9 @@ class ReplicationManager:
             self._sync_needed.set()
             return set()
         confirmed = self._confirmed.get(state.leader, {}).get(key)
-        if (confirmed is None or confirmed.role is not Role.LEADER or confirmed.in_sync_alone
+        if (confirmed is None or confirmed.role != log_pb2.REPLICA_ROLE_LEADER
+                or confirmed.in_sync_alone
                 or confirmed.leader_epoch != state.leader_epoch):
             return set()
         return joining
-
-    def _observe_lag(self, state: PartitionReplication, now: int) -> None:
-        for follower in state.followers:
-            messages, seconds = state.follower_lag(follower, now)
-            if messages >= 0:
-                metrics.set_follower_lag(state.topic, state.partition, follower, messages)
-            if seconds >= 0:
-                metrics.set_follower_lag_seconds(state.topic, state.partition, follower, seconds)
 

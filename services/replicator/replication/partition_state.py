@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..log_nodes import NO_OFFSET, TopicPartition
 from ..metadata import NodeId
-from .nodes import NO_OFFSET, TopicPartition
 
 NEVER = -1
 

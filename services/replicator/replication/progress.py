@@ -24,9 +24,6 @@ from services.common.progress_reports import ProgressStream, epoch_key, partitio
 class ProgressReporter(ProgressStream):
     """Coalescing, fire-and-forget high watermark reports; create inside the event loop."""
 
-    def __init__(self, address: str) -> None:
-        super().__init__(address)
-
     def report_high_watermark(self, topic: str, partition: int, leader_epoch: int,
                               high_watermark: int) -> None:
         self.report(partition_key(topic, partition), high_watermark)

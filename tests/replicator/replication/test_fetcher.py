@@ -7,13 +7,8 @@ import logging
 
 import pytest
 
+from kbroker.log.v1 import log_pb2
 from services.replicator.replication.fetcher import FetchSettings, LeaderFetcher
-from services.replicator.replication.nodes import (
-    FetchRequest,
-    FetchResult,
-    ReplicaDescription,
-    Role,
-)
 from services.replicator.replication.partition_state import PartitionReplication
 
 
@@ -24,10 +19,12 @@ class StalledLeaderNodes:
         self.fetches = 0
 
     async def describe(self, node, keys):
-        return [ReplicaDescription(topic=t, partition=p, log_end_offset=0, high_watermark=0,
-                                   leader_epoch=0, role=Role.FOLLOWER) for t, p in keys]
+        return [log_pb2.PartitionState(topic=t, partition=p, log_end_offset=0, high_watermark=0,
+                                       leader_epoch=0, role=log_pb2.REPLICA_ROLE_FOLLOWER,
+                                       latest_log_epoch=-1) for t, p in keys]
 
-    async def fetch(self, node, requests: list[FetchRequest], **_) -> list[FetchResult]:
+    async def fetch(self, node, reads: list[log_pb2.PartitionRead], **_
+                    ) -> list[log_pb2.PartitionReadResult]:
         self.fetches += 1
         await asyncio.Event().wait()
         raise AssertionError("unreachable")
@@ -43,8 +40,7 @@ def test_a_long_poll_abandoned_for_a_partition_change_is_no_failed_round(
     async def main() -> None:
         nodes = StalledLeaderNodes()
         fetcher = LeaderFetcher(leader=0, nodes=nodes, settings=FetchSettings(),  # type: ignore[arg-type]
-                                on_progress=lambda _: None, on_stale_state=lambda *_: None,
-                                on_diverged=lambda *_: None)
+                                on_progress=lambda _: None, on_stale_state=lambda *_: None)
         first = {("a", 0): partition("a")}
         fetcher.set_partitions(first, [0, 1])
         fetcher.start()

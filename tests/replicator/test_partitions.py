@@ -3,6 +3,7 @@ ISR, offline partitions when no in-sync replica is left, unclean elections only 
 
 from __future__ import annotations
 
+from services.replicator.controller.partitions import fence, preferred
 from services.replicator.metadata import (
     LogNode,
     MetadataImage,
@@ -11,7 +12,6 @@ from services.replicator.metadata import (
     TopicName,
     TopicRegistration,
 )
-from services.replicator.replication.election import fence, preferred
 
 N0, N1, N2 = NodeId(0), NodeId(1), NodeId(2)
 

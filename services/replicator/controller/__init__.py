@@ -1,0 +1,131 @@
+"""The controller: owner of the cluster metadata (Kafka's QuorumController, reduced to what a
+single active replicator needs). :class:`Controller` is the commit core (:mod:`.core`: the
+image, the exclusive section, save-then-publish, deposed) with its control managers, each a
+module of pure image changes and the operations that commit them:
+
+- :mod:`.cluster`: log node liveness and fencing (ClusterControlManager);
+- :mod:`.topics`: creating and deleting topics, adding partitions, their replicas on the log
+  nodes (the topic side of ReplicationControlManager);
+- :mod:`.partitions`: leader elections on fencing, preferred leaders, ISR changes (its
+  partition side);
+- :mod:`.configs`: topic configs (ConfigurationControlManager);
+- :mod:`.producer_ids`: producer id blocks (ProducerIdControlManager).
+
+A new kind of cluster metadata (ACLs, SCRAM credentials) is a new manager module, registered
+in :class:`Controller` and given its part of :class:`~services.replicator.metadata.MetadataImage`
+(and of its JSON encoding); the servicer routes its RPCs to it.
+
+Not thread-safe: one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+
+from ..log_nodes import LogNodes
+from ..metadata import LogNode, MetadataImage, new_cluster_id
+from ..metadata_store import MetadataStore
+from .cluster import ClusterControlManager
+from .configs import ConfigControlManager
+from .core import ControllerCore
+from .partitions import PartitionControlManager
+from .producer_ids import ProducerIdControlManager
+from .topics import TopicControlManager
+
+log = logging.getLogger(__name__)
+
+
+class Controller(ControllerCore):
+    """Cluster metadata operations over a :class:`MetadataStore` and the log nodes."""
+
+    def __init__(
+        self,
+        *,
+        image: MetadataImage,
+        store: MetadataStore,
+        client: LogNodes,
+        num_partitions: int = 1,
+        default_replication_factor: int = 1,
+        node_session_timeout_ms: int = 3000,
+        unclean_leader_election: bool = False,
+    ) -> None:
+        super().__init__(image, store)
+        self.cluster = ClusterControlManager(self, client, node_session_timeout_ms)
+        self.topics = TopicControlManager(
+            self, client, num_partitions=num_partitions,
+            default_replication_factor=default_replication_factor)
+        self.partitions = PartitionControlManager(self, unclean_leader_election)
+        self.configs = ConfigControlManager(self, client)
+        self.producer_ids = ProducerIdControlManager(self)
+        self._checked_once = False
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @classmethod
+    async def open(
+        cls, *, store: MetadataStore, log_nodes: Sequence[LogNode], cluster_id: str = "",
+        **settings: object,
+    ) -> Controller:
+        """Load the stored metadata (or start a new cluster), save it, and check every log node
+        once, so the controller starts with real liveness. The controller owns ``store`` from
+        here on (it is closed with the controller, or at once if opening fails). ``settings``:
+        the other arguments of the constructor.
+
+        Raises ValueError if the stored cluster id differs from a configured one, OSError if
+        the store cannot be read or written."""
+        try:
+            image = await store.load()
+            if image is None:
+                image = MetadataImage(cluster_id=cluster_id or new_cluster_id(), version=1)
+            elif cluster_id and image.cluster_id != cluster_id:
+                raise ValueError(
+                    f"the stored metadata belongs to cluster {image.cluster_id!r}, "
+                    f"not the configured {cluster_id!r}"
+                )
+            image = image.replace(log_nodes=tuple(log_nodes))
+            await store.save(image)
+        except BaseException:
+            await store.close()
+            raise
+        controller = cls(image=image, store=store, **settings)  # type: ignore[arg-type]
+        await controller.check_nodes()
+        return controller
+
+    async def check_nodes(self) -> None:
+        """Health-check every log node once and record who is alive; fence the nodes down for
+        the session timeout; then (unless a topic operation is running) retry pending replica
+        deletions and bring nodes that came back up to date with the configs."""
+        revived, fenced = await self.cluster.check()
+        await self.partitions.fence(fenced)
+        if self._checked_once:  # the first check finds the starting state
+            self.configs.mark_stale(revived)
+        self._checked_once = True
+        await self.when_idle(self.topics.flush_deletions)
+        await self.when_idle(self.configs.resync)
+
+    def start(self, node_check_interval: float, rebalance_interval: float | None) -> None:
+        """Check the log nodes every ``node_check_interval`` seconds and, unless
+        ``rebalance_interval`` is None, elect preferred leaders that often, until closed."""
+        self._tasks.append(asyncio.create_task(
+            _every(node_check_interval, self.check_nodes, "log node check"),
+            name="log-node-checks"))
+        if rebalance_interval is not None:
+            self._tasks.append(asyncio.create_task(
+                _every(rebalance_interval, self.partitions.elect_preferred_leaders,
+                       "preferred leader election"), name="leader-rebalance"))
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await super().close()
+
+
+async def _every(interval: float, work: Callable[[], Awaitable[object]], what: str) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await work()
+        except Exception:  # the loop must survive any one bad round
+            log.exception("%s failed", what)

@@ -1,0 +1,68 @@
+"""Cluster membership (Kafka's ClusterControlManager and BrokerHeartbeatManager, for log nodes
+that are configured rather than registered): which log nodes are alive, and which are fenced.
+
+- Liveness: a node is alive while its latest health check answered SERVING. Only live nodes
+  receive new replicas and count toward the replication factor limit. A liveness change bumps
+  the version (clients see live nodes as brokers).
+- Fencing: a node whose health checks have failed for ``node_session_timeout_ms`` is fenced;
+  what that does to its partitions is :mod:`.partitions`'.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping
+
+from ..log_nodes import LogNodes
+from ..metadata import LogNode, MetadataImage, NodeId
+from .core import ControllerCore
+
+log = logging.getLogger(__name__)
+
+
+def with_liveness(
+    image: MetadataImage, alive: Mapping[NodeId, bool]
+) -> tuple[MetadataImage, list[LogNode]]:
+    """The image with each node's liveness from ``alive``, and the nodes that changed."""
+    nodes = tuple(dataclasses.replace(n, alive=alive.get(n.node_id, n.alive))
+                  for n in image.log_nodes)
+    changed = [after for before, after in zip(image.log_nodes, nodes, strict=True)
+               if before.alive != after.alive]
+    return (image.replace(log_nodes=nodes) if changed else image), changed
+
+
+class ClusterControlManager:
+    def __init__(self, core: ControllerCore, client: LogNodes,
+                 session_timeout_ms: int) -> None:
+        self._core = core
+        self._client = client
+        self._session_timeout_s = session_timeout_ms / 1000
+        # Nodes failing their health checks, since when (monotonic seconds).
+        self._down_since: dict[NodeId, float] = {}
+
+    async def check(self) -> tuple[set[NodeId], set[NodeId]]:
+        """Health-check every log node once and commit who is alive. Returns the nodes that
+        came alive, and the fenced nodes (down for the session timeout)."""
+        nodes = self._core.image.log_nodes
+        serving = await asyncio.gather(*(self._client.is_serving(n.node_id) for n in nodes))
+        alive = {n.node_id: ok for n, ok in zip(nodes, serving, strict=True)}
+        try:
+            changed = await self._core.commit(lambda image: with_liveness(image, alive))
+        except OSError:
+            log.exception("could not save log node liveness; will retry at the next check")
+            changed = []
+        for node in changed:
+            log.info("log node %d (%s) is %s", node.node_id, node.address,
+                     "alive" if node.alive else "not responding")
+        now = time.monotonic()
+        for node_id, ok in alive.items():
+            if ok:
+                self._down_since.pop(node_id, None)
+            else:
+                self._down_since.setdefault(node_id, now)
+        fenced = {n for n, since in self._down_since.items()
+                  if now - since >= self._session_timeout_s}
+        return {n.node_id for n in changed if n.alive}, fenced

@@ -1,0 +1,215 @@
+"""Partition leaders and ISRs (the leader election and ISR handling of Kafka's
+ReplicationControlManager, with its ``PartitionChangeBuilder`` rules). The rules are pure
+functions of the image; :class:`PartitionControlManager` commits them.
+
+Fencing: for every partition touching a fenced node,
+
+- its leader fenced: the first replica (in replica order) that is in the ISR, live and not
+  fenced leads; the fenced nodes leave the ISR; the leader epoch goes up by one. With no such
+  replica, and ``unclean.leader.election.enable`` (the topic's, else the broker default), the
+  first live replica outside the ISR leads with an ISR of itself (records the old ISR had may
+  be lost: that is what "unclean" means). Otherwise the partition stays as it is, offline,
+  until a replica of its ISR comes back (fencing runs after every node check);
+- a follower fenced: it leaves the ISR (the leader stays, the epoch too).
+
+A partition whose fenced leader was its only in-sync replica therefore keeps that leader and
+ISR: when the node returns, it leads again without an election, having lost nothing.
+
+Preferred leaders (auto.leader.rebalance.enable): a partition led by another replica than its
+first one (the preferred leader, where placement spread the leaders evenly) goes back to it at
+the next epoch once it is live and in the ISR, so that failovers do not leave the leadership
+piled on the survivors.
+
+ISR changes (Kafka's AlterPartition, from the replication role) name the leader and epoch they
+were computed for, and are dropped if the partition has moved on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+
+from .. import metrics
+from ..metadata import MetadataImage, NodeId, PartitionRegistration, TopicName, TopicRegistration
+from .core import ControllerCore
+
+log = logging.getLogger(__name__)
+
+UNCLEAN_CONFIG = "unclean.leader.election.enable"
+
+# (topic, partition) -> (leader, leader epoch, new ISR), as the replication role computed it.
+IsrChanges = Mapping[tuple[str, int], tuple[NodeId, int, tuple[NodeId, ...]]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Election:
+    topic: str
+    partition: int
+    old_leader: NodeId
+    new_leader: NodeId
+    leader_epoch: int
+    clean: bool
+
+
+# The topics whose partitions changed, and the leader elections among those changes.
+Elections = tuple[list[TopicRegistration], list[Election]]
+
+
+def _changed_partitions(
+    image: MetadataImage,
+    change: Callable[[TopicRegistration, PartitionRegistration], PartitionRegistration | None],
+) -> Elections:
+    """The topics where ``change`` (None: unchanged) altered a partition, and the elections
+    among those changes."""
+    changed: list[TopicRegistration] = []
+    elections: list[Election] = []
+    for topic in image.topics.values():
+        partitions = list(topic.partitions)
+        touched = False
+        for index, p in enumerate(topic.partitions):
+            updated = change(topic, p)
+            if updated is None:
+                continue
+            partitions[index] = updated
+            touched = True
+            if updated.leader != p.leader:
+                elections.append(Election(
+                    topic=topic.name, partition=p.partition, old_leader=p.leader,
+                    new_leader=updated.leader, leader_epoch=updated.leader_epoch,
+                    clean=updated.leader in p.isr))
+        if touched:
+            changed.append(dataclasses.replace(topic, partitions=tuple(partitions)))
+    return changed, elections
+
+
+def fence(
+    image: MetadataImage,
+    fenced: Collection[NodeId],
+    live: Collection[NodeId],
+    *,
+    unclean_default: bool = False,
+) -> Elections:
+    """The topics whose partitions change because ``fenced`` nodes are gone (``live``: the
+    nodes that answer), and the leader elections among those changes."""
+    fenced, live = set(fenced), set(live)
+
+    def change(topic: TopicRegistration, p: PartitionRegistration
+               ) -> PartitionRegistration | None:
+        if not fenced & (set(p.isr) | {p.leader}):
+            return None
+        remaining = tuple(r for r in p.isr if r not in fenced)
+        if p.leader not in fenced:
+            return dataclasses.replace(p, isr=remaining) if remaining != p.isr else None
+        candidates = [r for r in p.replicas if r in remaining and r in live]
+        if candidates:
+            return dataclasses.replace(p, leader=candidates[0],
+                                       leader_epoch=p.leader_epoch + 1, isr=remaining)
+        unclean = topic.configs.get(UNCLEAN_CONFIG)
+        if unclean_default if unclean is None else unclean.strip().lower() == "true":
+            outside = [r for r in p.replicas if r in live and r not in fenced]
+            if outside:
+                return dataclasses.replace(p, leader=outside[0],
+                                           leader_epoch=p.leader_epoch + 1, isr=(outside[0],))
+        return None
+
+    return _changed_partitions(image, change)
+
+
+def preferred(
+    image: MetadataImage, live: Collection[NodeId]
+) -> Elections:
+    """The topics whose partitions go back to their preferred (first) replica, and those
+    elections: every partition whose preferred replica is live, in the ISR and not leading."""
+    live = set(live)
+
+    def change(topic: TopicRegistration, p: PartitionRegistration
+               ) -> PartitionRegistration | None:
+        first = p.replicas[0] if p.replicas else None
+        if first is None or first == p.leader or first not in live or first not in p.isr:
+            return None
+        return dataclasses.replace(p, leader=first, leader_epoch=p.leader_epoch + 1)
+
+    return _changed_partitions(image, change)
+
+
+def alter_isr(
+    image: MetadataImage, changes: IsrChanges
+) -> tuple[MetadataImage, dict[tuple[str, int], tuple[NodeId, ...]]]:
+    """The image with the ISR changes that still apply, and those changes. A change whose
+    partition has another leader or epoch by now, is gone, would drop the leader or add a
+    node that is not a replica, or changes nothing is left out."""
+    applied: dict[tuple[str, int], tuple[NodeId, ...]] = {}
+    topics: dict[TopicName, TopicRegistration] = {}
+    for (name, index), (leader, epoch, isr) in changes.items():
+        topic = topics.get(TopicName(name)) or image.topics.get(TopicName(name))
+        if topic is None or not 0 <= index < len(topic.partitions):
+            continue
+        p = topic.partitions[index]
+        if (p.leader != leader or p.leader_epoch != epoch or leader not in isr
+                or not set(isr) <= set(p.replicas) or set(isr) == set(p.isr)):
+            continue
+        partitions = list(topic.partitions)
+        partitions[index] = dataclasses.replace(p, isr=tuple(isr))
+        topics[topic.name] = dataclasses.replace(topic, partitions=tuple(partitions))
+        applied[(name, index)] = tuple(isr)
+    return (image.with_topics(added=topics.values()) if applied else image), applied
+
+
+class PartitionControlManager:
+    def __init__(self, core: ControllerCore, unclean_leader_election: bool) -> None:
+        self._core = core
+        self._unclean_default = unclean_leader_election
+
+    async def _elect(self, rule: Callable[[MetadataImage], Elections], what: str
+                     ) -> Elections | None:
+        """Commit the partitions ``rule`` changes; returns the changes (None: not saved)."""
+
+        def elect(image: MetadataImage) -> tuple[MetadataImage, Elections]:
+            changed, elections = rule(image)
+            return (image.with_topics(added=changed) if changed else image), (changed, elections)
+
+        try:
+            return await self._core.commit(elect)
+        except OSError:
+            log.exception("could not save %s; retrying later", what)
+            return None
+
+    async def fence(self, fenced: Collection[NodeId]) -> None:
+        """Commit new leaders and smaller ISRs for the partitions of ``fenced`` nodes."""
+        if not fenced:
+            return
+        done = await self._elect(lambda image: fence(
+            image, fenced, image.live_node_ids, unclean_default=self._unclean_default),
+            "the partitions of fenced log nodes")
+        changed, elections = done or ([], [])
+        for e in elections:
+            kind = "clean" if e.clean else "unclean"
+            metrics.LEADER_ELECTIONS.labels(kind).inc()
+            log.warning("%s-%d: log node %d is fenced; node %d leads at epoch %d (%s election)",
+                        e.topic, e.partition, e.old_leader, e.new_leader, e.leader_epoch, kind)
+        for topic in changed:
+            for p in topic.partitions:
+                if p.leader in fenced:
+                    log.warning("%s-%d is offline: its leader %d is fenced and no in-sync "
+                                "replica can lead", topic.name, p.partition, p.leader)
+
+    async def elect_preferred_leaders(self) -> int:
+        """Give partitions back to their preferred replica; returns how many moved."""
+        done = await self._elect(lambda image: preferred(image, image.live_node_ids),
+                                 "preferred leaders")
+        elections = done[1] if done else []
+        for e in elections:
+            metrics.LEADER_ELECTIONS.labels("preferred").inc()
+            log.info("%s-%d: leadership back to the preferred replica %d (from %d) at epoch %d",
+                     e.topic, e.partition, e.new_leader, e.old_leader, e.leader_epoch)
+        return len(elections)
+
+    async def change_isr(self, changes: IsrChanges) -> dict[tuple[str, int], tuple[NodeId, ...]]:
+        """Commit the ISR changes that still apply (see :func:`alter_isr`), in one new
+        version; returns them. Raises OSError if the save failed (nothing changed)."""
+        applied = await self._core.commit(lambda image: alter_isr(image, changes))
+        for (name, index), isr in applied.items():
+            log.info("%s-%d: ISR is now %s", name, index, list(isr))
+        return applied

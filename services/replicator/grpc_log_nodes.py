@@ -1,0 +1,141 @@
+""":class:`~services.replicator.log_nodes.LogNodes` over gRPC: one long-lived channel per
+configured log node, and gRPC failures turned into :class:`LogNodeError` here and nowhere else
+in the replicator."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from kbroker.log.v1 import log_pb2, log_pb2_grpc
+from services.common.channels import insecure_channel
+from services.common.errors import ErrorCode
+
+from .log_nodes import LogNodeError, PartitionNumber, TopicPartition
+from .metadata import LogNode, NodeId
+
+LOG_SERVICE_NAME = log_pb2.DESCRIPTOR.services_by_name["LogService"].full_name
+
+# Creating or deleting replicas touches a few files; anything slower is a sick node.
+CALL_TIMEOUT = 10.0
+
+
+class GrpcLogNodes:
+    def __init__(self, nodes: Sequence[LogNode], health_timeout: float = 1.0) -> None:
+        self._health_timeout = health_timeout
+        self._nodes = {n.node_id: n for n in nodes}
+        self._channels = {n.node_id: insecure_channel(n.address) for n in nodes}
+        self._log = {i: log_pb2_grpc.LogServiceStub(c) for i, c in self._channels.items()}
+        self._health = {i: health_pb2_grpc.HealthStub(c) for i, c in self._channels.items()}
+
+    async def is_serving(self, node_id: NodeId) -> bool:
+        stub = self._health.get(node_id)
+        if stub is None:
+            return False
+        try:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=LOG_SERVICE_NAME),
+                                     timeout=self._health_timeout)
+        except grpc.aio.AioRpcError:
+            return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+    async def create_partitions(
+        self, node_id: NodeId, specs: Sequence[log_pb2.PartitionSpec]
+    ) -> list[log_pb2.PartitionError]:
+        return _failed(await self._call(node_id, "create partitions", "CreatePartitions",
+                                        log_pb2.CreatePartitionsRequest(partitions=specs)))
+
+    async def delete_partitions(
+        self, node_id: NodeId, partitions: Sequence[TopicPartition]
+    ) -> list[log_pb2.PartitionError]:
+        return _failed(await self._call(node_id, "delete partitions", "DeletePartitions",
+                                        log_pb2.DeletePartitionsRequest(partitions=[
+                                            log_pb2.TopicPartition(topic=t, partition=p)
+                                            for t, p in partitions])))
+
+    async def update_configs(
+        self, node_id: NodeId, specs: Sequence[log_pb2.PartitionSpec]
+    ) -> list[log_pb2.PartitionError]:
+        return _failed(await self._call(node_id, "update configs", "UpdatePartitionConfigs",
+                                        log_pb2.UpdatePartitionConfigsRequest(partitions=specs)))
+
+    async def fetch(
+        self, node_id: NodeId, reads: Sequence[log_pb2.PartitionRead], *, max_wait_ms: int,
+        max_bytes: int,
+    ) -> Sequence[log_pb2.PartitionReadResult]:
+        request = log_pb2.ReadRequest(limit=log_pb2.READ_LIMIT_LOG_END, max_bytes=max_bytes,
+                                      max_wait_ms=max_wait_ms, partitions=reads)
+        return (await self._call(node_id, "read", "Read", request,
+                                 time_limit=max_wait_ms / 1000 + CALL_TIMEOUT)).results
+
+    async def replicate(
+        self, node_id: NodeId, appends: Sequence[log_pb2.PartitionReplicate]
+    ) -> Sequence[log_pb2.PartitionReplicateResult]:
+        return (await self._call(node_id, "replicate", "ReplicateAppend",
+                                 log_pb2.ReplicateAppendRequest(partitions=appends))).results
+
+    async def update_high_watermarks(
+        self, node_id: NodeId, updates: Sequence[log_pb2.PartitionHighWatermark]
+    ) -> list[log_pb2.PartitionError]:
+        return _failed(await self._call(node_id, "update high watermarks",
+                                        "UpdateHighWatermarks",
+                                        log_pb2.UpdateHighWatermarksRequest(partitions=updates)))
+
+    async def update_replica_states(
+        self, node_id: NodeId, states: Sequence[log_pb2.ReplicaState]
+    ) -> list[log_pb2.PartitionError]:
+        return _failed(await self._call(node_id, "update replica states", "UpdateReplicaStates",
+                                        log_pb2.UpdateReplicaStatesRequest(states=states)))
+
+    async def describe(
+        self, node_id: NodeId, partitions: Sequence[TopicPartition]
+    ) -> Sequence[log_pb2.PartitionState]:
+        request = log_pb2.DescribePartitionsRequest(partitions=[
+            log_pb2.TopicPartition(topic=t, partition=p) for t, p in partitions])
+        return (await self._call(node_id, "describe partitions", "DescribePartitions",
+                                 request)).partitions
+
+    async def end_offsets(
+        self, node_id: NodeId, requests: Sequence[PartitionNumber]
+    ) -> Sequence[log_pb2.EpochEndOffset]:
+        request = log_pb2.OffsetForLeaderEpochRequest(partitions=[
+            log_pb2.PartitionLeaderEpoch(topic=t, partition=p, leader_epoch=epoch)
+            for t, p, epoch in requests])
+        return (await self._call(node_id, "find epoch end offsets", "OffsetForLeaderEpoch",
+                                 request)).results
+
+    async def truncate(
+        self, node_id: NodeId, requests: Sequence[PartitionNumber], *, start_over: bool = False,
+    ) -> Sequence[log_pb2.PartitionReplicateResult]:
+        request = log_pb2.TruncateRequest(partitions=[
+            log_pb2.PartitionTruncation(topic=t, partition=p, offset=offset,
+                                        start_over=start_over)
+            for t, p, offset in requests])
+        return (await self._call(node_id, "truncate", "Truncate", request)).results
+
+    async def _call(self, node_id: NodeId, what: str, method: str, request: object,
+                    time_limit: float = CALL_TIMEOUT) -> Any:
+        stub = self._log.get(node_id)
+        if stub is None:
+            raise LogNodeError(node_id, ErrorCode.request_timed_out,
+                               f"log node {node_id} is not configured")
+        try:
+            return await getattr(stub, method)(request, timeout=time_limit)
+        except grpc.aio.AioRpcError as e:
+            # Retriable for clients: the next health check takes a dead node out of placement.
+            raise LogNodeError(
+                node_id, ErrorCode.request_timed_out,
+                f"log node {node_id} ({self._nodes[node_id].address}) could not {what}: "
+                f"{e.code().name} {e.details()}",
+            ) from e
+
+    async def close(self) -> None:
+        await asyncio.gather(*(c.close() for c in self._channels.values()))
+
+
+def _failed(reply: Any) -> list[log_pb2.PartitionError]:
+    return [r for r in reply.results if r.error_code]
