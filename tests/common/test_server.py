@@ -123,8 +123,9 @@ def test_metrics_stream_sends_snapshots_with_cursors_and_resumes():
                 keys=[purgatory_pb2.KeyState(key="t-0", position=1)])
             labels = {"grpc_method": "CheckAndComplete", "grpc_code": "OK"}
 
+            # Intervals long enough for two calls to finish between snapshots on a busy machine.
             stream = metrics.Stream(metrics_pb2.StreamRequest(
-                prefixes=["grpc_server_handled"], interval_ms=100))
+                prefixes=["grpc_server_handled"], interval_ms=400))
             received = []
             started = asyncio.get_running_loop().time()
             async for snap in stream:
@@ -136,7 +137,7 @@ def test_metrics_stream_sends_snapshots_with_cursors_and_resumes():
                     await work.CheckAndComplete(request)
             stream.cancel()
             elapsed = asyncio.get_running_loop().time() - started
-            assert elapsed >= 0.19, "three snapshots at 100 ms need two intervals"
+            assert elapsed >= 0.79, "three snapshots at 400 ms need two intervals"
             assert {f.name for s in received for f in s.families} == {"grpc_server_handled"}
             ids = {s.cursor.process_id for s in received}
             assert len(ids) == 1 and ids.pop()
