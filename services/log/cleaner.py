@@ -81,7 +81,7 @@ from services.common.records.record_batch import (
 )
 
 from .checkpoint import OffsetCheckpoint
-from .offset_index import MAX_RELATIVE_OFFSET
+from .index_file import MAX_RELATIVE_OFFSET
 from .segment import LogSegment
 from .segment_swap import CLEANED_SUFFIX, discard
 from .topic_config import NEVER

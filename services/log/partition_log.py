@@ -83,9 +83,9 @@ from services.common.records.record_batch import (
 
 from . import replica_state, segment_swap
 from .checkpoint import HIGH_WATERMARK_FILE, OffsetCheckpoint
+from .index_file import MAX_RELATIVE_OFFSET
 from .leader_epochs import LeaderEpochCache
 from .log_validator import assign_offsets, check_keys, stored_batch_problem, validate_append
-from .offset_index import MAX_RELATIVE_OFFSET
 from .producer_state import BatchMetadata, ProducerStateManager, snapshot_name
 from .replica_state import ReplicaState, Role
 from .segment import INDEX_SUFFIX, LOG_SUFFIX, OFFSET_DIGITS, TIME_INDEX_SUFFIX, LogSegment

@@ -34,9 +34,10 @@ from services.common.records.record_batch import (
     read_log_overhead,
 )
 
+from .index_file import MAX_RELATIVE_OFFSET
 from .log_validator import stored_batch_problem
 from .metrics import FLUSH_SECONDS
-from .offset_index import MAX_RELATIVE_OFFSET, IndexEntry, OffsetIndex
+from .offset_index import IndexEntry, OffsetIndex
 from .time_index import TimeIndex
 
 log = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ class LogSegment:
         segment = cls(directory, base_offset, index_interval_bytes, suffix)
         if segment.size or len(segment.index) or len(segment.time_index):
             segment._truncate(0)
-            segment.index.reset([])
+            segment.index.reset()
             segment.time_index.reset()
         segment._max_mark_known = True
         return segment
@@ -156,7 +157,7 @@ class LogSegment:
         else:
             if trust_index:
                 log.warning("%s: rebuilding indexes (%s)", self.index.path, problem)
-            self.index.reset([])
+            self.index.reset()
             self.time_index.reset()
             self._max_so_far = (NO_TIMESTAMP, self.base_offset - 1)
             start, expected = 0, self.base_offset
@@ -178,7 +179,7 @@ class LogSegment:
         """Why the two indexes cannot be trusted as a starting point, or None. Both get their
         entries together, so a time index entry past the last offset entry, or an empty time
         index beside a non-empty offset index (a lost file), is a problem too."""
-        problem = self.index.problem(self.size) or self.time_index.problem()
+        problem = self.index.problem(log_size=self.size) or self.time_index.problem()
         last, last_time = self.index.last_entry, self.time_index.last_entry
         if problem is None and last is not None:
             problem = self._entry_problem(last)
