@@ -32,10 +32,15 @@ from pathlib import Path
 from services.common.errors import ErrorCode, KafkaError
 
 from . import metrics
-from .checkpoint import LOG_START_OFFSET_FILE, RECOVERY_POINT_FILE, OffsetCheckpoint
+from .checkpoint import (
+    LOG_START_OFFSET_FILE,
+    RECOVERY_POINT_FILE,
+    OffsetCheckpoint,
+    fsync_directory,
+)
 from .cleaner import CLEANER_OFFSET_FILE, DEFAULT_MAX_MAP_KEYS, CleanResult, LogCleaner
 from .partition_log import HighWatermarkListener, PartitionLog, directory_name
-from .partition_metadata import PartitionMetadata, fsync_directory
+from .partition_metadata import PartitionMetadata
 from .topic_config import TopicConfig
 
 log = logging.getLogger(__name__)

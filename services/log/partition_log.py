@@ -88,7 +88,7 @@ from .leader_epochs import LeaderEpochCache
 from .log_validator import assign_offsets, check_keys, stored_batch_problem, validate_append
 from .producer_state import BatchMetadata, ProducerStateManager, snapshot_name
 from .replica_state import ReplicaState, Role
-from .segment import INDEX_SUFFIX, LOG_SUFFIX, OFFSET_DIGITS, TIME_INDEX_SUFFIX, LogSegment
+from .segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, file_offsets
 from .topic_config import TimestampType, TopicConfig
 
 log = logging.getLogger(__name__)
@@ -233,10 +233,7 @@ class PartitionLog:
         ``log_start_offset`` (from the node's checkpoint) is kept within the loaded offsets."""
         directory.mkdir(parents=True, exist_ok=True)
         segment_swap.recover(directory)
-        bases = sorted(
-            int(path.stem) for path in directory.glob("*" + LOG_SUFFIX)
-            if len(path.stem) == OFFSET_DIGITS and path.stem.isdigit()
-        )
+        bases = file_offsets(directory, LOG_SUFFIX)
         for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
             for index_path in directory.glob("*" + suffix):
                 if not index_path.stem.isdigit() or int(index_path.stem) not in bases:

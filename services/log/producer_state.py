@@ -53,13 +53,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 from services.common.errors import ErrorCode, KafkaError
 from services.common.records.record_batch import (
@@ -69,6 +68,9 @@ from services.common.records.record_batch import (
     Batch,
     BatchHeader,
 )
+
+from .checkpoint import replace_file
+from .segment import LogSegment, file_offsets, file_stem
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +82,6 @@ DEFAULT_PRODUCER_ID_EXPIRATION_MS = 86_400_000
 SNAPSHOT_SUFFIX = ".snapshot"
 SNAPSHOT_FORMAT = 1
 SNAPSHOTS_TO_KEEP = 2
-_OFFSET_DIGITS = 20
 
 
 def increment_sequence(sequence: int, increment: int) -> int:
@@ -96,7 +97,7 @@ def last_sequence(header: BatchHeader) -> int:
 
 
 def snapshot_name(offset: int) -> str:
-    return f"{offset:0{_OFFSET_DIGITS}d}{SNAPSHOT_SUFFIX}"
+    return file_stem(offset) + SNAPSHOT_SUFFIX
 
 
 class BatchMetadata(NamedTuple):
@@ -155,18 +156,6 @@ class ProducerAppend:
 
     batches: Sequence[Batch]
     duplicate: BatchMetadata | None = None
-
-
-class StoredSegment(Protocol):
-    """What replay needs of a log segment (:class:`~services.log.segment.LogSegment`)."""
-
-    @property
-    def base_offset(self) -> int: ...
-
-    @property
-    def next_offset(self) -> int: ...
-
-    def batches(self) -> Iterable[Batch]: ...
 
 
 class ProducerStateManager:
@@ -281,12 +270,7 @@ class ProducerStateManager:
 
     def snapshot_offsets(self) -> list[int]:
         """Offsets of the snapshot files present, ascending."""
-        offsets = []
-        for path in self.directory.glob("*" + SNAPSHOT_SUFFIX):
-            stem = path.name[: -len(SNAPSHOT_SUFFIX)]
-            if len(stem) == _OFFSET_DIGITS and stem.isdigit():
-                offsets.append(int(stem))
-        return sorted(offsets)
+        return file_offsets(self.directory, SNAPSHOT_SUFFIX)
 
     def take_snapshot(self, offset: int, now_ms: int | None = None) -> None:
         """Write the state as of ``offset`` (every batch below it recorded, none at or past
@@ -305,10 +289,8 @@ class ProducerStateManager:
             ],
         }
         path = self.directory / snapshot_name(offset)
-        temporary = path.with_name(path.name + ".tmp")
         try:
-            temporary.write_text(json.dumps(document, separators=(",", ":")), encoding="utf-8")
-            os.replace(temporary, path)
+            replace_file(path, json.dumps(document, separators=(",", ":")), durable=False)
         except OSError as exc:
             log.error("%s: cannot write a producer snapshot: %s", path, exc)
             return
@@ -316,7 +298,7 @@ class ProducerStateManager:
             (self.directory / snapshot_name(old)).unlink(missing_ok=True)
 
     def load(
-        self, segments: Sequence[StoredSegment], log_end_offset: int,
+        self, segments: Sequence[LogSegment], log_end_offset: int,
         now_ms: int | None = None,
     ) -> int:
         """Rebuild the state on start-up from the newest usable snapshot and the batch

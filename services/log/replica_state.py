@@ -19,9 +19,10 @@ from __future__ import annotations
 import enum
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from .checkpoint import replace_file
 
 log = logging.getLogger(__name__)
 
@@ -77,16 +78,9 @@ def read(directory: Path) -> ReplicaState | None:
 
 
 def write(directory: Path, state: ReplicaState) -> None:
-    path = directory / FILE_NAME
-    temporary = path.with_name(path.name + ".tmp")
-    payload = json.dumps({"version": VERSION, "role": state.role.value,
-                          "leader_epoch": state.leader_epoch,
-                          "in_sync_alone": state.in_sync_alone})
-    with open(temporary, "w", encoding="utf-8") as out:
-        out.write(payload)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(temporary, path)
+    replace_file(directory / FILE_NAME, json.dumps(
+        {"version": VERSION, "role": state.role.value, "leader_epoch": state.leader_epoch,
+         "in_sync_alone": state.in_sync_alone}))
 
 
 def restored(stored: ReplicaState | None) -> ReplicaState:

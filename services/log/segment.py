@@ -57,6 +57,12 @@ def file_stem(base_offset: int) -> str:
     return f"{base_offset:0{OFFSET_DIGITS}d}"
 
 
+def file_offsets(directory: Path, suffix: str) -> list[int]:
+    """The offsets naming the files ``<offset, 20 digits><suffix>`` in ``directory``, sorted."""
+    names = (path.name[:-len(suffix)] for path in directory.glob("*" + suffix))
+    return sorted(int(name) for name in names if len(name) == OFFSET_DIGITS and name.isdigit())
+
+
 class TimestampMark(NamedTuple):
     """The batch holding a segment's largest maxTimestamp (the first one, on ties)."""
 

@@ -39,8 +39,15 @@ from pathlib import Path
 
 from services.common.records.record_batch import HEADER_SIZE, MIN_BATCH_LENGTH, read_header
 
-from .partition_metadata import fsync_directory
-from .segment import INDEX_SUFFIX, LOG_SUFFIX, OFFSET_DIGITS, TIME_INDEX_SUFFIX, file_stem
+from .checkpoint import fsync_directory
+from .segment import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    OFFSET_DIGITS,
+    TIME_INDEX_SUFFIX,
+    file_offsets,
+    file_stem,
+)
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +118,7 @@ def recover(directory: Path) -> None:
             continue
         base = int(stem)
         end = max(_next_offset(directory / name, base), base + 1)
-        for old in _segment_bases(directory):
+        for old in file_offsets(directory, LOG_SUFFIX):
             if base <= old < end:
                 log.info("%s: deleting segment %d replaced by cleaned segment %d",
                          directory, old, base)
@@ -129,13 +136,6 @@ def recover(directory: Path) -> None:
 
 def _with_suffix(path: Path, old: str, new: str) -> Path:
     return path.with_name(path.name[:len(path.name) - len(old)] + new)
-
-
-def _segment_bases(directory: Path) -> list[int]:
-    return sorted(
-        int(path.stem) for path in directory.glob("*" + LOG_SUFFIX)
-        if len(path.stem) == OFFSET_DIGITS and path.stem.isdigit()
-    )
 
 
 def _next_offset(path: Path, base_offset: int) -> int:
