@@ -185,6 +185,9 @@ class LogManager:
         self._logs[(topic, partition)] = partition_log
         return partition_log
 
+    def find(self, topic: str, partition: int) -> PartitionLog | None:
+        return self._logs.get((topic, partition))
+
     def get(self, topic: str, partition: int) -> PartitionLog:
         """The replica, or UNKNOWN_TOPIC_OR_PARTITION."""
         partition_log = self._logs.get((topic, partition))

@@ -69,8 +69,9 @@ from bisect import bisect_right
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from services.common.errors import ErrorCode, KafkaError
 from services.common.records.record_batch import (
@@ -136,23 +137,13 @@ class AppendInfo:
     leader_epoch: int = NO_LEADER_EPOCH
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ReadInfo:
-    records: bytes
-    high_watermark: int
-    log_start_offset: int
-    log_end_offset: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OffsetAndTimestamp:
+class OffsetAndTimestamp(NamedTuple):
     offset: int
-    timestamp: int
-    leader_epoch: int
+    timestamp: int = NO_TIMESTAMP
+    leader_epoch: int = NO_LEADER_EPOCH
 
 
-NOT_FOUND = OffsetAndTimestamp(
-    offset=NO_OFFSET, timestamp=NO_TIMESTAMP, leader_epoch=NO_LEADER_EPOCH)
+NOT_FOUND = OffsetAndTimestamp(NO_OFFSET)
 
 
 def directory_name(topic: str, partition: int) -> str:
@@ -180,7 +171,6 @@ class PartitionLog:
         self.topic_id = topic_id
         self.config = config
         self._segments = segments
-        self._bases = [segment.base_offset for segment in segments]
         self._on_high_watermark = on_high_watermark
         # Without replication the leader is the only replica, so an append is committed at
         # once; replication turns this off and moves the high watermark through the setter.
@@ -448,7 +438,6 @@ class PartitionLog:
             self.directory, self.log_end_offset, self.config.index_interval_bytes
         )
         self._segments.append(rolled)
-        self._bases.append(rolled.base_offset)
         log.debug("%s-%d: rolled segment %d", self.topic, self.partition, rolled.base_offset)
         self._spawn(self._flush_rolled(previous, rolled.base_offset))
         return rolled
@@ -573,16 +562,10 @@ class PartitionLog:
             return
         header = read_header(records)
         end = self.log_end_offset
-        if not header.base_offset < end <= header.last_offset:
-            return
-        self._segments.pop().delete()
-        self._segments = [LogSegment.create(self.directory, header.base_offset,
-                                            self.config.index_interval_bytes)]
-        self._bases = [header.base_offset]
-        self._log_start_offset = self._high_watermark = header.base_offset
-        self.recovery_point = min(self.recovery_point, header.base_offset)
-        log.info("%s-%d: empty log now starts at %d, the leader's first batch", self.topic,
-                 self.partition, header.base_offset)
+        if header.base_offset < end <= header.last_offset:
+            self._start_over_locked(header.base_offset)
+            log.info("%s-%d: empty log now starts at %d, the leader's first batch", self.topic,
+                     self.partition, header.base_offset)
 
     def update_high_watermark(self, high_watermark: int, leader_epoch: int) -> None:
         """The replicator's high watermark for this replica at ``leader_epoch`` (which must be
@@ -601,17 +584,13 @@ class PartitionLog:
         end; the high watermark and the recovery point do not stay beyond it. Returns the log
         end offset after the cut."""
         async with self._lock:
-            self._check_open()
-            if self.state.role is Role.LEADER:
-                raise KafkaError(ErrorCode.not_leader_or_follower,
-                                 f"the leader of {self.topic}-{self.partition} is never cut")
+            self._check_cut()
             end = self.log_end_offset
             if offset >= end:
                 return end
             offset = max(offset, self._log_start_offset)
             await self.drain()  # no background flush may hold a segment about to go
             while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
-                self._bases.pop()
                 self._segments.pop().delete()
             removed = self._segments[-1].truncate_to(offset)
             new_end = self.log_end_offset
@@ -630,27 +609,32 @@ class PartitionLog:
         offset can never catch up by copying. The producer state and leader epochs go with
         the data. Only a follower (NOT_LEADER_OR_FOLLOWER for a leader)."""
         async with self._lock:
-            self._check_open()
-            if self.state.role is Role.LEADER:
-                raise KafkaError(ErrorCode.not_leader_or_follower,
-                                 f"the leader of {self.topic}-{self.partition} is never cut")
+            self._check_cut()
             await self.drain()
             end = self.log_end_offset
-            for segment in self._segments:
-                segment.delete()
-            self._segments = [
-                LogSegment.create(self.directory, offset, self.config.index_interval_bytes)]
-            self._bases = [offset]
-            self._log_start_offset = offset
-            self._high_watermark = offset
-            self.recovery_point = offset
-            self.checkpoint_high_watermark()
-            for snapshot in self.producer_state.snapshot_offsets():
-                (self.directory / snapshot_name(snapshot)).unlink(missing_ok=True)
-            self.producer_state.load(self._segments, offset)
-            self.leader_epochs.truncate_from_end(0)
+            self._start_over_locked(offset)
             log.warning("%s-%d: log [.., %d) dropped; starting over at %d", self.topic,
                         self.partition, end, offset)
+
+    def _check_cut(self) -> None:
+        self._check_open()
+        if self.state.role is Role.LEADER:
+            raise KafkaError(ErrorCode.not_leader_or_follower,
+                             f"the leader of {self.topic}-{self.partition} is never cut")
+
+    def _start_over_locked(self, offset: int) -> None:
+        """Replace the log by one empty segment at ``offset``, with the producer snapshots
+        and leader epochs of the data that goes."""
+        for segment in self._segments:
+            segment.delete()
+        self._segments = [
+            LogSegment.create(self.directory, offset, self.config.index_interval_bytes)]
+        self._log_start_offset = self._high_watermark = self.recovery_point = offset
+        self.checkpoint_high_watermark()
+        for snapshot in self.producer_state.snapshot_offsets():
+            (self.directory / snapshot_name(snapshot)).unlink(missing_ok=True)
+        self.producer_state.load(self._segments, offset)
+        self.leader_epochs.truncate_from_end(0)
 
     def end_offset_for_epoch(self, leader_epoch: int) -> tuple[int, int]:
         """OffsetForLeaderEpoch on this replica: see
@@ -670,12 +654,14 @@ class PartitionLog:
 
     # ------------------------------------------------------------------------------ reads
 
+    def _slot_of(self, offset: int) -> int:
+        """Where in the segments the one that would hold ``offset`` is."""
+        return max(bisect_right(self._segments, offset, key=attrgetter("base_offset")) - 1, 0)
+
     def _fetchable_end(self, limit: ReadLimit) -> int:
         return self._high_watermark if limit is ReadLimit.HIGH_WATERMARK else self.log_end_offset
 
-    def read(
-        self, offset: int, max_bytes: int, limit: ReadLimit, min_one: bool = True
-    ) -> ReadInfo:
+    def read(self, offset: int, max_bytes: int, limit: ReadLimit, min_one: bool = True) -> bytes:
         """Whole batches from the one holding ``offset``, up to ``max_bytes`` (with
         ``min_one``, the first batch whole even if larger) and never past ``limit``. Like
         Kafka, a read returns data of a single segment. ``offset`` equal to the log end offset
@@ -690,8 +676,7 @@ class PartitionLog:
         fetchable_end = self._fetchable_end(limit)
         records = b""
         if offset < fetchable_end:
-            slot = max(bisect_right(self._bases, offset) - 1, 0)
-            for segment in self._segments[slot:]:
+            for segment in self._segments[self._slot_of(offset):]:
                 if segment.base_offset >= fetchable_end:
                     break
                 first = segment.find_batch(offset)
@@ -703,12 +688,7 @@ class PartitionLog:
                 )
                 records = segment.read(first, end_position, max_bytes, min_one)
                 break
-        return ReadInfo(
-            records=records,
-            high_watermark=self._high_watermark,
-            log_start_offset=start,
-            log_end_offset=end,
-        )
+        return records
 
     def list_offset(self, timestamp: int, limit: ReadLimit) -> OffsetAndTimestamp:
         """Kafka's ListOffsets for one partition.
@@ -725,14 +705,9 @@ class PartitionLog:
         """
         fetchable_end = self._fetchable_end(limit)
         if timestamp == LATEST_TIMESTAMP:
-            return OffsetAndTimestamp(
-                offset=fetchable_end, timestamp=NO_TIMESTAMP, leader_epoch=NO_LEADER_EPOCH
-            )
+            return OffsetAndTimestamp(fetchable_end)
         if timestamp in (EARLIEST_TIMESTAMP, EARLIEST_LOCAL_TIMESTAMP):
-            return OffsetAndTimestamp(
-                offset=self.log_start_offset, timestamp=NO_TIMESTAMP,
-                leader_epoch=NO_LEADER_EPOCH,
-            )
+            return OffsetAndTimestamp(self.log_start_offset)
         if timestamp == LATEST_TIERED_TIMESTAMP:
             return NOT_FOUND
         if timestamp == MAX_TIMESTAMP:
@@ -743,12 +718,9 @@ class PartitionLog:
                     best = mark
             if best is None or best.last_offset >= fetchable_end:
                 return NOT_FOUND
-            return OffsetAndTimestamp(
-                offset=best.last_offset, timestamp=best.timestamp, leader_epoch=best.leader_epoch
-            )
+            return OffsetAndTimestamp(best.last_offset, best.timestamp, best.leader_epoch)
         start = self._log_start_offset
-        slot = max(bisect_right(self._bases, start) - 1, 0)
-        for segment in self._segments[slot:]:
+        for segment in self._segments[self._slot_of(start):]:
             batch = segment.find_by_timestamp(timestamp)
             while batch is not None and batch.header.last_offset < start:
                 # Below the log start (DeleteRecords): look on in this segment.
@@ -757,11 +729,8 @@ class PartitionLog:
                 header = batch.header
                 if header.base_offset >= fetchable_end:
                     return NOT_FOUND
-                return OffsetAndTimestamp(
-                    offset=max(header.base_offset, start),
-                    timestamp=header.max_timestamp,
-                    leader_epoch=header.partition_leader_epoch,
-                )
+                return OffsetAndTimestamp(max(header.base_offset, start), header.max_timestamp,
+                                          header.partition_leader_epoch)
         return NOT_FOUND
 
     # ------------------------------------------------------- log start offset and retention
@@ -836,7 +805,6 @@ class PartitionLog:
             ):
                 break
             self._segments.pop(0)
-            self._bases.pop(0)
             segment.delete()
             count += 1
             log.info("%s-%d: deleted segment %d (%s)", self.topic, self.partition,
@@ -873,7 +841,6 @@ class PartitionLog:
             cleaned = LogSegment(self.directory, cleaned_base, self.config.index_interval_bytes)
             cleaned.load()
             self._segments[first:first + count] = [cleaned]
-            self._bases[first:first + count] = [cleaned_base]
             for segment in old:
                 segment.close()
             segment_swap.remove_deleted(deleted)
@@ -899,7 +866,9 @@ class PartitionLog:
             return False
         if now - self._last_high_watermark_checkpoint_ms >= HIGH_WATERMARK_CHECKPOINT_MS:
             self._last_high_watermark_checkpoint_ms = now
-            if self._high_watermark_changed():
+            if self.state.replicated and (
+                self._high_watermark != self._checkpointed_high_watermark
+            ):
                 await asyncio.to_thread(self.checkpoint_high_watermark)
         if now - self._last_flush_ms < self.config.flush_ms:
             return False
@@ -916,9 +885,6 @@ class PartitionLog:
         if dirty:
             await asyncio.to_thread(_flush_all, dirty)
         self.recovery_point = max(self.recovery_point, end)
-
-    def _high_watermark_changed(self) -> bool:
-        return self.state.replicated and self._high_watermark != self._checkpointed_high_watermark
 
     def checkpoint_high_watermark(self) -> bool:
         """Write the high watermark of a replicated replica to its

@@ -7,8 +7,11 @@ KAFKA_STORAGE_ERROR (as Kafka maps I/O failures), anything else UNKNOWN_SERVER_E
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from services.common.call_streams import serve_calls
@@ -28,8 +31,9 @@ _READ_LIMITS = {
 }
 
 
-def _error_of(api: str, exc: Exception) -> tuple[int, str]:
-    """The Kafka error code and message a partition answer carries for ``exc``."""
+def _fail(api: str, exc: Exception, result: Any) -> None:
+    """Put the Kafka error code (and message, where the result has one) for ``exc`` in a
+    partition's ``result``."""
     if isinstance(exc, KafkaError):
         code, message = exc.errno, exc.message or ""
     elif isinstance(exc, OSError):
@@ -39,7 +43,28 @@ def _error_of(api: str, exc: Exception) -> tuple[int, str]:
         log.exception("%s: unexpected failure", api)
         code, message = int(ErrorCode.unknown_server_error.value), str(exc)
     metrics.ERRORS.labels(api, error_name(code)).inc()
-    return code, message
+    result.error_code = code
+    if "error_message" in result.DESCRIPTOR.fields_by_name:
+        result.error_message = message
+
+
+async def _each(api: str, items: Iterable[Any], results: Any,
+                work: Callable[[Any, Any], Awaitable[object] | object],
+                **on_error: int) -> None:
+    """Serve one partition per item of a request: a result of the item's topic and partition
+    is added to ``results`` and filled by ``work(item, result)`` (awaited if it returns an
+    awaitable); whatever it raises becomes the result's error (:func:`_fail`), with the
+    ``on_error`` fields set."""
+    for item in items:
+        result = results.add(topic=item.topic, partition=item.partition)
+        try:
+            done = work(item, result)
+            if inspect.isawaitable(done):
+                await done
+        except Exception as exc:  # noqa: BLE001 - becomes the partition's error code
+            _fail(api, exc, result)
+            for name, value in on_error.items():
+                setattr(result, name, value)
 
 
 class LogServicer(log_pb2_grpc.LogServiceServicer):
@@ -48,28 +73,25 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
     def __init__(self, manager: LogManager) -> None:
         self._manager = manager
 
+    def _log(self, item: Any) -> PartitionLog:
+        return self._manager.get(item.topic, item.partition)
+
     async def CreatePartitions(self, request, context):
+        async def create(spec: log_pb2.PartitionSpec, _: object) -> None:
+            created = self._manager.create(spec.topic, spec.partition, spec.topic_id,
+                                           dict(spec.configs))
+            if spec.HasField("state"):
+                await created.become(_replica_state(spec.state))
+
         response = log_pb2.CreatePartitionsResponse()
-        for spec in request.partitions:
-            result = response.results.add(topic=spec.topic, partition=spec.partition)
-            try:
-                created = self._manager.create(spec.topic, spec.partition, spec.topic_id,
-                                               dict(spec.configs))
-                if spec.HasField("state"):
-                    await created.become(_replica_state(spec.state))
-            except Exception as exc:  # noqa: BLE001 - becomes the partition's error code
-                result.error_code, result.error_message = _error_of("CreatePartitions", exc)
+        await _each("CreatePartitions", request.partitions, response.results, create)
         metrics.PARTITIONS.set(len(self._manager))
         return response
 
     async def DeletePartitions(self, request, context):
         response = log_pb2.DeletePartitionsResponse()
-        for tp in request.partitions:
-            result = response.results.add(topic=tp.topic, partition=tp.partition)
-            try:
-                self._manager.delete(tp.topic, tp.partition)
-            except Exception as exc:  # noqa: BLE001
-                result.error_code, result.error_message = _error_of("DeletePartitions", exc)
+        await _each("DeletePartitions", request.partitions, response.results,
+                    lambda tp, _: self._manager.delete(tp.topic, tp.partition))
         metrics.PARTITIONS.set(len(self._manager))
         return response
 
@@ -88,34 +110,29 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
 
     async def _append(self, request: log_pb2.AppendRequest,
                       response: log_pb2.AppendResponse) -> None:
-        for append in request.partitions:
-            topic = append.topic
-            topic_metrics = metrics.topic(topic)
+        async def append(item: log_pb2.PartitionAppend,
+                         result: log_pb2.PartitionAppendResult) -> None:
+            topic_metrics = metrics.topic(item.topic)
             topic_metrics.append_requests.inc()
             started = time.perf_counter()
             try:
-                expected = (append.expected_log_end_offset
-                            if append.HasField("expected_log_end_offset") else None)
-                info = await self._manager.get(topic, append.partition).append(
-                    append.records, expected_log_end_offset=expected)
-            except Exception as exc:  # noqa: BLE001
-                code, message = _error_of("Append", exc)
-                response.results.add(
-                    topic=topic, partition=append.partition, error_code=code,
-                    error_message=message, base_offset=NO_OFFSET,
-                    log_append_time_ms=NO_TIMESTAMP, log_start_offset=NO_OFFSET,
-                    log_end_offset=NO_OFFSET, high_watermark=NO_OFFSET,
-                )
-            else:
-                topic_metrics.appended_bytes.inc(info.size_bytes)
-                topic_metrics.appended_batches.inc(info.batch_count)
-                response.results.add(
-                    topic=topic, partition=append.partition, base_offset=info.base_offset,
-                    log_append_time_ms=info.log_append_time_ms,
-                    log_start_offset=info.log_start_offset, log_end_offset=info.log_end_offset,
-                    high_watermark=info.high_watermark, leader_epoch=info.leader_epoch,
-                )
-            metrics.APPEND_SECONDS.observe(time.perf_counter() - started)
+                info = await self._log(item).append(
+                    item.records, expected_log_end_offset=item.expected_log_end_offset
+                    if item.HasField("expected_log_end_offset") else None)
+            finally:
+                metrics.APPEND_SECONDS.observe(time.perf_counter() - started)
+            topic_metrics.appended_bytes.inc(info.size_bytes)
+            topic_metrics.appended_batches.inc(info.batch_count)
+            result.base_offset, result.log_append_time_ms = (info.base_offset,
+                                                             info.log_append_time_ms)
+            result.log_start_offset = info.log_start_offset
+            result.log_end_offset = info.log_end_offset
+            result.high_watermark, result.leader_epoch = info.high_watermark, info.leader_epoch
+
+        await _each("Append", request.partitions, response.results, append,
+                    base_offset=NO_OFFSET, log_append_time_ms=NO_TIMESTAMP,
+                    log_start_offset=NO_OFFSET, log_end_offset=NO_OFFSET,
+                    high_watermark=NO_OFFSET)
 
     async def Read(self, request, context):
         """Reads each partition in order under the request's overall byte limit, as Kafka's
@@ -123,12 +140,11 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
         whole batch); after it, partitions get at most what remains of the budget. With
         ``max_wait_ms``, a read that found nothing (and no error) waits for the next append to
         any of the partitions, or the time limit, and reads again."""
-        response = self._read(request)
+        response = await self._read(request)
         if request.max_wait_ms <= 0 or any(r.records or r.error_code for r in response.results):
             return response
         try:
-            events = [self._manager.get(r.topic, r.partition).appended()
-                      for r in request.partitions]
+            events = [self._log(r).appended() for r in request.partitions]
         except KafkaError:
             return response  # deleted meanwhile: the next read reports it
         waiters = [asyncio.ensure_future(event.wait()) for event in events]
@@ -138,56 +154,43 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
         finally:
             for waiter in waiters:
                 waiter.cancel()
-        return self._read(request)
+        return await self._read(request)
 
-    def _read(self, request: log_pb2.ReadRequest) -> log_pb2.ReadResponse:
+    async def _read(self, request: log_pb2.ReadRequest) -> log_pb2.ReadResponse:
         started = time.perf_counter()
         limit = _READ_LIMITS.get(request.limit, ReadLimit.HIGH_WATERMARK)
         budget = request.max_bytes if request.max_bytes > 0 else None
         min_one = True
-        response = log_pb2.ReadResponse()
-        for read in request.partitions:
-            result = response.results.add(topic=read.topic, partition=read.partition)
-            max_bytes = read.max_bytes if budget is None else min(read.max_bytes, budget)
-            partition_log: PartitionLog | None = None
-            try:
-                partition_log = self._manager.get(read.topic, read.partition)
-                info = partition_log.read(read.offset, max(max_bytes, 0), limit, min_one)
-            except Exception as exc:  # noqa: BLE001
-                result.error_code, result.error_message = _error_of("Read", exc)
-                _fill_offsets(result, partition_log)
-                continue
-            records = info.records
+
+        def read(item: log_pb2.PartitionRead, result: log_pb2.PartitionReadResult) -> None:
+            nonlocal budget, min_one
+            max_bytes = item.max_bytes if budget is None else min(item.max_bytes, budget)
+            records = self._log(item).read(item.offset, max(max_bytes, 0), limit, min_one)
             result.records = records
-            result.high_watermark = info.high_watermark
-            result.last_stable_offset = info.high_watermark  # no transactions yet
-            result.log_start_offset = info.log_start_offset
-            result.log_end_offset = info.log_end_offset
             if records:
-                metrics.topic(read.topic).read_bytes.inc(len(records))
+                metrics.topic(item.topic).read_bytes.inc(len(records))
                 min_one = False
                 if budget is not None:
                     budget = max(budget - len(records), 0)
+
+        response = log_pb2.ReadResponse()
+        await _each("Read", request.partitions, response.results, read)
+        for result in response.results:
+            self._fill_offsets(result)
         metrics.READ_SECONDS.observe(time.perf_counter() - started)
         return response
 
     async def ListOffsets(self, request, context):
         limit = _READ_LIMITS.get(request.limit, ReadLimit.HIGH_WATERMARK)
-        response = log_pb2.ListOffsetsResponse()
-        for query in request.partitions:
-            result = response.results.add(topic=query.topic, partition=query.partition)
-            try:
-                found = self._manager.get(query.topic, query.partition).list_offset(
-                    query.timestamp, limit
-                )
-            except Exception as exc:  # noqa: BLE001
-                result.error_code, _ = _error_of("ListOffsets", exc)
-                result.offset, result.timestamp = NO_OFFSET, NO_TIMESTAMP
-                result.leader_epoch = NO_LEADER_EPOCH
-                continue
-            result.offset = found.offset
-            result.timestamp = found.timestamp
+
+        def list_offset(query: log_pb2.PartitionTimestamp, result: log_pb2.PartitionOffset) -> None:
+            found = self._log(query).list_offset(query.timestamp, limit)
+            result.offset, result.timestamp = found.offset, found.timestamp
             result.leader_epoch = found.leader_epoch
+
+        response = log_pb2.ListOffsetsResponse()
+        await _each("ListOffsets", request.partitions, response.results, list_offset,
+                    offset=NO_OFFSET, timestamp=NO_TIMESTAMP, leader_epoch=NO_LEADER_EPOCH)
         return response
 
     async def DescribePartitions(self, request, context):
@@ -196,107 +199,101 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
             for partition_log in self._manager.partitions():
                 _describe(response.partitions.add(), partition_log)
             return response
-        for tp in request.partitions:
-            state = response.partitions.add(topic=tp.topic, partition=tp.partition)
-            try:
-                _describe(state, self._manager.get(tp.topic, tp.partition))
-            except Exception as exc:  # noqa: BLE001
-                state.error_code, _ = _error_of("DescribePartitions", exc)
-                state.log_start_offset = state.log_end_offset = NO_OFFSET
-                state.high_watermark = NO_OFFSET
+        await _each("DescribePartitions", request.partitions, response.partitions,
+                    lambda tp, state: _describe(state, self._log(tp)),
+                    log_start_offset=NO_OFFSET, log_end_offset=NO_OFFSET,
+                    high_watermark=NO_OFFSET)
         return response
 
     async def DeleteRecords(self, request, context):
+        async def delete(item: log_pb2.PartitionDeleteRecords,
+                         result: log_pb2.PartitionLowWatermark) -> None:
+            result.low_watermark = await self._manager.delete_records(
+                item.topic, item.partition, item.offset)
+
         response = log_pb2.DeleteRecordsResponse()
-        for item in request.partitions:
-            result = response.results.add(topic=item.topic, partition=item.partition)
-            try:
-                result.low_watermark = await self._manager.delete_records(
-                    item.topic, item.partition, item.offset)
-            except Exception as exc:  # noqa: BLE001
-                result.error_code, result.error_message = _error_of("DeleteRecords", exc)
-                result.low_watermark = NO_OFFSET
+        await _each("DeleteRecords", request.partitions, response.results, delete,
+                    low_watermark=NO_OFFSET)
         return response
 
     async def UpdatePartitionConfigs(self, request, context):
         response = log_pb2.UpdatePartitionConfigsResponse()
-        for spec in request.partitions:
-            result = response.results.add(topic=spec.topic, partition=spec.partition)
-            try:
-                self._manager.update_configs(spec.topic, spec.partition, dict(spec.configs))
-            except Exception as exc:  # noqa: BLE001
-                result.error_code, result.error_message = _error_of(
-                    "UpdatePartitionConfigs", exc)
+        await _each("UpdatePartitionConfigs", request.partitions, response.results,
+                    lambda spec, _: self._manager.update_configs(
+                        spec.topic, spec.partition, dict(spec.configs)))
         return response
-
 
     async def UpdateReplicaStates(self, request, context):
         response = log_pb2.UpdateReplicaStatesResponse()
-        for state in request.states:
-            result = response.results.add(topic=state.topic, partition=state.partition)
-            try:
-                await self._manager.get(state.topic, state.partition).become(
-                    _replica_state(state))
-            except Exception as exc:  # noqa: BLE001
-                result.error_code, result.error_message = _error_of("UpdateReplicaStates", exc)
+        await _each("UpdateReplicaStates", request.states, response.results,
+                    lambda state, _: self._log(state).become(_replica_state(state)))
         return response
 
     async def ReplicateAppend(self, request, context):
+        async def replicate(item: log_pb2.PartitionReplicate, _: object) -> None:
+            partition_log = self._log(item)
+            await partition_log.append_as_follower(item.records, item.leader_epoch,
+                                                   item.high_watermark)
+            # Kafka's maybeIncrementLogStartOffset: records the leader deleted go here too.
+            start = min(item.log_start_offset, partition_log.high_watermark)
+            if start > partition_log.log_start_offset:
+                await self._manager.delete_records(item.topic, item.partition, start)
+
         response = log_pb2.ReplicateAppendResponse()
-        for item in request.partitions:
-            result = response.results.add(topic=item.topic, partition=item.partition)
-            partition_log: PartitionLog | None = None
-            try:
-                partition_log = self._manager.get(item.topic, item.partition)
-                await partition_log.append_as_follower(item.records, item.leader_epoch,
-                                                       item.high_watermark)
-                # Kafka's maybeIncrementLogStartOffset: records the leader deleted go here too.
-                start = min(item.log_start_offset, partition_log.high_watermark)
-                if start > partition_log.log_start_offset:
-                    await self._manager.delete_records(item.topic, item.partition, start)
-            except Exception as exc:  # noqa: BLE001
-                result.error_code, result.error_message = _error_of("ReplicateAppend", exc)
-            _fill_ends(result, partition_log)
+        await _each("ReplicateAppend", request.partitions, response.results, replicate)
+        self._fill_ends(response.results)
         return response
 
     async def UpdateHighWatermarks(self, request, context):
         response = log_pb2.UpdateHighWatermarksResponse()
-        for item in request.partitions:
-            result = response.results.add(topic=item.topic, partition=item.partition)
-            try:
-                self._manager.get(item.topic, item.partition).update_high_watermark(
-                    item.high_watermark, item.leader_epoch)
-            except Exception as exc:  # noqa: BLE001
-                result.error_code, result.error_message = _error_of("UpdateHighWatermarks", exc)
+        await _each("UpdateHighWatermarks", request.partitions, response.results,
+                    lambda item, _: self._log(item).update_high_watermark(
+                        item.high_watermark, item.leader_epoch))
         return response
 
     async def Truncate(self, request, context):
+        def truncate(item: log_pb2.PartitionTruncation, _: object) -> Awaitable[object]:
+            partition_log = self._log(item)
+            if item.start_over:
+                return partition_log.start_over_at(item.offset)
+            return partition_log.truncate_to(item.offset)
+
         response = log_pb2.TruncateResponse()
-        for item in request.partitions:
-            result = response.results.add(topic=item.topic, partition=item.partition)
-            partition_log: PartitionLog | None = None
-            try:
-                partition_log = self._manager.get(item.topic, item.partition)
-                if item.start_over:
-                    await partition_log.start_over_at(item.offset)
-                else:
-                    await partition_log.truncate_to(item.offset)
-            except Exception as exc:  # noqa: BLE001
-                result.error_code, result.error_message = _error_of("Truncate", exc)
-            _fill_ends(result, partition_log)
+        await _each("Truncate", request.partitions, response.results, truncate)
+        self._fill_ends(response.results)
         return response
 
     async def OffsetForLeaderEpoch(self, request, context):
+        def end_offset(item: log_pb2.PartitionLeaderEpoch, result: log_pb2.EpochEndOffset) -> None:
+            result.leader_epoch, result.end_offset = self._log(item).end_offset_for_epoch(
+                item.leader_epoch)
+
         response = log_pb2.OffsetForLeaderEpochResponse()
-        for item in request.partitions:
-            result = response.results.add(topic=item.topic, partition=item.partition)
-            try:
-                result.leader_epoch, result.end_offset = self._manager.get(
-                    item.topic, item.partition).end_offset_for_epoch(item.leader_epoch)
-            except Exception as exc:  # noqa: BLE001
-                result.error_code, _ = _error_of("OffsetForLeaderEpoch", exc)
-                result.leader_epoch, result.end_offset = NO_LEADER_EPOCH, NO_OFFSET
+        await _each("OffsetForLeaderEpoch", request.partitions, response.results, end_offset,
+                    leader_epoch=NO_LEADER_EPOCH, end_offset=NO_OFFSET)
         return response
+
+    def _fill_ends(self, results: Iterable[log_pb2.PartitionReplicateResult]) -> None:
+        """The log end offset and high watermark after a replication call (-1: no replica)."""
+        for result in results:
+            partition_log = self._manager.find(result.topic, result.partition)
+            result.log_end_offset = NO_OFFSET if partition_log is None else (
+                partition_log.log_end_offset)
+            result.high_watermark = NO_OFFSET if partition_log is None else (
+                partition_log.high_watermark)
+
+    def _fill_offsets(self, result: log_pb2.PartitionReadResult) -> None:
+        """The replica's offsets after a read, failed or not (they tell a reader whose offset
+        is out of range where the log is); unknown (-1) without a replica. The last stable
+        offset is the high watermark: no transactions yet."""
+        partition_log = self._manager.find(result.topic, result.partition)
+        if partition_log is None:
+            result.high_watermark = result.last_stable_offset = NO_OFFSET
+            result.log_start_offset = result.log_end_offset = NO_OFFSET
+            return
+        result.high_watermark = result.last_stable_offset = partition_log.high_watermark
+        result.log_start_offset = partition_log.log_start_offset
+        result.log_end_offset = partition_log.log_end_offset
 
 
 _ROLES = {
@@ -316,27 +313,6 @@ def _replica_state(message: log_pb2.ReplicaState) -> ReplicaState:
         raise KafkaError(ErrorCode.invalid_request, "a replica state must lead or follow")
     return ReplicaState(role=role, leader_epoch=message.leader_epoch,
                         in_sync_alone=message.in_sync_alone)
-
-
-def _fill_ends(result: log_pb2.PartitionReplicateResult,
-               partition_log: PartitionLog | None) -> None:
-    if partition_log is None:
-        result.log_end_offset = result.high_watermark = NO_OFFSET
-    else:
-        result.log_end_offset = partition_log.log_end_offset
-        result.high_watermark = partition_log.high_watermark
-
-
-def _fill_offsets(result: log_pb2.PartitionReadResult, partition_log: PartitionLog | None) -> None:
-    """Offsets of a failed read: the replica's own when it exists (they tell a reader whose
-    offset is out of range where the log is), else unknown (-1)."""
-    if partition_log is None:
-        result.high_watermark = result.last_stable_offset = NO_OFFSET
-        result.log_start_offset = result.log_end_offset = NO_OFFSET
-        return
-    result.high_watermark = result.last_stable_offset = partition_log.high_watermark
-    result.log_start_offset = partition_log.log_start_offset
-    result.log_end_offset = partition_log.log_end_offset
 
 
 def _describe(state: log_pb2.PartitionState, partition_log: PartitionLog) -> None:

@@ -64,7 +64,7 @@ def read_all(partition_log: PartitionLog) -> list[tuple[int, bytes | None, bytes
     out = []
     offset = partition_log.log_start_offset
     for _ in range(10_000):
-        data = partition_log.read(offset, 1 << 20, HW).records
+        data = partition_log.read(offset, 1 << 20, HW)
         if not data:
             break
         for batch in iter_batches(data):
@@ -123,7 +123,7 @@ def test_a_rewritten_batch_keeps_its_base_offset_last_offset_delta_and_producer(
     asyncio.run(partition_log.flush())
     partition_log._roll()  # the data becomes cleanable
     clean(partition_log)
-    data = partition_log.read(0, 1 << 20, HW).records
+    data = partition_log.read(0, 1 << 20, HW)
     first, second = list(iter_batches(data))
     header = first.header
     assert (header.base_offset, header.last_offset_delta, header.record_count) == (0, 3, 2)
@@ -181,7 +181,7 @@ def test_tombstones_are_kept_for_delete_retention_then_removed(tmp_path: Path) -
     records = read_all(partition_log)
     assert (2, b"a", None) in records and (0, b"a", b"1") not in records
     # The tombstone's batch now carries its delete horizon: first clean + delete.retention.ms.
-    data = partition_log.read(2, 1 << 20, HW).records
+    data = partition_log.read(2, 1 << 20, HW)
     header = read_header(data)
     assert header.attributes & DELETE_HORIZON_BIT and header.base_timestamp == NOW + DAY
     assert header.max_timestamp == NOW - DAY  # record timestamps unchanged
@@ -230,7 +230,7 @@ def test_compressed_batches_are_compacted_in_their_own_codec(tmp_path: Path, cod
     after = read_all(partition_log)
     assert latest_per_key(after) == latest_per_key(before)
     assert len(after) == 10 + 6
-    data = b"".join(partition_log.read(s.base_offset, 1 << 20, HW).records
+    data = b"".join(partition_log.read(s.base_offset, 1 << 20, HW)
                     for s in partition_log.segments if s.size)
     for batch in iter_batches(data):
         assert batch.header.compression == CODECS[codec]
@@ -252,7 +252,7 @@ def test_a_producers_last_batch_stays_as_an_empty_batch(tmp_path: Path) -> None:
     asyncio.run(partition_log.flush())
     partition_log._roll()  # the data becomes cleanable
     clean(partition_log)
-    data = partition_log.read(0, 1 << 20, HW).records
+    data = partition_log.read(0, 1 << 20, HW)
     headers = [b.header for b in iter_batches(data)]
     # The first batch of producer 7 is gone; its last one stays, empty, for its sequence.
     assert [(h.base_offset, h.last_offset_delta, h.record_count, h.producer_id,
@@ -278,7 +278,7 @@ def test_small_cleaned_segments_are_grouped_into_one(tmp_path: Path) -> None:
     reopened = open_log(tmp_path, segment_ms=1000)
     assert read_all(reopened) == [(6, b"k", b"6"), (7, b"k", b"7")]
     # Reads inside the gap land on the next batch.
-    assert read_header(reopened.read(2, 1 << 20, HW).records).base_offset == 6
+    assert read_header(reopened.read(2, 1 << 20, HW)).base_offset == 6
     reopened.close()
 
 

@@ -33,7 +33,7 @@ def copy_all(leader: PartitionLog, follower: PartitionLog) -> int:
     for rounds in range(1, 1000):
         if follower.log_end_offset >= leader.log_end_offset:
             return rounds
-        data = leader.read(follower.log_end_offset, 1 << 20, ReadLimit.LOG_END).records
+        data = leader.read(follower.log_end_offset, 1 << 20, ReadLimit.LOG_END)
         assert data, f"nothing to read at {follower.log_end_offset}"
         asyncio.run(follower.append_as_follower(data, leader_epoch=0))
     raise AssertionError("the follower never caught up")
@@ -42,7 +42,7 @@ def copy_all(leader: PartitionLog, follower: PartitionLog) -> int:
 def batches_of(partition_log: PartitionLog) -> list[bytes]:
     out, offset = [], partition_log.log_start_offset
     while offset < partition_log.log_end_offset:
-        data = partition_log.read(offset, 1 << 20, ReadLimit.LOG_END).records
+        data = partition_log.read(offset, 1 << 20, ReadLimit.LOG_END)
         for batch in iter_batches(data):
             out.append(bytes(data[batch.position:batch.position + batch.header.size]))
             offset = batch.header.next_offset

@@ -43,7 +43,7 @@ def test_a_clean_close_keeps_the_high_watermark(tmp_path: Path) -> None:
     reopened = open_log(tmp_path)
     assert (reopened.state.role, reopened.high_watermark, reopened.log_end_offset) == (
         Role.UNKNOWN, 9, 12)
-    data = reopened.read(0, 1 << 20, ReadLimit.HIGH_WATERMARK).records
+    data = reopened.read(0, 1 << 20, ReadLimit.HIGH_WATERMARK)
     assert data, "committed records are readable again"
     reopened.close()
 
