@@ -132,7 +132,7 @@ class LogManager:
             raise ValueError(f"metadata names {metadata.topic}-{metadata.partition}")
         config = self.defaults.with_overrides(metadata.configs)
         key = (metadata.topic, metadata.partition)
-        partition_log = PartitionLog.open(
+        partition_log = PartitionLog(
             directory, metadata.topic, metadata.partition, metadata.topic_id, config,
             self._on_high_watermark,
             recovery_point=self._saved_recovery_points.get(key, 0),
@@ -179,7 +179,7 @@ class LogManager:
         directory.mkdir(parents=True, exist_ok=True)
         metadata.write(directory)
         fsync_directory(self.data_dir)
-        partition_log = PartitionLog.open(
+        partition_log = PartitionLog(
             directory, topic, partition, topic_id, config, self._on_high_watermark
         )
         self._logs[(topic, partition)] = partition_log

@@ -87,7 +87,7 @@ from .checkpoint import HIGH_WATERMARK_FILE, OffsetCheckpoint
 from .index_file import MAX_RELATIVE_OFFSET
 from .leader_epochs import LeaderEpochCache
 from .log_validator import assign_offsets, check_keys, stored_batch_problem, validate_append
-from .producer_state import BatchMetadata, ProducerStateManager, snapshot_name
+from .producer_state import ProducerStateManager, snapshot_name
 from .replica_state import ReplicaState, Role
 from .segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, file_offsets
 from .topic_config import TimestampType, TopicConfig
@@ -151,7 +151,7 @@ def directory_name(topic: str, partition: int) -> str:
 
 
 class PartitionLog:
-    """A partition replica's log; build it with :meth:`open`."""
+    """A partition replica's log."""
 
     def __init__(
         self,
@@ -160,37 +160,36 @@ class PartitionLog:
         partition: int,
         topic_id: str,
         config: TopicConfig,
-        segments: list[LogSegment],
         on_high_watermark: HighWatermarkListener | None = None,
-        advance_high_watermark_on_append: bool = True,
+        recovery_point: int = 0,
         log_start_offset: int = 0,
     ) -> None:
+        """Open the log in ``directory`` (created if missing), recovering it (see
+        :func:`load_segments`) with the node's checkpointed ``recovery_point``;
+        ``log_start_offset`` (from the node's checkpoint) is kept within the loaded offsets."""
         self.directory = directory
         self.topic = topic
         self.partition = partition
         self.topic_id = topic_id
         self.config = config
-        self._segments = segments
+        # Bytes of torn or corrupt data that recovery removed when the log was opened.
+        self._segments, self.truncated_at_open = load_segments(directory, config, recovery_point)
         self._on_high_watermark = on_high_watermark
-        # Without replication the leader is the only replica, so an append is committed at
-        # once; replication turns this off and moves the high watermark through the setter.
-        self.advance_high_watermark_on_append = advance_high_watermark_on_append
         self._log_start_offset = min(
-            max(log_start_offset, segments[0].base_offset), self.log_end_offset)
+            max(log_start_offset, self._segments[0].base_offset), self.log_end_offset)
         self._high_watermark = self.log_end_offset
         self._lock = asyncio.Lock()
         self._closed = False
-        # Bytes of torn or corrupt data that recovery removed when the log was opened.
-        self.truncated_at_open = 0
         # Everything below this offset is on disk.
         self.recovery_point = self.log_end_offset
         self._unflushed_messages = 0
         self._last_flush_ms = now_ms()
         self._background: set[asyncio.Task[None]] = set()
-        # Idempotent producers' epochs and last batches (rebuilt by open()).
+        # Idempotent producers' epochs and last batches.
         self.producer_state = ProducerStateManager(directory)
+        self.producer_state.load(self._segments, self.log_end_offset)
         self.leader_epochs = LeaderEpochCache(directory)
-        self.state: ReplicaState = replica_state.STANDALONE
+        self.leader_epochs.truncate_from_end(self.log_end_offset)
         # The high watermark as last written to replication-offset-checkpoint (None: never).
         self._high_watermark_file = OffsetCheckpoint(directory / HIGH_WATERMARK_FILE)
         self._checkpointed_high_watermark: int | None = None
@@ -199,86 +198,12 @@ class PartitionLog:
         self._checkpoint_lock = threading.Lock()
         # Set (and replaced) whenever the log end offset grows; long-poll readers wait on it.
         self._appended: asyncio.Event | None = None
-
-    @classmethod
-    def open(
-        cls,
-        directory: Path,
-        topic: str,
-        partition: int,
-        topic_id: str,
-        config: TopicConfig,
-        on_high_watermark: HighWatermarkListener | None = None,
-        recovery_point: int = 0,
-        log_start_offset: int = 0,
-    ) -> PartitionLog:
-        """Load the segments in ``directory`` (created if missing); an empty directory gets an
-        empty segment at offset 0.
-
-        Segments wholly below ``recovery_point`` were flushed before: only their indexes are
-        checked (and rebuilt if unusable). Every segment holding offsets at or past it is
-        validated batch by batch with its indexes rebuilt; the first torn or corrupt batch
-        truncates the log there and any later segment is deleted, as nothing after a hole can
-        be trusted. What was recovered is flushed, so the recovery point is then the log end.
-        ``log_start_offset`` (from the node's checkpoint) is kept within the loaded offsets."""
-        directory.mkdir(parents=True, exist_ok=True)
-        segment_swap.recover(directory)
-        bases = file_offsets(directory, LOG_SUFFIX)
-        for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
-            for index_path in directory.glob("*" + suffix):
-                if not index_path.stem.isdigit() or int(index_path.stem) not in bases:
-                    log.warning("%s: removing an index without its log", index_path)
-                    index_path.unlink()
-        segments: list[LogSegment] = []
-        truncated = 0
-        try:
-            for position, base in enumerate(bases):
-                segment = LogSegment(directory, base, config.index_interval_bytes)
-                segments.append(segment)
-                is_last = position == len(bases) - 1
-                if truncated:
-                    log.warning("%s: deleting segment %d after a truncated one",
-                                directory, base)
-                    segments.pop().delete()
-                    continue
-                if not is_last and bases[position + 1] <= recovery_point:
-                    segment.load()
-                    continue
-                if is_last and base < recovery_point:
-                    segment.load()
-                    if segment.next_offset <= recovery_point:
-                        continue
-                cut = segment.recover(trust_index=False)
-                log.info("%s: validated segment %d past the recovery point %d: offsets up "
-                         "to %d, %d byte(s) truncated", directory, base, recovery_point,
-                         segment.next_offset, cut)
-                truncated += cut
-                segment.flush()
-            if not segments:
-                segments.append(LogSegment.create(directory, 0, config.index_interval_bytes))
-        except BaseException:
-            for segment in segments:
-                segment.close()
-            raise
-        partition_log = cls(
-            directory, topic, partition, topic_id, config, segments, on_high_watermark,
-            log_start_offset=log_start_offset,
-        )
-        partition_log.truncated_at_open = truncated
-        partition_log.producer_state.load(segments, partition_log.log_end_offset)
-        partition_log.leader_epochs.truncate_from_end(partition_log.log_end_offset)
-        partition_log._restore_state()
-        return partition_log
-
-    def _restore_state(self) -> None:
-        state = replica_state.restored(replica_state.read(self.directory))
-        self.state = state
-        self.advance_high_watermark_on_append = state.commits_alone
-        if state.replicated:
+        self.state = replica_state.restored(replica_state.read(directory))
+        if self.state.replicated:
             # What was committed when the high watermark was last checkpointed, never past
             # what recovery kept; without a checkpoint nothing is known to be committed, and
             # consumers see nothing they might later have to unsee until the replicator says.
-            stored = self._high_watermark_file.read().get((self.topic, self.partition))
+            stored = self._high_watermark_file.read().get((topic, partition))
             self._checkpointed_high_watermark = stored
             self._high_watermark = self._log_start_offset if stored is None else min(
                 max(stored, self._log_start_offset), self.log_end_offset)
@@ -347,18 +272,17 @@ class PartitionLog:
             append_time = int(time.time() * 1000) if now_ms is None else now_ms
         async with self._lock:
             self._check_open()
+            self._check_role(Role.LEADER)
             state = self.state
-            if state.role is not Role.LEADER:
-                raise KafkaError(ErrorCode.not_leader_or_follower,
-                                 f"this replica of {self.topic}-{self.partition} is not the "
-                                 f"leader (it is {state.role.value})")
             base_offset = self.log_end_offset
             if expected_log_end_offset is not None and expected_log_end_offset != base_offset:
                 raise KafkaError(ErrorCode.invalid_update_version,
                                  f"log end offset is {base_offset}, not {expected_log_end_offset}")
             producers = self.producer_state.validate(batches)
             if producers is not None and producers.duplicate is not None:
-                return self._duplicate_append(producers.duplicate, append_time)
+                duplicate = producers.duplicate  # stored already: its offsets, nothing appended
+                return self._answer(duplicate.first_offset, duplicate.last_offset,
+                                    None if append_time is None else duplicate.timestamp, 0, 0)
             next_offset = assign_offsets(buffer, batches, base_offset, append_time)
             if next_offset - 1 - base_offset > MAX_RELATIVE_OFFSET:
                 raise KafkaError(ErrorCode.invalid_record, "offset range of the append too large")
@@ -374,38 +298,30 @@ class PartitionLog:
             segment.append(buffer, [batch.position for batch in batches])
             if producers is not None:
                 self.producer_state.complete(producers, base_offset, append_time)
-            self._signal_append()
-            if self.advance_high_watermark_on_append:
-                self.high_watermark = self.log_end_offset
-            self._unflushed_messages += next_offset - base_offset
-            if self._unflushed_messages >= config.flush_messages:
-                await self._flush_locked()
-            return AppendInfo(
-                base_offset=base_offset,
-                last_offset=next_offset - 1,
-                log_append_time_ms=NO_TIMESTAMP if append_time is None else append_time,
-                log_start_offset=self.log_start_offset,
-                log_end_offset=self.log_end_offset,
-                high_watermark=self._high_watermark,
-                size_bytes=len(buffer),
-                batch_count=len(batches),
-                leader_epoch=state.leader_epoch,
-            )
+            await self._appended_locked(next_offset - base_offset)
+            return self._answer(base_offset, next_offset - 1, append_time, len(buffer),
+                                len(batches))
 
-    def _duplicate_append(self, duplicate: BatchMetadata, append_time: int | None) -> AppendInfo:
-        """The answer to a retried batch that is stored already: its original offsets (and
-        stamp), nothing appended."""
+    def _answer(self, base_offset: int, last_offset: int, append_time: int | None, size: int,
+                batch_count: int) -> AppendInfo:
         return AppendInfo(
-            base_offset=duplicate.first_offset,
-            last_offset=duplicate.last_offset,
-            log_append_time_ms=NO_TIMESTAMP if append_time is None else duplicate.timestamp,
-            log_start_offset=self.log_start_offset,
-            log_end_offset=self.log_end_offset,
-            high_watermark=self._high_watermark,
-            size_bytes=0,
-            batch_count=0,
-            leader_epoch=self.state.leader_epoch,
-        )
+            base_offset=base_offset, last_offset=last_offset,
+            log_append_time_ms=NO_TIMESTAMP if append_time is None else append_time,
+            log_start_offset=self.log_start_offset, log_end_offset=self.log_end_offset,
+            high_watermark=self._high_watermark, size_bytes=size, batch_count=batch_count,
+            leader_epoch=self.state.leader_epoch)
+
+    async def _appended_locked(self, messages: int) -> None:
+        """After an append of either kind: wake the long-poll readers, commit at once if
+        alone in the ISR, and flush if flush.messages says so."""
+        appended, self._appended = self._appended, None
+        if appended is not None:
+            appended.set()
+        if self.state.commits_alone:
+            self.high_watermark = self.log_end_offset
+        self._unflushed_messages += messages
+        if self._unflushed_messages >= self.config.flush_messages:
+            await self._flush_locked()
 
     def _maybe_roll(self, append_size: int, last_offset: int, max_timestamp: int) -> LogSegment:
         """The segment to append to: a new one when the active one would grow past
@@ -493,13 +409,19 @@ class PartitionLog:
             self.state = state
             if state.role is Role.LEADER:
                 self.leader_epochs.assign(state.leader_epoch, self.log_end_offset)
-            self.advance_high_watermark_on_append = state.commits_alone
             if state.commits_alone:
                 self.high_watermark = self.log_end_offset
             log.info("%s-%d: %s at leader epoch %d%s", self.topic, self.partition,
                      state.role.value, state.leader_epoch,
                      " (alone in the ISR)" if state.commits_alone else "")
             return True
+
+    def _check_role(self, role: Role) -> None:
+        if self.state.role is not role:
+            raise KafkaError(ErrorCode.not_leader_or_follower,
+                             f"this replica of {self.topic}-{self.partition} is not "
+                             f"{'the' if role is Role.LEADER else 'a'} {role.value} "
+                             f"(it is {self.state.role.value})")
 
     def _check_epoch(self, leader_epoch: int) -> None:
         current = self.state.leader_epoch
@@ -523,18 +445,13 @@ class PartitionLog:
         UNKNOWN_LEADER_EPOCH when newer) and the replica a follower (else
         NOT_LEADER_OR_FOLLOWER). Then the high watermark moves up to ``high_watermark``
         (within the log end; -1: unchanged)."""
-        if self.state.role is not Role.FOLLOWER:
-            raise KafkaError(ErrorCode.not_leader_or_follower,
-                             f"this replica of {self.topic}-{self.partition} is not a follower "
-                             f"(it is {self.state.role.value})")
+        self._check_role(Role.FOLLOWER)
         self._check_epoch(leader_epoch)
         if records:
             async with self._lock:
                 self._check_open()
                 # The lock was awaited: the state may have moved on meanwhile.
-                if self.state.role is not Role.FOLLOWER:
-                    raise KafkaError(ErrorCode.not_leader_or_follower,
-                                     f"{self.topic}-{self.partition} stopped following")
+                self._check_role(Role.FOLLOWER)
                 self._check_epoch(leader_epoch)
                 self._maybe_restart_empty(records)
                 batches = _validate_replicated(records, self.log_end_offset)
@@ -546,10 +463,7 @@ class PartitionLog:
                     self.producer_state.replay(batch.header)
                     self.leader_epochs.assign(batch.header.partition_leader_epoch,
                                               batch.header.base_offset)
-                self._signal_append()
-                self._unflushed_messages += last.next_offset - batches[0].header.base_offset
-                if self._unflushed_messages >= self.config.flush_messages:
-                    await self._flush_locked()
+                await self._appended_locked(last.next_offset - batches[0].header.base_offset)
         if high_watermark >= 0 and high_watermark > self._high_watermark:
             self.high_watermark = high_watermark
 
@@ -640,11 +554,6 @@ class PartitionLog:
         """OffsetForLeaderEpoch on this replica: see
         :meth:`~services.log.leader_epochs.LeaderEpochCache.end_offset_for`."""
         return self.leader_epochs.end_offset_for(leader_epoch, self.log_end_offset)
-
-    def _signal_append(self) -> None:
-        appended, self._appended = self._appended, None
-        if appended is not None:
-            appended.set()
 
     def appended(self) -> asyncio.Event:
         """An event set by the next append of either kind (a long-poll reader awaits it)."""
@@ -939,6 +848,60 @@ class PartitionLog:
         finally:
             for segment in self._segments:
                 segment.close()
+
+
+def load_segments(
+    directory: Path, config: TopicConfig, recovery_point: int
+) -> tuple[list[LogSegment], int]:
+    """The segments in ``directory`` (Kafka's ``LogLoader``), after settling an interrupted
+    segment swap, and the bytes recovery truncated; an empty directory gets an empty segment
+    at offset 0.
+
+    Segments wholly below ``recovery_point`` were flushed before: only their indexes are
+    checked (and rebuilt if unusable). Every segment holding offsets at or past it is
+    validated batch by batch with its indexes rebuilt; the first torn or corrupt batch
+    truncates the log there and any later segment is deleted, as nothing after a hole can be
+    trusted. What was recovered is flushed, so the recovery point is then the log end."""
+    directory.mkdir(parents=True, exist_ok=True)
+    segment_swap.recover(directory)
+    bases = file_offsets(directory, LOG_SUFFIX)
+    for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+        for index_path in directory.glob("*" + suffix):
+            if not index_path.stem.isdigit() or int(index_path.stem) not in bases:
+                log.warning("%s: removing an index without its log", index_path)
+                index_path.unlink()
+    segments: list[LogSegment] = []
+    truncated = 0
+    try:
+        for position, base in enumerate(bases):
+            segment = LogSegment(directory, base, config.index_interval_bytes)
+            segments.append(segment)
+            is_last = position == len(bases) - 1
+            if truncated:
+                log.warning("%s: deleting segment %d after a truncated one",
+                            directory, base)
+                segments.pop().delete()
+                continue
+            if not is_last and bases[position + 1] <= recovery_point:
+                segment.load()
+                continue
+            if is_last and base < recovery_point:
+                segment.load()
+                if segment.next_offset <= recovery_point:
+                    continue
+            cut = segment.recover(trust_index=False)
+            log.info("%s: validated segment %d past the recovery point %d: offsets up "
+                     "to %d, %d byte(s) truncated", directory, base, recovery_point,
+                     segment.next_offset, cut)
+            truncated += cut
+            segment.flush()
+        if not segments:
+            segments.append(LogSegment.create(directory, 0, config.index_interval_bytes))
+    except BaseException:
+        for segment in segments:
+            segment.close()
+        raise
+    return segments, truncated
 
 
 def _validate_replicated(records: bytes, log_end_offset: int) -> list[Batch]:

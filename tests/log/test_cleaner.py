@@ -6,6 +6,7 @@ reads during cleaning, and a model-based property test."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -42,7 +43,7 @@ Entry = tuple[bytes | None, bytes | None]
 
 def open_log(directory: Path, **settings: object) -> PartitionLog:
     settings.setdefault("cleanup_policy", "compact")
-    return PartitionLog.open(directory / "t-0", "t", 0, "", TopicConfig(**settings))  # type: ignore[arg-type]
+    return PartitionLog(directory / "t-0", "t", 0, "", TopicConfig(**settings))  # type: ignore[arg-type]
 
 
 def produce(partition_log: PartitionLog, entries: Sequence[Entry], timestamp: int = NOW - DAY,
@@ -140,7 +141,7 @@ def test_the_active_segment_and_data_past_the_high_watermark_are_not_cleaned(
     tmp_path: Path
 ) -> None:
     partition_log = open_log(tmp_path, segment_bytes=200)
-    partition_log.advance_high_watermark_on_append = False
+    partition_log.state = dataclasses.replace(partition_log.state, in_sync_alone=False)
     for i in range(12):
         produce(partition_log, [(b"k", b"%d" % i)])
     bases = [s.base_offset for s in partition_log.segments]

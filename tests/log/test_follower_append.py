@@ -23,7 +23,7 @@ DAY = 86_400_000
 
 
 def compacted(directory: Path) -> PartitionLog:
-    return PartitionLog.open(directory, "t", 0, "", TopicConfig(
+    return PartitionLog(directory, "t", 0, "", TopicConfig(
         cleanup_policy="compact", segment_bytes=400))
 
 

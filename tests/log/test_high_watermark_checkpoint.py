@@ -18,7 +18,7 @@ FOLLOWER = ReplicaState(role=Role.FOLLOWER, leader_epoch=0, in_sync_alone=False)
 
 
 def open_log(directory: Path) -> PartitionLog:
-    return PartitionLog.open(directory, "t", 0, "", TopicConfig())
+    return PartitionLog(directory, "t", 0, "", TopicConfig())
 
 
 def follower_with(directory: Path, batches: int, high_watermark: int) -> PartitionLog:
@@ -68,7 +68,7 @@ def test_the_restored_high_watermark_never_passes_the_recovered_log_end(tmp_path
     data = segment.read_bytes()
     segment.write_bytes(data[:-5])  # the last batch torn: recovery cuts the log at 9
     (tmp_path / "recovery-point-offset-checkpoint").unlink(missing_ok=True)
-    reopened = PartitionLog.open(tmp_path, "t", 0, "", TopicConfig(), recovery_point=0)
+    reopened = PartitionLog(tmp_path, "t", 0, "", TopicConfig(), recovery_point=0)
     assert (reopened.log_end_offset, reopened.high_watermark) == (9, 9)
     reopened.close()
 

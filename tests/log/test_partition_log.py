@@ -4,6 +4,7 @@ reads, offset lookups, segment rolling, restart and recovery."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import tempfile
 from pathlib import Path
 
@@ -29,7 +30,7 @@ HW, END = ReadLimit.HIGH_WATERMARK, ReadLimit.LOG_END
 
 
 def open_log(directory: Path, **settings: object) -> PartitionLog:
-    return PartitionLog.open(directory / "t-0", "t", 0, "", TopicConfig(**settings))  # type: ignore[arg-type]
+    return PartitionLog(directory / "t-0", "t", 0, "", TopicConfig(**settings))  # type: ignore[arg-type]
 
 
 def append(partition_log: PartitionLog, records: bytes, now_ms: int | None = None):
@@ -93,12 +94,12 @@ def test_reads_at_and_beyond_the_ends(tmp_path: Path) -> None:
 
 def test_consumers_never_read_past_the_high_watermark(tmp_path: Path) -> None:
     moves: list[tuple[str, int, int, int]] = []
-    partition_log = PartitionLog.open(
+    partition_log = PartitionLog(
         tmp_path / "t-0", "t", 0, "", TopicConfig(), lambda *move: moves.append(move)
     )
     append(partition_log, build_batch(values(3)))
     assert moves == [("t", 0, 3, -1)]  # -1: a replica without a leader epoch
-    partition_log.advance_high_watermark_on_append = False
+    partition_log.state = dataclasses.replace(partition_log.state, in_sync_alone=False)
     append(partition_log, build_batch(values(2)))
     append(partition_log, build_batch(values(4)))
     assert partition_log.high_watermark == 3
@@ -200,7 +201,7 @@ def test_list_offsets_by_timestamp(tmp_path: Path) -> None:
     assert lookup(102) == (0, 102)
     assert lookup(150) == (3, 302)
     assert lookup(303) == (-1, -1)
-    partition_log.advance_high_watermark_on_append = False
+    partition_log.state = dataclasses.replace(partition_log.state, in_sync_alone=False)
     partition_log.high_watermark = 3
     assert lookup(LATEST_TIMESTAMP) == (3, -1)
     assert lookup(LATEST_TIMESTAMP, END) == (9, -1)

@@ -40,7 +40,7 @@ def batch(producer_id: int, epoch: int, sequence: int, count: int = 1, tag: str 
 
 
 def open_log(directory: Path, **settings: object) -> PartitionLog:
-    return PartitionLog.open(directory / "t-0", "t", 0, "", TopicConfig(**settings))  # type: ignore[arg-type]
+    return PartitionLog(directory / "t-0", "t", 0, "", TopicConfig(**settings))  # type: ignore[arg-type]
 
 
 def append(partition_log: PartitionLog, records: bytes):

@@ -4,6 +4,7 @@ log start offset, flush policies and the recovery point, against real files."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ DAY = 86_400_000
 
 
 def open_log(directory: Path, **settings: object) -> PartitionLog:
-    return PartitionLog.open(directory / "t-0", "t", 0, "", TopicConfig(**settings))  # type: ignore[arg-type]
+    return PartitionLog(directory / "t-0", "t", 0, "", TopicConfig(**settings))  # type: ignore[arg-type]
 
 
 def append_at(partition_log: PartitionLog, timestamp: int, count: int = 2) -> int:
@@ -67,7 +68,7 @@ def test_retention_ms_deletes_old_segments_but_never_the_active_one(tmp_path: Pa
 
 def test_retention_stops_at_the_high_watermark_and_for_compact_topics(tmp_path: Path) -> None:
     partition_log = open_log(tmp_path, segment_ms=1000, retention_ms=0)
-    partition_log.advance_high_watermark_on_append = False
+    partition_log.state = dataclasses.replace(partition_log.state, in_sync_alone=False)
     for timestamp in (1000, 5000, 9000):
         append_at(partition_log, timestamp)
     partition_log.high_watermark = 3  # inside the second segment
@@ -192,7 +193,7 @@ def test_a_flipped_byte_past_the_recovery_point_truncates_the_log_there(tmp_path
     victim.write_bytes(bytes(data))
     first_base = int(victim.stem)
     # Recovery point inside the first segment: everything from it on is validated.
-    reopened = PartitionLog.open(tmp_path / "t-0", "t", 0, "",
+    reopened = PartitionLog(tmp_path / "t-0", "t", 0, "",
                                  TopicConfig(segment_bytes=300, index_interval_bytes=50),
                                  recovery_point=1)
     assert reopened.log_end_offset == first_base + 2
@@ -210,12 +211,12 @@ def test_segments_below_the_recovery_point_are_not_revalidated(tmp_path: Path) -
     data[70] ^= 0x04  # the records of the first batch: only a CRC check can see it
     victim.write_bytes(bytes(data))
     end_base = int(files[-1].stem)
-    trusted = PartitionLog.open(tmp_path / "t-0", "t", 0, "",
+    trusted = PartitionLog(tmp_path / "t-0", "t", 0, "",
                                 TopicConfig(segment_bytes=300, index_interval_bytes=50),
                                 recovery_point=end_base)
     assert trusted.log_end_offset == 24 and trusted.truncated_at_open == 0
     trusted.close()
-    checked = PartitionLog.open(tmp_path / "t-0", "t", 0, "",
+    checked = PartitionLog(tmp_path / "t-0", "t", 0, "",
                                 TopicConfig(segment_bytes=300, index_interval_bytes=50))
     assert checked.log_end_offset == 0 and checked.segment_count == 1
     checked.close()

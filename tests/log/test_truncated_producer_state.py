@@ -27,7 +27,7 @@ def batch(sequence: int, count: int = 3, **offsets: int) -> bytes:
 
 
 def follower(directory: Path, **config: int) -> PartitionLog:
-    partition_log = PartitionLog.open(directory, "t", 0, "", TopicConfig(**config))  # type: ignore[arg-type]
+    partition_log = PartitionLog(directory, "t", 0, "", TopicConfig(**config))  # type: ignore[arg-type]
     asyncio.run(partition_log.become(ReplicaState(role=Role.FOLLOWER, leader_epoch=0,
                                                   in_sync_alone=False)))
     return partition_log
@@ -68,12 +68,12 @@ def test_the_rebuilt_state_survives_a_restart(tmp_path: Path) -> None:
     partition_log = follower(tmp_path, segment_bytes=200)
     copy(partition_log, 4)
     partition_log.close()  # a snapshot at offset 12, with sequences up to 11
-    partition_log = PartitionLog.open(tmp_path, "t", 0, "", TopicConfig(segment_bytes=200))
+    partition_log = PartitionLog(tmp_path, "t", 0, "", TopicConfig(segment_bytes=200))
     asyncio.run(partition_log.become(ReplicaState(role=Role.FOLLOWER, leader_epoch=0,
                                                   in_sync_alone=False)))
     asyncio.run(partition_log.truncate_to(3))
     partition_log.close(flush=False)  # a kill right after the cut
-    partition_log = PartitionLog.open(tmp_path, "t", 0, "", TopicConfig(segment_bytes=200))
+    partition_log = PartitionLog(tmp_path, "t", 0, "", TopicConfig(segment_bytes=200))
     assert partition_log.producer_state.entry(7).last_seq == 2
     lead(partition_log)
     assert asyncio.run(partition_log.append(batch(3))).base_offset == 3
