@@ -64,9 +64,9 @@ def check_topic_name(topic: str) -> None:
 class Schedule:
     """How often the background work runs, in milliseconds (Kafka's ``log.*.interval.ms``)."""
 
-    retention_check_ms: int = 300_000
-    flush_check_ms: int = 1_000
-    checkpoint_ms: int = 60_000
+    retention_check_interval_ms: int = 300_000
+    flush_check_interval_ms: int = 1_000
+    checkpoint_interval_ms: int = 60_000
     cleaner_backoff_ms: int = 15_000
     cleaner_max_map_keys: int = DEFAULT_MAX_MAP_KEYS
 
@@ -287,14 +287,11 @@ class LogManager:
             self.write_recovery_checkpoint()
             self.write_log_start_checkpoint()
 
-        self._tasks = [
-            asyncio.create_task(_every(schedule.retention_check_ms, self.enforce_retention,
-                                       "retention")),
-            asyncio.create_task(_every(schedule.flush_check_ms, self.flush_by_time, "flush")),
-            asyncio.create_task(_every(schedule.checkpoint_ms, checkpoints, "checkpoint")),
-            asyncio.create_task(_every(schedule.cleaner_backoff_ms, self.clean_logs,
-                                       "log cleaner")),
-        ]
+        self._tasks = [asyncio.create_task(_every(*every)) for every in (
+            (schedule.retention_check_interval_ms, self.enforce_retention, "retention"),
+            (schedule.flush_check_interval_ms, self.flush_by_time, "flush"),
+            (schedule.checkpoint_interval_ms, checkpoints, "checkpoint"),
+            (schedule.cleaner_backoff_ms, self.clean_logs, "log cleaner"))]
 
     async def stop_background(self) -> None:
         """Stop the periodic work and wait for the replicas' background flushes."""

@@ -114,6 +114,19 @@ CLEANER_LAST_SECONDS = Gauge(
 )
 
 
+# Per-partition gauges: name, help, and the partition log's property they report.
+_PARTITION_GAUGES = (
+    ("kbroker_log_partition_segments", "Segments of a partition replica (NumLogSegments).",
+     "segment_count"),
+    ("kbroker_log_partition_size_bytes", "Bytes in a partition replica's segments (Log Size).",
+     "size_bytes"),
+    ("kbroker_log_partition_log_end_offset", "Offset the next append gets (LogEndOffset).",
+     "log_end_offset"),
+    ("kbroker_log_partition_log_start_offset", "First offset still readable (LogStartOffset).",
+     "log_start_offset"),
+)
+
+
 class PartitionLogCollector(Collector):
     """Per-partition gauges read from the live partition logs whenever metrics are collected:
     segments, bytes, log end and log start offsets. Reads public properties only (no locks:
@@ -126,27 +139,14 @@ class PartitionLogCollector(Collector):
         self.sources: list[Callable[[], Iterable[Any]]] = []
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        labels = ["topic", "partition"]
-        segments = GaugeMetricFamily(
-            "kbroker_log_partition_segments",
-            "Segments of a partition replica (NumLogSegments).", labels=labels)
-        size = GaugeMetricFamily(
-            "kbroker_log_partition_size_bytes",
-            "Bytes in a partition replica's segments (Log Size).", labels=labels)
-        end = GaugeMetricFamily(
-            "kbroker_log_partition_log_end_offset",
-            "Offset the next append gets (LogEndOffset).", labels=labels)
-        start = GaugeMetricFamily(
-            "kbroker_log_partition_log_start_offset",
-            "First offset still readable (LogStartOffset).", labels=labels)
+        families = [(GaugeMetricFamily(name, text, labels=["topic", "partition"]), attribute)
+                    for name, text, attribute in _PARTITION_GAUGES]
         for source in list(self.sources):
             for log in list(source()):
                 key = [log.topic, str(log.partition)]
-                segments.add_metric(key, log.segment_count)
-                size.add_metric(key, log.size_bytes)
-                end.add_metric(key, log.log_end_offset)
-                start.add_metric(key, log.log_start_offset)
-        yield from (segments, size, end, start)
+                for family, attribute in families:
+                    family.add_metric(key, getattr(log, attribute))
+        yield from (family for family, _ in families)
 
     def describe(self) -> list[GaugeMetricFamily]:
         # Registering must not call collect(): the logs may not be loaded yet.
