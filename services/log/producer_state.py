@@ -180,6 +180,11 @@ class ProducerStateManager:
     def __len__(self) -> int:
         return len(self._producers)
 
+    def last_offsets(self) -> dict[int, int]:
+        """The last offset of each tracked producer's newest batch."""
+        return {pid: entry.batches[-1].last_offset
+                for pid, entry in self._producers.items() if entry.batches}
+
     # ---------------------------------------------------------------------------- appends
 
     def validate(self, batches: Sequence[Batch]) -> ProducerAppend | None:
