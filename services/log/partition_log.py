@@ -550,11 +550,6 @@ class PartitionLog:
         self.producer_state.load(self._segments, offset)
         self.leader_epochs.truncate_from_end(0)
 
-    def end_offset_for_epoch(self, leader_epoch: int) -> tuple[int, int]:
-        """OffsetForLeaderEpoch on this replica: see
-        :meth:`~services.log.leader_epochs.LeaderEpochCache.end_offset_for`."""
-        return self.leader_epochs.end_offset_for(leader_epoch, self.log_end_offset)
-
     def appended(self) -> asyncio.Event:
         """An event set by the next append of either kind (a long-poll reader awaits it)."""
         if self._appended is None:

@@ -175,8 +175,7 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
 
         response = log_pb2.ReadResponse()
         await _each("Read", request.partitions, response.results, read)
-        for result in response.results:
-            self._fill_offsets(result)
+        self._fill_offsets(response.results)
         metrics.READ_SECONDS.observe(time.perf_counter() - started)
         return response
 
@@ -195,14 +194,9 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
 
     async def DescribePartitions(self, request, context):
         response = log_pb2.DescribePartitionsResponse()
-        if not request.partitions:
-            for partition_log in self._manager.partitions():
-                _describe(response.partitions.add(), partition_log)
-            return response
-        await _each("DescribePartitions", request.partitions, response.partitions,
-                    lambda tp, state: _describe(state, self._log(tp)),
-                    log_start_offset=NO_OFFSET, log_end_offset=NO_OFFSET,
-                    high_watermark=NO_OFFSET)
+        await _each("DescribePartitions", request.partitions or self._manager.partitions(),
+                    response.partitions, lambda tp, state: _describe(state, self._log(tp)))
+        self._fill_offsets(response.partitions)
         return response
 
     async def DeleteRecords(self, request, context):
@@ -241,7 +235,7 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
 
         response = log_pb2.ReplicateAppendResponse()
         await _each("ReplicateAppend", request.partitions, response.results, replicate)
-        self._fill_ends(response.results)
+        self._fill_offsets(response.results)
         return response
 
     async def UpdateHighWatermarks(self, request, context):
@@ -260,42 +254,37 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
 
         response = log_pb2.TruncateResponse()
         await _each("Truncate", request.partitions, response.results, truncate)
-        self._fill_ends(response.results)
+        self._fill_offsets(response.results)
         return response
 
     async def OffsetForLeaderEpoch(self, request, context):
         def end_offset(item: log_pb2.PartitionLeaderEpoch, result: log_pb2.EpochEndOffset) -> None:
-            result.leader_epoch, result.end_offset = self._log(item).end_offset_for_epoch(
-                item.leader_epoch)
+            partition_log = self._log(item)
+            result.leader_epoch, result.end_offset = partition_log.leader_epochs.end_offset_for(
+                item.leader_epoch, partition_log.log_end_offset)
 
         response = log_pb2.OffsetForLeaderEpochResponse()
         await _each("OffsetForLeaderEpoch", request.partitions, response.results, end_offset,
                     leader_epoch=NO_LEADER_EPOCH, end_offset=NO_OFFSET)
         return response
 
-    def _fill_ends(self, results: Iterable[log_pb2.PartitionReplicateResult]) -> None:
-        """The log end offset and high watermark after a replication call (-1: no replica)."""
+    def _fill_offsets(self, results: Iterable[Any]) -> None:
+        """The replica's offsets, after the call, in each result that has fields for them,
+        whether the call failed or not (they tell a reader whose offset is out of range where
+        the log is); -1 without a replica. The last stable offset is the high watermark: no
+        transactions yet."""
         for result in results:
-            partition_log = self._manager.find(result.topic, result.partition)
-            result.log_end_offset = NO_OFFSET if partition_log is None else (
-                partition_log.log_end_offset)
-            result.high_watermark = NO_OFFSET if partition_log is None else (
-                partition_log.high_watermark)
-
-    def _fill_offsets(self, result: log_pb2.PartitionReadResult) -> None:
-        """The replica's offsets after a read, failed or not (they tell a reader whose offset
-        is out of range where the log is); unknown (-1) without a replica. The last stable
-        offset is the high watermark: no transactions yet."""
-        partition_log = self._manager.find(result.topic, result.partition)
-        if partition_log is None:
-            result.high_watermark = result.last_stable_offset = NO_OFFSET
-            result.log_start_offset = result.log_end_offset = NO_OFFSET
-            return
-        result.high_watermark = result.last_stable_offset = partition_log.high_watermark
-        result.log_start_offset = partition_log.log_start_offset
-        result.log_end_offset = partition_log.log_end_offset
+            found = self._manager.find(result.topic, result.partition)
+            offsets = {} if found is None else {
+                "high_watermark": found.high_watermark, "last_stable_offset": found.high_watermark,
+                "log_start_offset": found.log_start_offset, "log_end_offset": found.log_end_offset}
+            fields = result.DESCRIPTOR.fields_by_name
+            for name in _OFFSET_FIELDS:
+                if name in fields:
+                    setattr(result, name, offsets.get(name, NO_OFFSET))
 
 
+_OFFSET_FIELDS = ("high_watermark", "last_stable_offset", "log_start_offset", "log_end_offset")
 _ROLES = {
     log_pb2.REPLICA_ROLE_LEADER: Role.LEADER,
     log_pb2.REPLICA_ROLE_FOLLOWER: Role.FOLLOWER,
@@ -316,11 +305,6 @@ def _replica_state(message: log_pb2.ReplicaState) -> ReplicaState:
 
 
 def _describe(state: log_pb2.PartitionState, partition_log: PartitionLog) -> None:
-    state.topic = partition_log.topic
-    state.partition = partition_log.partition
-    state.log_start_offset = partition_log.log_start_offset
-    state.log_end_offset = partition_log.log_end_offset
-    state.high_watermark = partition_log.high_watermark
     state.size_bytes = partition_log.size_bytes
     state.segments = partition_log.segment_count
     state.leader_epoch = partition_log.state.leader_epoch
