@@ -18,8 +18,9 @@ paths pay nothing for it. Kafka's JMX names beside ours:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -57,28 +58,21 @@ ERRORS = Counter(
     "kbroker_log_errors_total", "Partition-level Kafka errors returned, by API and error name.",
     ["api", "error"],
 )
-class TopicMetrics:
+class TopicMetrics(NamedTuple):
     """The per-topic children of one topic, bound once: an append or read pays no label
     lookups (each takes a lock and hashes the labels)."""
 
-    __slots__ = ("append_requests", "appended_batches", "appended_bytes", "read_bytes")
-
-    def __init__(self, topic: str) -> None:
-        self.append_requests = APPEND_REQUESTS.labels(topic)
-        self.appended_bytes = APPENDED_BYTES.labels(topic)
-        self.appended_batches = APPENDED_BATCHES.labels(topic)
-        self.read_bytes = READ_BYTES.labels(topic)
+    append_requests: Any
+    appended_bytes: Any
+    appended_batches: Any
+    read_bytes: Any
 
 
-_topics: dict[str, TopicMetrics] = {}
-
-
+@functools.cache
 def topic(name: str) -> TopicMetrics:
     """The metrics of topic ``name`` (a node holds few topics: the cache stays small)."""
-    found = _topics.get(name)
-    if found is None:
-        found = _topics[name] = TopicMetrics(name)
-    return found
+    return TopicMetrics(*(m.labels(name) for m in (APPEND_REQUESTS, APPENDED_BYTES,
+                                                   APPENDED_BATCHES, READ_BYTES)))
 
 
 FLUSH_SECONDS = Histogram(

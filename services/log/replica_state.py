@@ -61,18 +61,14 @@ def read(directory: Path) -> ReplicaState | None:
     path = directory / FILE_NAME
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        log.error("%s: unreadable replica state (%s); ignored", path, exc)
-        return None
-    try:
         if document["version"] != VERSION:
             raise ValueError(f"version {document['version']}")
         return ReplicaState(role=Role(document["role"]),
                             leader_epoch=int(document["leader_epoch"]),
                             in_sync_alone=bool(document["in_sync_alone"]))
-    except (KeyError, TypeError, ValueError) as exc:
+    except FileNotFoundError:
+        return None
+    except (OSError, KeyError, TypeError, ValueError) as exc:
         log.error("%s: unreadable replica state (%s); ignored", path, exc)
         return None
 

@@ -63,6 +63,25 @@ def file_offsets(directory: Path, suffix: str) -> list[int]:
     return sorted(int(name) for name in names if len(name) == OFFSET_DIGITS and name.isdigit())
 
 
+def scan_batches(fd: int, start: int, end: int) -> Iterator[Batch]:
+    """The batches of the log file ``fd`` from ``start`` (a batch boundary) whose headers lie
+    before ``end``, by framing alone. Stops at a header that cannot be a batch."""
+    chunk, chunk_start = b"", start
+    position = start
+    while position + HEADER_SIZE <= end:
+        in_chunk = position - chunk_start
+        if in_chunk + HEADER_SIZE > len(chunk):
+            chunk = os.pread(fd, min(_SCAN_CHUNK, end - position), position)
+            chunk_start, in_chunk = position, 0
+            if len(chunk) < HEADER_SIZE:
+                return
+        header = read_header(chunk, in_chunk)
+        if header.batch_length < MIN_BATCH_LENGTH:
+            return
+        yield Batch(position, header)
+        position += header.size
+
+
 class TimestampMark(NamedTuple):
     """The batch holding a segment's largest maxTimestamp (the first one, on ties)."""
 
@@ -135,7 +154,7 @@ class LogSegment:
             self._resume_time_index()
             self._bytes_since_index_entry = 0
             end = start
-            for batch in self._scan(start, self.size):
+            for batch in scan_batches(self._fd, start, self.size):
                 if batch.position + batch.header.size > self.size:
                     break
                 self._note_batch(batch)
@@ -290,34 +309,16 @@ class LogSegment:
 
     # ------------------------------------------------------------------------------- reads
 
-    def _scan(self, start: int, end: int) -> Iterator[Batch]:
-        """Batches from ``start`` (a batch boundary) whose headers lie before ``end``, by
-        framing alone. Stops at a header that cannot be a batch."""
-        chunk, chunk_start = b"", start
-        position = start
-        while position + HEADER_SIZE <= end:
-            in_chunk = position - chunk_start
-            if in_chunk + HEADER_SIZE > len(chunk):
-                chunk = os.pread(self._fd, min(_SCAN_CHUNK, end - position), position)
-                chunk_start, in_chunk = position, 0
-                if len(chunk) < HEADER_SIZE:
-                    return
-            header = read_header(chunk, in_chunk)
-            if header.batch_length < MIN_BATCH_LENGTH:
-                return
-            yield Batch(position, header)
-            position += header.size
-
     def batches(self) -> Iterator[Batch]:
         """Every batch of the segment, in offset order."""
-        return self._scan(0, self.size)
+        return scan_batches(self._fd, 0, self.size)
 
     def find_batch(self, offset: int) -> Batch | None:
         """The first batch whose last offset is >= ``offset`` (the batch that holds it, or the
         next one after a gap), or None when the segment ends before ``offset``."""
         if offset >= self.next_offset:
             return None
-        for batch in self._scan(self.index.lookup(offset).position, self.size):
+        for batch in scan_batches(self._fd, self.index.lookup(offset).position, self.size):
             if batch.header.last_offset >= offset:
                 return batch
         return None
@@ -354,7 +355,7 @@ class LogSegment:
         if limit < end_position:
             # The greatest batch boundary <= limit, walking from the nearest indexed batch.
             stop = max(self.index.floor_position(limit), start)
-            for batch in self._scan(stop, end_position):
+            for batch in scan_batches(self._fd, stop, end_position):
                 batch_end = batch.position + batch.header.size
                 if batch_end > limit:
                     break
@@ -385,7 +386,7 @@ class LogSegment:
         if mark is None or mark.timestamp < timestamp:
             return None
         start = max(self.index.lookup(self.time_index.lookup(timestamp)).position, from_position)
-        for batch in self._scan(start, self.size):
+        for batch in scan_batches(self._fd, start, self.size):
             if batch.header.max_timestamp >= timestamp:
                 return batch
         return None

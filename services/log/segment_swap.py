@@ -37,8 +37,6 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from services.common.records.record_batch import HEADER_SIZE, MIN_BATCH_LENGTH, read_header
-
 from .checkpoint import fsync_directory
 from .segment import (
     INDEX_SUFFIX,
@@ -47,6 +45,7 @@ from .segment import (
     TIME_INDEX_SUFFIX,
     file_offsets,
     file_stem,
+    scan_batches,
 )
 
 log = logging.getLogger(__name__)
@@ -144,11 +143,8 @@ def _next_offset(path: Path, base_offset: int) -> int:
     next_offset = base_offset
     with path.open("rb") as file:
         size = os.fstat(file.fileno()).st_size
-        position = 0
-        while position + HEADER_SIZE <= size:
-            header = read_header(os.pread(file.fileno(), HEADER_SIZE, position))
-            if header.batch_length < MIN_BATCH_LENGTH or position + header.size > size:
+        for position, header in scan_batches(file.fileno(), 0, size):
+            if position + header.size > size:
                 break
             next_offset = header.next_offset
-            position += header.size
     return next_offset

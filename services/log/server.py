@@ -43,19 +43,15 @@ class LogService:
         self.port = port
         self._server = server
         self._health = health
-        self._notifier = notifier
-
-    @property
-    def notifier(self) -> PurgatoryNotifier | None:
-        return self._notifier
+        self.notifier = notifier
 
     async def stop(self, grace: float = 1.0) -> None:
         """Finish in-flight calls (up to ``grace`` seconds), then flush and close the logs."""
         await self._health.enter_graceful_shutdown()
         await self._server.stop(grace)
         await self.manager.stop_background()
-        if self._notifier is not None:
-            await self._notifier.close()
+        if self.notifier is not None:
+            await self.notifier.close()
         self.manager.close()
         metrics.PARTITIONS.set(0)
         metrics.unwatch_partitions(self.manager.partitions)
