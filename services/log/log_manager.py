@@ -156,20 +156,14 @@ class LogManager:
         if partition < 0:
             raise KafkaError(ErrorCode.invalid_partitions, f"invalid partition {partition}")
         config = self.defaults.with_overrides(configs)
-        metadata = PartitionMetadata(
-            topic=topic, partition=partition, topic_id=topic_id, configs=dict(configs)
-        )
         existing = self._logs.get((topic, partition))
+        if existing is not None and "" != existing.topic_id != topic_id != "":
+            raise KafkaError(ErrorCode.inconsistent_topic_id,
+                             f"{topic}-{partition} exists with topic id {existing.topic_id}")
+        metadata = PartitionMetadata(
+            topic=topic, partition=partition, configs=dict(configs),
+            topic_id=existing.topic_id or topic_id if existing else topic_id)
         if existing is not None:
-            if existing.topic_id and topic_id and existing.topic_id != topic_id:
-                raise KafkaError(
-                    ErrorCode.inconsistent_topic_id,
-                    f"{topic}-{partition} exists with topic id {existing.topic_id}",
-                )
-            metadata = PartitionMetadata(
-                topic=topic, partition=partition, topic_id=existing.topic_id or topic_id,
-                configs=dict(configs),
-            )
             if PartitionMetadata.read(existing.directory) != metadata:
                 metadata.write(existing.directory)
             existing.topic_id = metadata.topic_id
