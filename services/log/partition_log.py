@@ -884,7 +884,7 @@ def load_segments(
                 segment.load()
                 if segment.next_offset <= recovery_point:
                     continue
-            cut = segment.recover(trust_index=False)
+            cut = segment.recover()
             log.info("%s: validated segment %d past the recovery point %d: offsets up "
                      "to %d, %d byte(s) truncated", directory, base, recovery_point,
                      segment.next_offset, cut)

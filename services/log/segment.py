@@ -151,7 +151,11 @@ class LogSegment:
         problem = self._indexes_problem()
         if problem is None:
             start = last.position if last else 0
-            self._resume_time_index()
+            # Every batch before the last offset index entry's has a maxTimestamp at most the
+            # last time index entry's: the time index goes on from there.
+            last_time = self.time_index.last_entry
+            if last_time is not None:
+                self._max_so_far = (last_time.timestamp, last_time.offset)
             self._bytes_since_index_entry = 0
             end = start
             for batch in scan_batches(self._fd, start, self.size):
@@ -163,32 +167,18 @@ class LogSegment:
                 problem = f"batches end at byte {end} of {self.size}"
         if problem is not None:
             log.warning("%s: index unusable (%s); recovering the segment", self.log_path, problem)
-            self.recover(trust_index=False)
+            self.recover()
 
-    def recover(self, trust_index: bool = True) -> int:
-        """Validate the batches (framing, magic, CRC, growing offsets) and truncate the file at
-        the first one that is torn or corrupt, as after a crash. With ``trust_index`` and a
-        sane index whose last entry points at its batch, validation starts at that entry
-        (batches before it were indexed, hence complete); otherwise the whole segment is
-        validated and the index rebuilt. Returns the number of bytes truncated."""
-        start, expected = 0, self.base_offset
-        last = self.index.last_entry if trust_index else None
-        problem = self._indexes_problem() if trust_index else "not trusted"
-        if problem is None and last is not None:
-            start, expected = last.position, read_header(
-                os.pread(self._fd, HEADER_SIZE, last.position)).base_offset
-        if problem is None:
-            self._resume_time_index()
-        else:
-            if trust_index:
-                log.warning("%s: rebuilding indexes (%s)", self.index.path, problem)
-            self.index.reset()
-            self.time_index.reset()
-            self._max_so_far = (NO_TIMESTAMP, self.base_offset - 1)
-            start, expected = 0, self.base_offset
+    def recover(self) -> int:
+        """Validate every batch (framing, magic, CRC, growing offsets), rebuilding the
+        indexes, and truncate the file at the first one that is torn or corrupt, as after a
+        crash. Returns the number of bytes truncated."""
+        self.index.reset()
+        self.time_index.reset()
+        self._max_so_far = (NO_TIMESTAMP, self.base_offset - 1)
         self._bytes_since_index_entry = 0
-        self._max_mark, self._max_mark_known = None, start == 0
-        valid_end, bad = self._validate_from(start, expected)
+        self._max_mark, self._max_mark_known = None, True
+        valid_end, bad = self._validate()
         truncated = self.size - valid_end
         if truncated:
             log.warning(
@@ -216,13 +206,6 @@ class LogSegment:
             problem = f"time index entry {last_time} beyond the offset index"
         return problem
 
-    def _resume_time_index(self) -> None:
-        """Continue the time index from its last entry: every batch before the last offset
-        index entry's has a maxTimestamp at most that entry's."""
-        last_time = self.time_index.last_entry
-        if last_time is not None:
-            self._max_so_far = (last_time.timestamp, last_time.offset)
-
     def _entry_problem(self, entry: IndexEntry) -> str | None:
         raw = os.pread(self._fd, HEADER_SIZE, entry.position)
         if len(raw) < HEADER_SIZE:
@@ -232,11 +215,11 @@ class LogSegment:
             return f"entry {entry} does not point at its batch"
         return None
 
-    def _validate_from(self, start: int, expected_offset: int) -> tuple[int, str | None]:
-        """Walk batches from ``start``, indexing and noting them; return where the valid data
-        ends and why it ends there (None at the end of the file)."""
-        position = start
-        self.next_offset = expected_offset
+    def _validate(self) -> tuple[int, str | None]:
+        """Walk the batches, indexing and noting them; return where the valid data ends and
+        why it ends there (None at the end of the file)."""
+        position = 0
+        self.next_offset = self.base_offset
         while position < self.size:
             chunk = os.pread(self._fd, _RECOVERY_CHUNK, position)
             if len(chunk) >= LOG_OVERHEAD:
@@ -331,7 +314,7 @@ class LogSegment:
         removed = self.size - position
         if removed:
             self._truncate(position)
-            self.recover(trust_index=False)
+            self.recover()
             self.dirty = True
         return removed
 

@@ -87,7 +87,7 @@ def test_lookup_never_misses_and_never_points_past_the_answer(
         if reopen:  # the indexes as a restart finds them, or rebuilt
             segment.close()
             segment = LogSegment(directory, 1000, interval)
-            segment.recover(trust_index=False)
+            segment.recover()
         try:
             for target in targets:
                 first = next((base for base, ts in expected if ts >= target), None)
