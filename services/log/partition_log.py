@@ -2,15 +2,16 @@
 start and end offsets and high watermark, and the append, read and offset-lookup operations.
 
 Directory ``<data_dir>/<topic>-<partition>/`` holds the segments (``<base>.log``,
-``<base>.index`` and ``<base>.timeindex``, see :mod:`services.log.segment`) and
-``partition.metadata.json``.
+``<base>.index`` and ``<base>.timeindex``, see :mod:`services.log.segment`), the producer
+snapshots (:mod:`services.log.producer_state`), the leader epoch cache, the replica state and
+high watermark checkpoint of a replicated replica, and ``partition.metadata.json``.
 
 Invariants: segments are ordered by base offset and only the last (active) one is appended to;
 first segment's base offset <= log start offset <= high watermark <= LEO, where LEO (log end
-offset) is the active segment's next offset. The log start offset moves forward only: when
-retention deletes the oldest segments, or DeleteRecords moves it (the node persists it then in
-its log-start-offset checkpoint). Offsets below it are out of range for readers. The recovery
-point is the offset below which everything is known to be flushed to disk.
+offset) is the active segment's next offset. The log start offset moves forward only, when
+retention deletes the oldest segments or DeleteRecords moves it; offsets below it are out of
+range for readers. The recovery point is the offset below which everything is known to be
+flushed to disk; opening the log validates what lies past it (:func:`load_segments`).
 
 Retention (``retention.ms``, ``retention.bytes``) and the log start offset delete whole
 segments, never the active one and never one holding offsets at or past the high watermark.
@@ -19,39 +20,24 @@ The active segment rolls when it would pass ``segment.bytes`` or its first batch
 recovery point moves to the new segment. ``flush.messages`` and ``flush.ms`` force flushes
 (default: never, relying on the page cache as Kafka does).
 
-Start-up (:meth:`PartitionLog.open`) validates every segment holding offsets at or past the
-recovery point in full (framing, magic, CRC32C, growing offsets) and rebuilds its indexes; at the
-first torn or corrupt batch the log is truncated, and later segments are deleted.
-
-Idempotent producers (:mod:`services.log.producer_state`): appends are checked against each
-producer's epoch and last sequences (a retried batch is answered with its original offsets and
-not stored again); ``<offset>.snapshot`` files beside the segments, written at each roll and on
-a clean close, let start-up rebuild that state by replaying only the batches after them.
-
-Compaction (:mod:`services.log.cleaner`) rewrites non-active segments below the high
-watermark beside the log and swaps them in under the lock (:meth:`PartitionLog.replace_segments`,
-crash-safely per :mod:`services.log.segment_swap`, whose leftovers :meth:`PartitionLog.open`
-settles first); a cleaned segment may end below the next one's base offset, or be empty, and
-reads step over such gaps. Appends to a compacted topic must give every record a key.
+Compaction (:mod:`services.log.cleaner`) swaps cleaned segments in under the lock
+(:meth:`PartitionLog.replace_segments`, crash-safely per :mod:`services.log.segment_swap`); a
+cleaned segment may end below the next one's base offset, or be empty, and reads step over
+such gaps. Appends to a compacted topic must give every record a key.
 
 Replication (:mod:`services.log.replica_state`, :mod:`services.log.leader_epochs`): a replica
 is a leader or a follower at a leader epoch, as the replicator says. Only a leader takes client
-appends, stamping each batch's partition leader epoch (a replica created without a state
-keeps what the writer gave); a follower takes the leader's batches as
-they are (:meth:`PartitionLog.append_as_follower`), gaps between offsets included (a compacted
-leader's log has them). A leader alone in the ISR commits its
-appends at once (high watermark = log end offset); otherwise the replicator moves the high
-watermark, and only a leader reports its moves to the listener (the purgatory). The leader
-epoch cache maps epochs to their first offsets. A follower's log is cut back where it parts
-from a new leader's (:meth:`PartitionLog.truncate_to`), or dropped and started over at the
-leader's log start when it ends below it (:meth:`PartitionLog.start_over_at`).
-
-A replicated replica checkpoints its high watermark (``replication-offset-checkpoint`` in its
-directory, see :mod:`services.log.checkpoint`) every :data:`HIGH_WATERMARK_CHECKPOINT_MS` while
-it moves, when its log is cut back and on a clean close; start-up restores it, never above the
-recovered log end. Everything below it was committed (the whole ISR had it), so consumers may
-read it again before the replicator confirms the replica's state; without a checkpoint the
-high watermark starts at the log start offset.
+appends, stamping each batch's partition leader epoch (a replica created without a state keeps
+what the writer gave); a follower takes the leader's batches as they are, gaps included
+(:meth:`PartitionLog.append_as_follower`). A leader alone in the ISR commits its appends at
+once (high watermark = LEO); otherwise the replicator moves the high watermark, and only a
+leader reports its moves to the listener (the purgatory). A follower's log is cut back where it
+parts from a new leader's (:meth:`PartitionLog.truncate_to`), or started over at the leader's
+log start when it ends below it (:meth:`PartitionLog.start_over_at`). A replicated replica
+checkpoints its high watermark (see :mod:`services.log.checkpoint`) every
+:data:`HIGH_WATERMARK_CHECKPOINT_MS` while it moves, when cut back and on a clean close;
+everything below it was committed, so consumers may read it again after a restart before the
+replicator confirms the replica's state (without a checkpoint it starts at the log start).
 
 Mutations (appends, segment deletion, flushes) are serialised per partition by an asyncio lock;
 offsets are assigned by patching batch headers; reads and lookups run on the event loop without
