@@ -80,7 +80,7 @@ from services.common.records.record_batch import (
     read_header,
 )
 
-from .checkpoint import OffsetCheckpoint
+from .checkpoint import OffsetCheckpoint, TopicPartition
 from .index_file import MAX_RELATIVE_OFFSET
 from .partition_log import PartitionLog, now_ms
 from .segment import LogSegment
@@ -95,7 +95,6 @@ DEFAULT_MAX_MAP_KEYS = 4_000_000
 # The cleaner reads old segments, and writes the new one, this much at a time.
 _IO_CHUNK = 1024 * 1024
 
-TopicPartition = tuple[str, int]
 OffsetMap = dict[bytes, int]
 
 

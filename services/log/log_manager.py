@@ -36,6 +36,7 @@ from .checkpoint import (
     LOG_START_OFFSET_FILE,
     RECOVERY_POINT_FILE,
     OffsetCheckpoint,
+    TopicPartition,
     fsync_directory,
 )
 from .cleaner import CLEANER_OFFSET_FILE, DEFAULT_MAX_MAP_KEYS, CleanResult, LogCleaner
@@ -46,17 +47,14 @@ from .topic_config import TopicConfig
 log = logging.getLogger(__name__)
 
 DELETE_SUFFIX = "-delete"
-MAX_TOPIC_LENGTH = 249
-_LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")
+# Kafka's legal characters, at most 249 of them.
+_LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 
-TopicPartition = tuple[str, int]
 
 
 def check_topic_name(topic: str) -> None:
     """Kafka's topic name rules (``Topic.validate``); raises INVALID_TOPIC_EXCEPTION."""
-    if topic in ("", ".", "..") or len(topic) > MAX_TOPIC_LENGTH or not _LEGAL_TOPIC.fullmatch(
-        topic
-    ):
+    if topic in (".", "..") or not _LEGAL_TOPIC.fullmatch(topic):
         raise KafkaError(ErrorCode.invalid_topic_exception, f"illegal topic name {topic!r}")
 
 
@@ -88,8 +86,6 @@ class LogManager:
         self._logs: dict[TopicPartition, PartitionLog] = {}
         self._recovery_points = OffsetCheckpoint(data_dir / RECOVERY_POINT_FILE)
         self._log_starts = OffsetCheckpoint(data_dir / LOG_START_OFFSET_FILE)
-        self._saved_recovery_points: dict[TopicPartition, int] = {}
-        self._saved_log_starts: dict[TopicPartition, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.cleaner = LogCleaner(data_dir / CLEANER_OFFSET_FILE,
                                   self.schedule.cleaner_max_map_keys)
@@ -98,8 +94,7 @@ class LogManager:
         """Reload every replica in the data directory (recovering their last segments) and
         finish deletions a crash interrupted."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._saved_recovery_points = self._recovery_points.read()
-        self._saved_log_starts = self._log_starts.read()
+        recovery_points, log_starts = self._recovery_points.read(), self._log_starts.read()
         self.cleaner.load()
         for directory in sorted(self.data_dir.iterdir()):
             if not directory.is_dir():
@@ -109,12 +104,13 @@ class LogManager:
                 shutil.rmtree(directory, ignore_errors=True)
                 continue
             try:
-                self._load_one(directory)
+                self._load_one(directory, recovery_points, log_starts)
             except (OSError, ValueError, KafkaError) as exc:
                 # One damaged replica must not keep the node's other replicas offline.
                 log.error("%s: cannot load replica: %s", directory, exc)
 
-    def _load_one(self, directory: Path) -> None:
+    def _load_one(self, directory: Path, recovery_points: Mapping[TopicPartition, int],
+                  log_starts: Mapping[TopicPartition, int]) -> None:
         metadata = PartitionMetadata.read(directory)
         if metadata is None:
             topic, _, partition = directory.name.rpartition("-")
@@ -135,15 +131,15 @@ class LogManager:
         partition_log = PartitionLog(
             directory, metadata.topic, metadata.partition, metadata.topic_id, config,
             self._on_high_watermark,
-            recovery_point=self._saved_recovery_points.get(key, 0),
-            log_start_offset=self._saved_log_starts.get(key, 0),
+            recovery_point=recovery_points.get(key, 0),
+            log_start_offset=log_starts.get(key, 0),
         )
         self._logs[key] = partition_log
         log.info(
             "loaded %s-%d: offsets [%d, %d), %d segment(s), recovery point %d, %d byte(s) "
             "truncated", metadata.topic, metadata.partition, partition_log.log_start_offset,
             partition_log.log_end_offset, partition_log.segment_count,
-            self._saved_recovery_points.get(key, 0), partition_log.truncated_at_open,
+            recovery_points.get(key, 0), partition_log.truncated_at_open,
         )
 
     def create(
@@ -204,9 +200,6 @@ class LogManager:
         partition_log.directory.rename(doomed)
         fsync_directory(self.data_dir)
         shutil.rmtree(doomed, ignore_errors=True)
-        # A replica created again under this name must not inherit the old one's offsets.
-        self._saved_recovery_points.pop((topic, partition), None)
-        self._saved_log_starts.pop((topic, partition), None)
         self.cleaner.forget(topic, partition)
         self.write_recovery_checkpoint()
         self.write_log_start_checkpoint()
