@@ -78,7 +78,8 @@ MAX_SEQUENCE = 2**31 - 1
 # Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN: a producer has at most five requests in
 # flight per partition (max.in.flight.requests.per.connection <= 5 with idempotence).
 BATCHES_TO_RETAIN = 5
-DEFAULT_PRODUCER_ID_EXPIRATION_MS = 86_400_000
+# Kafka's producer.id.expiration.ms default (a day).
+PRODUCER_ID_EXPIRATION_MS = 86_400_000
 SNAPSHOT_SUFFIX = ".snapshot"
 SNAPSHOT_FORMAT = 1
 SNAPSHOTS_TO_KEEP = 2
@@ -161,11 +162,8 @@ class ProducerAppend:
 class ProducerStateManager:
     """The producer state of one partition replica; see the module docstring."""
 
-    def __init__(
-        self, directory: Path, expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS
-    ) -> None:
+    def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self.expiration_ms = expiration_ms
         self._producers: dict[int, ProducerStateEntry] = {}
 
     # ------------------------------------------------------------------------------ reads
@@ -266,7 +264,7 @@ class ProducerStateManager:
         """Forget producers whose newest batch is older than the expiration; returns how many."""
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         expired = [pid for pid, entry in self._producers.items()
-                   if now_ms - entry.last_timestamp >= self.expiration_ms]
+                   if now_ms - entry.last_timestamp >= PRODUCER_ID_EXPIRATION_MS]
         for producer_id in expired:
             del self._producers[producer_id]
         return len(expired)

@@ -4,6 +4,7 @@ health, reflection and metrics services every port has)."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -26,29 +27,21 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = log_pb2.DESCRIPTOR.services_by_name["LogService"].full_name
 
 
+@dataclass(slots=True)
 class LogService:
     """A running log node."""
 
-    def __init__(
-        self,
-        config: LogConfig,
-        manager: LogManager,
-        server: grpc.aio.Server,
-        port: int,
-        health: HealthServicer,
-        notifier: PurgatoryNotifier | None,
-    ) -> None:
-        self.config = config
-        self.manager = manager
-        self.port = port
-        self._server = server
-        self._health = health
-        self.notifier = notifier
+    config: LogConfig
+    manager: LogManager
+    server: grpc.aio.Server
+    port: int
+    health: HealthServicer
+    notifier: PurgatoryNotifier | None
 
     async def stop(self, grace: float = 1.0) -> None:
         """Finish in-flight calls (up to ``grace`` seconds), then flush and close the logs."""
-        await self._health.enter_graceful_shutdown()
-        await self._server.stop(grace)
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
         await self.manager.stop_background()
         if self.notifier is not None:
             await self.notifier.close()

@@ -21,6 +21,7 @@ from services.log.partition_log import PartitionLog, ReadLimit
 from services.log.producer_state import (
     BATCHES_TO_RETAIN,
     MAX_SEQUENCE,
+    PRODUCER_ID_EXPIRATION_MS,
     ProducerStateManager,
     increment_sequence,
     snapshot_name,
@@ -94,11 +95,11 @@ def test_a_wrapped_sequence_continues_at_zero(tmp_path: Path) -> None:
 
 
 def test_expired_producers_are_forgotten(tmp_path: Path) -> None:
-    state = ProducerStateManager(tmp_path, expiration_ms=1000)
+    state = ProducerStateManager(tmp_path)
     for producer_id, timestamp in ((1, NOW), (2, NOW + 5000)):
         batches = validate_append(batch(producer_id, 0, 0, timestamp=timestamp), 1 << 20)
         state.complete(state.validate(batches), producer_id)
-    assert state.remove_expired(NOW + 5500) == 1
+    assert state.remove_expired(NOW + PRODUCER_ID_EXPIRATION_MS + 500) == 1
     assert state.producer_ids == [2]
 
 
