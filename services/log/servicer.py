@@ -11,7 +11,9 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
+
+from google.protobuf.message import Message
 
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from services.common.call_streams import serve_calls
@@ -24,6 +26,8 @@ from .partition_log import NO_LEADER_EPOCH, NO_OFFSET, PartitionLog, ReadLimit
 from .replica_state import ReplicaState, Role
 
 log = logging.getLogger(__name__)
+
+R = TypeVar("R", bound=Message)
 
 _READ_LIMITS = {
     log_pb2.READ_LIMIT_HIGH_WATERMARK: ReadLimit.HIGH_WATERMARK,
@@ -48,25 +52,6 @@ def _fail(api: str, exc: Exception, result: Any) -> None:
         result.error_message = message
 
 
-async def _each(api: str, items: Iterable[Any], results: Any,
-                work: Callable[[Any, Any], Awaitable[object] | object],
-                **on_error: int) -> None:
-    """Serve one partition per item of a request: a result of the item's topic and partition
-    is added to ``results`` and filled by ``work(item, result)`` (awaited if it returns an
-    awaitable); whatever it raises becomes the result's error (:func:`_fail`), with the
-    ``on_error`` fields set."""
-    for item in items:
-        result = results.add(topic=item.topic, partition=item.partition)
-        try:
-            done = work(item, result)
-            if inspect.isawaitable(done):
-                await done
-        except Exception as exc:  # noqa: BLE001 - becomes the partition's error code
-            _fail(api, exc, result)
-            for name, value in on_error.items():
-                setattr(result, name, value)
-
-
 class LogServicer(log_pb2_grpc.LogServiceServicer):
     """Serves one node's partition replicas."""
 
@@ -76,6 +61,30 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
     def _log(self, item: Any) -> PartitionLog:
         return self._manager.get(item.topic, item.partition)
 
+    async def _each(self, response: R, items: Iterable[Any],
+                    work: Callable[[Any, Any], Awaitable[object] | object],
+                    offsets: bool = False, **on_error: int) -> R:
+        """Serve one partition per item of a request into ``response`` (of the API its type
+        names): a result of the item's topic and partition is added to its results and filled
+        by ``work(item, result)`` (awaited if it returns an awaitable); whatever that raises
+        becomes the result's error (:func:`_fail`), with the ``on_error`` fields set. With
+        ``offsets``, every result then gets the replica's offsets (:meth:`_fill_offsets`)."""
+        results = getattr(response, response.DESCRIPTOR.fields[0].name)
+        api = response.DESCRIPTOR.name.removesuffix("Response")
+        for item in items:
+            result = results.add(topic=item.topic, partition=item.partition)
+            try:
+                done = work(item, result)
+                if inspect.isawaitable(done):
+                    await done
+            except Exception as exc:  # noqa: BLE001 - becomes the partition's error code
+                _fail(api, exc, result)
+                for name, value in on_error.items():
+                    setattr(result, name, value)
+        if offsets:
+            self._fill_offsets(results)
+        return response
+
     async def CreatePartitions(self, request, context):
         async def create(spec: log_pb2.PartitionSpec, _: object) -> None:
             created = self._manager.create(spec.topic, spec.partition, spec.topic_id,
@@ -83,15 +92,13 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
             if spec.HasField("state"):
                 await created.become(_replica_state(spec.state))
 
-        response = log_pb2.CreatePartitionsResponse()
-        await _each("CreatePartitions", request.partitions, response.results, create)
+        response = await self._each(log_pb2.CreatePartitionsResponse(), request.partitions, create)
         metrics.PARTITIONS.set(len(self._manager))
         return response
 
     async def DeletePartitions(self, request, context):
-        response = log_pb2.DeletePartitionsResponse()
-        await _each("DeletePartitions", request.partitions, response.results,
-                    lambda tp, _: self._manager.delete(tp.topic, tp.partition))
+        response = await self._each(log_pb2.DeletePartitionsResponse(), request.partitions,
+                                    lambda tp, _: self._manager.delete(tp.topic, tp.partition))
         metrics.PARTITIONS.set(len(self._manager))
         return response
 
@@ -129,10 +136,9 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
             result.log_end_offset = info.log_end_offset
             result.high_watermark, result.leader_epoch = info.high_watermark, info.leader_epoch
 
-        await _each("Append", request.partitions, response.results, append,
-                    base_offset=NO_OFFSET, log_append_time_ms=NO_TIMESTAMP,
-                    log_start_offset=NO_OFFSET, log_end_offset=NO_OFFSET,
-                    high_watermark=NO_OFFSET)
+        await self._each(response, request.partitions, append, base_offset=NO_OFFSET,
+                         log_append_time_ms=NO_TIMESTAMP, log_start_offset=NO_OFFSET,
+                         log_end_offset=NO_OFFSET, high_watermark=NO_OFFSET)
 
     async def Read(self, request, context):
         """Reads each partition in order under the request's overall byte limit, as Kafka's
@@ -173,9 +179,7 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
                 if budget is not None:
                     budget = max(budget - len(records), 0)
 
-        response = log_pb2.ReadResponse()
-        await _each("Read", request.partitions, response.results, read)
-        self._fill_offsets(response.results)
+        response = await self._each(log_pb2.ReadResponse(), request.partitions, read, offsets=True)
         metrics.READ_SECONDS.observe(time.perf_counter() - started)
         return response
 
@@ -187,17 +191,14 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
             result.offset, result.timestamp = found.offset, found.timestamp
             result.leader_epoch = found.leader_epoch
 
-        response = log_pb2.ListOffsetsResponse()
-        await _each("ListOffsets", request.partitions, response.results, list_offset,
-                    offset=NO_OFFSET, timestamp=NO_TIMESTAMP, leader_epoch=NO_LEADER_EPOCH)
-        return response
+        return await self._each(log_pb2.ListOffsetsResponse(), request.partitions, list_offset,
+                                offset=NO_OFFSET, timestamp=NO_TIMESTAMP,
+                                leader_epoch=NO_LEADER_EPOCH)
 
     async def DescribePartitions(self, request, context):
-        response = log_pb2.DescribePartitionsResponse()
-        await _each("DescribePartitions", request.partitions or self._manager.partitions(),
-                    response.partitions, lambda tp, state: _describe(state, self._log(tp)))
-        self._fill_offsets(response.partitions)
-        return response
+        return await self._each(log_pb2.DescribePartitionsResponse(),
+                                request.partitions or self._manager.partitions(),
+                                lambda tp, state: _describe(state, self._log(tp)), offsets=True)
 
     async def DeleteRecords(self, request, context):
         async def delete(item: log_pb2.PartitionDeleteRecords,
@@ -205,23 +206,17 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
             result.low_watermark = await self._manager.delete_records(
                 item.topic, item.partition, item.offset)
 
-        response = log_pb2.DeleteRecordsResponse()
-        await _each("DeleteRecords", request.partitions, response.results, delete,
-                    low_watermark=NO_OFFSET)
-        return response
+        return await self._each(log_pb2.DeleteRecordsResponse(), request.partitions, delete,
+                                low_watermark=NO_OFFSET)
 
     async def UpdatePartitionConfigs(self, request, context):
-        response = log_pb2.UpdatePartitionConfigsResponse()
-        await _each("UpdatePartitionConfigs", request.partitions, response.results,
-                    lambda spec, _: self._manager.update_configs(
-                        spec.topic, spec.partition, dict(spec.configs)))
-        return response
+        return await self._each(log_pb2.UpdatePartitionConfigsResponse(), request.partitions,
+                                lambda spec, _: self._manager.update_configs(
+                                    spec.topic, spec.partition, dict(spec.configs)))
 
     async def UpdateReplicaStates(self, request, context):
-        response = log_pb2.UpdateReplicaStatesResponse()
-        await _each("UpdateReplicaStates", request.states, response.results,
-                    lambda state, _: self._log(state).become(_replica_state(state)))
-        return response
+        return await self._each(log_pb2.UpdateReplicaStatesResponse(), request.states,
+                                lambda state, _: self._log(state).become(_replica_state(state)))
 
     async def ReplicateAppend(self, request, context):
         async def replicate(item: log_pb2.PartitionReplicate, _: object) -> None:
@@ -233,17 +228,13 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
             if start > partition_log.log_start_offset:
                 await self._manager.delete_records(item.topic, item.partition, start)
 
-        response = log_pb2.ReplicateAppendResponse()
-        await _each("ReplicateAppend", request.partitions, response.results, replicate)
-        self._fill_offsets(response.results)
-        return response
+        return await self._each(log_pb2.ReplicateAppendResponse(), request.partitions, replicate,
+                                offsets=True)
 
     async def UpdateHighWatermarks(self, request, context):
-        response = log_pb2.UpdateHighWatermarksResponse()
-        await _each("UpdateHighWatermarks", request.partitions, response.results,
-                    lambda item, _: self._log(item).update_high_watermark(
-                        item.high_watermark, item.leader_epoch))
-        return response
+        return await self._each(log_pb2.UpdateHighWatermarksResponse(), request.partitions,
+                                lambda item, _: self._log(item).update_high_watermark(
+                                    item.high_watermark, item.leader_epoch))
 
     async def Truncate(self, request, context):
         def truncate(item: log_pb2.PartitionTruncation, _: object) -> Awaitable[object]:
@@ -252,10 +243,8 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
                 return partition_log.start_over_at(item.offset)
             return partition_log.truncate_to(item.offset)
 
-        response = log_pb2.TruncateResponse()
-        await _each("Truncate", request.partitions, response.results, truncate)
-        self._fill_offsets(response.results)
-        return response
+        return await self._each(log_pb2.TruncateResponse(), request.partitions, truncate,
+                                offsets=True)
 
     async def OffsetForLeaderEpoch(self, request, context):
         def end_offset(item: log_pb2.PartitionLeaderEpoch, result: log_pb2.EpochEndOffset) -> None:
@@ -263,10 +252,8 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
             result.leader_epoch, result.end_offset = partition_log.leader_epochs.end_offset_for(
                 item.leader_epoch, partition_log.log_end_offset)
 
-        response = log_pb2.OffsetForLeaderEpochResponse()
-        await _each("OffsetForLeaderEpoch", request.partitions, response.results, end_offset,
-                    leader_epoch=NO_LEADER_EPOCH, end_offset=NO_OFFSET)
-        return response
+        return await self._each(log_pb2.OffsetForLeaderEpochResponse(), request.partitions,
+                                end_offset, leader_epoch=NO_LEADER_EPOCH, end_offset=NO_OFFSET)
 
     def _fill_offsets(self, results: Iterable[Any]) -> None:
         """The replica's offsets, after the call, in each result that has fields for them,
