@@ -8,12 +8,11 @@ Layout of ``data_dir``: one directory per replica, ``<topic>-<partition>/`` (see
 (``[a-zA-Z0-9._-]``, at most 249), so they are safe as file names. A replica being deleted is
 first renamed to ``<topic>-<partition>.<random>-delete`` so that a crash mid-deletion never
 leaves a half-deleted replica that would be reloaded; leftovers are removed at start-up.
-``recovery-point-offset-checkpoint`` and ``log-start-offset-checkpoint`` (see
-:mod:`services.log.checkpoint`) hold each replica's recovery point and log start offset: the
-first is written periodically and on a clean shutdown (after a flush), the second whenever
-DeleteRecords moves a log start offset, periodically and on shutdown.
-``cleaner-offset-checkpoint`` holds each compacted replica's first dirty offset, written after
-every cleaner round that moved one and on shutdown. Not thread-safe: used from the event loop.
+The node's checkpoints (``recovery-point-offset-checkpoint``, ``log-start-offset-checkpoint``,
+see :mod:`services.log.checkpoint`, and the cleaner's ``cleaner-offset-checkpoint``) are
+written together periodically, when a replica is deleted or DeleteRecords moves a log start
+offset (before it is answered), and on a clean shutdown, after the flush; the cleaner's also
+after each round. Not thread-safe: used from the event loop.
 """
 
 from __future__ import annotations
@@ -201,9 +200,7 @@ class LogManager:
         fsync_directory(self.data_dir)
         shutil.rmtree(doomed, ignore_errors=True)
         self.cleaner.forget(topic, partition)
-        self.write_recovery_checkpoint()
-        self.write_log_start_checkpoint()
-        self.cleaner.write_checkpoint()
+        self.write_checkpoints()
         return True
 
     async def delete_records(self, topic: str, partition: int, offset: int) -> int:
@@ -213,7 +210,7 @@ class LogManager:
         before = partition_log.log_start_offset
         low_watermark = await partition_log.delete_records(offset)
         if low_watermark != before:
-            self.write_log_start_checkpoint()
+            self.write_checkpoints()
         return low_watermark
 
     def update_configs(self, topic: str, partition: int, configs: Mapping[str, str]) -> None:
@@ -223,15 +220,16 @@ class LogManager:
 
     # ----------------------------------------------------------------- checkpoints, tasks
 
-    def write_recovery_checkpoint(self) -> None:
+    def write_checkpoints(self) -> None:
+        """Persist the replicas' recovery points and moved log start offsets, and the log
+        cleaner's first dirty offsets."""
         self._recovery_points.write(
             {key: log_.recovery_point for key, log_ in self._logs.items()})
-
-    def write_log_start_checkpoint(self) -> None:
         self._log_starts.write({
             key: log_.log_start_offset for key, log_ in self._logs.items()
             if log_.log_start_offset > log_.segments[0].base_offset
         })
+        self.cleaner.write_checkpoint()
 
     async def enforce_retention(self) -> int:
         """One retention pass over every replica; returns the segments deleted."""
@@ -271,8 +269,7 @@ class LogManager:
         schedule = self.schedule
 
         async def checkpoints() -> None:
-            self.write_recovery_checkpoint()
-            self.write_log_start_checkpoint()
+            self.write_checkpoints()
 
         self._tasks = [asyncio.create_task(_every(*every)) for every in (
             (schedule.retention_check_interval_ms, self.enforce_retention, "retention"),
@@ -308,9 +305,7 @@ class LogManager:
                 log.error("%s: close failed: %s", partition_log.directory, exc)
         if self._logs:
             try:
-                self.write_recovery_checkpoint()
-                self.write_log_start_checkpoint()
-                self.cleaner.write_checkpoint()
+                self.write_checkpoints()
             except OSError as exc:
                 log.error("%s: cannot write checkpoints: %s", self.data_dir, exc)
         self._logs.clear()

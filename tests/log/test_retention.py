@@ -167,7 +167,7 @@ def test_rolled_segments_are_flushed_and_checkpointed_on_shutdown(tmp_path: Path
         await partition_log.drain()
         rolled_to = partition_log.segments[-1].base_offset
         assert rolled_to > 0 and partition_log.recovery_point == rolled_to
-        manager.write_recovery_checkpoint()
+        manager.write_checkpoints()
         assert OffsetCheckpoint(tmp_path / RECOVERY_POINT_FILE).read() == {("t", 0): rolled_to}
         manager.close()
         assert OffsetCheckpoint(tmp_path / RECOVERY_POINT_FILE).read() == {("t", 0): 10}
