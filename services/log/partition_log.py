@@ -601,14 +601,14 @@ class PartitionLog:
         if timestamp == LATEST_TIERED_TIMESTAMP:
             return NOT_FOUND
         if timestamp == MAX_TIMESTAMP:
-            best = None
-            for segment in self._segments:
-                mark = segment.max_timestamp_mark()
-                if mark is not None and (best is None or mark.timestamp > best.timestamp):
-                    best = mark
-            if best is None or best.last_offset >= fetchable_end:
+            stored = [segment for segment in self._segments if segment.size]
+            batch = max(stored, key=attrgetter("max_timestamp")).max_timestamp_batch() if (
+                stored) else None
+            if batch is None or batch.header.last_offset >= fetchable_end:
                 return NOT_FOUND
-            return OffsetAndTimestamp(best.last_offset, best.timestamp, best.leader_epoch)
+            header = batch.header
+            return OffsetAndTimestamp(header.last_offset, header.max_timestamp,
+                                      header.partition_leader_epoch)
         start = self._log_start_offset
         for segment in self._segments[self._slot_of(start):]:
             batch = segment.find_by_timestamp(timestamp)

@@ -22,7 +22,6 @@ import os
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import NamedTuple
 
 from services.common.records.record_batch import (
     HEADER_SIZE,
@@ -82,14 +81,6 @@ def scan_batches(fd: int, start: int, end: int) -> Iterator[Batch]:
         position += header.size
 
 
-class TimestampMark(NamedTuple):
-    """The batch holding a segment's largest maxTimestamp (the first one, on ties)."""
-
-    timestamp: int
-    last_offset: int
-    leader_epoch: int
-
-
 class LogSegment:
     """A segment's files and what is known about them: size, next offset, max timestamp."""
 
@@ -115,12 +106,9 @@ class LogSegment:
         self.next_offset = base_offset
         self._bytes_since_index_entry = 0
         # The largest maxTimestamp noted so far and the last offset of its first batch: what
-        # the time index gets at its next entry.
+        # the time index gets at its next entry (Kafka's maxTimestampAndOffsetSoFar).
         self._max_so_far = (NO_TIMESTAMP, base_offset - 1)
         self._first_timestamp: int | None = None
-        # None until a scan or the appends since creation determined it.
-        self._max_mark: TimestampMark | None = None
-        self._max_mark_known = False
         # Whether appends since the last flush may still be only in the page cache.
         self.dirty = False
         # Background work (a flush in a thread) using the files: not to be deleted meanwhile.
@@ -136,7 +124,6 @@ class LogSegment:
             segment._truncate(0)
             segment.index.reset()
             segment.time_index.reset()
-        segment._max_mark_known = True
         return segment
 
     # ----------------------------------------------------------------- loading and recovery
@@ -177,7 +164,6 @@ class LogSegment:
         self.time_index.reset()
         self._max_so_far = (NO_TIMESTAMP, self.base_offset - 1)
         self._bytes_since_index_entry = 0
-        self._max_mark, self._max_mark_known = None, True
         valid_end, bad = self._validate()
         truncated = self.size - valid_end
         if truncated:
@@ -256,12 +242,6 @@ class LogSegment:
             self._bytes_since_index_entry = 0
         self._bytes_since_index_entry += header.size
         self.next_offset = header.next_offset
-        if self._max_mark_known and (
-            self._max_mark is None or header.max_timestamp > self._max_mark.timestamp
-        ):
-            self._max_mark = TimestampMark(
-                header.max_timestamp, header.last_offset, header.partition_leader_epoch
-            )
 
     # ----------------------------------------------------------------------------- appends
 
@@ -347,26 +327,22 @@ class LogSegment:
             return b""
         return os.pread(self._fd, stop - start, start)
 
-    def max_timestamp_mark(self) -> TimestampMark | None:
-        """The batch with the largest maxTimestamp (None if the segment is empty); scans the
-        segment's headers the first time for a segment loaded from disk."""
-        if not self._max_mark_known:
-            mark: TimestampMark | None = None
-            for _, header in self.batches():
-                if mark is None or header.max_timestamp > mark.timestamp:
-                    mark = TimestampMark(
-                        header.max_timestamp, header.last_offset, header.partition_leader_epoch
-                    )
-            self._max_mark, self._max_mark_known = mark, True
-        return self._max_mark
+    @property
+    def max_timestamp(self) -> int:
+        """The largest maxTimestamp of the segment's batches (-1 if none has one)."""
+        return self._max_so_far[0]
+
+    def max_timestamp_batch(self) -> Batch | None:
+        """The first batch with the largest maxTimestamp (the first batch if none has one);
+        None if the segment is empty."""
+        return self.find_batch(max(self._max_so_far[1], self.base_offset))
 
     def find_by_timestamp(self, timestamp: int, from_position: int = 0) -> Batch | None:
         """The first batch whose maxTimestamp is >= ``timestamp`` (starting at or after
         ``from_position``, a batch boundary), or None. The time index says where to start
         scanning headers; the scan never starts past the answer (see
         :meth:`~services.log.time_index.TimeIndex.lookup`)."""
-        mark = self.max_timestamp_mark()
-        if mark is None or mark.timestamp < timestamp:
+        if self.max_timestamp < timestamp:
             return None
         start = max(self.index.lookup(self.time_index.lookup(timestamp)).position, from_position)
         for batch in scan_batches(self._fd, start, self.size):
@@ -386,9 +362,8 @@ class LogSegment:
     def largest_timestamp(self) -> int:
         """The largest maxTimestamp of the segment, or the file's modification time when its
         batches carry none (what retention.ms compares with, as Kafka does)."""
-        mark = self.max_timestamp_mark()
-        if mark is not None and mark.timestamp > NO_TIMESTAMP:
-            return mark.timestamp
+        if self.max_timestamp > NO_TIMESTAMP:
+            return self.max_timestamp
         return int(os.fstat(self._fd).st_mtime * 1000)
 
     # --------------------------------------------------------------------------- life cycle

@@ -21,6 +21,8 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from typing import NamedTuple
 
+from services.common.records.record_batch import NO_TIMESTAMP
+
 from .index_file import IndexFile
 
 ENTRY_SIZE = 12
@@ -44,11 +46,11 @@ class TimeIndex(IndexFile[TimeEntry]):
     def maybe_append(self, timestamp: int, offset: int) -> bool:
         """Add an entry if ``timestamp`` is above the last entry's (and ``offset`` beyond its
         offset); returns whether it did. Entries that would not move the index are skipped, so
-        callers may offer the running maximum at every offset index entry."""
-        relative = self._relative(offset)
-        if not self._grows(timestamp, relative):
+        callers may offer the running maximum at every offset index entry, also while it is
+        still -1 (no batch had a timestamp), which is never indexed."""
+        if timestamp <= NO_TIMESTAMP or not self._grows(timestamp, offset - self.base_offset):
             return False
-        self._append(timestamp, relative)
+        self._append(timestamp, self._relative(offset))
         return True
 
     def lookup(self, target_timestamp: int) -> int:
