@@ -716,12 +716,10 @@ class PartitionLog:
         async with self._lock:
             count = len(old)
             first = next((i for i, s in enumerate(self._segments) if s is old[0]), -1)
-            current = self._segments[first:first + count] if first >= 0 else []
             if (
                 self._closed or first < 0 or first + count >= len(self._segments)
-                or any(s is not o for s, o in zip(current, old, strict=False))
-                or len(current) != count or any(s.pinned for s in old)
-                or old[0].base_offset != cleaned_base
+                or self._segments[first:first + count] != list(old)
+                or any(s.pinned for s in old) or old[0].base_offset != cleaned_base
                 or (sizes is not None and [s.size for s in old] != list(sizes))
             ):
                 segment_swap.discard(self.directory, cleaned_base)
@@ -773,7 +771,7 @@ class PartitionLog:
         self._unflushed_messages = 0
         self._last_flush_ms = now_ms()
         if dirty:
-            await asyncio.to_thread(_flush_all, dirty)
+            await asyncio.to_thread(lambda: [segment.flush() for segment in dirty])
         self.recovery_point = max(self.recovery_point, end)
 
     def checkpoint_high_watermark(self) -> bool:
@@ -908,7 +906,3 @@ def _validate_replicated(records: bytes, log_end_offset: int) -> list[Batch]:
         expected = header.next_offset
     return batches
 
-
-def _flush_all(segments: list[LogSegment]) -> None:
-    for segment in segments:
-        segment.flush()
