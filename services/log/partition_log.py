@@ -74,7 +74,7 @@ from .index_file import MAX_RELATIVE_OFFSET
 from .leader_epochs import LeaderEpochCache
 from .log_validator import assign_offsets, check_keys, stored_batch_problem, validate_append
 from .producer_state import ProducerStateManager, snapshot_name
-from .replica_state import ReplicaState, Role
+from .replica_state import FOLLOWER, LEADER, ROLE_NAMES, ReplicaState, commits_alone
 from .segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, file_offsets
 from .topic_config import TimestampType, TopicConfig
 
@@ -185,7 +185,7 @@ class PartitionLog:
         # Set (and replaced) whenever the log end offset grows; long-poll readers wait on it.
         self._appended: asyncio.Event | None = None
         self.state = replica_state.restored(replica_state.read(directory))
-        if self.state.replicated:
+        if not commits_alone(self.state):
             # What was committed when the high watermark was last checkpointed, never past
             # what recovery kept; without a checkpoint nothing is known to be committed, and
             # consumers see nothing they might later have to unsee until the replicator says.
@@ -216,7 +216,7 @@ class PartitionLog:
         if offset != self._high_watermark:
             self._high_watermark = offset
             # Readers and producers wait on the leader's high watermark only.
-            if self._on_high_watermark is not None and self.state.role is Role.LEADER:
+            if self._on_high_watermark is not None and self.state.role == LEADER:
                 self._on_high_watermark(self.topic, self.partition, offset,
                                         self.state.leader_epoch)
 
@@ -258,7 +258,7 @@ class PartitionLog:
             append_time = int(time.time() * 1000) if now_ms is None else now_ms
         async with self._lock:
             self._check_open()
-            self._check_role(Role.LEADER)
+            self._check_role(LEADER)
             state = self.state
             base_offset = self.log_end_offset
             if expected_log_end_offset is not None and expected_log_end_offset != base_offset:
@@ -303,7 +303,7 @@ class PartitionLog:
         appended, self._appended = self._appended, None
         if appended is not None:
             appended.set()
-        if self.state.commits_alone:
+        if commits_alone(self.state):
             self.high_watermark = self.log_end_offset
         self._unflushed_messages += messages
         if self._unflushed_messages >= self.config.flush_messages:
@@ -379,8 +379,9 @@ class PartitionLog:
         with FENCED_LEADER_EPOCH. A leader taking office at a new epoch records that the epoch
         starts at the log end offset; a leader alone in the ISR commits everything it has.
         The state is stored before it takes effect. Returns whether anything changed."""
-        if state.role is Role.UNKNOWN:
-            raise KafkaError(ErrorCode.invalid_request, "a replica must lead or follow")
+        if state.role not in (LEADER, FOLLOWER):
+            raise KafkaError(ErrorCode.invalid_request, "a replica state must lead or follow")
+        state = replica_state.state(state.role, state.leader_epoch, state.in_sync_alone)
         async with self._lock:
             self._check_open()
             current = self.state
@@ -393,21 +394,21 @@ class PartitionLog:
                 return False
             replica_state.write(self.directory, state)
             self.state = state
-            if state.role is Role.LEADER:
+            if state.role == LEADER:
                 self.leader_epochs.assign(state.leader_epoch, self.log_end_offset)
-            if state.commits_alone:
+            if commits_alone(state):
                 self.high_watermark = self.log_end_offset
             log.info("%s-%d: %s at leader epoch %d%s", self.topic, self.partition,
-                     state.role.value, state.leader_epoch,
-                     " (alone in the ISR)" if state.commits_alone else "")
+                     ROLE_NAMES[state.role], state.leader_epoch,
+                     " (alone in the ISR)" if commits_alone(state) else "")
             return True
 
-    def _check_role(self, role: Role) -> None:
-        if self.state.role is not role:
+    def _check_role(self, role: int) -> None:
+        if self.state.role != role:
             raise KafkaError(ErrorCode.not_leader_or_follower,
                              f"this replica of {self.topic}-{self.partition} is not "
-                             f"{'the' if role is Role.LEADER else 'a'} {role.value} "
-                             f"(it is {self.state.role.value})")
+                             f"{'the' if role == LEADER else 'a'} {ROLE_NAMES[role]} "
+                             f"(it is {ROLE_NAMES[self.state.role]})")
 
     def _check_epoch(self, leader_epoch: int) -> None:
         current = self.state.leader_epoch
@@ -431,13 +432,13 @@ class PartitionLog:
         UNKNOWN_LEADER_EPOCH when newer) and the replica a follower (else
         NOT_LEADER_OR_FOLLOWER). Then the high watermark moves up to ``high_watermark``
         (within the log end; -1: unchanged)."""
-        self._check_role(Role.FOLLOWER)
+        self._check_role(FOLLOWER)
         self._check_epoch(leader_epoch)
         if records:
             async with self._lock:
                 self._check_open()
                 # The lock was awaited: the state may have moved on meanwhile.
-                self._check_role(Role.FOLLOWER)
+                self._check_role(FOLLOWER)
                 self._check_epoch(leader_epoch)
                 self._maybe_restart_empty(records)
                 batches = _validate_replicated(records, self.log_end_offset)
@@ -518,7 +519,7 @@ class PartitionLog:
 
     def _check_cut(self) -> None:
         self._check_open()
-        if self.state.role is Role.LEADER:
+        if self.state.role == LEADER:
             raise KafkaError(ErrorCode.not_leader_or_follower,
                              f"the leader of {self.topic}-{self.partition} is never cut")
 
@@ -754,7 +755,7 @@ class PartitionLog:
             return False
         if now - self._last_high_watermark_checkpoint_ms >= HIGH_WATERMARK_CHECKPOINT_MS:
             self._last_high_watermark_checkpoint_ms = now
-            if self.state.replicated and (
+            if not commits_alone(self.state) and (
                 self._high_watermark != self._checkpointed_high_watermark
             ):
                 await asyncio.to_thread(self.checkpoint_high_watermark)
@@ -782,7 +783,7 @@ class PartitionLog:
         Thread-safe with respect to other checkpoint writes."""
         with self._checkpoint_lock:
             high_watermark = self._high_watermark
-            if not self.state.replicated or high_watermark == self._checkpointed_high_watermark:
+            if commits_alone(self.state) or high_watermark == self._checkpointed_high_watermark:
                 return False
             try:
                 self._high_watermark_file.write({(self.topic, self.partition): high_watermark})

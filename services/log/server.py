@@ -19,7 +19,7 @@ from . import metrics
 from .config import LogConfig
 from .log_manager import LogManager
 from .purgatory_notifier import PurgatoryNotifier
-from .replica_state import Role
+from .replica_state import LEADER
 from .servicer import LogServicer
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def leader_high_watermarks(manager: LogManager) -> PositionSource:
         except KafkaError:
             return None
         state = replica.state
-        if state.role is not Role.LEADER or (epoch is not None and epoch != state.leader_epoch):
+        if state.role != LEADER or (epoch is not None and epoch != state.leader_epoch):
             return None
         return replica.high_watermark
 

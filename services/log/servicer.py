@@ -23,7 +23,6 @@ from services.common.records.record_batch import NO_TIMESTAMP
 from . import metrics
 from .log_manager import LogManager
 from .partition_log import NO_LEADER_EPOCH, NO_OFFSET, PartitionLog, ReadLimit
-from .replica_state import ReplicaState, Role
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +89,7 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
             created = self._manager.create(spec.topic, spec.partition, spec.topic_id,
                                            dict(spec.configs))
             if spec.HasField("state"):
-                await created.become(_replica_state(spec.state))
+                await created.become(spec.state)
 
         response = await self._each(log_pb2.CreatePartitionsResponse(), request.partitions, create)
         metrics.PARTITIONS.set(len(self._manager))
@@ -216,7 +215,7 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
 
     async def UpdateReplicaStates(self, request, context):
         return await self._each(log_pb2.UpdateReplicaStatesResponse(), request.states,
-                                lambda state, _: self._log(state).become(_replica_state(state)))
+                                lambda state, _: self._log(state).become(state))
 
     async def ReplicateAppend(self, request, context):
         async def replicate(item: log_pb2.PartitionReplicate, _: object) -> None:
@@ -272,28 +271,10 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
 
 
 _OFFSET_FIELDS = ("high_watermark", "last_stable_offset", "log_start_offset", "log_end_offset")
-_ROLES = {
-    log_pb2.REPLICA_ROLE_LEADER: Role.LEADER,
-    log_pb2.REPLICA_ROLE_FOLLOWER: Role.FOLLOWER,
-}
-_ROLE_VALUES = {
-    Role.UNKNOWN: log_pb2.REPLICA_ROLE_UNKNOWN,
-    Role.LEADER: log_pb2.REPLICA_ROLE_LEADER,
-    Role.FOLLOWER: log_pb2.REPLICA_ROLE_FOLLOWER,
-}
-
-
-def _replica_state(message: log_pb2.ReplicaState) -> ReplicaState:
-    role = _ROLES.get(message.role)
-    if role is None:
-        raise KafkaError(ErrorCode.invalid_request, "a replica state must lead or follow")
-    return ReplicaState(role=role, leader_epoch=message.leader_epoch,
-                        in_sync_alone=message.in_sync_alone)
-
 
 def _describe(state: log_pb2.PartitionState, partition_log: PartitionLog) -> None:
     state.size_bytes = partition_log.size_bytes
     state.segments = partition_log.segment_count
     state.leader_epoch = partition_log.state.leader_epoch
-    state.role = _ROLE_VALUES[partition_log.state.role]
+    state.role = partition_log.state.role
     state.latest_log_epoch = partition_log.leader_epochs.latest_epoch

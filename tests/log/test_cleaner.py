@@ -6,7 +6,6 @@ reads during cleaning, and a model-based property test."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -25,12 +24,13 @@ from services.common.records.record_batch import (
     iter_batches,
     read_header,
 )
-from services.log import segment_swap
+from services.log import replica_state, segment_swap
 from services.log.checkpoint import OffsetCheckpoint
 from services.log.cleaner import CLEANER_OFFSET_FILE, LogCleaner
 from services.log.log_manager import LogManager, Schedule
 from services.log.log_validator import stored_batch_problem
 from services.log.partition_log import PartitionLog, ReadLimit
+from services.log.replica_state import LEADER
 from services.log.topic_config import TopicConfig
 
 from ..record_batches import CODECS, REFERENCE_DECOMPRESS, build_batch, compressed_batch
@@ -141,7 +141,7 @@ def test_the_active_segment_and_data_past_the_high_watermark_are_not_cleaned(
     tmp_path: Path
 ) -> None:
     partition_log = open_log(tmp_path, segment_bytes=200)
-    partition_log.state = dataclasses.replace(partition_log.state, in_sync_alone=False)
+    partition_log.state = replica_state.state(LEADER, -1)
     for i in range(12):
         produce(partition_log, [(b"k", b"%d" % i)])
     bases = [s.base_offset for s in partition_log.segments]

@@ -11,9 +11,10 @@ import pytest
 
 from services.common.errors import ErrorCode, KafkaError
 from services.common.records.record_batch import iter_batches
+from services.log import replica_state
 from services.log.cleaner import LogCleaner
 from services.log.partition_log import PartitionLog, ReadLimit
-from services.log.replica_state import ReplicaState, Role
+from services.log.replica_state import FOLLOWER
 from services.log.topic_config import TopicConfig
 
 from ..record_batches import build_batch
@@ -64,7 +65,7 @@ def test_a_follower_copies_a_compacted_leader_across_its_offset_gaps(tmp_path: P
     assert gaps, f"the cleaner left no gap: {offsets}"
 
     follower = compacted(tmp_path / "follower")
-    asyncio.run(follower.become(ReplicaState(role=Role.FOLLOWER, leader_epoch=0,
+    asyncio.run(follower.become(replica_state.state(FOLLOWER, 0,
                                              in_sync_alone=False)))
     copy_all(leader, follower)
     assert follower.log_end_offset == leader.log_end_offset
@@ -75,7 +76,7 @@ def test_a_follower_copies_a_compacted_leader_across_its_offset_gaps(tmp_path: P
 
 def test_a_follower_refuses_batches_below_its_log_end(tmp_path: Path) -> None:
     follower = compacted(tmp_path / "follower")
-    asyncio.run(follower.become(ReplicaState(role=Role.FOLLOWER, leader_epoch=0,
+    asyncio.run(follower.become(replica_state.state(FOLLOWER, 0,
                                              in_sync_alone=False)))
     asyncio.run(follower.append_as_follower(
         build_batch([b"x", b"y"], keys=[b"k", b"k"], base_offset=3), leader_epoch=0))

@@ -4,7 +4,6 @@ reads, offset lookups, segment rolling, restart and recovery."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import tempfile
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from hypothesis import strategies as st
 
 from services.common.errors import ErrorCode, KafkaError
 from services.common.records.record_batch import iter_batches, read_header
+from services.log import replica_state
 from services.log.log_validator import stored_batch_problem
 from services.log.partition_log import (
     EARLIEST_TIMESTAMP,
@@ -22,6 +22,7 @@ from services.log.partition_log import (
     PartitionLog,
     ReadLimit,
 )
+from services.log.replica_state import LEADER
 from services.log.topic_config import TimestampType, TopicConfig
 
 from ..record_batches import build_batch, values
@@ -99,7 +100,7 @@ def test_consumers_never_read_past_the_high_watermark(tmp_path: Path) -> None:
     )
     append(partition_log, build_batch(values(3)))
     assert moves == [("t", 0, 3, -1)]  # -1: a replica without a leader epoch
-    partition_log.state = dataclasses.replace(partition_log.state, in_sync_alone=False)
+    partition_log.state = replica_state.state(LEADER, -1)
     append(partition_log, build_batch(values(2)))
     append(partition_log, build_batch(values(4)))
     assert partition_log.high_watermark == 3
@@ -201,7 +202,7 @@ def test_list_offsets_by_timestamp(tmp_path: Path) -> None:
     assert lookup(102) == (0, 102)
     assert lookup(150) == (3, 302)
     assert lookup(303) == (-1, -1)
-    partition_log.state = dataclasses.replace(partition_log.state, in_sync_alone=False)
+    partition_log.state = replica_state.state(LEADER, -1)
     partition_log.high_watermark = 3
     assert lookup(LATEST_TIMESTAMP) == (3, -1)
     assert lookup(LATEST_TIMESTAMP, END) == (9, -1)

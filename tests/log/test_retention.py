@@ -4,16 +4,17 @@ log start offset, flush policies and the recovery point, against real files."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from pathlib import Path
 
 import pytest
 
 from services.common.errors import ErrorCode, KafkaError
 from services.common.records.record_batch import iter_batches
+from services.log import replica_state
 from services.log.checkpoint import LOG_START_OFFSET_FILE, RECOVERY_POINT_FILE, OffsetCheckpoint
 from services.log.log_manager import LogManager
 from services.log.partition_log import EARLIEST_TIMESTAMP, PartitionLog, ReadLimit
+from services.log.replica_state import LEADER
 from services.log.topic_config import TopicConfig
 
 from ..record_batches import build_batch, values
@@ -68,7 +69,7 @@ def test_retention_ms_deletes_old_segments_but_never_the_active_one(tmp_path: Pa
 
 def test_retention_stops_at_the_high_watermark_and_for_compact_topics(tmp_path: Path) -> None:
     partition_log = open_log(tmp_path, segment_ms=1000, retention_ms=0)
-    partition_log.state = dataclasses.replace(partition_log.state, in_sync_alone=False)
+    partition_log.state = replica_state.state(LEADER, -1)
     for timestamp in (1000, 5000, 9000):
         append_at(partition_log, timestamp)
     partition_log.high_watermark = 3  # inside the second segment
