@@ -54,11 +54,11 @@ import time
 from bisect import bisect_right
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from enum import Enum
 from operator import attrgetter
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from kbroker.log.v1 import log_pb2
 from services.common.errors import ErrorCode, KafkaError
 from services.common.records.record_batch import (
     HEADER_SIZE,
@@ -92,6 +92,10 @@ NO_LEADER_EPOCH = -1
 # Kafka's replica.high.watermark.checkpoint.interval.ms.
 HIGH_WATERMARK_CHECKPOINT_MS = 5_000
 
+# How far a reader may see (the log service's ReadLimit): consumers up to the high watermark,
+# followers to the end.
+HIGH_WATERMARK, LOG_END = log_pb2.READ_LIMIT_HIGH_WATERMARK, log_pb2.READ_LIMIT_LOG_END
+
 HighWatermarkListener = Callable[[str, int, int, int], None]
 """Called with (topic, partition, new high watermark, leader epoch) whenever a leader's high
 watermark moves."""
@@ -99,13 +103,6 @@ watermark moves."""
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-class ReadLimit(Enum):
-    """How far a reader may see: consumers up to the high watermark, followers to the end."""
-
-    HIGH_WATERMARK = "high_watermark"
-    LOG_END = "log_end"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -549,10 +546,10 @@ class PartitionLog:
         """Where in the segments the one that would hold ``offset`` is."""
         return max(bisect_right(self._segments, offset, key=attrgetter("base_offset")) - 1, 0)
 
-    def _fetchable_end(self, limit: ReadLimit) -> int:
-        return self._high_watermark if limit is ReadLimit.HIGH_WATERMARK else self.log_end_offset
+    def _fetchable_end(self, limit: int) -> int:
+        return self.log_end_offset if limit == LOG_END else self._high_watermark
 
-    def read(self, offset: int, max_bytes: int, limit: ReadLimit, min_one: bool = True) -> bytes:
+    def read(self, offset: int, max_bytes: int, limit: int, min_one: bool = True) -> bytes:
         """Whole batches from the one holding ``offset``, up to ``max_bytes`` (with
         ``min_one``, the first batch whole even if larger) and never past ``limit``. Like
         Kafka, a read returns data of a single segment. ``offset`` equal to the log end offset
@@ -581,7 +578,7 @@ class PartitionLog:
                 break
         return records
 
-    def list_offset(self, timestamp: int, limit: ReadLimit) -> OffsetAndTimestamp:
+    def list_offset(self, timestamp: int, limit: int) -> OffsetAndTimestamp:
         """Kafka's ListOffsets for one partition.
 
         -1 (latest): the high watermark or log end offset (per ``limit``); -2 (earliest) and

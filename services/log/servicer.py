@@ -22,16 +22,12 @@ from services.common.records.record_batch import NO_TIMESTAMP
 
 from . import metrics
 from .log_manager import LogManager
-from .partition_log import NO_LEADER_EPOCH, NO_OFFSET, PartitionLog, ReadLimit
+from .partition_log import NO_LEADER_EPOCH, NO_OFFSET, PartitionLog
 
 log = logging.getLogger(__name__)
 
 R = TypeVar("R", bound=Message)
 
-_READ_LIMITS = {
-    log_pb2.READ_LIMIT_HIGH_WATERMARK: ReadLimit.HIGH_WATERMARK,
-    log_pb2.READ_LIMIT_LOG_END: ReadLimit.LOG_END,
-}
 
 
 def _fail(api: str, exc: Exception, result: Any) -> None:
@@ -163,14 +159,14 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
 
     async def _read(self, request: log_pb2.ReadRequest) -> log_pb2.ReadResponse:
         started = time.perf_counter()
-        limit = _READ_LIMITS.get(request.limit, ReadLimit.HIGH_WATERMARK)
         budget = request.max_bytes if request.max_bytes > 0 else None
         min_one = True
 
         def read(item: log_pb2.PartitionRead, result: log_pb2.PartitionReadResult) -> None:
             nonlocal budget, min_one
             max_bytes = item.max_bytes if budget is None else min(item.max_bytes, budget)
-            records = self._log(item).read(item.offset, max(max_bytes, 0), limit, min_one)
+            records = self._log(item).read(item.offset, max(max_bytes, 0), request.limit,
+                                           min_one)
             result.records = records
             if records:
                 metrics.topic(item.topic).read_bytes.inc(len(records))
@@ -183,10 +179,8 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
         return response
 
     async def ListOffsets(self, request, context):
-        limit = _READ_LIMITS.get(request.limit, ReadLimit.HIGH_WATERMARK)
-
         def list_offset(query: log_pb2.PartitionTimestamp, result: log_pb2.PartitionOffset) -> None:
-            found = self._log(query).list_offset(query.timestamp, limit)
+            found = self._log(query).list_offset(query.timestamp, request.limit)
             result.offset, result.timestamp = found.offset, found.timestamp
             result.leader_epoch = found.leader_epoch
 

@@ -29,13 +29,13 @@ from services.log.checkpoint import OffsetCheckpoint
 from services.log.cleaner import CLEANER_OFFSET_FILE, LogCleaner
 from services.log.log_manager import LogManager, Schedule
 from services.log.log_validator import stored_batch_problem
-from services.log.partition_log import PartitionLog, ReadLimit
+from services.log.partition_log import HIGH_WATERMARK, PartitionLog
 from services.log.replica_state import LEADER
 from services.log.topic_config import TopicConfig
 
 from ..record_batches import CODECS, REFERENCE_DECOMPRESS, build_batch, compressed_batch
 
-HW = ReadLimit.HIGH_WATERMARK
+HW = HIGH_WATERMARK
 DAY = 86_400_000
 NOW = 1_800_000_000_000
 Entry = tuple[bytes | None, bytes | None]

@@ -13,7 +13,7 @@ from services.common.errors import ErrorCode, KafkaError
 from services.common.records.record_batch import iter_batches
 from services.log import replica_state
 from services.log.cleaner import LogCleaner
-from services.log.partition_log import PartitionLog, ReadLimit
+from services.log.partition_log import LOG_END, PartitionLog
 from services.log.replica_state import FOLLOWER
 from services.log.topic_config import TopicConfig
 
@@ -34,7 +34,7 @@ def copy_all(leader: PartitionLog, follower: PartitionLog) -> int:
     for rounds in range(1, 1000):
         if follower.log_end_offset >= leader.log_end_offset:
             return rounds
-        data = leader.read(follower.log_end_offset, 1 << 20, ReadLimit.LOG_END)
+        data = leader.read(follower.log_end_offset, 1 << 20, LOG_END)
         assert data, f"nothing to read at {follower.log_end_offset}"
         asyncio.run(follower.append_as_follower(data, leader_epoch=0))
     raise AssertionError("the follower never caught up")
@@ -43,7 +43,7 @@ def copy_all(leader: PartitionLog, follower: PartitionLog) -> int:
 def batches_of(partition_log: PartitionLog) -> list[bytes]:
     out, offset = [], partition_log.log_start_offset
     while offset < partition_log.log_end_offset:
-        data = partition_log.read(offset, 1 << 20, ReadLimit.LOG_END)
+        data = partition_log.read(offset, 1 << 20, LOG_END)
         for batch in iter_batches(data):
             out.append(bytes(data[batch.position:batch.position + batch.header.size]))
             offset = batch.header.next_offset

@@ -9,7 +9,11 @@ from pathlib import Path
 
 from services.log import replica_state
 from services.log.checkpoint import HIGH_WATERMARK_FILE, OffsetCheckpoint
-from services.log.partition_log import HIGH_WATERMARK_CHECKPOINT_MS, PartitionLog, ReadLimit
+from services.log.partition_log import (
+    HIGH_WATERMARK,
+    HIGH_WATERMARK_CHECKPOINT_MS,
+    PartitionLog,
+)
 from services.log.replica_state import FOLLOWER, UNKNOWN
 from services.log.topic_config import TopicConfig
 
@@ -44,7 +48,7 @@ def test_a_clean_close_keeps_the_high_watermark(tmp_path: Path) -> None:
     reopened = open_log(tmp_path)
     assert (reopened.state.role, reopened.high_watermark, reopened.log_end_offset) == (
         UNKNOWN, 9, 12)
-    data = reopened.read(0, 1 << 20, ReadLimit.HIGH_WATERMARK)
+    data = reopened.read(0, 1 << 20, HIGH_WATERMARK)
     assert data, "committed records are readable again"
     reopened.close()
 

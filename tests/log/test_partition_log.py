@@ -17,17 +17,18 @@ from services.log import replica_state
 from services.log.log_validator import stored_batch_problem
 from services.log.partition_log import (
     EARLIEST_TIMESTAMP,
+    HIGH_WATERMARK,
     LATEST_TIMESTAMP,
+    LOG_END,
     MAX_TIMESTAMP,
     PartitionLog,
-    ReadLimit,
 )
 from services.log.replica_state import LEADER
 from services.log.topic_config import TimestampType, TopicConfig
 
 from ..record_batches import build_batch, values
 
-HW, END = ReadLimit.HIGH_WATERMARK, ReadLimit.LOG_END
+HW, END = HIGH_WATERMARK, LOG_END
 
 
 def open_log(directory: Path, **settings: object) -> PartitionLog:
@@ -191,7 +192,7 @@ def test_list_offsets_by_timestamp(tmp_path: Path) -> None:
     for base_timestamp in (100, 300, 200):  # max timestamps 102, 302, 202
         append(partition_log, build_batch(values(3), base_timestamp=base_timestamp))
 
-    def lookup(timestamp: int, limit: ReadLimit = HW) -> tuple[int, int]:
+    def lookup(timestamp: int, limit: int = HW) -> tuple[int, int]:
         found = partition_log.list_offset(timestamp, limit)
         return found.offset, found.timestamp
 

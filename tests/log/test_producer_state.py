@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from services.common.errors import ErrorCode, KafkaError
 from services.common.records.record_batch import iter_batches
 from services.log.log_validator import validate_append
-from services.log.partition_log import PartitionLog, ReadLimit
+from services.log.partition_log import LOG_END, PartitionLog
 from services.log.producer_state import (
     BATCHES_TO_RETAIN,
     MAX_SEQUENCE,
@@ -390,7 +390,7 @@ def test_random_retries_gaps_and_fencing_match_a_model(operations) -> None:
                             ErrorCode.out_of_order_sequence_number)
             held = [(pid, epoch, seq, count) for _, count, pid, epoch, seq in stored(partition_log)]
             assert held == expected
-            read = partition_log.read(0, 1 << 30, ReadLimit.LOG_END)
+            read = partition_log.read(0, 1 << 30, LOG_END)
             assert sum(1 for _ in iter_batches(read)) <= len(expected)
         finally:
             partition_log.close()

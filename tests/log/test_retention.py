@@ -13,13 +13,13 @@ from services.common.records.record_batch import iter_batches
 from services.log import replica_state
 from services.log.checkpoint import LOG_START_OFFSET_FILE, RECOVERY_POINT_FILE, OffsetCheckpoint
 from services.log.log_manager import LogManager
-from services.log.partition_log import EARLIEST_TIMESTAMP, PartitionLog, ReadLimit
+from services.log.partition_log import EARLIEST_TIMESTAMP, HIGH_WATERMARK, PartitionLog
 from services.log.replica_state import LEADER
 from services.log.topic_config import TopicConfig
 
 from ..record_batches import build_batch, values
 
-HW = ReadLimit.HIGH_WATERMARK
+HW = HIGH_WATERMARK
 DAY = 86_400_000
 
 
