@@ -99,11 +99,10 @@ OffsetMap = dict[bytes, int]
 
 
 class SegmentRef(NamedTuple):
-    """An old segment as the cleaner thread sees it: its file, and the offsets it may hold
-    (up to the next segment's base offset)."""
+    """An old segment as the cleaner saw it: the offsets it may hold (up to the next segment's
+    base offset) and its size then. The thread reads its file through handles of its own."""
 
-    base_offset: int
-    path: Path
+    segment: LogSegment
     end_offset: int
     size: int
 
@@ -208,7 +207,7 @@ class LogCleaner:
                     limit = min(limit, segment.base_offset)
                     break
         refs = tuple(
-            SegmentRef(segment.base_offset, segment.log_path, end, segment.size)
+            SegmentRef(segment, end, segment.size)
             for segment, end in zip(segments, ends, strict=False) if end <= limit
         )
         if not refs:
@@ -275,7 +274,6 @@ class LogCleaner:
                 map_end, cleanable.first_dirty)]
             last_batches = partition_log.producer_state.last_offsets()
             horizons: list[int] = []
-            by_base = {segment.base_offset: segment for segment in partition_log.segments}
             for group in group_segments(to_clean, config.segment_bytes):
                 changed, horizon = await asyncio.to_thread(
                     clean_group, partition_log.directory, group, offset_map, now,
@@ -284,14 +282,10 @@ class LogCleaner:
                 if horizon is not None:
                     horizons.append(horizon)
                 if not changed:
-                    discard(partition_log.directory, group[0].base_offset)
+                    discard(partition_log.directory, group[0].segment.base_offset)
                     continue
-                old = [by_base.get(ref.base_offset) for ref in group]
-                if any(segment is None for segment in old) or not await (
-                    partition_log.replace_segments(
-                        [s for s in old if s is not None], group[0].base_offset,
-                        [ref.size for ref in group])
-                ):
+                if not await partition_log.replace_segments(
+                        [ref.segment for ref in group], [ref.size for ref in group]):
                     log.info("%s-%d: the log changed while it was cleaned; retrying later",
                              *key)
                     return None
@@ -354,7 +348,7 @@ def build_offset_map(
     offsets: OffsetMap = {}
     end = start
     for ref in segments:
-        for header, batch in read_batches(ref.path):
+        for header, batch in read_batches(ref.segment.log_path):
             if header.is_control or header.last_offset < start:
                 continue
             base = header.base_offset
@@ -375,7 +369,7 @@ def group_segments(segments: Sequence[SegmentRef], max_size: int) -> list[list[S
     size = 0
     for ref in segments:
         if groups and size + ref.size <= max_size and (
-            ref.end_offset - 1 - groups[-1][0].base_offset <= MAX_RELATIVE_OFFSET
+            ref.end_offset - 1 - groups[-1][0].segment.base_offset <= MAX_RELATIVE_OFFSET
         ):
             groups[-1].append(ref)
             size += ref.size
@@ -400,7 +394,7 @@ def clean_group(
     on it), adding what it read, wrote and removed to ``totals``. Returns whether the result
     differs from the old segment byte for byte, and the earliest delete horizon of a batch
     that kept tombstones (None if none did)."""
-    base = group[0].base_offset
+    base = group[0].segment.base_offset
     cleaned = LogSegment.create(directory, base, index_interval_bytes, CLEANED_SUFFIX)
     changed = len(group) > 1
     horizon: int | None = None
@@ -414,7 +408,7 @@ def clean_group(
 
     try:
         for ref in group:
-            for header, batch in read_batches(ref.path):
+            for header, batch in read_batches(ref.segment.log_path):
                 totals.bytes_read += len(batch)
                 out, count, kept, kept_horizon = filter_batch(
                     batch, header, offset_map, now, delete_retention_ms, producer_last_offsets)
@@ -433,7 +427,7 @@ def clean_group(
         cleaned.flush()
     finally:
         cleaned.close()
-    newest = max(os.stat(ref.path).st_mtime_ns for ref in group)
+    newest = max(os.stat(ref.segment.log_path).st_mtime_ns for ref in group)
     os.utime(cleaned.log_path, ns=(newest, newest))
     return changed, horizon
 

@@ -702,22 +702,22 @@ class PartitionLog:
         return count
 
     async def replace_segments(
-        self, old: Sequence[LogSegment], cleaned_base: int, sizes: Sequence[int] | None = None
+        self, old: Sequence[LogSegment], sizes: Sequence[int] | None = None
     ) -> bool:
         """Swap in the cleaned segment written beside this log's files (``<base>.log.cleaned``
-        and its indexes, flushed) for ``old``, consecutive non-active segments of this log
-        starting at ``cleaned_base`` (see :mod:`services.log.segment_swap`), whose sizes are
-        still ``sizes`` (what was cleaned). Returns False, with the cleaned files removed, if
-        the log was closed, ``old`` are no longer all its non-active segments (retention,
-        DeleteRecords or a truncation removed some), one changed size or is in use by a
-        background flush; nothing changes then."""
+        and its indexes, flushed, at the first old segment's base offset) for ``old``,
+        consecutive non-active segments of this log (see :mod:`services.log.segment_swap`),
+        whose sizes are still ``sizes`` (what was cleaned). Returns False, with the cleaned
+        files removed, if the log was closed, ``old`` are no longer all its non-active segments
+        (retention, DeleteRecords or a truncation removed some), one changed size or is in use
+        by a background flush; nothing changes then."""
         async with self._lock:
-            count = len(old)
+            count, cleaned_base = len(old), old[0].base_offset
             first = next((i for i, s in enumerate(self._segments) if s is old[0]), -1)
             if (
                 self._closed or first < 0 or first + count >= len(self._segments)
                 or self._segments[first:first + count] != list(old)
-                or any(s.pinned for s in old) or old[0].base_offset != cleaned_base
+                or any(s.pinned for s in old)
                 or (sizes is not None and [s.size for s in old] != list(sizes))
             ):
                 segment_swap.discard(self.directory, cleaned_base)

@@ -312,14 +312,14 @@ def test_a_swap_is_refused_when_the_log_changed_meanwhile(tmp_path: Path) -> Non
     asyncio.run(partition_log.delete_records(first.next_offset))
     assert partition_log.segments[0] is not first
     segment_swap.segment_files(tmp_path / "t-0", 0, segment_swap.CLEANED_SUFFIX)[2].touch()
-    assert not asyncio.run(partition_log.replace_segments([first], 0))
+    assert not asyncio.run(partition_log.replace_segments([first]))
     assert leftovers(tmp_path / "t-0") == []
     # A segment whose size changed since it was cleaned (a truncation) is not replaced either.
     second = partition_log.segments[0]
     segment_swap.segment_files(tmp_path / "t-0", second.base_offset,
                                segment_swap.CLEANED_SUFFIX)[2].touch()
     assert not asyncio.run(partition_log.replace_segments(
-        [second], second.base_offset, [second.size + 1]))
+        [second], [second.size + 1]))
     assert partition_log.segments[0] is second and leftovers(tmp_path / "t-0") == []
     partition_log.close()
 
