@@ -52,11 +52,11 @@ import logging
 import threading
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from kbroker.log.v1 import log_pb2
 from services.common.errors import ErrorCode, KafkaError
@@ -274,9 +274,8 @@ class PartitionLog:
                 for batch in batches:
                     set_partition_leader_epoch(buffer, batch.position, state.leader_epoch)
                 self.leader_epochs.assign(state.leader_epoch, base_offset)
-            max_timestamp = max(batch.header.max_timestamp for batch in batches)
-            if append_time is not None:
-                max_timestamp = append_time
+            max_timestamp = append_time if append_time is not None else max(
+                batch.header.max_timestamp for batch in batches)
             segment = self._maybe_roll(len(buffer), next_offset - 1, max_timestamp)
             segment.append(buffer, [batch.position for batch in batches])
             if producers is not None:
@@ -338,17 +337,15 @@ class PartitionLog:
         )
         self._segments.append(rolled)
         log.debug("%s-%d: rolled segment %d", self.topic, self.partition, rolled.base_offset)
-        self._spawn(self._flush_rolled(previous, rolled.base_offset))
-        return rolled
-
-    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        flush = self._flush_rolled(previous, rolled.base_offset)
         try:
-            task = asyncio.get_running_loop().create_task(coroutine)
+            task = asyncio.get_running_loop().create_task(flush)
         except RuntimeError:
-            coroutine.close()  # no loop (a synchronous caller): the next flush covers it
-            return
+            flush.close()  # no loop (a synchronous caller): the next flush covers it
+            return rolled
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return rolled
 
     async def _flush_rolled(self, segment: LogSegment, upto: int) -> None:
         """Flush a segment that just stopped being active, then advance the recovery point.
