@@ -191,27 +191,19 @@ class ProducerStateManager:
         Raises :class:`KafkaError` INVALID_PRODUCER_EPOCH or OUT_OF_ORDER_SEQUENCE_NUMBER (see
         the module docstring); changes nothing."""
         # (epoch, last sequence) of producers after the earlier batches of this append.
-        pending: dict[int, tuple[int, int]] | None = None
-        producers = self._producers
+        pending: dict[int, tuple[int, int]] = {}
         for _, header in batches:
             producer_id = header.producer_id
             if producer_id < 0 or header.attributes & CONTROL_BIT:
                 continue
-            if pending is None:
-                pending = {}
             epoch, first_seq = header.producer_epoch, header.base_sequence
             last_seq = last_sequence(header)
-            entry = producers.get(producer_id)
-            if entry is not None:
-                duplicate = entry.find_duplicate(epoch, first_seq, last_seq)
-                if duplicate is not None:
-                    return ProducerAppend(batches, duplicate)
-            if producer_id in pending:
-                current_epoch, current_last = pending[producer_id]
-            elif entry is not None:
-                current_epoch, current_last = entry.epoch, entry.last_seq
-            else:
-                current_epoch, current_last = NO_PRODUCER_EPOCH, NO_SEQUENCE
+            entry = self._producers.get(producer_id)
+            if entry is not None and (duplicate := entry.find_duplicate(epoch, first_seq,
+                                                                         last_seq)):
+                return ProducerAppend(batches, duplicate)
+            current_epoch, current_last = pending.get(producer_id) or (
+                (entry.epoch, entry.last_seq) if entry else (NO_PRODUCER_EPOCH, NO_SEQUENCE))
             if epoch < current_epoch:
                 raise KafkaError(
                     ErrorCode.invalid_producer_epoch,
@@ -231,7 +223,7 @@ class ProducerStateManager:
                         f"out of order sequence {first_seq} of producer {producer_id} (epoch "
                         f"{epoch}): the last stored sequence is {current_last}")
             pending[producer_id] = (epoch, last_seq)
-        return None if pending is None else ProducerAppend(batches)
+        return ProducerAppend(batches) if pending else None
 
     def complete(
         self, append: ProducerAppend, base_offset: int, append_time_ms: int | None = None
