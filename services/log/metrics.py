@@ -126,11 +126,11 @@ class PartitionLogCollector(Collector):
     segments, bytes, log end and log start offsets. Reads public properties only (no locks:
     a scrape during an append sees one side of it, as any gauge would).
 
-    Sources are callables returning partition logs (``LogManager.partitions``); a process has
-    one log node, tests may run several."""
+    Sources are callables returning partition logs (``LogManager.partitions``), added while
+    their node runs; a process has one log node, tests may run several."""
 
     def __init__(self) -> None:
-        self.sources: list[Callable[[], Iterable[Any]]] = []
+        self.sources: set[Callable[[], Iterable[Any]]] = set()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         families = [(GaugeMetricFamily(name, text, labels=["topic", "partition"]), attribute)
@@ -149,13 +149,3 @@ class PartitionLogCollector(Collector):
 
 PARTITION_LOGS = PartitionLogCollector()
 register_collector(PARTITION_LOGS)
-
-
-def watch_partitions(source: Callable[[], Iterable[Any]]) -> None:
-    """Report per-partition gauges from ``source`` (e.g. ``LogManager.partitions``)."""
-    PARTITION_LOGS.sources.append(source)
-
-
-def unwatch_partitions(source: Callable[[], Iterable[Any]]) -> None:
-    if source in PARTITION_LOGS.sources:
-        PARTITION_LOGS.sources.remove(source)

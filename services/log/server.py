@@ -47,7 +47,7 @@ class LogService:
             await self.notifier.close()
         self.manager.close()
         metrics.PARTITIONS.set(0)
-        metrics.unwatch_partitions(self.manager.partitions)
+        metrics.PARTITION_LOGS.sources.discard(self.manager.partitions)
 
 
 async def start(config: LogConfig) -> LogService:
@@ -64,7 +64,7 @@ async def start(config: LogConfig) -> LogService:
         if notifier is not None:
             notifier.position_of = leader_high_watermarks(manager)
         metrics.PARTITIONS.set(len(manager))
-        metrics.watch_partitions(manager.partitions)
+        metrics.PARTITION_LOGS.sources.add(manager.partitions)
         metrics.TRUNCATED_BYTES.inc(sum(p.truncated_at_open for p in manager.partitions()))
         server, port, health = await create_server(
             "log",
@@ -75,7 +75,7 @@ async def start(config: LogConfig) -> LogService:
         )
         manager.start_background()
     except BaseException:
-        metrics.unwatch_partitions(manager.partitions)
+        metrics.PARTITION_LOGS.sources.discard(manager.partitions)
         manager.close()
         if notifier is not None:
             await notifier.close()
