@@ -229,10 +229,6 @@ class LogCleaner:
                 or needs_now) or (horizon is not None and horizon <= now),
         )
 
-    def needs_cleaning(self, partition_log: PartitionLog, now: int | None = None) -> bool:
-        cleanable = self.cleanable(partition_log, now)
-        return cleanable is not None and cleanable.worth_cleaning
-
     async def clean_logs(
         self, logs: Iterable[PartitionLog], now: int | None = None
     ) -> list[CleanResult]:

@@ -59,6 +59,11 @@ def clean(partition_log: PartitionLog, now: int = NOW, cleaner: LogCleaner | Non
     return asyncio.run((cleaner or LogCleaner()).clean(partition_log, now))
 
 
+def worth_cleaning(cleaner: LogCleaner, partition_log: PartitionLog, now: int) -> bool:
+    cleanable = cleaner.cleanable(partition_log, now)
+    return cleanable is not None and cleanable.worth_cleaning
+
+
 def read_all(partition_log: PartitionLog) -> list[tuple[int, bytes | None, bytes | None]]:
     """Every record a consumer reading from the log start gets: (offset, key, value); checks
     every batch's framing and CRC on the way."""
@@ -188,15 +193,15 @@ def test_tombstones_are_kept_for_delete_retention_then_removed(tmp_path: Path) -
     assert header.max_timestamp == NOW - DAY  # record timestamps unchanged
     assert decode_records(data, header)[0].timestamp_delta == -2 * DAY
     # Nothing dirty is left, but the horizon makes the log worth cleaning once it passes.
-    assert not cleaner.needs_cleaning(partition_log, NOW + DAY - 1)
-    assert cleaner.needs_cleaning(partition_log, NOW + DAY)
+    assert not worth_cleaning(cleaner, partition_log, NOW + DAY - 1)
+    assert worth_cleaning(cleaner, partition_log, NOW + DAY)
     clean(partition_log, NOW + DAY - 1, cleaner)
     assert (2, b"a", None) in read_all(partition_log)
     assert asyncio.run(cleaner.clean_logs([partition_log], NOW + DAY))
     records = read_all(partition_log)
     assert all(key != b"a" for _, key, _ in records)
     assert latest_per_key(records)[b"b"] == b"2"
-    assert not cleaner.needs_cleaning(partition_log, NOW + 10 * DAY)
+    assert not worth_cleaning(cleaner, partition_log, NOW + 10 * DAY)
     partition_log.close()
 
 
@@ -361,8 +366,8 @@ def test_max_compaction_lag_forces_a_cleaning(tmp_path: Path) -> None:
         produce(partition_log, [(b"n%d" % i, b"v" * 40)], timestamp=NOW)
     cleanable = cleaner.cleanable(partition_log, NOW)
     assert cleanable is not None and 0 < cleanable.dirty_ratio < 0.99
-    assert not cleaner.needs_cleaning(partition_log, old + DAY)
-    assert cleaner.needs_cleaning(partition_log, old + DAY + 1)
+    assert not worth_cleaning(cleaner, partition_log, old + DAY)
+    assert worth_cleaning(cleaner, partition_log, old + DAY + 1)
     assert asyncio.run(cleaner.clean_logs([partition_log], old + DAY + 1))
     partition_log.close()
 
