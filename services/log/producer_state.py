@@ -56,7 +56,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -112,16 +112,15 @@ class BatchMetadata(NamedTuple):
     timestamp: int
 
 
+@dataclass(slots=True)
 class ProducerStateEntry:
     """One producer's epoch and its last :data:`BATCHES_TO_RETAIN` batches, oldest first."""
 
-    __slots__ = ("producer_id", "epoch", "batches", "last_timestamp")
-
-    def __init__(self, producer_id: int, epoch: int = NO_PRODUCER_EPOCH) -> None:
-        self.producer_id = producer_id
-        self.epoch = epoch
-        self.batches: deque[BatchMetadata] = deque(maxlen=BATCHES_TO_RETAIN)
-        self.last_timestamp = -1
+    producer_id: int
+    epoch: int = NO_PRODUCER_EPOCH
+    batches: deque[BatchMetadata] = field(
+        default_factory=lambda: deque(maxlen=BATCHES_TO_RETAIN))
+    last_timestamp: int = -1
 
     @property
     def last_seq(self) -> int:
@@ -143,10 +142,6 @@ class ProducerStateEntry:
             self.epoch = epoch
         self.batches.append(batch)
         self.last_timestamp = batch.timestamp
-
-    def __repr__(self) -> str:
-        return (f"ProducerStateEntry({self.producer_id}, epoch={self.epoch}, "
-                f"batches={list(self.batches)})")
 
 
 @dataclass(frozen=True, slots=True)
