@@ -41,7 +41,6 @@ from .checkpoint import fsync_directory
 from .segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
-    OFFSET_DIGITS,
     TIME_INDEX_SUFFIX,
     file_offsets,
     file_stem,
@@ -109,21 +108,16 @@ def recover(directory: Path) -> None:
         if name.endswith(CLEANED_SUFFIX):
             log.info("%s: removing an unfinished cleaning's file %s", directory, name)
             (directory / name).unlink(missing_ok=True)
-    for name in sorted(names):
-        if not name.endswith(LOG_SUFFIX + SWAP_SUFFIX):
-            continue
-        stem = name[:-len(LOG_SUFFIX + SWAP_SUFFIX)]
-        if len(stem) != OFFSET_DIGITS or not stem.isdigit():
-            continue
-        base = int(stem)
-        end = max(_next_offset(directory / name, base), base + 1)
+    for base in file_offsets(directory, LOG_SUFFIX + SWAP_SUFFIX):
+        swapped = segment_files(directory, base, SWAP_SUFFIX)
+        end = max(_next_offset(swapped[-1], base), base + 1)
         for old in file_offsets(directory, LOG_SUFFIX):
             if base <= old < end:
                 log.info("%s: deleting segment %d replaced by cleaned segment %d",
                          directory, old, base)
                 for path in segment_files(directory, old):
                     path.unlink(missing_ok=True)
-        for path in segment_files(directory, base, SWAP_SUFFIX):
+        for path in swapped:
             if path.exists():
                 os.replace(path, _with_suffix(path, SWAP_SUFFIX, ""))
         log.info("%s: completed the swap of cleaned segment %d", directory, base)
