@@ -11,7 +11,6 @@ import grpc
 from grpc_health.v1._async import HealthServicer
 
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
-from services.common.errors import KafkaError
 from services.common.progress_reports import PositionSource, parse_key
 from services.common.server import ServiceBinding, create_server
 
@@ -96,12 +95,9 @@ def leader_high_watermarks(manager: LogManager) -> PositionSource:
         if parsed is None:
             return None
         topic, partition, epoch = parsed
-        try:
-            replica = manager.get(topic, partition)
-        except KafkaError:
-            return None
-        state = replica.state
-        if state.role != LEADER or (epoch is not None and epoch != state.leader_epoch):
+        replica = manager.find(topic, partition)
+        if replica is None or replica.state.role != LEADER or (
+                epoch is not None and epoch != replica.state.leader_epoch):
             return None
         return replica.high_watermark
 
