@@ -91,7 +91,6 @@ class LogSegment:
         :meth:`recover` before use, unless the segment is new and empty. A ``suffix`` after
         each file name makes a segment that is not (yet) part of the log, such as the log
         cleaner's ``.cleaned`` output."""
-        self.directory = directory
         self.base_offset = base_offset
         self.index_interval_bytes = index_interval_bytes
         stem = file_stem(base_offset)
