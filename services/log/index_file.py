@@ -64,10 +64,6 @@ class IndexFile(Generic[Entry]):
     def entries(self) -> list[Entry]:
         return [self._entry(slot) for slot in range(len(self))]
 
-    def _grows(self, *row: int) -> bool:
-        """Whether every field of ``row`` exceeds the last entry's (true of any first row)."""
-        return not len(self) or all(v > c[-1] for v, c in zip(row, self._columns, strict=True))
-
     def _relative(self, offset: int) -> int:
         relative = offset - self.base_offset
         if not 0 <= relative <= MAX_RELATIVE_OFFSET:
@@ -76,8 +72,8 @@ class IndexFile(Generic[Entry]):
         return relative
 
     def _append(self, *row: int) -> None:
-        os.pwrite(self._fd, self._layout.pack(*row), len(self) * self._layout.size)
-        for column, value in zip(self._columns, row, strict=True):
+        os.pwrite(self._fd, self._layout.pack(*row), len(self._columns[0]) * self._layout.size)
+        for column, value in zip(self._columns, row):  # noqa: B905 - one value per field
             column.append(value)
 
     def problem(self, next_offset: int | None = None) -> str | None:

@@ -40,8 +40,8 @@ class OffsetIndex(IndexFile[IndexEntry]):
 
     def append(self, offset: int, position: int) -> None:
         """Add an entry; ``offset`` and ``position`` must exceed the last entry's."""
-        relative = self._relative(offset)
-        if not self._grows(relative, position):
+        relative, (offsets, positions) = self._relative(offset), self._columns
+        if offsets and (relative <= offsets[-1] or position <= positions[-1]):
             raise ValueError(
                 f"index entry ({offset}, {position}) is not after {self.last_entry} in {self.path}"
             )

@@ -280,7 +280,8 @@ class PartitionLog:
             segment.append(buffer, [batch.position for batch in batches])
             if producers is not None:
                 self.producer_state.complete(producers, base_offset, append_time)
-            await self._appended_locked(next_offset - base_offset)
+            if self._appended_locked(next_offset - base_offset):
+                await self._flush_locked()
             return self._answer(base_offset, next_offset - 1, append_time, len(buffer),
                                 len(batches))
 
@@ -293,17 +294,16 @@ class PartitionLog:
             high_watermark=self._high_watermark, size_bytes=size, batch_count=batch_count,
             leader_epoch=self.state.leader_epoch)
 
-    async def _appended_locked(self, messages: int) -> None:
+    def _appended_locked(self, messages: int) -> bool:
         """After an append of either kind: wake the long-poll readers, commit at once if
-        alone in the ISR, and flush if flush.messages says so."""
+        alone in the ISR; returns whether flush.messages asks for a flush now."""
         appended, self._appended = self._appended, None
         if appended is not None:
             appended.set()
         if commits_alone(self.state):
             self.high_watermark = self.log_end_offset
         self._unflushed_messages += messages
-        if self._unflushed_messages >= self.config.flush_messages:
-            await self._flush_locked()
+        return self._unflushed_messages >= self.config.flush_messages
 
     def _maybe_roll(self, append_size: int, last_offset: int, max_timestamp: int) -> LogSegment:
         """The segment to append to: a new one when the active one would grow past
@@ -444,7 +444,8 @@ class PartitionLog:
                     self.producer_state.replay(batch.header)
                     self.leader_epochs.assign(batch.header.partition_leader_epoch,
                                               batch.header.base_offset)
-                await self._appended_locked(last.next_offset - batches[0].header.base_offset)
+                if self._appended_locked(last.next_offset - batches[0].header.base_offset):
+                    await self._flush_locked()
         if high_watermark >= 0 and high_watermark > self._high_watermark:
             self.high_watermark = high_watermark
 

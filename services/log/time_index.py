@@ -48,7 +48,9 @@ class TimeIndex(IndexFile[TimeEntry]):
         offset); returns whether it did. Entries that would not move the index are skipped, so
         callers may offer the running maximum at every offset index entry, also while it is
         still -1 (no batch had a timestamp), which is never indexed."""
-        if timestamp <= NO_TIMESTAMP or not self._grows(timestamp, offset - self.base_offset):
+        timestamps, offsets = self._columns
+        if timestamp <= NO_TIMESTAMP or timestamps and (
+                timestamp <= timestamps[-1] or offset - self.base_offset <= offsets[-1]):
             return False
         self._append(timestamp, self._relative(offset))
         return True
