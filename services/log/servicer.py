@@ -7,7 +7,7 @@ KAFKA_STORAGE_ERROR (as Kafka maps I/O failures), anything else UNKNOWN_SERVER_E
 from __future__ import annotations
 
 import asyncio
-import inspect
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -61,23 +61,28 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
                     offsets: bool = False, **on_error: int) -> R:
         """Serve one partition per item of a request into ``response`` (of the API its type
         names): a result of the item's topic and partition is added to its results and filled
-        by ``work(item, result)`` (awaited if it returns an awaitable); whatever that raises
+        by ``work(item, result)`` (awaited if it returns a coroutine); whatever that raises
         becomes the result's error (:func:`_fail`), with the ``on_error`` fields set. With
-        ``offsets``, every result then gets the replica's offsets (:meth:`_fill_offsets`)."""
-        results = getattr(response, response.DESCRIPTOR.fields[0].name)
-        api = response.DESCRIPTOR.name.removesuffix("Response")
+        ``offsets``, every result then gets the replica's offsets after the call, failed or
+        not (they tell a reader whose offset is out of range where the log is); -1 without a
+        replica."""
+        api, field, offset_fields = _shape(type(response))
+        results = getattr(response, field)
         for item in items:
             result = results.add(topic=item.topic, partition=item.partition)
             try:
                 done = work(item, result)
-                if inspect.isawaitable(done):
+                if asyncio.iscoroutine(done):
                     await done
             except Exception as exc:  # noqa: BLE001 - becomes the partition's error code
                 _fail(api, exc, result)
                 for name, value in on_error.items():
                     setattr(result, name, value)
-        if offsets:
-            self._fill_offsets(results)
+        for result in results if offsets else ():
+            found = self._manager.find(result.topic, result.partition)
+            for name in offset_fields:
+                setattr(result, name, NO_OFFSET if found is None else getattr(
+                    found, _OFFSET_SOURCES[name]))
         return response
 
     async def CreatePartitions(self, request, context):
@@ -112,28 +117,30 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
 
     async def _append(self, request: log_pb2.AppendRequest,
                       response: log_pb2.AppendResponse) -> None:
-        async def append(item: log_pb2.PartitionAppend,
-                         result: log_pb2.PartitionAppendResult) -> None:
-            topic_metrics = metrics.topic(item.topic)
+        # The hot path: one loop of its own, each result added whole.
+        for item in request.partitions:
+            topic, partition = item.topic, item.partition
+            topic_metrics = metrics.topic(topic)
             topic_metrics.append_requests.inc()
             started = time.perf_counter()
             try:
-                info = await self._log(item).append(
+                info = await self._manager.get(topic, partition).append(
                     item.records, expected_log_end_offset=item.expected_log_end_offset
                     if item.HasField("expected_log_end_offset") else None)
-            finally:
-                metrics.APPEND_SECONDS.observe(time.perf_counter() - started)
-            topic_metrics.appended_bytes.inc(info.size_bytes)
-            topic_metrics.appended_batches.inc(info.batch_count)
-            result.base_offset, result.log_append_time_ms = (info.base_offset,
-                                                             info.log_append_time_ms)
-            result.log_start_offset = info.log_start_offset
-            result.log_end_offset = info.log_end_offset
-            result.high_watermark, result.leader_epoch = info.high_watermark, info.leader_epoch
-
-        await self._each(response, request.partitions, append, base_offset=NO_OFFSET,
-                         log_append_time_ms=NO_TIMESTAMP, log_start_offset=NO_OFFSET,
-                         log_end_offset=NO_OFFSET, high_watermark=NO_OFFSET)
+            except Exception as exc:  # noqa: BLE001 - becomes the partition's error code
+                _fail("Append", exc, response.results.add(
+                    topic=topic, partition=partition, base_offset=NO_OFFSET,
+                    log_append_time_ms=NO_TIMESTAMP, log_start_offset=NO_OFFSET,
+                    log_end_offset=NO_OFFSET, high_watermark=NO_OFFSET))
+            else:
+                topic_metrics.appended_bytes.inc(info.size_bytes)
+                topic_metrics.appended_batches.inc(info.batch_count)
+                response.results.add(
+                    topic=topic, partition=partition, base_offset=info.base_offset,
+                    log_append_time_ms=info.log_append_time_ms,
+                    log_start_offset=info.log_start_offset, log_end_offset=info.log_end_offset,
+                    high_watermark=info.high_watermark, leader_epoch=info.leader_epoch)
+            metrics.APPEND_SECONDS.observe(time.perf_counter() - started)
 
     async def Read(self, request, context):
         """Reads each partition in order under the request's overall byte limit, as Kafka's
@@ -141,7 +148,7 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
         whole batch); after it, partitions get at most what remains of the budget. With
         ``max_wait_ms``, a read that found nothing (and no error) waits for the next append to
         any of the partitions, or the time limit, and reads again."""
-        response = await self._read(request)
+        response = self._read(request)
         if request.max_wait_ms <= 0 or any(r.records or r.error_code for r in response.results):
             return response
         try:
@@ -155,26 +162,38 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
         finally:
             for waiter in waiters:
                 waiter.cancel()
-        return await self._read(request)
+        return self._read(request)
 
-    async def _read(self, request: log_pb2.ReadRequest) -> log_pb2.ReadResponse:
+    def _read(self, request: log_pb2.ReadRequest) -> log_pb2.ReadResponse:
+        # The hot path: one loop of its own.
         started = time.perf_counter()
         budget = request.max_bytes if request.max_bytes > 0 else None
         min_one = True
-
-        def read(item: log_pb2.PartitionRead, result: log_pb2.PartitionReadResult) -> None:
-            nonlocal budget, min_one
+        response = log_pb2.ReadResponse()
+        for item in request.partitions:
+            result = response.results.add(topic=item.topic, partition=item.partition)
             max_bytes = item.max_bytes if budget is None else min(item.max_bytes, budget)
-            records = self._log(item).read(item.offset, max(max_bytes, 0), request.limit,
-                                           min_one)
-            result.records = records
+            partition_log = self._manager.find(item.topic, item.partition)
+            try:
+                records = self._log(item).read(item.offset, max(max_bytes, 0), request.limit,
+                                               min_one)
+            except Exception as exc:  # noqa: BLE001 - becomes the partition's error code
+                _fail("Read", exc, result)
+                records = b""
+            # The replica's offsets, failed or not: they tell a reader whose offset is out of
+            # range where the log is. The last stable offset: no transactions yet.
+            result.high_watermark = result.last_stable_offset = NO_OFFSET if (
+                partition_log is None) else partition_log.high_watermark
+            result.log_start_offset = NO_OFFSET if partition_log is None else (
+                partition_log.log_start_offset)
+            result.log_end_offset = NO_OFFSET if partition_log is None else (
+                partition_log.log_end_offset)
             if records:
+                result.records = records
                 metrics.topic(item.topic).read_bytes.inc(len(records))
                 min_one = False
                 if budget is not None:
                     budget = max(budget - len(records), 0)
-
-        response = await self._each(log_pb2.ReadResponse(), request.partitions, read, offsets=True)
         metrics.READ_SECONDS.observe(time.perf_counter() - started)
         return response
 
@@ -248,23 +267,19 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
         return await self._each(log_pb2.OffsetForLeaderEpochResponse(), request.partitions,
                                 end_offset, leader_epoch=NO_LEADER_EPOCH, end_offset=NO_OFFSET)
 
-    def _fill_offsets(self, results: Iterable[Any]) -> None:
-        """The replica's offsets, after the call, in each result that has fields for them,
-        whether the call failed or not (they tell a reader whose offset is out of range where
-        the log is); -1 without a replica. The last stable offset is the high watermark: no
-        transactions yet."""
-        for result in results:
-            found = self._manager.find(result.topic, result.partition)
-            offsets = {} if found is None else {
-                "high_watermark": found.high_watermark, "last_stable_offset": found.high_watermark,
-                "log_start_offset": found.log_start_offset, "log_end_offset": found.log_end_offset}
-            fields = result.DESCRIPTOR.fields_by_name
-            for name in _OFFSET_FIELDS:
-                if name in fields:
-                    setattr(result, name, offsets.get(name, NO_OFFSET))
+
+# The replica offsets results carry, by the partition log property that gives them (no
+# transactions yet: the last stable offset is the high watermark).
+_OFFSET_SOURCES = {"high_watermark": "high_watermark", "last_stable_offset": "high_watermark",
+                   "log_start_offset": "log_start_offset", "log_end_offset": "log_end_offset"}
 
 
-_OFFSET_FIELDS = ("high_watermark", "last_stable_offset", "log_start_offset", "log_end_offset")
+@functools.cache
+def _shape(kind: type[Message]) -> tuple[str, str, tuple[str, ...]]:
+    """The API a response type answers, the name of its results and their offset fields."""
+    results = kind.DESCRIPTOR.fields[0]
+    return (kind.DESCRIPTOR.name.removesuffix("Response"), results.name,
+            tuple(name for name in _OFFSET_SOURCES if name in results.message_type.fields_by_name))
 
 def _describe(state: log_pb2.PartitionState, partition_log: PartitionLog) -> None:
     state.size_bytes = partition_log.size_bytes
