@@ -50,7 +50,6 @@ DELETE_SUFFIX = "-delete"
 _LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 
 
-
 def check_topic_name(topic: str) -> None:
     """Kafka's topic name rules (``Topic.validate``); raises INVALID_TOPIC_EXCEPTION."""
     if topic in (".", "..") or not _LEGAL_TOPIC.fullmatch(topic):

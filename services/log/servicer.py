@@ -29,7 +29,6 @@ log = logging.getLogger(__name__)
 R = TypeVar("R", bound=Message)
 
 
-
 def _fail(api: str, exc: Exception, result: Any) -> None:
     """Put the Kafka error code (and message, where the result has one) for ``exc`` in a
     partition's ``result``."""
@@ -280,6 +279,7 @@ def _shape(kind: type[Message]) -> tuple[str, str, tuple[str, ...]]:
     results = kind.DESCRIPTOR.fields[0]
     return (kind.DESCRIPTOR.name.removesuffix("Response"), results.name,
             tuple(name for name in _OFFSET_SOURCES if name in results.message_type.fields_by_name))
+
 
 def _describe(state: log_pb2.PartitionState, partition_log: PartitionLog) -> None:
     state.size_bytes = partition_log.size_bytes
