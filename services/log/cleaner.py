@@ -74,16 +74,14 @@ from services.common.records.record_batch import (
     COMPRESSION_MASK,
     DELETE_HORIZON_BIT,
     HEADER_SIZE,
-    MIN_BATCH_LENGTH,
     BatchHeader,
     RecordError,
-    read_header,
 )
 
 from .checkpoint import OffsetCheckpoint, TopicPartition
 from .index_file import MAX_RELATIVE_OFFSET
 from .partition_log import PartitionLog, now_ms
-from .segment import LogSegment
+from .segment import LogSegment, scan_batches
 from .segment_swap import CLEANED_SUFFIX, discard
 from .topic_config import NEVER
 
@@ -92,7 +90,7 @@ log = logging.getLogger(__name__)
 CLEANER_OFFSET_FILE = "cleaner-offset-checkpoint"
 # Keys of one pass's offset map (Kafka bounds it by log.cleaner.dedupe.buffer.size instead).
 DEFAULT_MAX_MAP_KEYS = 4_000_000
-# The cleaner reads old segments, and writes the new one, this much at a time.
+# The cleaner writes the new segment this much at a time.
 _IO_CHUNK = 1024 * 1024
 
 OffsetMap = dict[bytes, int]
@@ -311,28 +309,21 @@ class LogCleaner:
 
 def read_batches(path: Path) -> Iterator[tuple[BatchHeader, bytes]]:
     """Every whole batch of a segment file, with its bytes, by header framing; stops at a
-    torn tail. Raises :class:`RecordError` for framing that cannot be a batch."""
+    torn tail (or where the file was cut meanwhile). Raises :class:`RecordError` for framing
+    that cannot be a batch."""
     with path.open("rb", buffering=0) as file:
-        data, position = b"", 0
-        while True:
-            available = len(data) - position
-            needed = HEADER_SIZE
-            if available >= HEADER_SIZE:
-                header = read_header(data, position)
-                if header.batch_length < MIN_BATCH_LENGTH:
-                    raise RecordError(f"{path}: batch length {header.batch_length}")
-                needed = header.size
-                if available >= needed:
-                    # Let the event loop's thread have the GIL at once if it waits for it,
-                    # rather than after a whole switch interval: appends and reads stay quick.
-                    time.sleep(0)
-                    yield header, data[position:position + needed]
-                    position += needed
-                    continue
-            more = file.read(max(_IO_CHUNK, needed - available))
-            if not more:
+        fd, size, end = file.fileno(), os.fstat(file.fileno()).st_size, 0
+        for position, header in scan_batches(fd, 0, size):
+            batch = os.pread(fd, header.size, position)
+            if len(batch) < header.size:
                 return
-            data, position = data[position:] + more, 0
+            # Let the event loop's thread have the GIL at once if it waits for it, rather than
+            # after a whole switch interval: appends and reads stay quick.
+            time.sleep(0)
+            yield header, batch
+            end = position + header.size
+        if size - end >= HEADER_SIZE:
+            raise RecordError(f"{path}: no batch at byte {end}")
 
 
 def build_offset_map(
