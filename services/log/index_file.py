@@ -71,10 +71,9 @@ class IndexFile(Generic[Entry]):
                 f"offset {offset} cannot be indexed in a segment at {self.base_offset}")
         return relative
 
-    def _append(self, *row: int) -> None:
+    def _write(self, *row: int) -> None:
+        """Write ``row`` after the last entry; the caller adds it to the columns then."""
         os.pwrite(self._fd, self._layout.pack(*row), len(self._columns[0]) * self._layout.size)
-        for column, value in zip(self._columns, row):  # noqa: B905 - one value per field
-            column.append(value)
 
     def problem(self, next_offset: int | None = None) -> str | None:
         """Why the index cannot be trusted for a segment whose offsets end before

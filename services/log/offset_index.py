@@ -45,7 +45,9 @@ class OffsetIndex(IndexFile[IndexEntry]):
             raise ValueError(
                 f"index entry ({offset}, {position}) is not after {self.last_entry} in {self.path}"
             )
-        self._append(relative, position)
+        self._write(relative, position)
+        offsets.append(relative)
+        positions.append(position)
 
     def lookup(self, target_offset: int) -> IndexEntry:
         """The last entry whose offset is <= ``target_offset``: the batch holding the target

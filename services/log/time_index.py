@@ -52,7 +52,10 @@ class TimeIndex(IndexFile[TimeEntry]):
         if timestamp <= NO_TIMESTAMP or timestamps and (
                 timestamp <= timestamps[-1] or offset - self.base_offset <= offsets[-1]):
             return False
-        self._append(timestamp, self._relative(offset))
+        relative = self._relative(offset)
+        self._write(timestamp, relative)
+        timestamps.append(timestamp)
+        offsets.append(relative)
         return True
 
     def lookup(self, target_timestamp: int) -> int:
