@@ -68,11 +68,12 @@ class TopicConfig:
 
     @property
     def deletes(self) -> bool:
-        return CLEANUP_DELETE in self._policies()
+        # A substring test (asked at every append): the policies were checked to be these two.
+        return CLEANUP_DELETE in self.cleanup_policy
 
     @property
     def compacts(self) -> bool:
-        return CLEANUP_COMPACT in self._policies()
+        return CLEANUP_COMPACT in self.cleanup_policy
 
     def _policies(self) -> set[str]:
         return {item.strip() for item in self.cleanup_policy.split(",") if item.strip()}
