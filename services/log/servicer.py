@@ -267,10 +267,9 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
                                 end_offset, leader_epoch=NO_LEADER_EPOCH, end_offset=NO_OFFSET)
 
 
-# The replica offsets results carry, by the partition log property that gives them (no
-# transactions yet: the last stable offset is the high watermark).
-_OFFSET_SOURCES = {"high_watermark": "high_watermark", "last_stable_offset": "high_watermark",
-                   "log_start_offset": "log_start_offset", "log_end_offset": "log_end_offset"}
+# The replica offsets results carry (outside Read), by the partition log property giving them.
+_OFFSET_SOURCES = {"high_watermark": "high_watermark", "log_start_offset": "log_start_offset",
+                   "log_end_offset": "log_end_offset"}
 
 
 @functools.cache
