@@ -1,6 +1,15 @@
-"""Offset checkpoint files (Kafka's ``OffsetCheckpointFile``), one offset per replica.
+"""Checkpoint files (Kafka's ``CheckpointFile`` and ``OffsetCheckpointFile``), and the atomic
+replacement every small state file of a log node uses.
 
-A log node keeps two in its data directory:
+Format (UTF-8 text, as Kafka writes it): a version, the number of entries, then one line per
+entry of space-separated fields; for offset checkpoints, one offset per replica:
+
+    0                       version
+    2                       number of entries
+    orders 0 1042           topic, partition, offset
+    orders 1 77
+
+A log node keeps two offset checkpoints in its data directory:
 
 - ``recovery-point-offset-checkpoint``: for each replica, the offset below which everything is
   known to be on disk (flushed). Start-up validates only what lies at or past it.
@@ -14,26 +23,19 @@ and each replicated replica one in its own directory (``<topic>-<partition>/``):
   follower is cut back, and on a clean shutdown (see :mod:`services.log.partition_log`).
   Start-up takes it, never above the recovered log end, as the replica's high watermark.
 
-Format (UTF-8 text, as Kafka writes it):
-
-    0                       version
-    2                       number of entries
-    orders 0 1042           topic, partition, offset; one line per entry
-    orders 1 77
-
-A file is replaced atomically (temporary file, fsync, rename, directory fsync), so a crash
-leaves the old or the new version. A missing file means no entries; an unreadable one is
-reported and treated as missing (every replica is then recovered in full, which is safe).
+The leader epoch cache (:mod:`services.log.leader_epochs`) is a checkpoint of the same format.
+A file is replaced atomically (:func:`replace_file`), so a crash leaves the old or the new
+version. A missing file means no entries; an unreadable one is reported and treated as missing
+(for recovery points, every replica is then recovered in full, which is safe).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-
-from .partition_metadata import fsync_directory
+from typing import TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -43,48 +45,66 @@ HIGH_WATERMARK_FILE = "replication-offset-checkpoint"
 VERSION = 0
 
 TopicPartition = tuple[str, int]
+T = TypeVar("T")
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make renames and creations inside ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_file(path: Path, text: str, durable: bool = True) -> None:
+    """Replace ``path`` with ``text`` (UTF-8) atomically: a temporary file beside it is renamed
+    over it. With ``durable`` the temporary file is forced to disk first and the directory
+    after, so a crash leaves either the old or the new version, never a mix."""
+    temporary = path.with_name(path.name + ".tmp")
+    with open(temporary, "w", encoding="utf-8") as out:
+        out.write(text)
+        if durable:
+            out.flush()
+            os.fsync(out.fileno())
+    os.replace(temporary, path)
+    if durable:
+        fsync_directory(path.parent)
+
+
+def write_entries(path: Path, entries: Sequence[Iterable[object]]) -> None:
+    """Replace the checkpoint at ``path`` with ``entries``, each a line of fields."""
+    lines = [str(VERSION), str(len(entries))] + [" ".join(map(str, e)) for e in entries]
+    replace_file(path, "\n".join(lines) + "\n")
+
+
+def read_entries(path: Path, parse: Callable[..., T]) -> list[T]:
+    """The entries of the checkpoint at ``path``, each ``parse(*fields)``; none when the file
+    is missing or unreadable (which is logged)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return []
+    try:
+        if len(lines) < 2 or lines[0].strip() != str(VERSION):
+            raise ValueError(f"unknown version {lines[0] if lines else ''!r}")
+        if len(lines) - 2 != int(lines[1]):
+            raise ValueError(f"{len(lines) - 2} entries where {lines[1]} were announced")
+        return [parse(*line.split()) for line in lines[2:]]
+    except (ValueError, TypeError) as exc:
+        log.error("%s: unreadable checkpoint (%s); ignored", path, exc)
+        return []
 
 
 class OffsetCheckpoint:
-    """One checkpoint file; see the module docstring."""
+    """One offset checkpoint file; see the module docstring."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
     def write(self, offsets: Mapping[TopicPartition, int]) -> None:
-        lines = [str(VERSION), str(len(offsets))]
-        lines += [f"{topic} {partition} {offset}"
-                  for (topic, partition), offset in sorted(offsets.items())]
-        temporary = self.path.with_name(self.path.name + ".tmp")
-        with open(temporary, "w", encoding="utf-8") as out:
-            out.write("\n".join(lines) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, self.path)
-        fsync_directory(self.path.parent)
+        write_entries(self.path, [(*key, offset) for key, offset in sorted(offsets.items())])
 
     def read(self) -> dict[TopicPartition, int]:
-        try:
-            text = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return {}
-        try:
-            return _parse(text)
-        except ValueError as exc:
-            log.error("%s: unreadable checkpoint (%s); ignored", self.path, exc)
-            return {}
-
-
-def _parse(text: str) -> dict[TopicPartition, int]:
-    lines = text.splitlines()
-    if len(lines) < 2 or lines[0].strip() != str(VERSION):
-        raise ValueError(f"unknown version {lines[0] if lines else ''!r}")
-    count = int(lines[1])
-    entries = lines[2:]
-    if len(entries) != count:
-        raise ValueError(f"{len(entries)} entries where {count} were announced")
-    offsets: dict[TopicPartition, int] = {}
-    for line in entries:
-        topic, partition, offset = line.split(" ")
-        offsets[(topic, int(partition))] = int(offset)
-    return offsets
+        return dict(read_entries(
+            self.path, lambda topic, partition, offset: ((topic, int(partition)), int(offset))))

@@ -66,7 +66,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from services.common.records.compression import SNAPPY, is_xerial
 from services.common.records.record import Record, decode_records, encode_batch
@@ -74,43 +74,33 @@ from services.common.records.record_batch import (
     COMPRESSION_MASK,
     DELETE_HORIZON_BIT,
     HEADER_SIZE,
-    MIN_BATCH_LENGTH,
     BatchHeader,
     RecordError,
-    read_header,
 )
 
-from .checkpoint import OffsetCheckpoint
-from .offset_index import MAX_RELATIVE_OFFSET
-from .segment import LogSegment
+from .checkpoint import OffsetCheckpoint, TopicPartition
+from .index_file import MAX_RELATIVE_OFFSET
+from .partition_log import PartitionLog, now_ms
+from .segment import LogSegment, scan_batches
 from .segment_swap import CLEANED_SUFFIX, discard
 from .topic_config import NEVER
-
-if TYPE_CHECKING:
-    from .partition_log import PartitionLog
 
 log = logging.getLogger(__name__)
 
 CLEANER_OFFSET_FILE = "cleaner-offset-checkpoint"
 # Keys of one pass's offset map (Kafka bounds it by log.cleaner.dedupe.buffer.size instead).
 DEFAULT_MAX_MAP_KEYS = 4_000_000
-# The cleaner reads old segments, and writes the new one, this much at a time.
+# The cleaner writes the new segment this much at a time.
 _IO_CHUNK = 1024 * 1024
 
-TopicPartition = tuple[str, int]
 OffsetMap = dict[bytes, int]
 
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 class SegmentRef(NamedTuple):
-    """An old segment as the cleaner thread sees it: its file, and the offsets it may hold
-    (up to the next segment's base offset)."""
+    """An old segment as the cleaner saw it: the offsets it may hold (up to the next segment's
+    base offset) and its size then. The thread reads its file through handles of its own."""
 
-    base_offset: int
-    path: Path
+    segment: LogSegment
     end_offset: int
     size: int
 
@@ -120,13 +110,13 @@ class Cleanable:
     """What one partition log offers the cleaner now (Kafka's ``LogToClean``)."""
 
     first_dirty: int
-    # The first uncleanable offset, a segment boundary; every segment below it is cleanable.
-    end: int
+    # Every segment below the first uncleanable offset.
     segments: tuple[SegmentRef, ...]
     clean_bytes: int
     dirty_bytes: int
     needs_compaction_now: bool
-    tombstones_expired: bool
+    # Whether a pass is due: see the module docstring.
+    worth_cleaning: bool
 
     @property
     def dirty_ratio(self) -> float:
@@ -134,36 +124,22 @@ class Cleanable:
         return self.dirty_bytes / total if total else 0.0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True)
 class CleanResult:
-    """What one pass over one partition did."""
+    """What one pass over one partition did (added up group by group)."""
 
     topic: str
     partition: int
-    first_dirty: int
     # Where the pass stopped: the partition's first dirty offset from now on.
-    end_offset: int
-    bytes_read: int
-    bytes_written: int
-    records_read: int
-    records_removed: int
-    segments_before: int
-    segments_after: int
-    seconds: float
+    end_offset: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    records_read: int = 0
+    records_removed: int = 0
 
     @property
     def bytes_removed(self) -> int:
         return self.bytes_read - self.bytes_written
-
-
-class _GroupResult(NamedTuple):
-    changed: bool
-    bytes_read: int
-    bytes_written: int
-    records_read: int
-    records_removed: int
-    # The earliest delete horizon of a batch that kept tombstones, or None.
-    horizon: int | None
 
 
 class LogCleaner:
@@ -229,7 +205,7 @@ class LogCleaner:
                     limit = min(limit, segment.base_offset)
                     break
         refs = tuple(
-            SegmentRef(segment.base_offset, segment.log_path, end, segment.size)
+            SegmentRef(segment, end, segment.size)
             for segment, end in zip(segments, ends, strict=False) if end <= limit
         )
         if not refs:
@@ -241,48 +217,27 @@ class LogCleaner:
             firsts = [s.first_timestamp() for _, s in dirty if s.first_timestamp() > 0]
             needs_now = bool(firsts) and min(firsts) < now - config.max_compaction_lag_ms
         horizon = self._horizons.get(key)
+        clean_bytes = sum(ref.size for ref in refs if ref.end_offset <= first_dirty)
+        dirty_bytes = sum(ref.size for ref, _ in dirty)
         return Cleanable(
-            first_dirty=first_dirty,
-            end=refs[-1].end_offset,
-            segments=refs,
-            clean_bytes=sum(ref.size for ref in refs if ref.end_offset <= first_dirty),
-            dirty_bytes=sum(ref.size for ref, _ in dirty),
-            needs_compaction_now=needs_now,
-            tombstones_expired=horizon is not None and horizon <= now,
-        )
-
-    def needs_cleaning(self, partition_log: PartitionLog, now: int | None = None) -> bool:
-        return self._worth_cleaning(partition_log, self.cleanable(partition_log, now))
-
-    @staticmethod
-    def _worth_cleaning(partition_log: PartitionLog, cleanable: Cleanable | None) -> bool:
-        if cleanable is None:
-            return False
-        dirty = cleanable.dirty_bytes > 0
-        return (
-            (dirty and cleanable.dirty_ratio > partition_log.config.min_cleanable_dirty_ratio)
-            or (dirty and cleanable.needs_compaction_now)
-            or cleanable.tombstones_expired
+            first_dirty=first_dirty, segments=refs, clean_bytes=clean_bytes,
+            dirty_bytes=dirty_bytes, needs_compaction_now=needs_now,
+            worth_cleaning=bool(dirty_bytes) and (
+                dirty_bytes / (clean_bytes + dirty_bytes) > config.min_cleanable_dirty_ratio
+                or needs_now) or (horizon is not None and horizon <= now),
         )
 
     async def clean_logs(
         self, logs: Iterable[PartitionLog], now: int | None = None
     ) -> list[CleanResult]:
         """One round: clean every compacted log worth it, the filthiest first."""
-        candidates = []
-        for partition_log in logs:
-            cleanable = self.cleanable(partition_log, now)
-            if self._worth_cleaning(partition_log, cleanable):
-                assert cleanable is not None
-                candidates.append((cleanable.needs_compaction_now, cleanable.dirty_ratio,
-                                   partition_log))
-        candidates.sort(key=lambda item: (item[0], item[1]), reverse=True)
-        results = []
-        for _, _, partition_log in candidates:
-            result = await self.clean(partition_log, now)
-            if result is not None:
-                results.append(result)
-        return results
+        candidates = [(cleanable, partition_log) for partition_log in logs
+                      if (cleanable := self.cleanable(partition_log, now)) is not None
+                      and cleanable.worth_cleaning]
+        candidates.sort(key=lambda item: (item[0].needs_compaction_now, item[0].dirty_ratio),
+                        reverse=True)
+        results = [await self.clean(partition_log, now) for _, partition_log in candidates]
+        return [result for result in results if result is not None]
 
     # ------------------------------------------------------------------------ cleaning
 
@@ -303,6 +258,7 @@ class LogCleaner:
         config = partition_log.config
         segments_before = partition_log.segment_count
         dirty = [ref for ref in cleanable.segments if ref.end_offset > cleanable.first_dirty]
+        result = CleanResult(*key)
         try:
             offset_map, map_end = await asyncio.to_thread(
                 build_offset_map, dirty, cleanable.first_dirty, self.max_map_keys)
@@ -310,27 +266,20 @@ class LogCleaner:
                 map_end = cleanable.first_dirty
             to_clean = [ref for ref in cleanable.segments if ref.end_offset <= max(
                 map_end, cleanable.first_dirty)]
-            last_batches = _producer_last_offsets(partition_log)
-            totals = [0, 0, 0, 0]
+            last_batches = partition_log.producer_state.last_offsets()
             horizons: list[int] = []
-            by_base = {segment.base_offset: segment for segment in partition_log.segments}
             for group in group_segments(to_clean, config.segment_bytes):
-                result = await asyncio.to_thread(
+                changed, horizon = await asyncio.to_thread(
                     clean_group, partition_log.directory, group, offset_map, now,
-                    config.delete_retention_ms, config.index_interval_bytes, last_batches)
-                totals = [totals[0] + result.bytes_read, totals[1] + result.bytes_written,
-                          totals[2] + result.records_read, totals[3] + result.records_removed]
-                if result.horizon is not None:
-                    horizons.append(result.horizon)
-                if not result.changed:
-                    discard(partition_log.directory, group[0].base_offset)
+                    config.delete_retention_ms, config.index_interval_bytes, last_batches,
+                    result)
+                if horizon is not None:
+                    horizons.append(horizon)
+                if not changed:
+                    discard(partition_log.directory, group[0].segment.base_offset)
                     continue
-                old = [by_base.get(ref.base_offset) for ref in group]
-                if any(segment is None for segment in old) or not await (
-                    partition_log.replace_segments(
-                        [s for s in old if s is not None], group[0].base_offset,
-                        [ref.size for ref in group])
-                ):
+                if not await partition_log.replace_segments(
+                        [ref.segment for ref in group], [ref.size for ref in group]):
                     log.info("%s-%d: the log changed while it was cleaned; retrying later",
                              *key)
                     return None
@@ -341,36 +290,18 @@ class LogCleaner:
         except OSError as exc:
             log.warning("%s-%d: cleaning failed: %s", *key, exc)
             return None
-        self._first_dirty[key] = map_end
+        self._first_dirty[key] = result.end_offset = map_end
         if horizons:
             self._horizons[key] = min(horizons)
         else:
             self._horizons.pop(key, None)
-        result = CleanResult(
-            topic=key[0], partition=key[1], first_dirty=cleanable.first_dirty,
-            end_offset=map_end, bytes_read=totals[0], bytes_written=totals[1],
-            records_read=totals[2], records_removed=totals[3],
-            segments_before=segments_before, segments_after=partition_log.segment_count,
-            seconds=time.perf_counter() - started,
-        )
         log.info(
             "%s-%d: cleaned offsets [0, %d) (dirty from %d): %d -> %d bytes, %d of %d records "
             "removed, %d -> %d segments, %.3f s", key[0], key[1], map_end,
             cleanable.first_dirty, result.bytes_read, result.bytes_written,
             result.records_removed, result.records_read, segments_before,
-            result.segments_after, result.seconds)
+            partition_log.segment_count, time.perf_counter() - started)
         return result
-
-
-def _producer_last_offsets(partition_log: PartitionLog) -> dict[int, int]:
-    """The last offset of each tracked producer's newest batch (whose batch must survive)."""
-    state = partition_log.producer_state
-    out = {}
-    for producer_id in state.producer_ids:
-        entry = state.entry(producer_id)
-        if entry is not None and entry.batches:
-            out[producer_id] = entry.batches[-1].last_offset
-    return out
 
 
 # ------------------------------------------------------------- the work of the thread
@@ -378,28 +309,21 @@ def _producer_last_offsets(partition_log: PartitionLog) -> dict[int, int]:
 
 def read_batches(path: Path) -> Iterator[tuple[BatchHeader, bytes]]:
     """Every whole batch of a segment file, with its bytes, by header framing; stops at a
-    torn tail. Raises :class:`RecordError` for framing that cannot be a batch."""
+    torn tail (or where the file was cut meanwhile). Raises :class:`RecordError` for framing
+    that cannot be a batch."""
     with path.open("rb", buffering=0) as file:
-        data, position = b"", 0
-        while True:
-            available = len(data) - position
-            needed = HEADER_SIZE
-            if available >= HEADER_SIZE:
-                header = read_header(data, position)
-                if header.batch_length < MIN_BATCH_LENGTH:
-                    raise RecordError(f"{path}: batch length {header.batch_length}")
-                needed = header.size
-                if available >= needed:
-                    # Let the event loop's thread have the GIL at once if it waits for it,
-                    # rather than after a whole switch interval: appends and reads stay quick.
-                    time.sleep(0)
-                    yield header, data[position:position + needed]
-                    position += needed
-                    continue
-            more = file.read(max(_IO_CHUNK, needed - available))
-            if not more:
+        fd, size, end = file.fileno(), os.fstat(file.fileno()).st_size, 0
+        for position, header in scan_batches(fd, 0, size):
+            batch = os.pread(fd, header.size, position)
+            if len(batch) < header.size:
                 return
-            data, position = data[position:] + more, 0
+            # Let the event loop's thread have the GIL at once if it waits for it, rather than
+            # after a whole switch interval: appends and reads stay quick.
+            time.sleep(0)
+            yield header, batch
+            end = position + header.size
+        if size - end >= HEADER_SIZE:
+            raise RecordError(f"{path}: no batch at byte {end}")
 
 
 def build_offset_map(
@@ -411,7 +335,7 @@ def build_offset_map(
     offsets: OffsetMap = {}
     end = start
     for ref in segments:
-        for header, batch in read_batches(ref.path):
+        for header, batch in read_batches(ref.segment.log_path):
             if header.is_control or header.last_offset < start:
                 continue
             base = header.base_offset
@@ -432,7 +356,7 @@ def group_segments(segments: Sequence[SegmentRef], max_size: int) -> list[list[S
     size = 0
     for ref in segments:
         if groups and size + ref.size <= max_size and (
-            ref.end_offset - 1 - groups[-1][0].base_offset <= MAX_RELATIVE_OFFSET
+            ref.end_offset - 1 - groups[-1][0].segment.base_offset <= MAX_RELATIVE_OFFSET
         ):
             groups[-1].append(ref)
             size += ref.size
@@ -450,45 +374,49 @@ def clean_group(
     delete_retention_ms: int,
     index_interval_bytes: int,
     producer_last_offsets: Mapping[int, int],
-) -> _GroupResult:
+    totals: CleanResult,
+) -> tuple[bool, int | None]:
     """Write the cleaned segment of ``group`` as ``<base>.log.cleaned`` (and its indexes),
     flushed, its modification time the newest of the old files' (retention by time falls back
-    on it). ``changed`` is False when the result is the old segment byte for byte."""
-    base = group[0].base_offset
+    on it), adding what it read, wrote and removed to ``totals``. Returns whether the result
+    differs from the old segment byte for byte, and the earliest delete horizon of a batch
+    that kept tombstones (None if none did)."""
+    base = group[0].segment.base_offset
     cleaned = LogSegment.create(directory, base, index_interval_bytes, CLEANED_SUFFIX)
     changed = len(group) > 1
-    read = written = records_read = removed = 0
     horizon: int | None = None
-    try:
+    pending, positions = bytearray(), []
+
+    def write_pending() -> None:
+        nonlocal pending, positions
+        cleaned.append(pending, positions)
+        totals.bytes_written += len(pending)
         pending, positions = bytearray(), []
+
+    try:
         for ref in group:
-            for header, batch in read_batches(ref.path):
-                read += len(batch)
+            for header, batch in read_batches(ref.segment.log_path):
+                totals.bytes_read += len(batch)
                 out, count, kept, kept_horizon = filter_batch(
                     batch, header, offset_map, now, delete_retention_ms, producer_last_offsets)
-                records_read += count
-                removed += count - kept
+                totals.records_read += count
+                totals.records_removed += count - kept
                 if kept_horizon is not None:
                     horizon = kept_horizon if horizon is None else min(horizon, kept_horizon)
-                if out is not batch:
-                    changed = True
-                if out is None:
-                    continue
-                positions.append(len(pending))
-                pending += out
+                changed = changed or out is not batch
+                if out is not None:
+                    positions.append(len(pending))
+                    pending += out
                 if len(pending) >= _IO_CHUNK:
-                    cleaned.append(pending, positions)
-                    written += len(pending)
-                    pending, positions = bytearray(), []
+                    write_pending()
         if pending:
-            cleaned.append(pending, positions)
-            written += len(pending)
+            write_pending()
         cleaned.flush()
     finally:
         cleaned.close()
-    newest = max(os.stat(ref.path).st_mtime_ns for ref in group)
+    newest = max(os.stat(ref.segment.log_path).st_mtime_ns for ref in group)
     os.utime(cleaned.log_path, ns=(newest, newest))
-    return _GroupResult(changed, read, written, records_read, removed, horizon)
+    return changed, horizon
 
 
 def filter_batch(

@@ -3,10 +3,13 @@ the broker-level defaults of the topic configs it enforces (Kafka's ``log.*`` se
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import TypeVar
 
 from services.common.config import option
 
+from .cleaner import DEFAULT_MAX_MAP_KEYS
 from .log_manager import Schedule
 from .topic_config import NEVER, TopicConfig
 
@@ -59,33 +62,20 @@ class LogConfig:
     cleaner_backoff_ms: int = option(
         15000, "how often the log cleaner looks for logs to compact (log.cleaner.backoff.ms)")
     cleaner_max_map_keys: int = option(
-        4000000, "keys of the log cleaner's offset map per pass (a longer dirty section is "
-        "cleaned over several passes)")
+        DEFAULT_MAX_MAP_KEYS, "keys of the log cleaner's offset map per pass (a longer dirty "
+        "section is cleaned over several passes)")
 
     def topic_defaults(self) -> TopicConfig:
         """The topic config every partition starts from before its own overrides."""
-        return TopicConfig(
-            segment_bytes=self.segment_bytes,
-            index_interval_bytes=self.index_interval_bytes,
-            max_message_bytes=self.max_message_bytes,
-            message_timestamp_type=self.message_timestamp_type,  # type: ignore[arg-type]
-            segment_ms=self.segment_ms,
-            retention_ms=self.retention_ms,
-            retention_bytes=self.retention_bytes,
-            cleanup_policy=self.cleanup_policy,
-            delete_retention_ms=self.delete_retention_ms,
-            min_compaction_lag_ms=self.min_compaction_lag_ms,
-            max_compaction_lag_ms=self.max_compaction_lag_ms,
-            min_cleanable_dirty_ratio=self.min_cleanable_dirty_ratio,
-            flush_messages=self.flush_messages,
-            flush_ms=self.flush_ms,
-        )
+        return _pick(self, TopicConfig)
 
     def schedule(self) -> Schedule:
-        return Schedule(
-            retention_check_ms=self.retention_check_interval_ms,
-            flush_check_ms=self.flush_check_interval_ms,
-            checkpoint_ms=self.checkpoint_interval_ms,
-            cleaner_backoff_ms=self.cleaner_backoff_ms,
-            cleaner_max_map_keys=self.cleaner_max_map_keys,
-        )
+        return _pick(self, Schedule)
+
+
+T = TypeVar("T")
+
+
+def _pick(config: LogConfig, kind: type[T]) -> T:
+    """A ``kind`` (a dataclass) of the settings of ``config`` that bear its fields' names."""
+    return kind(**{f.name: getattr(config, f.name) for f in dataclasses.fields(kind)})  # type: ignore[arg-type]

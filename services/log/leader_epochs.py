@@ -3,7 +3,8 @@ that wrote to the log, the offset of its first batch. Followers use it to find w
 parts from a new leader's (OffsetForLeaderEpoch, KIP-101/279), so they cut only what the new
 leader never had.
 
-File ``<topic>-<partition>/leader-epoch-checkpoint`` (UTF-8 text, Kafka's format):
+File ``<topic>-<partition>/leader-epoch-checkpoint`` (Kafka's checkpoint format, see
+:mod:`services.log.checkpoint`):
 
     0               version
     2               number of entries
@@ -14,22 +15,18 @@ Entries are added when a leader takes office (its epoch starts at the log end of
 an append carries batches of an epoch newer than the latest one (followers learn epochs from
 the batches they copy). Truncating the log removes the entries that start at or past the new
 end. The file is replaced atomically on every change (changes are rare: once per leader
-election); a missing file is an empty cache, an unreadable one is reported and treated as
-empty. Not thread-safe.
+election); a missing or unreadable file is an empty cache. Not thread-safe.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 from bisect import bisect_right
 from pathlib import Path
 from typing import NamedTuple
 
-log = logging.getLogger(__name__)
+from .checkpoint import read_entries, write_entries
 
 FILE_NAME = "leader-epoch-checkpoint"
-VERSION = 0
 UNDEFINED_EPOCH = -1
 UNDEFINED_OFFSET = -1
 
@@ -94,28 +91,7 @@ class LeaderEpochCache:
             self._write()
 
     def _read(self) -> list[EpochEntry]:
-        try:
-            text = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return []
-        try:
-            lines = text.splitlines()
-            if len(lines) < 2 or lines[0].strip() != str(VERSION):
-                raise ValueError("unknown version")
-            entries = [EpochEntry(*(int(v) for v in line.split())) for line in lines[2:]]
-            if len(entries) != int(lines[1]):
-                raise ValueError("entry count mismatch")
-        except (ValueError, TypeError) as exc:
-            log.error("%s: unreadable leader epoch checkpoint (%s); ignored", self.path, exc)
-            return []
-        return entries
+        return read_entries(self.path, lambda epoch, start: EpochEntry(int(epoch), int(start)))
 
     def _write(self) -> None:
-        lines = [str(VERSION), str(len(self._entries))]
-        lines += [f"{e.epoch} {e.start_offset}" for e in self._entries]
-        temporary = self.path.with_name(self.path.name + ".tmp")
-        with open(temporary, "w", encoding="utf-8") as out:
-            out.write("\n".join(lines) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, self.path)
+        write_entries(self.path, self._entries)

@@ -8,12 +8,11 @@ Layout of ``data_dir``: one directory per replica, ``<topic>-<partition>/`` (see
 (``[a-zA-Z0-9._-]``, at most 249), so they are safe as file names. A replica being deleted is
 first renamed to ``<topic>-<partition>.<random>-delete`` so that a crash mid-deletion never
 leaves a half-deleted replica that would be reloaded; leftovers are removed at start-up.
-``recovery-point-offset-checkpoint`` and ``log-start-offset-checkpoint`` (see
-:mod:`services.log.checkpoint`) hold each replica's recovery point and log start offset: the
-first is written periodically and on a clean shutdown (after a flush), the second whenever
-DeleteRecords moves a log start offset, periodically and on shutdown.
-``cleaner-offset-checkpoint`` holds each compacted replica's first dirty offset, written after
-every cleaner round that moved one and on shutdown. Not thread-safe: used from the event loop.
+The node's checkpoints (``recovery-point-offset-checkpoint``, ``log-start-offset-checkpoint``,
+see :mod:`services.log.checkpoint`, and the cleaner's ``cleaner-offset-checkpoint``) are
+written together periodically, when a replica is deleted or DeleteRecords moves a log start
+offset (before it is answered), and on a clean shutdown, after the flush; the cleaner's also
+after each round. Not thread-safe: used from the event loop.
 """
 
 from __future__ import annotations
@@ -32,26 +31,28 @@ from pathlib import Path
 from services.common.errors import ErrorCode, KafkaError
 
 from . import metrics
-from .checkpoint import LOG_START_OFFSET_FILE, RECOVERY_POINT_FILE, OffsetCheckpoint
+from .checkpoint import (
+    LOG_START_OFFSET_FILE,
+    RECOVERY_POINT_FILE,
+    OffsetCheckpoint,
+    TopicPartition,
+    fsync_directory,
+)
 from .cleaner import CLEANER_OFFSET_FILE, DEFAULT_MAX_MAP_KEYS, CleanResult, LogCleaner
 from .partition_log import HighWatermarkListener, PartitionLog, directory_name
-from .partition_metadata import PartitionMetadata, fsync_directory
+from .partition_metadata import PartitionMetadata
 from .topic_config import TopicConfig
 
 log = logging.getLogger(__name__)
 
 DELETE_SUFFIX = "-delete"
-MAX_TOPIC_LENGTH = 249
-_LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")
-
-TopicPartition = tuple[str, int]
+# Kafka's legal characters, at most 249 of them.
+_LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 
 
 def check_topic_name(topic: str) -> None:
     """Kafka's topic name rules (``Topic.validate``); raises INVALID_TOPIC_EXCEPTION."""
-    if topic in ("", ".", "..") or len(topic) > MAX_TOPIC_LENGTH or not _LEGAL_TOPIC.fullmatch(
-        topic
-    ):
+    if topic in (".", "..") or not _LEGAL_TOPIC.fullmatch(topic):
         raise KafkaError(ErrorCode.invalid_topic_exception, f"illegal topic name {topic!r}")
 
 
@@ -59,9 +60,9 @@ def check_topic_name(topic: str) -> None:
 class Schedule:
     """How often the background work runs, in milliseconds (Kafka's ``log.*.interval.ms``)."""
 
-    retention_check_ms: int = 300_000
-    flush_check_ms: int = 1_000
-    checkpoint_ms: int = 60_000
+    retention_check_interval_ms: int = 300_000
+    flush_check_interval_ms: int = 1_000
+    checkpoint_interval_ms: int = 60_000
     cleaner_backoff_ms: int = 15_000
     cleaner_max_map_keys: int = DEFAULT_MAX_MAP_KEYS
 
@@ -83,8 +84,6 @@ class LogManager:
         self._logs: dict[TopicPartition, PartitionLog] = {}
         self._recovery_points = OffsetCheckpoint(data_dir / RECOVERY_POINT_FILE)
         self._log_starts = OffsetCheckpoint(data_dir / LOG_START_OFFSET_FILE)
-        self._saved_recovery_points: dict[TopicPartition, int] = {}
-        self._saved_log_starts: dict[TopicPartition, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.cleaner = LogCleaner(data_dir / CLEANER_OFFSET_FILE,
                                   self.schedule.cleaner_max_map_keys)
@@ -93,8 +92,7 @@ class LogManager:
         """Reload every replica in the data directory (recovering their last segments) and
         finish deletions a crash interrupted."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._saved_recovery_points = self._recovery_points.read()
-        self._saved_log_starts = self._log_starts.read()
+        recovery_points, log_starts = self._recovery_points.read(), self._log_starts.read()
         self.cleaner.load()
         for directory in sorted(self.data_dir.iterdir()):
             if not directory.is_dir():
@@ -104,12 +102,13 @@ class LogManager:
                 shutil.rmtree(directory, ignore_errors=True)
                 continue
             try:
-                self._load_one(directory)
+                self._load_one(directory, recovery_points, log_starts)
             except (OSError, ValueError, KafkaError) as exc:
                 # One damaged replica must not keep the node's other replicas offline.
                 log.error("%s: cannot load replica: %s", directory, exc)
 
-    def _load_one(self, directory: Path) -> None:
+    def _load_one(self, directory: Path, recovery_points: Mapping[TopicPartition, int],
+                  log_starts: Mapping[TopicPartition, int]) -> None:
         metadata = PartitionMetadata.read(directory)
         if metadata is None:
             topic, _, partition = directory.name.rpartition("-")
@@ -127,18 +126,18 @@ class LogManager:
             raise ValueError(f"metadata names {metadata.topic}-{metadata.partition}")
         config = self.defaults.with_overrides(metadata.configs)
         key = (metadata.topic, metadata.partition)
-        partition_log = PartitionLog.open(
+        partition_log = PartitionLog(
             directory, metadata.topic, metadata.partition, metadata.topic_id, config,
             self._on_high_watermark,
-            recovery_point=self._saved_recovery_points.get(key, 0),
-            log_start_offset=self._saved_log_starts.get(key, 0),
+            recovery_point=recovery_points.get(key, 0),
+            log_start_offset=log_starts.get(key, 0),
         )
         self._logs[key] = partition_log
         log.info(
             "loaded %s-%d: offsets [%d, %d), %d segment(s), recovery point %d, %d byte(s) "
             "truncated", metadata.topic, metadata.partition, partition_log.log_start_offset,
             partition_log.log_end_offset, partition_log.segment_count,
-            self._saved_recovery_points.get(key, 0), partition_log.truncated_at_open,
+            recovery_points.get(key, 0), partition_log.truncated_at_open,
         )
 
     def create(
@@ -151,20 +150,14 @@ class LogManager:
         if partition < 0:
             raise KafkaError(ErrorCode.invalid_partitions, f"invalid partition {partition}")
         config = self.defaults.with_overrides(configs)
-        metadata = PartitionMetadata(
-            topic=topic, partition=partition, topic_id=topic_id, configs=dict(configs)
-        )
         existing = self._logs.get((topic, partition))
+        if existing is not None and "" != existing.topic_id != topic_id != "":
+            raise KafkaError(ErrorCode.inconsistent_topic_id,
+                             f"{topic}-{partition} exists with topic id {existing.topic_id}")
+        metadata = PartitionMetadata(
+            topic=topic, partition=partition, configs=dict(configs),
+            topic_id=existing.topic_id or topic_id if existing else topic_id)
         if existing is not None:
-            if existing.topic_id and topic_id and existing.topic_id != topic_id:
-                raise KafkaError(
-                    ErrorCode.inconsistent_topic_id,
-                    f"{topic}-{partition} exists with topic id {existing.topic_id}",
-                )
-            metadata = PartitionMetadata(
-                topic=topic, partition=partition, topic_id=existing.topic_id or topic_id,
-                configs=dict(configs),
-            )
             if PartitionMetadata.read(existing.directory) != metadata:
                 metadata.write(existing.directory)
             existing.topic_id = metadata.topic_id
@@ -174,11 +167,14 @@ class LogManager:
         directory.mkdir(parents=True, exist_ok=True)
         metadata.write(directory)
         fsync_directory(self.data_dir)
-        partition_log = PartitionLog.open(
+        partition_log = PartitionLog(
             directory, topic, partition, topic_id, config, self._on_high_watermark
         )
         self._logs[(topic, partition)] = partition_log
         return partition_log
+
+    def find(self, topic: str, partition: int) -> PartitionLog | None:
+        return self._logs.get((topic, partition))
 
     def get(self, topic: str, partition: int) -> PartitionLog:
         """The replica, or UNKNOWN_TOPIC_OR_PARTITION."""
@@ -202,13 +198,8 @@ class LogManager:
         partition_log.directory.rename(doomed)
         fsync_directory(self.data_dir)
         shutil.rmtree(doomed, ignore_errors=True)
-        # A replica created again under this name must not inherit the old one's offsets.
-        self._saved_recovery_points.pop((topic, partition), None)
-        self._saved_log_starts.pop((topic, partition), None)
         self.cleaner.forget(topic, partition)
-        self.write_recovery_checkpoint()
-        self.write_log_start_checkpoint()
-        self.cleaner.write_checkpoint()
+        self.write_checkpoints()
         return True
 
     async def delete_records(self, topic: str, partition: int, offset: int) -> int:
@@ -218,7 +209,7 @@ class LogManager:
         before = partition_log.log_start_offset
         low_watermark = await partition_log.delete_records(offset)
         if low_watermark != before:
-            self.write_log_start_checkpoint()
+            self.write_checkpoints()
         return low_watermark
 
     def update_configs(self, topic: str, partition: int, configs: Mapping[str, str]) -> None:
@@ -228,15 +219,16 @@ class LogManager:
 
     # ----------------------------------------------------------------- checkpoints, tasks
 
-    def write_recovery_checkpoint(self) -> None:
+    def write_checkpoints(self) -> None:
+        """Persist the replicas' recovery points and moved log start offsets, and the log
+        cleaner's first dirty offsets."""
         self._recovery_points.write(
             {key: log_.recovery_point for key, log_ in self._logs.items()})
-
-    def write_log_start_checkpoint(self) -> None:
         self._log_starts.write({
             key: log_.log_start_offset for key, log_ in self._logs.items()
             if log_.log_start_offset > log_.segments[0].base_offset
         })
+        self.cleaner.write_checkpoint()
 
     async def enforce_retention(self) -> int:
         """One retention pass over every replica; returns the segments deleted."""
@@ -276,17 +268,13 @@ class LogManager:
         schedule = self.schedule
 
         async def checkpoints() -> None:
-            self.write_recovery_checkpoint()
-            self.write_log_start_checkpoint()
+            self.write_checkpoints()
 
-        self._tasks = [
-            asyncio.create_task(_every(schedule.retention_check_ms, self.enforce_retention,
-                                       "retention")),
-            asyncio.create_task(_every(schedule.flush_check_ms, self.flush_by_time, "flush")),
-            asyncio.create_task(_every(schedule.checkpoint_ms, checkpoints, "checkpoint")),
-            asyncio.create_task(_every(schedule.cleaner_backoff_ms, self.clean_logs,
-                                       "log cleaner")),
-        ]
+        self._tasks = [asyncio.create_task(_every(*every)) for every in (
+            (schedule.retention_check_interval_ms, self.enforce_retention, "retention"),
+            (schedule.flush_check_interval_ms, self.flush_by_time, "flush"),
+            (schedule.checkpoint_interval_ms, checkpoints, "checkpoint"),
+            (schedule.cleaner_backoff_ms, self.clean_logs, "log cleaner"))]
 
     async def stop_background(self) -> None:
         """Stop the periodic work and wait for the replicas' background flushes."""
@@ -316,9 +304,7 @@ class LogManager:
                 log.error("%s: close failed: %s", partition_log.directory, exc)
         if self._logs:
             try:
-                self.write_recovery_checkpoint()
-                self.write_log_start_checkpoint()
-                self.cleaner.write_checkpoint()
+                self.write_checkpoints()
             except OSError as exc:
                 log.error("%s: cannot write checkpoints: %s", self.data_dir, exc)
         self._logs.clear()

@@ -18,8 +18,9 @@ paths pay nothing for it. Kafka's JMX names beside ours:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -57,28 +58,21 @@ ERRORS = Counter(
     "kbroker_log_errors_total", "Partition-level Kafka errors returned, by API and error name.",
     ["api", "error"],
 )
-class TopicMetrics:
+class TopicMetrics(NamedTuple):
     """The per-topic children of one topic, bound once: an append or read pays no label
     lookups (each takes a lock and hashes the labels)."""
 
-    __slots__ = ("append_requests", "appended_batches", "appended_bytes", "read_bytes")
-
-    def __init__(self, topic: str) -> None:
-        self.append_requests = APPEND_REQUESTS.labels(topic)
-        self.appended_bytes = APPENDED_BYTES.labels(topic)
-        self.appended_batches = APPENDED_BATCHES.labels(topic)
-        self.read_bytes = READ_BYTES.labels(topic)
+    append_requests: Any
+    appended_bytes: Any
+    appended_batches: Any
+    read_bytes: Any
 
 
-_topics: dict[str, TopicMetrics] = {}
-
-
+@functools.cache
 def topic(name: str) -> TopicMetrics:
     """The metrics of topic ``name`` (a node holds few topics: the cache stays small)."""
-    found = _topics.get(name)
-    if found is None:
-        found = _topics[name] = TopicMetrics(name)
-    return found
+    return TopicMetrics(*(m.labels(name) for m in (APPEND_REQUESTS, APPENDED_BYTES,
+                                                   APPENDED_BATCHES, READ_BYTES)))
 
 
 FLUSH_SECONDS = Histogram(
@@ -114,39 +108,39 @@ CLEANER_LAST_SECONDS = Gauge(
 )
 
 
+# Per-partition gauges: name, help, and the partition log's property they report.
+_PARTITION_GAUGES = (
+    ("kbroker_log_partition_segments", "Segments of a partition replica (NumLogSegments).",
+     "segment_count"),
+    ("kbroker_log_partition_size_bytes", "Bytes in a partition replica's segments (Log Size).",
+     "size_bytes"),
+    ("kbroker_log_partition_log_end_offset", "Offset the next append gets (LogEndOffset).",
+     "log_end_offset"),
+    ("kbroker_log_partition_log_start_offset", "First offset still readable (LogStartOffset).",
+     "log_start_offset"),
+)
+
+
 class PartitionLogCollector(Collector):
     """Per-partition gauges read from the live partition logs whenever metrics are collected:
     segments, bytes, log end and log start offsets. Reads public properties only (no locks:
     a scrape during an append sees one side of it, as any gauge would).
 
-    Sources are callables returning partition logs (``LogManager.partitions``); a process has
-    one log node, tests may run several."""
+    Sources are callables returning partition logs (``LogManager.partitions``), added while
+    their node runs; a process has one log node, tests may run several."""
 
     def __init__(self) -> None:
-        self.sources: list[Callable[[], Iterable[Any]]] = []
+        self.sources: set[Callable[[], Iterable[Any]]] = set()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        labels = ["topic", "partition"]
-        segments = GaugeMetricFamily(
-            "kbroker_log_partition_segments",
-            "Segments of a partition replica (NumLogSegments).", labels=labels)
-        size = GaugeMetricFamily(
-            "kbroker_log_partition_size_bytes",
-            "Bytes in a partition replica's segments (Log Size).", labels=labels)
-        end = GaugeMetricFamily(
-            "kbroker_log_partition_log_end_offset",
-            "Offset the next append gets (LogEndOffset).", labels=labels)
-        start = GaugeMetricFamily(
-            "kbroker_log_partition_log_start_offset",
-            "First offset still readable (LogStartOffset).", labels=labels)
+        families = [(GaugeMetricFamily(name, text, labels=["topic", "partition"]), attribute)
+                    for name, text, attribute in _PARTITION_GAUGES]
         for source in list(self.sources):
             for log in list(source()):
                 key = [log.topic, str(log.partition)]
-                segments.add_metric(key, log.segment_count)
-                size.add_metric(key, log.size_bytes)
-                end.add_metric(key, log.log_end_offset)
-                start.add_metric(key, log.log_start_offset)
-        yield from (segments, size, end, start)
+                for family, attribute in families:
+                    family.add_metric(key, getattr(log, attribute))
+        yield from (family for family, _ in families)
 
     def describe(self) -> list[GaugeMetricFamily]:
         # Registering must not call collect(): the logs may not be loaded yet.
@@ -155,13 +149,3 @@ class PartitionLogCollector(Collector):
 
 PARTITION_LOGS = PartitionLogCollector()
 register_collector(PARTITION_LOGS)
-
-
-def watch_partitions(source: Callable[[], Iterable[Any]]) -> None:
-    """Report per-partition gauges from ``source`` (e.g. ``LogManager.partitions``)."""
-    PARTITION_LOGS.sources.append(source)
-
-
-def unwatch_partitions(source: Callable[[], Iterable[Any]]) -> None:
-    if source in PARTITION_LOGS.sources:
-        PARTITION_LOGS.sources.remove(source)

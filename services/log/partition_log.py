@@ -2,15 +2,16 @@
 start and end offsets and high watermark, and the append, read and offset-lookup operations.
 
 Directory ``<data_dir>/<topic>-<partition>/`` holds the segments (``<base>.log``,
-``<base>.index`` and ``<base>.timeindex``, see :mod:`services.log.segment`) and
-``partition.metadata.json``.
+``<base>.index`` and ``<base>.timeindex``, see :mod:`services.log.segment`), the producer
+snapshots (:mod:`services.log.producer_state`), the leader epoch cache, the replica state and
+high watermark checkpoint of a replicated replica, and ``partition.metadata.json``.
 
 Invariants: segments are ordered by base offset and only the last (active) one is appended to;
 first segment's base offset <= log start offset <= high watermark <= LEO, where LEO (log end
-offset) is the active segment's next offset. The log start offset moves forward only: when
-retention deletes the oldest segments, or DeleteRecords moves it (the node persists it then in
-its log-start-offset checkpoint). Offsets below it are out of range for readers. The recovery
-point is the offset below which everything is known to be flushed to disk.
+offset) is the active segment's next offset. The log start offset moves forward only, when
+retention deletes the oldest segments or DeleteRecords moves it; offsets below it are out of
+range for readers. The recovery point is the offset below which everything is known to be
+flushed to disk; opening the log validates what lies past it (:func:`load_segments`).
 
 Retention (``retention.ms``, ``retention.bytes``) and the log start offset delete whole
 segments, never the active one and never one holding offsets at or past the high watermark.
@@ -19,39 +20,24 @@ The active segment rolls when it would pass ``segment.bytes`` or its first batch
 recovery point moves to the new segment. ``flush.messages`` and ``flush.ms`` force flushes
 (default: never, relying on the page cache as Kafka does).
 
-Start-up (:meth:`PartitionLog.open`) validates every segment holding offsets at or past the
-recovery point in full (framing, magic, CRC32C, growing offsets) and rebuilds its indexes; at the
-first torn or corrupt batch the log is truncated, and later segments are deleted.
-
-Idempotent producers (:mod:`services.log.producer_state`): appends are checked against each
-producer's epoch and last sequences (a retried batch is answered with its original offsets and
-not stored again); ``<offset>.snapshot`` files beside the segments, written at each roll and on
-a clean close, let start-up rebuild that state by replaying only the batches after them.
-
-Compaction (:mod:`services.log.cleaner`) rewrites non-active segments below the high
-watermark beside the log and swaps them in under the lock (:meth:`PartitionLog.replace_segments`,
-crash-safely per :mod:`services.log.segment_swap`, whose leftovers :meth:`PartitionLog.open`
-settles first); a cleaned segment may end below the next one's base offset, or be empty, and
-reads step over such gaps. Appends to a compacted topic must give every record a key.
+Compaction (:mod:`services.log.cleaner`) swaps cleaned segments in under the lock
+(:meth:`PartitionLog.replace_segments`, crash-safely per :mod:`services.log.segment_swap`); a
+cleaned segment may end below the next one's base offset, or be empty, and reads step over
+such gaps. Appends to a compacted topic must give every record a key.
 
 Replication (:mod:`services.log.replica_state`, :mod:`services.log.leader_epochs`): a replica
 is a leader or a follower at a leader epoch, as the replicator says. Only a leader takes client
-appends, stamping each batch's partition leader epoch (a replica created without a state
-keeps what the writer gave); a follower takes the leader's batches as
-they are (:meth:`PartitionLog.append_as_follower`), gaps between offsets included (a compacted
-leader's log has them). A leader alone in the ISR commits its
-appends at once (high watermark = log end offset); otherwise the replicator moves the high
-watermark, and only a leader reports its moves to the listener (the purgatory). The leader
-epoch cache maps epochs to their first offsets. A follower's log is cut back where it parts
-from a new leader's (:meth:`PartitionLog.truncate_to`), or dropped and started over at the
-leader's log start when it ends below it (:meth:`PartitionLog.start_over_at`).
-
-A replicated replica checkpoints its high watermark (``replication-offset-checkpoint`` in its
-directory, see :mod:`services.log.checkpoint`) every :data:`HIGH_WATERMARK_CHECKPOINT_MS` while
-it moves, when its log is cut back and on a clean close; start-up restores it, never above the
-recovered log end. Everything below it was committed (the whole ISR had it), so consumers may
-read it again before the replicator confirms the replica's state; without a checkpoint the
-high watermark starts at the log start offset.
+appends, stamping each batch's partition leader epoch (a replica created without a state keeps
+what the writer gave); a follower takes the leader's batches as they are, gaps included
+(:meth:`PartitionLog.append_as_follower`). A leader alone in the ISR commits its appends at
+once (high watermark = LEO); otherwise the replicator moves the high watermark, and only a
+leader reports its moves to the listener (the purgatory). A follower's log is cut back where it
+parts from a new leader's (:meth:`PartitionLog.truncate_to`), or started over at the leader's
+log start when it ends below it (:meth:`PartitionLog.start_over_at`). A replicated replica
+checkpoints its high watermark (see :mod:`services.log.checkpoint`) every
+:data:`HIGH_WATERMARK_CHECKPOINT_MS` while it moves, when cut back and on a clean close;
+everything below it was committed, so consumers may read it again after a restart before the
+replicator confirms the replica's state (without a checkpoint it starts at the log start).
 
 Mutations (appends, segment deletion, flushes) are serialised per partition by an asyncio lock;
 offsets are assigned by patching batch headers; reads and lookups run on the event loop without
@@ -66,12 +52,13 @@ import logging
 import threading
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from enum import Enum
+from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import NamedTuple
 
+from kbroker.log.v1 import log_pb2
 from services.common.errors import ErrorCode, KafkaError
 from services.common.records.record_batch import (
     HEADER_SIZE,
@@ -83,12 +70,12 @@ from services.common.records.record_batch import (
 
 from . import replica_state, segment_swap
 from .checkpoint import HIGH_WATERMARK_FILE, OffsetCheckpoint
+from .index_file import MAX_RELATIVE_OFFSET
 from .leader_epochs import LeaderEpochCache
 from .log_validator import assign_offsets, check_keys, stored_batch_problem, validate_append
-from .offset_index import MAX_RELATIVE_OFFSET
-from .producer_state import BatchMetadata, ProducerStateManager, snapshot_name
-from .replica_state import ReplicaState, Role
-from .segment import INDEX_SUFFIX, LOG_SUFFIX, OFFSET_DIGITS, TIME_INDEX_SUFFIX, LogSegment
+from .producer_state import ProducerStateManager, snapshot_name
+from .replica_state import FOLLOWER, LEADER, ROLE_NAMES, ReplicaState, commits_alone
+from .segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, file_offsets
 from .topic_config import TimestampType, TopicConfig
 
 log = logging.getLogger(__name__)
@@ -105,6 +92,10 @@ NO_LEADER_EPOCH = -1
 # Kafka's replica.high.watermark.checkpoint.interval.ms.
 HIGH_WATERMARK_CHECKPOINT_MS = 5_000
 
+# How far a reader may see (the log service's ReadLimit): consumers up to the high watermark,
+# followers to the end.
+HIGH_WATERMARK, LOG_END = log_pb2.READ_LIMIT_HIGH_WATERMARK, log_pb2.READ_LIMIT_LOG_END
+
 HighWatermarkListener = Callable[[str, int, int, int], None]
 """Called with (topic, partition, new high watermark, leader epoch) whenever a leader's high
 watermark moves."""
@@ -112,13 +103,6 @@ watermark moves."""
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-class ReadLimit(Enum):
-    """How far a reader may see: consumers up to the high watermark, followers to the end."""
-
-    HIGH_WATERMARK = "high_watermark"
-    LOG_END = "log_end"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -136,23 +120,13 @@ class AppendInfo:
     leader_epoch: int = NO_LEADER_EPOCH
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ReadInfo:
-    records: bytes
-    high_watermark: int
-    log_start_offset: int
-    log_end_offset: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OffsetAndTimestamp:
+class OffsetAndTimestamp(NamedTuple):
     offset: int
-    timestamp: int
-    leader_epoch: int
+    timestamp: int = NO_TIMESTAMP
+    leader_epoch: int = NO_LEADER_EPOCH
 
 
-NOT_FOUND = OffsetAndTimestamp(
-    offset=NO_OFFSET, timestamp=NO_TIMESTAMP, leader_epoch=NO_LEADER_EPOCH)
+NOT_FOUND = OffsetAndTimestamp(NO_OFFSET)
 
 
 def directory_name(topic: str, partition: int) -> str:
@@ -160,7 +134,7 @@ def directory_name(topic: str, partition: int) -> str:
 
 
 class PartitionLog:
-    """A partition replica's log; build it with :meth:`open`."""
+    """A partition replica's log."""
 
     def __init__(
         self,
@@ -169,38 +143,36 @@ class PartitionLog:
         partition: int,
         topic_id: str,
         config: TopicConfig,
-        segments: list[LogSegment],
         on_high_watermark: HighWatermarkListener | None = None,
-        advance_high_watermark_on_append: bool = True,
+        recovery_point: int = 0,
         log_start_offset: int = 0,
     ) -> None:
+        """Open the log in ``directory`` (created if missing), recovering it (see
+        :func:`load_segments`) with the node's checkpointed ``recovery_point``;
+        ``log_start_offset`` (from the node's checkpoint) is kept within the loaded offsets."""
         self.directory = directory
         self.topic = topic
         self.partition = partition
         self.topic_id = topic_id
         self.config = config
-        self._segments = segments
-        self._bases = [segment.base_offset for segment in segments]
+        # Bytes of torn or corrupt data that recovery removed when the log was opened.
+        self._segments, self.truncated_at_open = load_segments(directory, config, recovery_point)
         self._on_high_watermark = on_high_watermark
-        # Without replication the leader is the only replica, so an append is committed at
-        # once; replication turns this off and moves the high watermark through the setter.
-        self.advance_high_watermark_on_append = advance_high_watermark_on_append
         self._log_start_offset = min(
-            max(log_start_offset, segments[0].base_offset), self.log_end_offset)
+            max(log_start_offset, self._segments[0].base_offset), self.log_end_offset)
         self._high_watermark = self.log_end_offset
         self._lock = asyncio.Lock()
         self._closed = False
-        # Bytes of torn or corrupt data that recovery removed when the log was opened.
-        self.truncated_at_open = 0
         # Everything below this offset is on disk.
         self.recovery_point = self.log_end_offset
         self._unflushed_messages = 0
         self._last_flush_ms = now_ms()
         self._background: set[asyncio.Task[None]] = set()
-        # Idempotent producers' epochs and last batches (rebuilt by open()).
+        # Idempotent producers' epochs and last batches.
         self.producer_state = ProducerStateManager(directory)
+        self.producer_state.load(self._segments, self.log_end_offset)
         self.leader_epochs = LeaderEpochCache(directory)
-        self.state: ReplicaState = replica_state.STANDALONE
+        self.leader_epochs.truncate_from_end(self.log_end_offset)
         # The high watermark as last written to replication-offset-checkpoint (None: never).
         self._high_watermark_file = OffsetCheckpoint(directory / HIGH_WATERMARK_FILE)
         self._checkpointed_high_watermark: int | None = None
@@ -209,89 +181,12 @@ class PartitionLog:
         self._checkpoint_lock = threading.Lock()
         # Set (and replaced) whenever the log end offset grows; long-poll readers wait on it.
         self._appended: asyncio.Event | None = None
-
-    @classmethod
-    def open(
-        cls,
-        directory: Path,
-        topic: str,
-        partition: int,
-        topic_id: str,
-        config: TopicConfig,
-        on_high_watermark: HighWatermarkListener | None = None,
-        recovery_point: int = 0,
-        log_start_offset: int = 0,
-    ) -> PartitionLog:
-        """Load the segments in ``directory`` (created if missing); an empty directory gets an
-        empty segment at offset 0.
-
-        Segments wholly below ``recovery_point`` were flushed before: only their indexes are
-        checked (and rebuilt if unusable). Every segment holding offsets at or past it is
-        validated batch by batch with its indexes rebuilt; the first torn or corrupt batch
-        truncates the log there and any later segment is deleted, as nothing after a hole can
-        be trusted. What was recovered is flushed, so the recovery point is then the log end.
-        ``log_start_offset`` (from the node's checkpoint) is kept within the loaded offsets."""
-        directory.mkdir(parents=True, exist_ok=True)
-        segment_swap.recover(directory)
-        bases = sorted(
-            int(path.stem) for path in directory.glob("*" + LOG_SUFFIX)
-            if len(path.stem) == OFFSET_DIGITS and path.stem.isdigit()
-        )
-        for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
-            for index_path in directory.glob("*" + suffix):
-                if not index_path.stem.isdigit() or int(index_path.stem) not in bases:
-                    log.warning("%s: removing an index without its log", index_path)
-                    index_path.unlink()
-        segments: list[LogSegment] = []
-        truncated = 0
-        try:
-            for position, base in enumerate(bases):
-                segment = LogSegment(directory, base, config.index_interval_bytes)
-                segments.append(segment)
-                is_last = position == len(bases) - 1
-                if truncated:
-                    log.warning("%s: deleting segment %d after a truncated one",
-                                directory, base)
-                    segments.pop().delete()
-                    continue
-                if not is_last and bases[position + 1] <= recovery_point:
-                    segment.load()
-                    continue
-                if is_last and base < recovery_point:
-                    segment.load()
-                    if segment.next_offset <= recovery_point:
-                        continue
-                cut = segment.recover(trust_index=False)
-                log.info("%s: validated segment %d past the recovery point %d: offsets up "
-                         "to %d, %d byte(s) truncated", directory, base, recovery_point,
-                         segment.next_offset, cut)
-                truncated += cut
-                segment.flush()
-            if not segments:
-                segments.append(LogSegment.create(directory, 0, config.index_interval_bytes))
-        except BaseException:
-            for segment in segments:
-                segment.close()
-            raise
-        partition_log = cls(
-            directory, topic, partition, topic_id, config, segments, on_high_watermark,
-            log_start_offset=log_start_offset,
-        )
-        partition_log.truncated_at_open = truncated
-        partition_log.producer_state.load(segments, partition_log.log_end_offset)
-        partition_log.leader_epochs.truncate_from_end(partition_log.log_end_offset)
-        partition_log._restore_state()
-        return partition_log
-
-    def _restore_state(self) -> None:
-        state = replica_state.restored(replica_state.read(self.directory))
-        self.state = state
-        self.advance_high_watermark_on_append = state.commits_alone
-        if state.replicated:
+        self.state = replica_state.restored(replica_state.read(directory))
+        if not commits_alone(self.state):
             # What was committed when the high watermark was last checkpointed, never past
             # what recovery kept; without a checkpoint nothing is known to be committed, and
             # consumers see nothing they might later have to unsee until the replicator says.
-            stored = self._high_watermark_file.read().get((self.topic, self.partition))
+            stored = self._high_watermark_file.read().get((topic, partition))
             self._checkpointed_high_watermark = stored
             self._high_watermark = self._log_start_offset if stored is None else min(
                 max(stored, self._log_start_offset), self.log_end_offset)
@@ -318,7 +213,7 @@ class PartitionLog:
         if offset != self._high_watermark:
             self._high_watermark = offset
             # Readers and producers wait on the leader's high watermark only.
-            if self._on_high_watermark is not None and self.state.role is Role.LEADER:
+            if self._on_high_watermark is not None and self.state.role == LEADER:
                 self._on_high_watermark(self.topic, self.partition, offset,
                                         self.state.leader_epoch)
 
@@ -360,18 +255,17 @@ class PartitionLog:
             append_time = int(time.time() * 1000) if now_ms is None else now_ms
         async with self._lock:
             self._check_open()
+            self._check_role(LEADER)
             state = self.state
-            if state.role is not Role.LEADER:
-                raise KafkaError(ErrorCode.not_leader_or_follower,
-                                 f"this replica of {self.topic}-{self.partition} is not the "
-                                 f"leader (it is {state.role.value})")
             base_offset = self.log_end_offset
             if expected_log_end_offset is not None and expected_log_end_offset != base_offset:
                 raise KafkaError(ErrorCode.invalid_update_version,
                                  f"log end offset is {base_offset}, not {expected_log_end_offset}")
             producers = self.producer_state.validate(batches)
             if producers is not None and producers.duplicate is not None:
-                return self._duplicate_append(producers.duplicate, append_time)
+                duplicate = producers.duplicate  # stored already: its offsets, nothing appended
+                return self._answer(duplicate.first_offset, duplicate.last_offset,
+                                    None if append_time is None else duplicate.timestamp, 0, 0)
             next_offset = assign_offsets(buffer, batches, base_offset, append_time)
             if next_offset - 1 - base_offset > MAX_RELATIVE_OFFSET:
                 raise KafkaError(ErrorCode.invalid_record, "offset range of the append too large")
@@ -380,45 +274,36 @@ class PartitionLog:
                 for batch in batches:
                     set_partition_leader_epoch(buffer, batch.position, state.leader_epoch)
                 self.leader_epochs.assign(state.leader_epoch, base_offset)
-            max_timestamp = max(batch.header.max_timestamp for batch in batches)
-            if append_time is not None:
-                max_timestamp = append_time
+            max_timestamp = append_time if append_time is not None else max(
+                batch.header.max_timestamp for batch in batches)
             segment = self._maybe_roll(len(buffer), next_offset - 1, max_timestamp)
             segment.append(buffer, [batch.position for batch in batches])
             if producers is not None:
                 self.producer_state.complete(producers, base_offset, append_time)
-            self._signal_append()
-            if self.advance_high_watermark_on_append:
-                self.high_watermark = self.log_end_offset
-            self._unflushed_messages += next_offset - base_offset
-            if self._unflushed_messages >= config.flush_messages:
+            if self._appended_locked(next_offset - base_offset):
                 await self._flush_locked()
-            return AppendInfo(
-                base_offset=base_offset,
-                last_offset=next_offset - 1,
-                log_append_time_ms=NO_TIMESTAMP if append_time is None else append_time,
-                log_start_offset=self.log_start_offset,
-                log_end_offset=self.log_end_offset,
-                high_watermark=self._high_watermark,
-                size_bytes=len(buffer),
-                batch_count=len(batches),
-                leader_epoch=state.leader_epoch,
-            )
+            return self._answer(base_offset, next_offset - 1, append_time, len(buffer),
+                                len(batches))
 
-    def _duplicate_append(self, duplicate: BatchMetadata, append_time: int | None) -> AppendInfo:
-        """The answer to a retried batch that is stored already: its original offsets (and
-        stamp), nothing appended."""
+    def _answer(self, base_offset: int, last_offset: int, append_time: int | None, size: int,
+                batch_count: int) -> AppendInfo:
         return AppendInfo(
-            base_offset=duplicate.first_offset,
-            last_offset=duplicate.last_offset,
-            log_append_time_ms=NO_TIMESTAMP if append_time is None else duplicate.timestamp,
-            log_start_offset=self.log_start_offset,
-            log_end_offset=self.log_end_offset,
-            high_watermark=self._high_watermark,
-            size_bytes=0,
-            batch_count=0,
-            leader_epoch=self.state.leader_epoch,
-        )
+            base_offset=base_offset, last_offset=last_offset,
+            log_append_time_ms=NO_TIMESTAMP if append_time is None else append_time,
+            log_start_offset=self.log_start_offset, log_end_offset=self.log_end_offset,
+            high_watermark=self._high_watermark, size_bytes=size, batch_count=batch_count,
+            leader_epoch=self.state.leader_epoch)
+
+    def _appended_locked(self, messages: int) -> bool:
+        """After an append of either kind: wake the long-poll readers, commit at once if
+        alone in the ISR; returns whether flush.messages asks for a flush now."""
+        appended, self._appended = self._appended, None
+        if appended is not None:
+            appended.set()
+        if commits_alone(self.state):
+            self.high_watermark = self.log_end_offset
+        self._unflushed_messages += messages
+        return self._unflushed_messages >= self.config.flush_messages
 
     def _maybe_roll(self, append_size: int, last_offset: int, max_timestamp: int) -> LogSegment:
         """The segment to append to: a new one when the active one would grow past
@@ -451,19 +336,16 @@ class PartitionLog:
             self.directory, self.log_end_offset, self.config.index_interval_bytes
         )
         self._segments.append(rolled)
-        self._bases.append(rolled.base_offset)
         log.debug("%s-%d: rolled segment %d", self.topic, self.partition, rolled.base_offset)
-        self._spawn(self._flush_rolled(previous, rolled.base_offset))
-        return rolled
-
-    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        flush = self._flush_rolled(previous, rolled.base_offset)
         try:
-            task = asyncio.get_running_loop().create_task(coroutine)
+            task = asyncio.get_running_loop().create_task(flush)
         except RuntimeError:
-            coroutine.close()  # no loop (a synchronous caller): the next flush covers it
-            return
+            flush.close()  # no loop (a synchronous caller): the next flush covers it
+            return rolled
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return rolled
 
     async def _flush_rolled(self, segment: LogSegment, upto: int) -> None:
         """Flush a segment that just stopped being active, then advance the recovery point.
@@ -491,8 +373,9 @@ class PartitionLog:
         with FENCED_LEADER_EPOCH. A leader taking office at a new epoch records that the epoch
         starts at the log end offset; a leader alone in the ISR commits everything it has.
         The state is stored before it takes effect. Returns whether anything changed."""
-        if state.role is Role.UNKNOWN:
-            raise KafkaError(ErrorCode.invalid_request, "a replica must lead or follow")
+        if state.role not in (LEADER, FOLLOWER):
+            raise KafkaError(ErrorCode.invalid_request, "a replica state must lead or follow")
+        state = replica_state.state(state.role, state.leader_epoch, state.in_sync_alone)
         async with self._lock:
             self._check_open()
             current = self.state
@@ -505,15 +388,21 @@ class PartitionLog:
                 return False
             replica_state.write(self.directory, state)
             self.state = state
-            if state.role is Role.LEADER:
+            if state.role == LEADER:
                 self.leader_epochs.assign(state.leader_epoch, self.log_end_offset)
-            self.advance_high_watermark_on_append = state.commits_alone
-            if state.commits_alone:
+            if commits_alone(state):
                 self.high_watermark = self.log_end_offset
             log.info("%s-%d: %s at leader epoch %d%s", self.topic, self.partition,
-                     state.role.value, state.leader_epoch,
-                     " (alone in the ISR)" if state.commits_alone else "")
+                     ROLE_NAMES[state.role], state.leader_epoch,
+                     " (alone in the ISR)" if commits_alone(state) else "")
             return True
+
+    def _check_role(self, role: int) -> None:
+        if self.state.role != role:
+            raise KafkaError(ErrorCode.not_leader_or_follower,
+                             f"this replica of {self.topic}-{self.partition} is not "
+                             f"{'the' if role == LEADER else 'a'} {ROLE_NAMES[role]} "
+                             f"(it is {ROLE_NAMES[self.state.role]})")
 
     def _check_epoch(self, leader_epoch: int) -> None:
         current = self.state.leader_epoch
@@ -537,18 +426,13 @@ class PartitionLog:
         UNKNOWN_LEADER_EPOCH when newer) and the replica a follower (else
         NOT_LEADER_OR_FOLLOWER). Then the high watermark moves up to ``high_watermark``
         (within the log end; -1: unchanged)."""
-        if self.state.role is not Role.FOLLOWER:
-            raise KafkaError(ErrorCode.not_leader_or_follower,
-                             f"this replica of {self.topic}-{self.partition} is not a follower "
-                             f"(it is {self.state.role.value})")
+        self._check_role(FOLLOWER)
         self._check_epoch(leader_epoch)
         if records:
             async with self._lock:
                 self._check_open()
                 # The lock was awaited: the state may have moved on meanwhile.
-                if self.state.role is not Role.FOLLOWER:
-                    raise KafkaError(ErrorCode.not_leader_or_follower,
-                                     f"{self.topic}-{self.partition} stopped following")
+                self._check_role(FOLLOWER)
                 self._check_epoch(leader_epoch)
                 self._maybe_restart_empty(records)
                 batches = _validate_replicated(records, self.log_end_offset)
@@ -560,9 +444,7 @@ class PartitionLog:
                     self.producer_state.replay(batch.header)
                     self.leader_epochs.assign(batch.header.partition_leader_epoch,
                                               batch.header.base_offset)
-                self._signal_append()
-                self._unflushed_messages += last.next_offset - batches[0].header.base_offset
-                if self._unflushed_messages >= self.config.flush_messages:
+                if self._appended_locked(last.next_offset - batches[0].header.base_offset):
                     await self._flush_locked()
         if high_watermark >= 0 and high_watermark > self._high_watermark:
             self.high_watermark = high_watermark
@@ -576,16 +458,10 @@ class PartitionLog:
             return
         header = read_header(records)
         end = self.log_end_offset
-        if not header.base_offset < end <= header.last_offset:
-            return
-        self._segments.pop().delete()
-        self._segments = [LogSegment.create(self.directory, header.base_offset,
-                                            self.config.index_interval_bytes)]
-        self._bases = [header.base_offset]
-        self._log_start_offset = self._high_watermark = header.base_offset
-        self.recovery_point = min(self.recovery_point, header.base_offset)
-        log.info("%s-%d: empty log now starts at %d, the leader's first batch", self.topic,
-                 self.partition, header.base_offset)
+        if header.base_offset < end <= header.last_offset:
+            self._start_over_locked(header.base_offset)
+            log.info("%s-%d: empty log now starts at %d, the leader's first batch", self.topic,
+                     self.partition, header.base_offset)
 
     def update_high_watermark(self, high_watermark: int, leader_epoch: int) -> None:
         """The replicator's high watermark for this replica at ``leader_epoch`` (which must be
@@ -604,17 +480,13 @@ class PartitionLog:
         end; the high watermark and the recovery point do not stay beyond it. Returns the log
         end offset after the cut."""
         async with self._lock:
-            self._check_open()
-            if self.state.role is Role.LEADER:
-                raise KafkaError(ErrorCode.not_leader_or_follower,
-                                 f"the leader of {self.topic}-{self.partition} is never cut")
+            self._check_cut()
             end = self.log_end_offset
             if offset >= end:
                 return end
             offset = max(offset, self._log_start_offset)
             await self.drain()  # no background flush may hold a segment about to go
             while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
-                self._bases.pop()
                 self._segments.pop().delete()
             removed = self._segments[-1].truncate_to(offset)
             new_end = self.log_end_offset
@@ -633,37 +505,32 @@ class PartitionLog:
         offset can never catch up by copying. The producer state and leader epochs go with
         the data. Only a follower (NOT_LEADER_OR_FOLLOWER for a leader)."""
         async with self._lock:
-            self._check_open()
-            if self.state.role is Role.LEADER:
-                raise KafkaError(ErrorCode.not_leader_or_follower,
-                                 f"the leader of {self.topic}-{self.partition} is never cut")
+            self._check_cut()
             await self.drain()
             end = self.log_end_offset
-            for segment in self._segments:
-                segment.delete()
-            self._segments = [
-                LogSegment.create(self.directory, offset, self.config.index_interval_bytes)]
-            self._bases = [offset]
-            self._log_start_offset = offset
-            self._high_watermark = offset
-            self.recovery_point = offset
-            self.checkpoint_high_watermark()
-            for snapshot in self.producer_state.snapshot_offsets():
-                (self.directory / snapshot_name(snapshot)).unlink(missing_ok=True)
-            self.producer_state.load(self._segments, offset)
-            self.leader_epochs.truncate_from_end(0)
+            self._start_over_locked(offset)
             log.warning("%s-%d: log [.., %d) dropped; starting over at %d", self.topic,
                         self.partition, end, offset)
 
-    def end_offset_for_epoch(self, leader_epoch: int) -> tuple[int, int]:
-        """OffsetForLeaderEpoch on this replica: see
-        :meth:`~services.log.leader_epochs.LeaderEpochCache.end_offset_for`."""
-        return self.leader_epochs.end_offset_for(leader_epoch, self.log_end_offset)
+    def _check_cut(self) -> None:
+        self._check_open()
+        if self.state.role == LEADER:
+            raise KafkaError(ErrorCode.not_leader_or_follower,
+                             f"the leader of {self.topic}-{self.partition} is never cut")
 
-    def _signal_append(self) -> None:
-        appended, self._appended = self._appended, None
-        if appended is not None:
-            appended.set()
+    def _start_over_locked(self, offset: int) -> None:
+        """Replace the log by one empty segment at ``offset``, with the producer snapshots
+        and leader epochs of the data that goes."""
+        for segment in self._segments:
+            segment.delete()
+        self._segments = [
+            LogSegment.create(self.directory, offset, self.config.index_interval_bytes)]
+        self._log_start_offset = self._high_watermark = self.recovery_point = offset
+        self.checkpoint_high_watermark()
+        for snapshot in self.producer_state.snapshot_offsets():
+            (self.directory / snapshot_name(snapshot)).unlink(missing_ok=True)
+        self.producer_state.load(self._segments, offset)
+        self.leader_epochs.truncate_from_end(0)
 
     def appended(self) -> asyncio.Event:
         """An event set by the next append of either kind (a long-poll reader awaits it)."""
@@ -673,12 +540,14 @@ class PartitionLog:
 
     # ------------------------------------------------------------------------------ reads
 
-    def _fetchable_end(self, limit: ReadLimit) -> int:
-        return self._high_watermark if limit is ReadLimit.HIGH_WATERMARK else self.log_end_offset
+    def _slot_of(self, offset: int) -> int:
+        """Where in the segments the one that would hold ``offset`` is."""
+        return max(bisect_right(self._segments, offset, key=attrgetter("base_offset")) - 1, 0)
 
-    def read(
-        self, offset: int, max_bytes: int, limit: ReadLimit, min_one: bool = True
-    ) -> ReadInfo:
+    def _fetchable_end(self, limit: int) -> int:
+        return self.log_end_offset if limit == LOG_END else self._high_watermark
+
+    def read(self, offset: int, max_bytes: int, limit: int, min_one: bool = True) -> bytes:
         """Whole batches from the one holding ``offset``, up to ``max_bytes`` (with
         ``min_one``, the first batch whole even if larger) and never past ``limit``. Like
         Kafka, a read returns data of a single segment. ``offset`` equal to the log end offset
@@ -693,8 +562,7 @@ class PartitionLog:
         fetchable_end = self._fetchable_end(limit)
         records = b""
         if offset < fetchable_end:
-            slot = max(bisect_right(self._bases, offset) - 1, 0)
-            for segment in self._segments[slot:]:
+            for segment in self._segments[self._slot_of(offset):]:
                 if segment.base_offset >= fetchable_end:
                     break
                 first = segment.find_batch(offset)
@@ -706,14 +574,9 @@ class PartitionLog:
                 )
                 records = segment.read(first, end_position, max_bytes, min_one)
                 break
-        return ReadInfo(
-            records=records,
-            high_watermark=self._high_watermark,
-            log_start_offset=start,
-            log_end_offset=end,
-        )
+        return records
 
-    def list_offset(self, timestamp: int, limit: ReadLimit) -> OffsetAndTimestamp:
+    def list_offset(self, timestamp: int, limit: int) -> OffsetAndTimestamp:
         """Kafka's ListOffsets for one partition.
 
         -1 (latest): the high watermark or log end offset (per ``limit``); -2 (earliest) and
@@ -728,30 +591,22 @@ class PartitionLog:
         """
         fetchable_end = self._fetchable_end(limit)
         if timestamp == LATEST_TIMESTAMP:
-            return OffsetAndTimestamp(
-                offset=fetchable_end, timestamp=NO_TIMESTAMP, leader_epoch=NO_LEADER_EPOCH
-            )
+            return OffsetAndTimestamp(fetchable_end)
         if timestamp in (EARLIEST_TIMESTAMP, EARLIEST_LOCAL_TIMESTAMP):
-            return OffsetAndTimestamp(
-                offset=self.log_start_offset, timestamp=NO_TIMESTAMP,
-                leader_epoch=NO_LEADER_EPOCH,
-            )
+            return OffsetAndTimestamp(self.log_start_offset)
         if timestamp == LATEST_TIERED_TIMESTAMP:
             return NOT_FOUND
         if timestamp == MAX_TIMESTAMP:
-            best = None
-            for segment in self._segments:
-                mark = segment.max_timestamp_mark()
-                if mark is not None and (best is None or mark.timestamp > best.timestamp):
-                    best = mark
-            if best is None or best.last_offset >= fetchable_end:
+            stored = [segment for segment in self._segments if segment.size]
+            batch = max(stored, key=attrgetter("max_timestamp")).max_timestamp_batch() if (
+                stored) else None
+            if batch is None or batch.header.last_offset >= fetchable_end:
                 return NOT_FOUND
-            return OffsetAndTimestamp(
-                offset=best.last_offset, timestamp=best.timestamp, leader_epoch=best.leader_epoch
-            )
+            header = batch.header
+            return OffsetAndTimestamp(header.last_offset, header.max_timestamp,
+                                      header.partition_leader_epoch)
         start = self._log_start_offset
-        slot = max(bisect_right(self._bases, start) - 1, 0)
-        for segment in self._segments[slot:]:
+        for segment in self._segments[self._slot_of(start):]:
             batch = segment.find_by_timestamp(timestamp)
             while batch is not None and batch.header.last_offset < start:
                 # Below the log start (DeleteRecords): look on in this segment.
@@ -760,11 +615,8 @@ class PartitionLog:
                 header = batch.header
                 if header.base_offset >= fetchable_end:
                     return NOT_FOUND
-                return OffsetAndTimestamp(
-                    offset=max(header.base_offset, start),
-                    timestamp=header.max_timestamp,
-                    leader_epoch=header.partition_leader_epoch,
-                )
+                return OffsetAndTimestamp(max(header.base_offset, start), header.max_timestamp,
+                                          header.partition_leader_epoch)
         return NOT_FOUND
 
     # ------------------------------------------------------- log start offset and retention
@@ -839,7 +691,6 @@ class PartitionLog:
             ):
                 break
             self._segments.pop(0)
-            self._bases.pop(0)
             segment.delete()
             count += 1
             log.info("%s-%d: deleted segment %d (%s)", self.topic, self.partition,
@@ -849,24 +700,22 @@ class PartitionLog:
         return count
 
     async def replace_segments(
-        self, old: Sequence[LogSegment], cleaned_base: int, sizes: Sequence[int] | None = None
+        self, old: Sequence[LogSegment], sizes: Sequence[int] | None = None
     ) -> bool:
         """Swap in the cleaned segment written beside this log's files (``<base>.log.cleaned``
-        and its indexes, flushed) for ``old``, consecutive non-active segments of this log
-        starting at ``cleaned_base`` (see :mod:`services.log.segment_swap`), whose sizes are
-        still ``sizes`` (what was cleaned). Returns False, with the cleaned files removed, if
-        the log was closed, ``old`` are no longer all its non-active segments (retention,
-        DeleteRecords or a truncation removed some), one changed size or is in use by a
-        background flush; nothing changes then."""
+        and its indexes, flushed, at the first old segment's base offset) for ``old``,
+        consecutive non-active segments of this log (see :mod:`services.log.segment_swap`),
+        whose sizes are still ``sizes`` (what was cleaned). Returns False, with the cleaned
+        files removed, if the log was closed, ``old`` are no longer all its non-active segments
+        (retention, DeleteRecords or a truncation removed some), one changed size or is in use
+        by a background flush; nothing changes then."""
         async with self._lock:
-            count = len(old)
+            count, cleaned_base = len(old), old[0].base_offset
             first = next((i for i, s in enumerate(self._segments) if s is old[0]), -1)
-            current = self._segments[first:first + count] if first >= 0 else []
             if (
                 self._closed or first < 0 or first + count >= len(self._segments)
-                or any(s is not o for s, o in zip(current, old, strict=False))
-                or len(current) != count or any(s.pinned for s in old)
-                or old[0].base_offset != cleaned_base
+                or self._segments[first:first + count] != list(old)
+                or any(s.pinned for s in old)
                 or (sizes is not None and [s.size for s in old] != list(sizes))
             ):
                 segment_swap.discard(self.directory, cleaned_base)
@@ -876,7 +725,6 @@ class PartitionLog:
             cleaned = LogSegment(self.directory, cleaned_base, self.config.index_interval_bytes)
             cleaned.load()
             self._segments[first:first + count] = [cleaned]
-            self._bases[first:first + count] = [cleaned_base]
             for segment in old:
                 segment.close()
             segment_swap.remove_deleted(deleted)
@@ -902,7 +750,9 @@ class PartitionLog:
             return False
         if now - self._last_high_watermark_checkpoint_ms >= HIGH_WATERMARK_CHECKPOINT_MS:
             self._last_high_watermark_checkpoint_ms = now
-            if self._high_watermark_changed():
+            if not commits_alone(self.state) and (
+                self._high_watermark != self._checkpointed_high_watermark
+            ):
                 await asyncio.to_thread(self.checkpoint_high_watermark)
         if now - self._last_flush_ms < self.config.flush_ms:
             return False
@@ -917,11 +767,8 @@ class PartitionLog:
         self._unflushed_messages = 0
         self._last_flush_ms = now_ms()
         if dirty:
-            await asyncio.to_thread(_flush_all, dirty)
+            await asyncio.to_thread(lambda: [segment.flush() for segment in dirty])
         self.recovery_point = max(self.recovery_point, end)
-
-    def _high_watermark_changed(self) -> bool:
-        return self.state.replicated and self._high_watermark != self._checkpointed_high_watermark
 
     def checkpoint_high_watermark(self) -> bool:
         """Write the high watermark of a replicated replica to its
@@ -931,7 +778,7 @@ class PartitionLog:
         Thread-safe with respect to other checkpoint writes."""
         with self._checkpoint_lock:
             high_watermark = self._high_watermark
-            if not self.state.replicated or high_watermark == self._checkpointed_high_watermark:
+            if commits_alone(self.state) or high_watermark == self._checkpointed_high_watermark:
                 return False
             try:
                 self._high_watermark_file.write({(self.topic, self.partition): high_watermark})
@@ -978,6 +825,60 @@ class PartitionLog:
                 segment.close()
 
 
+def load_segments(
+    directory: Path, config: TopicConfig, recovery_point: int
+) -> tuple[list[LogSegment], int]:
+    """The segments in ``directory`` (Kafka's ``LogLoader``), after settling an interrupted
+    segment swap, and the bytes recovery truncated; an empty directory gets an empty segment
+    at offset 0.
+
+    Segments wholly below ``recovery_point`` were flushed before: only their indexes are
+    checked (and rebuilt if unusable). Every segment holding offsets at or past it is
+    validated batch by batch with its indexes rebuilt; the first torn or corrupt batch
+    truncates the log there and any later segment is deleted, as nothing after a hole can be
+    trusted. What was recovered is flushed, so the recovery point is then the log end."""
+    directory.mkdir(parents=True, exist_ok=True)
+    segment_swap.recover(directory)
+    bases = file_offsets(directory, LOG_SUFFIX)
+    for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+        for index_path in directory.glob("*" + suffix):
+            if not index_path.stem.isdigit() or int(index_path.stem) not in bases:
+                log.warning("%s: removing an index without its log", index_path)
+                index_path.unlink()
+    segments: list[LogSegment] = []
+    truncated = 0
+    try:
+        for position, base in enumerate(bases):
+            segment = LogSegment(directory, base, config.index_interval_bytes)
+            segments.append(segment)
+            is_last = position == len(bases) - 1
+            if truncated:
+                log.warning("%s: deleting segment %d after a truncated one",
+                            directory, base)
+                segments.pop().delete()
+                continue
+            if not is_last and bases[position + 1] <= recovery_point:
+                segment.load()
+                continue
+            if is_last and base < recovery_point:
+                segment.load()
+                if segment.next_offset <= recovery_point:
+                    continue
+            cut = segment.recover()
+            log.info("%s: validated segment %d past the recovery point %d: offsets up "
+                     "to %d, %d byte(s) truncated", directory, base, recovery_point,
+                     segment.next_offset, cut)
+            truncated += cut
+            segment.flush()
+        if not segments:
+            segments.append(LogSegment.create(directory, 0, config.index_interval_bytes))
+    except BaseException:
+        for segment in segments:
+            segment.close()
+        raise
+    return segments, truncated
+
+
 def _validate_replicated(records: bytes, log_end_offset: int) -> list[Batch]:
     """The batches of a follower append, each intact and starting at or after the end of the
     log and of the batch before it (gaps allowed, overlaps not); raises CORRUPT_MESSAGE or
@@ -1001,7 +902,3 @@ def _validate_replicated(records: bytes, log_end_offset: int) -> list[Batch]:
         expected = header.next_offset
     return batches
 
-
-def _flush_all(segments: list[LogSegment]) -> None:
-    for segment in segments:
-        segment.flush()

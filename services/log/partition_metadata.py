@@ -6,16 +6,16 @@ File ``<data_dir>/<topic>-<partition>/partition.metadata.json``, UTF-8 JSON:
     {"version": 1, "topic": "orders", "partition": 0, "topic_id": "<uuid or empty>",
      "configs": {"segment.bytes": "1048576", ...}}
 
-It is replaced atomically: written to a temporary file, flushed, renamed over the old one and
-the directory flushed, so a crash leaves either the old or the new version, never a mix.
+It is replaced atomically (:func:`~services.log.checkpoint.replace_file`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .checkpoint import replace_file
 
 FILE_NAME = "partition.metadata.json"
 VERSION = 1
@@ -30,24 +30,10 @@ class PartitionMetadata:
     configs: dict[str, str] = field(default_factory=dict)
 
     def write(self, directory: Path) -> None:
-        payload = json.dumps(
-            {
-                "version": VERSION,
-                "topic": self.topic,
-                "partition": self.partition,
-                "topic_id": self.topic_id,
-                "configs": dict(sorted(self.configs.items())),
-            },
-            indent=1,
-        ).encode()
-        target = directory / FILE_NAME
-        temporary = directory / (FILE_NAME + ".tmp")
-        with open(temporary, "wb") as out:
-            out.write(payload)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, target)
-        fsync_directory(directory)
+        replace_file(directory / FILE_NAME, json.dumps(
+            {"version": VERSION, "topic": self.topic, "partition": self.partition,
+             "topic_id": self.topic_id, "configs": dict(sorted(self.configs.items()))},
+            indent=1))
 
     @classmethod
     def read(cls, directory: Path) -> PartitionMetadata | None:
@@ -69,11 +55,3 @@ class PartitionMetadata:
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"{directory / FILE_NAME}: unreadable metadata: {exc}") from exc
 
-
-def fsync_directory(directory: Path) -> None:
-    """Make renames and creations inside ``directory`` durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -53,13 +53,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 from services.common.errors import ErrorCode, KafkaError
 from services.common.records.record_batch import (
@@ -70,17 +69,20 @@ from services.common.records.record_batch import (
     BatchHeader,
 )
 
+from .checkpoint import replace_file
+from .segment import LogSegment, file_offsets, file_stem
+
 log = logging.getLogger(__name__)
 
 MAX_SEQUENCE = 2**31 - 1
 # Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN: a producer has at most five requests in
 # flight per partition (max.in.flight.requests.per.connection <= 5 with idempotence).
 BATCHES_TO_RETAIN = 5
-DEFAULT_PRODUCER_ID_EXPIRATION_MS = 86_400_000
+# Kafka's producer.id.expiration.ms default (a day).
+PRODUCER_ID_EXPIRATION_MS = 86_400_000
 SNAPSHOT_SUFFIX = ".snapshot"
 SNAPSHOT_FORMAT = 1
 SNAPSHOTS_TO_KEEP = 2
-_OFFSET_DIGITS = 20
 
 
 def increment_sequence(sequence: int, increment: int) -> int:
@@ -96,7 +98,7 @@ def last_sequence(header: BatchHeader) -> int:
 
 
 def snapshot_name(offset: int) -> str:
-    return f"{offset:0{_OFFSET_DIGITS}d}{SNAPSHOT_SUFFIX}"
+    return file_stem(offset) + SNAPSHOT_SUFFIX
 
 
 class BatchMetadata(NamedTuple):
@@ -110,16 +112,15 @@ class BatchMetadata(NamedTuple):
     timestamp: int
 
 
+@dataclass(slots=True)
 class ProducerStateEntry:
     """One producer's epoch and its last :data:`BATCHES_TO_RETAIN` batches, oldest first."""
 
-    __slots__ = ("producer_id", "epoch", "batches", "last_timestamp")
-
-    def __init__(self, producer_id: int, epoch: int = NO_PRODUCER_EPOCH) -> None:
-        self.producer_id = producer_id
-        self.epoch = epoch
-        self.batches: deque[BatchMetadata] = deque(maxlen=BATCHES_TO_RETAIN)
-        self.last_timestamp = -1
+    producer_id: int
+    epoch: int = NO_PRODUCER_EPOCH
+    batches: deque[BatchMetadata] = field(
+        default_factory=lambda: deque(maxlen=BATCHES_TO_RETAIN))
+    last_timestamp: int = -1
 
     @property
     def last_seq(self) -> int:
@@ -142,10 +143,6 @@ class ProducerStateEntry:
         self.batches.append(batch)
         self.last_timestamp = batch.timestamp
 
-    def __repr__(self) -> str:
-        return (f"ProducerStateEntry({self.producer_id}, epoch={self.epoch}, "
-                f"batches={list(self.batches)})")
-
 
 @dataclass(frozen=True, slots=True)
 class ProducerAppend:
@@ -157,26 +154,11 @@ class ProducerAppend:
     duplicate: BatchMetadata | None = None
 
 
-class StoredSegment(Protocol):
-    """What replay needs of a log segment (:class:`~services.log.segment.LogSegment`)."""
-
-    @property
-    def base_offset(self) -> int: ...
-
-    @property
-    def next_offset(self) -> int: ...
-
-    def batches(self) -> Iterable[Batch]: ...
-
-
 class ProducerStateManager:
     """The producer state of one partition replica; see the module docstring."""
 
-    def __init__(
-        self, directory: Path, expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS
-    ) -> None:
+    def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self.expiration_ms = expiration_ms
         self._producers: dict[int, ProducerStateEntry] = {}
 
     # ------------------------------------------------------------------------------ reads
@@ -191,6 +173,11 @@ class ProducerStateManager:
     def __len__(self) -> int:
         return len(self._producers)
 
+    def last_offsets(self) -> dict[int, int]:
+        """The last offset of each tracked producer's newest batch."""
+        return {pid: entry.batches[-1].last_offset
+                for pid, entry in self._producers.items() if entry.batches}
+
     # ---------------------------------------------------------------------------- appends
 
     def validate(self, batches: Sequence[Batch]) -> ProducerAppend | None:
@@ -199,27 +186,19 @@ class ProducerStateManager:
         Raises :class:`KafkaError` INVALID_PRODUCER_EPOCH or OUT_OF_ORDER_SEQUENCE_NUMBER (see
         the module docstring); changes nothing."""
         # (epoch, last sequence) of producers after the earlier batches of this append.
-        pending: dict[int, tuple[int, int]] | None = None
-        producers = self._producers
+        pending: dict[int, tuple[int, int]] = {}
         for _, header in batches:
             producer_id = header.producer_id
             if producer_id < 0 or header.attributes & CONTROL_BIT:
                 continue
-            if pending is None:
-                pending = {}
             epoch, first_seq = header.producer_epoch, header.base_sequence
             last_seq = last_sequence(header)
-            entry = producers.get(producer_id)
-            if entry is not None:
-                duplicate = entry.find_duplicate(epoch, first_seq, last_seq)
-                if duplicate is not None:
-                    return ProducerAppend(batches, duplicate)
-            if producer_id in pending:
-                current_epoch, current_last = pending[producer_id]
-            elif entry is not None:
-                current_epoch, current_last = entry.epoch, entry.last_seq
-            else:
-                current_epoch, current_last = NO_PRODUCER_EPOCH, NO_SEQUENCE
+            entry = self._producers.get(producer_id)
+            if entry is not None and (duplicate := entry.find_duplicate(epoch, first_seq,
+                                                                         last_seq)):
+                return ProducerAppend(batches, duplicate)
+            current_epoch, current_last = pending.get(producer_id) or (
+                (entry.epoch, entry.last_seq) if entry else (NO_PRODUCER_EPOCH, NO_SEQUENCE))
             if epoch < current_epoch:
                 raise KafkaError(
                     ErrorCode.invalid_producer_epoch,
@@ -239,7 +218,7 @@ class ProducerStateManager:
                         f"out of order sequence {first_seq} of producer {producer_id} (epoch "
                         f"{epoch}): the last stored sequence is {current_last}")
             pending[producer_id] = (epoch, last_seq)
-        return None if pending is None else ProducerAppend(batches)
+        return ProducerAppend(batches) if pending else None
 
     def complete(
         self, append: ProducerAppend, base_offset: int, append_time_ms: int | None = None
@@ -272,7 +251,7 @@ class ProducerStateManager:
         """Forget producers whose newest batch is older than the expiration; returns how many."""
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         expired = [pid for pid, entry in self._producers.items()
-                   if now_ms - entry.last_timestamp >= self.expiration_ms]
+                   if now_ms - entry.last_timestamp >= PRODUCER_ID_EXPIRATION_MS]
         for producer_id in expired:
             del self._producers[producer_id]
         return len(expired)
@@ -281,12 +260,7 @@ class ProducerStateManager:
 
     def snapshot_offsets(self) -> list[int]:
         """Offsets of the snapshot files present, ascending."""
-        offsets = []
-        for path in self.directory.glob("*" + SNAPSHOT_SUFFIX):
-            stem = path.name[: -len(SNAPSHOT_SUFFIX)]
-            if len(stem) == _OFFSET_DIGITS and stem.isdigit():
-                offsets.append(int(stem))
-        return sorted(offsets)
+        return file_offsets(self.directory, SNAPSHOT_SUFFIX)
 
     def take_snapshot(self, offset: int, now_ms: int | None = None) -> None:
         """Write the state as of ``offset`` (every batch below it recorded, none at or past
@@ -305,10 +279,8 @@ class ProducerStateManager:
             ],
         }
         path = self.directory / snapshot_name(offset)
-        temporary = path.with_name(path.name + ".tmp")
         try:
-            temporary.write_text(json.dumps(document, separators=(",", ":")), encoding="utf-8")
-            os.replace(temporary, path)
+            replace_file(path, json.dumps(document, separators=(",", ":")), durable=False)
         except OSError as exc:
             log.error("%s: cannot write a producer snapshot: %s", path, exc)
             return
@@ -316,7 +288,7 @@ class ProducerStateManager:
             (self.directory / snapshot_name(old)).unlink(missing_ok=True)
 
     def load(
-        self, segments: Sequence[StoredSegment], log_end_offset: int,
+        self, segments: Sequence[LogSegment], log_end_offset: int,
         now_ms: int | None = None,
     ) -> int:
         """Rebuild the state on start-up from the newest usable snapshot and the batch

@@ -20,14 +20,10 @@ class PurgatoryNotifier(ProgressStream):
         super().__init__(address,
                          on_outcome=lambda outcome: PURGATORY_NOTIFICATIONS.labels(outcome).inc())
 
-    def notify(self, key: str, position: int) -> None:
-        """Report ``key``'s new position; returns at once."""
-        self.report(key, position)
-
     def on_high_watermark(self, topic: str, partition: int, high_watermark: int,
                           leader_epoch: int = -1) -> None:
         """A partition log's high watermark listener. Besides the partition's key, a leader at
         an epoch reports its epoch key: acks=all produces wait on that one."""
-        self.notify(partition_key(topic, partition), high_watermark)
+        self.report(partition_key(topic, partition), high_watermark)
         if leader_epoch >= 0:
-            self.notify(epoch_key(topic, partition, leader_epoch), high_watermark)
+            self.report(epoch_key(topic, partition, leader_epoch), high_watermark)

@@ -1,6 +1,7 @@
 """A replica's place in its partition, as the replicator last told it (Kafka's LeaderAndIsr
 for one partition): leader or follower, the leader epoch, and whether a leader is alone in the
-ISR (then its appends are committed at once).
+ISR (then its appends are committed at once). The state is the log service's ``ReplicaState``
+message, its topic and partition left unset.
 
 File ``<topic>-<partition>/replica-state.json`` (UTF-8 JSON, replaced atomically):
 
@@ -16,43 +17,38 @@ replicator confirms its state; a leader alone in the ISR resumes at once.
 
 from __future__ import annotations
 
-import enum
 import json
 import logging
-import os
-from dataclasses import dataclass
 from pathlib import Path
+
+from kbroker.log.v1.log_pb2 import REPLICA_ROLE_FOLLOWER as FOLLOWER
+from kbroker.log.v1.log_pb2 import REPLICA_ROLE_LEADER as LEADER
+from kbroker.log.v1.log_pb2 import REPLICA_ROLE_UNKNOWN as UNKNOWN
+from kbroker.log.v1.log_pb2 import ReplicaState
+
+from .checkpoint import replace_file
 
 log = logging.getLogger(__name__)
 
 FILE_NAME = "replica-state.json"
 VERSION = 1
-
-
-class Role(enum.Enum):
-    UNKNOWN = "unknown"
-    LEADER = "leader"
-    FOLLOWER = "follower"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ReplicaState:
-    role: Role = Role.LEADER
-    leader_epoch: int = 0
-    in_sync_alone: bool = True
-
-    @property
-    def commits_alone(self) -> bool:
-        """A leader whose appends are committed without waiting for followers."""
-        return self.role is Role.LEADER and self.in_sync_alone
-
-    @property
-    def replicated(self) -> bool:
-        return not self.commits_alone
-
-
 NO_EPOCH = -1
-STANDALONE = ReplicaState(leader_epoch=NO_EPOCH)
+# The roles by their names in the file (and in messages).
+ROLE_NAMES = {UNKNOWN: "unknown", LEADER: "leader", FOLLOWER: "follower"}
+_ROLES = {name: role for role, name in ROLE_NAMES.items()}
+
+
+def state(role: int, leader_epoch: int, in_sync_alone: bool = False) -> ReplicaState:
+    return ReplicaState(role=role, leader_epoch=leader_epoch, in_sync_alone=in_sync_alone)
+
+
+def standalone() -> ReplicaState:
+    return state(LEADER, NO_EPOCH, in_sync_alone=True)
+
+
+def commits_alone(replica: ReplicaState) -> bool:
+    """Whether this is a leader whose appends are committed without waiting for followers."""
+    return replica.role == LEADER and replica.in_sync_alone
 
 
 def read(directory: Path) -> ReplicaState | None:
@@ -60,39 +56,27 @@ def read(directory: Path) -> ReplicaState | None:
     path = directory / FILE_NAME
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        log.error("%s: unreadable replica state (%s); ignored", path, exc)
-        return None
-    try:
         if document["version"] != VERSION:
             raise ValueError(f"version {document['version']}")
-        return ReplicaState(role=Role(document["role"]),
-                            leader_epoch=int(document["leader_epoch"]),
-                            in_sync_alone=bool(document["in_sync_alone"]))
-    except (KeyError, TypeError, ValueError) as exc:
+        return state(_ROLES[document["role"]], int(document["leader_epoch"]),
+                     bool(document["in_sync_alone"]))
+    except FileNotFoundError:
+        return None
+    except (OSError, KeyError, TypeError, ValueError) as exc:
         log.error("%s: unreadable replica state (%s); ignored", path, exc)
         return None
 
 
-def write(directory: Path, state: ReplicaState) -> None:
-    path = directory / FILE_NAME
-    temporary = path.with_name(path.name + ".tmp")
-    payload = json.dumps({"version": VERSION, "role": state.role.value,
-                          "leader_epoch": state.leader_epoch,
-                          "in_sync_alone": state.in_sync_alone})
-    with open(temporary, "w", encoding="utf-8") as out:
-        out.write(payload)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(temporary, path)
+def write(directory: Path, replica: ReplicaState) -> None:
+    replace_file(directory / FILE_NAME, json.dumps(
+        {"version": VERSION, "role": ROLE_NAMES[replica.role], "leader_epoch": replica.leader_epoch,
+         "in_sync_alone": replica.in_sync_alone}))
 
 
 def restored(stored: ReplicaState | None) -> ReplicaState:
     """The state a replica starts with after loading ``stored`` (see the module docstring)."""
     if stored is None:
-        return STANDALONE
-    if stored.commits_alone:
+        return standalone()
+    if commits_alone(stored):
         return stored
-    return ReplicaState(role=Role.UNKNOWN, leader_epoch=stored.leader_epoch, in_sync_alone=False)
+    return state(UNKNOWN, stored.leader_epoch)

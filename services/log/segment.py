@@ -22,7 +22,6 @@ import os
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import NamedTuple
 
 from services.common.records.record_batch import (
     HEADER_SIZE,
@@ -34,9 +33,10 @@ from services.common.records.record_batch import (
     read_log_overhead,
 )
 
+from .index_file import MAX_RELATIVE_OFFSET
 from .log_validator import stored_batch_problem
 from .metrics import FLUSH_SECONDS
-from .offset_index import MAX_RELATIVE_OFFSET, IndexEntry, OffsetIndex
+from .offset_index import IndexEntry, OffsetIndex
 from .time_index import TimeIndex
 
 log = logging.getLogger(__name__)
@@ -56,12 +56,29 @@ def file_stem(base_offset: int) -> str:
     return f"{base_offset:0{OFFSET_DIGITS}d}"
 
 
-class TimestampMark(NamedTuple):
-    """The batch holding a segment's largest maxTimestamp (the first one, on ties)."""
+def file_offsets(directory: Path, suffix: str) -> list[int]:
+    """The offsets naming the files ``<offset, 20 digits><suffix>`` in ``directory``, sorted."""
+    names = (path.name[:-len(suffix)] for path in directory.glob("*" + suffix))
+    return sorted(int(name) for name in names if len(name) == OFFSET_DIGITS and name.isdigit())
 
-    timestamp: int
-    last_offset: int
-    leader_epoch: int
+
+def scan_batches(fd: int, start: int, end: int) -> Iterator[Batch]:
+    """The batches of the log file ``fd`` from ``start`` (a batch boundary) whose headers lie
+    before ``end``, by framing alone. Stops at a header that cannot be a batch."""
+    chunk, chunk_start = b"", start
+    position = start
+    while position + HEADER_SIZE <= end:
+        in_chunk = position - chunk_start
+        if in_chunk + HEADER_SIZE > len(chunk):
+            chunk = os.pread(fd, min(_SCAN_CHUNK, end - position), position)
+            chunk_start, in_chunk = position, 0
+            if len(chunk) < HEADER_SIZE:
+                return
+        header = read_header(chunk, in_chunk)
+        if header.batch_length < MIN_BATCH_LENGTH:
+            return
+        yield Batch(position, header)
+        position += header.size
 
 
 class LogSegment:
@@ -74,7 +91,6 @@ class LogSegment:
         :meth:`recover` before use, unless the segment is new and empty. A ``suffix`` after
         each file name makes a segment that is not (yet) part of the log, such as the log
         cleaner's ``.cleaned`` output."""
-        self.directory = directory
         self.base_offset = base_offset
         self.index_interval_bytes = index_interval_bytes
         stem = file_stem(base_offset)
@@ -89,12 +105,9 @@ class LogSegment:
         self.next_offset = base_offset
         self._bytes_since_index_entry = 0
         # The largest maxTimestamp noted so far and the last offset of its first batch: what
-        # the time index gets at its next entry.
+        # the time index gets at its next entry (Kafka's maxTimestampAndOffsetSoFar).
         self._max_so_far = (NO_TIMESTAMP, base_offset - 1)
         self._first_timestamp: int | None = None
-        # None until a scan or the appends since creation determined it.
-        self._max_mark: TimestampMark | None = None
-        self._max_mark_known = False
         # Whether appends since the last flush may still be only in the page cache.
         self.dirty = False
         # Background work (a flush in a thread) using the files: not to be deleted meanwhile.
@@ -108,9 +121,8 @@ class LogSegment:
         segment = cls(directory, base_offset, index_interval_bytes, suffix)
         if segment.size or len(segment.index) or len(segment.time_index):
             segment._truncate(0)
-            segment.index.reset([])
+            segment.index.reset()
             segment.time_index.reset()
-        segment._max_mark_known = True
         return segment
 
     # ----------------------------------------------------------------- loading and recovery
@@ -125,10 +137,14 @@ class LogSegment:
         problem = self._indexes_problem()
         if problem is None:
             start = last.position if last else 0
-            self._resume_time_index()
+            # Every batch before the last offset index entry's has a maxTimestamp at most the
+            # last time index entry's: the time index goes on from there.
+            last_time = self.time_index.last_entry
+            if last_time is not None:
+                self._max_so_far = (last_time.timestamp, last_time.offset)
             self._bytes_since_index_entry = 0
             end = start
-            for batch in self._scan(start, self.size):
+            for batch in scan_batches(self._fd, start, self.size):
                 if batch.position + batch.header.size > self.size:
                     break
                 self._note_batch(batch)
@@ -137,32 +153,17 @@ class LogSegment:
                 problem = f"batches end at byte {end} of {self.size}"
         if problem is not None:
             log.warning("%s: index unusable (%s); recovering the segment", self.log_path, problem)
-            self.recover(trust_index=False)
+            self.recover()
 
-    def recover(self, trust_index: bool = True) -> int:
-        """Validate the batches (framing, magic, CRC, growing offsets) and truncate the file at
-        the first one that is torn or corrupt, as after a crash. With ``trust_index`` and a
-        sane index whose last entry points at its batch, validation starts at that entry
-        (batches before it were indexed, hence complete); otherwise the whole segment is
-        validated and the index rebuilt. Returns the number of bytes truncated."""
-        start, expected = 0, self.base_offset
-        last = self.index.last_entry if trust_index else None
-        problem = self._indexes_problem() if trust_index else "not trusted"
-        if problem is None and last is not None:
-            start, expected = last.position, read_header(
-                os.pread(self._fd, HEADER_SIZE, last.position)).base_offset
-        if problem is None:
-            self._resume_time_index()
-        else:
-            if trust_index:
-                log.warning("%s: rebuilding indexes (%s)", self.index.path, problem)
-            self.index.reset([])
-            self.time_index.reset()
-            self._max_so_far = (NO_TIMESTAMP, self.base_offset - 1)
-            start, expected = 0, self.base_offset
+    def recover(self) -> int:
+        """Validate every batch (framing, magic, CRC, growing offsets), rebuilding the
+        indexes, and truncate the file at the first one that is torn or corrupt, as after a
+        crash. Returns the number of bytes truncated."""
+        self.index.reset()
+        self.time_index.reset()
+        self._max_so_far = (NO_TIMESTAMP, self.base_offset - 1)
         self._bytes_since_index_entry = 0
-        self._max_mark, self._max_mark_known = None, start == 0
-        valid_end, bad = self._validate_from(start, expected)
+        valid_end, bad = self._validate()
         truncated = self.size - valid_end
         if truncated:
             log.warning(
@@ -178,7 +179,7 @@ class LogSegment:
         """Why the two indexes cannot be trusted as a starting point, or None. Both get their
         entries together, so a time index entry past the last offset entry, or an empty time
         index beside a non-empty offset index (a lost file), is a problem too."""
-        problem = self.index.problem(self.size) or self.time_index.problem()
+        problem = self.index.problem(log_size=self.size) or self.time_index.problem()
         last, last_time = self.index.last_entry, self.time_index.last_entry
         if problem is None and last is not None:
             problem = self._entry_problem(last)
@@ -190,13 +191,6 @@ class LogSegment:
             problem = f"time index entry {last_time} beyond the offset index"
         return problem
 
-    def _resume_time_index(self) -> None:
-        """Continue the time index from its last entry: every batch before the last offset
-        index entry's has a maxTimestamp at most that entry's."""
-        last_time = self.time_index.last_entry
-        if last_time is not None:
-            self._max_so_far = (last_time.timestamp, last_time.offset)
-
     def _entry_problem(self, entry: IndexEntry) -> str | None:
         raw = os.pread(self._fd, HEADER_SIZE, entry.position)
         if len(raw) < HEADER_SIZE:
@@ -206,11 +200,11 @@ class LogSegment:
             return f"entry {entry} does not point at its batch"
         return None
 
-    def _validate_from(self, start: int, expected_offset: int) -> tuple[int, str | None]:
-        """Walk batches from ``start``, indexing and noting them; return where the valid data
-        ends and why it ends there (None at the end of the file)."""
-        position = start
-        self.next_offset = expected_offset
+    def _validate(self) -> tuple[int, str | None]:
+        """Walk the batches, indexing and noting them; return where the valid data ends and
+        why it ends there (None at the end of the file)."""
+        position = 0
+        self.next_offset = self.base_offset
         while position < self.size:
             chunk = os.pread(self._fd, _RECOVERY_CHUNK, position)
             if len(chunk) >= LOG_OVERHEAD:
@@ -247,12 +241,6 @@ class LogSegment:
             self._bytes_since_index_entry = 0
         self._bytes_since_index_entry += header.size
         self.next_offset = header.next_offset
-        if self._max_mark_known and (
-            self._max_mark is None or header.max_timestamp > self._max_mark.timestamp
-        ):
-            self._max_mark = TimestampMark(
-                header.max_timestamp, header.last_offset, header.partition_leader_epoch
-            )
 
     # ----------------------------------------------------------------------------- appends
 
@@ -283,34 +271,16 @@ class LogSegment:
 
     # ------------------------------------------------------------------------------- reads
 
-    def _scan(self, start: int, end: int) -> Iterator[Batch]:
-        """Batches from ``start`` (a batch boundary) whose headers lie before ``end``, by
-        framing alone. Stops at a header that cannot be a batch."""
-        chunk, chunk_start = b"", start
-        position = start
-        while position + HEADER_SIZE <= end:
-            in_chunk = position - chunk_start
-            if in_chunk + HEADER_SIZE > len(chunk):
-                chunk = os.pread(self._fd, min(_SCAN_CHUNK, end - position), position)
-                chunk_start, in_chunk = position, 0
-                if len(chunk) < HEADER_SIZE:
-                    return
-            header = read_header(chunk, in_chunk)
-            if header.batch_length < MIN_BATCH_LENGTH:
-                return
-            yield Batch(position, header)
-            position += header.size
-
     def batches(self) -> Iterator[Batch]:
         """Every batch of the segment, in offset order."""
-        return self._scan(0, self.size)
+        return scan_batches(self._fd, 0, self.size)
 
     def find_batch(self, offset: int) -> Batch | None:
         """The first batch whose last offset is >= ``offset`` (the batch that holds it, or the
         next one after a gap), or None when the segment ends before ``offset``."""
         if offset >= self.next_offset:
             return None
-        for batch in self._scan(self.index.lookup(offset).position, self.size):
+        for batch in scan_batches(self._fd, self.index.lookup(offset).position, self.size):
             if batch.header.last_offset >= offset:
                 return batch
         return None
@@ -323,7 +293,7 @@ class LogSegment:
         removed = self.size - position
         if removed:
             self._truncate(position)
-            self.recover(trust_index=False)
+            self.recover()
             self.dirty = True
         return removed
 
@@ -347,7 +317,7 @@ class LogSegment:
         if limit < end_position:
             # The greatest batch boundary <= limit, walking from the nearest indexed batch.
             stop = max(self.index.floor_position(limit), start)
-            for batch in self._scan(stop, end_position):
+            for batch in scan_batches(self._fd, stop, end_position):
                 batch_end = batch.position + batch.header.size
                 if batch_end > limit:
                     break
@@ -356,29 +326,25 @@ class LogSegment:
             return b""
         return os.pread(self._fd, stop - start, start)
 
-    def max_timestamp_mark(self) -> TimestampMark | None:
-        """The batch with the largest maxTimestamp (None if the segment is empty); scans the
-        segment's headers the first time for a segment loaded from disk."""
-        if not self._max_mark_known:
-            mark: TimestampMark | None = None
-            for _, header in self.batches():
-                if mark is None or header.max_timestamp > mark.timestamp:
-                    mark = TimestampMark(
-                        header.max_timestamp, header.last_offset, header.partition_leader_epoch
-                    )
-            self._max_mark, self._max_mark_known = mark, True
-        return self._max_mark
+    @property
+    def max_timestamp(self) -> int:
+        """The largest maxTimestamp of the segment's batches (-1 if none has one)."""
+        return self._max_so_far[0]
+
+    def max_timestamp_batch(self) -> Batch | None:
+        """The first batch with the largest maxTimestamp (the first batch if none has one);
+        None if the segment is empty."""
+        return self.find_batch(max(self._max_so_far[1], self.base_offset))
 
     def find_by_timestamp(self, timestamp: int, from_position: int = 0) -> Batch | None:
         """The first batch whose maxTimestamp is >= ``timestamp`` (starting at or after
         ``from_position``, a batch boundary), or None. The time index says where to start
         scanning headers; the scan never starts past the answer (see
         :meth:`~services.log.time_index.TimeIndex.lookup`)."""
-        mark = self.max_timestamp_mark()
-        if mark is None or mark.timestamp < timestamp:
+        if self.max_timestamp < timestamp:
             return None
         start = max(self.index.lookup(self.time_index.lookup(timestamp)).position, from_position)
-        for batch in self._scan(start, self.size):
+        for batch in scan_batches(self._fd, start, self.size):
             if batch.header.max_timestamp >= timestamp:
                 return batch
         return None
@@ -395,9 +361,8 @@ class LogSegment:
     def largest_timestamp(self) -> int:
         """The largest maxTimestamp of the segment, or the file's modification time when its
         batches carry none (what retention.ms compares with, as Kafka does)."""
-        mark = self.max_timestamp_mark()
-        if mark is not None and mark.timestamp > NO_TIMESTAMP:
-            return mark.timestamp
+        if self.max_timestamp > NO_TIMESTAMP:
+            return self.max_timestamp
         return int(os.fstat(self._fd).st_mtime * 1000)
 
     # --------------------------------------------------------------------------- life cycle

@@ -37,10 +37,15 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from services.common.records.record_batch import HEADER_SIZE, MIN_BATCH_LENGTH, read_header
-
-from .partition_metadata import fsync_directory
-from .segment import INDEX_SUFFIX, LOG_SUFFIX, OFFSET_DIGITS, TIME_INDEX_SUFFIX, file_stem
+from .checkpoint import fsync_directory
+from .segment import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    file_offsets,
+    file_stem,
+    scan_batches,
+)
 
 log = logging.getLogger(__name__)
 
@@ -103,21 +108,16 @@ def recover(directory: Path) -> None:
         if name.endswith(CLEANED_SUFFIX):
             log.info("%s: removing an unfinished cleaning's file %s", directory, name)
             (directory / name).unlink(missing_ok=True)
-    for name in sorted(names):
-        if not name.endswith(LOG_SUFFIX + SWAP_SUFFIX):
-            continue
-        stem = name[:-len(LOG_SUFFIX + SWAP_SUFFIX)]
-        if len(stem) != OFFSET_DIGITS or not stem.isdigit():
-            continue
-        base = int(stem)
-        end = max(_next_offset(directory / name, base), base + 1)
-        for old in _segment_bases(directory):
+    for base in file_offsets(directory, LOG_SUFFIX + SWAP_SUFFIX):
+        swapped = segment_files(directory, base, SWAP_SUFFIX)
+        end = max(_next_offset(swapped[-1], base), base + 1)
+        for old in file_offsets(directory, LOG_SUFFIX):
             if base <= old < end:
                 log.info("%s: deleting segment %d replaced by cleaned segment %d",
                          directory, old, base)
                 for path in segment_files(directory, old):
                     path.unlink(missing_ok=True)
-        for path in segment_files(directory, base, SWAP_SUFFIX):
+        for path in swapped:
             if path.exists():
                 os.replace(path, _with_suffix(path, SWAP_SUFFIX, ""))
         log.info("%s: completed the swap of cleaned segment %d", directory, base)
@@ -131,24 +131,14 @@ def _with_suffix(path: Path, old: str, new: str) -> Path:
     return path.with_name(path.name[:len(path.name) - len(old)] + new)
 
 
-def _segment_bases(directory: Path) -> list[int]:
-    return sorted(
-        int(path.stem) for path in directory.glob("*" + LOG_SUFFIX)
-        if len(path.stem) == OFFSET_DIGITS and path.stem.isdigit()
-    )
-
-
 def _next_offset(path: Path, base_offset: int) -> int:
     """One past the last offset of the whole batches in the log file at ``path``, by their
     framing (the base offset if there are none)."""
     next_offset = base_offset
     with path.open("rb") as file:
         size = os.fstat(file.fileno()).st_size
-        position = 0
-        while position + HEADER_SIZE <= size:
-            header = read_header(os.pread(file.fileno(), HEADER_SIZE, position))
-            if header.batch_length < MIN_BATCH_LENGTH or position + header.size > size:
+        for position, header in scan_batches(file.fileno(), 0, size):
+            if position + header.size > size:
                 break
             next_offset = header.next_offset
-            position += header.size
     return next_offset

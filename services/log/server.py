@@ -4,13 +4,13 @@ health, reflection and metrics services every port has)."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 from grpc_health.v1._async import HealthServicer
 
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
-from services.common.errors import KafkaError
 from services.common.progress_reports import PositionSource, parse_key
 from services.common.server import ServiceBinding, create_server
 
@@ -18,7 +18,7 @@ from . import metrics
 from .config import LogConfig
 from .log_manager import LogManager
 from .purgatory_notifier import PurgatoryNotifier
-from .replica_state import Role
+from .replica_state import LEADER
 from .servicer import LogServicer
 
 log = logging.getLogger(__name__)
@@ -26,39 +26,27 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = log_pb2.DESCRIPTOR.services_by_name["LogService"].full_name
 
 
+@dataclass(slots=True)
 class LogService:
     """A running log node."""
 
-    def __init__(
-        self,
-        config: LogConfig,
-        manager: LogManager,
-        server: grpc.aio.Server,
-        port: int,
-        health: HealthServicer,
-        notifier: PurgatoryNotifier | None,
-    ) -> None:
-        self.config = config
-        self.manager = manager
-        self.port = port
-        self._server = server
-        self._health = health
-        self._notifier = notifier
-
-    @property
-    def notifier(self) -> PurgatoryNotifier | None:
-        return self._notifier
+    config: LogConfig
+    manager: LogManager
+    server: grpc.aio.Server
+    port: int
+    health: HealthServicer
+    notifier: PurgatoryNotifier | None
 
     async def stop(self, grace: float = 1.0) -> None:
         """Finish in-flight calls (up to ``grace`` seconds), then flush and close the logs."""
-        await self._health.enter_graceful_shutdown()
-        await self._server.stop(grace)
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
         await self.manager.stop_background()
-        if self._notifier is not None:
-            await self._notifier.close()
+        if self.notifier is not None:
+            await self.notifier.close()
         self.manager.close()
         metrics.PARTITIONS.set(0)
-        metrics.unwatch_partitions(self.manager.partitions)
+        metrics.PARTITION_LOGS.sources.discard(self.manager.partitions)
 
 
 async def start(config: LogConfig) -> LogService:
@@ -75,7 +63,7 @@ async def start(config: LogConfig) -> LogService:
         if notifier is not None:
             notifier.position_of = leader_high_watermarks(manager)
         metrics.PARTITIONS.set(len(manager))
-        metrics.watch_partitions(manager.partitions)
+        metrics.PARTITION_LOGS.sources.add(manager.partitions)
         metrics.TRUNCATED_BYTES.inc(sum(p.truncated_at_open for p in manager.partitions()))
         server, port, health = await create_server(
             "log",
@@ -86,7 +74,7 @@ async def start(config: LogConfig) -> LogService:
         )
         manager.start_background()
     except BaseException:
-        metrics.unwatch_partitions(manager.partitions)
+        metrics.PARTITION_LOGS.sources.discard(manager.partitions)
         manager.close()
         if notifier is not None:
             await notifier.close()
@@ -107,12 +95,9 @@ def leader_high_watermarks(manager: LogManager) -> PositionSource:
         if parsed is None:
             return None
         topic, partition, epoch = parsed
-        try:
-            replica = manager.get(topic, partition)
-        except KafkaError:
-            return None
-        state = replica.state
-        if state.role is not Role.LEADER or (epoch is not None and epoch != state.leader_epoch):
+        replica = manager.find(topic, partition)
+        if replica is None or replica.state.role != LEADER or (
+                epoch is not None and epoch != replica.state.leader_epoch):
             return None
         return replica.high_watermark
 

@@ -7,8 +7,13 @@ KAFKA_STORAGE_ERROR (as Kafka maps I/O failures), anything else UNKNOWN_SERVER_E
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
+
+from google.protobuf.message import Message
 
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from services.common.call_streams import serve_calls
@@ -17,19 +22,16 @@ from services.common.records.record_batch import NO_TIMESTAMP
 
 from . import metrics
 from .log_manager import LogManager
-from .partition_log import NO_LEADER_EPOCH, NO_OFFSET, PartitionLog, ReadLimit
-from .replica_state import ReplicaState, Role
+from .partition_log import NO_LEADER_EPOCH, NO_OFFSET, PartitionLog
 
 log = logging.getLogger(__name__)
 
-_READ_LIMITS = {
-    log_pb2.READ_LIMIT_HIGH_WATERMARK: ReadLimit.HIGH_WATERMARK,
-    log_pb2.READ_LIMIT_LOG_END: ReadLimit.LOG_END,
-}
+R = TypeVar("R", bound=Message)
 
 
-def _error_of(api: str, exc: Exception) -> tuple[int, str]:
-    """The Kafka error code and message a partition answer carries for ``exc``."""
+def _fail(api: str, exc: Exception, result: Any) -> None:
+    """Put the Kafka error code (and message, where the result has one) for ``exc`` in a
+    partition's ``result``."""
     if isinstance(exc, KafkaError):
         code, message = exc.errno, exc.message or ""
     elif isinstance(exc, OSError):
@@ -39,7 +41,9 @@ def _error_of(api: str, exc: Exception) -> tuple[int, str]:
         log.exception("%s: unexpected failure", api)
         code, message = int(ErrorCode.unknown_server_error.value), str(exc)
     metrics.ERRORS.labels(api, error_name(code)).inc()
-    return code, message
+    result.error_code = code
+    if "error_message" in result.DESCRIPTOR.fields_by_name:
+        result.error_message = message
 
 
 class LogServicer(log_pb2_grpc.LogServiceServicer):
@@ -48,28 +52,52 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
     def __init__(self, manager: LogManager) -> None:
         self._manager = manager
 
-    async def CreatePartitions(self, request, context):
-        response = log_pb2.CreatePartitionsResponse()
-        for spec in request.partitions:
-            result = response.results.add(topic=spec.topic, partition=spec.partition)
+    def _log(self, item: Any) -> PartitionLog:
+        return self._manager.get(item.topic, item.partition)
+
+    async def _each(self, response: R, items: Iterable[Any],
+                    work: Callable[[Any, Any], Awaitable[object] | object],
+                    offsets: bool = False, **on_error: int) -> R:
+        """Serve one partition per item of a request into ``response`` (of the API its type
+        names): a result of the item's topic and partition is added to its results and filled
+        by ``work(item, result)`` (awaited if it returns a coroutine); whatever that raises
+        becomes the result's error (:func:`_fail`), with the ``on_error`` fields set. With
+        ``offsets``, every result then gets the replica's offsets after the call, failed or
+        not (they tell a reader whose offset is out of range where the log is); -1 without a
+        replica."""
+        api, field, offset_fields = _shape(type(response))
+        results = getattr(response, field)
+        for item in items:
+            result = results.add(topic=item.topic, partition=item.partition)
             try:
-                created = self._manager.create(spec.topic, spec.partition, spec.topic_id,
-                                               dict(spec.configs))
-                if spec.HasField("state"):
-                    await created.become(_replica_state(spec.state))
+                done = work(item, result)
+                if asyncio.iscoroutine(done):
+                    await done
             except Exception as exc:  # noqa: BLE001 - becomes the partition's error code
-                result.error_code, result.error_message = _error_of("CreatePartitions", exc)
+                _fail(api, exc, result)
+                for name, value in on_error.items():
+                    setattr(result, name, value)
+        for result in results if offsets else ():
+            found = self._manager.find(result.topic, result.partition)
+            for name in offset_fields:
+                setattr(result, name, NO_OFFSET if found is None else getattr(
+                    found, _OFFSET_SOURCES[name]))
+        return response
+
+    async def CreatePartitions(self, request, context):
+        async def create(spec: log_pb2.PartitionSpec, _: object) -> None:
+            created = self._manager.create(spec.topic, spec.partition, spec.topic_id,
+                                           dict(spec.configs))
+            if spec.HasField("state"):
+                await created.become(spec.state)
+
+        response = await self._each(log_pb2.CreatePartitionsResponse(), request.partitions, create)
         metrics.PARTITIONS.set(len(self._manager))
         return response
 
     async def DeletePartitions(self, request, context):
-        response = log_pb2.DeletePartitionsResponse()
-        for tp in request.partitions:
-            result = response.results.add(topic=tp.topic, partition=tp.partition)
-            try:
-                self._manager.delete(tp.topic, tp.partition)
-            except Exception as exc:  # noqa: BLE001
-                result.error_code, result.error_message = _error_of("DeletePartitions", exc)
+        response = await self._each(log_pb2.DeletePartitionsResponse(), request.partitions,
+                                    lambda tp, _: self._manager.delete(tp.topic, tp.partition))
         metrics.PARTITIONS.set(len(self._manager))
         return response
 
@@ -88,33 +116,29 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
 
     async def _append(self, request: log_pb2.AppendRequest,
                       response: log_pb2.AppendResponse) -> None:
-        for append in request.partitions:
-            topic = append.topic
+        # The hot path: one loop of its own, each result added whole.
+        for item in request.partitions:
+            topic, partition = item.topic, item.partition
             topic_metrics = metrics.topic(topic)
             topic_metrics.append_requests.inc()
             started = time.perf_counter()
             try:
-                expected = (append.expected_log_end_offset
-                            if append.HasField("expected_log_end_offset") else None)
-                info = await self._manager.get(topic, append.partition).append(
-                    append.records, expected_log_end_offset=expected)
-            except Exception as exc:  # noqa: BLE001
-                code, message = _error_of("Append", exc)
-                response.results.add(
-                    topic=topic, partition=append.partition, error_code=code,
-                    error_message=message, base_offset=NO_OFFSET,
+                info = await self._manager.get(topic, partition).append(
+                    item.records, expected_log_end_offset=item.expected_log_end_offset
+                    if item.HasField("expected_log_end_offset") else None)
+            except Exception as exc:  # noqa: BLE001 - becomes the partition's error code
+                _fail("Append", exc, response.results.add(
+                    topic=topic, partition=partition, base_offset=NO_OFFSET,
                     log_append_time_ms=NO_TIMESTAMP, log_start_offset=NO_OFFSET,
-                    log_end_offset=NO_OFFSET, high_watermark=NO_OFFSET,
-                )
+                    log_end_offset=NO_OFFSET, high_watermark=NO_OFFSET))
             else:
                 topic_metrics.appended_bytes.inc(info.size_bytes)
                 topic_metrics.appended_batches.inc(info.batch_count)
                 response.results.add(
-                    topic=topic, partition=append.partition, base_offset=info.base_offset,
+                    topic=topic, partition=partition, base_offset=info.base_offset,
                     log_append_time_ms=info.log_append_time_ms,
                     log_start_offset=info.log_start_offset, log_end_offset=info.log_end_offset,
-                    high_watermark=info.high_watermark, leader_epoch=info.leader_epoch,
-                )
+                    high_watermark=info.high_watermark, leader_epoch=info.leader_epoch)
             metrics.APPEND_SECONDS.observe(time.perf_counter() - started)
 
     async def Read(self, request, context):
@@ -127,8 +151,7 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
         if request.max_wait_ms <= 0 or any(r.records or r.error_code for r in response.results):
             return response
         try:
-            events = [self._manager.get(r.topic, r.partition).appended()
-                      for r in request.partitions]
+            events = [self._log(r).appended() for r in request.partitions]
         except KafkaError:
             return response  # deleted meanwhile: the next read reports it
         waiters = [asyncio.ensure_future(event.wait()) for event in events]
@@ -141,30 +164,32 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
         return self._read(request)
 
     def _read(self, request: log_pb2.ReadRequest) -> log_pb2.ReadResponse:
+        # The hot path: one loop of its own.
         started = time.perf_counter()
-        limit = _READ_LIMITS.get(request.limit, ReadLimit.HIGH_WATERMARK)
         budget = request.max_bytes if request.max_bytes > 0 else None
         min_one = True
         response = log_pb2.ReadResponse()
-        for read in request.partitions:
-            result = response.results.add(topic=read.topic, partition=read.partition)
-            max_bytes = read.max_bytes if budget is None else min(read.max_bytes, budget)
-            partition_log: PartitionLog | None = None
+        for item in request.partitions:
+            result = response.results.add(topic=item.topic, partition=item.partition)
+            max_bytes = item.max_bytes if budget is None else min(item.max_bytes, budget)
+            partition_log = self._manager.find(item.topic, item.partition)
             try:
-                partition_log = self._manager.get(read.topic, read.partition)
-                info = partition_log.read(read.offset, max(max_bytes, 0), limit, min_one)
-            except Exception as exc:  # noqa: BLE001
-                result.error_code, result.error_message = _error_of("Read", exc)
-                _fill_offsets(result, partition_log)
-                continue
-            records = info.records
-            result.records = records
-            result.high_watermark = info.high_watermark
-            result.last_stable_offset = info.high_watermark  # no transactions yet
-            result.log_start_offset = info.log_start_offset
-            result.log_end_offset = info.log_end_offset
+                records = self._log(item).read(item.offset, max(max_bytes, 0), request.limit,
+                                               min_one)
+            except Exception as exc:  # noqa: BLE001 - becomes the partition's error code
+                _fail("Read", exc, result)
+                records = b""
+            # The replica's offsets, failed or not: they tell a reader whose offset is out of
+            # range where the log is. The last stable offset: no transactions yet.
+            result.high_watermark = result.last_stable_offset = NO_OFFSET if (
+                partition_log is None) else partition_log.high_watermark
+            result.log_start_offset = NO_OFFSET if partition_log is None else (
+                partition_log.log_start_offset)
+            result.log_end_offset = NO_OFFSET if partition_log is None else (
+                partition_log.log_end_offset)
             if records:
-                metrics.topic(read.topic).read_bytes.inc(len(records))
+                result.records = records
+                metrics.topic(item.topic).read_bytes.inc(len(records))
                 min_one = False
                 if budget is not None:
                     budget = max(budget - len(records), 0)
@@ -172,181 +197,92 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
         return response
 
     async def ListOffsets(self, request, context):
-        limit = _READ_LIMITS.get(request.limit, ReadLimit.HIGH_WATERMARK)
-        response = log_pb2.ListOffsetsResponse()
-        for query in request.partitions:
-            result = response.results.add(topic=query.topic, partition=query.partition)
-            try:
-                found = self._manager.get(query.topic, query.partition).list_offset(
-                    query.timestamp, limit
-                )
-            except Exception as exc:  # noqa: BLE001
-                result.error_code, _ = _error_of("ListOffsets", exc)
-                result.offset, result.timestamp = NO_OFFSET, NO_TIMESTAMP
-                result.leader_epoch = NO_LEADER_EPOCH
-                continue
-            result.offset = found.offset
-            result.timestamp = found.timestamp
+        def list_offset(query: log_pb2.PartitionTimestamp, result: log_pb2.PartitionOffset) -> None:
+            found = self._log(query).list_offset(query.timestamp, request.limit)
+            result.offset, result.timestamp = found.offset, found.timestamp
             result.leader_epoch = found.leader_epoch
-        return response
+
+        return await self._each(log_pb2.ListOffsetsResponse(), request.partitions, list_offset,
+                                offset=NO_OFFSET, timestamp=NO_TIMESTAMP,
+                                leader_epoch=NO_LEADER_EPOCH)
 
     async def DescribePartitions(self, request, context):
-        response = log_pb2.DescribePartitionsResponse()
-        if not request.partitions:
-            for partition_log in self._manager.partitions():
-                _describe(response.partitions.add(), partition_log)
-            return response
-        for tp in request.partitions:
-            state = response.partitions.add(topic=tp.topic, partition=tp.partition)
-            try:
-                _describe(state, self._manager.get(tp.topic, tp.partition))
-            except Exception as exc:  # noqa: BLE001
-                state.error_code, _ = _error_of("DescribePartitions", exc)
-                state.log_start_offset = state.log_end_offset = NO_OFFSET
-                state.high_watermark = NO_OFFSET
-        return response
+        return await self._each(log_pb2.DescribePartitionsResponse(),
+                                request.partitions or self._manager.partitions(),
+                                lambda tp, state: _describe(state, self._log(tp)), offsets=True)
 
     async def DeleteRecords(self, request, context):
-        response = log_pb2.DeleteRecordsResponse()
-        for item in request.partitions:
-            result = response.results.add(topic=item.topic, partition=item.partition)
-            try:
-                result.low_watermark = await self._manager.delete_records(
-                    item.topic, item.partition, item.offset)
-            except Exception as exc:  # noqa: BLE001
-                result.error_code, result.error_message = _error_of("DeleteRecords", exc)
-                result.low_watermark = NO_OFFSET
-        return response
+        async def delete(item: log_pb2.PartitionDeleteRecords,
+                         result: log_pb2.PartitionLowWatermark) -> None:
+            result.low_watermark = await self._manager.delete_records(
+                item.topic, item.partition, item.offset)
+
+        return await self._each(log_pb2.DeleteRecordsResponse(), request.partitions, delete,
+                                low_watermark=NO_OFFSET)
 
     async def UpdatePartitionConfigs(self, request, context):
-        response = log_pb2.UpdatePartitionConfigsResponse()
-        for spec in request.partitions:
-            result = response.results.add(topic=spec.topic, partition=spec.partition)
-            try:
-                self._manager.update_configs(spec.topic, spec.partition, dict(spec.configs))
-            except Exception as exc:  # noqa: BLE001
-                result.error_code, result.error_message = _error_of(
-                    "UpdatePartitionConfigs", exc)
-        return response
-
+        return await self._each(log_pb2.UpdatePartitionConfigsResponse(), request.partitions,
+                                lambda spec, _: self._manager.update_configs(
+                                    spec.topic, spec.partition, dict(spec.configs)))
 
     async def UpdateReplicaStates(self, request, context):
-        response = log_pb2.UpdateReplicaStatesResponse()
-        for state in request.states:
-            result = response.results.add(topic=state.topic, partition=state.partition)
-            try:
-                await self._manager.get(state.topic, state.partition).become(
-                    _replica_state(state))
-            except Exception as exc:  # noqa: BLE001
-                result.error_code, result.error_message = _error_of("UpdateReplicaStates", exc)
-        return response
+        return await self._each(log_pb2.UpdateReplicaStatesResponse(), request.states,
+                                lambda state, _: self._log(state).become(state))
 
     async def ReplicateAppend(self, request, context):
-        response = log_pb2.ReplicateAppendResponse()
-        for item in request.partitions:
-            result = response.results.add(topic=item.topic, partition=item.partition)
-            partition_log: PartitionLog | None = None
-            try:
-                partition_log = self._manager.get(item.topic, item.partition)
-                await partition_log.append_as_follower(item.records, item.leader_epoch,
-                                                       item.high_watermark)
-                # Kafka's maybeIncrementLogStartOffset: records the leader deleted go here too.
-                start = min(item.log_start_offset, partition_log.high_watermark)
-                if start > partition_log.log_start_offset:
-                    await self._manager.delete_records(item.topic, item.partition, start)
-            except Exception as exc:  # noqa: BLE001
-                result.error_code, result.error_message = _error_of("ReplicateAppend", exc)
-            _fill_ends(result, partition_log)
-        return response
+        async def replicate(item: log_pb2.PartitionReplicate, _: object) -> None:
+            partition_log = self._log(item)
+            await partition_log.append_as_follower(item.records, item.leader_epoch,
+                                                   item.high_watermark)
+            # Kafka's maybeIncrementLogStartOffset: records the leader deleted go here too.
+            start = min(item.log_start_offset, partition_log.high_watermark)
+            if start > partition_log.log_start_offset:
+                await self._manager.delete_records(item.topic, item.partition, start)
+
+        return await self._each(log_pb2.ReplicateAppendResponse(), request.partitions, replicate,
+                                offsets=True)
 
     async def UpdateHighWatermarks(self, request, context):
-        response = log_pb2.UpdateHighWatermarksResponse()
-        for item in request.partitions:
-            result = response.results.add(topic=item.topic, partition=item.partition)
-            try:
-                self._manager.get(item.topic, item.partition).update_high_watermark(
-                    item.high_watermark, item.leader_epoch)
-            except Exception as exc:  # noqa: BLE001
-                result.error_code, result.error_message = _error_of("UpdateHighWatermarks", exc)
-        return response
+        return await self._each(log_pb2.UpdateHighWatermarksResponse(), request.partitions,
+                                lambda item, _: self._log(item).update_high_watermark(
+                                    item.high_watermark, item.leader_epoch))
 
     async def Truncate(self, request, context):
-        response = log_pb2.TruncateResponse()
-        for item in request.partitions:
-            result = response.results.add(topic=item.topic, partition=item.partition)
-            partition_log: PartitionLog | None = None
-            try:
-                partition_log = self._manager.get(item.topic, item.partition)
-                if item.start_over:
-                    await partition_log.start_over_at(item.offset)
-                else:
-                    await partition_log.truncate_to(item.offset)
-            except Exception as exc:  # noqa: BLE001
-                result.error_code, result.error_message = _error_of("Truncate", exc)
-            _fill_ends(result, partition_log)
-        return response
+        def truncate(item: log_pb2.PartitionTruncation, _: object) -> Awaitable[object]:
+            partition_log = self._log(item)
+            if item.start_over:
+                return partition_log.start_over_at(item.offset)
+            return partition_log.truncate_to(item.offset)
+
+        return await self._each(log_pb2.TruncateResponse(), request.partitions, truncate,
+                                offsets=True)
 
     async def OffsetForLeaderEpoch(self, request, context):
-        response = log_pb2.OffsetForLeaderEpochResponse()
-        for item in request.partitions:
-            result = response.results.add(topic=item.topic, partition=item.partition)
-            try:
-                result.leader_epoch, result.end_offset = self._manager.get(
-                    item.topic, item.partition).end_offset_for_epoch(item.leader_epoch)
-            except Exception as exc:  # noqa: BLE001
-                result.error_code, _ = _error_of("OffsetForLeaderEpoch", exc)
-                result.leader_epoch, result.end_offset = NO_LEADER_EPOCH, NO_OFFSET
-        return response
+        def end_offset(item: log_pb2.PartitionLeaderEpoch, result: log_pb2.EpochEndOffset) -> None:
+            partition_log = self._log(item)
+            result.leader_epoch, result.end_offset = partition_log.leader_epochs.end_offset_for(
+                item.leader_epoch, partition_log.log_end_offset)
+
+        return await self._each(log_pb2.OffsetForLeaderEpochResponse(), request.partitions,
+                                end_offset, leader_epoch=NO_LEADER_EPOCH, end_offset=NO_OFFSET)
 
 
-_ROLES = {
-    log_pb2.REPLICA_ROLE_LEADER: Role.LEADER,
-    log_pb2.REPLICA_ROLE_FOLLOWER: Role.FOLLOWER,
-}
-_ROLE_VALUES = {
-    Role.UNKNOWN: log_pb2.REPLICA_ROLE_UNKNOWN,
-    Role.LEADER: log_pb2.REPLICA_ROLE_LEADER,
-    Role.FOLLOWER: log_pb2.REPLICA_ROLE_FOLLOWER,
-}
+# The replica offsets results carry (outside Read), by the partition log property giving them.
+_OFFSET_SOURCES = {"high_watermark": "high_watermark", "log_start_offset": "log_start_offset",
+                   "log_end_offset": "log_end_offset"}
 
 
-def _replica_state(message: log_pb2.ReplicaState) -> ReplicaState:
-    role = _ROLES.get(message.role)
-    if role is None:
-        raise KafkaError(ErrorCode.invalid_request, "a replica state must lead or follow")
-    return ReplicaState(role=role, leader_epoch=message.leader_epoch,
-                        in_sync_alone=message.in_sync_alone)
-
-
-def _fill_ends(result: log_pb2.PartitionReplicateResult,
-               partition_log: PartitionLog | None) -> None:
-    if partition_log is None:
-        result.log_end_offset = result.high_watermark = NO_OFFSET
-    else:
-        result.log_end_offset = partition_log.log_end_offset
-        result.high_watermark = partition_log.high_watermark
-
-
-def _fill_offsets(result: log_pb2.PartitionReadResult, partition_log: PartitionLog | None) -> None:
-    """Offsets of a failed read: the replica's own when it exists (they tell a reader whose
-    offset is out of range where the log is), else unknown (-1)."""
-    if partition_log is None:
-        result.high_watermark = result.last_stable_offset = NO_OFFSET
-        result.log_start_offset = result.log_end_offset = NO_OFFSET
-        return
-    result.high_watermark = result.last_stable_offset = partition_log.high_watermark
-    result.log_start_offset = partition_log.log_start_offset
-    result.log_end_offset = partition_log.log_end_offset
+@functools.cache
+def _shape(kind: type[Message]) -> tuple[str, str, tuple[str, ...]]:
+    """The API a response type answers, the name of its results and their offset fields."""
+    results = kind.DESCRIPTOR.fields[0]
+    return (kind.DESCRIPTOR.name.removesuffix("Response"), results.name,
+            tuple(name for name in _OFFSET_SOURCES if name in results.message_type.fields_by_name))
 
 
 def _describe(state: log_pb2.PartitionState, partition_log: PartitionLog) -> None:
-    state.topic = partition_log.topic
-    state.partition = partition_log.partition
-    state.log_start_offset = partition_log.log_start_offset
-    state.log_end_offset = partition_log.log_end_offset
-    state.high_watermark = partition_log.high_watermark
     state.size_bytes = partition_log.size_bytes
     state.segments = partition_log.segment_count
     state.leader_epoch = partition_log.state.leader_epoch
-    state.role = _ROLE_VALUES[partition_log.state.role]
+    state.role = partition_log.state.role
     state.latest_log_epoch = partition_log.leader_epochs.latest_epoch

@@ -17,28 +17,17 @@ from enum import StrEnum
 
 from services.common.errors import ErrorCode, KafkaError
 
-SEGMENT_BYTES = "segment.bytes"
-INDEX_INTERVAL_BYTES = "index.interval.bytes"
-MAX_MESSAGE_BYTES = "max.message.bytes"
-MESSAGE_TIMESTAMP_TYPE = "message.timestamp.type"
-SEGMENT_MS = "segment.ms"
-RETENTION_MS = "retention.ms"
-RETENTION_BYTES = "retention.bytes"
-CLEANUP_POLICY = "cleanup.policy"
-DELETE_RETENTION_MS = "delete.retention.ms"
-MIN_COMPACTION_LAG_MS = "min.compaction.lag.ms"
-MAX_COMPACTION_LAG_MS = "max.compaction.lag.ms"
-MIN_CLEANABLE_DIRTY_RATIO = "min.cleanable.dirty.ratio"
-FLUSH_MESSAGES = "flush.messages"
-FLUSH_MS = "flush.ms"
-
 # Kafka's "never" for flush.messages and flush.ms: rely on the page cache.
 NEVER = 2**63 - 1
 CLEANUP_DELETE = "delete"
 CLEANUP_COMPACT = "compact"
 
-# Kafka's lower bound for segment.bytes: the smallest (legacy) record.
-MIN_SEGMENT_BYTES = 14
+# The lowest value of each integer setting that has one (Kafka's; for segment.bytes, the
+# smallest legacy record), in the order they are checked.
+_MINIMUMS = {"segment_bytes": 14, "index_interval_bytes": 0, "max_message_bytes": 0,
+             "segment_ms": 1, "retention_ms": -1, "delete_retention_ms": 0,
+             "min_compaction_lag_ms": 0, "flush_ms": 0, "flush_messages": 1,
+             "max_compaction_lag_ms": 1}
 
 
 class TimestampType(StrEnum):
@@ -50,7 +39,8 @@ class TimestampType(StrEnum):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TopicConfig:
-    """Effective settings of one partition log."""
+    """Effective settings of one partition log: each field is the topic config of its name
+    with dots (``segment_bytes`` is ``segment.bytes``)."""
 
     segment_bytes: int = 1073741824
     index_interval_bytes: int = 4096
@@ -78,93 +68,51 @@ class TopicConfig:
 
     @property
     def deletes(self) -> bool:
-        return CLEANUP_DELETE in self._policies()
+        # A substring test (asked at every append): the policies were checked to be these two.
+        return CLEANUP_DELETE in self.cleanup_policy
 
     @property
     def compacts(self) -> bool:
-        return CLEANUP_COMPACT in self._policies()
+        return CLEANUP_COMPACT in self.cleanup_policy
 
     def _policies(self) -> set[str]:
         return {item.strip() for item in self.cleanup_policy.split(",") if item.strip()}
 
     def __post_init__(self) -> None:
-        if self.segment_bytes < MIN_SEGMENT_BYTES:
-            raise _invalid(SEGMENT_BYTES, self.segment_bytes, f">= {MIN_SEGMENT_BYTES}")
-        if self.index_interval_bytes < 0:
-            raise _invalid(INDEX_INTERVAL_BYTES, self.index_interval_bytes, ">= 0")
-        if self.max_message_bytes < 0:
-            raise _invalid(MAX_MESSAGE_BYTES, self.max_message_bytes, ">= 0")
+        for field, minimum in _MINIMUMS.items():
+            if getattr(self, field) < minimum:
+                raise _invalid(field, getattr(self, field), f">= {minimum}")
         if not isinstance(self.message_timestamp_type, TimestampType):
             try:
                 kind = TimestampType(self.message_timestamp_type)
             except ValueError:
-                raise _invalid(
-                    MESSAGE_TIMESTAMP_TYPE, self.message_timestamp_type,
-                    " or ".join(t.value for t in TimestampType),
-                ) from None
+                raise _invalid("message_timestamp_type", self.message_timestamp_type,
+                               " or ".join(t.value for t in TimestampType)) from None
             object.__setattr__(self, "message_timestamp_type", kind)
-        if self.segment_ms < 1:
-            raise _invalid(SEGMENT_MS, self.segment_ms, ">= 1")
-        if self.retention_ms < -1:
-            raise _invalid(RETENTION_MS, self.retention_ms, ">= -1")
-        for name, value in ((DELETE_RETENTION_MS, self.delete_retention_ms),
-                            (MIN_COMPACTION_LAG_MS, self.min_compaction_lag_ms),
-                            (FLUSH_MS, self.flush_ms)):
-            if value < 0:
-                raise _invalid(name, value, ">= 0")
-        if self.flush_messages < 1:
-            raise _invalid(FLUSH_MESSAGES, self.flush_messages, ">= 1")
-        if self.max_compaction_lag_ms < 1:
-            raise _invalid(MAX_COMPACTION_LAG_MS, self.max_compaction_lag_ms, ">= 1")
         if not 0 <= self.min_cleanable_dirty_ratio <= 1:
-            raise _invalid(MIN_CLEANABLE_DIRTY_RATIO, self.min_cleanable_dirty_ratio,
+            raise _invalid("min_cleanable_dirty_ratio", self.min_cleanable_dirty_ratio,
                            "between 0 and 1")
         if not self._policies() <= {CLEANUP_DELETE, CLEANUP_COMPACT}:
-            raise _invalid(CLEANUP_POLICY, self.cleanup_policy, "delete, compact or both")
+            raise _invalid("cleanup_policy", self.cleanup_policy, "delete, compact or both")
 
     def with_overrides(self, configs: Mapping[str, str]) -> TopicConfig:
         """These settings overridden by a topic's configs; raises INVALID_CONFIG on a bad
         value."""
         changes: dict[str, object] = {}
-        for name, field in _FIELDS.items():
-            if name not in configs:
-                continue
-            raw = configs[name]
-            if field in _TEXT_FIELDS:
-                changes[field] = raw
-                continue
-            if field in _FLOAT_FIELDS:
+        for field in dataclasses.fields(self):
+            raw = configs.get(field.name.replace("_", "."))
+            parse, expected = _PARSERS.get(str(field.type), (str, ""))
+            if raw is not None:
                 try:
-                    changes[field] = float(raw)
+                    changes[field.name] = parse(raw)
                 except ValueError:
-                    raise _invalid(name, raw, "a number") from None
-                continue
-            try:
-                changes[field] = int(raw)
-            except ValueError:
-                raise _invalid(name, raw, "an integer") from None
+                    raise _invalid(field.name, raw, expected) from None
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
-_FIELDS = {
-    SEGMENT_BYTES: "segment_bytes",
-    INDEX_INTERVAL_BYTES: "index_interval_bytes",
-    MAX_MESSAGE_BYTES: "max_message_bytes",
-    MESSAGE_TIMESTAMP_TYPE: "message_timestamp_type",
-    SEGMENT_MS: "segment_ms",
-    RETENTION_MS: "retention_ms",
-    RETENTION_BYTES: "retention_bytes",
-    CLEANUP_POLICY: "cleanup_policy",
-    DELETE_RETENTION_MS: "delete_retention_ms",
-    MIN_COMPACTION_LAG_MS: "min_compaction_lag_ms",
-    MAX_COMPACTION_LAG_MS: "max_compaction_lag_ms",
-    MIN_CLEANABLE_DIRTY_RATIO: "min_cleanable_dirty_ratio",
-    FLUSH_MESSAGES: "flush_messages",
-    FLUSH_MS: "flush_ms",
-}
-_TEXT_FIELDS = frozenset({"message_timestamp_type", "cleanup_policy"})
-_FLOAT_FIELDS = frozenset({"min_cleanable_dirty_ratio"})
+_PARSERS = {"int": (int, "an integer"), "float": (float, "a number")}
 
 
-def _invalid(name: str, value: object, expected: str) -> KafkaError:
-    return KafkaError(ErrorCode.invalid_config, f"invalid {name} {value!r}: expected {expected}")
+def _invalid(field: str, value: object, expected: str) -> KafkaError:
+    return KafkaError(ErrorCode.invalid_config,
+                      f"invalid {field.replace('_', '.')} {value!r}: expected {expected}")

@@ -24,17 +24,18 @@ from services.common.records.record_batch import (
     iter_batches,
     read_header,
 )
-from services.log import segment_swap
+from services.log import replica_state, segment_swap
 from services.log.checkpoint import OffsetCheckpoint
 from services.log.cleaner import CLEANER_OFFSET_FILE, LogCleaner
 from services.log.log_manager import LogManager, Schedule
 from services.log.log_validator import stored_batch_problem
-from services.log.partition_log import PartitionLog, ReadLimit
+from services.log.partition_log import HIGH_WATERMARK, PartitionLog
+from services.log.replica_state import LEADER
 from services.log.topic_config import TopicConfig
 
 from ..record_batches import CODECS, REFERENCE_DECOMPRESS, build_batch, compressed_batch
 
-HW = ReadLimit.HIGH_WATERMARK
+HW = HIGH_WATERMARK
 DAY = 86_400_000
 NOW = 1_800_000_000_000
 Entry = tuple[bytes | None, bytes | None]
@@ -42,7 +43,7 @@ Entry = tuple[bytes | None, bytes | None]
 
 def open_log(directory: Path, **settings: object) -> PartitionLog:
     settings.setdefault("cleanup_policy", "compact")
-    return PartitionLog.open(directory / "t-0", "t", 0, "", TopicConfig(**settings))  # type: ignore[arg-type]
+    return PartitionLog(directory / "t-0", "t", 0, "", TopicConfig(**settings))  # type: ignore[arg-type]
 
 
 def produce(partition_log: PartitionLog, entries: Sequence[Entry], timestamp: int = NOW - DAY,
@@ -58,13 +59,18 @@ def clean(partition_log: PartitionLog, now: int = NOW, cleaner: LogCleaner | Non
     return asyncio.run((cleaner or LogCleaner()).clean(partition_log, now))
 
 
+def worth_cleaning(cleaner: LogCleaner, partition_log: PartitionLog, now: int) -> bool:
+    cleanable = cleaner.cleanable(partition_log, now)
+    return cleanable is not None and cleanable.worth_cleaning
+
+
 def read_all(partition_log: PartitionLog) -> list[tuple[int, bytes | None, bytes | None]]:
     """Every record a consumer reading from the log start gets: (offset, key, value); checks
     every batch's framing and CRC on the way."""
     out = []
     offset = partition_log.log_start_offset
     for _ in range(10_000):
-        data = partition_log.read(offset, 1 << 20, HW).records
+        data = partition_log.read(offset, 1 << 20, HW)
         if not data:
             break
         for batch in iter_batches(data):
@@ -123,7 +129,7 @@ def test_a_rewritten_batch_keeps_its_base_offset_last_offset_delta_and_producer(
     asyncio.run(partition_log.flush())
     partition_log._roll()  # the data becomes cleanable
     clean(partition_log)
-    data = partition_log.read(0, 1 << 20, HW).records
+    data = partition_log.read(0, 1 << 20, HW)
     first, second = list(iter_batches(data))
     header = first.header
     assert (header.base_offset, header.last_offset_delta, header.record_count) == (0, 3, 2)
@@ -140,7 +146,7 @@ def test_the_active_segment_and_data_past_the_high_watermark_are_not_cleaned(
     tmp_path: Path
 ) -> None:
     partition_log = open_log(tmp_path, segment_bytes=200)
-    partition_log.advance_high_watermark_on_append = False
+    partition_log.state = replica_state.state(LEADER, -1)
     for i in range(12):
         produce(partition_log, [(b"k", b"%d" % i)])
     bases = [s.base_offset for s in partition_log.segments]
@@ -181,21 +187,21 @@ def test_tombstones_are_kept_for_delete_retention_then_removed(tmp_path: Path) -
     records = read_all(partition_log)
     assert (2, b"a", None) in records and (0, b"a", b"1") not in records
     # The tombstone's batch now carries its delete horizon: first clean + delete.retention.ms.
-    data = partition_log.read(2, 1 << 20, HW).records
+    data = partition_log.read(2, 1 << 20, HW)
     header = read_header(data)
     assert header.attributes & DELETE_HORIZON_BIT and header.base_timestamp == NOW + DAY
     assert header.max_timestamp == NOW - DAY  # record timestamps unchanged
     assert decode_records(data, header)[0].timestamp_delta == -2 * DAY
     # Nothing dirty is left, but the horizon makes the log worth cleaning once it passes.
-    assert not cleaner.needs_cleaning(partition_log, NOW + DAY - 1)
-    assert cleaner.needs_cleaning(partition_log, NOW + DAY)
+    assert not worth_cleaning(cleaner, partition_log, NOW + DAY - 1)
+    assert worth_cleaning(cleaner, partition_log, NOW + DAY)
     clean(partition_log, NOW + DAY - 1, cleaner)
     assert (2, b"a", None) in read_all(partition_log)
     assert asyncio.run(cleaner.clean_logs([partition_log], NOW + DAY))
     records = read_all(partition_log)
     assert all(key != b"a" for _, key, _ in records)
     assert latest_per_key(records)[b"b"] == b"2"
-    assert not cleaner.needs_cleaning(partition_log, NOW + 10 * DAY)
+    assert not worth_cleaning(cleaner, partition_log, NOW + 10 * DAY)
     partition_log.close()
 
 
@@ -230,7 +236,7 @@ def test_compressed_batches_are_compacted_in_their_own_codec(tmp_path: Path, cod
     after = read_all(partition_log)
     assert latest_per_key(after) == latest_per_key(before)
     assert len(after) == 10 + 6
-    data = b"".join(partition_log.read(s.base_offset, 1 << 20, HW).records
+    data = b"".join(partition_log.read(s.base_offset, 1 << 20, HW)
                     for s in partition_log.segments if s.size)
     for batch in iter_batches(data):
         assert batch.header.compression == CODECS[codec]
@@ -252,7 +258,7 @@ def test_a_producers_last_batch_stays_as_an_empty_batch(tmp_path: Path) -> None:
     asyncio.run(partition_log.flush())
     partition_log._roll()  # the data becomes cleanable
     clean(partition_log)
-    data = partition_log.read(0, 1 << 20, HW).records
+    data = partition_log.read(0, 1 << 20, HW)
     headers = [b.header for b in iter_batches(data)]
     # The first batch of producer 7 is gone; its last one stays, empty, for its sequence.
     assert [(h.base_offset, h.last_offset_delta, h.record_count, h.producer_id,
@@ -278,7 +284,7 @@ def test_small_cleaned_segments_are_grouped_into_one(tmp_path: Path) -> None:
     reopened = open_log(tmp_path, segment_ms=1000)
     assert read_all(reopened) == [(6, b"k", b"6"), (7, b"k", b"7")]
     # Reads inside the gap land on the next batch.
-    assert read_header(reopened.read(2, 1 << 20, HW).records).base_offset == 6
+    assert read_header(reopened.read(2, 1 << 20, HW)).base_offset == 6
     reopened.close()
 
 
@@ -311,14 +317,14 @@ def test_a_swap_is_refused_when_the_log_changed_meanwhile(tmp_path: Path) -> Non
     asyncio.run(partition_log.delete_records(first.next_offset))
     assert partition_log.segments[0] is not first
     segment_swap.segment_files(tmp_path / "t-0", 0, segment_swap.CLEANED_SUFFIX)[2].touch()
-    assert not asyncio.run(partition_log.replace_segments([first], 0))
+    assert not asyncio.run(partition_log.replace_segments([first]))
     assert leftovers(tmp_path / "t-0") == []
     # A segment whose size changed since it was cleaned (a truncation) is not replaced either.
     second = partition_log.segments[0]
     segment_swap.segment_files(tmp_path / "t-0", second.base_offset,
                                segment_swap.CLEANED_SUFFIX)[2].touch()
     assert not asyncio.run(partition_log.replace_segments(
-        [second], second.base_offset, [second.size + 1]))
+        [second], [second.size + 1]))
     assert partition_log.segments[0] is second and leftovers(tmp_path / "t-0") == []
     partition_log.close()
 
@@ -360,8 +366,8 @@ def test_max_compaction_lag_forces_a_cleaning(tmp_path: Path) -> None:
         produce(partition_log, [(b"n%d" % i, b"v" * 40)], timestamp=NOW)
     cleanable = cleaner.cleanable(partition_log, NOW)
     assert cleanable is not None and 0 < cleanable.dirty_ratio < 0.99
-    assert not cleaner.needs_cleaning(partition_log, old + DAY)
-    assert cleaner.needs_cleaning(partition_log, old + DAY + 1)
+    assert not worth_cleaning(cleaner, partition_log, old + DAY)
+    assert worth_cleaning(cleaner, partition_log, old + DAY + 1)
     assert asyncio.run(cleaner.clean_logs([partition_log], old + DAY + 1))
     partition_log.close()
 

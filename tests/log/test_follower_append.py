@@ -11,9 +11,10 @@ import pytest
 
 from services.common.errors import ErrorCode, KafkaError
 from services.common.records.record_batch import iter_batches
+from services.log import replica_state
 from services.log.cleaner import LogCleaner
-from services.log.partition_log import PartitionLog, ReadLimit
-from services.log.replica_state import ReplicaState, Role
+from services.log.partition_log import LOG_END, PartitionLog
+from services.log.replica_state import FOLLOWER
 from services.log.topic_config import TopicConfig
 
 from ..record_batches import build_batch
@@ -23,7 +24,7 @@ DAY = 86_400_000
 
 
 def compacted(directory: Path) -> PartitionLog:
-    return PartitionLog.open(directory, "t", 0, "", TopicConfig(
+    return PartitionLog(directory, "t", 0, "", TopicConfig(
         cleanup_policy="compact", segment_bytes=400))
 
 
@@ -33,7 +34,7 @@ def copy_all(leader: PartitionLog, follower: PartitionLog) -> int:
     for rounds in range(1, 1000):
         if follower.log_end_offset >= leader.log_end_offset:
             return rounds
-        data = leader.read(follower.log_end_offset, 1 << 20, ReadLimit.LOG_END).records
+        data = leader.read(follower.log_end_offset, 1 << 20, LOG_END)
         assert data, f"nothing to read at {follower.log_end_offset}"
         asyncio.run(follower.append_as_follower(data, leader_epoch=0))
     raise AssertionError("the follower never caught up")
@@ -42,7 +43,7 @@ def copy_all(leader: PartitionLog, follower: PartitionLog) -> int:
 def batches_of(partition_log: PartitionLog) -> list[bytes]:
     out, offset = [], partition_log.log_start_offset
     while offset < partition_log.log_end_offset:
-        data = partition_log.read(offset, 1 << 20, ReadLimit.LOG_END).records
+        data = partition_log.read(offset, 1 << 20, LOG_END)
         for batch in iter_batches(data):
             out.append(bytes(data[batch.position:batch.position + batch.header.size]))
             offset = batch.header.next_offset
@@ -64,7 +65,7 @@ def test_a_follower_copies_a_compacted_leader_across_its_offset_gaps(tmp_path: P
     assert gaps, f"the cleaner left no gap: {offsets}"
 
     follower = compacted(tmp_path / "follower")
-    asyncio.run(follower.become(ReplicaState(role=Role.FOLLOWER, leader_epoch=0,
+    asyncio.run(follower.become(replica_state.state(FOLLOWER, 0,
                                              in_sync_alone=False)))
     copy_all(leader, follower)
     assert follower.log_end_offset == leader.log_end_offset
@@ -75,7 +76,7 @@ def test_a_follower_copies_a_compacted_leader_across_its_offset_gaps(tmp_path: P
 
 def test_a_follower_refuses_batches_below_its_log_end(tmp_path: Path) -> None:
     follower = compacted(tmp_path / "follower")
-    asyncio.run(follower.become(ReplicaState(role=Role.FOLLOWER, leader_epoch=0,
+    asyncio.run(follower.become(replica_state.state(FOLLOWER, 0,
                                              in_sync_alone=False)))
     asyncio.run(follower.append_as_follower(
         build_batch([b"x", b"y"], keys=[b"k", b"k"], base_offset=3), leader_epoch=0))

@@ -7,24 +7,29 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from services.log import replica_state
 from services.log.checkpoint import HIGH_WATERMARK_FILE, OffsetCheckpoint
-from services.log.partition_log import HIGH_WATERMARK_CHECKPOINT_MS, PartitionLog, ReadLimit
-from services.log.replica_state import ReplicaState, Role
+from services.log.partition_log import (
+    HIGH_WATERMARK,
+    HIGH_WATERMARK_CHECKPOINT_MS,
+    PartitionLog,
+)
+from services.log.replica_state import FOLLOWER, UNKNOWN
 from services.log.topic_config import TopicConfig
 
 from ..record_batches import build_batch, values
 
-FOLLOWER = ReplicaState(role=Role.FOLLOWER, leader_epoch=0, in_sync_alone=False)
+FOLLOWING = replica_state.state(FOLLOWER, 0, in_sync_alone=False)
 
 
 def open_log(directory: Path) -> PartitionLog:
-    return PartitionLog.open(directory, "t", 0, "", TopicConfig())
+    return PartitionLog(directory, "t", 0, "", TopicConfig())
 
 
 def follower_with(directory: Path, batches: int, high_watermark: int) -> PartitionLog:
     """A follower holding ``batches`` batches of 3 records, with ``high_watermark``."""
     partition_log = open_log(directory)
-    asyncio.run(partition_log.become(FOLLOWER))
+    asyncio.run(partition_log.become(FOLLOWING))
     for n in range(batches):
         asyncio.run(partition_log.append_as_follower(
             build_batch(values(3), base_offset=3 * n), leader_epoch=0))
@@ -42,8 +47,8 @@ def test_a_clean_close_keeps_the_high_watermark(tmp_path: Path) -> None:
     assert stored(tmp_path) == {("t", 0): 9}
     reopened = open_log(tmp_path)
     assert (reopened.state.role, reopened.high_watermark, reopened.log_end_offset) == (
-        Role.UNKNOWN, 9, 12)
-    data = reopened.read(0, 1 << 20, ReadLimit.HIGH_WATERMARK).records
+        UNKNOWN, 9, 12)
+    data = reopened.read(0, 1 << 20, HIGH_WATERMARK)
     assert data, "committed records are readable again"
     reopened.close()
 
@@ -68,7 +73,7 @@ def test_the_restored_high_watermark_never_passes_the_recovered_log_end(tmp_path
     data = segment.read_bytes()
     segment.write_bytes(data[:-5])  # the last batch torn: recovery cuts the log at 9
     (tmp_path / "recovery-point-offset-checkpoint").unlink(missing_ok=True)
-    reopened = PartitionLog.open(tmp_path, "t", 0, "", TopicConfig(), recovery_point=0)
+    reopened = PartitionLog(tmp_path, "t", 0, "", TopicConfig(), recovery_point=0)
     assert (reopened.log_end_offset, reopened.high_watermark) == (9, 9)
     reopened.close()
 

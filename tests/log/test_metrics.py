@@ -55,4 +55,4 @@ def test_partition_gauges_flush_latency_and_byte_counters(tmp_path: Path) -> Non
     run_node(tmp_path, body)
     # A stopped node no longer reports its partitions.
     assert gauge("kbroker_log_partition_segments", topic) is None
-    assert metrics.PARTITION_LOGS.sources == []
+    assert metrics.PARTITION_LOGS.sources == set()

@@ -64,7 +64,7 @@ def test_lookup_never_misses_and_never_returns_a_later_position(
                     # Sparse but bounded: no indexed batch lies between it and the target's.
                     after = bisect.bisect_right(starts, entry.position)
                     skipped = [p for p in starts[after:] if p < position]
-                    assert not any(p in set(index._positions) for p in skipped)
+                    assert not any(p in {e.position for e in index.entries()} for p in skipped)
         finally:
             index.close()
 

@@ -13,23 +13,26 @@ from hypothesis import strategies as st
 
 from services.common.errors import ErrorCode, KafkaError
 from services.common.records.record_batch import iter_batches, read_header
+from services.log import replica_state
 from services.log.log_validator import stored_batch_problem
 from services.log.partition_log import (
     EARLIEST_TIMESTAMP,
+    HIGH_WATERMARK,
     LATEST_TIMESTAMP,
+    LOG_END,
     MAX_TIMESTAMP,
     PartitionLog,
-    ReadLimit,
 )
+from services.log.replica_state import LEADER
 from services.log.topic_config import TimestampType, TopicConfig
 
 from ..record_batches import build_batch, values
 
-HW, END = ReadLimit.HIGH_WATERMARK, ReadLimit.LOG_END
+HW, END = HIGH_WATERMARK, LOG_END
 
 
 def open_log(directory: Path, **settings: object) -> PartitionLog:
-    return PartitionLog.open(directory / "t-0", "t", 0, "", TopicConfig(**settings))  # type: ignore[arg-type]
+    return PartitionLog(directory / "t-0", "t", 0, "", TopicConfig(**settings))  # type: ignore[arg-type]
 
 
 def append(partition_log: PartitionLog, records: bytes, now_ms: int | None = None):
@@ -50,10 +53,9 @@ def test_appends_get_consecutive_offsets_and_read_back_whole(tmp_path: Path) -> 
     assert second.high_watermark == 9 and second.log_start_offset == 0
     assert second.log_append_time_ms == -1
     read = partition_log.read(0, 1 << 20, HW)
-    assert offsets_in(read.records) == [(0, 2), (3, 4), (5, 8)]
-    assert all(stored_batch_problem(read.records, b.position, 0) is None
-               for b in iter_batches(read.records))
-    assert (read.high_watermark, read.log_end_offset) == (9, 9)
+    assert offsets_in(read) == [(0, 2), (3, 4), (5, 8)]
+    assert all(stored_batch_problem(read, b.position, 0) is None for b in iter_batches(read))
+    assert (partition_log.high_watermark, partition_log.log_end_offset) == (9, 9)
     partition_log.close()
 
 
@@ -61,8 +63,8 @@ def test_a_read_inside_a_batch_returns_the_whole_batch(tmp_path: Path) -> None:
     partition_log = open_log(tmp_path)
     append(partition_log, build_batch(values(5)))
     append(partition_log, build_batch(values(5)))
-    assert offsets_in(partition_log.read(7, 1 << 20, HW).records) == [(5, 9)]
-    assert offsets_in(partition_log.read(3, 1 << 20, HW).records) == [(0, 4), (5, 9)]
+    assert offsets_in(partition_log.read(7, 1 << 20, HW)) == [(5, 9)]
+    assert offsets_in(partition_log.read(3, 1 << 20, HW)) == [(0, 4), (5, 9)]
     partition_log.close()
 
 
@@ -72,19 +74,19 @@ def test_reads_return_whole_batches_within_max_bytes(tmp_path: Path) -> None:
     for _ in range(5):
         append(partition_log, batch)
     size = len(batch)
-    assert offsets_in(partition_log.read(0, size * 2 + size // 2, HW).records) == [(0, 1), (2, 3)]
-    assert len(partition_log.read(0, size * 3, HW).records) == size * 3
+    assert offsets_in(partition_log.read(0, size * 2 + size // 2, HW)) == [(0, 1), (2, 3)]
+    assert len(partition_log.read(0, size * 3, HW)) == size * 3
     # The first batch comes whole even over the limit (KIP-74), unless told otherwise.
-    assert offsets_in(partition_log.read(4, 10, HW).records) == [(4, 5)]
-    assert partition_log.read(4, 10, HW, min_one=False).records == b""
-    assert offsets_in(partition_log.read(4, 0, HW).records) == [(4, 5)]
+    assert offsets_in(partition_log.read(4, 10, HW)) == [(4, 5)]
+    assert partition_log.read(4, 10, HW, min_one=False) == b""
+    assert offsets_in(partition_log.read(4, 0, HW)) == [(4, 5)]
     partition_log.close()
 
 
 def test_reads_at_and_beyond_the_ends(tmp_path: Path) -> None:
     partition_log = open_log(tmp_path)
     append(partition_log, build_batch(values(3)))
-    assert partition_log.read(3, 1000, HW).records == b""
+    assert partition_log.read(3, 1000, HW) == b""
     for offset in (4, -1):
         with pytest.raises(KafkaError) as caught:
             partition_log.read(offset, 1000, HW)
@@ -94,21 +96,21 @@ def test_reads_at_and_beyond_the_ends(tmp_path: Path) -> None:
 
 def test_consumers_never_read_past_the_high_watermark(tmp_path: Path) -> None:
     moves: list[tuple[str, int, int, int]] = []
-    partition_log = PartitionLog.open(
+    partition_log = PartitionLog(
         tmp_path / "t-0", "t", 0, "", TopicConfig(), lambda *move: moves.append(move)
     )
     append(partition_log, build_batch(values(3)))
     assert moves == [("t", 0, 3, -1)]  # -1: a replica without a leader epoch
-    partition_log.advance_high_watermark_on_append = False
+    partition_log.state = replica_state.state(LEADER, -1)
     append(partition_log, build_batch(values(2)))
     append(partition_log, build_batch(values(4)))
     assert partition_log.high_watermark == 3
-    assert offsets_in(partition_log.read(0, 1 << 20, HW).records) == [(0, 2)]
-    assert partition_log.read(3, 1 << 20, HW).records == b""  # between HW and end: empty
-    assert partition_log.read(5, 1 << 20, HW).records == b""
-    assert offsets_in(partition_log.read(0, 1 << 20, END).records) == [(0, 2), (3, 4), (5, 8)]
+    assert offsets_in(partition_log.read(0, 1 << 20, HW)) == [(0, 2)]
+    assert partition_log.read(3, 1 << 20, HW) == b""  # between HW and end: empty
+    assert partition_log.read(5, 1 << 20, HW) == b""
+    assert offsets_in(partition_log.read(0, 1 << 20, END)) == [(0, 2), (3, 4), (5, 8)]
     partition_log.high_watermark = 5
-    assert offsets_in(partition_log.read(0, 1 << 20, HW).records) == [(0, 2), (3, 4)]
+    assert offsets_in(partition_log.read(0, 1 << 20, HW)) == [(0, 2), (3, 4)]
     partition_log.high_watermark = 100  # clamped to the log end
     assert partition_log.high_watermark == 9
     assert moves == [("t", 0, 3, -1), ("t", 0, 5, -1), ("t", 0, 9, -1)]
@@ -126,8 +128,8 @@ def test_segments_roll_at_segment_bytes(tmp_path: Path) -> None:
     assert names == [f"{base:020d}.log" for base in (0, 12, 24, 36)]
     assert all(s.size <= len(batch) * 3 + 10 for s in partition_log.segments)
     # A read returns the data of one segment, as Kafka's does.
-    assert offsets_in(partition_log.read(5, 1 << 20, HW).records) == [(4, 7), (8, 11)]
-    assert offsets_in(partition_log.read(12, 1 << 20, HW).records)[0] == (12, 15)
+    assert offsets_in(partition_log.read(5, 1 << 20, HW)) == [(4, 7), (8, 11)]
+    assert offsets_in(partition_log.read(12, 1 << 20, HW))[0] == (12, 15)
     partition_log.close()
 
 
@@ -179,7 +181,7 @@ def test_every_offset_reads_from_the_batch_holding_it(
                 spans.append((info.base_offset, info.last_offset))
             for base, last in spans:
                 for offset in {base, (base + last) // 2, last}:
-                    got = offsets_in(partition_log.read(offset, 1, HW).records)
+                    got = offsets_in(partition_log.read(offset, 1, HW))
                     assert got == [(base, last)]
         finally:
             partition_log.close()
@@ -190,7 +192,7 @@ def test_list_offsets_by_timestamp(tmp_path: Path) -> None:
     for base_timestamp in (100, 300, 200):  # max timestamps 102, 302, 202
         append(partition_log, build_batch(values(3), base_timestamp=base_timestamp))
 
-    def lookup(timestamp: int, limit: ReadLimit = HW) -> tuple[int, int]:
+    def lookup(timestamp: int, limit: int = HW) -> tuple[int, int]:
         found = partition_log.list_offset(timestamp, limit)
         return found.offset, found.timestamp
 
@@ -201,7 +203,7 @@ def test_list_offsets_by_timestamp(tmp_path: Path) -> None:
     assert lookup(102) == (0, 102)
     assert lookup(150) == (3, 302)
     assert lookup(303) == (-1, -1)
-    partition_log.advance_high_watermark_on_append = False
+    partition_log.state = replica_state.state(LEADER, -1)
     partition_log.high_watermark = 3
     assert lookup(LATEST_TIMESTAMP) == (3, -1)
     assert lookup(LATEST_TIMESTAMP, END) == (9, -1)
@@ -223,7 +225,7 @@ def test_log_append_time_stamps_the_batches(tmp_path: Path) -> None:
     partition_log = open_log(tmp_path, message_timestamp_type=TimestampType.LOG_APPEND_TIME)
     info = append(partition_log, build_batch(values(2), base_timestamp=5), now_ms=123_456)
     assert info.log_append_time_ms == 123_456
-    header = read_header(partition_log.read(0, 1000, HW).records)
+    header = read_header(partition_log.read(0, 1000, HW))
     assert header.max_timestamp == 123_456 and header.attributes & 0x08
     assert partition_log.list_offset(MAX_TIMESTAMP, HW).timestamp == 123_456
     partition_log.close()
@@ -233,13 +235,13 @@ def test_a_restarted_log_has_the_same_data(tmp_path: Path) -> None:
     partition_log = open_log(tmp_path, segment_bytes=400, index_interval_bytes=100)
     for i in range(12):
         append(partition_log, build_batch(values(i % 3 + 1, size=30)))
-    before = [partition_log.read(s.base_offset, 1 << 20, HW).records
+    before = [partition_log.read(s.base_offset, 1 << 20, HW)
               for s in partition_log.segments]
     end = partition_log.log_end_offset
     partition_log.close()
     reopened = open_log(tmp_path, segment_bytes=400, index_interval_bytes=100)
     assert reopened.log_end_offset == reopened.high_watermark == end
-    assert [reopened.read(s.base_offset, 1 << 20, HW).records
+    assert [reopened.read(s.base_offset, 1 << 20, HW)
             for s in reopened.segments] == before
     assert append(reopened, build_batch(values(1))).base_offset == end
     assert reopened.list_offset(MAX_TIMESTAMP, HW).offset >= 0
@@ -263,7 +265,7 @@ def test_a_torn_tail_is_truncated_on_restart(tmp_path: Path, tail: bytes) -> Non
     for _ in range(9):
         append(partition_log, build_batch(values(3, size=20)))
     end, size = partition_log.log_end_offset, partition_log.size_bytes
-    intact = partition_log.read(0, 1 << 20, HW).records
+    intact = partition_log.read(0, 1 << 20, HW)
     partition_log.close()
     with open(_last_log_file(tmp_path), "ab") as out:
         out.write(tail)
@@ -271,9 +273,9 @@ def test_a_torn_tail_is_truncated_on_restart(tmp_path: Path, tail: bytes) -> Non
     reopened = open_log(tmp_path, segment_bytes=500, index_interval_bytes=50)
     assert reopened.truncated_at_open == len(tail)
     assert (reopened.log_end_offset, reopened.size_bytes) == (end, size)
-    assert reopened.read(0, 1 << 20, HW).records == intact
+    assert reopened.read(0, 1 << 20, HW) == intact
     assert append(reopened, build_batch(values(1))).base_offset == end
-    assert offsets_in(reopened.read(end, 1000, HW).records) == [(end, end)]
+    assert offsets_in(reopened.read(end, 1000, HW)) == [(end, end)]
     reopened.close()
 
 
@@ -300,7 +302,7 @@ def test_missing_or_damaged_indexes_are_rebuilt(tmp_path: Path) -> None:
         append(partition_log, build_batch(values(i % 4 + 1, size=25)))
     spans = [(b.header.base_offset, b.header.last_offset)
              for s in partition_log.segments
-             for b in iter_batches(partition_log.read(s.base_offset, 1 << 20, END).records)]
+             for b in iter_batches(partition_log.read(s.base_offset, 1 << 20, END))]
     indexes = sorted((tmp_path / "t-0").glob("*.index"))
     expected = {p.name: p.read_bytes() for p in indexes}
     end = partition_log.log_end_offset
@@ -314,7 +316,7 @@ def test_missing_or_damaged_indexes_are_rebuilt(tmp_path: Path) -> None:
     assert reopened.log_end_offset == end
     assert {p.name: p.read_bytes() for p in sorted((tmp_path / "t-0").glob("*.index"))} == expected
     for base, last in spans:
-        assert offsets_in(reopened.read(last, 1, HW).records) == [(base, last)]
+        assert offsets_in(reopened.read(last, 1, HW)) == [(base, last)]
     reopened.close()
 
 
@@ -342,7 +344,7 @@ def test_a_log_cut_short_under_its_index_keeps_every_whole_batch(tmp_path: Path)
     reopened = open_log(tmp_path, index_interval_bytes=0)
     kept = [span for span in spans if len(build_batch(values(2, size=40))) * (span[2] // 2) <= cut]
     assert reopened.log_end_offset == kept[-1][2]
-    assert offsets_in(reopened.read(0, 1 << 20, HW).records) == [(b, last) for b, last, _ in kept]
+    assert offsets_in(reopened.read(0, 1 << 20, HW)) == [(b, last) for b, last, _ in kept]
     for base, last, _ in kept:
-        assert offsets_in(reopened.read(last, 1, HW).records) == [(base, last)]
+        assert offsets_in(reopened.read(last, 1, HW)) == [(base, last)]
     reopened.close()

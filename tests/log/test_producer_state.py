@@ -17,10 +17,11 @@ from hypothesis import strategies as st
 from services.common.errors import ErrorCode, KafkaError
 from services.common.records.record_batch import iter_batches
 from services.log.log_validator import validate_append
-from services.log.partition_log import PartitionLog, ReadLimit
+from services.log.partition_log import LOG_END, PartitionLog
 from services.log.producer_state import (
     BATCHES_TO_RETAIN,
     MAX_SEQUENCE,
+    PRODUCER_ID_EXPIRATION_MS,
     ProducerStateManager,
     increment_sequence,
     snapshot_name,
@@ -40,7 +41,7 @@ def batch(producer_id: int, epoch: int, sequence: int, count: int = 1, tag: str 
 
 
 def open_log(directory: Path, **settings: object) -> PartitionLog:
-    return PartitionLog.open(directory / "t-0", "t", 0, "", TopicConfig(**settings))  # type: ignore[arg-type]
+    return PartitionLog(directory / "t-0", "t", 0, "", TopicConfig(**settings))  # type: ignore[arg-type]
 
 
 def append(partition_log: PartitionLog, records: bytes):
@@ -94,11 +95,11 @@ def test_a_wrapped_sequence_continues_at_zero(tmp_path: Path) -> None:
 
 
 def test_expired_producers_are_forgotten(tmp_path: Path) -> None:
-    state = ProducerStateManager(tmp_path, expiration_ms=1000)
+    state = ProducerStateManager(tmp_path)
     for producer_id, timestamp in ((1, NOW), (2, NOW + 5000)):
         batches = validate_append(batch(producer_id, 0, 0, timestamp=timestamp), 1 << 20)
         state.complete(state.validate(batches), producer_id)
-    assert state.remove_expired(NOW + 5500) == 1
+    assert state.remove_expired(NOW + PRODUCER_ID_EXPIRATION_MS + 500) == 1
     assert state.producer_ids == [2]
 
 
@@ -389,7 +390,7 @@ def test_random_retries_gaps_and_fencing_match_a_model(operations) -> None:
                             ErrorCode.out_of_order_sequence_number)
             held = [(pid, epoch, seq, count) for _, count, pid, epoch, seq in stored(partition_log)]
             assert held == expected
-            read = partition_log.read(0, 1 << 30, ReadLimit.LOG_END)
-            assert sum(1 for _ in iter_batches(read.records)) <= len(expected)
+            read = partition_log.read(0, 1 << 30, LOG_END)
+            assert sum(1 for _ in iter_batches(read)) <= len(expected)
         finally:
             partition_log.close()

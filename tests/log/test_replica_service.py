@@ -382,7 +382,7 @@ def test_leaders_report_their_high_watermark_per_epoch_too(tmp_path: Path) -> No
     async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
         await create_with(stub, "t", state("t", LEADER, 5, alone=True))
         notifier = PurgatoryNotifier("127.0.0.1:1")
-        notifier.notify = lambda key, position: reported.append((key, position))  # type: ignore[method-assign]
+        notifier.report = lambda key, position: reported.append((key, position))  # type: ignore[method-assign]
         for partition_log in service.manager.partitions():
             partition_log._on_high_watermark = notifier.on_high_watermark
         await append(stub, "t", build_batch(values(2)))

@@ -10,19 +10,21 @@ import pytest
 
 from services.common.errors import ErrorCode, KafkaError
 from services.common.records.record_batch import iter_batches
+from services.log import replica_state
 from services.log.checkpoint import LOG_START_OFFSET_FILE, RECOVERY_POINT_FILE, OffsetCheckpoint
 from services.log.log_manager import LogManager
-from services.log.partition_log import EARLIEST_TIMESTAMP, PartitionLog, ReadLimit
+from services.log.partition_log import EARLIEST_TIMESTAMP, HIGH_WATERMARK, PartitionLog
+from services.log.replica_state import LEADER
 from services.log.topic_config import TopicConfig
 
 from ..record_batches import build_batch, values
 
-HW = ReadLimit.HIGH_WATERMARK
+HW = HIGH_WATERMARK
 DAY = 86_400_000
 
 
 def open_log(directory: Path, **settings: object) -> PartitionLog:
-    return PartitionLog.open(directory / "t-0", "t", 0, "", TopicConfig(**settings))  # type: ignore[arg-type]
+    return PartitionLog(directory / "t-0", "t", 0, "", TopicConfig(**settings))  # type: ignore[arg-type]
 
 
 def append_at(partition_log: PartitionLog, timestamp: int, count: int = 2) -> int:
@@ -67,7 +69,7 @@ def test_retention_ms_deletes_old_segments_but_never_the_active_one(tmp_path: Pa
 
 def test_retention_stops_at_the_high_watermark_and_for_compact_topics(tmp_path: Path) -> None:
     partition_log = open_log(tmp_path, segment_ms=1000, retention_ms=0)
-    partition_log.advance_high_watermark_on_append = False
+    partition_log.state = replica_state.state(LEADER, -1)
     for timestamp in (1000, 5000, 9000):
         append_at(partition_log, timestamp)
     partition_log.high_watermark = 3  # inside the second segment
@@ -106,7 +108,7 @@ def test_delete_records_moves_the_log_start_offset(tmp_path: Path) -> None:
     assert [s.base_offset for s in partition_log.segments] == [4, 8]
     assert partition_log.log_start_offset == 5
     # A read at the start returns the whole batch holding it.
-    [batch] = list(iter_batches(partition_log.read(5, 1, HW).records))
+    [batch] = list(iter_batches(partition_log.read(5, 1, HW)))
     assert (batch.header.base_offset, batch.header.last_offset) == (4, 5)
     for offset in (4, 0):
         with pytest.raises(KafkaError):
@@ -118,7 +120,7 @@ def test_delete_records_moves_the_log_start_offset(tmp_path: Path) -> None:
             asyncio.run(partition_log.delete_records(bad))
         assert raised.value.errno == ErrorCode.offset_out_of_range.value
     assert asyncio.run(partition_log.delete_records(-1)) == 12  # the high watermark
-    assert partition_log.read(12, 1 << 20, HW).records == b""
+    assert partition_log.read(12, 1 << 20, HW) == b""
     partition_log.close()
 
 
@@ -166,7 +168,7 @@ def test_rolled_segments_are_flushed_and_checkpointed_on_shutdown(tmp_path: Path
         await partition_log.drain()
         rolled_to = partition_log.segments[-1].base_offset
         assert rolled_to > 0 and partition_log.recovery_point == rolled_to
-        manager.write_recovery_checkpoint()
+        manager.write_checkpoints()
         assert OffsetCheckpoint(tmp_path / RECOVERY_POINT_FILE).read() == {("t", 0): rolled_to}
         manager.close()
         assert OffsetCheckpoint(tmp_path / RECOVERY_POINT_FILE).read() == {("t", 0): 10}
@@ -192,7 +194,7 @@ def test_a_flipped_byte_past_the_recovery_point_truncates_the_log_there(tmp_path
     victim.write_bytes(bytes(data))
     first_base = int(victim.stem)
     # Recovery point inside the first segment: everything from it on is validated.
-    reopened = PartitionLog.open(tmp_path / "t-0", "t", 0, "",
+    reopened = PartitionLog(tmp_path / "t-0", "t", 0, "",
                                  TopicConfig(segment_bytes=300, index_interval_bytes=50),
                                  recovery_point=1)
     assert reopened.log_end_offset == first_base + 2
@@ -210,12 +212,12 @@ def test_segments_below_the_recovery_point_are_not_revalidated(tmp_path: Path) -
     data[70] ^= 0x04  # the records of the first batch: only a CRC check can see it
     victim.write_bytes(bytes(data))
     end_base = int(files[-1].stem)
-    trusted = PartitionLog.open(tmp_path / "t-0", "t", 0, "",
+    trusted = PartitionLog(tmp_path / "t-0", "t", 0, "",
                                 TopicConfig(segment_bytes=300, index_interval_bytes=50),
                                 recovery_point=end_base)
     assert trusted.log_end_offset == 24 and trusted.truncated_at_open == 0
     trusted.close()
-    checked = PartitionLog.open(tmp_path / "t-0", "t", 0, "",
+    checked = PartitionLog(tmp_path / "t-0", "t", 0, "",
                                 TopicConfig(segment_bytes=300, index_interval_bytes=50))
     assert checked.log_end_offset == 0 and checked.segment_count == 1
     checked.close()

@@ -87,7 +87,7 @@ def test_lookup_never_misses_and_never_points_past_the_answer(
         if reopen:  # the indexes as a restart finds them, or rebuilt
             segment.close()
             segment = LogSegment(directory, 1000, interval)
-            segment.recover(trust_index=False)
+            segment.recover()
         try:
             for target in targets:
                 first = next((base for base, ts in expected if ts >= target), None)
@@ -119,3 +119,16 @@ def test_the_time_index_is_sparse_and_rebuilt_when_lost(tmp_path: Path) -> None:
     assert reloaded.time_index.entries() == entries
     assert reloaded.find_by_timestamp(1205).header.base_offset == 42
     reloaded.close()
+
+
+def test_batches_without_timestamps_are_stored_and_not_time_indexed(tmp_path: Path) -> None:
+    segment = LogSegment.create(tmp_path, 1000, 0)
+    for offset in range(1000, 1003):
+        batch = bytearray(build_batch(values(1), base_timestamp=-1, timestamp_step=0))
+        batch[0:8] = offset.to_bytes(8, "big")
+        segment.append(batch, [0])
+    assert segment.next_offset == 1003 and len(segment.index) == 2
+    assert segment.time_index.entries() == [] and segment.largest_timestamp() > 0
+    marked = segment.max_timestamp_batch()
+    assert marked is not None and marked.header.base_offset == 1000
+    segment.close()

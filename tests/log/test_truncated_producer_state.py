@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from services.common.errors import ErrorCode, KafkaError
+from services.log import replica_state
 from services.log.partition_log import PartitionLog
-from services.log.replica_state import ReplicaState, Role
+from services.log.replica_state import FOLLOWER, LEADER
 from services.log.topic_config import TopicConfig
 
 from ..record_batches import build_batch, values
@@ -27,8 +28,8 @@ def batch(sequence: int, count: int = 3, **offsets: int) -> bytes:
 
 
 def follower(directory: Path, **config: int) -> PartitionLog:
-    partition_log = PartitionLog.open(directory, "t", 0, "", TopicConfig(**config))  # type: ignore[arg-type]
-    asyncio.run(partition_log.become(ReplicaState(role=Role.FOLLOWER, leader_epoch=0,
+    partition_log = PartitionLog(directory, "t", 0, "", TopicConfig(**config))  # type: ignore[arg-type]
+    asyncio.run(partition_log.become(replica_state.state(FOLLOWER, 0,
                                                   in_sync_alone=False)))
     return partition_log
 
@@ -42,7 +43,7 @@ def copy(partition_log: PartitionLog, count: int, epoch: int = 0) -> None:
 
 
 def lead(partition_log: PartitionLog, epoch: int = 1) -> None:
-    asyncio.run(partition_log.become(ReplicaState(role=Role.LEADER, leader_epoch=epoch,
+    asyncio.run(partition_log.become(replica_state.state(LEADER, epoch,
                                                   in_sync_alone=True)))
 
 
@@ -68,12 +69,12 @@ def test_the_rebuilt_state_survives_a_restart(tmp_path: Path) -> None:
     partition_log = follower(tmp_path, segment_bytes=200)
     copy(partition_log, 4)
     partition_log.close()  # a snapshot at offset 12, with sequences up to 11
-    partition_log = PartitionLog.open(tmp_path, "t", 0, "", TopicConfig(segment_bytes=200))
-    asyncio.run(partition_log.become(ReplicaState(role=Role.FOLLOWER, leader_epoch=0,
+    partition_log = PartitionLog(tmp_path, "t", 0, "", TopicConfig(segment_bytes=200))
+    asyncio.run(partition_log.become(replica_state.state(FOLLOWER, 0,
                                                   in_sync_alone=False)))
     asyncio.run(partition_log.truncate_to(3))
     partition_log.close(flush=False)  # a kill right after the cut
-    partition_log = PartitionLog.open(tmp_path, "t", 0, "", TopicConfig(segment_bytes=200))
+    partition_log = PartitionLog(tmp_path, "t", 0, "", TopicConfig(segment_bytes=200))
     assert partition_log.producer_state.entry(7).last_seq == 2
     lead(partition_log)
     assert asyncio.run(partition_log.append(batch(3))).base_offset == 3
