@@ -53,9 +53,10 @@ test-deps: $(JS_STAMP)
 test: venv test-deps
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
-# The fast inner loop: everything that starts no process (no cluster, no helm, no Spark).
+# The fast inner loop: everything that starts no process (no cluster, no helm, no Spark), on two
+# workers (most of these tests wait on timers rather than compute).
 test-unit: venv
-	$(PY) -m pytest -q -p no:cacheprovider -m "not processes" tests
+	$(PY) -m pytest -q -p no:cacheprovider -m "not processes" -n 2 tests
 
 lint: venv
 	$(VENV)/bin/ruff check services tools tests bench spark deploy

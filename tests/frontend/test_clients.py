@@ -11,6 +11,7 @@ import socket
 import sys
 from pathlib import Path
 
+import pytest
 from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -66,6 +67,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.processes
 def test_runs_as_a_process_and_stops_on_sigterm() -> None:
     async def main() -> None:
         handler = await FakeHandler().start()
