@@ -71,6 +71,14 @@ SUPPORTED_APIS: dict[int, SupportedApi] = {
         # Retrying elsewhere at worst wastes a producer id.
         SupportedApi(22, "InitProducerId", 0, 5, retry_safe=True),
         SupportedApi(23, "OffsetForLeaderEpoch", 2, 4, retry_safe=True),
+        # Adding partitions a transaction already has changes nothing.
+        SupportedApi(24, "AddPartitionsToTxn", 0, 5, retry_safe=True),
+        SupportedApi(25, "AddOffsetsToTxn", 0, 4, retry_safe=True),
+        # A retried commit or abort finds it prepared (CONCURRENT_TRANSACTIONS, which clients
+        # retry) or complete (answered as done).
+        SupportedApi(26, "EndTxn", 0, 5, retry_safe=True),
+        SupportedApi(27, "WriteTxnMarkers", 1, 2, retry_safe=False),
+        SupportedApi(28, "TxnOffsetCommit", 0, 5, retry_safe=False),
         SupportedApi(32, "DescribeConfigs", 1, 4, retry_safe=True),
         SupportedApi(33, "AlterConfigs", 0, 2, retry_safe=False),
         SupportedApi(37, "CreatePartitions", 0, 3, retry_safe=False),
@@ -78,6 +86,9 @@ SUPPORTED_APIS: dict[int, SupportedApi] = {
         SupportedApi(44, "IncrementalAlterConfigs", 0, 1, retry_safe=False),
         SupportedApi(47, "OffsetDelete", 0, 0, retry_safe=False),
         SupportedApi(60, "DescribeCluster", 0, 1, retry_safe=True),
+        SupportedApi(61, "DescribeProducers", 0, 0, retry_safe=True),
+        SupportedApi(65, "DescribeTransactions", 0, 0, retry_safe=True),
+        SupportedApi(66, "ListTransactions", 0, 1, retry_safe=True),
     )
 }
 
