@@ -43,6 +43,8 @@ class IndexFile(Generic[Entry]):
         self.path = path
         self.base_offset = base_offset
         self._layout = struct.Struct(">" + self.FIELDS)
+        # Whether the file was there before it was opened (False: created just now).
+        self.existed = path.exists()
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         raw = os.pread(self._fd, os.fstat(self._fd).st_size, 0)
         self._torn_bytes = len(raw) % self._layout.size

@@ -75,7 +75,14 @@ from .leader_epochs import LeaderEpochCache
 from .log_validator import assign_offsets, check_keys, stored_batch_problem, validate_append
 from .producer_state import ProducerStateManager, snapshot_name
 from .replica_state import FOLLOWER, LEADER, ROLE_NAMES, ReplicaState, commits_alone
-from .segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, file_offsets
+from .segment import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    TXN_INDEX_SUFFIX,
+    LogSegment,
+    file_offsets,
+)
 from .topic_config import TimestampType, TopicConfig
 
 log = logging.getLogger(__name__)
@@ -840,7 +847,7 @@ def load_segments(
     directory.mkdir(parents=True, exist_ok=True)
     segment_swap.recover(directory)
     bases = file_offsets(directory, LOG_SUFFIX)
-    for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+    for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX):
         for index_path in directory.glob("*" + suffix):
             if not index_path.stem.isdigit() or int(index_path.stem) not in bases:
                 log.warning("%s: removing an index without its log", index_path)

@@ -1,4 +1,4 @@
-"""One log segment (Kafka's ``LogSegment``): a file of record batches and its two indexes.
+"""One log segment (Kafka's ``LogSegment``): a file of record batches and its three indexes.
 
 Files, named by the segment's base offset in 20 digits (``00000000000000000000.log``):
 
@@ -9,6 +9,10 @@ Files, named by the segment's base offset in 20 digits (``00000000000000000000.l
 - ``<base>.timeindex``: its sparse :class:`~services.log.time_index.TimeIndex`, which gets an
   entry (the largest maxTimestamp so far, and the batch holding it) whenever the offset index
   does and that maximum grew.
+- ``<base>.txnindex``: the :class:`~services.log.transaction_index.TransactionIndex` of the
+  transactions aborted by markers in the file. Only the partition log can fill it (it needs the
+  producer state); a segment whose file was missing, or that was recovered, says so
+  (:attr:`LogSegment.txn_index_stale`) and the partition log rebuilds it.
 
 Bytes are read with ``os.pread`` straight from the page cache and never decoded past the batch
 headers. Writes are plain OS writes; flushing to disk is left to the OS (page cache), as Kafka
@@ -38,12 +42,14 @@ from .log_validator import stored_batch_problem
 from .metrics import FLUSH_SECONDS
 from .offset_index import IndexEntry, OffsetIndex
 from .time_index import TimeIndex
+from .transaction_index import TransactionIndex
 
 log = logging.getLogger(__name__)
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
+TXN_INDEX_SUFFIX = ".txnindex"
 OFFSET_DIGITS = 20
 
 # Header scans read this much at a time, so walking small batches costs few system calls.
@@ -98,8 +104,13 @@ class LogSegment:
         self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
         self.index = OffsetIndex(directory / (stem + INDEX_SUFFIX + suffix), base_offset)
         self.time_index = TimeIndex(directory / (stem + TIME_INDEX_SUFFIX + suffix), base_offset)
+        self.txn_index = TransactionIndex(
+            directory / (stem + TXN_INDEX_SUFFIX + suffix), base_offset)
         stat = os.fstat(self._fd)
         self.size = stat.st_size
+        # Whether the transaction index may not match the data (its file was lost, or the
+        # segment was recovered): the partition log rebuilds it from the batches.
+        self.txn_index_stale = bool(self.size) and not self.txn_index.existed
         # When the segment came into being, for segment.ms when its batches carry no time.
         self.created_ms = int(stat.st_mtime * 1000) if self.size else int(time.time() * 1000)
         self.next_offset = base_offset
@@ -119,10 +130,14 @@ class LogSegment:
     ) -> LogSegment:
         """A new, empty segment (any stale files of that name are emptied)."""
         segment = cls(directory, base_offset, index_interval_bytes, suffix)
-        if segment.size or len(segment.index) or len(segment.time_index):
+        if segment.size or len(segment.index) or len(segment.time_index) or len(
+            segment.txn_index
+        ):
             segment._truncate(0)
             segment.index.reset()
             segment.time_index.reset()
+            segment.txn_index.reset()
+        segment.txn_index_stale = False
         return segment
 
     # ----------------------------------------------------------------- loading and recovery
@@ -154,13 +169,19 @@ class LogSegment:
         if problem is not None:
             log.warning("%s: index unusable (%s); recovering the segment", self.log_path, problem)
             self.recover()
+        elif (txn_problem := self.txn_index.problem(self.next_offset)) is not None:
+            log.warning("%s: transaction index unusable (%s); to be rebuilt", self.log_path,
+                        txn_problem)
+            self.txn_index_stale = True
 
     def recover(self) -> int:
         """Validate every batch (framing, magic, CRC, growing offsets), rebuilding the
-        indexes, and truncate the file at the first one that is torn or corrupt, as after a
-        crash. Returns the number of bytes truncated."""
+        offset and time indexes, and truncate the file at the first one that is torn or
+        corrupt, as after a crash; the transaction index is then stale (the partition log
+        rebuilds it). Returns the number of bytes truncated."""
         self.index.reset()
         self.time_index.reset()
+        self.txn_index_stale = True
         self._max_so_far = (NO_TIMESTAMP, self.base_offset - 1)
         self._bytes_since_index_entry = 0
         valid_end, bad = self._validate()
@@ -294,6 +315,9 @@ class LogSegment:
         if removed:
             self._truncate(position)
             self.recover()
+            # The markers left are as they were: so are their entries.
+            self.txn_index.truncate_to(self.next_offset)
+            self.txn_index_stale = False
             self.dirty = True
         return removed
 
@@ -302,6 +326,10 @@ class LogSegment:
         from here on hold ``offset`` or later ones."""
         batch = self.find_batch(offset)
         return self.size if batch is None else batch.position
+
+    def read_batch(self, batch: Batch) -> bytes:
+        """The bytes of one batch of the segment, header first."""
+        return os.pread(self._fd, batch.header.size, batch.position)
 
     def read(self, first: Batch, end_position: int, max_bytes: int, min_one: bool) -> bytes:
         """Whole batches from ``first`` up to ``end_position`` (a batch boundary), at most
@@ -381,6 +409,7 @@ class LogSegment:
             os.fsync(self._fd)
             self.index.flush()
             self.time_index.flush()
+            self.txn_index.flush()
         except BaseException:
             self.dirty = True
             raise
@@ -392,9 +421,11 @@ class LogSegment:
             self._fd = -1
         self.index.close()
         self.time_index.close()
+        self.txn_index.close()
 
     def delete(self) -> None:
         self.close()
         self.log_path.unlink(missing_ok=True)
+        self.txn_index.path.unlink(missing_ok=True)
         self.time_index.path.unlink(missing_ok=True)
         self.index.path.unlink(missing_ok=True)

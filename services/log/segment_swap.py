@@ -2,8 +2,9 @@
 ``.deleted`` protocol of ``UnifiedLog.replaceSegments`` and ``LogLoader``).
 
 The log cleaner writes a group of consecutive old segments, cleaned, as one new segment whose
-base offset is the first old segment's: ``<base>.log.cleaned`` with ``<base>.index.cleaned``
-and ``<base>.timeindex.cleaned``, flushed to disk. :func:`commit` then swaps it in:
+base offset is the first old segment's: ``<base>.log.cleaned`` with ``<base>.index.cleaned``,
+``<base>.timeindex.cleaned`` and ``<base>.txnindex.cleaned``, flushed to disk. :func:`commit`
+then swaps it in:
 
 1. rename the new files ``.cleaned`` -> ``.swap``, the indexes first and the log last, then
    fsync the directory. The log's ``.swap`` file is the commit point: once it exists the new
@@ -42,6 +43,7 @@ from .segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
     TIME_INDEX_SUFFIX,
+    TXN_INDEX_SUFFIX,
     file_offsets,
     file_stem,
     scan_batches,
@@ -54,7 +56,7 @@ SWAP_SUFFIX = ".swap"
 DELETED_SUFFIX = ".deleted"
 
 # A segment's files, in the order they are renamed: the log file last, as the commit point.
-_SEGMENT_SUFFIXES = (INDEX_SUFFIX, TIME_INDEX_SUFFIX, LOG_SUFFIX)
+_SEGMENT_SUFFIXES = (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, LOG_SUFFIX)
 
 
 def segment_files(directory: Path, base_offset: int, suffix: str = "") -> list[Path]:
@@ -73,8 +75,11 @@ def commit(directory: Path, base_offset: int, old_bases: Iterable[int]) -> list[
     """Swap the cleaned segment at ``base_offset`` in for the segments at ``old_bases``
     (steps 1-3 of the module docstring). Returns the ``.deleted`` files left to remove once
     the old segments are closed."""
-    for path in segment_files(directory, base_offset, CLEANED_SUFFIX):
-        os.replace(path, _with_suffix(path, CLEANED_SUFFIX, SWAP_SUFFIX))
+    *indexes, cleaned_log = segment_files(directory, base_offset, CLEANED_SUFFIX)
+    for path in indexes:
+        if path.exists():  # a missing index is rebuilt when the segment is loaded
+            os.replace(path, _with_suffix(path, CLEANED_SUFFIX, SWAP_SUFFIX))
+    os.replace(cleaned_log, _with_suffix(cleaned_log, CLEANED_SUFFIX, SWAP_SUFFIX))
     fsync_directory(directory)
     deleted = []
     for old in old_bases:
@@ -85,7 +90,8 @@ def commit(directory: Path, base_offset: int, old_bases: Iterable[int]) -> list[
                 deleted.append(target)
     fsync_directory(directory)
     for path in segment_files(directory, base_offset, SWAP_SUFFIX):
-        os.replace(path, _with_suffix(path, SWAP_SUFFIX, ""))
+        if path.exists():
+            os.replace(path, _with_suffix(path, SWAP_SUFFIX, ""))
     fsync_directory(directory)
     return deleted
 
