@@ -266,7 +266,8 @@ class LogCleaner:
                 map_end = cleanable.first_dirty
             to_clean = [ref for ref in cleanable.segments if ref.end_offset <= max(
                 map_end, cleanable.first_dirty)]
-            last_batches = partition_log.producer_state.last_offsets()
+            last_batches = {pid: last for pid, (last, _) in
+                            partition_log.producer_state.last_records().items()}
             horizons: list[int] = []
             for group in group_segments(to_clean, config.segment_bytes):
                 changed, horizon = await asyncio.to_thread(

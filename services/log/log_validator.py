@@ -20,11 +20,13 @@ from services.common.errors import ErrorCode, KafkaError
 from services.common.records.compression import MAX_CODEC
 from services.common.records.record import iter_key_lengths, records_payload
 from services.common.records.record_batch import (
+    CONTROL_BIT,
     HEADER_SIZE,
     MAGIC,
     MAGIC_OFFSET,
     MIN_BATCH_LENGTH,
     TIMESTAMP_TYPE_BIT,
+    TRANSACTIONAL_BIT,
     Batch,
     BatchHeader,
     Buffer,
@@ -50,17 +52,22 @@ def _invalid(message: str) -> KafkaError:
     return KafkaError(ErrorCode.invalid_record, message)
 
 
-def validate_append(records: Buffer, max_message_bytes: int) -> list[Batch]:
-    """Validate the batches of one partition's append, as a leader receives them from clients.
+def validate_append(records: Buffer, max_message_bytes: int,
+                    coordinator: bool = False) -> list[Batch]:
+    """Validate the batches of one partition's append, as a leader receives them from clients
+    (or, with ``coordinator``, from a coordinator: Kafka's AppendOrigin COORDINATOR, whose
+    batches with a producer id need no sequence number).
 
     Returns every batch with its position in ``records``. Raises :class:`KafkaError` with:
     CORRUPT_MESSAGE for a truncated or undersized batch, a CRC mismatch or an unknown compression
     codec; UNSUPPORTED_FOR_MESSAGE_FORMAT for magic other than 2; MESSAGE_TOO_LARGE for a batch
     over ``max_message_bytes``; INVALID_RECORD for no batches at all, a non-zero client base
-    offset, an offset range that disagrees with the record count, or an idempotent batch without
-    a sequence number (the Java broker's ``InvalidRecordException`` cases). A partial batch at
-    the end is refused rather than dropped (the Java broker trims it silently), so that a
-    damaged request is never half-stored.
+    offset, an offset range that disagrees with the record count, a control batch (only the
+    log node writes transaction markers), a transactional batch without a producer id, or a
+    client's batch with a producer id and no sequence number (the Java broker's
+    ``InvalidRecordException`` cases). A partial batch at the end is refused rather than
+    dropped (the Java broker trims it silently), so that a damaged request is never
+    half-stored.
     """
     view = memoryview(records)
     end = len(view)
@@ -106,11 +113,11 @@ def validate_append(records: Buffer, max_message_bytes: int) -> list[Batch]:
         batches.append(Batch(position, header))
         position += size
     for batch in batches:
-        _check_counts(batch.header)
+        _check_counts(batch.header, coordinator)
     return batches
 
 
-def _check_counts(header: BatchHeader) -> None:
+def _check_counts(header: BatchHeader, coordinator: bool) -> None:
     if header.last_offset_delta < 0:
         raise _invalid(f"record batch has a negative offset range ({header.last_offset_delta})")
     if header.record_count <= 0:
@@ -126,7 +133,13 @@ def _check_counts(header: BatchHeader) -> None:
         raise _invalid(
             f"{header.record_count} records cannot fit in {header.size - HEADER_SIZE} bytes"
         )
-    if header.producer_id >= 0 and header.base_sequence < 0 and not header.is_control:
+    attributes = header.attributes
+    if attributes & (CONTROL_BIT | TRANSACTIONAL_BIT):
+        if attributes & CONTROL_BIT:
+            raise _invalid("clients are not allowed to write control records")
+        if header.producer_id < 0:
+            raise _invalid("a transactional record batch needs a producer id")
+    if header.producer_id >= 0 and header.base_sequence < 0 and not coordinator:
         raise _invalid(
             f"invalid sequence number {header.base_sequence} for producer {header.producer_id}"
         )

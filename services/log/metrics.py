@@ -12,6 +12,12 @@ paths pay nothing for it. Kafka's JMX names beside ours:
     kbroker_log_partition_size_bytes{topic,partition}  kafka.log:type=Log,name=Size
     kbroker_log_partition_log_end_offset{...}      kafka.log:type=Log,name=LogEndOffset
     kbroker_log_partition_log_start_offset{...}    kafka.log:type=Log,name=LogStartOffset
+    kbroker_log_partition_last_stable_offset_lag{...}  kafka.cluster:type=Partition,
+                                                   name=LastStableOffsetLag
+    kbroker_log_ongoing_transactions               (the sum over the node's replicas of the
+                                                   transactions ongoing on them)
+    kbroker_log_txn_markers_total{type}            markers written as a leader
+    kbroker_log_aborted_transactions_total         aborted transactions indexed
     kbroker_log_flush_seconds                      kafka.log:type=LogFlushStats,
                                                    name=LogFlushRateAndTimeMs (per segment)
 """
@@ -88,6 +94,16 @@ PURGATORY_NOTIFICATIONS = Counter(
     "kbroker_log_purgatory_notifications_total",
     "CheckAndComplete calls sent to the purgatory, by outcome.", ["outcome"],
 )
+TXN_MARKERS = Counter(
+    "kbroker_log_txn_markers_total",
+    "Transaction markers this node wrote as a partition leader, by type (COMMIT, ABORT).",
+    ["type"],
+)
+ABORTED_TRANSACTIONS = Counter(
+    "kbroker_log_aborted_transactions_total",
+    "Transactions with data on a partition that an ABORT marker ended (entries added to the "
+    "transaction indexes of this node's replicas, leaders and followers).",
+)
 CLEANER_RUNS = Counter(
     "kbroker_log_cleaner_runs_total", "Partition logs cleaned (compacted) by the log cleaner."
 )
@@ -118,13 +134,17 @@ _PARTITION_GAUGES = (
      "log_end_offset"),
     ("kbroker_log_partition_log_start_offset", "First offset still readable (LogStartOffset).",
      "log_start_offset"),
+    ("kbroker_log_partition_last_stable_offset_lag",
+     "High watermark minus last stable offset: what read_committed consumers wait for "
+     "(LastStableOffsetLag).", "last_stable_offset_lag"),
 )
 
 
 class PartitionLogCollector(Collector):
     """Per-partition gauges read from the live partition logs whenever metrics are collected:
-    segments, bytes, log end and log start offsets. Reads public properties only (no locks:
-    a scrape during an append sees one side of it, as any gauge would).
+    segments, bytes, log end and log start offsets, last stable offset lag; and the node's
+    ongoing transactions, summed over them. Reads public properties only (no locks: a scrape
+    during an append sees one side of it, as any gauge would).
 
     Sources are callables returning partition logs (``LogManager.partitions``), added while
     their node runs; a process has one log node, tests may run several."""
@@ -135,12 +155,18 @@ class PartitionLogCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         families = [(GaugeMetricFamily(name, text, labels=["topic", "partition"]), attribute)
                     for name, text, attribute in _PARTITION_GAUGES]
+        ongoing = 0
         for source in list(self.sources):
             for log in list(source()):
                 key = [log.topic, str(log.partition)]
                 for family, attribute in families:
                     family.add_metric(key, getattr(log, attribute))
+                ongoing += log.ongoing_transactions
         yield from (family for family, _ in families)
+        yield GaugeMetricFamily(
+            "kbroker_log_ongoing_transactions",
+            "Transactions ongoing on the replicas of this node (begun, no marker yet).",
+            value=ongoing)
 
     def describe(self) -> list[GaugeMetricFamily]:
         # Registering must not call collect(): the logs may not be loaded yet.

@@ -2,13 +2,17 @@
 start and end offsets and high watermark, and the append, read and offset-lookup operations.
 
 Directory ``<data_dir>/<topic>-<partition>/`` holds the segments (``<base>.log``,
-``<base>.index`` and ``<base>.timeindex``, see :mod:`services.log.segment`), the producer
-snapshots (:mod:`services.log.producer_state`), the leader epoch cache, the replica state and
-high watermark checkpoint of a replicated replica, and ``partition.metadata.json``.
+``<base>.index``, ``<base>.timeindex`` and ``<base>.txnindex``, see :mod:`services.log.segment`),
+the producer snapshots (:mod:`services.log.producer_state`), the leader epoch cache, the
+replica state and high watermark checkpoint of a replicated replica, and
+``partition.metadata.json``.
 
 Invariants: segments are ordered by base offset and only the last (active) one is appended to;
-first segment's base offset <= log start offset <= high watermark <= LEO, where LEO (log end
-offset) is the active segment's next offset. The log start offset moves forward only, when
+first segment's base offset <= log start offset <= last stable offset <= high watermark <= LEO,
+where LEO (log end offset) is the active segment's next offset, and the last stable offset
+(LSO) is the first unstable offset of the producer state (the oldest transaction not yet
+decided, or decided by a marker the high watermark has not passed) kept within the log start
+offset and the high watermark. The log start offset moves forward only, when
 retention deletes the oldest segments or DeleteRecords moves it; offsets below it are out of
 range for readers. The recovery point is the offset below which everything is known to be
 flushed to disk; opening the log validates what lies past it (:func:`load_segments`).
@@ -19,6 +23,17 @@ The active segment rolls when it would pass ``segment.bytes`` or its first batch
 ``segment.ms`` older than an append's; the rolled segment is flushed in the background and the
 recovery point moves to the new segment. ``flush.messages`` and ``flush.ms`` force flushes
 (default: never, relying on the page cache as Kafka does).
+
+Transactions (:mod:`services.log.producer_state`): a leader refuses client control batches
+and checks transactional batches against the producer state (verification guards, see
+:mod:`services.log.verification`); it writes the markers that end transactions itself
+(:meth:`PartitionLog.write_txn_marker`), and each ABORT that ends a transaction here adds an
+entry to the transaction index of the segment the marker lands in. Followers take markers as
+any batch and account for them the same way, so their producer state, LSO and transaction
+indexes match the leader's. READ_LIMIT_LAST_STABLE readers stop at the LSO and get the aborted
+transactions of what they read (:meth:`PartitionLog.read_committed`). The LSO moves only when
+the high watermark does (a marker is appended at the log end, at or past the high watermark),
+so the high watermark reports to the listener cover it.
 
 Compaction (:mod:`services.log.cleaner`) swaps cleaned segments in under the lock
 (:meth:`PartitionLog.replace_segments`, crash-safely per :mod:`services.log.segment_swap`); a
@@ -60,7 +75,13 @@ from typing import NamedTuple
 
 from kbroker.log.v1 import log_pb2
 from services.common.errors import ErrorCode, KafkaError
+from services.common.records.control_records import (
+    ControlRecordType,
+    EndTransactionMarker,
+    build_end_transaction_batch,
+)
 from services.common.records.record_batch import (
+    CONTROL_BIT,
     HEADER_SIZE,
     NO_TIMESTAMP,
     Batch,
@@ -68,12 +89,18 @@ from services.common.records.record_batch import (
     set_partition_leader_epoch,
 )
 
-from . import replica_state, segment_swap
+from . import metrics, replica_state, segment_swap
 from .checkpoint import HIGH_WATERMARK_FILE, OffsetCheckpoint
 from .index_file import MAX_RELATIVE_OFFSET
 from .leader_epochs import LeaderEpochCache
 from .log_validator import assign_offsets, check_keys, stored_batch_problem, validate_append
-from .producer_state import ProducerStateManager, snapshot_name
+from .producer_state import (
+    CompletedTxn,
+    ProducerStateEntry,
+    ProducerStateManager,
+    marker_of,
+    snapshot_name,
+)
 from .replica_state import FOLLOWER, LEADER, ROLE_NAMES, ReplicaState, commits_alone
 from .segment import (
     INDEX_SUFFIX,
@@ -84,6 +111,8 @@ from .segment import (
     file_offsets,
 )
 from .topic_config import TimestampType, TopicConfig
+from .transaction_index import AbortedTxn
+from .verification import NO_GUARD
 
 log = logging.getLogger(__name__)
 
@@ -99,9 +128,10 @@ NO_LEADER_EPOCH = -1
 # Kafka's replica.high.watermark.checkpoint.interval.ms.
 HIGH_WATERMARK_CHECKPOINT_MS = 5_000
 
-# How far a reader may see (the log service's ReadLimit): consumers up to the high watermark,
-# followers to the end.
+# How far a reader may see (the log service's ReadLimit): consumers up to the high watermark
+# (read_committed ones up to the last stable offset), followers to the end.
 HIGH_WATERMARK, LOG_END = log_pb2.READ_LIMIT_HIGH_WATERMARK, log_pb2.READ_LIMIT_LOG_END
+LAST_STABLE = log_pb2.READ_LIMIT_LAST_STABLE
 
 HighWatermarkListener = Callable[[str, int, int, int], None]
 """Called with (topic, partition, new high watermark, leader epoch) whenever a leader's high
@@ -175,9 +205,11 @@ class PartitionLog:
         self._unflushed_messages = 0
         self._last_flush_ms = now_ms()
         self._background: set[asyncio.Task[None]] = set()
-        # Idempotent producers' epochs and last batches.
+        # Producers' epochs, last batches and transactions; the replay also rebuilds the
+        # transaction indexes that were lost or whose segments were recovered.
         self.producer_state = ProducerStateManager(directory)
-        self.producer_state.load(self._segments, self.log_end_offset)
+        self.producer_state.load(self._segments, self.log_end_offset, rebuild_from=min(
+            (s.base_offset for s in self._segments if s.txn_index_stale), default=None))
         self.leader_epochs = LeaderEpochCache(directory)
         self.leader_epochs.truncate_from_end(self.log_end_offset)
         # The high watermark as last written to replication-offset-checkpoint (None: never).
@@ -197,6 +229,7 @@ class PartitionLog:
             self._checkpointed_high_watermark = stored
             self._high_watermark = self._log_start_offset if stored is None else min(
                 max(stored, self._log_start_offset), self.log_end_offset)
+        self.producer_state.on_high_watermark(self._high_watermark)
 
     # ---------------------------------------------------------------------------- offsets
 
@@ -219,10 +252,30 @@ class PartitionLog:
         offset = min(max(offset, self.log_start_offset), self.log_end_offset)
         if offset != self._high_watermark:
             self._high_watermark = offset
+            self.producer_state.on_high_watermark(offset)
             # Readers and producers wait on the leader's high watermark only.
             if self._on_high_watermark is not None and self.state.role == LEADER:
                 self._on_high_watermark(self.topic, self.partition, offset,
                                         self.state.leader_epoch)
+
+    @property
+    def last_stable_offset(self) -> int:
+        """Kafka's LSO: every offset below it is decided (no transaction of it is still open,
+        or ended by a marker the high watermark has not passed); the high watermark when
+        nothing is undecided below it."""
+        first_unstable = self.producer_state.first_unstable_offset
+        high_watermark = self._high_watermark
+        if first_unstable is None or first_unstable >= high_watermark:
+            return high_watermark
+        return max(first_unstable, self._log_start_offset)
+
+    @property
+    def last_stable_offset_lag(self) -> int:
+        return self._high_watermark - self.last_stable_offset
+
+    @property
+    def ongoing_transactions(self) -> int:
+        return self.producer_state.ongoing_count
 
     @property
     def size_bytes(self) -> int:
@@ -240,15 +293,20 @@ class PartitionLog:
 
     async def append(
         self, records: bytes, now_ms: int | None = None,
-        expected_log_end_offset: int | None = None,
+        expected_log_end_offset: int | None = None, verification_guard: int = NO_GUARD,
     ) -> AppendInfo:
         """Validate and append the record batches of one produce to this partition (as its
         leader), assigning offsets from the log end offset on. All or nothing: a bad batch
-        (see :func:`~services.log.log_validator.validate_append`) stores none of them.
-        With ``expected_log_end_offset`` the append is conditional (a compare-and-set): it
-        happens only if the log end offset equals it, else INVALID_UPDATE_VERSION."""
+        (see :func:`~services.log.log_validator.validate_append` and
+        :meth:`~services.log.producer_state.ProducerStateManager.validate`) stores none of
+        them. With ``expected_log_end_offset`` the append is conditional (a compare-and-set):
+        it happens only if the log end offset equals it, else INVALID_UPDATE_VERSION; such
+        appends are a coordinator's (not verified, no sequences needed). A transactional batch
+        that would start its producer's transaction here needs ``verification_guard`` (see
+        :mod:`services.log.verification`)."""
         config = self.config
-        batches = validate_append(records, config.max_message_bytes)
+        coordinator = expected_log_end_offset is not None
+        batches = validate_append(records, config.max_message_bytes, coordinator)
         if config.compacts:
             check_keys(records, batches)  # decodes records: compacted topics only
         if len(records) > config.segment_bytes:
@@ -268,7 +326,8 @@ class PartitionLog:
             if expected_log_end_offset is not None and expected_log_end_offset != base_offset:
                 raise KafkaError(ErrorCode.invalid_update_version,
                                  f"log end offset is {base_offset}, not {expected_log_end_offset}")
-            producers = self.producer_state.validate(batches)
+            producers = self.producer_state.validate(
+                batches, verification_guard=verification_guard, coordinator=coordinator)
             if producers is not None and producers.duplicate is not None:
                 duplicate = producers.duplicate  # stored already: its offsets, nothing appended
                 return self._answer(duplicate.first_offset, duplicate.last_offset,
@@ -300,6 +359,59 @@ class PartitionLog:
             log_start_offset=self.log_start_offset, log_end_offset=self.log_end_offset,
             high_watermark=self._high_watermark, size_bytes=size, batch_count=batch_count,
             leader_epoch=self.state.leader_epoch)
+
+    async def write_txn_marker(
+        self, producer_id: int, producer_epoch: int, committed: bool, coordinator_epoch: int,
+        now_ms: int | None = None,
+    ) -> AppendInfo:
+        """End the producer's transaction on this partition (as its leader): append a COMMIT
+        or ABORT control batch for it, stamped with the broker time (Kafka's
+        ``appendAsLeader`` of a marker from the coordinator). Raises INVALID_PRODUCER_EPOCH or
+        TRANSACTION_COORDINATOR_FENCED for a marker older than what the producer state has
+        seen (see :meth:`ProducerStateManager.check_marker`), NOT_LEADER_OR_FOLLOWER on a
+        follower. A producer without an ongoing transaction here gets its marker too; an ABORT
+        that ends one is added to the transaction index of the marker's segment."""
+        marker = EndTransactionMarker(
+            type=ControlRecordType.COMMIT if committed else ControlRecordType.ABORT,
+            coordinator_epoch=coordinator_epoch)
+        timestamp = int(time.time() * 1000) if now_ms is None else now_ms
+        append_time = timestamp if (
+            self.config.message_timestamp_type is TimestampType.LOG_APPEND_TIME) else None
+        async with self._lock:
+            self._check_open()
+            self._check_role(LEADER)
+            self.producer_state.check_marker(producer_id, producer_epoch, coordinator_epoch)
+            state = self.state
+            base_offset = self.log_end_offset
+            buffer = bytearray(build_end_transaction_batch(
+                marker, producer_id=producer_id, producer_epoch=producer_epoch,
+                timestamp=timestamp, partition_leader_epoch=state.leader_epoch))
+            assign_offsets(buffer, [Batch(0, read_header(buffer))], base_offset, append_time)
+            if state.leader_epoch >= 0:
+                self.leader_epochs.assign(state.leader_epoch, base_offset)
+            segment = self._maybe_roll(len(buffer), base_offset, timestamp)
+            segment.append(buffer, (0,))
+            completed = self.producer_state.end_transaction(
+                producer_id, producer_epoch, marker, base_offset, timestamp)
+            self._index_completed(segment, completed)
+            metrics.TXN_MARKERS.labels(marker.type.name).inc()
+            if self._appended_locked(1):
+                await self._flush_locked()
+            return self._answer(base_offset, base_offset, append_time, len(buffer), 1)
+
+    @staticmethod
+    def _index_completed(segment: LogSegment, completed: CompletedTxn | None) -> None:
+        """A marker in ``segment`` ended a transaction: an abort goes in its index."""
+        if completed is not None and completed.aborted:
+            segment.txn_index.append(completed.aborted_txn)
+            metrics.ABORTED_TRANSACTIONS.inc()
+
+    def active_producers(self) -> list[ProducerStateEntry]:
+        """The producers this leader knows (Kafka's DescribeProducers), by producer id;
+        NOT_LEADER_OR_FOLLOWER on a follower."""
+        self._check_open()
+        self._check_role(LEADER)
+        return self.producer_state.entries()
 
     def _appended_locked(self, messages: int) -> bool:
         """After an append of either kind: wake the long-poll readers, commit at once if
@@ -447,10 +559,15 @@ class PartitionLog:
                 max_timestamp = max(b.header.max_timestamp for b in batches)
                 segment = self._maybe_roll(len(records), last.last_offset, max_timestamp)
                 segment.append(records, [b.position for b in batches])
-                for batch in batches:
-                    self.producer_state.replay(batch.header)
-                    self.leader_epochs.assign(batch.header.partition_leader_epoch,
-                                              batch.header.base_offset)
+                for position, header in batches:
+                    if header.attributes & CONTROL_BIT and header.producer_id >= 0:
+                        marker = marker_of(memoryview(records)[position:position + header.size],
+                                           header)
+                        self._index_completed(segment, self.producer_state.replay(header,
+                                                                                  marker))
+                    else:
+                        self.producer_state.replay(header)
+                    self.leader_epochs.assign(header.partition_leader_epoch, header.base_offset)
                 if self._appended_locked(last.next_offset - batches[0].header.base_offset):
                     await self._flush_locked()
         if high_watermark >= 0 and high_watermark > self._high_watermark:
@@ -500,6 +617,7 @@ class PartitionLog:
             self.producer_state.load(self._segments, new_end)
             self.leader_epochs.truncate_from_end(new_end)
             self._high_watermark = min(self._high_watermark, new_end)
+            self.producer_state.on_high_watermark(self._high_watermark)
             self.recovery_point = min(self.recovery_point, new_end)
             self.checkpoint_high_watermark()  # a restart must not find the old one
             log.warning("%s-%d: truncated from %d to %d (%d byte(s) of the last segment)",
@@ -552,14 +670,53 @@ class PartitionLog:
         return max(bisect_right(self._segments, offset, key=attrgetter("base_offset")) - 1, 0)
 
     def _fetchable_end(self, limit: int) -> int:
-        return self.log_end_offset if limit == LOG_END else self._high_watermark
+        if limit == LOG_END:
+            return self.log_end_offset
+        return self.last_stable_offset if limit == LAST_STABLE else self._high_watermark
 
     def read(self, offset: int, max_bytes: int, limit: int, min_one: bool = True) -> bytes:
         """Whole batches from the one holding ``offset``, up to ``max_bytes`` (with
         ``min_one``, the first batch whole even if larger) and never past ``limit``. Like
         Kafka, a read returns data of a single segment. ``offset`` equal to the log end offset
-        (or between the high watermark and the end for consumers) gives no records; outside
-        [log start, log end] it is OFFSET_OUT_OF_RANGE."""
+        (or between the high watermark, or the last stable offset, and the end for consumers)
+        gives no records; outside [log start, log end] it is OFFSET_OUT_OF_RANGE."""
+        return self._read(offset, max_bytes, limit, min_one)[0]
+
+    def read_committed(self, offset: int, max_bytes: int,
+                       min_one: bool = True) -> tuple[bytes, list[AbortedTxn]]:
+        """A read_committed read (Kafka's READ_COMMITTED fetch): :meth:`read` up to the last
+        stable offset, with the aborted transactions that overlap the records returned, by
+        first offset (none without records). Their range ends, as Kafka bounds it, at the
+        offset of the first batch after the data returned (the next segment's base offset or
+        the log end offset when the data ends its segment)."""
+        records, segment, position = self._read(offset, max_bytes, LAST_STABLE, min_one)
+        if not records or segment is None:
+            return records, []
+        end = position + len(records)
+        if end < segment.size:
+            upper = segment.batch_at(end).header.base_offset
+        else:
+            slot = self._slot_of(segment.base_offset) + 1
+            upper = self._segments[slot].base_offset if slot < len(self._segments) else (
+                self.log_end_offset)
+        return records, self.collect_aborted_transactions(offset, upper)
+
+    def collect_aborted_transactions(self, start: int, upper_bound: int) -> list[AbortedTxn]:
+        """The aborted transactions overlapping offsets [``start``, ``upper_bound``), by first
+        offset, from the transaction indexes of the segment holding ``start`` and on, until
+        one says the search is complete (Kafka's ``collectAbortedTransactions``)."""
+        found: list[AbortedTxn] = []
+        for segment in self._segments[self._slot_of(start):]:
+            txns, complete = segment.txn_index.collect(start, upper_bound)
+            found += txns
+            if complete:
+                break
+        found.sort(key=attrgetter("first_offset"))
+        return found
+
+    def _read(self, offset: int, max_bytes: int, limit: int,
+              min_one: bool) -> tuple[bytes, LogSegment | None, int]:
+        """:meth:`read`, and the segment and position the records come from."""
         start, end = self.log_start_offset, self.log_end_offset
         if offset < start or offset > end:
             raise KafkaError(
@@ -567,7 +724,6 @@ class PartitionLog:
                 f"offset {offset} is outside [{start}, {end}] of {self.topic}-{self.partition}",
             )
         fetchable_end = self._fetchable_end(limit)
-        records = b""
         if offset < fetchable_end:
             for segment in self._segments[self._slot_of(offset):]:
                 if segment.base_offset >= fetchable_end:
@@ -579,9 +735,9 @@ class PartitionLog:
                     segment.size if fetchable_end >= segment.next_offset
                     else segment.position_of(fetchable_end)
                 )
-                records = segment.read(first, end_position, max_bytes, min_one)
-                break
-        return records
+                return (segment.read(first, end_position, max_bytes, min_one), segment,
+                        first.position)
+        return b"", None, 0
 
     def list_offset(self, timestamp: int, limit: int) -> OffsetAndTimestamp:
         """Kafka's ListOffsets for one partition.

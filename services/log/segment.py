@@ -327,6 +327,10 @@ class LogSegment:
         batch = self.find_batch(offset)
         return self.size if batch is None else batch.position
 
+    def batch_at(self, position: int) -> Batch:
+        """The batch starting at ``position`` (a batch boundary within the segment)."""
+        return Batch(position, read_header(os.pread(self._fd, HEADER_SIZE, position)))
+
     def read_batch(self, batch: Batch) -> bytes:
         """The bytes of one batch of the segment, header first."""
         return os.pread(self._fd, batch.header.size, batch.position)

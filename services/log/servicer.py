@@ -22,11 +22,23 @@ from services.common.records.record_batch import NO_TIMESTAMP
 
 from . import metrics
 from .log_manager import LogManager
-from .partition_log import NO_LEADER_EPOCH, NO_OFFSET, PartitionLog
+from .partition_log import LAST_STABLE, NO_LEADER_EPOCH, NO_OFFSET, PartitionLog
+from .verification import VerificationRequiredError
 
 log = logging.getLogger(__name__)
 
 R = TypeVar("R", bound=Message)
+
+
+def _fail_append(api: str, exc: Exception, result: log_pb2.PartitionAppendResult) -> None:
+    """:func:`_fail` for a partition's append result, with the offsets unknown; an append
+    that needs verifying carries its guard."""
+    _fail(api, exc, result)
+    result.base_offset = result.log_start_offset = NO_OFFSET
+    result.log_end_offset = result.high_watermark = NO_OFFSET
+    result.log_append_time_ms = NO_TIMESTAMP
+    if isinstance(exc, VerificationRequiredError):
+        result.verification_guard = exc.guard
 
 
 def _fail(api: str, exc: Exception, result: Any) -> None:
@@ -125,12 +137,11 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
             try:
                 info = await self._manager.get(topic, partition).append(
                     item.records, expected_log_end_offset=item.expected_log_end_offset
-                    if item.HasField("expected_log_end_offset") else None)
+                    if item.HasField("expected_log_end_offset") else None,
+                    verification_guard=item.verification_guard)
             except Exception as exc:  # noqa: BLE001 - becomes the partition's error code
-                _fail("Append", exc, response.results.add(
-                    topic=topic, partition=partition, base_offset=NO_OFFSET,
-                    log_append_time_ms=NO_TIMESTAMP, log_start_offset=NO_OFFSET,
-                    log_end_offset=NO_OFFSET, high_watermark=NO_OFFSET))
+                _fail_append("Append", exc, response.results.add(
+                    topic=topic, partition=partition))
             else:
                 topic_metrics.appended_bytes.inc(info.size_bytes)
                 topic_metrics.appended_batches.inc(info.batch_count)
@@ -140,6 +151,42 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
                     log_start_offset=info.log_start_offset, log_end_offset=info.log_end_offset,
                     high_watermark=info.high_watermark, leader_epoch=info.leader_epoch)
             metrics.APPEND_SECONDS.observe(time.perf_counter() - started)
+
+    async def WriteTxnMarkers(self, request, context):
+        """Each marker on each of its partitions, in order, answered as an Append is (the
+        marker's offset as base_offset)."""
+        response = log_pb2.WriteTxnMarkersResponse()
+        for marker in request.markers:
+            results = response.markers.add(producer_id=marker.producer_id).partitions
+            for item in marker.partitions:
+                topic, partition = item.topic, item.partition
+                try:
+                    info = await self._manager.get(topic, partition).write_txn_marker(
+                        marker.producer_id, marker.producer_epoch, marker.committed,
+                        marker.coordinator_epoch)
+                except Exception as exc:  # noqa: BLE001 - becomes the partition's error code
+                    _fail_append("WriteTxnMarkers", exc, results.add(
+                        topic=topic, partition=partition))
+                else:
+                    results.add(
+                        topic=topic, partition=partition, base_offset=info.base_offset,
+                        log_append_time_ms=info.log_append_time_ms,
+                        log_start_offset=info.log_start_offset,
+                        log_end_offset=info.log_end_offset, high_watermark=info.high_watermark,
+                        leader_epoch=info.leader_epoch)
+        return response
+
+    async def DescribeProducers(self, request, context):
+        def describe(tp: log_pb2.TopicPartition, result: log_pb2.PartitionProducers) -> None:
+            for entry in self._log(tp).active_producers():
+                result.active_producers.add(
+                    producer_id=entry.producer_id, producer_epoch=entry.epoch,
+                    last_sequence=entry.last_seq, last_timestamp=entry.last_timestamp,
+                    coordinator_epoch=entry.coordinator_epoch,
+                    current_txn_start_offset=entry.txn_first_offset)
+
+        return await self._each(log_pb2.DescribeProducersResponse(), request.partitions,
+                                describe)
 
     async def Read(self, request, context):
         """Reads each partition in order under the request's overall byte limit, as Kafka's
@@ -168,25 +215,35 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
         started = time.perf_counter()
         budget = request.max_bytes if request.max_bytes > 0 else None
         min_one = True
+        committed = request.limit == LAST_STABLE
         response = log_pb2.ReadResponse()
         for item in request.partitions:
             result = response.results.add(topic=item.topic, partition=item.partition)
             max_bytes = item.max_bytes if budget is None else min(item.max_bytes, budget)
             partition_log = self._manager.find(item.topic, item.partition)
             try:
-                records = self._log(item).read(item.offset, max(max_bytes, 0), request.limit,
-                                               min_one)
+                if committed:
+                    records, aborted = self._log(item).read_committed(
+                        item.offset, max(max_bytes, 0), min_one)
+                    for txn in aborted:
+                        result.aborted_transactions.add(producer_id=txn.producer_id,
+                                                        first_offset=txn.first_offset)
+                else:
+                    records = self._log(item).read(item.offset, max(max_bytes, 0),
+                                                   request.limit, min_one)
             except Exception as exc:  # noqa: BLE001 - becomes the partition's error code
                 _fail("Read", exc, result)
                 records = b""
             # The replica's offsets, failed or not: they tell a reader whose offset is out of
-            # range where the log is. The last stable offset: no transactions yet.
-            result.high_watermark = result.last_stable_offset = NO_OFFSET if (
-                partition_log is None) else partition_log.high_watermark
-            result.log_start_offset = NO_OFFSET if partition_log is None else (
-                partition_log.log_start_offset)
-            result.log_end_offset = NO_OFFSET if partition_log is None else (
-                partition_log.log_end_offset)
+            # range where the log is.
+            if partition_log is None:
+                result.high_watermark = result.last_stable_offset = NO_OFFSET
+                result.log_start_offset = result.log_end_offset = NO_OFFSET
+            else:
+                result.high_watermark = partition_log.high_watermark
+                result.last_stable_offset = partition_log.last_stable_offset
+                result.log_start_offset = partition_log.log_start_offset
+                result.log_end_offset = partition_log.log_end_offset
             if records:
                 result.records = records
                 metrics.topic(item.topic).read_bytes.inc(len(records))

@@ -262,7 +262,9 @@ def test_an_unreadable_snapshot_falls_back_to_an_older_one_or_full_replay(
     partition_log.close(flush=False)
     directory = tmp_path / "t-0"
     (directory / snapshot_name(4)).write_text('{"format": 1, "offs')  # torn
-    reopened = open_log(tmp_path, segment_bytes=size * 2)
+    # The data is known to be on disk (no segment is recovered): only the snapshot is torn.
+    reopened = PartitionLog(directory, "t", 0, "", TopicConfig(segment_bytes=size * 2),
+                            recovery_point=5)
     assert not (directory / snapshot_name(4)).exists()
     assert append(reopened, batch(1, 0, 4)).base_offset == 4
     reopened.close(flush=False)
