@@ -19,7 +19,8 @@ transaction that ends without data on the partition (a marker with no transactio
 there) has no entry, nor has a committed one.
 
 Invariants: lastOffset strictly increases from entry to entry and lies within the segment;
-firstOffset <= lastOffset < lastStableOffset. Every segment has the file, empty when nothing
+firstOffset <= lastOffset and lastStableOffset <= lastOffset + 1 (lower while an older
+transaction of another producer is open). Every segment has the file, empty when nothing
 was aborted in it, created with the segment: a missing file is a lost one, rebuilt from the
 log with the producer state (see :meth:`services.log.producer_state.ProducerStateManager.load`),
 as is the index of a segment recovered after a crash.

@@ -103,17 +103,20 @@ def test_a_missing_file_is_noticed_and_an_unchanged_index_is_not_forced_to_disk(
 
 @settings(max_examples=150, deadline=None)
 @given(
-    # Transactions as (first offset, length); markers follow each other in offset order.
-    txns=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 15)), max_size=12),
+    # Transactions as (first offset, length, how far below the marker + 1 the LSO was);
+    # markers follow each other in offset order.
+    txns=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 15), st.integers(0, 20)),
+                  max_size=12),
     fetch=st.integers(0, 120),
     span=st.integers(1, 60),
 )
-def test_collect_matches_a_scan_of_every_entry(txns: list[tuple[int, int]], fetch: int,
+def test_collect_matches_a_scan_of_every_entry(txns: list[tuple[int, int, int]], fetch: int,
                                                span: int) -> None:
     entries, marker = [], 0
-    for first, length in txns:
+    for first, length, open_below in txns:
         marker = max(marker + 1, first + length)
-        entries.append(AbortedTxn(len(entries), min(first, marker), marker, marker + 1))
+        entries.append(AbortedTxn(len(entries), min(first, marker), marker,
+                                  max(marker + 1 - open_below, 0)))
     with tempfile.TemporaryDirectory() as tmp:
         index = TransactionIndex(Path(tmp) / "0.txnindex", 0)
         for entry in entries:
