@@ -5,29 +5,32 @@ every key.
 Sections of a log, as Kafka names them: the *clean* section (below the first dirty offset,
 compacted by an earlier pass), the *dirty* section (from the first dirty offset on), and its
 *cleanable* part, which ends at the first uncleanable offset: the active segment's base offset,
-the high watermark, and the base offset of the first dirty segment holding a record younger
-than ``min.compaction.lag.ms`` (its largest timestamp, as Kafka compares), whichever is lowest,
-rounded down to a segment boundary. Only whole non-active segments below it are ever cleaned,
-so the active segment and anything at or past the high watermark are never touched.
+the last stable offset (so the high watermark and every transaction not yet decided), and the
+base offset of the first dirty segment holding a record younger than ``min.compaction.lag.ms``
+(its largest timestamp, as Kafka compares), whichever is lowest, rounded down to a segment
+boundary. Only whole non-active segments below it are ever cleaned, so the active segment and
+anything at or past the last stable offset are never touched.
 
 When: every ``log.cleaner.backoff.ms`` (:class:`~services.log.log_manager.LogManager` runs the
 rounds) a compacted partition is cleaned if its dirty ratio, the cleanable dirty bytes over the
 clean plus cleanable dirty bytes, exceeds ``min.cleanable.dirty.ratio``; or a dirty record is
 older than ``max.compaction.lag.ms`` (the earliest first-batch timestamp of the dirty
-segments); or the delete horizon of a tombstone it kept has passed. The filthiest go first.
+segments); or the delete horizon of a tombstone or marker it kept has passed. The filthiest go
+first.
 
 How (Kafka's ``Cleaner.doClean``):
 
 1. An offset map, key -> offset of its latest record, is built from the cleanable dirty
-   section (keys compared as raw bytes). It holds at most ``max_map_keys`` keys; when it is
-   full the pass stops at the end of the segment that filled it, and cleans up to there.
+   section (keys compared as raw bytes), leaving out the records of aborted transactions. It
+   holds at most ``max_map_keys`` keys; when it is full the pass stops at the end of the
+   segment that filled it, and cleans up to there.
 2. The segments from the log's first one up to the end of the map are taken in groups of
    consecutive segments totalling at most ``segment.bytes`` (and an offset range the offset
    index can address). Each group is rewritten as one new segment at the group's first base
    offset, ``<base>.log.cleaned`` with its indexes, in a thread, reading the old files through
    file handles of its own. A record is kept unless: a later record of its key is in the map;
-   it has no key (Kafka drops those); or it is a tombstone (null value) in a batch whose delete
-   horizon has passed.
+   it has no key (Kafka drops those); it is a tombstone (null value) in a batch whose delete
+   horizon has passed; or it belongs to an aborted transaction.
 3. The new segment is swapped in under the partition's lock (crash-safely, see
    :mod:`services.log.segment_swap`), then the next group is cleaned. Reads never see a mix:
    they run on the event loop between swaps.
@@ -44,7 +47,15 @@ one, else the first kept record's timestamp. A batch left without records is dro
 the last batch of a producer the partition still tracks, which stays as an empty batch (a
 header) so the producer's last sequence survives, as Kafka does. Reads step over the gaps:
 a segment may end below the next one's base offset, or be empty, until a later pass merges it.
-Control batches are copied as they are (no transactions yet).
+
+Transactions (:mod:`services.log.cleaned_transactions`): the records of aborted transactions
+are removed (their batches are not even decoded); a marker (a control batch) is copied as it is
+while batches of its transaction are still in the log; then it gets a delete horizon as
+tombstones do, and a pass after that removes it, or empties it (a header) when it is the last
+record of a producer the partition tracks with no data batch cached, whose epoch it keeps, as
+Kafka does. The kept ABORT markers' transactions make up the cleaned segment's transaction
+index. The aborted transactions of the range are collected from the transaction indexes on the
+event loop before the thread starts.
 
 Tombstones (KIP-534, Kafka 3.1 and later, documented for ``delete.retention.ms``): the first
 pass that keeps a tombstone gives its batch a delete horizon, that pass's time plus
@@ -79,11 +90,14 @@ from services.common.records.record_batch import (
 )
 
 from .checkpoint import OffsetCheckpoint, TopicPartition
+from .cleaned_transactions import CleanedTransactions
 from .index_file import MAX_RELATIVE_OFFSET
 from .partition_log import PartitionLog, now_ms
+from .producer_state import marker_of
 from .segment import LogSegment, scan_batches
 from .segment_swap import CLEANED_SUFFIX, discard
 from .topic_config import NEVER
+from .transaction_index import AbortedTxn
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +209,7 @@ class LogCleaner:
         now = now_ms() if now is None else now
         segments = partition_log.segments
         first_dirty = self.first_dirty_offset(partition_log)
-        limit = min(segments[-1].base_offset, partition_log.high_watermark)
+        limit = min(segments[-1].base_offset, partition_log.last_stable_offset)
         ends = [segment.base_offset for segment in segments[1:]]
         if config.min_compaction_lag_ms > 0:
             for segment, end in zip(segments, ends, strict=False):
@@ -259,21 +273,25 @@ class LogCleaner:
         segments_before = partition_log.segment_count
         dirty = [ref for ref in cleanable.segments if ref.end_offset > cleanable.first_dirty]
         result = CleanResult(*key)
+        # Every aborted transaction with data in the cleanable segments (markers may be later,
+        # even in the active segment): read here, as the indexes change on the event loop.
+        aborted = partition_log.collect_aborted_transactions(
+            cleanable.segments[0].segment.base_offset, cleanable.segments[-1].end_offset)
         try:
             offset_map, map_end = await asyncio.to_thread(
-                build_offset_map, dirty, cleanable.first_dirty, self.max_map_keys)
+                build_offset_map, dirty, cleanable.first_dirty, self.max_map_keys, aborted)
             if not dirty:
                 map_end = cleanable.first_dirty
             to_clean = [ref for ref in cleanable.segments if ref.end_offset <= max(
                 map_end, cleanable.first_dirty)]
-            last_batches = {pid: last for pid, (last, _) in
-                            partition_log.producer_state.last_records().items()}
+            last_records = partition_log.producer_state.last_records()
+            transactions = CleanedTransactions(aborted)
             horizons: list[int] = []
             for group in group_segments(to_clean, config.segment_bytes):
                 changed, horizon = await asyncio.to_thread(
                     clean_group, partition_log.directory, group, offset_map, now,
-                    config.delete_retention_ms, config.index_interval_bytes, last_batches,
-                    result)
+                    config.delete_retention_ms, config.index_interval_bytes, last_records,
+                    transactions, result)
                 if horizon is not None:
                     horizons.append(horizon)
                 if not changed:
@@ -328,16 +346,25 @@ def read_batches(path: Path) -> Iterator[tuple[BatchHeader, bytes]]:
 
 
 def build_offset_map(
-    segments: Sequence[SegmentRef], start: int, max_keys: int
+    segments: Sequence[SegmentRef], start: int, max_keys: int,
+    aborted: Sequence[AbortedTxn] = (),
 ) -> tuple[OffsetMap, int]:
     """Key -> offset of its latest record, over the records at or past ``start`` of
-    ``segments`` (Kafka's ``buildOffsetMap``), and the offset the map covers up to: the end of
-    the last segment read, which is the segment that filled the map if it filled."""
+    ``segments`` (Kafka's ``buildOffsetMap``) outside the ``aborted`` transactions, and the
+    offset the map covers up to: the end of the last segment read, which is the segment that
+    filled the map if it filled."""
     offsets: OffsetMap = {}
     end = start
+    # Transactions aborted before ``start`` end before the batches read.
+    transactions = CleanedTransactions(txn for txn in aborted if txn.last_offset >= start)
     for ref in segments:
         for header, batch in read_batches(ref.segment.log_path):
-            if header.is_control or header.last_offset < start:
+            if header.last_offset < start:
+                continue
+            if header.is_control:
+                transactions.on_control_batch(header, marker_of(batch, header))
+                continue
+            if transactions.on_data_batch(header):
                 continue
             base = header.base_offset
             for record in decode_records(batch, header):
@@ -374,16 +401,19 @@ def clean_group(
     now: int,
     delete_retention_ms: int,
     index_interval_bytes: int,
-    producer_last_offsets: Mapping[int, int],
+    producer_last_records: Mapping[int, tuple[int, int]],
+    transactions: CleanedTransactions,
     totals: CleanResult,
 ) -> tuple[bool, int | None]:
     """Write the cleaned segment of ``group`` as ``<base>.log.cleaned`` (and its indexes),
     flushed, its modification time the newest of the old files' (retention by time falls back
-    on it), adding what it read, wrote and removed to ``totals``. Returns whether the result
-    differs from the old segment byte for byte, and the earliest delete horizon of a batch
-    that kept tombstones (None if none did)."""
+    on it), adding what it read, wrote and removed to ``totals``. ``transactions`` follows the
+    pass from group to group. Returns whether the result differs from the old segment byte
+    for byte, and the earliest delete horizon of a batch that kept tombstones or of a marker
+    waiting to go (None if none did)."""
     base = group[0].segment.base_offset
     cleaned = LogSegment.create(directory, base, index_interval_bytes, CLEANED_SUFFIX)
+    transactions.index = cleaned.txn_index
     changed = len(group) > 1
     horizon: int | None = None
     pending, positions = bytearray(), []
@@ -399,7 +429,8 @@ def clean_group(
             for header, batch in read_batches(ref.segment.log_path):
                 totals.bytes_read += len(batch)
                 out, count, kept, kept_horizon = filter_batch(
-                    batch, header, offset_map, now, delete_retention_ms, producer_last_offsets)
+                    batch, header, offset_map, now, delete_retention_ms, producer_last_records,
+                    transactions)
                 totals.records_read += count
                 totals.records_removed += count - kept
                 if kept_horizon is not None:
@@ -414,10 +445,61 @@ def clean_group(
             write_pending()
         cleaned.flush()
     finally:
+        transactions.index = None
         cleaned.close()
     newest = max(os.stat(ref.segment.log_path).st_mtime_ns for ref in group)
     os.utime(cleaned.log_path, ns=(newest, newest))
     return changed, horizon
+
+
+def _is_last_of_producer(header: BatchHeader,
+                         producer_last_records: Mapping[int, tuple[int, int]]) -> bool:
+    """Whether the batch keeps what the producer state needs of a producer it tracks (Kafka's
+    ``isBatchLastRecordOfProducer``): its last data batch (its last sequence), or, with no
+    data batch cached, a marker of its current epoch."""
+    last = producer_last_records.get(header.producer_id)
+    if last is None:
+        return False
+    last_data_offset, epoch = last
+    if last_data_offset >= 0:
+        return header.last_offset == last_data_offset
+    return header.is_control and header.producer_epoch == epoch
+
+
+def _emptied(header: BatchHeader) -> bytes:
+    """``header``'s batch without records (what stays of a producer's last batch)."""
+    return encode_batch(header._replace(
+        attributes=header.attributes & ~(COMPRESSION_MASK | DELETE_HORIZON_BIT),
+        base_timestamp=header.max_timestamp), [])
+
+
+def _filter_control_batch(
+    batch: bytes, header: BatchHeader, now: int, delete_retention_ms: int,
+    producer_last_records: Mapping[int, tuple[int, int]], transactions: CleanedTransactions,
+) -> tuple[bytes | None, int, int, int | None]:
+    """:func:`filter_batch` for a control batch: kept while its transaction has data, then
+    given a delete horizon, removed (or emptied) once it passed."""
+    count = header.record_count
+    if not transactions.on_control_batch(header, marker_of(batch, header)):
+        return batch, count, count, None
+    if count == 0:  # emptied by an earlier pass
+        return (batch if _is_last_of_producer(header, producer_last_records) else None), 0, 0, None
+    horizon = header.delete_horizon
+    if horizon is None:
+        horizon = now + delete_retention_ms
+        records = decode_records(batch, header)
+        timestamps = [header.base_timestamp + record.timestamp_delta for record in records]
+        stamped = encode_batch(
+            header._replace(attributes=header.attributes | DELETE_HORIZON_BIT,
+                            base_timestamp=horizon),
+            [record._replace(timestamp_delta=timestamp - horizon)
+             for record, timestamp in zip(records, timestamps, strict=True)])
+        return stamped, count, count, horizon
+    if now < horizon:
+        return batch, count, count, horizon
+    if _is_last_of_producer(header, producer_last_records):
+        return _emptied(header), count, 0, None
+    return None, count, 0, None
 
 
 def filter_batch(
@@ -426,13 +508,24 @@ def filter_batch(
     offset_map: Mapping[bytes, int],
     now: int,
     delete_retention_ms: int,
-    producer_last_offsets: Mapping[int, int],
+    producer_last_records: Mapping[int, tuple[int, int]],
+    transactions: CleanedTransactions | None = None,
 ) -> tuple[bytes | None, int, int, int | None]:
     """One batch through the cleaner (Kafka's ``filterTo`` with the cleaner's record filter):
     the batch to write (``batch`` itself when unchanged, None when dropped), its record count
-    before and after, and its delete horizon if it keeps tombstones."""
+    before and after, and its delete horizon if it keeps tombstones (or is a marker waiting
+    for it). ``transactions`` follows the pass (none: no transactions in the log)."""
+    if transactions is None:
+        transactions = CleanedTransactions(())
     if header.is_control:
-        return batch, 0, 0, None
+        return _filter_control_batch(batch, header, now, delete_retention_ms,
+                                     producer_last_records, transactions)
+    if transactions.on_data_batch(header):
+        # Aborted: none of its records stays.
+        count = header.record_count
+        if not _is_last_of_producer(header, producer_last_records):
+            return None, count, 0, None
+        return (batch if count == 0 else _emptied(header)), count, 0, None
     records = decode_records(batch, header)
     horizon = header.delete_horizon
     base = header.base_offset
@@ -451,11 +544,8 @@ def filter_batch(
     if len(kept) == len(records) and not needs_horizon:
         return batch, len(records), len(kept), horizon if has_tombstones else None
     if not kept:
-        if producer_last_offsets.get(header.producer_id) == header.last_offset:
-            empty = header._replace(
-                attributes=header.attributes & ~(COMPRESSION_MASK | DELETE_HORIZON_BIT),
-                base_timestamp=header.max_timestamp)
-            return encode_batch(empty, []), len(records), 0, None
+        if _is_last_of_producer(header, producer_last_records):
+            return _emptied(header), len(records), 0, None
         return None, len(records), 0, None
     if needs_horizon:
         horizon = now + delete_retention_ms

@@ -410,14 +410,20 @@ class ProducerStateManager:
                marker: EndTransactionMarker | None = None) -> CompletedTxn | None:
         """Account for a batch already in the log, offsets assigned (start-up replay, or a
         follower's copy of the leader's batches): recorded without validation. A control batch
-        comes with the marker it holds (None: it holds none, and changes nothing); returns the
-        transaction it ended, if any."""
+        comes with the marker it holds (None: it holds none, and changes nothing, unless it
+        is a marker the log cleaner emptied, which still ends its producer's transaction);
+        returns the transaction it ended, if any."""
         producer_id = header.producer_id
         if producer_id < 0:
             return None
         if header.attributes & CONTROL_BIT:
             if marker is None:
-                return None
+                entry = self._producers.get(producer_id)
+                if header.record_count or entry is None or not entry.in_transaction:
+                    return None  # not a marker, or nothing to end
+                # A marker the log cleaner emptied: its transaction's data went before it.
+                marker = EndTransactionMarker(type=ControlRecordType.COMMIT,
+                                              coordinator_epoch=entry.coordinator_epoch)
             return self.end_transaction(producer_id, header.producer_epoch, marker,
                                         header.base_offset, header.max_timestamp)
         entry = self._record(header, header.base_offset, header.last_offset,
