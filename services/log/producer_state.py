@@ -627,6 +627,9 @@ class ProducerStateManager:
                 if rebuild and completed is not None and completed.aborted:
                     segment.txn_index.append(completed.aborted_txn)
             if rebuild:
+                # The segment's data is on disk (below the recovery point from now on): so
+                # must its index be.
+                segment.txn_index.flush()
                 segment.txn_index_stale = False
                 log.info("%s: rebuilt the transaction index of segment %d (%d aborted)",
                          self.directory, segment.base_offset, len(segment.txn_index))
