@@ -612,11 +612,11 @@ class ProducerStateManager:
             start = offset
             break
         for segment in segments:
-            if segment.next_offset <= start:
-                continue
             rebuild = rebuild_from is not None and segment.base_offset >= rebuild_from
             if rebuild:
                 segment.txn_index.reset()
+            elif segment.next_offset <= start:
+                continue
             for batch in segment.batches():
                 header = batch.header
                 if header.last_offset < start:

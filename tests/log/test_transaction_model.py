@@ -8,6 +8,7 @@ aborted transactions overlapping what they returned."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -97,16 +98,18 @@ _operation = st.one_of(
 class Run:
     """The log under test, its model, and the leader epoch it is at."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, segment_bytes: int | None = None) -> None:
         self.directory = directory
+        # About three small batches a segment by default: markers often land apart from
+        # their data.
+        self.segment_bytes = segment_bytes or 3 * len(build_batch(values(2)))
         self.batches: list[Stored] = []
         self.epoch = 0
         self.partition_log = self._open(recovery_point=0)
 
     @property
     def config(self) -> TopicConfig:
-        # About three small batches a segment: markers often land apart from their data.
-        return TopicConfig(segment_bytes=3 * len(build_batch(values(2))))
+        return TopicConfig(segment_bytes=self.segment_bytes)
 
     def _open(self, recovery_point: int) -> PartitionLog:
         partition_log = PartitionLog(self.directory, "t", 0, "", self.config,
@@ -249,3 +252,62 @@ def test_the_lso_and_aborted_transactions_match_the_model(operations) -> None:
                 run.check()
         finally:
             run.partition_log.close()
+
+
+def test_a_crash_at_any_byte_of_the_last_segment_recovers_a_consistent_state(
+    tmp_path: Path,
+) -> None:
+    """A log whose last segment holds data, commits and aborts, torn at every byte (with its
+    transaction index whole, or lost): start-up keeps the whole batches before the tear, and
+    the transaction state and indexes are exactly those of what was kept."""
+    run = Run(tmp_path / "history" / "t-0", segment_bytes=1 << 20)
+    run.append("txn", 1, 1)
+    run.append("txn", 2, 1)
+    run.append("plain", -1, 1)
+    run.marker("abort", 1)
+    run.append("txn", 3, 2)
+    run.marker("commit", 2)
+    run.append("plain", -1, 1)
+    run.advance_high_watermark(len(run.batches))
+    # The last segment: a transaction begun, ended by an abort, one ended, one left open.
+    run.partition_log._roll()
+    run.append("txn", 2, 1)
+    run.marker("abort", 2)
+    run.marker("commit", 3)
+    run.append("txn", 1, 2)
+    run.check()
+    log = run.partition_log
+    log.checkpoint_high_watermark()
+    last = log.segments[-1]
+    base, size = last.base_offset, last.size
+    assert last.txn_index.entries(), "the last segment must hold an abort"
+    log.close(flush=False)
+    history, model = run.directory, list(run.batches)
+    checked = 0
+    for cut in range(size + 1):
+        for lost_index in (False, True):
+            directory = tmp_path / f"cut-{cut}-{lost_index}" / "t-0"
+            shutil.copytree(history, directory)
+            log_path = directory / last.log_path.name
+            log_path.write_bytes(log_path.read_bytes()[:cut])
+            if lost_index:
+                (directory / last.txn_index.path.name).unlink()
+            reopened = PartitionLog(directory, "t", 0, "", run.config, recovery_point=base)
+            try:
+                kept = [b for b in model if b.next_offset <= reopened.log_end_offset]
+                assert reopened.log_end_offset == (kept[-1].next_offset if kept else 0)
+                assert all(b.offset < base or b in kept for b in model
+                           if b.next_offset <= base)
+                derived = derive(kept)
+                assert dict((pid, first) for first, pid in
+                            reopened.producer_state.ongoing_transactions()) == derived.ongoing
+                assert reopened.last_stable_offset == model_lso(kept,
+                                                                reopened.high_watermark)
+                assert [txn for s in reopened.segments for txn in s.txn_index.entries()] == [
+                    AbortedTxn(pid, first, marker, stable)
+                    for pid, first, marker, aborted, stable in derived.ended if aborted]
+                checked += 1
+            finally:
+                reopened.close()
+            shutil.rmtree(directory.parent)
+    assert checked == 2 * (size + 1)

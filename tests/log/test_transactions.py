@@ -577,3 +577,24 @@ def test_an_ongoing_transaction_keeps_its_producer_from_expiring(tmp_path: Path)
     assert partition_log.producer_state.remove_expired(later) == 1
     assert partition_log.producer_state.producer_ids == [7]
     partition_log.close()
+
+
+def test_retention_and_delete_records_take_transaction_indexes_with_their_segments(
+    tmp_path: Path,
+) -> None:
+    partition_log = open_log(tmp_path, segment_bytes=len(data(7, 0)) + 10, retention_ms=1000)
+    append(partition_log, data(7, 0))                    # 0
+    marker(partition_log, 7, committed=False)            # 1
+    append(partition_log, data(8, 0))                    # 2
+    marker(partition_log, 8, committed=False)            # 3
+    append(partition_log, plain())                       # 4
+    directory = tmp_path / "t-0"
+    assert sorted(p.name[:20] for p in directory.glob("*" + TXN_INDEX_SUFFIX)) == [
+        f"{base:020d}" for base in range(5)]
+    assert run(partition_log.delete_records(2)) == 2
+    assert sorted(int(p.name[:20]) for p in directory.glob("*" + TXN_INDEX_SUFFIX)) == [2, 3, 4]
+    assert partition_log.collect_aborted_transactions(2, 5) == [AbortedTxn(8, 2, 3, 4)]
+    # Everything is old (the batches are stamped now): retention leaves the active segment.
+    assert run(partition_log.enforce_retention(now=NOW + 10_000)) == 2
+    assert sorted(int(p.name[:20]) for p in directory.glob("*" + TXN_INDEX_SUFFIX)) == [4]
+    partition_log.close()
