@@ -252,7 +252,8 @@ class PartitionLog:
         offset = min(max(offset, self.log_start_offset), self.log_end_offset)
         if offset != self._high_watermark:
             self._high_watermark = offset
-            self.producer_state.on_high_watermark(offset)
+            if self.producer_state.first_unstable_offset is not None:
+                self.producer_state.on_high_watermark(offset)
             # Readers and producers wait on the leader's high watermark only.
             if self._on_high_watermark is not None and self.state.role == LEADER:
                 self._on_high_watermark(self.topic, self.partition, offset,

@@ -320,8 +320,10 @@ class ProducerStateManager:
         INVALID_TXN_STATE (:class:`~services.log.verification.VerificationRequiredError` when the
         coordinator must confirm the transaction first) per the module docstring; changes
         nothing but the guard of that last error."""
-        # (epoch, last sequence, in a transaction) of producers after the earlier batches.
-        pending: dict[int, tuple[int, int, bool]] = {}
+        # (epoch, last sequence, in a transaction: truthy) of producers after the earlier
+        # batches.
+        pending: dict[int, tuple[int, int, int]] = {}
+        verifications = self._verifications
         for _, header in batches:
             producer_id = header.producer_id
             if producer_id < 0:
@@ -334,25 +336,24 @@ class ProducerStateManager:
             ):
                 return ProducerAppend(batches, duplicate)
             current_epoch, current_last, in_txn = pending.get(producer_id) or (
-                (entry.epoch, entry.last_seq, entry.in_transaction) if entry
+                (entry.epoch, entry.last_seq, entry.txn_first_offset >= 0) if entry
                 else (NO_PRODUCER_EPOCH, NO_SEQUENCE, False))
-            transactional = bool(header.attributes & TRANSACTIONAL_BIT)
-            verification = self._verifications.get(producer_id) if self._verifications else None
-            if transactional and not in_txn and not coordinator and (
-                verification is None or not verification.verifies(verification_guard)
-            ):
-                raise self._verification_required(producer_id, epoch, first_seq, now_ms)
+            transactional = header.attributes & TRANSACTIONAL_BIT
+            if transactional and not in_txn and not coordinator:
+                self._check_verified(producer_id, epoch, first_seq, verification_guard, now_ms)
             if epoch < current_epoch:
                 raise KafkaError(
                     ErrorCode.invalid_producer_epoch,
                     f"epoch {epoch} of producer {producer_id} is older than its current "
                     f"epoch {current_epoch}")
             if not coordinator:
-                if verification is not None and first_seq > verification.lowest_sequence:
+                if verifications and (state := verifications.get(producer_id)) is not None and (
+                    first_seq > state.lowest_sequence
+                ):
                     raise KafkaError(
                         ErrorCode.out_of_order_sequence_number,
                         f"sequence {first_seq} of producer {producer_id} is past "
-                        f"{verification.lowest_sequence}, the lowest still being verified")
+                        f"{state.lowest_sequence}, the lowest still being verified")
                 # A producer unknown here may continue at any sequence (KIP-360).
                 if entry is not None and entry.epoch != NO_PRODUCER_EPOCH:
                     if epoch != current_epoch:
@@ -374,18 +375,21 @@ class ProducerStateManager:
             pending[producer_id] = (epoch, last_seq, in_txn or transactional)
         return ProducerAppend(batches) if pending else None
 
-    def _verification_required(self, producer_id: int, epoch: int, sequence: int,
-                               now_ms: int | None) -> VerificationRequiredError:
-        """The error for a batch that needs verifying, with the producer's guard (handed out
-        now if none stands)."""
+    def _check_verified(self, producer_id: int, epoch: int, sequence: int, guard: int,
+                        now_ms: int | None) -> None:
+        """A transactional batch would start the producer's transaction here: ``guard`` must
+        be the producer's standing one. Else raises the error with that guard (handed out now
+        if none stands)."""
         state = self._verifications.get(producer_id)
+        if state is not None and state.verifies(guard):
+            return
         if state is None:
             now_ms = int(time.time() * 1000) if now_ms is None else now_ms
             state = self._verifications[producer_id] = VerificationState(
                 new_guard(), now_ms, sequence, epoch)
         else:
             state.note(sequence, epoch)
-        return VerificationRequiredError(producer_id, state.guard)
+        raise VerificationRequiredError(producer_id, state.guard)
 
     def complete(
         self, append: ProducerAppend, base_offset: int, append_time_ms: int | None = None
