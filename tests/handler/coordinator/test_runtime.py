@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections import Counter
 
 import pytest
 
 from kbroker.log.v1 import log_pb2
-from kbroker.purgatory.v1 import purgatory_pb2
 from kbroker.replicator.v1 import replicator_pb2
 from services.common.errors import ErrorCode
 from services.common.records.control_records import (
@@ -33,7 +31,9 @@ from services.handler.coordinator.placement import (
 from services.handler.coordinator.runtime import CoordinatorRuntime
 from services.handler.metadata_cache import LogNode
 
-from ..fakes import FakeController, cache_of, cluster, topic, wait_result
+from ..fakes import FakeController, cache_of, cluster, topic
+from ..fakes import MemoryLog as Log
+from ..fakes import MemoryPurgatory as Purgatory
 
 TOPIC = replicator_pb2.NewTopic(name="__counters", num_partitions=2, replication_factor=1)
 COORDINATOR_NOT_AVAILABLE = ErrorCode.coordinator_not_available.value
@@ -61,101 +61,6 @@ def increment(name: str):  # type: ignore[no-untyped-def]
 
 def timers_of(state: Counters, now: int) -> dict[str, int]:
     return {f"counter:{name}": 1000 for name in state.counts}
-
-
-class Log:
-    """Partitions in memory with the log node's conditional append; every call yields to the
-    event loop first, so concurrent callers interleave as over the network."""
-
-    def __init__(self) -> None:
-        self.batches: dict[tuple[str, int], list[tuple[int, int, bytes]]] = defaultdict(list)
-        self.ends: dict[tuple[str, int], int] = defaultdict(int)
-        self.lagging = False
-
-    async def append(self, node: LogNode, request: log_pb2.AppendRequest,
-                     time_limit: float) -> log_pb2.AppendResponse:
-        await asyncio.sleep(0)
-        [append] = request.partitions
-        where = (append.topic, append.partition)
-        expected = append.expected_log_end_offset
-        assert append.HasField("expected_log_end_offset")
-        if self.ends[where] != expected:
-            return log_pb2.AppendResponse(results=[log_pb2.PartitionAppendResult(
-                topic=append.topic, partition=append.partition,
-                error_code=ErrorCode.invalid_update_version.value)])
-        batch = bytearray(append.records)
-        batch[0:8] = struct.pack(">q", expected)  # the log node assigns offsets
-        count = struct.unpack_from(">i", batch, 23)[0] + 1
-        self.batches[where].append((expected, count, bytes(batch)))
-        self.ends[where] += count
-        end = self.ends[where]
-        return log_pb2.AppendResponse(results=[log_pb2.PartitionAppendResult(
-            topic=append.topic, partition=append.partition, log_end_offset=end,
-            high_watermark=expected if self.lagging else end, leader_epoch=0)])
-
-    async def read(self, node: LogNode, request: log_pb2.ReadRequest,
-                   time_limit: float) -> log_pb2.ReadResponse:
-        await asyncio.sleep(0)
-        assert request.limit == log_pb2.READ_LIMIT_LOG_END
-        out = log_pb2.ReadResponse()
-        for r in request.partitions:
-            where = (r.topic, r.partition)
-            data = b"".join(b for base, count, b in self.batches[where] if base + count > r.offset)
-            out.results.add(topic=r.topic, partition=r.partition, records=data,
-                            log_start_offset=0, log_end_offset=self.ends[where],
-                            high_watermark=self.ends[where])
-        return out
-
-
-class Purgatory:
-    """Waits on positions, timers by key and an expiry stream, in memory."""
-
-    def __init__(self) -> None:
-        self.positions: dict[str, int] = {}
-        self.changed = asyncio.Condition()
-        self.replicated = True
-        self.produce_waits: list[dict[str, int]] = []
-        self.armed_timers: dict[str, int] = {}
-        self.expired: asyncio.Queue[str] = asyncio.Queue()
-        self.subscriptions = 0
-
-    async def wait(self, kind: int, thresholds: Mapping[str, int], require_all: bool,
-                   timeout_ms: int) -> purgatory_pb2.AwaitResponse:
-        if kind == purgatory_pb2.OPERATION_KIND_PRODUCE:
-            self.produce_waits.append(dict(thresholds))
-            return wait_result(self.replicated)
-
-        def reached() -> bool:
-            return any(self.positions.get(k, -1) >= t for k, t in thresholds.items())
-
-        try:
-            async with self.changed:
-                await asyncio.wait_for(self.changed.wait_for(reached), timeout_ms / 1000)
-        except TimeoutError:
-            pass
-        return wait_result(reached(), {k: self.positions.get(k, -1) for k in thresholds})
-
-    async def complete(self, positions: Mapping[str, int]) -> None:
-        async with self.changed:
-            for key, position in positions.items():
-                self.positions[key] = max(self.positions.get(key, -1), position)
-            self.changed.notify_all()
-
-    async def schedule(self, deadlines: Mapping[str, int]) -> None:
-        self.armed_timers.update(deadlines)
-
-    async def unschedule(self, keys: Sequence[str]) -> None:
-        for key in keys:
-            self.armed_timers.pop(key, None)
-
-    async def armed(self, keys: Sequence[str]) -> set[str]:
-        return {key for key in keys if key in self.armed_timers}
-
-    async def watch_expirations(self) -> AsyncIterator[list[str]]:
-        self.subscriptions += 1
-        yield []
-        while True:
-            yield [await self.expired.get()]
 
 
 class Writes:
