@@ -90,7 +90,10 @@ class FakePartition:
 
 class FakeLogNodes:
     """Log nodes holding batches in memory; the high watermark follows the log end unless
-    ``lagging_high_watermark`` is set. ``failures[node_id]`` makes calls to a node raise."""
+    ``lagging_high_watermark`` is set. ``failures[node_id]`` makes calls to a node raise.
+    ``guards[(topic, partition)]``: the partition wants the transaction of the next
+    transactional batch verified (KIP-890): it refuses it (INVALID_TXN_STATE, the guard in the
+    answer) unless it comes with that guard, as a leader log node does."""
 
     def __init__(self) -> None:
         self.partitions: dict[tuple[str, int], FakePartition] = {}
@@ -98,6 +101,7 @@ class FakeLogNodes:
         self.failures: dict[int, Exception] = {}
         self.lagging_high_watermark = False
         self.appended = asyncio.Event()
+        self.guards: dict[tuple[str, int], int] = {}
 
     def partition(self, topic: str, partition: int) -> FakePartition:
         return self.partitions.setdefault((topic, partition), FakePartition())
@@ -120,6 +124,13 @@ class FakeLogNodes:
         self._check(node)
         out = log_pb2.AppendResponse()
         for a in request.partitions:
+            guard = self.guards.get((a.topic, a.partition))
+            if guard is not None and a.verification_guard != guard:
+                out.results.add(topic=a.topic, partition=a.partition,
+                                error_code=ErrorCode.invalid_txn_state.value,
+                                verification_guard=guard)
+                continue
+            self.guards.pop((a.topic, a.partition), None)
             p = self.partition(a.topic, a.partition)
             count = sum(n for _, n in batch_offsets(a.records))
             base = p.log_end
