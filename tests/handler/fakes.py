@@ -164,7 +164,7 @@ class FakeLogNodes:
                 data += batch
             out.results.add(topic=r.topic, partition=r.partition, records=data,
                             high_watermark=p.high_watermark, log_start_offset=0,
-                            log_end_offset=p.log_end)
+                            log_end_offset=p.log_end, last_stable_offset=p.high_watermark)
         return out
 
     async def list_offsets(self, node: LogNode, request: log_pb2.ListOffsetsRequest,
