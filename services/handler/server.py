@@ -78,10 +78,13 @@ class HandlerService:
         await self._resources.aclose()
 
 
-async def start(config: HandlerConfig) -> HandlerService:
+async def start(config: HandlerConfig, *,
+                log_nodes: LogNodeClients | None = None) -> HandlerService:
+    """Start a handler; ``log_nodes`` replaces its log node clients (tests: a log node side
+    the log nodes at hand do not have)."""
     async with contextlib.AsyncExitStack() as stack:
         replicator = ReplicatorClient(config.replicator_address)
-        log_nodes = LogNodeClients()
+        log_nodes = log_nodes or LogNodeClients()
         purgatory = PurgatoryClient(config.purgatory_address)
         cache = MetadataCache(replicator.load_metadata)
         cache.add_listener(log_nodes.on_metadata)
