@@ -39,6 +39,7 @@ from ..config import HandlerConfig
 from ..coordinator.placement import CoordinatorError, Placement
 from ..coordinator.runtime import CoordinatorRuntime
 from ..metadata_cache import MetadataCache
+from ..metrics import TRANSACTION_TIMER_ACTIONS, TRANSACTION_WRITES, TRANSACTIONS_COMPLETED
 from . import metadata as txn
 from .markers import MarkerWriter
 from .metadata import (
@@ -120,7 +121,8 @@ class TransactionCoordinator:
                      "compression.type": "uncompressed",
                      "unclean.leader.election.enable": "false"}), cache, controller)
         self.runtime = CoordinatorRuntime(self.placement, log_nodes, purgatory, PartitionState,
-                                          kind="transaction", timers_of=timers_of(self.config))
+                                          kind="transaction", timers_of=timers_of(self.config),
+                                          writes=TRANSACTION_WRITES)
         self.markers = MarkerWriter(cache, log_nodes, purgatory)
         self._producer_ids = producer_ids
         self._tasks: set[asyncio.Task[None]] = set()
@@ -249,6 +251,8 @@ class TransactionCoordinator:
 
             completed, _ = await self.runtime.update(tid, change)
             if completed is not None:
+                TRANSACTIONS_COMPLETED.labels(
+                    "commit" if prepared.committing else "abort").inc()
                 log.info("transaction of %s (producer %d, epoch %d) %s", tid,
                          completed.producer_id, completed.producer_epoch,
                          completed.state.kafka_name)
@@ -301,13 +305,16 @@ class TransactionCoordinator:
 
         (deleted, new), _ = await self.runtime.update(tid, change)
         if deleted:
+            TRANSACTION_TIMER_ACTIONS.labels("expired").inc()
             log.info("transactional id %s expired", tid)
             await self.runtime.disarm([timer_key(tid)])
         elif new is not None:
             if seen.state is TxnState.ONGOING:
+                TRANSACTION_TIMER_ACTIONS.labels("timeout").inc()
                 log.info("transaction of %s timed out after %d ms: aborting", tid,
                          seen.timeout_ms)
             else:
+                TRANSACTION_TIMER_ACTIONS.labels("takeover").inc()
                 log.info("taking over the %s of %s", seen.state.kafka_name, tid)
             await self._written(new)
 

@@ -16,6 +16,11 @@ from services.common.errors import ErrorCode
 from services.handler.config import HandlerConfig
 from services.handler.coordinator.placement import partition_for
 from services.handler.metadata_cache import MetadataCache
+from services.handler.metrics import (
+    TRANSACTION_TIMER_ACTIONS,
+    TRANSACTION_WRITES,
+    TRANSACTIONS_COMPLETED,
+)
 from services.handler.transactions.coordinator import (
     TRANSACTION_STATE_TOPIC,
     TransactionCoordinator,
@@ -102,6 +107,8 @@ def test_a_transaction_commits_its_markers_on_every_partition_then_completes() -
     async def main() -> None:
         log, purgatory = MemoryLog(), MemoryPurgatory()
         txn = coordinator(log, purgatory)
+        commits = TRANSACTIONS_COMPLETED.labels("commit")._value.get()
+        writes = TRANSACTION_WRITES.labels("appended")._value.get()
         pid, epoch = await begin(txn, "tx", A0, A1, B0)
         assert (pid, epoch) == (1000, 0)
         assert await txn.verify("tx", pid, epoch, frozenset({A0, ("c", 0)})) == {
@@ -119,6 +126,9 @@ def test_a_transaction_commits_its_markers_on_every_partition_then_completes() -
         assert purgatory.armed_timers[timer_key("tx")] >= 59_000
         retried = await txn.end_transaction("tx", pid, epoch, True, TV_0)
         assert (retried.error, retried.write) == (0, None)
+        assert TRANSACTIONS_COMPLETED.labels("commit")._value.get() == commits + 1
+        # Init, add, prepare, complete.
+        assert TRANSACTION_WRITES.labels("appended")._value.get() == writes + 4
         await txn.close()
 
     run(main())
@@ -229,8 +239,10 @@ def test_a_timed_out_transaction_is_fenced_and_aborted() -> None:
         txn = coordinator(log, purgatory, clock)
         pid, epoch = await begin(txn, "tx", A0, timeout_ms=1000)
         assert purgatory.armed_timers[timer_key("tx")] == 1000 + 1 + 5
+        timeouts = TRANSACTION_TIMER_ACTIONS.labels("timeout")._value.get()
         clock.now += 1001
         await fire(txn, purgatory, "tx")
+        assert TRANSACTION_TIMER_ACTIONS.labels("timeout")._value.get() == timeouts + 1
         await eventually(lambda: _is(txn, "tx", TxnState.COMPLETE_ABORT), "aborted")
         assert [(m[1], m[2], m[4]) for m in log.markers] == [(epoch + 1, False, A0)]
         # The producer that timed out is fenced; starting again bumps the epoch once more.
