@@ -56,7 +56,12 @@ from kbroker.log.v1 import log_pb2
 from kbroker.purgatory.v1 import purgatory_pb2
 from services.common.error_answers import error_response
 from services.common.errors import ErrorCode, KafkaError, error_name
-from services.common.records.record_batch import HEADER_SIZE, read_header
+from services.common.records.record_batch import (
+    ATTRIBUTES_OFFSET,
+    HEADER_SIZE,
+    TRANSACTIONAL_BIT,
+    read_header,
+)
 
 from ..collaborators import CallError, LogNodes, Purgatory
 from ..coordinator.placement import CoordinatorError
@@ -122,8 +127,9 @@ class _Slot:
 
 
 def _transactional_producer(records: bytes) -> tuple[int, int] | None:
-    """(producer id, epoch) of the first batch when it is transactional."""
-    if len(records) < HEADER_SIZE:
+    """(producer id, epoch) of the first batch when it is transactional (one byte looked at
+    for the others: this runs for every partition of every produce)."""
+    if len(records) < HEADER_SIZE or not records[ATTRIBUTES_OFFSET + 1] & TRANSACTIONAL_BIT:
         return None
     header = read_header(records)
     return (header.producer_id, header.producer_epoch) if header.is_transactional and (

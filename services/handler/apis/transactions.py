@@ -36,8 +36,10 @@ spelling the request uses):
   COORDINATOR_LOAD_IN_PROGRESS);
 - PRODUCER_FENCED is INVALID_PRODUCER_EPOCH for clients older than the version that knows it
   (AddPartitionsToTxn, AddOffsetsToTxn and EndTxn before v2);
-- AddPartitionsToTxn: a partition the cluster does not have is UNKNOWN_TOPIC_OR_PARTITION and
-  the transaction's other partitions OPERATION_NOT_ATTEMPTED (nothing is added); otherwise one
+- AddPartitionsToTxn: a partition the cluster does not have is UNKNOWN_TOPIC_OR_PARTITION, one
+  of an internal topic TOPIC_AUTHORIZATION_FAILED from a client (before v4: only brokers may
+  name them, as Kafka's authorisation has it), and the transaction's other partitions
+  OPERATION_NOT_ATTEMPTED (nothing is added); otherwise one
   error for all of them. From v4 a request carries several transactions; ``verify_only`` asks
   whether the partitions are in the transaction (NONE, or TRANSACTION_ABORTABLE) without
   adding them (what a partition leader asks before it stores a transaction's first batch);
@@ -79,6 +81,7 @@ NONE = 0
 PRODUCER_FENCED = ErrorCode.producer_fenced.value
 INVALID_PRODUCER_EPOCH = ErrorCode.invalid_producer_epoch.value
 UNKNOWN_TOPIC_OR_PARTITION = ErrorCode.unknown_topic_or_partition.value
+TOPIC_AUTHORIZATION_FAILED = ErrorCode.topic_authorization_failed.value
 OPERATION_NOT_ATTEMPTED = ErrorCode.operation_not_attempted.value
 # The first EndTxn version of transactions v2.
 TRANSACTIONS_V2_END_TXN = 5
@@ -138,23 +141,26 @@ class AddPartitionsToTxnApi(TransactionApi):
                 TransactionResult(transactional_id=t.transactional_id,
                                   topic_results=await self._add(
                                       t.transactional_id, t.producer_id, t.producer_epoch,
-                                      t.verify_only, t.topics, metadata, context))
+                                      t.verify_only, t.topics, metadata, context, False))
                 for t in request.transactions])
-        # Before v4 one transaction, named at the top level (added, never only verified).
+        # Before v4 one transaction, named at the top level (added, never only verified), by a
+        # client.
         return k.AddPartitionsToTxnResponse(results_by_topic_v3_and_below=await self._add(
             request.v3_and_below_transactional_id, request.v3_and_below_producer_id,
             request.v3_and_below_producer_epoch, False, request.v3_and_below_topics,
-            metadata, context))
+            metadata, context, True))
 
     async def _add(self, transactional_id: str, producer_id: int, epoch: int, verify_only: bool,
-                   topics: Any, metadata: ClusterMetadata | None,
-                   context: RequestContext) -> list[TopicResult]:
+                   topics: Any, metadata: ClusterMetadata | None, context: RequestContext,
+                   from_client: bool) -> list[TopicResult]:
         wanted = [(t.name, p) for t in topics for p in t.partitions]
-        unknown = {tp for tp in wanted if not _exists(metadata, tp)}
+        refused = {tp: TOPIC_AUTHORIZATION_FAILED for tp in wanted
+                   if from_client and _internal(metadata, tp[0])}
+        refused.update({tp: UNKNOWN_TOPIC_OR_PARTITION for tp in wanted
+                        if tp not in refused and not _exists(metadata, tp)})
         errors: dict[TopicPartition, int]
-        if unknown:
-            errors = {tp: UNKNOWN_TOPIC_OR_PARTITION if tp in unknown else OPERATION_NOT_ATTEMPTED
-                      for tp in wanted}
+        if refused:
+            errors = {tp: refused.get(tp, OPERATION_NOT_ATTEMPTED) for tp in wanted}
         elif verify_only:
             code, verified = await self._serve(transactional_id, context, lambda: (
                 self._coordinator.verify(transactional_id, producer_id, epoch,
@@ -171,6 +177,11 @@ class AddPartitionsToTxnApi(TransactionApi):
         return [TopicResult(name=name, results_by_partition=[
             {"partition_index": p, "partition_error_code": error}
             for p, error in partitions.items()]) for name, partitions in by_topic.items()]
+
+
+def _internal(metadata: ClusterMetadata | None, name: str) -> bool:
+    topic = metadata.topic(name) if metadata is not None else None
+    return topic is not None and topic.internal
 
 
 def _exists(metadata: ClusterMetadata | None, tp: TopicPartition) -> bool:

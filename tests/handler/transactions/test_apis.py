@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from kbroker.kafka.v1 import kafka_pb2 as k
@@ -43,7 +44,8 @@ from ..fakes import FakeController, MemoryLog, MemoryPurgatory, cache_of, cluste
 E = ErrorCode
 TIMEOUT = 20.0
 METADATA = cluster(
-    topic(TRANSACTION_STATE_TOPIC, 2, topic_id="7a", epoch=2), topic(OFFSETS_TOPIC, 2),
+    topic(TRANSACTION_STATE_TOPIC, 2, topic_id="7a", epoch=2),
+    replace(topic(OFFSETS_TOPIC, 2), internal=True),
     topic("a", 2), topic("b", 1), topic("gone", 1, leaders=[1]), nodes=(0, 1))
 GROUP_PARTITION = (OFFSETS_TOPIC, partition_for("g", 2))
 
@@ -185,6 +187,11 @@ def test_add_partitions_v3_and_below() -> None:
                                       ("a", 7): E.unknown_topic_or_partition.value,
                                       ("zz", 0): E.unknown_topic_or_partition.value}
         assert await c.state("tx") is TxnState.EMPTY
+        # Clients may not name internal topics (AddOffsetsToTxn adds a group's partition).
+        internal = await c.add.handle(add_v3("tx", pid, epoch, ("a", 0), (OFFSETS_TOPIC, 0)),
+                                      at(3))
+        assert errors_v3(internal) == {("a", 0): E.operation_not_attempted.value,
+                                       (OFFSETS_TOPIC, 0): E.topic_authorization_failed.value}
         added = await c.add.handle(add_v3("tx", pid, epoch, ("a", 0), ("b", 0)), at(3))
         assert errors_v3(added) == {("a", 0): 0, ("b", 0): 0}
         assert not added.results_by_transaction
