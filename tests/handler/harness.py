@@ -80,7 +80,8 @@ class Cluster:
                     min_bytes: int = 1, **fields: Any) -> k.FetchResponse:
         request = k.FetchRequest(
             replica_id=-1, max_wait_ms=max_wait_ms, min_bytes=min_bytes,
-            max_bytes=fields.pop("max_bytes", 50 * 1024 * 1024), isolation_level=0,
+            max_bytes=fields.pop("max_bytes", 50 * 1024 * 1024),
+            isolation_level=fields.pop("isolation_level", 0),
             session_id=fields.pop("session_id", 0), session_epoch=fields.pop("session_epoch", -1),
             topics=[k.FetchRequest.FetchTopic(topic=topic, partitions=[
                 k.FetchRequest.FetchPartition(
