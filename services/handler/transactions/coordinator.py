@@ -23,14 +23,14 @@ writes the prepared record again with a new update time, which also tells the fi
 should it be alive after all, to stop). Timers are soft state: the runtime arms those a
 partition implies on a first load and when the expiry stream reconnects.
 
-The coordinator epoch (the leader epoch of the id's partition) fences markers of a coordinator
-that lost its partition, as Kafka's does; handlers of one epoch share it. A handler stalled for
-longer than the takeover time inside one marker call could, in principle, have that call land
-after another handler completed the transaction and, with transactions v1 (the epoch unchanged
-between transactions), after the producer started its next one on that partition; a writer
-checks before every attempt that the transaction is still the one it prepared, so only a call
-already in flight is exposed. Transactions v2 bump the epoch at every end, which fences such a
-marker at the partition (INVALID_PRODUCER_EPOCH).
+The coordinator epoch (the leader epoch of the id's partition) fences markers of a
+coordinator that lost its partition, as Kafka's does; handlers of one epoch share it. A
+handler stalled for longer than the takeover time inside one marker call could, in principle,
+have that call land after another handler completed the transaction and after the producer
+started its next one on that partition (at the same producer epoch), ending it early there; a
+writer checks before every attempt that the transaction is still the one it prepared, so only
+a call already in flight (bounded by its time limit) is exposed. A new producer epoch in
+between (InitProducerId) fences such a marker at the partition (INVALID_PRODUCER_EPOCH).
 """
 
 from __future__ import annotations
