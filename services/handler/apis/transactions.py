@@ -39,8 +39,8 @@ spelling the request uses):
 - AddPartitionsToTxn: a partition the cluster does not have is UNKNOWN_TOPIC_OR_PARTITION, one
   of an internal topic TOPIC_AUTHORIZATION_FAILED from a client (before v4: only brokers may
   name them, as Kafka's authorisation has it), and the transaction's other partitions
-  OPERATION_NOT_ATTEMPTED (nothing is added); otherwise one
-  error for all of them. From v4 a request carries several transactions; ``verify_only`` asks
+  OPERATION_NOT_ATTEMPTED (nothing is added); otherwise one error for all of them. From v4 a
+  request carries several transactions; ``verify_only`` asks
   whether the partitions are in the transaction (NONE, or TRANSACTION_ABORTABLE) without
   adding them (what a partition leader asks before it stores a transaction's first batch);
 - AddOffsetsToTxn adds the group's ``__consumer_offsets`` partition to the transaction;

@@ -394,10 +394,13 @@ def test_describe_and_list_transactions() -> None:
             [("open", "Ongoing")], ["Nonsense"])
         assert await listed(state_filters=["Nonsense"]) == ([], ["Nonsense"])
         assert await listed(producer_id_filters=[pid]) == ([("open", "Ongoing")], [])
-        # v1: only transactions running for longer than the duration.
+        # v1: only transactions running for longer than the duration (ten seconds on).
         # (Kafka counts an Empty transaction, started at -1, as running since forever.)
+        later = c.txn.now() + 10_000
+        c.txn.runtime.now = lambda: later
         assert await listed(duration_filter=3_600_000) == ([("idle", "Empty")], [])
-        assert (await listed(duration_filter=0))[0] == [("idle", "Empty"), ("open", "Ongoing")]
+        assert (await listed(duration_filter=5_000))[0] == [
+            ("idle", "Empty"), ("open", "Ongoing")]
         # Each broker lists what it leads (broker 1 leads no transaction state partition).
         response = await c.list.handle(k.ListTransactionsRequest(), at(1, broker_id=1))
         assert list(response.transaction_states) == []

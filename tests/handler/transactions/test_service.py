@@ -4,10 +4,10 @@ offsets committed in it, read back once committed), a handler that dies between 
 Complete (another handler finishes the transaction when the takeover timer runs out), the
 timeout abort with its fence, and fencing by a new instance of the producer.
 
-The log nodes at hand do not have the leader side of transactions yet (WriteTxnMarkers,
-verification guards, DescribeProducers): :class:`TransactionalLogNodes` plays it in the
-handler's log node clients, on top of the real nodes (a marker is a control batch appended as
-the leader would write it)."""
+Log nodes without the leader side of transactions (WriteTxnMarkers, verification guards,
+DescribeProducers) have it played by :class:`TransactionalLogNodes` in the handler's log node
+clients, on top of the real nodes (a marker is a control batch appended as the leader would
+write it); log nodes that have it are used as they are."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ from services.common.records.record_batch import (
 )
 from services.handler import server as handler_server
 from services.handler.clients import LogNodeClients
+from services.handler.collaborators import CallError
 from services.handler.config import HandlerConfig
 from services.handler.metadata_cache import LogNode
 
@@ -61,10 +62,12 @@ def run(coroutine: Awaitable[None]) -> None:
 
 class LeaderSide:
     """The leader side of transactions, shared by a test's handlers: the markers written,
-    partitions whose leader cannot be reached for markers (``blocked``), and KIP-890
-    verification (a producer's first transactional batch on a partition needs its guard)."""
+    partitions whose leader cannot be reached for markers (``blocked``), and, for log nodes
+    that lack it (``native`` False), KIP-890 verification (a producer's first transactional
+    batch on a partition needs its guard) and the writing of markers."""
 
     def __init__(self) -> None:
+        self.native: bool | None = None
         self.markers: list[tuple[int, int, bool, int, tuple[str, int]]] = []
         self.blocked: set[tuple[str, int]] = set()
         self.guards: dict[tuple[tuple[str, int], int], int] = {}
@@ -73,12 +76,29 @@ class LeaderSide:
 
 
 class TransactionalLogNodes(LogNodeClients):
+    """The handler's log node clients, with the leader side of transactions played here when
+    the log nodes do not have it (they answer DescribeProducers UNIMPLEMENTED): a marker is a
+    control batch appended as the leader would write it."""
+
     def __init__(self, side: LeaderSide) -> None:
         super().__init__()
         self.side = side
 
+    async def _native(self, node: LogNode) -> bool:
+        if self.side.native is None:
+            try:
+                await super().describe_producers(node, log_pb2.DescribeProducersRequest(), 5.0)
+                self.side.native = True
+            except CallError as exc:
+                if "UNIMPLEMENTED" not in str(exc):
+                    raise
+                self.side.native = False
+        return self.side.native
+
     async def append(self, node: LogNode, request: log_pb2.AppendRequest,
                      time_limit: float) -> log_pb2.AppendResponse:
+        if await self._native(node):
+            return await super().append(node, request, time_limit)
         refused, passed = [], []
         for a in request.partitions:
             header = read_header(a.records) if len(a.records) >= HEADER_SIZE else None
@@ -102,6 +122,7 @@ class TransactionalLogNodes(LogNodeClients):
 
     async def write_txn_markers(self, node: LogNode, request: log_pb2.WriteTxnMarkersRequest,
                                 time_limit: float) -> log_pb2.WriteTxnMarkersResponse:
+        native = await self._native(node)
         out = log_pb2.WriteTxnMarkersResponse()
         for marker in request.markers:
             answer = out.markers.add(producer_id=marker.producer_id)
@@ -111,21 +132,34 @@ class TransactionalLogNodes(LogNodeClients):
                     answer.partitions.add(topic=tp.topic, partition=tp.partition,
                                           error_code=E.not_leader_or_follower.value)
                     continue
-                batch = build_end_transaction_batch(
-                    EndTransactionMarker(type=ControlRecordType.COMMIT if marker.committed
-                                         else ControlRecordType.ABORT,
-                                         coordinator_epoch=marker.coordinator_epoch),
-                    producer_id=marker.producer_id, producer_epoch=marker.producer_epoch,
-                    timestamp=int(time.time() * 1000))
-                appended = await super().append(node, log_pb2.AppendRequest(partitions=[
-                    log_pb2.PartitionAppend(topic=tp.topic, partition=tp.partition,
-                                            records=batch)]), time_limit)
-                answer.partitions.extend(appended.results)
-                self.side.open.discard((where, marker.producer_id))
-                self.side.guards.pop((where, marker.producer_id), None)
-                self.side.markers.append((marker.producer_id, marker.producer_epoch,
-                                          marker.committed, marker.coordinator_epoch, where))
+                if native:
+                    one = log_pb2.TxnMarker()
+                    one.CopyFrom(marker)
+                    del one.partitions[:]
+                    one.partitions.add(topic=tp.topic, partition=tp.partition)
+                    written = (await super().write_txn_markers(node, log_pb2.WriteTxnMarkersRequest(
+                        markers=[one]), time_limit)).markers[0].partitions
+                else:
+                    written = (await super().append(node, log_pb2.AppendRequest(partitions=[
+                        log_pb2.PartitionAppend(topic=tp.topic, partition=tp.partition,
+                                                records=_marker_batch(marker))]),
+                        time_limit)).results
+                answer.partitions.extend(written)
+                if all(not result.error_code for result in written):
+                    self.side.open.discard((where, marker.producer_id))
+                    self.side.guards.pop((where, marker.producer_id), None)
+                    self.side.markers.append((marker.producer_id, marker.producer_epoch,
+                                              marker.committed, marker.coordinator_epoch, where))
         return out
+
+
+def _marker_batch(marker: log_pb2.TxnMarker) -> bytes:
+    return build_end_transaction_batch(
+        EndTransactionMarker(type=ControlRecordType.COMMIT if marker.committed
+                             else ControlRecordType.ABORT,
+                             coordinator_epoch=marker.coordinator_epoch),
+        producer_id=marker.producer_id, producer_epoch=marker.producer_epoch,
+        timestamp=int(time.time() * 1000))
 
 
 @contextlib.asynccontextmanager
