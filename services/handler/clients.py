@@ -194,6 +194,14 @@ class LogNodeClients:
         return await _call(self._stub(node).OffsetForLeaderEpoch, request, time_limit,
                            _peer(node))
 
+    async def write_txn_markers(self, node: LogNode, request: log_pb2.WriteTxnMarkersRequest,
+                                time_limit: float) -> log_pb2.WriteTxnMarkersResponse:
+        return await _call(self._stub(node).WriteTxnMarkers, request, time_limit, _peer(node))
+
+    async def describe_producers(self, node: LogNode, request: log_pb2.DescribeProducersRequest,
+                                 time_limit: float) -> log_pb2.DescribeProducersResponse:
+        return await _call(self._stub(node).DescribeProducers, request, time_limit, _peer(node))
+
     def on_metadata(self, snapshot: ClusterMetadata) -> None:
         """Metadata listener: close the channels of addresses no log node has any more (a
         node moved or left); calls still running on them fail as calls to a vanished node

@@ -57,6 +57,15 @@ class LogNodes(Protocol):
                                       request: log.OffsetForLeaderEpochRequest,
                                       time_limit: float) -> log.OffsetForLeaderEpochResponse: ...
 
+    async def write_txn_markers(self, node: LogNode, request: log.WriteTxnMarkersRequest,
+                                time_limit: float) -> log.WriteTxnMarkersResponse:
+        """COMMIT/ABORT markers on partitions the node leads, answered per marker and
+        partition as appends are."""
+        ...
+
+    async def describe_producers(self, node: LogNode, request: log.DescribeProducersRequest,
+                                 time_limit: float) -> log.DescribeProducersResponse: ...
+
 
 class Purgatory(Protocol):
     """Delayed operations (Kafka's DelayedFetch, DelayedProduce, DelayedJoin), its

@@ -46,3 +46,19 @@ class HandlerConfig:
         1800000, "longest session timeout a member may ask for (group.max.session.timeout.ms)")
     group_max_size: int = option(
         2147483647, "most members a group may have (group.max.size)")
+    transaction_state_log_num_partitions: int = option(
+        50, "partitions of __transaction_state when it is created "
+        "(transaction.state.log.num.partitions)")
+    transaction_state_log_replication_factor: int = option(
+        3, "replication factor of __transaction_state, at most the live log nodes "
+        "(transaction.state.log.replication.factor)")
+    transaction_state_log_segment_bytes: int = option(
+        104857600, "segment.bytes of __transaction_state (transaction.state.log.segment.bytes)")
+    transaction_max_timeout_ms: int = option(
+        900000, "longest transaction timeout a producer may ask for (transaction.max.timeout.ms)")
+    transactional_id_expiration_ms: int = option(
+        604800000, "how long a transactional id may stay idle before it is forgotten "
+        "(transactional.id.expiration.ms)")
+    transaction_marker_takeover_ms: int = option(
+        10000, "how long a prepared transaction may go without word from the handler writing "
+        "its markers before another handler takes over and finishes it")

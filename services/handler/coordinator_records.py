@@ -16,7 +16,10 @@ its own small versioned record). Kafka's readers skip unknown tagged fields, so 
 read these records as ordinary group metadata.
 
 ``__transaction_state`` holds a :class:`TransactionLogKey` v0 (the transactional id) per
-transaction with a :class:`TransactionLogValue` (v0, or v1 with tagged fields).
+transaction with a :class:`TransactionLogValue` (v0, or v1 with tagged fields). Written: v1,
+with the producer ids of Kafka's tagged fields and, in tagged field :data:`EXTENSION_TAG`, the
+producer's previous epoch (:class:`TransactionExtension`), which Kafka keeps in memory only and
+a stateless coordinator must persist to recognise a retried InitProducerId.
 """
 
 from __future__ import annotations
@@ -156,6 +159,15 @@ class TransactionPartitions:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TransactionExtension:
+    """What a transaction has beyond Kafka's record: the producer's epoch before the last bump
+    (Kafka's ``lastProducerEpoch``; -1: none)."""
+
+    __versions__: ClassVar[str] = "0"
+    last_producer_epoch: int = kafka("int16", default=-1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TransactionLogValue:
     """A transactional id's producer, epoch, state (Kafka's ``TransactionState`` id), timeout
     and partitions. The producer ids of the last committed transaction and of the next one,
@@ -174,6 +186,9 @@ class TransactionLogValue:
     transaction_last_update_timestamp_ms: int = kafka("int64")
     transaction_start_timestamp_ms: int = kafka("int64")
     client_transaction_version: int = kafka("int16", "1+", tag=2, default=0)
+    # None in records written by Kafka itself (or in v0).
+    extension: TransactionExtension | None = kafka(TransactionExtension, "1+",
+                                                   tag=EXTENSION_TAG, default=None)
 
 
 TRANSACTION_KEYS: dict[int, type] = {0: TransactionLogKey}

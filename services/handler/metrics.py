@@ -9,6 +9,16 @@ and the per-request account of time parked in the purgatory that goes back to th
     handler_group_writes_total{outcome}      group state appends and lost conditional appends
     handler_group_rebalances_total           group-coordinator-metrics rebalance-count
     handler_group_session_expiries_total     group-coordinator-metrics (member expirations)
+    handler_transaction_writes_total{outcome}
+                                             transaction state appends and lost conditional
+                                             appends
+    handler_transactions_completed_total{result}
+                                             transactions whose markers this handler wrote
+                                             (commit, abort)
+    handler_transaction_timer_actions_total{action}
+                                             transaction timers acted on: timeout (aborted,
+                                             Kafka's abortTimedOutTransactions), takeover,
+                                             expired (transactional.id.expiration.ms)
 
 Remote time (Kafka's RemoteTimeMs: kafka.network:type=RequestMetrics,name=RemoteTimeMs) is the
 part of a request spent waiting in the purgatory, not working. The handler measures it and
@@ -84,6 +94,27 @@ GROUP_SESSION_EXPIRIES = Counter(
     " for a join phase, gone: no longer a member, rearmed: alive again by the time the"
     " expiry was handled).",
     ["outcome"],
+)
+
+
+TRANSACTION_WRITES = Counter(
+    "handler_transaction_writes_total",
+    "Conditional appends of transaction state to __transaction_state, by outcome (appended, or"
+    " conflict: another handler appended first and the change is computed again).",
+    ["outcome"],
+)
+TRANSACTIONS_COMPLETED = Counter(
+    "handler_transactions_completed_total",
+    "Transactions this handler wrote every marker of and completed, by result (commit,"
+    " abort).",
+    ["result"],
+)
+TRANSACTION_TIMER_ACTIONS = Counter(
+    "handler_transaction_timer_actions_total",
+    "Transaction timers this handler acted on, by what they meant (timeout: an Ongoing"
+    " transaction fenced and aborted; takeover: a prepared transaction nobody finished;"
+    " expired: an idle transactional id forgotten).",
+    ["action"],
 )
 
 

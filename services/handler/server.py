@@ -16,7 +16,12 @@ from services.common.server import ServiceBinding, create_server
 from .apis.cluster import DescribeClusterApi
 from .apis.configs import AlterConfigsApi, DescribeConfigsApi
 from .apis.fetch import FetchApi
-from .apis.group_offsets import OffsetCommitApi, OffsetDeleteApi, OffsetFetchApi
+from .apis.group_offsets import (
+    OffsetCommitApi,
+    OffsetDeleteApi,
+    OffsetFetchApi,
+    TxnOffsetCommitApi,
+)
 from .apis.groups import (
     DeleteGroupsApi,
     DescribeGroupsApi,
@@ -33,14 +38,24 @@ from .apis.offsets import ListOffsetsApi
 from .apis.partitions import CreatePartitionsApi
 from .apis.produce import ProduceApi
 from .apis.producer_ids import InitProducerIdApi, ProducerIdBlocks
+from .apis.producers import DescribeProducersApi
 from .apis.records import DeleteRecordsApi
 from .apis.topics import CreateTopicsApi, DeleteTopicsApi
+from .apis.transactions import (
+    AddOffsetsToTxnApi,
+    AddPartitionsToTxnApi,
+    DescribeTransactionsApi,
+    EndTxnApi,
+    ListTransactionsApi,
+)
+from .apis.txn_markers import WriteTxnMarkersApi
 from .clients import LogNodeClients, PurgatoryClient, ReplicatorClient
 from .config import HandlerConfig
 from .exchange import STREAM_SERVICE_NAME, ExchangeServicer, add_exchange_to_server
 from .groups.coordinator import GroupCoordinator
 from .metadata_cache import MetadataCache
 from .servicer import KafkaApi, KafkaHandlerServicer, add_to_server
+from .transactions.coordinator import TransactionCoordinator
 
 log = logging.getLogger(__name__)
 
@@ -63,20 +78,26 @@ class HandlerService:
         await self._resources.aclose()
 
 
-async def start(config: HandlerConfig) -> HandlerService:
+async def start(config: HandlerConfig, *,
+                log_nodes: LogNodeClients | None = None) -> HandlerService:
+    """Start a handler; ``log_nodes`` replaces its log node clients (tests: a log node side
+    the log nodes at hand do not have)."""
     async with contextlib.AsyncExitStack() as stack:
         replicator = ReplicatorClient(config.replicator_address)
-        log_nodes = LogNodeClients()
+        log_nodes = log_nodes or LogNodeClients()
         purgatory = PurgatoryClient(config.purgatory_address)
         cache = MetadataCache(replicator.load_metadata)
         cache.add_listener(log_nodes.on_metadata)
         producer_id_blocks = ProducerIdBlocks(replicator, requester=config.instance)
         coordinator = GroupCoordinator(cache, log_nodes, replicator, purgatory, config)
-        for resource in (replicator, log_nodes, purgatory, producer_id_blocks, coordinator):
+        transactions = TransactionCoordinator(cache, log_nodes, replicator, purgatory, config,
+                                              producer_id_blocks)
+        for resource in (replicator, log_nodes, purgatory, producer_id_blocks, coordinator,
+                         transactions):
             stack.push_async_callback(resource.close)
         alter_configs = AlterConfigsApi(cache, replicator)
         apis: dict[str, KafkaApi] = {
-            "Produce": ProduceApi(cache, log_nodes, purgatory),
+            "Produce": ProduceApi(cache, log_nodes, purgatory, transactions),
             "Fetch": FetchApi(cache, log_nodes, purgatory),
             "ListOffsets": ListOffsetsApi(cache, log_nodes),
             "Metadata": MetadataApi(cache, replicator, config.auto_create_topics_enable),
@@ -90,8 +111,8 @@ async def start(config: HandlerConfig) -> HandlerService:
                 cache, auto_create_topics_enable=config.auto_create_topics_enable),
             "AlterConfigs": alter_configs,
             "IncrementalAlterConfigs": alter_configs,
-            "InitProducerId": InitProducerIdApi(producer_id_blocks),
-            "FindCoordinator": FindCoordinatorApi(coordinator),
+            "InitProducerId": InitProducerIdApi(producer_id_blocks, transactions),
+            "FindCoordinator": FindCoordinatorApi(coordinator, transactions.placement),
             "JoinGroup": JoinGroupApi(coordinator),
             "SyncGroup": SyncGroupApi(coordinator),
             "Heartbeat": HeartbeatApi(coordinator),
@@ -102,11 +123,21 @@ async def start(config: HandlerConfig) -> HandlerService:
             "OffsetCommit": OffsetCommitApi(cache, coordinator),
             "OffsetFetch": OffsetFetchApi(coordinator),
             "OffsetDelete": OffsetDeleteApi(cache, coordinator),
+            "AddPartitionsToTxn": AddPartitionsToTxnApi(cache, transactions),
+            "AddOffsetsToTxn": AddOffsetsToTxnApi(transactions, coordinator),
+            "EndTxn": EndTxnApi(transactions),
+            "TxnOffsetCommit": TxnOffsetCommitApi(cache, coordinator, transactions),
+            "WriteTxnMarkers": WriteTxnMarkersApi(cache, log_nodes, purgatory),
+            "DescribeProducers": DescribeProducersApi(cache, log_nodes),
+            "DescribeTransactions": DescribeTransactionsApi(transactions),
+            "ListTransactions": ListTransactionsApi(transactions),
         }
         servicer = KafkaHandlerServicer(config, apis)
         for task in (
             asyncio.create_task(cache.follow(replicator.watch), name="metadata-follower"),
             asyncio.create_task(coordinator.follow_expirations(), name="session-expirations"),
+            asyncio.create_task(transactions.follow_expirations(),
+                                name="transaction-expirations"),
         ):
             stack.push_async_callback(_cancel, task)
         server, port, _health = await create_server(

@@ -251,3 +251,37 @@ class FakeHandler(kafka_handler_pb2_grpc.KafkaHandlerServicer):
             {"name": t.name, "partitions": [
                 {"partition_index": p.partition_index, "error_code": 0} for p in t.partitions]}
             for t in request.topics])
+
+    # Transaction APIs: empty answers (the frontend fills every field with its default).
+
+    async def AddPartitionsToTxn(self, request, context):
+        await self._enter("AddPartitionsToTxn", request, context)
+        return k.AddPartitionsToTxnResponse()
+
+    async def AddOffsetsToTxn(self, request, context):
+        await self._enter("AddOffsetsToTxn", request, context)
+        return k.AddOffsetsToTxnResponse(error_code=0)
+
+    async def EndTxn(self, request, context):
+        await self._enter("EndTxn", request, context)
+        return k.EndTxnResponse(error_code=0)
+
+    async def WriteTxnMarkers(self, request, context):
+        await self._enter("WriteTxnMarkers", request, context)
+        return k.WriteTxnMarkersResponse()
+
+    async def TxnOffsetCommit(self, request, context):
+        await self._enter("TxnOffsetCommit", request, context)
+        return k.TxnOffsetCommitResponse()
+
+    async def DescribeProducers(self, request, context):
+        await self._enter("DescribeProducers", request, context)
+        return k.DescribeProducersResponse()
+
+    async def DescribeTransactions(self, request, context):
+        await self._enter("DescribeTransactions", request, context)
+        return k.DescribeTransactionsResponse()
+
+    async def ListTransactions(self, request, context):
+        await self._enter("ListTransactions", request, context)
+        return k.ListTransactionsResponse(error_code=0)

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+import struct
+from collections import defaultdict
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kbroker.log.v1 import log_pb2
 from kbroker.purgatory.v1 import purgatory_pb2
 from kbroker.replicator.v1 import replicator_pb2
+from services.common.errors import ErrorCode
+from services.common.records.control_records import (
+    ControlRecordType,
+    EndTransactionMarker,
+    build_end_transaction_batch,
+)
 from services.handler.collaborators import CallError
 from services.handler.metadata_cache import (
     ClusterMetadata,
@@ -82,7 +90,10 @@ class FakePartition:
 
 class FakeLogNodes:
     """Log nodes holding batches in memory; the high watermark follows the log end unless
-    ``lagging_high_watermark`` is set. ``failures[node_id]`` makes calls to a node raise."""
+    ``lagging_high_watermark`` is set. ``failures[node_id]`` makes calls to a node raise.
+    ``guards[(topic, partition)]``: the partition wants the transaction of the next
+    transactional batch verified (KIP-890): it refuses it (INVALID_TXN_STATE, the guard in the
+    answer) unless it comes with that guard, as a leader log node does."""
 
     def __init__(self) -> None:
         self.partitions: dict[tuple[str, int], FakePartition] = {}
@@ -90,6 +101,7 @@ class FakeLogNodes:
         self.failures: dict[int, Exception] = {}
         self.lagging_high_watermark = False
         self.appended = asyncio.Event()
+        self.guards: dict[tuple[str, int], int] = {}
 
     def partition(self, topic: str, partition: int) -> FakePartition:
         return self.partitions.setdefault((topic, partition), FakePartition())
@@ -112,6 +124,13 @@ class FakeLogNodes:
         self._check(node)
         out = log_pb2.AppendResponse()
         for a in request.partitions:
+            guard = self.guards.get((a.topic, a.partition))
+            if guard is not None and a.verification_guard != guard:
+                out.results.add(topic=a.topic, partition=a.partition,
+                                error_code=ErrorCode.invalid_txn_state.value,
+                                verification_guard=guard)
+                continue
+            self.guards.pop((a.topic, a.partition), None)
             p = self.partition(a.topic, a.partition)
             count = sum(n for _, n in batch_offsets(a.records))
             base = p.log_end
@@ -145,7 +164,7 @@ class FakeLogNodes:
                 data += batch
             out.results.add(topic=r.topic, partition=r.partition, records=data,
                             high_watermark=p.high_watermark, log_start_offset=0,
-                            log_end_offset=p.log_end)
+                            log_end_offset=p.log_end, last_stable_offset=p.high_watermark)
         return out
 
     async def list_offsets(self, node: LogNode, request: log_pb2.ListOffsetsRequest,
@@ -268,3 +287,162 @@ class FakeController:
 def topic_ids(info: TopicInfo, topic_id: str) -> TopicInfo:
     return TopicInfo(name=info.name, topic_id=topic_id, internal=info.internal,
                      configs=info.configs, partitions=info.partitions)
+
+
+class MemoryLog:
+    """Partitions in memory with the log node's conditional append, reads to the log end, and
+    transaction markers written as the leader writes them (control batches appended at the log
+    end); every call yields to the event loop first, so concurrent callers interleave as over
+    the network. ``lagging``: appends are not replicated at once (the high watermark stays
+    behind), on every partition or on those in ``lagging_partitions``.
+    ``marker_errors[(topic, partition)]``: the error markers there get (and nothing is
+    written); ``marker_calls_fail``: every WriteTxnMarkers call raises it."""
+
+    def __init__(self) -> None:
+        self.batches: dict[tuple[str, int], list[tuple[int, int, bytes]]] = defaultdict(list)
+        self.ends: dict[tuple[str, int], int] = defaultdict(int)
+        self.lagging = False
+        self.lagging_partitions: set[tuple[str, int]] = set()
+        self.markers: list[tuple[int, int, bool, int, tuple[str, int]]] = []
+        self.marker_errors: dict[tuple[str, int], int] = {}
+        self.marker_calls_fail: Exception | None = None
+        self.marker_written = asyncio.Event()
+        self.producers: dict[tuple[str, int], list[log_pb2.ActiveProducer]] = {}
+
+    def _store(self, where: tuple[str, int], records: bytes) -> tuple[int, int]:
+        base = self.ends[where]
+        batch = bytearray(records)
+        batch[0:8] = struct.pack(">q", base)  # the log node assigns offsets
+        count = struct.unpack_from(">i", batch, 23)[0] + 1
+        self.batches[where].append((base, count, bytes(batch)))
+        self.ends[where] += count
+        return base, self.ends[where]
+
+    def _result(self, where: tuple[str, int], base: int, end: int
+                ) -> log_pb2.PartitionAppendResult:
+        return log_pb2.PartitionAppendResult(
+            topic=where[0], partition=where[1], base_offset=base, log_end_offset=end,
+            high_watermark=base if self.lagging or where in self.lagging_partitions else end,
+            leader_epoch=0)
+
+    async def append(self, node: LogNode, request: log_pb2.AppendRequest,
+                     time_limit: float) -> log_pb2.AppendResponse:
+        await asyncio.sleep(0)
+        [append] = request.partitions
+        where = (append.topic, append.partition)
+        expected = append.expected_log_end_offset
+        assert append.HasField("expected_log_end_offset")
+        if self.ends[where] != expected:
+            return log_pb2.AppendResponse(results=[log_pb2.PartitionAppendResult(
+                topic=append.topic, partition=append.partition,
+                error_code=ErrorCode.invalid_update_version.value)])
+        return log_pb2.AppendResponse(results=[self._result(where, *self._store(
+            where, append.records))])
+
+    async def read(self, node: LogNode, request: log_pb2.ReadRequest,
+                   time_limit: float) -> log_pb2.ReadResponse:
+        await asyncio.sleep(0)
+        assert request.limit == log_pb2.READ_LIMIT_LOG_END
+        out = log_pb2.ReadResponse()
+        for r in request.partitions:
+            where = (r.topic, r.partition)
+            data = b"".join(b for base, count, b in self.batches[where] if base + count > r.offset)
+            out.results.add(topic=r.topic, partition=r.partition, records=data,
+                            log_start_offset=0, log_end_offset=self.ends[where],
+                            high_watermark=self.ends[where])
+        return out
+
+    async def write_txn_markers(self, node: LogNode, request: log_pb2.WriteTxnMarkersRequest,
+                                time_limit: float) -> log_pb2.WriteTxnMarkersResponse:
+        await asyncio.sleep(0)
+        if self.marker_calls_fail is not None:
+            raise self.marker_calls_fail
+        out = log_pb2.WriteTxnMarkersResponse()
+        for marker in request.markers:
+            answer = out.markers.add(producer_id=marker.producer_id)
+            for tp in marker.partitions:
+                where = (tp.topic, tp.partition)
+                error = self.marker_errors.get(where, 0)
+                if error:
+                    answer.partitions.add(topic=tp.topic, partition=tp.partition,
+                                          error_code=error)
+                    continue
+                batch = build_end_transaction_batch(
+                    EndTransactionMarker(
+                        type=ControlRecordType.COMMIT if marker.committed
+                        else ControlRecordType.ABORT,
+                        coordinator_epoch=marker.coordinator_epoch),
+                    producer_id=marker.producer_id, producer_epoch=marker.producer_epoch,
+                    timestamp=0)
+                answer.partitions.append(self._result(where, *self._store(where, batch)))
+                self.markers.append((marker.producer_id, marker.producer_epoch,
+                                     marker.committed, marker.coordinator_epoch, where))
+        self.marker_written.set()
+        return out
+
+    async def describe_producers(self, node: LogNode,
+                                 request: log_pb2.DescribeProducersRequest,
+                                 time_limit: float) -> log_pb2.DescribeProducersResponse:
+        return log_pb2.DescribeProducersResponse(results=[
+            log_pb2.PartitionProducers(topic=tp.topic, partition=tp.partition,
+                                       active_producers=self.producers.get(
+                                           (tp.topic, tp.partition), []))
+            for tp in request.partitions])
+
+
+class MemoryPurgatory:
+    """Waits on positions, timers by key and an expiry stream, in memory. Produce waits (for
+    replication) complete at once unless ``replicated`` is False; ``expire(key)`` makes a
+    timer run out."""
+
+    def __init__(self) -> None:
+        self.positions: dict[str, int] = {}
+        self.changed = asyncio.Condition()
+        self.replicated = True
+        self.produce_waits: list[dict[str, int]] = []
+        self.armed_timers: dict[str, int] = {}
+        self.expired: asyncio.Queue[str] = asyncio.Queue()
+        self.subscriptions = 0
+
+    async def wait(self, kind: int, thresholds: Mapping[str, int], require_all: bool,
+                   timeout_ms: int) -> purgatory_pb2.AwaitResponse:
+        if kind == purgatory_pb2.OPERATION_KIND_PRODUCE:
+            self.produce_waits.append(dict(thresholds))
+            return wait_result(self.replicated, thresholds if self.replicated else None)
+
+        def reached() -> bool:
+            return any(self.positions.get(k, -1) >= t for k, t in thresholds.items())
+
+        try:
+            async with self.changed:
+                await asyncio.wait_for(self.changed.wait_for(reached), timeout_ms / 1000)
+        except TimeoutError:
+            pass
+        return wait_result(reached(), {k: self.positions.get(k, -1) for k in thresholds})
+
+    async def complete(self, positions: Mapping[str, int]) -> None:
+        async with self.changed:
+            for key, position in positions.items():
+                self.positions[key] = max(self.positions.get(key, -1), position)
+            self.changed.notify_all()
+
+    async def schedule(self, deadlines: Mapping[str, int]) -> None:
+        self.armed_timers.update(deadlines)
+
+    async def unschedule(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            self.armed_timers.pop(key, None)
+
+    async def armed(self, keys: Sequence[str]) -> set[str]:
+        return {key for key in keys if key in self.armed_timers}
+
+    async def expire(self, key: str) -> None:
+        """The timer of ``key`` runs out (it is no longer armed)."""
+        self.armed_timers.pop(key, None)
+        await self.expired.put(key)
+
+    async def watch_expirations(self) -> AsyncIterator[list[str]]:
+        self.subscriptions += 1
+        yield []
+        while True:
+            yield [await self.expired.get()]

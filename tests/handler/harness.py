@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ from kbroker.handler.v1 import kafka_handler_pb2_grpc
 from kbroker.kafka.v1 import kafka_pb2 as k
 from services.common.channels import insecure_channel
 from services.handler import server as handler_server
+from services.handler.clients import LogNodeClients
 from services.handler.config import HandlerConfig
 from services.log import server as log_server
 from services.log.config import LogConfig
@@ -79,7 +80,8 @@ class Cluster:
                     min_bytes: int = 1, **fields: Any) -> k.FetchResponse:
         request = k.FetchRequest(
             replica_id=-1, max_wait_ms=max_wait_ms, min_bytes=min_bytes,
-            max_bytes=fields.pop("max_bytes", 50 * 1024 * 1024), isolation_level=0,
+            max_bytes=fields.pop("max_bytes", 50 * 1024 * 1024),
+            isolation_level=fields.pop("isolation_level", 0),
             session_id=fields.pop("session_id", 0), session_epoch=fields.pop("session_epoch", -1),
             topics=[k.FetchRequest.FetchTopic(topic=topic, partitions=[
                 k.FetchRequest.FetchPartition(
@@ -120,10 +122,12 @@ class Cluster:
 
 @contextlib.asynccontextmanager
 async def running_cluster(
-    tmp_path: Path, nodes: int = 1, *, purgatory: bool = True, **handler_options: Any
+    tmp_path: Path, nodes: int = 1, *, purgatory: bool = True,
+    log_node_clients: Callable[[], LogNodeClients] | None = None, **handler_options: Any
 ) -> AsyncIterator[Cluster]:
     """Start everything, yield the cluster once every log node is a live broker, and stop
-    everything afterwards whatever happened."""
+    everything afterwards whatever happened. ``log_node_clients`` makes the handler's log
+    node clients."""
     async with contextlib.AsyncExitStack() as stack:
         purgatory_service = None
         purgatory_address = "127.0.0.1:1"  # nothing listens there
@@ -155,7 +159,7 @@ async def running_cluster(
             purgatory_address=purgatory_address,
             advertised="default.test:9999",
             **handler_options,
-        ))
+        ), log_nodes=log_node_clients() if log_node_clients is not None else None)
         stack.push_async_callback(handler.stop, 0)
         channel = insecure_channel(f"127.0.0.1:{handler.port}")
         stack.push_async_callback(channel.close)

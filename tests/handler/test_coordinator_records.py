@@ -61,7 +61,8 @@ transaction_values = st.builds(
     transaction_partitions=st.none() | tuples(st.builds(
         r.TransactionPartitions, topic=names, partition_ids=tuples(ints32, 5))),
     transaction_last_update_timestamp_ms=ints64, transaction_start_timestamp_ms=ints64,
-    client_transaction_version=ints16)
+    client_transaction_version=ints16, extension=st.none() | st.builds(
+        r.TransactionExtension, last_producer_epoch=ints16))
 
 
 @given(group=names, topic=names, partition=ints32)
@@ -96,7 +97,7 @@ def test_group_metadata_values_round_trip(value: r.GroupMetadataValue) -> None:
 def test_transaction_log_records_round_trip(value: r.TransactionLogValue, key: str) -> None:
     assert decode(r.TransactionLogValue, encode(value, 1)) == value
     old = replace(value, previous_producer_id=-1, next_producer_id=-1,
-                  client_transaction_version=0)
+                  client_transaction_version=0, extension=None)
     assert decode(r.TransactionLogValue, encode(old, 0)) == old
     assert lowest_version(old) == 0
     stored = r.TransactionLogKey(transactional_id=key)
@@ -191,3 +192,9 @@ def test_kafka_transaction_log_values_as_kafka_writes_them() -> None:
     assert encode(empty, 0)[17:21] == struct.pack(">i", -1)
     key = struct.pack(">h", 0) + _string("tx-1")
     assert decode_key(r.TRANSACTION_KEYS, key) == r.TransactionLogKey(transactional_id="tx-1")
+    # The extension (the producer's previous epoch) is one more tagged field, "kb", which
+    # Kafka's readers skip as unknown.
+    extended = encode(replace(value, extension=r.TransactionExtension(last_producer_epoch=2)), 1)
+    assert extended == v1[:-len(bytes([2, 2]) + struct.pack(">h", 2))].replace(
+        bytes([3, 0, 8]), bytes([4, 0, 8]), 1) + bytes([2, 2]) + struct.pack(">h", 2) + (
+        bytes([0xE2, 0xD6, 0x01, 4]) + struct.pack(">hh", 0, 2))

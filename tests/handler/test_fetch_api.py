@@ -2,6 +2,7 @@ import asyncio
 import time
 
 from kbroker.kafka.v1 import kafka_pb2 as k
+from kbroker.log.v1 import log_pb2
 from kbroker.purgatory.v1 import purgatory_pb2
 from services.handler.apis.fetch import FetchApi
 from services.handler.collaborators import UnreachableError
@@ -69,6 +70,37 @@ def test_read_committed_has_an_empty_aborted_list():
     log_nodes.put("t", 0, [b"a"])
     response = serve(fetch(("t", [(0, 0)]), isolation_level=1), cluster(topic("t")), log_nodes)
     assert aborted_transactions(response.responses[0].partitions[0]) == []
+
+
+class Transactional(FakeLogNodes):
+    """A leader with an open transaction from offset 2 (the last stable offset) and an aborted
+    one at 0: read_committed reads stop there and name it."""
+
+    def __init__(self):
+        super().__init__()
+        self.limits = []
+
+    async def read(self, node, request, time_limit):
+        self.limits.append(request.limit)
+        out = await super().read(node, request, time_limit)
+        for result in out.results:
+            result.last_stable_offset = 2
+            if request.limit == log_pb2.READ_LIMIT_LAST_STABLE:
+                result.aborted_transactions.add(producer_id=9, first_offset=0)
+        return out
+
+
+def test_read_committed_reads_to_the_last_stable_offset_with_the_aborted_transactions():
+    log_nodes = Transactional()
+    log_nodes.put("t", 0, [b"a", b"b", b"c"])
+    response = serve(fetch(("t", [(0, 0)]), isolation_level=1), cluster(topic("t")), log_nodes)
+    p = response.responses[0].partitions[0]
+    assert (p.high_watermark, p.last_stable_offset) == (3, 2)
+    assert aborted_transactions(p) == [(9, 0)]
+    uncommitted = serve(fetch(("t", [(0, 0)])), cluster(topic("t")), log_nodes)
+    p = uncommitted.responses[0].partitions[0]
+    assert (p.last_stable_offset, aborted_transactions(p)) == (2, None)
+    assert log_nodes.limits == [log_pb2.READ_LIMIT_LAST_STABLE, log_pb2.READ_LIMIT_HIGH_WATERMARK]
 
 
 def test_incremental_fetches_name_a_session_that_does_not_exist():

@@ -89,3 +89,18 @@ def test_without_metadata_every_partition_is_not_leader():
             request((0, -1, -1), (1, -2, -1)), CONTEXT)
 
     assert answers(asyncio.run(main())) == [(0, 6, -1, -1, -1), (1, 6, -1, -1, -1)]
+
+
+def test_read_committed_consumers_list_up_to_the_last_stable_offset():
+    seen = []
+
+    class Spy(FakeLogNodes):
+        async def list_offsets(self, node, request, time_limit):
+            seen.append(request.limit)
+            return await super().list_offsets(node, request, time_limit)
+
+    committed = request((0, -1, -1))
+    committed.isolation_level = 1
+    serve(committed, cluster(topic("t")), Spy())
+    serve(request((0, -1, -1)), cluster(topic("t")), Spy())
+    assert seen == [log_pb2.READ_LIMIT_LAST_STABLE, log_pb2.READ_LIMIT_HIGH_WATERMARK]

@@ -5,10 +5,13 @@ import pytest
 from kbroker.kafka.v1 import kafka_pb2 as k
 from kbroker.log.v1 import log_pb2
 from kbroker.purgatory.v1 import purgatory_pb2
+from services.common.records.record_batch import TRANSACTIONAL_BIT
 from services.handler.apis.produce import ProduceApi
 from services.handler.collaborators import OutcomeUnknownError, UnreachableError
+from services.handler.coordinator.placement import CoordinatorError
 from services.handler.request_context import RequestContext
 
+from ..record_batches import build_batch
 from .batches import record_batch
 from .fakes import FakeLogNodes, FakePurgatory, cache_of, cluster, topic, wait_result
 
@@ -58,11 +61,84 @@ def test_invalid_acks_fail_every_partition_and_append_nothing(acks):
     assert log_nodes.calls == []
 
 
-def test_transactional_produce_is_refused():
-    response, log_nodes, _ = serve(request(("t", [0]), transactional_id="tx"),
-                                   cluster(topic("t")))
+def transactional(producer_id=7, epoch=2):
+    return build_batch([b"v"], attributes=TRANSACTIONAL_BIT, producer_id=producer_id,
+                       producer_epoch=epoch, base_sequence=0)
+
+
+def txn_request(*partitions, version_batches=None, transactional_id="tx"):
+    return k.ProduceRequest(acks=1, timeout_ms=1000, transactional_id=transactional_id,
+                            topic_data=[{"name": "t", "partition_data": [
+                                {"index": p, "records": (version_batches or {}).get(
+                                    p, transactional())} for p in partitions]}])
+
+
+class Verifier:
+    """The transaction coordinator's verification: an answer per partition, or a failure."""
+
+    def __init__(self, answers=None, failure=None):
+        self.answers = answers or {}
+        self.failure = failure
+        self.asked = []
+
+    async def verify(self, transactional_id, producer_id, epoch, partitions):
+        self.asked.append((transactional_id, producer_id, epoch, sorted(partitions)))
+        if self.failure is not None:
+            raise self.failure
+        return {tp: self.answers.get(tp, 0) for tp in partitions}
+
+
+def test_transactional_records_need_a_transactional_id_and_one_producer():
+    response, log_nodes, _ = serve(txn_request(0, transactional_id=None), cluster(topic("t")))
     assert outcome(response) == [("t", 0, 53, -1)]
+    response, log_nodes, _ = serve(
+        txn_request(0, 1, version_batches={1: transactional(producer_id=8)}),
+        cluster(topic("t", 2)))
+    assert outcome(response) == [("t", 0, 49, -1), ("t", 1, 49, -1)]
     assert log_nodes.calls == []
+
+
+def test_a_partition_the_leader_wants_verified_is_appended_again_with_its_guard():
+    log_nodes = FakeLogNodes()
+    log_nodes.guards[("t", 1)] = 12345
+    verifier = Verifier()
+    response, log_nodes, _ = serve(txn_request(0, 1), cluster(topic("t", 2)), log_nodes,
+                                   transactions=verifier)
+    assert outcome(response) == [("t", 0, 0, 0), ("t", 1, 0, 0)]
+    assert verifier.asked == [("tx", 7, 2, [("t", 1)])]
+    appends = [a for kind, _, appends in log_nodes.calls if kind == "append" for a in appends]
+    assert [(a.partition, a.verification_guard) for a in appends] == [(0, 0), (1, 0), (1, 12345)]
+
+
+@pytest.mark.parametrize(("answer", "version", "code", "message"), [
+    (120, 11, 120, None),  # TRANSACTION_ABORTABLE
+    (120, 10, 48, "Partition was not added to the transaction"),
+    (90, 11, 47, None),  # PRODUCER_FENCED as INVALID_PRODUCER_EPOCH
+    (49, 11, 49, None),  # INVALID_PRODUCER_ID_MAPPING
+    (51, 9, 19, "Unable to verify the partition has been added to the transaction. "
+                "Underlying error: CONCURRENT_TRANSACTIONS"),
+])
+def test_a_partition_not_in_the_transaction_is_answered_as_kafka_does(answer, version, code,
+                                                                     message):
+    log_nodes = FakeLogNodes()
+    log_nodes.guards[("t", 0)] = 5
+    api = ProduceApi(cache_of(cluster(topic("t"))), log_nodes, FakePurgatory(),
+                     transactions=Verifier({("t", 0): answer}))
+    context = RequestContext(advertised_host="localhost", advertised_port=9092,
+                             api_version=version)
+    response = asyncio.run(api.handle(txn_request(0), context))
+    [partition] = response.responses[0].partition_responses
+    assert (partition.error_code, partition.base_offset) == (code, -1)
+    assert (partition.error_message if partition.HasField("error_message") else None) == message
+    assert len([c for c in log_nodes.calls if c[0] == "append"]) == 1
+
+
+def test_a_coordinator_that_cannot_answer_means_retry():
+    log_nodes = FakeLogNodes()
+    log_nodes.guards[("t", 0)] = 5
+    response, _, _ = serve(txn_request(0), cluster(topic("t")), log_nodes,
+                           transactions=Verifier(failure=CoordinatorError(15)))
+    assert outcome(response) == [("t", 0, 19, -1)]
 
 
 def test_unknown_partitions_and_dead_leaders():

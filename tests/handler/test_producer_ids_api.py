@@ -95,8 +95,10 @@ def test_no_block_is_a_retriable_error_and_a_later_request_succeeds() -> None:
 
 
 @pytest.mark.parametrize(("request_", "code"), [
+    # A handler without a transaction coordinator (the transactional answers are in
+    # tests/handler/transactions).
     (InitProducerIdRequest(transactional_id="txn-1", transaction_timeout_ms=60_000),
-     ErrorCode.transactional_id_authorization_failed),
+     ErrorCode.coordinator_not_available),
     (InitProducerIdRequest(transactional_id=""), ErrorCode.invalid_request),
     (InitProducerIdRequest(producer_id=5), ErrorCode.invalid_request),
     (InitProducerIdRequest(producer_epoch=3), ErrorCode.invalid_request),

@@ -11,7 +11,9 @@ from prometheus_client import REGISTRY
 from kbroker.kafka.v1 import kafka_pb2 as k
 from kbroker.purgatory.v1 import purgatory_pb2, purgatory_pb2_grpc
 from services.common.channels import insecure_channel
+from services.common.records.record_batch import TRANSACTIONAL_BIT
 
+from ..record_batches import build_batch
 from .batches import batch_offsets, record_batch
 from .harness import ADVERTISED, running_cluster
 
@@ -173,10 +175,14 @@ def test_produce_error_codes(tmp_path):
             corrupt = bytearray(batch)
             corrupt[-1] ^= 0xFF
             assert (await cluster.produce("t", 0, bytes(corrupt))).error_code == 2
+            # Transactional records without a transactional id.
+            transactional = build_batch([b"x"], attributes=TRANSACTIONAL_BIT, producer_id=3,
+                                        producer_epoch=0, base_sequence=0)
             response = await cluster.stub.Produce(k.ProduceRequest(
-                acks=1, timeout_ms=1000, transactional_id="tx", topic_data=[
+                acks=1, timeout_ms=1000, topic_data=[
                     k.ProduceRequest.TopicProduceData(name="t", partition_data=[
-                        k.ProduceRequest.PartitionProduceData(index=0, records=batch)])]))
+                        k.ProduceRequest.PartitionProduceData(index=0,
+                                                              records=transactional)])]))
             assert response.responses[0].partition_responses[0].error_code == 53
             # Nothing of the refused requests was stored.
             latest = await cluster.list_offset("t", 0, -1)

@@ -28,7 +28,14 @@ and ``DelayedFetch``).
   once. Without a reachable purgatory the fetch waits out the deadline and reads once more; if
   the purgatory fails while the fetch is parked (a restart) or stalls past the deadline, the
   fetch reads once more and answers at once instead of hanging.
-- Without transactions the last stable offset is the high watermark and nothing is aborted.
+- Isolation: read_uncommitted (0) reads up to the high watermark; read_committed (1) up to the
+  last stable offset (the first offset of the oldest transaction not yet decided, at most the
+  high watermark), with the aborted transactions the records returned overlap (producer id and
+  first offset, which consumers use to skip aborted records), as the leader reports them
+  (Kafka's ``FetchIsolation.TXN_COMMITTED`` and ``collectAbortedTransactions``). Every answer
+  carries the last stable offset; aborted transactions are null under read_uncommitted. A
+  read_committed fetch waits as any other: the markers that end a transaction move the high
+  watermark, which wakes it.
 """
 
 from __future__ import annotations
@@ -124,8 +131,9 @@ class FetchApi:
         blocked = any(
             s.error_code and s.error_code not in _NON_BLOCKING_ERRORS
             for t in plan for s in t.slots)
+        committed = request.isolation_level == READ_COMMITTED
         while True:
-            await self._read(reading, request.max_bytes)
+            await self._read(reading, request.max_bytes, committed)
             response, size = self._assemble(plan, request)
             remaining = deadline - time.monotonic()
             if (
@@ -139,7 +147,7 @@ class FetchApi:
                 return response
             if not await self._wait(reading, deadline):
                 # Expired, or woken by a partition error: answer with one more read.
-                await self._read(reading, request.max_bytes)
+                await self._read(reading, request.max_bytes, committed)
                 return self._assemble(plan, request)[0]
 
     def _plan(
@@ -188,12 +196,14 @@ class FetchApi:
             plan.append(_TopicSlots(names, slots))
         return plan
 
-    async def _read(self, slots: list[_Slot], max_bytes: int) -> None:
+    async def _read(self, slots: list[_Slot], max_bytes: int, committed: bool) -> None:
         """Read every routed partition from its leader, one Read per node, concurrently."""
+        limit = log_pb2.READ_LIMIT_LAST_STABLE if committed else (
+            log_pb2.READ_LIMIT_HIGH_WATERMARK)
 
         async def read_on(node: LogNode, items: list[_Slot]) -> Sequence[Any]:
             reads = log_pb2.ReadRequest(
-                max_bytes=max_bytes, limit=log_pb2.READ_LIMIT_HIGH_WATERMARK, partitions=[
+                max_bytes=max_bytes, limit=limit, partitions=[
                     log_pb2.PartitionRead(topic=s.topic_name, partition=s.partition,
                                           offset=s.fetch_offset, max_bytes=s.max_bytes)
                     for s in items])
@@ -208,8 +218,8 @@ class FetchApi:
         plan: list[_TopicSlots], request: k.FetchRequest
     ) -> tuple[k.FetchResponse, int]:
         """The response from the latest reads, sized as Kafka sizes it; and its record bytes.
-        Aborted transactions are null, except an empty list for read_committed; an errored
-        partition has high watermark -1 and empty records (Kafka's
+        Aborted transactions are null, except a list (maybe empty) for read_committed; an
+        errored partition has high watermark -1 and empty records (Kafka's
         ``FetchResponse.partitionResponse``)."""
         committed = request.isolation_level == READ_COMMITTED
         budget = max(request.max_bytes, 0)
@@ -231,10 +241,13 @@ class FetchApi:
                     first = False
                     total += len(records)
                 partition = add(partition_index=s.partition, high_watermark=read.high_watermark,
-                                last_stable_offset=read.high_watermark,
+                                last_stable_offset=read.last_stable_offset,
                                 log_start_offset=read.log_start_offset, records=records)
                 if committed:
                     partition.aborted_transactions_is_null = False
+                    for aborted in read.aborted_transactions:
+                        partition.aborted_transactions.add(producer_id=aborted.producer_id,
+                                                           first_offset=aborted.first_offset)
         return response, total
 
     async def _wait(self, slots: list[_Slot], deadline: float) -> bool:

@@ -1,6 +1,6 @@
-"""Committed offsets of groups (Kafka's ``KafkaApis`` handlers of OffsetCommit, OffsetFetch and
-OffsetDelete), over the :class:`~..groups.coordinator.GroupCoordinator`, on the generated
-messages of ``kbroker.kafka.v1``.
+"""Committed offsets of groups (Kafka's ``KafkaApis`` handlers of OffsetCommit, OffsetFetch,
+OffsetDelete and TxnOffsetCommit), over the :class:`~..groups.coordinator.GroupCoordinator`, on
+the generated messages of ``kbroker.kafka.v1``.
 
     OffsetCommit Request => group_id generation_id_or_member_epoch member_id group_instance_id
                             retention_time_ms [topics => name [partitions => partition_index
@@ -14,6 +14,11 @@ messages of ``kbroker.kafka.v1``.
     OffsetDelete Request => group_id [topics => name [partitions => partition_index]]
     OffsetDelete Response => error_code [topics => name [partitions => partition_index
                              error_code]]
+    TxnOffsetCommit Request => transactional_id group_id producer_id producer_epoch
+                               generation_id member_id group_instance_id (v3+)
+                               [topics => name [partitions => partition_index
+                               committed_offset committed_leader_epoch committed_metadata]]
+    TxnOffsetCommit Response => [topics => name [partitions => partition_index error_code]]
 
 OffsetCommit checks each partition first: an unknown topic or partition is
 UNKNOWN_TOPIC_OR_PARTITION, metadata over ``offset.metadata.max.bytes`` is
@@ -23,7 +28,19 @@ value's expire timestamp. OffsetFetch before v8 names one group at the top level
 answered there, from v8 any number in ``groups`` (by the client's version, or, when unknown,
 by the spelling the request uses); it answers -1 (no offset) for partitions without a commit,
 a null topic list asks for every committed partition, and before v2 a group error is given in
-every partition. Transactions do not exist here, so ``require_stable`` changes nothing.
+every partition. With ``require_stable`` (v7+) a partition that has offsets pending in an open
+transaction is UNSTABLE_OFFSET_COMMIT (offset -1), so the consumer retries until the
+transaction ends.
+
+TxnOffsetCommit stores offsets in the producer's transaction (they count once it commits, see
+:mod:`..groups.state`), checked as OffsetCommit's are (unknown partitions, metadata size; a
+member, and from v3 its generation, as Kafka's ``validateOffsetCommit`` for transactional
+commits), after the transaction coordinator confirmed the offsets partition is in the
+producer's transaction (AddOffsetsToTxn added it): TRANSACTION_ABORTABLE when it is not
+(INVALID_TXN_STATE before v4), INVALID_PRODUCER_EPOCH for a fenced producer,
+INVALID_PRODUCER_ID_MAPPING, CONCURRENT_TRANSACTIONS while it is being ended. Before v2
+COORDINATOR_LOAD_IN_PROGRESS is COORDINATOR_NOT_AVAILABLE (clients of that age do not retry
+it).
 
 OffsetCommit v9 and OffsetFetch v9 are the versions KIP-848 consumers use; their groups are
 classic here, and Kafka serves classic groups at these versions as at v8: the commit's
@@ -45,11 +62,21 @@ from ..groups.group import INVALID_GROUP_ID
 from ..groups.state import CommittedOffset, TopicPartition
 from ..metadata_cache import ClusterMetadata, MetadataCache, MetadataUnavailableError
 from ..request_context import RequestContext
+from ..transactions.coordinator import TransactionCoordinator
 from .groups import GroupApi, newer_shape, optional
 
 UNKNOWN_TOPIC_OR_PARTITION = ErrorCode.unknown_topic_or_partition.value
 OFFSET_METADATA_TOO_LARGE = ErrorCode.offset_metadata_too_large.value
+UNSTABLE_OFFSET_COMMIT = ErrorCode.unstable_offset_commit.value
+PRODUCER_FENCED = ErrorCode.producer_fenced.value
+INVALID_PRODUCER_EPOCH = ErrorCode.invalid_producer_epoch.value
+TRANSACTION_ABORTABLE = ErrorCode.transaction_abortable.value
+INVALID_TXN_STATE = ErrorCode.invalid_txn_state.value
+COORDINATOR_LOAD_IN_PROGRESS = ErrorCode.coordinator_load_in_progress.value
+COORDINATOR_NOT_AVAILABLE = ErrorCode.coordinator_not_available.value
 NO_OFFSET = -1
+# The first TxnOffsetCommit version whose clients know TRANSACTION_ABORTABLE.
+TRANSACTION_ABORTABLE_VERSION = 4
 
 FetchGroup = k.OffsetFetchRequest.OffsetFetchRequestGroup
 
@@ -117,34 +144,105 @@ class OffsetFetchApi(GroupApi):
                      context: RequestContext) -> k.OffsetFetchResponse:
         # Before v2 there is no top-level error: the group's error goes into every partition.
         in_partitions = context.api_version is None or context.api_version < 2
+        stable = request.require_stable
         if newer_shape(context, 8, bool(request.groups)):
             return k.OffsetFetchResponse(groups=[
-                await self._fetch(group, context, in_partitions) for group in request.groups])
+                await self._fetch(group, context, in_partitions, stable)
+                for group in request.groups])
         # Before v8 one group, named and answered at the top level.
-        single = await self._fetch(request, context, in_partitions)
+        single = await self._fetch(request, context, in_partitions, stable)
         return k.OffsetFetchResponse(error_code=single["error_code"], topics=single["topics"])
 
     async def _fetch(self, group: FetchGroup | k.OffsetFetchRequest, context: RequestContext,
-                     in_partitions: bool) -> dict[str, Any]:
+                     in_partitions: bool, stable: bool) -> dict[str, Any]:
         """One group's answer, as the fields of either shape's group (before v8 the request
         names its one group with the same fields as a group of v8)."""
         wanted = None if group.topics_is_null else [
             (t.name, p) for t in group.topics for p in t.partition_indexes]
-        code, committed = await self._serve(group.group_id, context, lambda: (
+        code, fetched = await self._serve(group.group_id, context, lambda: (
             self._coordinator.offsets.fetch(group.group_id, wanted)))
-        if code or committed is None:
+        if code or fetched is None:
             return {"group_id": group.group_id, "error_code": code, "topics": [] if wanted is None
                     else [_topic(t.name, [(p, None, code if in_partitions else 0)
                                           for p in t.partition_indexes]) for t in group.topics]}
+        committed, pending = fetched
         by_topic: dict[str, list[tuple[int, CommittedOffset | None, int]]] = {}
         for (name, partition), offset in committed.items():
-            by_topic.setdefault(name, []).append((partition, offset, 0))
+            if stable and (name, partition) in pending:
+                by_topic.setdefault(name, []).append((partition, None, UNSTABLE_OFFSET_COMMIT))
+            else:
+                by_topic.setdefault(name, []).append((partition, offset, 0))
         if wanted is None:
             topics = [_topic(name, sorted(by_topic[name], key=lambda p: p[0]))
                       for name in sorted(by_topic)]
         else:
             topics = [_topic(t.name, by_topic.get(t.name, [])) for t in group.topics]
         return {"group_id": group.group_id, "error_code": 0, "topics": topics}
+
+
+class TxnOffsetCommitApi(_OffsetsApi):
+    def __init__(self, cache: MetadataCache, coordinator: GroupCoordinator,
+                 transactions: TransactionCoordinator | None = None) -> None:
+        super().__init__(cache, coordinator)
+        self._transactions = transactions
+
+    async def handle(self, request: k.TxnOffsetCommitRequest,
+                     context: RequestContext) -> k.TxnOffsetCommitResponse:
+        metadata = await self._metadata()
+        limit = self._coordinator.offset_metadata_max_bytes
+        now = self._coordinator.now()
+        errors: dict[TopicPartition, int] = {}
+        valid: dict[TopicPartition, CommittedOffset] = {}
+        for topic in request.topics:
+            for p in topic.partitions:
+                tp = (topic.name, p.partition_index)
+                if not _known(metadata, tp):
+                    errors[tp] = UNKNOWN_TOPIC_OR_PARTITION
+                elif len(p.committed_metadata.encode()) > limit:
+                    errors[tp] = OFFSET_METADATA_TOO_LARGE
+                else:
+                    valid[tp] = CommittedOffset(
+                        offset=p.committed_offset, leader_epoch=p.committed_leader_epoch,
+                        metadata=p.committed_metadata, commit_timestamp=now)
+        if valid:
+            code = INVALID_GROUP_ID if not request.group_id else await self._not_coordinator(
+                request.group_id, context)
+            if not code:
+                try:
+                    code = await self._coordinator.offsets.commit_transactional(
+                        request.group_id, request.producer_id, request.producer_epoch,
+                        request.member_id, optional(request, "group_instance_id"),
+                        request.generation_id, valid, lambda: self._verify(request, context))
+                except CoordinatorError as exc:
+                    code = exc.code
+            if code == COORDINATOR_LOAD_IN_PROGRESS and context.api_version is not None \
+                    and context.api_version < 2:
+                code = COORDINATOR_NOT_AVAILABLE
+            errors.update(dict.fromkeys(valid, code))
+        return k.TxnOffsetCommitResponse(topics=[
+            {"name": t.name, "partitions": [
+                {"partition_index": p.partition_index,
+                 "error_code": errors[(t.name, p.partition_index)]} for p in t.partitions]}
+            for t in request.topics])
+
+    async def _verify(self, request: k.TxnOffsetCommitRequest, context: RequestContext) -> int:
+        """Whether the group's offsets partition is in the producer's transaction (0), else
+        the error to answer, as a partition leader's verification maps the coordinator's."""
+        if self._transactions is None:
+            return 0
+        tp = await self._coordinator.offsets_partition(request.group_id)
+        try:
+            code = (await self._transactions.verify(
+                request.transactional_id, request.producer_id, request.producer_epoch,
+                frozenset({tp}))).get(tp, 0)
+        except CoordinatorError as exc:
+            return exc.code
+        if code == PRODUCER_FENCED:
+            return INVALID_PRODUCER_EPOCH
+        if code == TRANSACTION_ABORTABLE and context.api_version is not None and \
+                context.api_version < TRANSACTION_ABORTABLE_VERSION:
+            return INVALID_TXN_STATE
+        return code
 
 
 def _topic(name: str, partitions: list[tuple[int, CommittedOffset | None, int]]

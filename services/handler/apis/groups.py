@@ -33,9 +33,10 @@ answered at the top level (the answer carries both forms; the frontend encodes t
 JoinGroup v0 has no rebalance timeout (the session timeout stands in) and from v4 hands a new
 member its id with MEMBER_ID_REQUIRED first; LeaveGroup before v3 names one ``member_id`` and
 answers its error at the top level; DescribeGroups v6+ reports a group that does not exist as
-GROUP_ID_NOT_FOUND (KIP-1043), earlier versions as Dead without an error. Coordinator keys of
-transactions are COORDINATOR_NOT_AVAILABLE (there is no transaction coordinator), other key
-types INVALID_REQUEST. A group whose partition cannot be served answers
+GROUP_ID_NOT_FOUND (KIP-1043), earlier versions as Dead without an error. FindCoordinator
+also finds the coordinators of transactional ids (key type 1: the leader of the id's
+``__transaction_state`` partition, the topic created on first need); other key types are
+INVALID_REQUEST. A group whose partition cannot be served answers
 COORDINATOR_NOT_AVAILABLE (or NOT_COORDINATOR when its leader moved), which sends clients back
 to FindCoordinator.
 """
@@ -49,7 +50,7 @@ from typing import Any, TypeVar
 from kbroker.kafka.v1 import kafka_pb2 as k
 from services.common.errors import ErrorCode
 
-from ..coordinator.placement import CoordinatorError
+from ..coordinator.placement import CoordinatorError, Placement
 from ..groups.coordinator import GroupCoordinator
 from ..groups.group import (
     COORDINATOR_NOT_AVAILABLE,
@@ -121,17 +122,24 @@ class GroupApi:
 
 
 class FindCoordinatorApi(GroupApi):
+    def __init__(self, coordinator: GroupCoordinator,
+                 transactions: Placement | None = None) -> None:
+        super().__init__(coordinator)
+        self._placements = {GROUP_KEY_TYPE: coordinator.placement}
+        if transactions is not None:
+            self._placements[TRANSACTION_KEY_TYPE] = transactions
+
     async def handle(self, request: k.FindCoordinatorRequest,
                      context: RequestContext) -> k.FindCoordinatorResponse:
         batched = newer_shape(context, 4, bool(request.coordinator_keys))
         response = k.FindCoordinatorResponse()
+        placement = self._placements.get(request.key_type)
         for key in request.coordinator_keys if batched else [request.key]:
-            if request.key_type == TRANSACTION_KEY_TYPE:
-                code, node_id = COORDINATOR_NOT_AVAILABLE, -1
-            elif request.key_type != GROUP_KEY_TYPE:
-                code, node_id = INVALID_REQUEST, -1
+            if placement is None:
+                code, node_id = (COORDINATOR_NOT_AVAILABLE if request.key_type ==
+                                 TRANSACTION_KEY_TYPE else INVALID_REQUEST), -1
             else:
-                code, node_id = await self._coordinator.placement.find(key)
+                code, node_id = await placement.find(key)
             if code:
                 response.coordinators.add(key=key, node_id=-1, host="", port=-1, error_code=code,
                                           error_message=ErrorCode(code).name.upper())

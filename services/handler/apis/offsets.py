@@ -11,8 +11,9 @@
 Timestamps: -1 latest, -2 earliest, -3 the record with the largest timestamp, -4 earliest
 local (the same as earliest: every segment is local), else the first offset whose timestamp is
 at or after the given time (offset -1 when there is none). Consumers (replica id -1) see the
-log up to the high watermark, which is also the last stable offset (no transactions); anyone
-else sees it to its end. The latest offset comes with the partition's current leader epoch.
+log up to the high watermark (isolation_level 0, read_uncommitted) or the last stable offset
+(1, read_committed: latest is then the last stable offset); anyone else sees it to its end.
+The latest offset comes with the partition's current leader epoch.
 A partition named twice in one request is INVALID_REQUEST.
 """
 
@@ -34,6 +35,7 @@ from ..request_context import RequestContext
 from ..routing import Route, call_leaders, locate
 
 CONSUMER_REPLICA_ID = -1
+READ_COMMITTED = 1
 LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
 EARLIEST_LOCAL_TIMESTAMP = -4
@@ -86,7 +88,10 @@ class ListOffsetsApi:
 
         # An unset replica id (a hand-made request) is a consumer's.
         consumer = request.replica_id == CONSUMER_REPLICA_ID or not request.HasField("replica_id")
-        limit = log_pb2.READ_LIMIT_HIGH_WATERMARK if consumer else log_pb2.READ_LIMIT_LOG_END
+        limit = log_pb2.READ_LIMIT_LOG_END
+        if consumer:
+            limit = log_pb2.READ_LIMIT_LAST_STABLE if request.isolation_level == READ_COMMITTED \
+                else log_pb2.READ_LIMIT_HIGH_WATERMARK
 
         async def list_on(node: LogNode, slots: list[_Slot]) -> Sequence[Any]:
             queries = log_pb2.ListOffsetsRequest(limit=limit, partitions=[

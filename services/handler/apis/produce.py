@@ -13,10 +13,18 @@ The batches travel untouched to the leader, which validates them and assigns off
 grouped per leader node, one Append per node, the nodes concurrently.
 
 - acks outside {0, 1, -1}: INVALID_REQUIRED_ACKS for every partition, nothing appended.
-- transactional_id set: there is no transaction coordinator, so no transactional id is ever
-  granted to a producer; every partition gets TRANSACTIONAL_ID_AUTHORIZATION_FAILED (what Kafka
-  answers a producer that may not use its transactional id: final, so the client stops rather
-  than retrying forever) and nothing is appended.
+- Transactional records without a transactional id: TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+  for every partition, nothing appended (Kafka's authorization of the transactional id).
+- Transactional producers (KIP-890 part 1 verification, Kafka's ``AddPartitionsToTxnManager``
+  as a partition leader uses it): a transactional batch that would start its producer's
+  transaction on a partition is refused by the leader (INVALID_TXN_STATE, nothing stored) with
+  a verification guard; the handler then asks the transaction coordinator whether the
+  partition is in the producer's transaction and, if it is, appends again with the guard. If
+  it is not: TRANSACTION_ABORTABLE from v11 (INVALID_TXN_STATE, "Partition was not added to
+  the transaction", before); a fenced producer INVALID_PRODUCER_EPOCH; a coordinator that
+  cannot answer now (CONCURRENT_TRANSACTIONS, COORDINATOR_*, NOT_COORDINATOR)
+  NOT_ENOUGH_REPLICAS, which every client retries without a metadata refresh. Transactional
+  batches of more than one producer in one request are INVALID_PRODUCER_ID_MAPPING.
 - Idempotent producers (batches with a producer id): the leader checks epochs and sequences.
   A retried batch it already stored is answered with its original base offset and no error;
   OUT_OF_ORDER_SEQUENCE_NUMBER and INVALID_PRODUCER_EPOCH come back as the leader gives them.
@@ -47,9 +55,16 @@ from kbroker.kafka.v1 import kafka_pb2 as k
 from kbroker.log.v1 import log_pb2
 from kbroker.purgatory.v1 import purgatory_pb2
 from services.common.error_answers import error_response
-from services.common.errors import ErrorCode, KafkaError
+from services.common.errors import ErrorCode, KafkaError, error_name
+from services.common.records.record_batch import (
+    ATTRIBUTES_OFFSET,
+    HEADER_SIZE,
+    TRANSACTIONAL_BIT,
+    read_header,
+)
 
 from ..collaborators import CallError, LogNodes, Purgatory
+from ..coordinator.placement import CoordinatorError
 from ..metadata_cache import (
     LogNode,
     MetadataCache,
@@ -60,6 +75,7 @@ from ..metadata_cache import (
 from ..metrics import parked
 from ..request_context import RequestContext
 from ..routing import Route, call_leaders, locate, replication_key
+from ..transactions.coordinator import TransactionCoordinator
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +84,14 @@ ACKS_ALL = -1
 DEFAULT_MIN_INSYNC_REPLICAS = 1
 # An append is a local disk write; a leader that takes longer than this is in trouble.
 APPEND_TIMEOUT_S = 30.0
+INVALID_TXN_STATE = ErrorCode.invalid_txn_state.value
+# The first Produce version whose clients know TRANSACTION_ABORTABLE.
+TRANSACTION_ABORTABLE_VERSION = 11
+# Verification errors that only mean "not now": answered so that every client retries.
+_VERIFICATION_UNAVAILABLE = frozenset(code.value for code in (
+    ErrorCode.concurrent_transactions, ErrorCode.network_exception,
+    ErrorCode.coordinator_load_in_progress, ErrorCode.coordinator_not_available,
+    ErrorCode.not_coordinator))
 
 
 PartitionResponse = k.ProduceResponse.PartitionProduceResponse
@@ -95,32 +119,51 @@ class _Slot:
     name: str
     response: PartitionResponse | None = None
     appended: log_pb2.PartitionAppendResult | None = None
+    route: Route | None = None
+    records: bytes = b""
+    # The guard to append with (0: none), and the one the leader asked to be verified.
+    guard: int = 0
+    unverified: int = 0
+
+
+def _transactional_producer(records: bytes) -> tuple[int, int] | None:
+    """(producer id, epoch) of the first batch when it is transactional (one byte looked at
+    for the others: this runs for every partition of every produce)."""
+    if len(records) < HEADER_SIZE or not records[ATTRIBUTES_OFFSET + 1] & TRANSACTIONAL_BIT:
+        return None
+    header = read_header(records)
+    return (header.producer_id, header.producer_epoch) if header.is_transactional and (
+        header.producer_id >= 0) else None
 
 
 class ProduceApi:
-    def __init__(self, cache: MetadataCache, log_nodes: LogNodes, purgatory: Purgatory) -> None:
+    def __init__(self, cache: MetadataCache, log_nodes: LogNodes, purgatory: Purgatory,
+                 transactions: TransactionCoordinator | None = None) -> None:
         self._cache = cache
         self._log_nodes = log_nodes
         self._purgatory = purgatory
+        self._transactions = transactions
 
     async def handle(self, request: k.ProduceRequest,
                      context: RequestContext) -> k.ProduceResponse:
         if request.acks not in VALID_ACKS:
             return error_response(request, ErrorCode.invalid_required_acks.value)
+        producers = {producer for t in request.topic_data for p in t.partition_data
+                     if (producer := _transactional_producer(p.records)) is not None}
         # A null transactional id may arrive as an empty string; neither names a transaction.
-        if request.transactional_id:
-            return error_response(
-                request,
-                ErrorCode.transactional_id_authorization_failed.value,
-                "transactions are not supported by this cluster",
-            )
+        if producers and not request.transactional_id:
+            return error_response(request,
+                                  ErrorCode.transactional_id_authorization_failed.value)
+        if len({producer_id for producer_id, _ in producers}) > 1:
+            return error_response(request, ErrorCode.invalid_producer_id_mapping.value,
+                                  "Transactional records contained more than one producer ID")
         try:
             metadata = await self._cache.current()
         except MetadataUnavailableError as exc:
             return error_response(request, ErrorCode.not_leader_or_follower.value, exc.message)
 
         slots: list[list[_Slot]] = []
-        routed: list[tuple[Route, tuple[_Slot, bytes]]] = []
+        routed: list[_Slot] = []
         for topic in request.topic_data:
             info = metadata.topic(topic.name) if topic.name else metadata.topic_by_id(
                 topic.topic_id)
@@ -142,25 +185,15 @@ class ProduceApi:
                         slot.response = _failed(
                             p.index, ErrorCode.not_enough_replicas.value, shortfall)
                         continue
-                routed.append((route, (slot, p.records)))
+                slot.route, slot.records = route, p.records
+                routed.append(slot)
             slots.append(row)
 
-        async def append_on(node: LogNode, items: list[tuple[_Slot, bytes]]) -> Sequence[Any]:
-            appends = log_pb2.AppendRequest(partitions=[
-                log_pb2.PartitionAppend(topic=slot.name, partition=slot.index, records=records)
-                for slot, records in items])
-            return (await self._log_nodes.append(node, appends, APPEND_TIMEOUT_S)).results
-
-        for (slot, _), code, detail in await call_leaders(routed, append_on, effect=True):
-            if not code:
-                slot.appended = detail
-            elif isinstance(detail, Exception):
-                slot.response = _failed(slot.index, code, _CALL_FAILURES[code])
-            elif detail is None:
-                slot.response = _failed(slot.index, code,
-                                        "the log node returned no result for this partition")
-            else:
-                slot.response = _failed(slot.index, code, detail.error_message or None)
+        await self._append(routed)
+        unverified = [s for s in routed if s.unverified]
+        if unverified:
+            await self._verify(request, context, unverified)
+            await self._append([s for s in unverified if s.guard])
 
         if request.acks == ACKS_ALL:
             appended = [s for row in slots for s in row if s.appended is not None]
@@ -176,6 +209,58 @@ class ProduceApi:
             if topic.HasField("topic_id"):
                 answer.topic_id = topic.topic_id
         return response
+
+    async def _append(self, slots: list[_Slot]) -> None:
+        """Append each slot's records on its leader (one Append per node, concurrently)."""
+
+        async def append_on(node: LogNode, items: list[_Slot]) -> Sequence[Any]:
+            appends = log_pb2.AppendRequest(partitions=[
+                log_pb2.PartitionAppend(topic=slot.name, partition=slot.index,
+                                        records=slot.records, verification_guard=slot.guard)
+                for slot in items])
+            return (await self._log_nodes.append(node, appends, APPEND_TIMEOUT_S)).results
+
+        routed = [(slot.route, slot) for slot in slots if slot.route is not None]
+        for slot, code, detail in await call_leaders(routed, append_on, effect=True):
+            slot.unverified = 0
+            if not code:
+                slot.appended = detail
+                slot.response = None
+            elif isinstance(detail, Exception):
+                slot.response = _failed(slot.index, code, _CALL_FAILURES[code])
+            elif detail is None:
+                slot.response = _failed(slot.index, code,
+                                        "the log node returned no result for this partition")
+            else:
+                slot.response = _failed(slot.index, code, detail.error_message or None)
+                if code == INVALID_TXN_STATE and detail.verification_guard and not slot.guard:
+                    slot.unverified = detail.verification_guard
+
+    async def _verify(self, request: k.ProduceRequest, context: RequestContext,
+                      slots: list[_Slot]) -> None:
+        """Ask the transaction coordinator about the partitions whose leaders want the
+        transaction verified: a verified one gets its guard (to append again with), the
+        others their answer."""
+        coordinator = self._transactions
+        by_producer: dict[tuple[int, int], list[_Slot]] = {}
+        for slot in slots:
+            producer = _transactional_producer(slot.records)
+            if producer is not None and coordinator is not None:
+                by_producer.setdefault(producer, []).append(slot)
+        for (producer_id, epoch), waiting in by_producer.items():
+            assert coordinator is not None
+            partitions = frozenset((s.name, s.index) for s in waiting)
+            try:
+                errors = await coordinator.verify(request.transactional_id, producer_id, epoch,
+                                                  partitions)
+            except CoordinatorError as exc:
+                errors = dict.fromkeys(partitions, exc.code)
+            for slot in waiting:
+                error = errors.get((slot.name, slot.index), 0)
+                if not error:
+                    slot.guard = slot.unverified
+                else:
+                    slot.response = _unverified(slot.index, error, context)
 
     def _check_insync_after_append(self, slots: list[_Slot]) -> None:
         """Kafka's check when a DelayedProduce completes: the ISR (as now known) must still
@@ -244,3 +329,21 @@ def _success(slot: _Slot) -> PartitionResponse:
     return PartitionResponse(index=slot.index, base_offset=result.base_offset,
                              log_append_time_ms=result.log_append_time_ms,
                              log_start_offset=result.log_start_offset)
+
+
+def _unverified(index: int, error: int, context: RequestContext) -> PartitionResponse:
+    """A partition's answer when the coordinator did not confirm it is in the transaction
+    (Kafka's ``AddPartitionsToTxnManager`` and ``ReplicaManager`` mappings)."""
+    if error == ErrorCode.producer_fenced.value:
+        return _failed(index, ErrorCode.invalid_producer_epoch.value)
+    if error == ErrorCode.transaction_abortable.value and (
+            context.api_version is None or context.api_version >= TRANSACTION_ABORTABLE_VERSION):
+        return _failed(index, error)
+    if error in (ErrorCode.transaction_abortable.value, INVALID_TXN_STATE):
+        return _failed(index, INVALID_TXN_STATE, "Partition was not added to the transaction")
+    if error in _VERIFICATION_UNAVAILABLE:
+        return _failed(index, ErrorCode.not_enough_replicas.value,
+                       "Unable to verify the partition has been added to the transaction. "
+                       f"Underlying error: {error_name(error)}")
+    return _failed(index, error)
+

@@ -1,6 +1,6 @@
-"""InitProducerId: producer ids for idempotent producers (Kafka's
-``KafkaApis.handleInitProducerIdRequest``, ``TransactionCoordinator.handleInitProducerId`` for
-requests without a transactional id, and ``RPCProducerIdManager``).
+"""InitProducerId: producer ids for idempotent and transactional producers (Kafka's
+``KafkaApis.handleInitProducerIdRequest``, ``TransactionCoordinator.handleInitProducerId`` and
+``RPCProducerIdManager``).
 
     InitProducerId Request => transactional_id transaction_timeout_ms producer_id producer_epoch
     InitProducerId Response => throttle_time_ms error_code producer_id producer_epoch
@@ -10,17 +10,18 @@ takes one block when it first needs an id and the next one when 90% of the curre
 out, so requests rarely wait. Handlers stay stateless: a handler that dies loses the rest of its
 block, which only wastes ids, as a Kafka broker does.
 
-Answers, as a Java broker without the transaction feature gives them:
+Answers, as a Java broker gives them:
 
 - no transactional id: a fresh producer id with epoch 0, always, even when the request names
   a previous producer id and epoch (KIP-360 re-initialisation bumps epochs only for
   transactional ids; an idempotent producer bumps its epoch itself).
 - producer_id set without producer_epoch or the other way round: INVALID_REQUEST.
-- an empty transactional id: INVALID_REQUEST (Kafka's coordinator).
-- a transactional id: there is no transaction coordinator, so no transactional id is ever
-  granted; TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as Kafka answers a producer that may not use
-  its transactional id (final, so the client stops rather than retrying forever; the same
-  answer Produce gives).
+- a transactional id: the transaction coordinator's answer
+  (:meth:`~..transactions.coordinator.TransactionCoordinator.init_producer_id`: an empty id
+  INVALID_REQUEST, a timeout over ``transaction.max.timeout.ms`` INVALID_TRANSACTION_TIMEOUT,
+  then NOT_COORDINATOR from a broker that does not coordinate the id; epoch bumps, KIP-360
+  recovery, fencing with CONCURRENT_TRANSACTIONS), PRODUCER_FENCED being
+  INVALID_PRODUCER_EPOCH before v4; on an error the producer id and epoch are -1.
 - no block can be had (the replicator is unreachable, or failed): COORDINATOR_LOAD_IN_PROGRESS,
   which every client retries (Kafka answers it while its next block is on the way).
 """
@@ -36,7 +37,10 @@ from services.common.error_answers import error_response
 from services.common.errors import ErrorCode, error_name
 
 from ..collaborators import CallError, Controller
+from ..coordinator.placement import CoordinatorError
 from ..request_context import RequestContext
+from ..transactions.coordinator import TransactionCoordinator
+from ..transactions.metadata import ProducerIdAndEpoch
 
 log = logging.getLogger(__name__)
 
@@ -122,22 +126,56 @@ class ProducerIdBlocks:
             await asyncio.gather(task, return_exceptions=True)
 
 
+# The first InitProducerId version that knows PRODUCER_FENCED.
+PRODUCER_FENCED_VERSION = 4
+
+
 class InitProducerIdApi:
-    def __init__(self, blocks: ProducerIdBlocks) -> None:
+    def __init__(self, blocks: ProducerIdBlocks,
+                 transactions: TransactionCoordinator | None = None) -> None:
         self._blocks = blocks
+        self._transactions = transactions
 
     async def handle(self, request: k.InitProducerIdRequest,
                      context: RequestContext) -> k.InitProducerIdResponse:
-        if request.HasField("transactional_id"):
-            if not request.transactional_id:
-                return error_response(request, ErrorCode.invalid_request.value)
-            return error_response(request, ErrorCode.transactional_id_authorization_failed.value)
-        if (request.producer_id == NO_PRODUCER_ID) != (
-            request.producer_epoch == NO_PRODUCER_EPOCH
-        ):
+        producer_id, epoch = request.producer_id, request.producer_epoch
+        if (producer_id == NO_PRODUCER_ID) != (epoch == NO_PRODUCER_EPOCH):
             return error_response(request, ErrorCode.invalid_request.value)
+        if request.HasField("transactional_id"):
+            expected = None if producer_id == NO_PRODUCER_ID else ProducerIdAndEpoch(
+                producer_id=producer_id, epoch=epoch)
+            return await self._transactional(request, expected, context)
         try:
             producer_id = await self._blocks.next_id()
         except CallError:
             return error_response(request, ErrorCode.coordinator_load_in_progress.value)
         return k.InitProducerIdResponse(error_code=0, producer_id=producer_id, producer_epoch=0)
+
+    async def _transactional(self, request: k.InitProducerIdRequest,
+                             expected: ProducerIdAndEpoch | None,
+                             context: RequestContext) -> k.InitProducerIdResponse:
+        tid = request.transactional_id
+        coordinator = self._transactions
+        timeout_ms = request.transaction_timeout_ms
+        error, producer_id, epoch = 0, NO_PRODUCER_ID, NO_PRODUCER_EPOCH
+        if not tid:
+            error = ErrorCode.invalid_request.value
+        elif coordinator is None:
+            error = ErrorCode.coordinator_not_available.value
+        elif not 0 < timeout_ms <= coordinator.config.max_timeout_ms:
+            error = ErrorCode.invalid_transaction_timeout.value
+        else:
+            error = await coordinator.placement.not_coordinator(tid, context.broker_id)
+        if not error and coordinator is not None:
+            try:
+                decision = await coordinator.init_producer_id(tid, timeout_ms, expected)
+                error = decision.error
+                if not error:
+                    producer_id, epoch = decision.producer_id, decision.producer_epoch
+            except CoordinatorError as exc:
+                error = exc.code
+        if error == ErrorCode.producer_fenced.value and context.api_version is not None \
+                and context.api_version < PRODUCER_FENCED_VERSION:
+            error = ErrorCode.invalid_producer_epoch.value
+        return k.InitProducerIdResponse(error_code=error, producer_id=producer_id,
+                                        producer_epoch=epoch)

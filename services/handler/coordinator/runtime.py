@@ -19,16 +19,20 @@ partitions, records and timers, never what a coordinator coordinates.
   (``timers_of``) are armed again when a handler first loads a partition and whenever the
   expiry stream (re)connects, so a purgatory restart loses none.
 
-A second coordinator (the transaction coordinator) plugs in with only its own parts: its
-internal topic (a ``NewTopic`` for a :class:`~.placement.Placement`: ``__transaction_state``,
-50 partitions; keys placed by the same Java string hash); a state type constructed without
-arguments whose ``replay(key, value)`` applies one record, decoded with its record types from
-the schema table (``coordinator_records``); its operations as change functions ``(state, now)
--> (records, result)`` given to :meth:`~CoordinatorRuntime.update`, records encoded with the
-same table; ``timers_of(state, now)`` naming the timers its state implies (transaction
-timeouts), and a handler of expired keys given to :meth:`~CoordinatorRuntime.follow_expirations`
-(it ignores keys that are not its own). Parked requests use :meth:`~CoordinatorRuntime.wait`
-and :meth:`~CoordinatorRuntime.signal` on its keys.
+Coordinators plug in with only their own parts (the group coordinator on
+``__consumer_offsets`` and the transaction coordinator on ``__transaction_state`` do): an
+internal topic (a ``NewTopic`` for a :class:`~.placement.Placement`; keys placed by the Java
+string hash); a state type constructed without arguments whose ``replay(key, value)`` applies
+one record, decoded with its record types from the schema table (``coordinator_records``), and
+which may also take part in transactions (:class:`~.partition.TransactionalCoordinatorState`:
+records with their producer, and COMMIT/ABORT markers); its operations as change functions
+``(state, now) -> (records, result)`` given to :meth:`~CoordinatorRuntime.update`, records
+encoded with the same table (or a :class:`~.partition.TransactionalRecords` to write them in a
+producer's transaction); ``timers_of(state, now)`` naming the timers its state implies, and a
+handler of expired keys given to :meth:`~CoordinatorRuntime.follow_expirations` (it ignores
+keys that are not its own). Parked requests use :meth:`~CoordinatorRuntime.wait` and
+:meth:`~CoordinatorRuntime.signal` on its keys; :meth:`~CoordinatorRuntime.leader_epoch` is a
+key's coordinator epoch.
 
 Clocks: ``now`` is wall-clock milliseconds; deadlines stored in records mean the same on
 every handler only if their clocks agree to well within the coordinator's timeouts.
@@ -49,7 +53,7 @@ from ..collaborators import CallError, LogNodes, Purgatory
 from ..metadata_cache import Backoff, ClusterMetadata, TopicInfo
 from ..metrics import parked
 from ..routing import replication_key
-from .partition import CoordinatorPartition, Leader, Records, S
+from .partition import CoordinatorPartition, Leader, Records, S, TransactionalRecords
 from .placement import COORDINATOR_NOT_AVAILABLE, CoordinatorError, Placement, leader_error
 
 log = logging.getLogger(__name__)
@@ -147,6 +151,12 @@ class CoordinatorRuntime(Generic[S]):
         async with store.lock:
             return await self._refresh(store, leader), store.end
 
+    async def leader_epoch(self, key: str) -> int:
+        """The leader epoch of the partition holding ``key``, as this handler's metadata has
+        it (the coordinator epoch, for a coordinator that must fence its predecessors' writes
+        elsewhere). Raises CoordinatorError."""
+        return (await self._locate(key))[1].epoch
+
     async def states_led_by(self, broker_id: int | None) -> list[S]:
         """The fresh states of every partition ``broker_id`` leads (all when None)."""
         metadata, topic = await self.placement.topic(create=False)
@@ -165,18 +175,22 @@ class CoordinatorRuntime(Generic[S]):
     # -- changes ------------------------------------------------------------------------------
 
     async def update(self, key: str,
-                     change: Callable[[S, int], tuple[Records, T]]) -> tuple[T, int]:
+                     change: Callable[[S, int], tuple[Records | TransactionalRecords, T]],
+                     ) -> tuple[T, int]:
         """Apply ``change(fresh state, now) -> (records, result)`` to the partition of ``key``:
-        the records are appended only if nothing else was appended since the state was read,
-        else the change is computed again; an append is answered once replicated. Returns
-        (result, the partition's end after the change). Raises CoordinatorError."""
+        the records (written as one batch, transactional for :class:`TransactionalRecords`)
+        are appended only if nothing else was appended since the state was read, else the
+        change is computed again; an append is answered once replicated. Returns (result, the
+        partition's end after the change). Raises CoordinatorError."""
         for attempt in range(MAX_UPDATE_ATTEMPTS):
             store, leader, _ = await self._locate(key)
             async with store.lock:
                 state = await self._refresh(store, leader)
                 now = self.now()
                 records, result = change(state, now)
-                if not records:
+                entries = records.records if isinstance(records, TransactionalRecords) \
+                    else records
+                if not entries:
                     return result, store.end
                 appended = await store.append(leader, records, now)
                 end = store.end

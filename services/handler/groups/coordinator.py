@@ -13,7 +13,7 @@ from kbroker.replicator.v1 import replicator_pb2
 
 from ..collaborators import Controller, LogNodes, Purgatory
 from ..config import HandlerConfig
-from ..coordinator.placement import Placement
+from ..coordinator.placement import Placement, partition_for
 from ..coordinator.runtime import CoordinatorRuntime
 from ..metadata_cache import MetadataCache
 from ..metrics import GROUP_WRITES
@@ -79,12 +79,21 @@ class GroupCoordinator:
                 return [], GROUP_ID_NOT_FOUND
             if group is not None and group.state is not GroupState.EMPTY:
                 return [], NON_EMPTY_GROUP
-            records = [offset_record(group_id, tp, None) for tp in state.group_offsets(group_id)]
+            records = [offset_record(group_id, tp, None) for tp in sorted(
+                set(state.group_offsets(group_id)) | state.pending_partitions(group_id))]
             if group is not None:
                 records.append(group_record(group_id, None))
             return records, NONE
 
         return (await self.runtime.update(group_id, change))[0]
+
+    async def offsets_partition(self, group_id: str) -> tuple[str, int]:
+        """The ``__consumer_offsets`` partition of a group: by the partitions the topic has,
+        or will be created with (Kafka's ``partitionFor``)."""
+        _, topic = await self.placement.topic(create=False)
+        count = len(topic.partitions) if topic is not None and topic.partitions else (
+            self.placement.spec.num_partitions)
+        return OFFSETS_TOPIC, partition_for(group_id, count)
 
     async def list_groups(self, broker_id: int | None = None) -> list[Group]:
         """Every group of the offsets partitions ``broker_id`` leads (all when None); a group

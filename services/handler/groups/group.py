@@ -678,11 +678,13 @@ class Group:
         return Expiry.REMOVED
 
     def validate_offset_commit(self, member_id: str, group_instance_id: str | None,
-                               generation: int) -> int:
+                               generation: int, transactional: bool = False) -> int:
         """Kafka's ``ClassicGroup.validateOffsetCommit``: a commit naming no member and no
         generation comes from outside group management (simple consumers, admin tools) and is
         accepted only while the group is Empty; a member's commit must match the generation,
-        and waits out the assignment of a new one (REBALANCE_IN_PROGRESS)."""
+        and waits out the assignment of a new one (REBALANCE_IN_PROGRESS). A transactional
+        commit (TxnOffsetCommit, whose versions before 3 name no member) is accepted whatever
+        the group's state."""
         if self.state is GroupState.DEAD:
             return COORDINATOR_NOT_AVAILABLE
         if generation >= 0 or member_id != UNKNOWN_MEMBER or group_instance_id is not None:
@@ -691,9 +693,9 @@ class Group:
                 return error
             if generation != self.generation:
                 return ILLEGAL_GENERATION
-        elif self.state is not GroupState.EMPTY:
+        elif self.state is not GroupState.EMPTY and not transactional:
             return UNKNOWN_MEMBER_ID
-        if self.state is GroupState.COMPLETING_REBALANCE:
+        if self.state is GroupState.COMPLETING_REBALANCE and not transactional:
             return REBALANCE_IN_PROGRESS
         return NONE
 

@@ -1,6 +1,6 @@
 """The batches of a coordinator partition: what the runtime appends the log node accepts as it
-is, and what it reads back (control batches skipped, compressed ones read, a torn tail
-ignored)."""
+is, and what it reads back (transaction markers as markers, other control batches skipped,
+transactional records with their producer, compressed ones read, a torn tail ignored)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,13 @@ from services.common.records.control_records import (
 )
 from services.common.records.record import build_batch
 from services.common.records.record_batch import RecordError, batches_end, set_base_offset
-from services.handler.coordinator.partition import read_records
+from services.handler.coordinator.partition import (
+    LoggedMarker,
+    LoggedRecord,
+    TransactionalRecords,
+    read_records,
+    transactional_batch,
+)
 from services.log.log_validator import validate_append
 
 from ...record_batches import build_batch as build_test_batch
@@ -38,14 +44,32 @@ def test_batches_are_valid_for_the_log_node_and_read_back(
     assert list(read_records(bytes(batch)[:-1])) == []  # a torn batch yields nothing
 
 
-def test_control_batches_are_skipped_and_compressed_ones_read() -> None:
+def test_markers_are_read_as_markers_and_compressed_batches_read() -> None:
     marker = build_end_transaction_batch(
         EndTransactionMarker(type=ControlRecordType.ABORT, coordinator_epoch=0),
         producer_id=1, producer_epoch=0, timestamp=0)
-    compressed = compressed_batch([(b"k", b"v")], "gzip")
-    kept = build_batch([(b"key", b"value")], 0)
-    got = list(read_records(marker + compressed + kept))
-    assert [(g.key, g.value) for g in got] == [(b"k", b"v"), (b"key", b"value")]
+    commit = bytearray(build_end_transaction_batch(
+        EndTransactionMarker(type=ControlRecordType.COMMIT, coordinator_epoch=3),
+        producer_id=7, producer_epoch=2, timestamp=0))
+    set_base_offset(commit, 0, 3)
+    compressed = bytearray(compressed_batch([(b"k", b"v")], "gzip"))
+    set_base_offset(compressed, 0, 1)
+    kept = bytearray(build_batch([(b"key", b"value")], 0))
+    set_base_offset(kept, 0, 2)
+    got = list(read_records(marker + compressed + kept + commit))
+    assert got == [LoggedMarker(0, 1, False), LoggedRecord(1, b"k", b"v"),
+                   LoggedRecord(2, b"key", b"value"), LoggedMarker(3, 7, True)]
+
+
+def test_transactional_batches_are_valid_for_the_log_node_and_carry_their_producer() -> None:
+    batch = bytearray(transactional_batch(TransactionalRecords(
+        producer_id=42, producer_epoch=3, records=[(b"a", b"1"), (b"b", None)]), 5))
+    validate_append(bytes(batch), 1 << 20)
+    set_base_offset(batch, 0, 10)
+    assert list(read_records(bytes(batch))) == [LoggedRecord(10, b"a", b"1", 42),
+                                                LoggedRecord(11, b"b", None, 42)]
+    with pytest.raises(ValueError):
+        transactional_batch(TransactionalRecords(producer_id=1, producer_epoch=0, records=[]), 0)
 
 
 def test_a_batch_of_another_magic_is_an_error() -> None:

@@ -1,21 +1,27 @@
 """The coordinator runtime with a state of its own that is not a group: named counters, one
 record per counter. Conditional appends serialise handlers racing on one key, a new handler
 rebuilds the state from the log, waits and signals, the high watermark wait, timers a state
-implies, and placement. Nothing here knows groups: the runtime is generic."""
+implies, placement, and transactional writes that count once their producer's COMMIT marker
+follows. Nothing here knows groups: the runtime is generic."""
 
 from __future__ import annotations
 
 import asyncio
 import struct
-from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections import Counter
 
 import pytest
 
 from kbroker.log.v1 import log_pb2
-from kbroker.purgatory.v1 import purgatory_pb2
 from kbroker.replicator.v1 import replicator_pb2
 from services.common.errors import ErrorCode
+from services.common.records.control_records import (
+    ControlRecordType,
+    EndTransactionMarker,
+    build_end_transaction_batch,
+)
+from services.common.records.record_batch import read_header
+from services.handler.coordinator.partition import TransactionalRecords
 from services.handler.coordinator.placement import (
     CoordinatorError,
     Placement,
@@ -25,7 +31,9 @@ from services.handler.coordinator.placement import (
 from services.handler.coordinator.runtime import CoordinatorRuntime
 from services.handler.metadata_cache import LogNode
 
-from ..fakes import FakeController, cache_of, cluster, topic, wait_result
+from ..fakes import FakeController, cache_of, cluster, topic
+from ..fakes import MemoryLog as Log
+from ..fakes import MemoryPurgatory as Purgatory
 
 TOPIC = replicator_pb2.NewTopic(name="__counters", num_partitions=2, replication_factor=1)
 COORDINATOR_NOT_AVAILABLE = ErrorCode.coordinator_not_available.value
@@ -53,101 +61,6 @@ def increment(name: str):  # type: ignore[no-untyped-def]
 
 def timers_of(state: Counters, now: int) -> dict[str, int]:
     return {f"counter:{name}": 1000 for name in state.counts}
-
-
-class Log:
-    """Partitions in memory with the log node's conditional append; every call yields to the
-    event loop first, so concurrent callers interleave as over the network."""
-
-    def __init__(self) -> None:
-        self.batches: dict[tuple[str, int], list[tuple[int, int, bytes]]] = defaultdict(list)
-        self.ends: dict[tuple[str, int], int] = defaultdict(int)
-        self.lagging = False
-
-    async def append(self, node: LogNode, request: log_pb2.AppendRequest,
-                     time_limit: float) -> log_pb2.AppendResponse:
-        await asyncio.sleep(0)
-        [append] = request.partitions
-        where = (append.topic, append.partition)
-        expected = append.expected_log_end_offset
-        assert append.HasField("expected_log_end_offset")
-        if self.ends[where] != expected:
-            return log_pb2.AppendResponse(results=[log_pb2.PartitionAppendResult(
-                topic=append.topic, partition=append.partition,
-                error_code=ErrorCode.invalid_update_version.value)])
-        batch = bytearray(append.records)
-        batch[0:8] = struct.pack(">q", expected)  # the log node assigns offsets
-        count = struct.unpack_from(">i", batch, 23)[0] + 1
-        self.batches[where].append((expected, count, bytes(batch)))
-        self.ends[where] += count
-        end = self.ends[where]
-        return log_pb2.AppendResponse(results=[log_pb2.PartitionAppendResult(
-            topic=append.topic, partition=append.partition, log_end_offset=end,
-            high_watermark=expected if self.lagging else end, leader_epoch=0)])
-
-    async def read(self, node: LogNode, request: log_pb2.ReadRequest,
-                   time_limit: float) -> log_pb2.ReadResponse:
-        await asyncio.sleep(0)
-        assert request.limit == log_pb2.READ_LIMIT_LOG_END
-        out = log_pb2.ReadResponse()
-        for r in request.partitions:
-            where = (r.topic, r.partition)
-            data = b"".join(b for base, count, b in self.batches[where] if base + count > r.offset)
-            out.results.add(topic=r.topic, partition=r.partition, records=data,
-                            log_start_offset=0, log_end_offset=self.ends[where],
-                            high_watermark=self.ends[where])
-        return out
-
-
-class Purgatory:
-    """Waits on positions, timers by key and an expiry stream, in memory."""
-
-    def __init__(self) -> None:
-        self.positions: dict[str, int] = {}
-        self.changed = asyncio.Condition()
-        self.replicated = True
-        self.produce_waits: list[dict[str, int]] = []
-        self.armed_timers: dict[str, int] = {}
-        self.expired: asyncio.Queue[str] = asyncio.Queue()
-        self.subscriptions = 0
-
-    async def wait(self, kind: int, thresholds: Mapping[str, int], require_all: bool,
-                   timeout_ms: int) -> purgatory_pb2.AwaitResponse:
-        if kind == purgatory_pb2.OPERATION_KIND_PRODUCE:
-            self.produce_waits.append(dict(thresholds))
-            return wait_result(self.replicated)
-
-        def reached() -> bool:
-            return any(self.positions.get(k, -1) >= t for k, t in thresholds.items())
-
-        try:
-            async with self.changed:
-                await asyncio.wait_for(self.changed.wait_for(reached), timeout_ms / 1000)
-        except TimeoutError:
-            pass
-        return wait_result(reached(), {k: self.positions.get(k, -1) for k in thresholds})
-
-    async def complete(self, positions: Mapping[str, int]) -> None:
-        async with self.changed:
-            for key, position in positions.items():
-                self.positions[key] = max(self.positions.get(key, -1), position)
-            self.changed.notify_all()
-
-    async def schedule(self, deadlines: Mapping[str, int]) -> None:
-        self.armed_timers.update(deadlines)
-
-    async def unschedule(self, keys: Sequence[str]) -> None:
-        for key in keys:
-            self.armed_timers.pop(key, None)
-
-    async def armed(self, keys: Sequence[str]) -> set[str]:
-        return {key for key in keys if key in self.armed_timers}
-
-    async def watch_expirations(self) -> AsyncIterator[list[str]]:
-        self.subscriptions += 1
-        yield []
-        while True:
-            yield [await self.expired.get()]
 
 
 class Writes:
@@ -297,4 +210,103 @@ def test_placement_creates_the_topic_once_and_hashes_keys_as_java() -> None:
     assert java_string_hash("hello") == 99162322
     assert java_string_hash("polygenelubricants") == -(2**31)
     assert partition_for("polygenelubricants", 50) == 0
+    asyncio.run(main())
+
+
+class TransactionalCounters(Counters):
+    """Counters that take part in transactions: a producer's writes count once its COMMIT
+    marker follows them, and never after an ABORT."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending: dict[int, dict[str, int]] = {}
+        self.offsets: dict[str, int] = {}
+
+    def replay_record(self, offset: int, producer_id: int, key: bytes,
+                      value: bytes | None) -> None:
+        if producer_id >= 0:
+            self.pending.setdefault(producer_id, {})[key.decode()] = int(value or 0)
+            return
+        self.offsets[key.decode()] = offset
+        self.replay(key, value)
+
+    def replay_end_transaction(self, producer_id: int, committed: bool) -> None:
+        for name, count in self.pending.pop(producer_id, {}).items():
+            if committed:
+                self.counts[name] = count
+
+
+def write_marker(log: Log, partition: int, producer_id: int, committed: bool) -> None:
+    """A COMMIT or ABORT marker appended to the fake log, as a log node writes it."""
+    where = (TOPIC.name, partition)
+    batch = bytearray(build_end_transaction_batch(
+        EndTransactionMarker(type=ControlRecordType.COMMIT if committed
+                             else ControlRecordType.ABORT, coordinator_epoch=0),
+        producer_id=producer_id, producer_epoch=0, timestamp=0))
+    batch[0:8] = struct.pack(">q", log.ends[where])
+    log.batches[where].append((log.ends[where], 1, bytes(batch)))
+    log.ends[where] += 1
+
+
+def transactional_runtime(log: Log, purgatory: Purgatory
+                          ) -> CoordinatorRuntime[TransactionalCounters]:
+    metadata = cluster(topic(TOPIC.name, 2, topic_id="0123456789abcdef"))
+    return CoordinatorRuntime(
+        Placement(TOPIC, cache_of(metadata), FakeController(metadata)), log,  # type: ignore[arg-type]
+        purgatory, TransactionalCounters, kind="counter")
+
+
+def test_transactional_writes_count_once_committed_and_never_once_aborted() -> None:
+    async def main() -> None:
+        log, purgatory = Log(), Purgatory()
+        writer = transactional_runtime(log, purgatory)
+        partition = partition_for("a", 2)
+        assert partition_for("c", 2) == partition
+
+        def write(name: str, count: int, producer_id: int):  # type: ignore[no-untyped-def]
+            return lambda state, now: (TransactionalRecords(
+                producer_id=producer_id, producer_epoch=0,
+                records=[(name.encode(), str(count).encode())]), None)
+
+        await writer.update("a", write("a", 5, producer_id=7))
+        await writer.update("c", write("c", 9, producer_id=8))
+        state = await writer.read("a")
+        assert state.counts == {} and set(state.pending) == {7, 8}
+        write_marker(log, partition, 7, committed=True)
+        write_marker(log, partition, 8, committed=False)
+        await writer.update("a", increment("a"))  # the markers moved the end: read, retry
+        assert (await writer.read("a")).counts == {"a": 6}
+        # A new handler replays the same from the log, offsets included.
+        fresh = await transactional_runtime(log, purgatory).read("a")
+        assert (fresh.counts, fresh.pending, fresh.offsets) == ({"a": 6}, {}, {"a": 4})
+        [batch] = [b for base, _, b in log.batches[(TOPIC.name, partition)] if base == 0]
+        header = read_header(batch)
+        assert (header.is_transactional, header.producer_id, header.base_sequence) == (
+            True, 7, 0)
+        # A state that does not take part in transactions never sees their records.
+        assert (await runtime(log, purgatory).read("a")).counts == {"a": 6}
+
+    asyncio.run(main())
+
+
+def test_a_transactional_write_refused_for_its_producer_fails_with_the_producer_error() -> None:
+    class Refusing(Log):
+        async def append(self, node: LogNode, request: log_pb2.AppendRequest,
+                         time_limit: float) -> log_pb2.AppendResponse:
+            [append] = request.partitions
+            return log_pb2.AppendResponse(results=[log_pb2.PartitionAppendResult(
+                topic=append.topic, partition=append.partition,
+                error_code=ErrorCode.invalid_producer_epoch.value)])
+
+    async def main() -> None:
+        counters = transactional_runtime(Refusing(), Purgatory())
+        with pytest.raises(CoordinatorError) as failed:
+            await counters.update("a", lambda state, now: (TransactionalRecords(
+                producer_id=1, producer_epoch=0, records=[(b"a", b"1")]), None))
+        assert failed.value.code == ErrorCode.invalid_producer_epoch.value
+        with pytest.raises(CoordinatorError) as failed:
+            await counters.update("a", increment("a"))
+        assert failed.value.code == COORDINATOR_NOT_AVAILABLE
+        assert await counters.leader_epoch("a") == 0
+
     asyncio.run(main())

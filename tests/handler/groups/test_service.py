@@ -31,6 +31,7 @@ E = ErrorCode
 GROUP_OPTIONS: dict[str, Any] = {
     "group_initial_rebalance_delay_ms": 1500,
     "offsets_topic_num_partitions": 4,
+    "transaction_state_log_num_partitions": 3,
 }
 TIMEOUT = 120
 
@@ -84,9 +85,12 @@ def test_find_coordinator_creates_the_offsets_topic_and_names_its_leaders(tmp_pa
                     node, "kafka.test", 9092)
             single = await find(cluster.stub, "orders", version=2)
             assert (single.error_code, single.node_id) == (0, leaders[partition_for("orders", 4)])
-            transactional = await find(cluster.stub, "tx", key_type=1)
-            assert transactional.coordinators[0].error_code == \
-                E.coordinator_not_available.value
+            # Transactional ids have theirs too (their own topic, created on first need).
+            transactional = (await find(cluster.stub, "tx", key_type=1)).coordinators[0]
+            state = (await cluster.metadata("__transaction_state")).topics[0]
+            assert state.error_code == 0 and len(state.partitions) == 3
+            assert (transactional.error_code, transactional.node_id) == (0, {
+                p.partition_index: p.leader_id for p in state.partitions}[partition_for("tx", 3)])
             bad = await find(cluster.stub, "x", key_type=7)
             assert bad.coordinators[0].error_code == E.invalid_request.value
 
