@@ -62,7 +62,7 @@ class CopyLoop:
     def _new_producer(self) -> None:
         self.producer = Producer({
             "bootstrap.servers": self.bootstrap, "transactional.id": self.transactional_id,
-            "transaction.timeout.ms": 20_000, "linger.ms": 2, "message.timeout.ms": 60_000})
+            "transaction.timeout.ms": 30_000, "linger.ms": 2, "message.timeout.ms": 30_000})
         self.producer.init_transactions(60)
         self.new_producers += 1
 
