@@ -115,8 +115,8 @@ class LoggedMarker:
 
 def read_records(data: bytes) -> Iterator[LoggedRecord | LoggedMarker]:
     """The records and transaction markers of a run of whole batches, in offset order,
-    compressed batches included; control batches other than markers are skipped and a
-    truncated tail ends the run. Raises :class:`RecordError` for a batch that is not v2 or
+    compressed batches included; control batches other than markers, and markers the log
+    cleaner emptied, are skipped and a truncated tail ends the run. Raises :class:`RecordError` for a batch that is not v2 or
     whose records do not decode."""
     view = memoryview(data)
     for position, header in iter_batches(view):
@@ -124,6 +124,8 @@ def read_records(data: bytes) -> Iterator[LoggedRecord | LoggedMarker]:
             raise RecordError(f"record batch of magic {header.magic}")
         batch = view[position:position + header.size]
         if header.is_control:
+            if header.record_count == 0:  # a marker the log cleaner emptied: nothing to replay
+                continue
             marker = read_end_transaction_marker(batch, header)
             if marker is not None:
                 yield LoggedMarker(header.base_offset, header.producer_id,

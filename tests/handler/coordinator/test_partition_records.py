@@ -1,6 +1,7 @@
 """The batches of a coordinator partition: what the runtime appends the log node accepts as it
 is, and what it reads back (transaction markers as markers, other control batches skipped,
-transactional records with their producer, compressed ones read, a torn tail ignored)."""
+transactional records with their producer, compressed ones read, markers the cleaner emptied
+skipped, a torn tail ignored)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,13 @@ from services.common.records.control_records import (
     build_end_transaction_batch,
 )
 from services.common.records.record import build_batch
-from services.common.records.record_batch import RecordError, batches_end, set_base_offset
+from services.common.records.record import encode_batch
+from services.common.records.record_batch import (
+    RecordError,
+    batches_end,
+    read_header,
+    set_base_offset,
+)
 from services.handler.coordinator.partition import (
     LoggedMarker,
     LoggedRecord,
@@ -59,6 +66,17 @@ def test_markers_are_read_as_markers_and_compressed_batches_read() -> None:
     got = list(read_records(marker + compressed + kept + commit))
     assert got == [LoggedMarker(0, 1, False), LoggedRecord(1, b"k", b"v"),
                    LoggedRecord(2, b"key", b"value"), LoggedMarker(3, 7, True)]
+
+
+def test_a_marker_the_cleaner_emptied_is_skipped() -> None:
+    marker = build_end_transaction_batch(
+        EndTransactionMarker(type=ControlRecordType.COMMIT, coordinator_epoch=0),
+        producer_id=9, producer_epoch=1, timestamp=0)
+    emptied = bytearray(encode_batch(read_header(marker, 0), []))  # what the cleaner leaves
+    set_base_offset(emptied, 0, 4)
+    kept = bytearray(build_batch([(b"key", b"value")], 0))
+    set_base_offset(kept, 0, 5)
+    assert list(read_records(bytes(emptied + kept))) == [LoggedRecord(5, b"key", b"value")]
 
 
 def test_transactional_batches_are_valid_for_the_log_node_and_carry_their_producer() -> None:
