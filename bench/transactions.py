@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from throughput import kbroker_cluster, reference_binary, reference_broker  # noqa: E402
+from throughput import kbroker_cluster, reference_binary, reference_broker
 
 WORKLOAD = r'''
 import json, sys, time, uuid

@@ -116,8 +116,8 @@ class LoggedMarker:
 def read_records(data: bytes) -> Iterator[LoggedRecord | LoggedMarker]:
     """The records and transaction markers of a run of whole batches, in offset order,
     compressed batches included; control batches other than markers, and markers the log
-    cleaner emptied, are skipped and a truncated tail ends the run. Raises :class:`RecordError` for a batch that is not v2 or
-    whose records do not decode."""
+    cleaner emptied, are skipped and a truncated tail ends the run. Raises
+    :class:`RecordError` for a batch that is not v2 or whose records do not decode."""
     view = memoryview(data)
     for position, header in iter_batches(view):
         if header.magic != MAGIC:

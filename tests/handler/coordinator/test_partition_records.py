@@ -14,8 +14,7 @@ from services.common.records.control_records import (
     EndTransactionMarker,
     build_end_transaction_batch,
 )
-from services.common.records.record import build_batch
-from services.common.records.record import encode_batch
+from services.common.records.record import build_batch, encode_batch
 from services.common.records.record_batch import (
     RecordError,
     batches_end,
