@@ -85,7 +85,7 @@ def metadata_from_proto(message: replicator_pb2.ClusterMetadata) -> ClusterMetad
         version=message.version, cluster_id=message.cluster_id,
         controller_id=message.controller_id,
         log_nodes=[LogNode(node_id=n.node_id, address=n.address, rack=n.rack or None,
-                           alive=n.alive) for n in message.log_nodes],
+                           alive=n.alive, fenced=n.fenced) for n in message.log_nodes],
         topics=[TopicInfo(
             name=t.name, topic_id=canonical_topic_id(t.topic_id), internal=t.internal,
             configs=dict(t.configs), partitions={p.partition: PartitionInfo(

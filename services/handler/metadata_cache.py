@@ -36,12 +36,14 @@ NO_NODE = -1
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LogNode:
-    """A log node: a broker as Kafka clients see it."""
+    """A log node: a broker as Kafka clients see it. ``fenced``: down for the session timeout
+    (a node not alive but not fenced still leads its partitions)."""
 
     node_id: int
     address: str
     rack: str | None = None
     alive: bool = True
+    fenced: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -102,6 +104,12 @@ class ClusterMetadata:
     def live_node(self, node_id: int) -> LogNode | None:
         node = self.log_nodes.get(node_id)
         return node if node is not None and node.alive else None
+
+    def unfenced_node(self, node_id: int) -> LogNode | None:
+        """The node if it is not fenced, alive or not (Kafka's alive broker: registered and
+        not fenced)."""
+        node = self.log_nodes.get(node_id)
+        return node if node is not None and not node.fenced else None
 
     def client_controller_id(self) -> int:
         """The controller id to give Kafka clients: a live broker they can send admin requests

@@ -27,12 +27,14 @@ INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LogNode:
-    """A log node from configuration, and whether its last health check succeeded."""
+    """A log node from configuration, whether its last health check succeeded, and whether
+    it is fenced (its checks failed for the session timeout)."""
 
     node_id: NodeId
     address: str
     rack: str = ""
     alive: bool = False
+    fenced: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

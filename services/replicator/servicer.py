@@ -78,7 +78,8 @@ def to_cluster_metadata(
         cluster_id=image.cluster_id,
         controller_id=image.controller_id,
         log_nodes=[
-            pb.LogNode(node_id=n.node_id, address=n.address, rack=n.rack, alive=n.alive)
+            pb.LogNode(node_id=n.node_id, address=n.address, rack=n.rack, alive=n.alive,
+                       fenced=n.fenced)
             for n in image.log_nodes
         ],
         topics=[

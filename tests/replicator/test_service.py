@@ -14,7 +14,7 @@ import pytest
 from kbroker.replicator.v1 import replicator_pb2 as pb
 from services.common.errors import ErrorCode
 
-from .harness import cluster, new_topic, wait_for
+from .harness import Cluster, cluster, new_topic, wait_for
 
 OK = ErrorCode.none.value
 
@@ -318,6 +318,30 @@ def test_log_node_liveness_follows_health_checks(tmp_path: Path):
             assert accepted.error_code == OK
 
     asyncio.run(scenario())
+
+
+def test_a_node_down_for_the_session_timeout_is_fenced_until_it_answers(tmp_path: Path):
+    """Not alive at the first failed check; fenced (its partitions' leaders move) only once
+    down for the session timeout; neither once it answers again."""
+    async def scenario() -> None:
+        async with cluster(tmp_path, node_session_timeout_ms=600) as c:
+            def node(metadata: pb.ClusterMetadata, node_id: int) -> pb.LogNode:
+                return next(n for n in metadata.log_nodes if n.node_id == node_id)
+
+            assert not node(await c.metadata(), 2).fenced
+            await c.nodes[2].stop()
+            await wait_for(lambda: _not(c.node_alive(2)))
+            assert not node(await c.metadata(), 2).fenced  # 50 ms checks: well within 600 ms
+            await wait_for(lambda: _fenced(c, 2))
+            await c.nodes[2].start()
+            await wait_for(lambda: c.node_alive(2))
+            assert not node(await c.metadata(), 2).fenced
+
+    asyncio.run(scenario())
+
+
+async def _fenced(c: Cluster, node_id: int) -> bool:
+    return next(n.fenced for n in (await c.metadata()).log_nodes if n.node_id == node_id)
 
 
 async def _not(value) -> bool:

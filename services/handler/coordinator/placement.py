@@ -128,15 +128,26 @@ class Placement:
         await self._cache.refresh()
 
     async def find(self, key: str) -> tuple[int, int]:
-        """(error, node id) of the coordinator of ``key``: the live leader of its partition,
-        the topic created on first need (COORDINATOR_NOT_AVAILABLE while it cannot be had)."""
+        """(error, node id) of the coordinator of ``key``: the leader of its partition, the
+        topic created on first need (COORDINATOR_NOT_AVAILABLE while it cannot be had).
+
+        As Kafka's FindCoordinator, a leader that stopped answering is still named until it is
+        fenced (its partitions then move at once): clients send it their requests, which are
+        answered COORDINATOR_NOT_AVAILABLE meanwhile, and look it up again. Answering
+        COORDINATOR_NOT_AVAILABLE to the lookup itself in that window instead would leave
+        clients that give up looking after a few tries (librdkafka's group coordinator
+        lookup for TxnOffsetCommit) waiting for a broker state change that never comes, the
+        frontend keeping every broker's port open."""
         try:
             metadata, topic = await self.topic(create=True)
             if topic is None:
                 return COORDINATOR_NOT_AVAILABLE, -1
-            _, node = self.leader(metadata, topic, self.partition_of(topic, key))
         except CoordinatorError as exc:
             return exc.code, -1
+        info = topic.partitions.get(self.partition_of(topic, key))
+        node = metadata.unfenced_node(info.leader) if info is not None else None
+        if node is None:
+            return COORDINATOR_NOT_AVAILABLE, -1
         return NONE, node.node_id
 
     async def not_coordinator(self, key: str, broker_id: int | None) -> int:

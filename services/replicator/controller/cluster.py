@@ -4,8 +4,10 @@ that are configured rather than registered): which log nodes are alive, and whic
 - Liveness: a node is alive while its latest health check answered SERVING. Only live nodes
   receive new replicas and count toward the replication factor limit. A liveness change bumps
   the version (clients see live nodes as brokers).
-- Fencing: a node whose health checks have failed for ``node_session_timeout_ms`` is fenced;
-  what that does to its partitions is :mod:`.partitions`'.
+- Fencing: a node whose health checks have failed for ``node_session_timeout_ms`` is fenced
+  (marked so in the image: until then it still leads its partitions, as a Kafka broker does
+  until its session expires, and coordinators are still found there); what fencing does to
+  its partitions is :mod:`.partitions`'.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from ..log_nodes import LogNodes
 from ..metadata import LogNode, MetadataImage, NodeId
@@ -24,14 +26,18 @@ log = logging.getLogger(__name__)
 
 
 def with_liveness(
-    image: MetadataImage, alive: Mapping[NodeId, bool]
+    image: MetadataImage, alive: Mapping[NodeId, bool], fenced: Collection[NodeId] = (),
 ) -> tuple[MetadataImage, list[LogNode]]:
-    """The image with each node's liveness from ``alive``, and the nodes that changed."""
-    nodes = tuple(dataclasses.replace(n, alive=alive.get(n.node_id, n.alive))
-                  for n in image.log_nodes)
+    """The image with each node's liveness from ``alive`` and the ``fenced`` nodes marked (a
+    live node is never fenced), and the nodes whose liveness changed."""
+    nodes = tuple(dataclasses.replace(
+        n, alive=(live := alive.get(n.node_id, n.alive)), fenced=not live and n.node_id in fenced)
+        for n in image.log_nodes)
     changed = [after for before, after in zip(image.log_nodes, nodes, strict=True)
                if before.alive != after.alive]
-    return (image.replace(log_nodes=nodes) if changed else image), changed
+    if nodes == image.log_nodes:
+        return image, changed
+    return image.replace(log_nodes=nodes), changed
 
 
 class ClusterControlManager:
@@ -49,14 +55,6 @@ class ClusterControlManager:
         nodes = self._core.image.log_nodes
         serving = await asyncio.gather(*(self._client.is_serving(n.node_id) for n in nodes))
         alive = {n.node_id: ok for n, ok in zip(nodes, serving, strict=True)}
-        try:
-            changed = await self._core.commit(lambda image: with_liveness(image, alive))
-        except OSError:
-            log.exception("could not save log node liveness; will retry at the next check")
-            changed = []
-        for node in changed:
-            log.info("log node %d (%s) is %s", node.node_id, node.address,
-                     "alive" if node.alive else "not responding")
         now = time.monotonic()
         for node_id, ok in alive.items():
             if ok:
@@ -65,4 +63,12 @@ class ClusterControlManager:
                 self._down_since.setdefault(node_id, now)
         fenced = {n for n, since in self._down_since.items()
                   if now - since >= self._session_timeout_s}
+        try:
+            changed = await self._core.commit(lambda image: with_liveness(image, alive, fenced))
+        except OSError:
+            log.exception("could not save log node liveness; will retry at the next check")
+            changed = []
+        for node in changed:
+            log.info("log node %d (%s) is %s", node.node_id, node.address,
+                     "alive" if node.alive else "not responding")
         return {n.node_id for n in changed if n.alive}, fenced

@@ -29,7 +29,7 @@ from services.handler.coordinator.placement import (
     partition_for,
 )
 from services.handler.coordinator.runtime import CoordinatorRuntime
-from services.handler.metadata_cache import LogNode
+from services.handler.metadata_cache import ClusterMetadata, LogNode
 
 from ..fakes import FakeController, cache_of, cluster, topic
 from ..fakes import MemoryLog as Log
@@ -308,5 +308,27 @@ def test_a_transactional_write_refused_for_its_producer_fails_with_the_producer_
             await counters.update("a", increment("a"))
         assert failed.value.code == COORDINATOR_NOT_AVAILABLE
         assert await counters.leader_epoch("a") == 0
+
+    asyncio.run(main())
+
+
+def test_a_leader_that_stopped_answering_is_found_until_it_is_fenced() -> None:
+    """As Kafka's FindCoordinator: the leader of the key's partition is named while it is not
+    fenced, answering or not; a fenced one (its partition offline) is no coordinator."""
+    def placement_with(node: LogNode) -> Placement:
+        metadata = ClusterMetadata(
+            version=1, cluster_id="c", controller_id=0,
+            topics=[topic(TOPIC.name, 2, leaders=[1, 1])],
+            log_nodes=[LogNode(node_id=0, address="node-0:1"), node])
+        return Placement(TOPIC, cache_of(metadata), FakeController(metadata))
+
+    async def main() -> None:
+        answering = placement_with(LogNode(node_id=1, address="node-1:1"))
+        silent = placement_with(LogNode(node_id=1, address="node-1:1", alive=False))
+        fenced = placement_with(LogNode(node_id=1, address="node-1:1", alive=False,
+                                        fenced=True))
+        assert await answering.find("a") == (0, 1)
+        assert await silent.find("a") == (0, 1)
+        assert await fenced.find("a") == (COORDINATOR_NOT_AVAILABLE, -1)
 
     asyncio.run(main())
