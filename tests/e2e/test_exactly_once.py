@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -21,7 +21,13 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from services.handler.coordinator.placement import partition_for
 from services.local_cluster import ClusterSpec, LocalCluster
 
-from .test_replication_faults import all_in_sync, create_topic, topic_metadata, wait_until
+from .test_replication_faults import (
+    all_in_sync,
+    create_topic,
+    logs_of,
+    topic_metadata,
+    wait_until,
+)
 
 PARTITIONS = 3
 RECORDS = 1200
@@ -57,6 +63,10 @@ class CopyLoop:
         self.committed_transactions = 0
         self.aborted_transactions = 0
         self.new_producers = 0
+        # Input records whose copies are committed: the group's offsets, summed, as the loop
+        # last committed or read them (kept by the loop's thread: a consumer serves one
+        # thread at a time, and a busy loop would starve another thread's calls).
+        self.copied = 0
         self.errors: list[str] = []
 
     def _new_producer(self) -> None:
@@ -68,6 +78,7 @@ class CopyLoop:
 
     def _rewind(self) -> None:
         committed = self.consumer.committed(self.partitions, timeout=60)
+        self.copied = sum(max(tp.offset, 0) for tp in committed)
         for tp in committed:
             self.consumer.seek(TopicPartition(
                 tp.topic, tp.partition, tp.offset if tp.offset >= 0 else 0))
@@ -109,10 +120,23 @@ class CopyLoop:
             positions, self.consumer.consumer_group_metadata(), 60)
         self.producer.commit_transaction(60)
         self.committed_transactions += 1
+        self.copied = sum(max(tp.offset, 0) for tp in positions)
 
     def done(self) -> bool:
-        committed = self.consumer.committed(self.partitions, timeout=30)
-        return sum(max(tp.offset, 0) for tp in committed) >= RECORDS
+        return self.copied >= RECORDS
+
+    def reaches(self, condition: Callable[[], bool], within: float, what: str,
+                cluster: LocalCluster) -> None:
+        """Wait for ``condition``; on timeout fail with the loop's errors as they are then."""
+        deadline = time.monotonic() + within
+        while not condition():
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"{what}: not reached within {within}s (transactions committed "
+                    f"{self.committed_transactions}, aborted {self.aborted_transactions}, "
+                    f"records copied {self.copied}, errors: {self.errors[-5:]})\n"
+                    f"{logs_of(cluster)}")
+            time.sleep(0.1)
 
 
 def coordinator_node(cluster: LocalCluster, transactional_id: str) -> int:
@@ -163,20 +187,20 @@ def test_every_input_is_copied_exactly_once_across_kills(crashing, topic_name):
     thread = threading.Thread(target=loop.run, name="copy-loop", daemon=True)
     thread.start()
     try:
-        wait_until(crashing, lambda: loop.committed_transactions >= 5, 60,
-                   f"transactions before any kill (errors: {loop.errors[:3]})")
+        loop.reaches(lambda: loop.committed_transactions >= 5, 60,
+                     "transactions before any kill", crashing)
         crashing.kill("handler-0")
-        wait_until(crashing, lambda: loop.committed_transactions >= 10, 60,
-                   f"transactions with a handler down (errors: {loop.errors[:3]})")
+        loop.reaches(lambda: loop.committed_transactions >= 10, 60,
+                     "transactions with a handler down", crashing)
         crashing.start_service("handler-0")
         victim = coordinator_node(crashing, transactional_id)
         before = loop.committed_transactions
         crashing.kill(f"log-{victim}")
-        wait_until(crashing, lambda: loop.committed_transactions >= before + 5, 90,
-                   f"transactions after the coordinator's log node {victim} was killed "
-                   f"(errors: {loop.errors[:3]})")
+        loop.reaches(lambda: loop.committed_transactions >= before + 5, 90,
+                     f"transactions after the coordinator's log node {victim} was killed",
+                     crashing)
         crashing.start_service(f"log-{victim}")
-        wait_until(crashing, loop.done, 180, f"every record copied (errors: {loop.errors[:5]})")
+        loop.reaches(loop.done, 180, "every record copied", crashing)
     finally:
         loop.stop.set()
         thread.join(120)
