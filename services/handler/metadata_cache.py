@@ -98,8 +98,17 @@ class ClusterMetadata:
         return self._by_id.get(key) if key else None
 
     def live_nodes(self) -> list[LogNode]:
-        """Live log nodes in id order: the brokers Kafka clients are told about."""
+        """Live log nodes in id order."""
         return sorted((n for n in self.log_nodes.values() if n.alive), key=lambda n: n.node_id)
+
+    def brokers(self) -> list[LogNode]:
+        """The brokers Kafka clients are told about, in id order: the log nodes that are not
+        fenced, as a Kafka broker is listed until its session expires. One that stopped
+        answering stays listed (its partitions still its own) until it is fenced and they
+        move: clients drop a broker missing from the metadata, coordinator caches pointing at
+        it included, and librdkafka then waits for that broker forever."""
+        return sorted((n for n in self.log_nodes.values() if not n.fenced),
+                      key=lambda n: n.node_id)
 
     def live_node(self, node_id: int) -> LogNode | None:
         node = self.log_nodes.get(node_id)

@@ -58,13 +58,16 @@ def cluster(
     dead: Sequence[int] = (),
     version: int = 1,
     controller: int = 0,
+    fenced: Sequence[int] = (),
 ) -> ClusterMetadata:
+    """``dead``: nodes not answering (not yet fenced); ``fenced``: down and fenced."""
     return ClusterMetadata(
         version=version,
         cluster_id="test-cluster",
         controller_id=controller,
-        log_nodes=[LogNode(node_id=n, address=f"node-{n}:1", alive=n not in dead)
-                   for n in (*nodes, *dead)],
+        log_nodes=[LogNode(node_id=n, address=f"node-{n}:1", alive=n not in (*dead, *fenced),
+                           fenced=n in fenced)
+                   for n in (*nodes, *dead, *fenced)],
         topics=topics,
     )
 

@@ -56,17 +56,21 @@ def test_null_topics_lists_every_topic_and_empty_lists_none():
 
 
 def test_partitions_describe_leaders_replicas_and_dead_leaders():
-    snapshot = cluster(topic("t", 2, leaders=[0, 1], epoch=3), nodes=(0,), dead=(1,))
+    snapshot = cluster(topic("t", 3, leaders=[0, 1, 2], epoch=3), nodes=(0,), dead=(1,),
+                       fenced=(2,))
     response, _ = serve(named("t"), snapshot)
     (t,) = response.topics
-    live, dead = t.partitions
+    live, silent, fenced = t.partitions
     assert (live.partition_index, live.error_code, live.leader_id, live.leader_epoch) == (
         0, 0, 0, 3)
     assert (live.replica_nodes, live.isr_nodes, live.offline_replicas) == ([0], [0], [])
-    assert (dead.error_code, dead.leader_id, dead.leader_epoch) == (5, -1, 3)
-    assert dead.offline_replicas == [1]
-    # Dead log nodes are not brokers.
-    assert [b.node_id for b in response.brokers] == [0]
+    # A leader that stopped answering leads until it is fenced, as in Kafka.
+    assert (silent.error_code, silent.leader_id, silent.leader_epoch) == (0, 1, 3)
+    assert silent.offline_replicas == [1]
+    assert (fenced.error_code, fenced.leader_id, fenced.leader_epoch) == (5, -1, 3)
+    assert fenced.offline_replicas == [2]
+    # Fenced log nodes are not brokers.
+    assert [b.node_id for b in response.brokers] == [0, 1]
 
 
 def test_missing_topics_are_auto_created_and_answered_in_full():

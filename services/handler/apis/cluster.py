@@ -73,10 +73,10 @@ def authorized(requested: bool, operations: int) -> int:
 
 def describe_cluster(response: Any, id_field: str, metadata: ClusterMetadata,
                      include_operations: bool, context: RequestContext) -> None:
-    """Fill in what Metadata and DescribeCluster both answer: the live log nodes as brokers at
-    the request's advertised address (``id_field``: the response's broker id field), the
-    cluster id, the controller and the cluster's authorized operations."""
-    for node in metadata.live_nodes():
+    """Fill in what Metadata and DescribeCluster both answer: the brokers (log nodes not
+    fenced) at the request's advertised address (``id_field``: the response's broker id
+    field), the cluster id, the controller and the cluster's authorized operations."""
+    for node in metadata.brokers():
         response.brokers.add(host=context.advertised_host, rack=node.rack,
                              port=broker_port(context, node.node_id), **{id_field: node.node_id})
     response.cluster_id = metadata.cluster_id

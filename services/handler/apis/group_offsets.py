@@ -205,8 +205,9 @@ class TxnOffsetCommitApi(_OffsetsApi):
                         offset=p.committed_offset, leader_epoch=p.committed_leader_epoch,
                         metadata=p.committed_metadata, commit_timestamp=now)
         if valid:
-            code = INVALID_GROUP_ID if not request.group_id else await self._not_coordinator(
-                request.group_id, context)
+            code = INVALID_GROUP_ID if not request.group_id else \
+                await self._coordinator.placement.not_coordinator(
+                    request.group_id, context.broker_id, strict=True)
             if not code:
                 try:
                     code = await self._coordinator.offsets.commit_transactional(

@@ -150,7 +150,8 @@ class Placement:
             return COORDINATOR_NOT_AVAILABLE, -1
         return NONE, node.node_id
 
-    async def not_coordinator(self, key: str, broker_id: int | None) -> int:
+    async def not_coordinator(self, key: str, broker_id: int | None,
+                              strict: bool = False) -> int:
         """NOT_COORDINATOR when the client sent a request about ``key`` to a live broker (log
         node) that does not lead the key's partition (Kafka's check); the reason when the
         coordinator is unknown; 0 when it does, or when the broker is not known (a direct
@@ -164,14 +165,18 @@ class Placement:
         (librdkafka's admin API: a NOT_COORDINATOR inside a response does not evict its cache)
         would otherwise be told NOT_COORDINATOR until they restart. Serving is safe: the state
         lives in its partition, whose leader every handler writes to. Clients that look the
-        coordinator up again are sent to the new one."""
+        coordinator up again are sent to the new one.
+
+        ``strict``: Kafka's check at every port, for requests whose clients look the
+        coordinator up again on NOT_COORDINATOR (TxnOffsetCommit): so they drop a dead broker
+        from their coordinator cache before it leaves the metadata."""
         if broker_id is None or not key:
             return NONE
         try:
             metadata, topic = await self.topic(create=False)
         except CoordinatorError as exc:
             return exc.code
-        if metadata.live_node(broker_id) is None:
+        if not strict and metadata.live_node(broker_id) is None:
             return NONE
         if topic is None or not self.leads(topic, self.partition_of(topic, key), broker_id):
             return NOT_COORDINATOR

@@ -98,6 +98,7 @@ class Controller(ControllerCore):
         deletions and bring nodes that came back up to date with the configs."""
         revived, fenced = await self.cluster.check()
         await self.partitions.fence(fenced)
+        await self.cluster.mark_fenced(fenced)
         if self._checked_once:  # the first check finds the starting state
             self.configs.mark_stale(revived)
         self._checked_once = True

@@ -26,18 +26,23 @@ log = logging.getLogger(__name__)
 
 
 def with_liveness(
-    image: MetadataImage, alive: Mapping[NodeId, bool], fenced: Collection[NodeId] = (),
+    image: MetadataImage, alive: Mapping[NodeId, bool]
 ) -> tuple[MetadataImage, list[LogNode]]:
-    """The image with each node's liveness from ``alive`` and the ``fenced`` nodes marked (a
-    live node is never fenced), and the nodes whose liveness changed."""
+    """The image with each node's liveness from ``alive`` (a live node is not fenced), and the
+    nodes whose liveness changed."""
     nodes = tuple(dataclasses.replace(
-        n, alive=(live := alive.get(n.node_id, n.alive)), fenced=not live and n.node_id in fenced)
+        n, alive=(live := alive.get(n.node_id, n.alive)), fenced=n.fenced and not live)
         for n in image.log_nodes)
     changed = [after for before, after in zip(image.log_nodes, nodes, strict=True)
                if before.alive != after.alive]
-    if nodes == image.log_nodes:
-        return image, changed
-    return image.replace(log_nodes=nodes), changed
+    return (image if nodes == image.log_nodes else image.replace(log_nodes=nodes)), changed
+
+
+def with_fenced(image: MetadataImage, fenced: Collection[NodeId]) -> tuple[MetadataImage, None]:
+    """The image with the ``fenced`` nodes that are not alive marked fenced."""
+    nodes = tuple(dataclasses.replace(n, fenced=True) if n.node_id in fenced and not n.alive
+                  else n for n in image.log_nodes)
+    return (image if nodes == image.log_nodes else image.replace(log_nodes=nodes)), None
 
 
 class ClusterControlManager:
@@ -64,7 +69,7 @@ class ClusterControlManager:
         fenced = {n for n, since in self._down_since.items()
                   if now - since >= self._session_timeout_s}
         try:
-            changed = await self._core.commit(lambda image: with_liveness(image, alive, fenced))
+            changed = await self._core.commit(lambda image: with_liveness(image, alive))
         except OSError:
             log.exception("could not save log node liveness; will retry at the next check")
             changed = []
@@ -72,3 +77,9 @@ class ClusterControlManager:
             log.info("log node %d (%s) is %s", node.node_id, node.address,
                      "alive" if node.alive else "not responding")
         return {n.node_id for n in changed if n.alive}, fenced
+
+    async def mark_fenced(self, fenced: Collection[NodeId]) -> None:
+        """Mark the ``fenced`` nodes so in the image, once their partitions have moved: clients
+        stop being told about them as brokers."""
+        if fenced:
+            await self._core.commit(lambda image: with_fenced(image, fenced))

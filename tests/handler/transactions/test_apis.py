@@ -46,7 +46,7 @@ TIMEOUT = 20.0
 METADATA = cluster(
     topic(TRANSACTION_STATE_TOPIC, 2, topic_id="7a", epoch=2),
     replace(topic(OFFSETS_TOPIC, 2), internal=True),
-    topic("a", 2), topic("b", 1), topic("gone", 1, leaders=[1]), nodes=(0, 1))
+    topic("a", 2), topic("b", 1), topic("gone", 1, leaders=[1]), nodes=(0, 1), dead=(2,))
 GROUP_PARTITION = (OFFSETS_TOPIC, partition_for("g", 2))
 
 
@@ -357,6 +357,12 @@ def test_transactional_offsets_vanish_when_the_transaction_aborts() -> None:
         assert (await c.begin("tx"))[1] == epoch + 1
         zombie = await c.txn_commit.handle(txn_commit(pid, epoch, {("a", 1): 9}), at(3))
         assert commit_errors(zombie) == {("a", 1): E.invalid_producer_epoch.value}
+        # At the port of a broker that is not the coordinator, a dead one too (unlike the
+        # group APIs, which serve there): NOT_COORDINATOR, so clients look it up again.
+        for broker in (1, 2):
+            elsewhere = await c.txn_commit.handle(
+                txn_commit(pid, epoch + 1, {("a", 1): 9}), at(3, broker_id=broker))
+            assert commit_errors(elsewhere) == {("a", 1): E.not_coordinator.value}
 
     run(test)
 
