@@ -104,9 +104,9 @@ class ClusterMetadata:
     def brokers(self) -> list[LogNode]:
         """The brokers Kafka clients are told about, in id order: the log nodes that are not
         fenced, as a Kafka broker is listed until its session expires. One that stopped
-        answering stays listed (its partitions still its own) until it is fenced and they
-        move: clients drop a broker missing from the metadata, coordinator caches pointing at
-        it included, and librdkafka then waits for that broker forever."""
+        answering stays listed until it is fenced and its partitions have moved (the
+        frontend serves its port meanwhile): clients drop a broker missing from the
+        metadata, and librdkafka then waits forever on a coordinator cache still naming it."""
         return sorted((n for n in self.log_nodes.values() if not n.fenced),
                       key=lambda n: n.node_id)
 

@@ -64,8 +64,8 @@ def test_partitions_describe_leaders_replicas_and_dead_leaders():
     assert (live.partition_index, live.error_code, live.leader_id, live.leader_epoch) == (
         0, 0, 0, 3)
     assert (live.replica_nodes, live.isr_nodes, live.offline_replicas) == ([0], [0], [])
-    # A leader that stopped answering leads until it is fenced, as in Kafka.
-    assert (silent.error_code, silent.leader_id, silent.leader_epoch) == (0, 1, 3)
+    # A leader that stopped answering: no leader for clients, though still a broker.
+    assert (silent.error_code, silent.leader_id, silent.leader_epoch) == (5, -1, 3)
     assert silent.offline_replicas == [1]
     assert (fenced.error_code, fenced.leader_id, fenced.leader_epoch) == (5, -1, 3)
     assert fenced.offline_replicas == [2]

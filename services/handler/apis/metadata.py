@@ -41,17 +41,16 @@ def describe_topic(
     topics: Any, metadata: ClusterMetadata, topic: TopicInfo, include_authorized_operations: bool
 ) -> None:
     """Add ``topic`` to ``topics`` (a response's) as Kafka describes it; a partition whose
-    leader is fenced (or unknown) has no leader and LEADER_NOT_AVAILABLE. A leader that stopped
-    answering is named until it is fenced, as Kafka names it until its session expires:
-    requests sent there get NOT_LEADER_OR_FOLLOWER meanwhile."""
+    leader is not live has no leader and LEADER_NOT_AVAILABLE (clients wait for the next
+    leader rather than send their records to a node that cannot take them)."""
     partitions = topics.add(
         name=topic.name, topic_id=topic.topic_id, is_internal=topic.internal,
         topic_authorized_operations=authorized(include_authorized_operations, TOPIC_OPERATIONS),
     ).partitions
-    broker = metadata.unfenced_node
+    live_node = metadata.live_node
     for index in sorted(topic.partitions):
         info = topic.partitions[index]
-        leader_live = broker(info.leader) is not None
+        leader_live = live_node(info.leader) is not None
         partitions.add(
             partition_index=index,
             error_code=0 if leader_live else ErrorCode.leader_not_available.value,
