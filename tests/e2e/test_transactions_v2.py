@@ -24,6 +24,7 @@ from kio.schema.end_txn.v5.request import EndTxnRequest
 from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
 from kio.schema.init_producer_id.v5.request import InitProducerIdRequest
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
+from kio.schema.offset_fetch.v7.request import OffsetFetchRequest, OffsetFetchRequestTopic
 from kio.schema.produce.v11 import request as produce_v11
 from kio.schema.produce.v12 import request as produce_v12
 from kio.schema.txn_offset_commit.v5.request import (
@@ -202,6 +203,16 @@ def committed_offsets(bootstrap: str, group: str, topic: str) -> dict[int, int]:
     return {tp.partition: tp.offset for tp in found if tp.offset >= 0}
 
 
+def fetch_offsets(cluster: Cluster, group: str, topic: str) -> dict[int, tuple[int, int]]:
+    """OffsetFetch v7 with require_stable: (offset, error) of each partition."""
+    response = cluster.coordinator(group, COORDINATOR_GROUP).request(OffsetFetchRequest(
+        group_id=group, require_stable=True, topics=(OffsetFetchRequestTopic(
+            name=topic, partition_indexes=tuple(i32(p) for p in range(PARTITIONS))),)))
+    assert response.error_code == ErrorCode.none
+    return {p.partition_index: (int(p.committed_offset), p.error_code)
+            for t in response.topics for p in t.partitions}
+
+
 def test_api_versions_finalizes_transaction_version_2(cluster):
     client = Cluster(cluster.bootstrap)
     try:
@@ -229,7 +240,9 @@ def test_implicit_partitions_epoch_bump_and_read_committed(cluster):
         assert producer.produce(1, ["c2"]) == ErrorCode.none
         # Offsets in it, no AddOffsetsToTxn: pending until it commits.
         assert producer.commit_offsets(group, {0: 7, 1: 3}) == ErrorCode.none
-        assert committed_offsets(cluster.bootstrap, group, topic) == {}
+        unstable = ErrorCode.unstable_offset_commit
+        assert fetch_offsets(client, group, topic) == {
+            0: (-1, unstable), 1: (-1, unstable), 2: (-1, ErrorCode.none)}
         error, producer_id, epoch = producer.end(commit=True)
         assert (error, producer_id, epoch) == (ErrorCode.none, producer.producer_id,
                                                first_epoch + 1)
