@@ -20,6 +20,7 @@ from itertools import count
 
 from confluent_kafka import Consumer, TopicPartition
 from kio.schema.api_versions.v3.request import ApiVersionsRequest
+from kio.schema.describe_transactions.v0.request import DescribeTransactionsRequest
 from kio.schema.end_txn.v5.request import EndTxnRequest
 from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
 from kio.schema.init_producer_id.v5.request import InitProducerIdRequest
@@ -189,7 +190,20 @@ class Producer:
             self.producer_id, self.epoch = answer[1], answer[2]
             # A new epoch starts its sequences at 0.
             self.sequences = dict.fromkeys(self.leaders, 0)
+            self.await_markers()
         return answer
+
+    def await_markers(self) -> None:
+        """Until the ended transaction is complete (its markers written): a partition leader
+        lets a batch of the bumped epoch join a transaction still open there."""
+        deadline = time.monotonic() + RETRY_FOR_S
+        while time.monotonic() < deadline:
+            [state] = self.coordinator.request(DescribeTransactionsRequest(
+                transactional_ids=(self.transactional_id,))).transaction_states
+            if state.transaction_state in ("CompleteCommit", "CompleteAbort"):
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"{self.transactional_id}: markers not written in time")
 
 
 def committed_offsets(bootstrap: str, group: str, topic: str) -> dict[int, int]:
