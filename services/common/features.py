@@ -43,7 +43,3 @@ FEATURES: tuple[Feature, ...] = (
             FINALIZED_TRANSACTION_VERSION),
 )
 
-
-def transactions_v2_enabled() -> bool:
-    """Whether the cluster serves transactions v2 (the finalized transaction.version >= 2)."""
-    return FINALIZED_TRANSACTION_VERSION >= 2
