@@ -49,7 +49,7 @@ API_VERSIONS_KEY = 18
 SUPPORTED_APIS: dict[int, SupportedApi] = {
     api.key: api
     for api in (
-        SupportedApi(0, "Produce", 3, 11, retry_safe=False),
+        SupportedApi(0, "Produce", 3, 12, retry_safe=False),
         SupportedApi(1, "Fetch", 4, 15, retry_safe=True),
         SupportedApi(2, "ListOffsets", 1, 8, retry_safe=True),
         SupportedApi(3, "Metadata", 0, 12, retry_safe=True),

@@ -26,6 +26,7 @@ from kio.static.constants import EntityType
 
 from kbroker.kafka.v1 import kafka_pb2
 from services.common.error_answers import error_codes
+from services.common.features import FEATURES, FINALIZED_FEATURES_EPOCH
 
 from . import converter, headers
 from .api_versions import API_VERSIONS_KEY, SUPPORTED_APIS, SupportedApi, supported_versions
@@ -55,6 +56,12 @@ JOIN_GROUP_GRACE_SECONDS = 10.0
 # KIP-511: client software name and version must look like this (Kafka's own pattern).
 _SOFTWARE_PATTERN = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
 # gRPC metadata values are printable ASCII; anything else in a client id is percent-encoded.
+# ApiVersions v3+: the cluster's features, as Kafka's broker lists them (a finalized level is
+# both its min and max version level).
+_SUPPORTED_FEATURES = [{"name": f.name, "min_version": f.min_level, "max_version": f.max_level}
+                       for f in FEATURES]
+_FINALIZED_FEATURES = [{"name": f.name, "min_version_level": f.finalized_level,
+                        "max_version_level": f.finalized_level} for f in FEATURES]
 _METADATA_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
 
 
@@ -234,7 +241,9 @@ class Dispatcher:
                 and _SOFTWARE_PATTERN.fullmatch(request.body.client_software_version)):
             answer = kafka_pb2.ApiVersionsResponse(
                 error_code=0, api_keys=self._api_keys, throttle_time_ms=0,
-                finalized_features_epoch=-1, zk_migration_ready=False)
+                supported_features=_SUPPORTED_FEATURES,
+                finalized_features_epoch=FINALIZED_FEATURES_EPOCH,
+                finalized_features=_FINALIZED_FEATURES, zk_migration_ready=False)
         else:
             answer = kafka_pb2.ApiVersionsResponse(error_code=int(ErrorCode.invalid_request))
         return self._encode(request, schema, answer)

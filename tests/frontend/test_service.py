@@ -73,9 +73,14 @@ def test_api_versions_every_version_and_a_future_one() -> None:
                 if version >= 1:
                     assert response.throttle_time == datetime.timedelta(0)
                 if version >= 3:
-                    assert response.supported_features == ()
-                    assert response.finalized_features == ()
-                    assert response.finalized_features_epoch == -1
+                    # transaction.version 2 (KIP-890 part 2), as a Kafka 4 broker with it.
+                    assert [(f.name, f.min_version, f.max_version)
+                            for f in response.supported_features] == [
+                        ("transaction.version", 0, 2)]
+                    assert [(f.name, f.min_version_level, f.max_version_level)
+                            for f in response.finalized_features] == [
+                        ("transaction.version", 2, 2)]
+                    assert response.finalized_features_epoch >= 0
                     assert response.zk_migration_ready is False
 
             # KIP-511: a version beyond the range is answered in v0 with UNSUPPORTED_VERSION.

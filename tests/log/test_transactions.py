@@ -600,3 +600,25 @@ def test_retention_and_delete_records_take_transaction_indexes_with_their_segmen
     assert run(partition_log.enforce_retention(now=later)) == 2
     assert sorted(int(p.name[:20]) for p in directory.glob("*" + TXN_INDEX_SUFFIX)) == [4]
     partition_log.close()
+
+
+def test_transactions_v2_a_marker_at_the_bumped_epoch_ends_the_transaction(
+    tmp_path: Path,
+) -> None:
+    """Transactions v2 markers carry the epoch after the bump (Kafka's TV2 markers): the
+    transaction begun at epoch 0 ends with a marker at epoch 1, and the next transaction
+    starts at epoch 1, sequence 0, verified again."""
+    partition_log = open_log(tmp_path)
+    append(partition_log, data(7, 0, count=2, epoch=0))
+    assert partition_log.producer_state.first_unstable_offset == 0
+    marker(partition_log, 7, committed=True, epoch=1)
+    assert partition_log.producer_state.first_unstable_offset is None
+    needed = error_of(partition_log.append(data(7, 0, epoch=1)))
+    assert isinstance(needed, VerificationRequiredError)
+    assert run(partition_log.append(data(7, 0, epoch=1),
+                                    verification_guard=needed.guard)).base_offset == 3
+    # The epoch before the bump is fenced.
+    assert error_of(partition_log.append(data(7, 2, epoch=0))).code is \
+        ErrorCode.invalid_producer_epoch
+    partition_log.close()
+

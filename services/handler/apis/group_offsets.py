@@ -38,7 +38,9 @@ member, and from v3 its generation, as Kafka's ``validateOffsetCommit`` for tran
 commits), after the transaction coordinator confirmed the offsets partition is in the
 producer's transaction (AddOffsetsToTxn added it): TRANSACTION_ABORTABLE when it is not
 (INVALID_TXN_STATE before v4), INVALID_PRODUCER_EPOCH for a fenced producer,
-INVALID_PRODUCER_ID_MAPPING, CONCURRENT_TRANSACTIONS while it is being ended. Before v2
+INVALID_PRODUCER_ID_MAPPING, CONCURRENT_TRANSACTIONS while it is being ended. From v5
+(transactions v2, KIP-890) the offsets partition is added to the transaction instead (its
+first TxnOffsetCommit begins one), with the same errors for a producer that cannot add it. Before v2
 COORDINATOR_LOAD_IN_PROGRESS is COORDINATOR_NOT_AVAILABLE (clients of that age do not retry
 it).
 
@@ -63,6 +65,7 @@ from ..groups.state import CommittedOffset, TopicPartition
 from ..metadata_cache import ClusterMetadata, MetadataCache, MetadataUnavailableError
 from ..request_context import RequestContext
 from ..transactions.coordinator import TransactionCoordinator
+from ..transactions.metadata import TV_2
 from .groups import GroupApi, newer_shape, optional
 
 UNKNOWN_TOPIC_OR_PARTITION = ErrorCode.unknown_topic_or_partition.value
@@ -77,6 +80,9 @@ COORDINATOR_NOT_AVAILABLE = ErrorCode.coordinator_not_available.value
 NO_OFFSET = -1
 # The first TxnOffsetCommit version whose clients know TRANSACTION_ABORTABLE.
 TRANSACTION_ABORTABLE_VERSION = 4
+# The first TxnOffsetCommit version of transactions v2 (KIP-890 part 2): the offsets partition
+# is added to the transaction here, no AddOffsetsToTxn before.
+TRANSACTIONS_V2_TXN_OFFSET_COMMIT = 5
 
 FetchGroup = k.OffsetFetchRequest.OffsetFetchRequestGroup
 
@@ -228,14 +234,22 @@ class TxnOffsetCommitApi(_OffsetsApi):
 
     async def _verify(self, request: k.TxnOffsetCommitRequest, context: RequestContext) -> int:
         """Whether the group's offsets partition is in the producer's transaction (0), else
-        the error to answer, as a partition leader's verification maps the coordinator's."""
+        the error to answer, as a partition leader's verification maps the coordinator's.
+        From v5 (transactions v2) the partition is added to the transaction instead (Kafka's
+        ``addPartition`` operation of the group coordinator's verification), which begins
+        one if none is ongoing."""
         if self._transactions is None:
             return 0
         tp = await self._coordinator.offsets_partition(request.group_id)
         try:
-            code = (await self._transactions.verify(
-                request.transactional_id, request.producer_id, request.producer_epoch,
-                frozenset({tp}))).get(tp, 0)
+            if newer_shape(context, TRANSACTIONS_V2_TXN_OFFSET_COMMIT, False):
+                code = await self._transactions.add_partitions(
+                    request.transactional_id, request.producer_id, request.producer_epoch,
+                    frozenset({tp}), TV_2)
+            else:
+                code = (await self._transactions.verify(
+                    request.transactional_id, request.producer_id, request.producer_epoch,
+                    frozenset({tp}))).get(tp, 0)
         except CoordinatorError as exc:
             return exc.code
         if code == PRODUCER_FENCED:

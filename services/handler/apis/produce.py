@@ -25,6 +25,12 @@ grouped per leader node, one Append per node, the nodes concurrently.
   cannot answer now (CONCURRENT_TRANSACTIONS, COORDINATOR_*, NOT_COORDINATOR)
   NOT_ENOUGH_REPLICAS, which every client retries without a metadata refresh. Transactional
   batches of more than one producer in one request are INVALID_PRODUCER_ID_MAPPING.
+- Transactions v2 (v12, KIP-890 part 2): the handler asks the coordinator to add the
+  partition to the transaction instead of verifying it (the producer sends no
+  AddPartitionsToTxn; its first batch begins the transaction), then appends with the guard;
+  the add's errors are answered as the verification's (INVALID_PRODUCER_EPOCH,
+  INVALID_PRODUCER_ID_MAPPING, NOT_ENOUGH_REPLICAS while the last transaction is being
+  ended).
 - Idempotent producers (batches with a producer id): the leader checks epochs and sequences.
   A retried batch it already stored is answered with its original base offset and no error;
   OUT_OF_ORDER_SEQUENCE_NUMBER and INVALID_PRODUCER_EPOCH come back as the leader gives them.
@@ -76,6 +82,7 @@ from ..metrics import parked
 from ..request_context import RequestContext
 from ..routing import Route, call_leaders, locate, replication_key
 from ..transactions.coordinator import TransactionCoordinator
+from ..transactions.metadata import TV_2
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +94,9 @@ APPEND_TIMEOUT_S = 30.0
 INVALID_TXN_STATE = ErrorCode.invalid_txn_state.value
 # The first Produce version whose clients know TRANSACTION_ABORTABLE.
 TRANSACTION_ABORTABLE_VERSION = 11
+# The first Produce version of transactions v2 (KIP-890 part 2): the partition is added to the
+# transaction here, no AddPartitionsToTxn before.
+TRANSACTIONS_V2_PRODUCE = 12
 # Verification errors that only mean "not now": answered so that every client retries.
 _VERIFICATION_UNAVAILABLE = frozenset(code.value for code in (
     ErrorCode.concurrent_transactions, ErrorCode.network_exception,
@@ -240,8 +250,11 @@ class ProduceApi:
                       slots: list[_Slot]) -> None:
         """Ask the transaction coordinator about the partitions whose leaders want the
         transaction verified: a verified one gets its guard (to append again with), the
-        others their answer."""
+        others their answer. From v12 (transactions v2) the coordinator adds them to the
+        transaction instead, beginning one if none is ongoing (Kafka's ``addPartition``
+        operation of ``AddPartitionsToTxnManager``)."""
         coordinator = self._transactions
+        add = context.api_version is not None and context.api_version >= TRANSACTIONS_V2_PRODUCE
         by_producer: dict[tuple[int, int], list[_Slot]] = {}
         for slot in slots:
             producer = _transactional_producer(slot.records)
@@ -251,8 +264,12 @@ class ProduceApi:
             assert coordinator is not None
             partitions = frozenset((s.name, s.index) for s in waiting)
             try:
-                errors = await coordinator.verify(request.transactional_id, producer_id, epoch,
-                                                  partitions)
+                if add:
+                    errors = dict.fromkeys(partitions, await coordinator.add_partitions(
+                        request.transactional_id, producer_id, epoch, partitions, TV_2))
+                else:
+                    errors = await coordinator.verify(request.transactional_id, producer_id,
+                                                      epoch, partitions)
             except CoordinatorError as exc:
                 errors = dict.fromkeys(partitions, exc.code)
             for slot in waiting:

@@ -177,12 +177,17 @@ class TransactionCoordinator:
             txn.init_producer_id(meta, transactional_id, timeout_ms, expected, now, fresh)))
 
     async def add_partitions(self, transactional_id: str, producer_id: int, epoch: int,
-                             partitions: frozenset[TopicPartition]) -> int:
-        """AddPartitionsToTxn (and AddOffsetsToTxn): the error for every partition."""
+                             partitions: frozenset[TopicPartition],
+                             transaction_version: int = txn.TV_0) -> int:
+        """AddPartitionsToTxn and AddOffsetsToTxn (``transaction_version`` TV_0), and the
+        implicit add of transactions v2 (TV_2: a partition leader's, or the group
+        coordinator's, before it stores a transaction's first batch or offsets there): the
+        error for every partition."""
         if not transactional_id:
             return INVALID_REQUEST
         decision = await self._decide(transactional_id, lambda meta, now, fresh: (
-            txn.add_partitions(meta, producer_id, epoch, partitions, now)))
+            txn.add_partitions(meta, producer_id, epoch, partitions, now,
+                               transaction_version)))
         return decision.error
 
     async def verify(self, transactional_id: str, producer_id: int, epoch: int,

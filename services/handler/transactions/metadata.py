@@ -58,9 +58,13 @@ MAX_PRODUCER_EPOCH = 32767
 # 2 transactions v2 (KIP-890 part 2: the epoch bumped at every commit or abort).
 TV_0 = 0
 TV_2 = 2
-# The version this coordinator writes with when it ends a transaction on its own (a fence, a
-# timeout): the cluster's transaction.version feature, which is not enabled.
-SERVER_TRANSACTION_VERSION = TV_0
+# The version a fence (a timeout, or InitProducerId of a new producer) ends a transaction
+# with, whatever the client's: the original protocol, whose one epoch bump no producer holds
+# and whose record makes the fenced producer's EndTxn PRODUCER_FENCED (under transactions v2
+# an epoch one above the client's would pass for the bump of its own EndTxn retried). Kafka
+# 4.0 ends it at the cluster's version, bumping twice under v2, with the same answers to the
+# fenced producer; one bump also cannot overflow an exhausted epoch.
+FENCE_TRANSACTION_VERSION = TV_0
 
 TopicPartition = tuple[str, int]
 
@@ -314,8 +318,9 @@ def init_producer_id(meta: TransactionMetadata | None, transactional_id: str, ti
 
 def fence(meta: TransactionMetadata, now: int) -> TransactionMetadata:
     """Kafka's ``prepareFenceProducerEpoch`` followed by its abort (``endTransaction`` with
-    isFromClient false, at the cluster's transaction version): PrepareAbort at the next epoch,
-    which no producer holds, so the current one is fenced wherever the markers land."""
+    isFromClient false): PrepareAbort at the next epoch, which no producer holds, so the
+    current one is fenced wherever the markers land. Whatever the transaction's version, the
+    abort is written as one of the original protocol (:data:`FENCE_TRANSACTION_VERSION`)."""
     if meta.state is not TxnState.ONGOING:
         raise IllegalTransitionError(f"fencing {meta.transactional_id} in {meta.state.kafka_name}")
     if meta.producer_epoch >= MAX_PRODUCER_EPOCH:
@@ -323,7 +328,7 @@ def fence(meta: TransactionMetadata, now: int) -> TransactionMetadata:
                                 f"{meta.producer_epoch}: it would overflow")
     fenced = replace(meta, producer_epoch=meta.producer_epoch + 1,
                      last_producer_epoch=NO_PRODUCER_EPOCH)
-    return _prepare_end(fenced, TxnState.PREPARE_ABORT, SERVER_TRANSACTION_VERSION,
+    return _prepare_end(fenced, TxnState.PREPARE_ABORT, FENCE_TRANSACTION_VERSION,
                         NO_PRODUCER_ID, now)
 
 
@@ -331,6 +336,11 @@ def fence(meta: TransactionMetadata, now: int) -> TransactionMetadata:
 
 
 def _check_producer(meta: TransactionMetadata | None, producer_id: int, epoch: int) -> int:
+    if meta is not None and meta.state in PREPARED and (producer_id, epoch) == (
+            meta.next_producer_id, 0):
+        # A transactions v2 producer moved on to the next producer id its EndTxn gave it,
+        # before the markers of the transaction that overflowed were written: not yet.
+        return CONCURRENT_TRANSACTIONS
     if meta is None or meta.producer_id != producer_id:
         return INVALID_PRODUCER_ID_MAPPING
     if meta.producer_epoch != epoch:
@@ -339,11 +349,14 @@ def _check_producer(meta: TransactionMetadata | None, producer_id: int, epoch: i
 
 
 def add_partitions(meta: TransactionMetadata | None, producer_id: int, epoch: int,
-                   partitions: frozenset[TopicPartition], now: int) -> Decision:
+                   partitions: frozenset[TopicPartition], now: int,
+                   transaction_version: int = TV_0) -> Decision:
     """Kafka's ``handleAddPartitionsToTransaction``: the producer must be the current one;
     a prepared transaction is CONCURRENT_TRANSACTIONS; partitions an Ongoing transaction has
     already are NONE without a write; otherwise the transaction is Ongoing with them (started
-    now if it was not)."""
+    now if it was not, which is how a transactions v2 producer begins one: its first produce
+    or TxnOffsetCommit adds the partition) and the client's ``transaction_version`` (TV_2 for
+    the implicit add of Produce v12 and TxnOffsetCommit v5, Kafka's ``prepareAddPartitions``)."""
     error = _check_producer(meta, producer_id, epoch)
     if error:
         return _failed(error)
@@ -355,7 +368,7 @@ def add_partitions(meta: TransactionMetadata | None, producer_id: int, epoch: in
     start = now if meta.state in EXPIRABLE else meta.start_ms
     return Decision(write=_transit(meta, TxnState.ONGOING, partitions=meta.partitions | partitions,
                                    start_ms=start, last_update_ms=now,
-                                   client_transaction_version=TV_0))
+                                   client_transaction_version=transaction_version))
 
 
 def verify_partitions(meta: TransactionMetadata | None, producer_id: int, epoch: int,

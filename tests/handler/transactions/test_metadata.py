@@ -240,3 +240,71 @@ def test_records_hold_the_whole_state_and_tombstones_delete_it() -> None:
     assert state.get("tx") is None
     # Kafka writes an Empty transaction's partitions as null.
     assert started().to_record().transaction_partitions is None
+
+
+def test_transactions_v2_an_implicit_add_begins_the_next_transaction() -> None:
+    """Produce v12 and TxnOffsetCommit v5 add their partition (Kafka's
+    ``handleAddPartitionsToTransaction`` with the client's TV_2): from Empty or Complete* a
+    transaction begins, recorded with the client's version, so its EndTxn retries are
+    recognised by the bumped epoch."""
+    meta = started(producer_epoch=2)
+    decision = add_partitions(meta, 7, 2, frozenset({A}), T0 + 3, TV_2)
+    begun = decision.write
+    assert decision.error == 0 and begun is not None
+    assert (begun.state, begun.partitions, begun.start_ms, begun.client_transaction_version) == (
+        TxnState.ONGOING, {A}, T0 + 3, TV_2)
+    # The same partitions again: nothing to write; another joins.
+    assert add_partitions(begun, 7, 2, frozenset({A}), T0 + 4, TV_2) == add_partitions(
+        begun, 7, 2, frozenset(), T0 + 4, TV_2)
+    assert add_partitions(begun, 7, 2, frozenset({A}), T0 + 4, TV_2).write is None
+    more = add_partitions(begun, 7, 2, frozenset({B}), T0 + 5, TV_2).write
+    assert more is not None and more.partitions == {A, B} and more.start_ms == T0 + 3
+    ended = end_transaction(more, 7, 2, True, TV_2, T0 + 6)
+    assert (ended.producer_id, ended.producer_epoch) == (7, 3)
+    prepared = ended.write
+    assert prepared is not None
+    # While its markers are written the producer's next transaction waits; after, it begins
+    # at the bumped epoch, and the epoch before the bump is fenced.
+    assert add_partitions(prepared, 7, 3, frozenset({C}), T0 + 7, TV_2).error == \
+        E.concurrent_transactions.value
+    done = complete(prepared, T0 + 8)
+    nxt = add_partitions(done, 7, 3, frozenset({C}), T0 + 9, TV_2).write
+    assert nxt is not None and (nxt.state, nxt.partitions, nxt.start_ms) == (
+        TxnState.ONGOING, {C}, T0 + 9)
+    assert add_partitions(done, 7, 2, frozenset({C}), T0 + 9, TV_2).error == \
+        E.producer_fenced.value
+
+
+def test_transactions_v2_the_next_producer_id_waits_for_the_markers() -> None:
+    """After an epoch overflow the client continues with the next producer id at once; until
+    the markers are written its implicit add is CONCURRENT_TRANSACTIONS (retried), not
+    INVALID_PRODUCER_ID_MAPPING."""
+    meta = ongoing(A, producer_epoch=MAX_PRODUCER_EPOCH - 1)
+    prepared = end_transaction(meta, 7, MAX_PRODUCER_EPOCH - 1, True, TV_2, T0,
+                               fresh_producer_id=11).write
+    assert prepared is not None
+    assert add_partitions(prepared, 11, 0, frozenset({B}), T0, TV_2).error == \
+        E.concurrent_transactions.value
+    assert add_partitions(prepared, 12, 0, frozenset({B}), T0, TV_2).error == \
+        E.invalid_producer_id_mapping.value
+    done = complete(prepared, T0 + 1)
+    begun = add_partitions(done, 11, 0, frozenset({B}), T0 + 2, TV_2).write
+    assert begun is not None and (begun.producer_id, begun.producer_epoch) == (11, 0)
+
+
+def test_a_fence_ends_a_transactions_v2_transaction_the_original_way() -> None:
+    """A timeout (or a new producer's InitProducerId) fences with one bump no producer holds,
+    written as the original protocol, so the fenced producer's EndTxn v5 is PRODUCER_FENCED
+    rather than taken for a retry of its own bump."""
+    meta = add_partitions(started(producer_epoch=4), 7, 4, frozenset({A}), T0, TV_2).write
+    assert meta is not None
+    fenced = fence(meta, T0 + 1)
+    assert (fenced.state, fenced.producer_epoch, fenced.last_producer_epoch,
+            fenced.client_transaction_version) == (TxnState.PREPARE_ABORT, 5, -1, TV_0)
+    done = complete(fenced, T0 + 2)
+    assert (done.state, done.producer_epoch) == (TxnState.COMPLETE_ABORT, 5)
+    for commit in (True, False):
+        assert end_transaction(done, 7, 4, commit, TV_2, T0 + 3).error == \
+            E.producer_fenced.value
+    assert add_partitions(done, 7, 4, frozenset({A}), T0 + 3, TV_2).error == \
+        E.producer_fenced.value
