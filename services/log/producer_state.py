@@ -339,7 +339,12 @@ class ProducerStateManager:
                 (entry.epoch, entry.last_seq, entry.txn_first_offset >= 0) if entry
                 else (NO_PRODUCER_EPOCH, NO_SEQUENCE, False))
             transactional = header.attributes & TRANSACTIONAL_BIT
-            if transactional and not in_txn and not coordinator:
+            # A batch of a newer epoch does not continue the transaction ongoing here: it
+            # begins the next one (transactions v2 bump the epoch at every commit or abort,
+            # and the producer may send before this partition has the marker of its last
+            # transaction), so the coordinator must confirm it first, as Kafka's
+            # hasOngoingTransaction(producerId, producerEpoch) has it.
+            if transactional and not coordinator and (not in_txn or epoch > current_epoch):
                 self._check_verified(producer_id, epoch, first_seq, verification_guard, now_ms)
             if epoch < current_epoch:
                 raise KafkaError(

@@ -622,3 +622,19 @@ def test_transactions_v2_a_marker_at_the_bumped_epoch_ends_the_transaction(
         ErrorCode.invalid_producer_epoch
     partition_log.close()
 
+
+def test_a_batch_of_a_newer_epoch_begins_a_transaction_and_needs_verifying(
+    tmp_path: Path,
+) -> None:
+    """A transactions v2 producer may send its next transaction's first batch (at the bumped
+    epoch) before this partition has the marker of the last one: it must not join the
+    transaction still open here, so it needs the coordinator's word like any first batch
+    (which the coordinator withholds until the markers are written)."""
+    partition_log = open_log(tmp_path)
+    append(partition_log, data(7, 0, epoch=3))
+    # The same epoch continues the open transaction without a guard.
+    assert run(partition_log.append(data(7, 1, epoch=3))).base_offset == 1
+    needed = error_of(partition_log.append(data(7, 0, epoch=4)))
+    assert isinstance(needed, VerificationRequiredError)
+    assert partition_log.log_end_offset == 2
+    partition_log.close()

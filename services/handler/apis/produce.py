@@ -30,7 +30,8 @@ grouped per leader node, one Append per node, the nodes concurrently.
   AddPartitionsToTxn; its first batch begins the transaction), then appends with the guard;
   the add's errors are answered as the verification's (INVALID_PRODUCER_EPOCH,
   INVALID_PRODUCER_ID_MAPPING, NOT_ENOUGH_REPLICAS while the last transaction is being
-  ended).
+  ended). A batch of a newer epoch than the transaction ongoing on the partition begins the
+  next one and is added first too.
 - Idempotent producers (batches with a producer id): the leader checks epochs and sequences.
   A retried batch it already stored is answered with its original base offset and no error;
   OUT_OF_ORDER_SEQUENCE_NUMBER and INVALID_PRODUCER_EPOCH come back as the leader gives them.

@@ -71,6 +71,8 @@ TIMER_PREFIX = "txn:"
 DEADLINE_SLACK_MS = 5
 # Decisions made again with a fresh producer id before giving up (a race at most).
 MAX_DECISIONS = 3
+# First pause before a failed attempt to finish a prepared transaction is made again.
+FINISH_BACKOFF_S = 0.2
 
 INVALID_REQUEST = ErrorCode.invalid_request.value
 INVALID_TRANSACTION_TIMEOUT = ErrorCode.invalid_transaction_timeout.value
@@ -236,7 +238,27 @@ class TransactionCoordinator:
 
     async def _finish(self, prepared: TransactionMetadata) -> None:
         """Write the markers of a prepared transaction, then complete it; stop if it moves on
-        (another handler took it over or finished it)."""
+        (another handler took it over or finished it). A failed attempt (the partition's
+        leader just died) is made again after a backoff for up to half the takeover time;
+        after that the takeover timer runs out and another handler finishes it."""
+        deadline = asyncio.get_running_loop().time() + self.config.marker_takeover_ms / 2000
+        backoff = FINISH_BACKOFF_S
+        while True:
+            try:
+                await self._finish_once(prepared)
+                return
+            except CoordinatorError as exc:
+                if asyncio.get_running_loop().time() + backoff > deadline:
+                    log.warning("finishing the transaction of %s: %s",
+                                prepared.transactional_id, exc)
+                    return
+                log.info("finishing the transaction of %s, again in %.1f s: %s",
+                         prepared.transactional_id, backoff, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+
+    async def _finish_once(self, prepared: TransactionMetadata) -> None:
+        """One attempt of :meth:`_finish`. Raises CoordinatorError."""
         tid = prepared.transactional_id
         key = timer_key(tid)
 
@@ -248,32 +270,28 @@ class TransactionCoordinator:
             await self.runtime.arm({key: self.config.marker_takeover_ms + DEADLINE_SLACK_MS})
             return await self.runtime.leader_epoch(tid)
 
-        try:
-            done = await self.markers.write(prepared.producer_id, prepared.producer_epoch,
-                                            prepared.committing, prepared.partitions, still_due)
-            if not done:
-                return
+        done = await self.markers.write(prepared.producer_id, prepared.producer_epoch,
+                                        prepared.committing, prepared.partitions, still_due)
+        if not done:
+            return
 
-            def change(state: PartitionState, now: int
-                       ) -> tuple[list[Record], TransactionMetadata | None]:
-                meta = state.get(tid)
-                if meta is None or (meta.state, meta.producer_id, meta.producer_epoch) != (
-                        prepared.state, prepared.producer_id, prepared.producer_epoch):
-                    return [], None
-                completed = txn.complete(meta, now)
-                return [transaction_record(tid, completed)], completed
+        def change(state: PartitionState, now: int
+                   ) -> tuple[list[Record], TransactionMetadata | None]:
+            meta = state.get(tid)
+            if meta is None or (meta.state, meta.producer_id, meta.producer_epoch) != (
+                    prepared.state, prepared.producer_id, prepared.producer_epoch):
+                return [], None
+            completed = txn.complete(meta, now)
+            return [transaction_record(tid, completed)], completed
 
-            completed, _ = await self.runtime.update(tid, change)
-            if completed is not None:
-                TRANSACTIONS_COMPLETED.labels(
-                    "commit" if prepared.committing else "abort").inc()
-                log.info("transaction of %s (producer %d, epoch %d) %s", tid,
-                         completed.producer_id, completed.producer_epoch,
-                         completed.state.kafka_name)
-                await self._written(completed)
-        except CoordinatorError as exc:
-            # The takeover timer runs out and another attempt follows.
-            log.warning("finishing the transaction of %s: %s", tid, exc)
+        completed, _ = await self.runtime.update(tid, change)
+        if completed is not None:
+            TRANSACTIONS_COMPLETED.labels(
+                "commit" if prepared.committing else "abort").inc()
+            log.info("transaction of %s (producer %d, epoch %d) %s", tid,
+                     completed.producer_id, completed.producer_epoch,
+                     completed.state.kafka_name)
+            await self._written(completed)
 
     # -- timers ---------------------------------------------------------------------------------
 
