@@ -119,10 +119,18 @@ def free_port_range(host: str, count: int, attempts: int = 100) -> int:
             with socket.socket() as s:
                 s.bind((host, 0))
                 first = int(s.getsockname()[1])
-        if first + count <= 65536 and all(
-                _bindable(host, port) for port in range(first, first + count)):
+        ports = range(first, first + count)
+        if first + count <= 65536 and _HANDED_OUT.isdisjoint(ports) and all(
+                _bindable(host, port) for port in ports):
+            _HANDED_OUT.update(ports)
             return first
     raise OSError(f"no {count} consecutive free ports on {host}")
+
+
+# Ports this process handed out: the services of a cluster bind theirs only once started, so
+# a port checked free could otherwise be handed out twice (and a health check of one service
+# answered by another).
+_HANDED_OUT: set[int] = set()
 
 
 class LocalCluster:

@@ -52,3 +52,16 @@ def test_services_are_wired_to_each_other(tmp_path: Path):
         assert handler.purgatory_address == s["purgatory"].grpc_address
         assert handler.advertised == "127.0.0.1:9092"
         assert handler.broker_ports == configs["frontend"].broker_ports == 3
+
+
+def test_no_port_is_planned_twice(tmp_path: Path):
+    """Services bind their ports only once started, so the plan itself must not repeat one
+    (a health check of one service would be answered by another)."""
+    ports: list[int] = []
+    for i in range(20):
+        cluster = LocalCluster(ClusterSpec(data_dir=tmp_path / str(i), kafka_port=0,
+                                           base_port=0, handlers=2, log_nodes=3))
+        ports += [p for svc in cluster.services.values()
+                  for p in (svc.grpc_port, svc.metrics_port)]
+        ports += range(cluster.kafka_port, cluster.kafka_port + 3)
+    assert len(ports) == len(set(ports))
