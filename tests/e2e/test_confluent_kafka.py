@@ -38,15 +38,18 @@ def produce(bootstrap: str, topic: str, messages: list[Message], codec: str) -> 
     assert failures == []
 
 
-def consume_all(bootstrap: str, topic: str, expected: int, partitions: int = PARTITIONS
-                ) -> list[Message]:
+def consume_all(bootstrap: str, topic: str, expected: int, partitions: int = PARTITIONS,
+                isolation: str = "read_uncommitted", within: float = 30) -> list[Message]:
+    """Every record of ``topic`` from the start: until ``expected`` records are read and every
+    partition reached its end, or ``within`` seconds passed."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{topic}",
-                         "enable.auto.commit": False, "enable.partition.eof": True})
+                         "enable.auto.commit": False, "enable.partition.eof": True,
+                         "isolation.level": isolation})
     try:
         consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         got: list[Message] = []
         eof: set[int] = set()
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + within
         while (len(got) < expected or len(eof) < partitions) and time.monotonic() < deadline:
             msg = consumer.poll(0.5)
             if msg is None:

@@ -16,11 +16,12 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from services.handler.coordinator.placement import partition_for
 from services.local_cluster import ClusterSpec, LocalCluster
 
+from .test_confluent_kafka import consume_all
 from .test_replication_faults import (
     all_in_sync,
     create_topic,
@@ -146,31 +147,6 @@ def coordinator_node(cluster: LocalCluster, transactional_id: str) -> int:
     return next(p.leader for p in partitions if p.partition == index)
 
 
-def read_committed(bootstrap: str, topic: str, expected: int) -> list[bytes]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{topic}",
-                         "isolation.level": "read_committed", "auto.offset.reset": "earliest",
-                         "enable.auto.commit": False, "enable.partition.eof": True})
-    values: list[bytes] = []
-    try:
-        consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-        eof: set[int] = set()
-        deadline = time.monotonic() + 60
-        while (len(values) < expected or len(eof) < PARTITIONS) and time.monotonic() < deadline:
-            msg = consumer.poll(0.3)
-            if msg is None:
-                continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    eof.add(msg.partition())
-                    continue
-                raise KafkaException(msg.error())
-            eof.discard(msg.partition())
-            values.append(msg.value())
-    finally:
-        consumer.close()
-    return values
-
-
 def test_every_input_is_copied_exactly_once_across_kills(crashing, topic_name):
     source, sink = f"{topic_name}-in", f"{topic_name}-out"
     for topic in (source, sink):
@@ -206,7 +182,8 @@ def test_every_input_is_copied_exactly_once_across_kills(crashing, topic_name):
         thread.join(120)
     assert not thread.is_alive(), "the copy loop did not stop"
 
-    copies = read_committed(crashing.bootstrap, sink, RECORDS)
+    copies = [m.value for m in consume_all(crashing.bootstrap, sink, RECORDS, PARTITIONS,
+                                           isolation="read_committed", within=60)]
     expected = sorted(b"copy-" + f"{i:05d}".encode() for i in range(RECORDS))
     duplicates = len(copies) - len(set(copies))
     assert duplicates == 0, f"{duplicates} records copied twice"

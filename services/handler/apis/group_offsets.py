@@ -98,22 +98,15 @@ class _OffsetsApi(GroupApi):
         except MetadataUnavailableError:
             return None
 
-
-def _known(metadata: ClusterMetadata | None, tp: TopicPartition) -> bool:
-    topic = metadata.topic(tp[0]) if metadata is not None else None
-    return topic is not None and tp[1] in topic.partitions
-
-
-class OffsetCommitApi(_OffsetsApi):
-    async def handle(self, request: k.OffsetCommitRequest,
-                     context: RequestContext) -> k.OffsetCommitResponse:
+    async def _checked(self, topics: Any, now: int, expire: int
+                       ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, CommittedOffset]]:
+        """The offsets of a commit's ``topics`` split into (errors, valid offsets): unknown
+        partitions and metadata over offset.metadata.max.bytes are errors."""
         metadata = await self._metadata()
         limit = self._coordinator.offset_metadata_max_bytes
-        now = self._coordinator.now()
-        expire = now + request.retention_time_ms if request.retention_time_ms >= 0 else -1
         errors: dict[TopicPartition, int] = {}
         valid: dict[TopicPartition, CommittedOffset] = {}
-        for topic in request.topics:
+        for topic in topics:
             for p in topic.partitions:
                 tp = (topic.name, p.partition_index)
                 if not _known(metadata, tp):
@@ -125,6 +118,20 @@ class OffsetCommitApi(_OffsetsApi):
                         offset=p.committed_offset, leader_epoch=p.committed_leader_epoch,
                         metadata=p.committed_metadata, commit_timestamp=now,
                         expire_timestamp=expire)
+        return errors, valid
+
+
+def _known(metadata: ClusterMetadata | None, tp: TopicPartition) -> bool:
+    topic = metadata.topic(tp[0]) if metadata is not None else None
+    return topic is not None and tp[1] in topic.partitions
+
+
+class OffsetCommitApi(_OffsetsApi):
+    async def handle(self, request: k.OffsetCommitRequest,
+                     context: RequestContext) -> k.OffsetCommitResponse:
+        now = self._coordinator.now()
+        expire = now + request.retention_time_ms if request.retention_time_ms >= 0 else -1
+        errors, valid = await self._checked(request.topics, now, expire)
         if valid or not errors:
             code = await self._not_coordinator(request.group_id, context)
             if code:
@@ -194,22 +201,7 @@ class TxnOffsetCommitApi(_OffsetsApi):
 
     async def handle(self, request: k.TxnOffsetCommitRequest,
                      context: RequestContext) -> k.TxnOffsetCommitResponse:
-        metadata = await self._metadata()
-        limit = self._coordinator.offset_metadata_max_bytes
-        now = self._coordinator.now()
-        errors: dict[TopicPartition, int] = {}
-        valid: dict[TopicPartition, CommittedOffset] = {}
-        for topic in request.topics:
-            for p in topic.partitions:
-                tp = (topic.name, p.partition_index)
-                if not _known(metadata, tp):
-                    errors[tp] = UNKNOWN_TOPIC_OR_PARTITION
-                elif len(p.committed_metadata.encode()) > limit:
-                    errors[tp] = OFFSET_METADATA_TOO_LARGE
-                else:
-                    valid[tp] = CommittedOffset(
-                        offset=p.committed_offset, leader_epoch=p.committed_leader_epoch,
-                        metadata=p.committed_metadata, commit_timestamp=now)
+        errors, valid = await self._checked(request.topics, self._coordinator.now(), -1)
         if valid:
             code = INVALID_GROUP_ID if not request.group_id else \
                 await self._coordinator.placement.not_coordinator(
