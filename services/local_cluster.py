@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import grpc
@@ -59,6 +59,10 @@ class ClusterSpec:
     group_initial_rebalance_delay_ms: int | None = None
     group_min_session_timeout_ms: int | None = None
     offsets_topic_num_partitions: int | None = None
+    # Further flags by kind of service ("frontend", "handler", "log", "replicator",
+    # "purgatory"; "*": every service), by config field name: {"handler": {"x_y": 1}} passes
+    # --x-y 1 to each handler. They override the planned flags of the same name.
+    service_flags: Mapping[str, Mapping[str, object]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(slots=True)
@@ -153,8 +157,10 @@ class LocalCluster:
         """Plan service ``name``: ``python -m module`` with a flag per keyword (the config
         field it sets; None leaves the field at the service's default)."""
         metrics_port = grpc_port + 1000 if self.spec.base_port else free_port()
+        kind = name.split("-")[0]
         flags = {"grpc_address": f"127.0.0.1:{grpc_port}", "metrics_port": metrics_port,
-                 **flags}
+                 **flags, **self.spec.service_flags.get("*", {}),
+                 **self.spec.service_flags.get(kind, {})}
         args = [item for field, value in flags.items() if value is not None
                 for item in (flag_name(field), str(value))]
         svc = ServiceProcess(name=name, module=module, args=args, grpc_port=grpc_port,
