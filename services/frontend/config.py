@@ -29,3 +29,7 @@ class FrontendConfig:
     socket_request_max_bytes: int = option(104857600, "largest request frame accepted; a "
                                                       "larger one closes the connection")
     instance: str = option("frontend-0", "name of this frontend instance (kafka-frontend-id)")
+    quota_window_num: int = option(11, "samples a client quota rate is measured over "
+                                       "(quota.window.num)")
+    quota_window_size_seconds: int = option(1, "length of each client quota sample "
+                                               "(quota.window.size.seconds)")

@@ -3,7 +3,8 @@
 Requests on a connection are read, processed and answered strictly one at a time, in order:
 the next frame is not read until the previous response is written (or, for Produce with
 acks=0, until the request was processed), so pipelined requests wait in the socket buffer and
-a client's ordering guarantees hold. Concurrency comes from many connections.
+a client's ordering guarantees hold. Concurrency comes from many connections. A client over
+its quotas (:mod:`.quotas`) is muted after its answer: no frame is read for the throttle time.
 
 A malformed frame or request closes this connection only; no exception escapes
 :meth:`Connection.serve`.
@@ -84,3 +85,10 @@ class Connection:
             done = perf_counter() if chunks is not None else sending
             request.metrics.observe(len(frame) + 4, response_bytes, received, started,
                                     request.remote_seconds, ready, sending, done)
+            if request.charge is not None:
+                # A throttled client's channel stays muted (no frame read) for the throttle
+                # time after its answer (Kafka's ThrottledChannel, KIP-219).
+                self.idle = True
+                mute = request.charge.after_send(done - sending)
+                if mute > 0:
+                    await asyncio.sleep(mute)

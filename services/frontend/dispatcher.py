@@ -36,14 +36,19 @@ from .handler_pool import HandlerCallError, HandlerPool, Metadata
 from .metrics import (
     HANDLER_FAILURES,
     METRICS_ENABLED,
+    QUOTA_BYTES,
+    QUOTA_THROTTLE_SECONDS,
     ApiMetrics,
     count_fetched_bytes,
     produce_outcome,
 )
+from .quotas import Charge, ClientQuotas, ClientSensors
 
 log = logging.getLogger(__name__)
 
 PRODUCE_KEY = 0
+# The user of a connection without authentication (Kafka's User:ANONYMOUS).
+ANONYMOUS = "ANONYMOUS"
 FETCH_KEY = 1
 JOIN_GROUP_KEY = 11
 # Extra time a handler gets beyond the wait the client asked for, before the frontend gives up.
@@ -118,6 +123,11 @@ class Request:
     metrics: ApiMetrics
     # Time parked in the purgatory, as the handler reported it (Kafka's RemoteTime).
     remote_seconds: float = 0.0
+    # The frame's size and when its decoding started (what client quotas count).
+    size: int = 0
+    started: float = 0.0
+    # Set when client quotas apply: the connection mutes itself after the answer for it.
+    charge: Charge | None = None
 
     @property
     def expects_response(self) -> bool:
@@ -140,8 +150,10 @@ class Dispatcher:
     """Decodes, routes and encodes requests for every connection of one frontend."""
 
     def __init__(self, pool: HandlerPool, advertised: str, instance: str,
-                 broker_ports: int = 1, first_port: int = 0) -> None:
+                 broker_ports: int = 1, first_port: int = 0,
+                 quotas: ClientQuotas | None = None) -> None:
         self._pool = pool
+        self.quotas = quotas if quotas is not None else ClientQuotas()
         self._advertised = advertised
         self._broker_ports = str(broker_ports)
         self._broker_count = broker_ports
@@ -156,6 +168,7 @@ class Dispatcher:
 
     def decode(self, frame: bytes) -> Request:
         """The request in ``frame``; raises :class:`UnanswerableRequestError` if unreadable."""
+        started = time.perf_counter()
         try:
             api_key, version, correlation_id = headers.peek(frame)
         except struct.error:
@@ -177,16 +190,21 @@ class Dispatcher:
         except Exception as e:  # noqa: BLE001 - any decode failure means a malformed request
             raise UnanswerableRequestError(f"cannot decode {api.name} v{version}: "
                                            f"{type(e).__name__}: {e}") from None
-        return Request(api, version, correlation_id, header.client_id, body, schema, metrics)
+        return Request(api, version, correlation_id, header.client_id, body, schema, metrics,
+                       size=len(frame), started=started)
 
-    async def handle(self, request: Request, client_host: str,
-                     local_port: int) -> list[bytes] | None:
-        """The response frame (as buffers) for ``request``, or None when none is due."""
+    async def handle(self, request: Request, client_host: str, local_port: int,
+                     user: str = ANONYMOUS) -> list[bytes] | None:
+        """The response frame (as buffers) for ``request``, or None when none is due.
+        ``user``: the name of the connection's ``User:`` principal."""
         api, schema = request.api, request.schema
         if api.rpc is None or schema is None:
             return self._api_versions(request)
         message = schema.request_to_proto(request.body)
         converter.normalise_request(api.key, request.version, message)
+        sensors = self.quotas.sensors(user, request.client_id) if self.quotas.enabled else None
+        if sensors is not None and api.key == FETCH_KEY:
+            self.quotas.cap_fetch(sensors, message)
         called = time.perf_counter()
         try:
             response, remote = await self._pool.call(
@@ -198,6 +216,8 @@ class Dispatcher:
             request.remote_seconds = min(remote, time.perf_counter() - called)
         except HandlerCallError as e:
             response = self._failure_response(request, message, e)
+        if sensors is not None:
+            response = self._charge(request, sensors, response)
         if api.key == PRODUCE_KEY:
             codes = produce_outcome(request.body, response)  # acks=0 needs them too
         elif METRICS_ENABLED:
@@ -225,6 +245,22 @@ class Dispatcher:
         if codes:
             request.metrics.errors(codes)
         return frame
+
+    def _charge(self, request: Request, sensors: ClientSensors, response: Message) -> Message:
+        """Record ``request`` against its client's quotas; the answer to send instead of
+        ``response`` (throttle_time_ms set, or an empty Fetch when throttled)."""
+        seconds = time.perf_counter() - request.started - request.remote_seconds
+        response, charge = self.quotas.charge(
+            sensors, request.api.key, request.size, seconds, response,
+            acks0=not request.expects_response)
+        request.charge = charge
+        if charge.counted_bytes:
+            QUOTA_BYTES.labels("produce" if request.api.key == PRODUCE_KEY else "fetch").inc(
+                charge.counted_bytes)
+        if charge.quota_type is not None:
+            QUOTA_THROTTLE_SECONDS.labels(charge.quota_type.label).observe(
+                charge.throttle_ms / 1000)
+        return response
 
     def _api_versions(self, request: Request) -> list[bytes]:
         """The supported version ranges (KIP-511: INVALID_REQUEST for a malformed client

@@ -101,6 +101,21 @@ HANDLER_FAILURES = LoopCounter(
     "Requests no handler answered, by API and gRPC status.", ["api", "status"])
 
 
+# Client quotas (:mod:`.quotas`), by quota type (produce, fetch, request): Kafka keeps these per
+# user and client id; here they are summed over clients to keep the label set small.
+QUOTA_THROTTLE_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+QUOTA_THROTTLE_SECONDS = LoopHistogram(
+    "kbroker_frontend_quota_throttle_seconds",
+    "Throttle time of throttled responses (the connection is muted that long after the "
+    "answer), by the quota type that decided it (throttle-time per user/client-id).",
+    ["quota_type"], buckets=QUOTA_THROTTLE_BUCKETS)
+QUOTA_BYTES = LoopCounter(
+    "kbroker_frontend_quota_bytes_total",
+    "Bytes counted against client byte-rate quotas, by quota type: produce (request bytes), "
+    "fetch (response bytes sent); its rate is the byte-rate of quota-bound clients.",
+    ["quota_type"])
+
+
 class ApiMetrics:
     """The per-API children, bound once so a request pays no label lookups."""
 

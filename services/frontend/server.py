@@ -17,6 +17,7 @@ from .connection import Connection
 from .dispatcher import Dispatcher
 from .handler_pool import HandlerPool
 from .network_receive import FrameChannel
+from .quotas import ClientQuotas
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,9 @@ class FrontendService:
         self._dispatcher: Dispatcher | None = None
         self._connections: dict[asyncio.Task[None], Connection] = {}
         self._stopped = False
+        # Client quotas: ``quotas.update(cluster_metadata.client_quotas)`` sets them.
+        self.quotas = ClientQuotas(samples=config.quota_window_num,
+                                   window_seconds=config.quota_window_size_seconds)
 
     async def _listen(self) -> None:
         """Bind the bootstrap port and one more per further broker id. Every port serves the
@@ -56,7 +60,8 @@ class FrontendService:
             host = socket.gethostname()
         self.advertised = f"{host}:{config.advertised_port or self.kafka_port}"
         self._dispatcher = Dispatcher(self._pool, self.advertised, config.instance,
-                                      max(1, config.broker_ports), self.kafka_port)
+                                      max(1, config.broker_ports), self.kafka_port,
+                                      self.quotas)
         for listener in self._listeners:
             await listener.start_serving()
         log.info("Kafka listeners on %s:%d-%d, advertised as %s (+broker id); handlers %s",
