@@ -121,3 +121,30 @@ def test_without_quotas_nothing_is_throttled() -> None:
             await handler.stop()
 
     asyncio.run(main())
+
+
+def test_time_spent_on_a_clients_requests_counts_against_its_request_percentage() -> None:
+    async def main() -> None:
+        handler = await FakeHandler().start()
+        handler.delays["Metadata"] = 0.3
+        service = await start(FrontendConfig(
+            listen_port=0, grpc_address="127.0.0.1:0", handlers=(handler.address,),
+            quota_window_num=2, quota_window_size_seconds=1))
+        try:
+            # 10% of a thread: 100 ms per second. 300 ms over a 1 s window is 30%.
+            service.quotas.update([client_quota("busy", request_percentage=10)])
+            before = sample("kbroker_frontend_quota_throttle_seconds_count",
+                            quota_type="request")
+            wire = await KafkaWire.connect(service.kafka_port)
+            await wire.send(encode_request(metadata_v12(), 1, client_id="busy"))
+            _, answer = await wire.read_response(MetadataResponseV12)
+            # (30 - 10) / 10 * 1 s = 2 s, bounded by one quota window.
+            assert answer.throttle_time.total_seconds() == 1.0
+            assert sample("kbroker_frontend_quota_throttle_seconds_count",
+                          quota_type="request") == before + 1
+            await wire.close()
+        finally:
+            await service.stop(0)
+            await handler.stop()
+
+    asyncio.run(main())
