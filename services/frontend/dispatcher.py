@@ -47,10 +47,10 @@ from .quotas import Charge, ClientQuotas, ClientSensors
 log = logging.getLogger(__name__)
 
 PRODUCE_KEY = 0
-# The user of a connection without authentication (Kafka's User:ANONYMOUS).
-ANONYMOUS = "ANONYMOUS"
 FETCH_KEY = 1
 JOIN_GROUP_KEY = 11
+# The user of a connection without authentication (Kafka's User:ANONYMOUS).
+ANONYMOUS = "ANONYMOUS"
 # Extra time a handler gets beyond the wait the client asked for, before the frontend gives up.
 PRODUCE_GRACE_SECONDS = 5.0
 FETCH_GRACE_SECONDS = 10.0
