@@ -87,6 +87,7 @@ def test_a_throttled_fetch_is_answered_empty() -> None:
                                              handlers=(handler.address,)))
         try:
             service.quotas.update([client_quota("reader", consumer_byte_rate=1)])
+            before = sample("kbroker_frontend_quota_throttle_seconds_count", quota_type="fetch")
             wire = await KafkaWire.connect(service.kafka_port)
             await wire.send(encode_request(fetch_v12_request(), 1, client_id="reader"))
             _, answer = await wire.read_response(FetchResponseV12)
@@ -95,6 +96,8 @@ def test_a_throttled_fetch_is_answered_empty() -> None:
             # max_bytes was capped to one quota window's worth (1 B/s over 10 windows).
             fetch = handler.called("Fetch")[0]
             assert (fetch.max_bytes, fetch.min_bytes) == (10, 1)
+            assert sample("kbroker_frontend_quota_throttle_seconds_count",
+                          quota_type="fetch") == before + 1
             await wire.close()
         finally:
             await service.stop(0)
