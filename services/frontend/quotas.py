@@ -19,9 +19,10 @@ applies is the most specific configured one, in Kafka's order::
     4. default user + client-id    8. default client-id
 
 and each quota type resolves on its own (a user with only a consumer_byte_rate is unlimited
-for produce, or falls back to a less specific producer_byte_rate). Clients that resolve to the
-same user-level (3, 6) or client-id-level (7, 8) quota share one rate, as they share Kafka's
-sensor: a user quota bounds all of that user's client ids together.
+for produce, or falls back to a less specific producer_byte_rate). Which clients share a rate
+follows Kafka's sensors: at levels 1, 2, 4 and 5 each (user, client-id) has its own; at levels 3
+and 6 a user's client ids share one (a user quota bounds all of them together); at levels 7 and
+8 a client id's users share one.
 
 Rates and throttle times are Kafka's (:mod:`.quota_rates`). The throttle time of a response is
 the largest of its quota types' (Kafka's ``maxThrottleTimeMs``), per API as KafkaApis does it:
