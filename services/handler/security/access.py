@@ -68,6 +68,13 @@ class Access:
             return 0
         return authorization_error(resource_type)
 
+    def check_any(self, operations: Iterable[Operation], resource_type: ResourceType,
+                  name: str = CLUSTER_NAME) -> int:
+        """0 when one of ``operations`` is allowed, else the resource type's error."""
+        if any(self.allows(op, resource_type, name) for op in operations):
+            return 0
+        return authorization_error(resource_type)
+
     def denied(self, operation: Operation, resource_type: ResourceType,
                names: Iterable[str]) -> set[str]:
         """The ``names`` not allowed ``operation`` (Kafka's ``filterByAuthorized``, inverted)."""
