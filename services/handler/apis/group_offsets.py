@@ -191,7 +191,7 @@ class OffsetFetchApi(GroupApi):
         code = access.check(Operation.DESCRIBE, ResourceType.GROUP, group.group_id)
         if code:
             return {"group_id": group.group_id, "error_code": code,
-                    "topics": [] if group.topics_is_null else [
+                    "topics": [] if group.topics_is_null or not in_partitions else [
                         _topic(t.name, [(p, None, code if in_partitions else 0)
                                         for p in t.partition_indexes]) for t in group.topics]}
         refused = access.denied(Operation.DESCRIBE, ResourceType.TOPIC,
