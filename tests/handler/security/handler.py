@@ -66,10 +66,12 @@ class Source:
 class Handler:
     """The running service: ``stub`` to call it, ``use(acls)`` to change the ACLs."""
 
-    def __init__(self, cache: MetadataCache, stub: Any, controller: FakeController) -> None:
+    def __init__(self, cache: MetadataCache, stub: Any, controller: FakeController,
+                 port: int) -> None:
         self.cache = cache
         self.stub = stub
         self.controller = controller
+        self.port = port
         self._version = 1
 
     def use(self, acls: Iterable[AclBinding]) -> None:
@@ -95,8 +97,10 @@ class Handler:
 
 
 @contextlib.asynccontextmanager
-async def running_handler(**options: Any) -> AsyncIterator[Handler]:
-    """A handler with ``authorizer_enabled`` (and ``options``) serving on port 0."""
+async def running_handler(credentials: grpc.ServerCredentials | None = None,
+                          **options: Any) -> AsyncIterator[Handler]:
+    """A handler with ``authorizer_enabled`` (and ``options``) serving on port 0, over TLS
+    with ``credentials`` (then ``stub`` is None: callers make their own channels)."""
     options.setdefault("authorizer_enabled", True)
     config = HandlerConfig(offsets_topic_num_partitions=2,
                            transaction_state_log_num_partitions=2,
@@ -115,13 +119,19 @@ async def running_handler(**options: Any) -> AsyncIterator[Handler]:
                                      FakeLogNodes(), FakePurgatory(), blocks, groups,
                                      transactions)
     servicer = KafkaHandlerServicer(config, apis, cache, handler_server.authorization(config))
-    server, port, _ = await create_server(
-        "handler", [ServiceBinding(handler_server.SERVICE_NAME, add_to_server, servicer),
-                    ServiceBinding(STREAM_SERVICE_NAME, add_exchange_to_server,
-                                   ExchangeServicer(servicer))], "127.0.0.1:0")
+    if credentials is None:
+        server, port, _ = await create_server(
+            "handler", [ServiceBinding(handler_server.SERVICE_NAME, add_to_server, servicer),
+                        ServiceBinding(STREAM_SERVICE_NAME, add_exchange_to_server,
+                                       ExchangeServicer(servicer))], "127.0.0.1:0")
+    else:
+        server = grpc.aio.server()
+        add_to_server(servicer, server)
+        port = server.add_secure_port("127.0.0.1:0", credentials)
+        await server.start()
     channel: grpc.aio.Channel = insecure_channel(f"127.0.0.1:{port}")
     try:
-        yield Handler(cache, kafka_handler_pb2_grpc.KafkaHandlerStub(channel), controller)
+        yield Handler(cache, kafka_handler_pb2_grpc.KafkaHandlerStub(channel), controller, port)
     finally:
         await channel.close()
         await server.stop(0)
