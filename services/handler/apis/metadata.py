@@ -36,8 +36,8 @@ from services.common.errors import ErrorCode
 from ..collaborators import CallError, Controller
 from ..metadata_cache import ClusterMetadata, MetadataCache, MetadataUnavailableError, TopicInfo
 from ..request_context import RequestContext
-from ..topic_identity import canonical_topic_id, invalid_name_reason
 from ..security.access import Access
+from ..topic_identity import canonical_topic_id, invalid_name_reason
 from .cluster import authorized, describe_cluster
 
 log = logging.getLogger(__name__)

@@ -10,8 +10,8 @@ Partition counts only grow; new partitions are placed like a new topic's unless 
 assigns them. The handler answers names given twice (INVALID_REQUEST) and illegal names; the
 controller judges the rest (unknown topics, counts, assignments). A replicator that cannot be
 reached leaves the topics REQUEST_TIMED_OUT. A topic the principal may not ALTER is
-TOPIC_AUTHORIZATION_FAILED, whether it exists or not. After a change the metadata cache is reloaded, so
-a Metadata request that follows on this handler sees the new partitions.
+TOPIC_AUTHORIZATION_FAILED, whether it exists or not. After a change the metadata cache is
+reloaded, so a Metadata request that follows on this handler sees the new partitions.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ request.timeout.ms). A partition the cluster does not have is UNKNOWN_TOPIC_OR_P
 the leader's refusals come back as it gives them (INVALID_PRODUCER_EPOCH for an epoch older
 than the producer's there, TRANSACTION_COORDINATOR_FENCED for an older coordinator epoch,
 NOT_LEADER_OR_FOLLOWER). A principal without ALTER or CLUSTER_ACTION on the cluster gets
-CLUSTER_AUTHORIZATION_FAILED for every partition. As Kafka's response is keyed by producer id, markers of one producer
-are answered together.
+CLUSTER_AUTHORIZATION_FAILED for every partition. As Kafka's response is keyed by producer id,
+markers of one producer are answered together.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from services.common.acls import AclBinding, CLUSTER_NAME, Operation, ResourceType
+from services.common.acls import CLUSTER_NAME, AclBinding, Operation, ResourceType
 from services.common.errors import ErrorCode
 
 from .authorizer import ANONYMOUS, SUPPORTED_OPERATIONS, Authorizer, operations_bitfield

@@ -25,7 +25,7 @@ from services.handler.security.authorizer import operations_bitfield
 from ..batches import record_batch
 from .handler import Handler, allow, deny, running_handler
 
-O, R = Operation, ResourceType
+Op, R = Operation, ResourceType
 TOPIC_DENIED = ErrorCode.topic_authorization_failed.value
 GROUP_DENIED = ErrorCode.group_authorization_failed.value
 CLUSTER_DENIED = ErrorCode.cluster_authorization_failed.value
@@ -94,116 +94,116 @@ def produce(transactional_id: str | None = None, records: bytes = RECORDS) -> k.
 
 
 CASES = [
-    Case("Produce", produce(), (allow(R.TOPIC, "orders", O.WRITE),), TOPIC_DENIED),
+    Case("Produce", produce(), (allow(R.TOPIC, "orders", Op.WRITE),), TOPIC_DENIED),
     Case("Produce", produce("tx", TXN_RECORDS),
-         (allow(R.TRANSACTIONAL_ID, "tx", O.WRITE), allow(R.TOPIC, "orders", O.WRITE)),
+         (allow(R.TRANSACTIONAL_ID, "tx", Op.WRITE), allow(R.TOPIC, "orders", Op.WRITE)),
          TXN_DENIED),
     Case("Fetch", k.FetchRequest(replica_id=-1, max_wait_ms=0, min_bytes=0, session_epoch=-1,
                                  topics=[{"topic": "orders", "partitions": [
                                      {"partition": 0, "fetch_offset": 0}]}]),
-         (allow(R.TOPIC, "orders", O.READ),), TOPIC_DENIED),
+         (allow(R.TOPIC, "orders", Op.READ),), TOPIC_DENIED),
     Case("ListOffsets", k.ListOffsetsRequest(replica_id=-1, topics=[
         {"name": "orders", "partitions": [{"partition_index": 0, "timestamp": -1}]}]),
-         (allow(R.TOPIC, "orders", O.DESCRIBE),), TOPIC_DENIED),
+         (allow(R.TOPIC, "orders", Op.DESCRIBE),), TOPIC_DENIED),
     Case("OffsetForLeaderEpoch", k.OffsetForLeaderEpochRequest(replica_id=-1, topics=[
         {"topic": "orders", "partitions": [{"partition": 0, "leader_epoch": 0}]}]),
-         (allow(R.TOPIC, "orders", O.DESCRIBE),), TOPIC_DENIED),
+         (allow(R.TOPIC, "orders", Op.DESCRIBE),), TOPIC_DENIED),
     Case("Metadata", k.MetadataRequest(topics=[{"name": "orders"}], topics_is_null=False),
-         (allow(R.TOPIC, "orders", O.DESCRIBE),), TOPIC_DENIED),
+         (allow(R.TOPIC, "orders", Op.DESCRIBE),), TOPIC_DENIED),
     Case("Metadata", k.MetadataRequest(topics=[{"name": "fresh"}], topics_is_null=False,
                                        allow_auto_topic_creation=True),
-         (allow(R.TOPIC, "fresh", O.DESCRIBE), allow(R.TOPIC, "fresh", O.CREATE)),
+         (allow(R.TOPIC, "fresh", Op.DESCRIBE), allow(R.TOPIC, "fresh", Op.CREATE)),
          TOPIC_DENIED),
     Case("DescribeProducers", k.DescribeProducersRequest(topics=[
         {"name": "orders", "partition_indexes": [0]}]),
-         (allow(R.TOPIC, "orders", O.READ),), TOPIC_DENIED),
+         (allow(R.TOPIC, "orders", Op.READ),), TOPIC_DENIED),
     Case("DeleteRecords", k.DeleteRecordsRequest(timeout_ms=1000, topics=[
         {"name": "orders", "partitions": [{"partition_index": 0, "offset": 0}]}]),
-         (allow(R.TOPIC, "orders", O.DELETE),), TOPIC_DENIED),
+         (allow(R.TOPIC, "orders", Op.DELETE),), TOPIC_DENIED),
     Case("CreateTopics", k.CreateTopicsRequest(timeout_ms=1000, topics=[
         {"name": "fresh", "num_partitions": 1, "replication_factor": 1}]),
-         (allow(R.TOPIC, "fresh", O.CREATE),), TOPIC_DENIED),
+         (allow(R.TOPIC, "fresh", Op.CREATE),), TOPIC_DENIED),
     Case("DeleteTopics", k.DeleteTopicsRequest(timeout_ms=1000, topics=[{"name": "secret"}]),
-         (allow(R.TOPIC, "secret", O.DELETE),), TOPIC_DENIED),
+         (allow(R.TOPIC, "secret", Op.DELETE),), TOPIC_DENIED),
     Case("CreatePartitions", k.CreatePartitionsRequest(timeout_ms=1000, topics=[
-        {"name": "orders", "count": 3}]), (allow(R.TOPIC, "orders", O.ALTER),), TOPIC_DENIED),
+        {"name": "orders", "count": 3}]), (allow(R.TOPIC, "orders", Op.ALTER),), TOPIC_DENIED),
     Case("DescribeConfigs", k.DescribeConfigsRequest(resources=[
         {"resource_type": 2, "resource_name": "orders"}]),
-         (allow(R.TOPIC, "orders", O.DESCRIBE_CONFIGS),), TOPIC_DENIED),
+         (allow(R.TOPIC, "orders", Op.DESCRIBE_CONFIGS),), TOPIC_DENIED),
     Case("DescribeConfigs", k.DescribeConfigsRequest(resources=[
         {"resource_type": 4, "resource_name": "0"}]),
-         (allow(R.CLUSTER, CLUSTER, O.DESCRIBE_CONFIGS),), CLUSTER_DENIED),
+         (allow(R.CLUSTER, CLUSTER, Op.DESCRIBE_CONFIGS),), CLUSTER_DENIED),
     Case("AlterConfigs", k.AlterConfigsRequest(resources=[
         {"resource_type": 2, "resource_name": "orders",
          "configs": [{"name": "retention.ms", "value": "1000"}]}]),
-         (allow(R.TOPIC, "orders", O.ALTER_CONFIGS),), TOPIC_DENIED),
+         (allow(R.TOPIC, "orders", Op.ALTER_CONFIGS),), TOPIC_DENIED),
     Case("IncrementalAlterConfigs", k.IncrementalAlterConfigsRequest(resources=[
         {"resource_type": 4, "resource_name": "0"}]),
-         (allow(R.CLUSTER, CLUSTER, O.ALTER_CONFIGS),), CLUSTER_DENIED),
+         (allow(R.CLUSTER, CLUSTER, Op.ALTER_CONFIGS),), CLUSTER_DENIED),
     Case("InitProducerId", k.InitProducerIdRequest(producer_id=-1, producer_epoch=-1),
-         (allow(R.CLUSTER, CLUSTER, O.IDEMPOTENT_WRITE),), CLUSTER_DENIED),
+         (allow(R.CLUSTER, CLUSTER, Op.IDEMPOTENT_WRITE),), CLUSTER_DENIED),
     Case("InitProducerId", k.InitProducerIdRequest(
         transactional_id="tx", transaction_timeout_ms=10_000, producer_id=-1,
-        producer_epoch=-1), (allow(R.TRANSACTIONAL_ID, "tx", O.WRITE),), TXN_DENIED),
+        producer_epoch=-1), (allow(R.TRANSACTIONAL_ID, "tx", Op.WRITE),), TXN_DENIED),
     Case("FindCoordinator", k.FindCoordinatorRequest(key_type=0, coordinator_keys=["g"]),
-         (allow(R.GROUP, "g", O.DESCRIBE),), GROUP_DENIED, 4),
+         (allow(R.GROUP, "g", Op.DESCRIBE),), GROUP_DENIED, 4),
     Case("FindCoordinator", k.FindCoordinatorRequest(key_type=1, key="tx"),
-         (allow(R.TRANSACTIONAL_ID, "tx", O.DESCRIBE),), TXN_DENIED, 3),
+         (allow(R.TRANSACTIONAL_ID, "tx", Op.DESCRIBE),), TXN_DENIED, 3),
     Case("JoinGroup", k.JoinGroupRequest(group_id="g", session_timeout_ms=10_000,
                                          rebalance_timeout_ms=10_000, member_id="m",
                                          protocol_type="consumer", protocols=[
                                              {"name": "range", "metadata": b""}]),
-         (allow(R.GROUP, "g", O.READ),), GROUP_DENIED, 9),
+         (allow(R.GROUP, "g", Op.READ),), GROUP_DENIED, 9),
     Case("SyncGroup", k.SyncGroupRequest(group_id="g", generation_id=1, member_id="m"),
-         (allow(R.GROUP, "g", O.READ),), GROUP_DENIED),
+         (allow(R.GROUP, "g", Op.READ),), GROUP_DENIED),
     Case("Heartbeat", k.HeartbeatRequest(group_id="g", generation_id=1, member_id="m"),
-         (allow(R.GROUP, "g", O.READ),), GROUP_DENIED),
+         (allow(R.GROUP, "g", Op.READ),), GROUP_DENIED),
     Case("LeaveGroup", k.LeaveGroupRequest(group_id="g", members=[{"member_id": "m"}]),
-         (allow(R.GROUP, "g", O.READ),), GROUP_DENIED, 5),
+         (allow(R.GROUP, "g", Op.READ),), GROUP_DENIED, 5),
     Case("DescribeGroups", k.DescribeGroupsRequest(groups=["g"]),
-         (allow(R.GROUP, "g", O.DESCRIBE),), GROUP_DENIED, 5),
+         (allow(R.GROUP, "g", Op.DESCRIBE),), GROUP_DENIED, 5),
     Case("DeleteGroups", k.DeleteGroupsRequest(groups_names=["g"]),
-         (allow(R.GROUP, "g", O.DELETE),), GROUP_DENIED),
+         (allow(R.GROUP, "g", Op.DELETE),), GROUP_DENIED),
     Case("OffsetCommit", k.OffsetCommitRequest(
         group_id="g", generation_id_or_member_epoch=-1, member_id="", retention_time_ms=-1,
         topics=[{"name": "orders", "partitions": [{"partition_index": 0,
                                                     "committed_offset": 1}]}]),
-         (allow(R.GROUP, "g", O.READ), allow(R.TOPIC, "orders", O.READ)), GROUP_DENIED),
+         (allow(R.GROUP, "g", Op.READ), allow(R.TOPIC, "orders", Op.READ)), GROUP_DENIED),
     Case("OffsetFetch", k.OffsetFetchRequest(groups=[
         {"group_id": "g", "topics": [{"name": "orders", "partition_indexes": [0]}]}]),
-         (allow(R.GROUP, "g", O.DESCRIBE), allow(R.TOPIC, "orders", O.DESCRIBE)),
+         (allow(R.GROUP, "g", Op.DESCRIBE), allow(R.TOPIC, "orders", Op.DESCRIBE)),
          GROUP_DENIED, 8),
     Case("OffsetDelete", k.OffsetDeleteRequest(group_id="g", topics=[
         {"name": "orders", "partitions": [{"partition_index": 0}]}]),
-         (allow(R.GROUP, "g", O.DELETE), allow(R.TOPIC, "orders", O.READ)), GROUP_DENIED),
+         (allow(R.GROUP, "g", Op.DELETE), allow(R.TOPIC, "orders", Op.READ)), GROUP_DENIED),
     Case("TxnOffsetCommit", k.TxnOffsetCommitRequest(
         transactional_id="tx", group_id="g", producer_id=1000, producer_epoch=0,
         generation_id=-1, member_id="", topics=[
             {"name": "orders", "partitions": [{"partition_index": 0, "committed_offset": 1}]}]),
-         (allow(R.TRANSACTIONAL_ID, "tx", O.WRITE), allow(R.GROUP, "g", O.READ),
-          allow(R.TOPIC, "orders", O.READ)), TXN_DENIED, 3),
+         (allow(R.TRANSACTIONAL_ID, "tx", Op.WRITE), allow(R.GROUP, "g", Op.READ),
+          allow(R.TOPIC, "orders", Op.READ)), TXN_DENIED, 3),
     Case("AddPartitionsToTxn", k.AddPartitionsToTxnRequest(
         v3_and_below_transactional_id="tx", v3_and_below_producer_id=1000,
         v3_and_below_producer_epoch=0,
         v3_and_below_topics=[{"name": "orders", "partitions": [0]}]),
-         (allow(R.TRANSACTIONAL_ID, "tx", O.WRITE), allow(R.TOPIC, "orders", O.WRITE)),
+         (allow(R.TRANSACTIONAL_ID, "tx", Op.WRITE), allow(R.TOPIC, "orders", Op.WRITE)),
          TXN_DENIED, 3),
     Case("AddPartitionsToTxn", k.AddPartitionsToTxnRequest(transactions=[
         {"transactional_id": "tx", "producer_id": 1000, "producer_epoch": 0,
          "verify_only": True, "topics": [{"name": "orders", "partitions": [0]}]}]),
-         (allow(R.CLUSTER, CLUSTER, O.CLUSTER_ACTION),), CLUSTER_DENIED, 4),
+         (allow(R.CLUSTER, CLUSTER, Op.CLUSTER_ACTION),), CLUSTER_DENIED, 4),
     Case("AddOffsetsToTxn", k.AddOffsetsToTxnRequest(
         transactional_id="tx", producer_id=1000, producer_epoch=0, group_id="g"),
-         (allow(R.TRANSACTIONAL_ID, "tx", O.WRITE), allow(R.GROUP, "g", O.READ)), TXN_DENIED),
+         (allow(R.TRANSACTIONAL_ID, "tx", Op.WRITE), allow(R.GROUP, "g", Op.READ)), TXN_DENIED),
     Case("EndTxn", k.EndTxnRequest(transactional_id="tx", producer_id=1000, producer_epoch=0,
                                    committed=False),
-         (allow(R.TRANSACTIONAL_ID, "tx", O.WRITE),), TXN_DENIED, 4),
+         (allow(R.TRANSACTIONAL_ID, "tx", Op.WRITE),), TXN_DENIED, 4),
     Case("WriteTxnMarkers", k.WriteTxnMarkersRequest(markers=[
         {"producer_id": 1000, "producer_epoch": 0, "transaction_result": False,
          "coordinator_epoch": 0, "topics": [{"name": "orders", "partition_indexes": [0]}]}]),
-         (allow(R.CLUSTER, CLUSTER, O.CLUSTER_ACTION),), CLUSTER_DENIED),
+         (allow(R.CLUSTER, CLUSTER, Op.CLUSTER_ACTION),), CLUSTER_DENIED),
     Case("DescribeTransactions", k.DescribeTransactionsRequest(transactional_ids=["tx"]),
-         (allow(R.TRANSACTIONAL_ID, "tx", O.DESCRIBE),), TXN_DENIED),
+         (allow(R.TRANSACTIONAL_ID, "tx", Op.DESCRIBE),), TXN_DENIED),
 ]
 
 
@@ -219,7 +219,7 @@ def test_each_api_refuses_a_principal_without_the_acls_and_serves_one_with_them(
         assert not AUTHORIZATION_ERRORS & set(error_codes(served)), served
         # A DENY for Alice on the first resource beats her ALLOWs.
         first = case.acls[0]
-        handler.use((*case.acls, deny(first.resource_type, first.resource_name, O.ALL)))
+        handler.use((*case.acls, deny(first.resource_type, first.resource_name, Op.ALL)))
         again = await handler.call(case.method, case.request, "User:alice", case.version)
         assert case.denied in error_codes(again), again
 
@@ -228,10 +228,10 @@ def test_each_api_refuses_a_principal_without_the_acls_and_serves_one_with_them(
 
 def test_nothing_is_read_or_written_without_the_acl():
     async def test(handler: Handler) -> None:
-        handler.use([allow(R.TOPIC, "orders", O.READ)])
+        handler.use([allow(R.TOPIC, "orders", Op.READ)])
         written = await handler.call("Produce", produce(), "User:alice")
         assert error_codes(written) == [TOPIC_DENIED]
-        handler.use([allow(R.TOPIC, "orders", O.WRITE)])
+        handler.use([allow(R.TOPIC, "orders", Op.WRITE)])
         assert succeeded(await handler.call("Produce", produce(), "User:alice"))
         fetch = k.FetchRequest(replica_id=-1, max_wait_ms=0, min_bytes=0, session_epoch=-1,
                                topics=[{"topic": "orders", "partitions": [
@@ -239,7 +239,7 @@ def test_nothing_is_read_or_written_without_the_acl():
         refused = await handler.call("Fetch", fetch, "User:alice")
         assert not refused.responses[0].partitions[0].records
         assert refused.responses[0].partitions[0].error_code == TOPIC_DENIED
-        handler.use([allow(R.TOPIC, "orders", O.READ)])
+        handler.use([allow(R.TOPIC, "orders", Op.READ)])
         read = await handler.call("Fetch", fetch, "User:alice")
         assert read.responses[0].partitions[0].error_code == 0
         assert read.responses[0].partitions[0].records == RECORDS
@@ -249,12 +249,12 @@ def test_nothing_is_read_or_written_without_the_acl():
 
 def test_unknown_topics_are_not_disclosed_to_a_principal_that_may_not_describe_them():
     async def test(handler: Handler) -> None:
-        handler.use([allow(R.TOPIC, "orders", O.ALL)])
+        handler.use([allow(R.TOPIC, "orders", Op.ALL)])
         request = produce()
         request.topic_data[0].name = "missing"
         assert error_codes(await handler.call("Produce", request, "User:alice")) == [
             TOPIC_DENIED]
-        handler.use([allow(R.TOPIC, "*", O.ALL)])
+        handler.use([allow(R.TOPIC, "*", Op.ALL)])
         assert error_codes(await handler.call("Produce", request, "User:alice")) == [
             ErrorCode.unknown_topic_or_partition.value]
 
@@ -263,7 +263,7 @@ def test_unknown_topics_are_not_disclosed_to_a_principal_that_may_not_describe_t
 
 def test_metadata_lists_only_what_the_principal_may_describe():
     async def test(handler: Handler) -> None:
-        handler.use([allow(R.TOPIC, "ord", O.READ, pattern=PatternType.PREFIXED)])
+        handler.use([allow(R.TOPIC, "ord", Op.READ, pattern=PatternType.PREFIXED)])
         every = await handler.call("Metadata", k.MetadataRequest(topics_is_null=True))
         assert [t.name for t in every.topics] == ["orders"]
         none = await handler.call("Metadata", k.MetadataRequest(topics_is_null=True),
@@ -277,7 +277,7 @@ def test_metadata_lists_only_what_the_principal_may_describe():
         assert by_name["secret"].error_code == TOPIC_DENIED
         assert by_name["orders"].error_code == 0
         assert by_name["orders"].topic_authorized_operations == operations_bitfield(
-            [O.READ, O.DESCRIBE])
+            [Op.READ, Op.DESCRIBE])
         assert named.cluster_authorized_operations == 0  # no DESCRIBE on the cluster
         # By id: an unauthorized topic is answered without its name.
         by_id = await handler.call("Metadata", k.MetadataRequest(
@@ -286,12 +286,12 @@ def test_metadata_lists_only_what_the_principal_may_describe():
         assert by_id.topics[0].error_code == TOPIC_DENIED and not by_id.topics[0].name
         # Auto-creation needs CREATE: DESCRIBE alone answers TOPIC_AUTHORIZATION_FAILED and
         # creates nothing.
-        handler.use([allow(R.TOPIC, "*", O.DESCRIBE)])
+        handler.use([allow(R.TOPIC, "*", Op.DESCRIBE)])
         auto = await handler.call("Metadata", k.MetadataRequest(
             topics=[{"name": "fresh"}], topics_is_null=False, allow_auto_topic_creation=True))
         assert auto.topics[0].error_code == TOPIC_DENIED
         assert not handler.controller.created
-        handler.use([allow(R.TOPIC, "*", O.DESCRIBE), allow(R.CLUSTER, CLUSTER, O.CREATE)])
+        handler.use([allow(R.TOPIC, "*", Op.DESCRIBE), allow(R.CLUSTER, CLUSTER, Op.CREATE)])
         auto = await handler.call("Metadata", k.MetadataRequest(
             topics=[{"name": "fresh"}], topics_is_null=False, allow_auto_topic_creation=True))
         assert auto.topics[0].error_code != TOPIC_DENIED and handler.controller.created
@@ -301,12 +301,12 @@ def test_metadata_lists_only_what_the_principal_may_describe():
 
 def test_describe_cluster_reports_the_principals_cluster_operations():
     async def test(handler: Handler) -> None:
-        handler.use([allow(R.CLUSTER, CLUSTER, O.DESCRIBE), allow(R.CLUSTER, CLUSTER, O.ALTER)])
+        handler.use([allow(R.CLUSTER, CLUSTER, Op.DESCRIBE), allow(R.CLUSTER, CLUSTER, Op.ALTER)])
         request = k.DescribeClusterRequest(include_cluster_authorized_operations=True,
                                            endpoint_type=1)
         alice = await handler.call("DescribeCluster", request)
         assert alice.cluster_authorized_operations == operations_bitfield(
-            [O.DESCRIBE, O.ALTER])
+            [Op.DESCRIBE, Op.ALTER])
         bob = await handler.call("DescribeCluster", request, "User:bob")
         assert bob.error_code == 0 and bob.cluster_authorized_operations == 0
         request.include_cluster_authorized_operations = False
@@ -318,8 +318,8 @@ def test_describe_cluster_reports_the_principals_cluster_operations():
 
 def test_list_groups_and_transactions_show_only_what_the_principal_may_describe():
     async def test(handler: Handler) -> None:
-        handler.use([allow(R.GROUP, "*", O.READ), allow(R.TRANSACTIONAL_ID, "*", O.WRITE),
-                     allow(R.TOPIC, "*", O.WRITE), allow(R.GROUP, "*", O.DESCRIBE,
+        handler.use([allow(R.GROUP, "*", Op.READ), allow(R.TRANSACTIONAL_ID, "*", Op.WRITE),
+                     allow(R.TOPIC, "*", Op.WRITE), allow(R.GROUP, "*", Op.DESCRIBE,
                                                           principal="User:carol")])
         for group in ("g1", "g2"):
             joined = await handler.call("JoinGroup", k.JoinGroupRequest(
@@ -344,10 +344,10 @@ def test_list_groups_and_transactions_show_only_what_the_principal_may_describe(
         assert await groups("User:alice") == {"g1", "g2"}  # READ implies DESCRIBE
         assert await groups("User:carol") == {"g1", "g2"}
         assert await groups("User:bob") == set()
-        handler.use([allow(R.GROUP, "g1", O.DESCRIBE, principal="User:bob"),
-                     allow(R.TRANSACTIONAL_ID, "tx", O.DESCRIBE, principal="User:bob")])
+        handler.use([allow(R.GROUP, "g1", Op.DESCRIBE, principal="User:bob"),
+                     allow(R.TRANSACTIONAL_ID, "tx", Op.DESCRIBE, principal="User:bob")])
         assert await groups("User:bob") == {"g1"}
-        handler.use([allow(R.CLUSTER, CLUSTER, O.DESCRIBE, principal="User:bob")])
+        handler.use([allow(R.CLUSTER, CLUSTER, Op.DESCRIBE, principal="User:bob")])
         assert await groups("User:bob") == {"g1", "g2"}
 
         async def transactions(principal: str) -> list[str]:
@@ -355,7 +355,7 @@ def test_list_groups_and_transactions_show_only_what_the_principal_may_describe(
                                         principal)
             return [t.transactional_id for t in listed.transaction_states]
 
-        handler.use([allow(R.TRANSACTIONAL_ID, "tx", O.DESCRIBE, principal="User:bob")])
+        handler.use([allow(R.TRANSACTIONAL_ID, "tx", Op.DESCRIBE, principal="User:bob")])
         assert await transactions("User:bob") == ["tx"]
         assert await transactions("User:dave") == []
         # DescribeTransactions leaves out the topics bob may not describe.
@@ -363,8 +363,8 @@ def test_list_groups_and_transactions_show_only_what_the_principal_may_describe(
             transactional_ids=["tx"]), "User:bob")
         assert described.transaction_states[0].error_code == 0
         assert not described.transaction_states[0].topics
-        handler.use([allow(R.TRANSACTIONAL_ID, "tx", O.DESCRIBE, principal="User:bob"),
-                     allow(R.TOPIC, "orders", O.DESCRIBE, principal="User:bob")])
+        handler.use([allow(R.TRANSACTIONAL_ID, "tx", Op.DESCRIBE, principal="User:bob"),
+                     allow(R.TOPIC, "orders", Op.DESCRIBE, principal="User:bob")])
         described = await handler.call("DescribeTransactions", k.DescribeTransactionsRequest(
             transactional_ids=["tx"]), "User:bob")
         assert [t.topic for t in described.transaction_states[0].topics] == ["orders"]
@@ -374,14 +374,14 @@ def test_list_groups_and_transactions_show_only_what_the_principal_may_describe(
 
 def test_offset_fetch_answers_or_hides_topics_the_principal_may_not_describe():
     async def test(handler: Handler) -> None:
-        handler.use([allow(R.GROUP, "g", O.READ), allow(R.TOPIC, "orders", O.READ),
-                      allow(R.TOPIC, "secret", O.READ)])
+        handler.use([allow(R.GROUP, "g", Op.READ), allow(R.TOPIC, "orders", Op.READ),
+                      allow(R.TOPIC, "secret", Op.READ)])
         committed = await handler.call("OffsetCommit", k.OffsetCommitRequest(
             group_id="g", generation_id_or_member_epoch=-1, member_id="", retention_time_ms=-1,
             topics=[{"name": n, "partitions": [{"partition_index": 0, "committed_offset": 5}]}
                     for n in ("orders", "secret")]), version=8)
         assert succeeded(committed), committed
-        handler.use([allow(R.GROUP, "g", O.READ), allow(R.TOPIC, "orders", O.READ)])
+        handler.use([allow(R.GROUP, "g", Op.READ), allow(R.TOPIC, "orders", Op.READ)])
         every = await handler.call("OffsetFetch", k.OffsetFetchRequest(groups=[
             {"group_id": "g", "topics_is_null": True}]), version=8)
         assert [t.name for t in every.groups[0].topics] == ["orders"]
@@ -405,11 +405,11 @@ def test_offset_fetch_answers_or_hides_topics_the_principal_may_not_describe():
 def test_idempotent_producers_need_idempotent_write_or_write_on_some_topic():
     async def test(handler: Handler) -> None:
         request = k.InitProducerIdRequest(producer_id=-1, producer_epoch=-1)
-        handler.use([allow(R.TOPIC, "orders", O.READ)])
+        handler.use([allow(R.TOPIC, "orders", Op.READ)])
         assert (await handler.call("InitProducerId", request)).error_code == CLUSTER_DENIED
-        handler.use([allow(R.TOPIC, "ord", O.WRITE, pattern=PatternType.PREFIXED)])
+        handler.use([allow(R.TOPIC, "ord", Op.WRITE, pattern=PatternType.PREFIXED)])
         assert (await handler.call("InitProducerId", request)).error_code == 0
-        handler.use([allow(R.TOPIC, "orders", O.WRITE), deny(R.TOPIC, "*", O.WRITE)])
+        handler.use([allow(R.TOPIC, "orders", Op.WRITE), deny(R.TOPIC, "*", Op.WRITE)])
         assert (await handler.call("InitProducerId", request)).error_code == CLUSTER_DENIED
 
     run(test)
@@ -417,7 +417,7 @@ def test_idempotent_producers_need_idempotent_write_or_write_on_some_topic():
 
 def test_super_users_and_allow_everyone_if_no_acl_found():
     async def test(handler: Handler) -> None:
-        handler.use([deny(R.TOPIC, "*", O.ALL, principal="User:*")])
+        handler.use([deny(R.TOPIC, "*", Op.ALL, principal="User:*")])
         assert succeeded(await handler.call("Produce", produce(), "User:admin"))
         assert error_codes(await handler.call("Produce", produce(), "User:alice")) == [
             TOPIC_DENIED]
@@ -425,7 +425,7 @@ def test_super_users_and_allow_everyone_if_no_acl_found():
     run(test, super_users="User:admin;User:ops")
 
     async def lenient(handler: Handler) -> None:
-        handler.use([allow(R.TOPIC, "secret", O.READ)])
+        handler.use([allow(R.TOPIC, "secret", Op.READ)])
         assert succeeded(await handler.call("Produce", produce(), "User:bob"))
         secret = produce()
         secret.topic_data[0].name = "secret"
@@ -437,12 +437,12 @@ def test_super_users_and_allow_everyone_if_no_acl_found():
 
 def test_without_the_authorizer_everything_is_allowed():
     async def test(handler: Handler) -> None:
-        handler.use([deny(R.TOPIC, "*", O.ALL, principal="User:*")])
+        handler.use([deny(R.TOPIC, "*", Op.ALL, principal="User:*")])
         assert succeeded(await handler.call("Produce", produce(), "User:bob"))
         cluster = await handler.call("DescribeCluster", k.DescribeClusterRequest(
             include_cluster_authorized_operations=True, endpoint_type=1), "User:bob")
         assert cluster.cluster_authorized_operations == operations_bitfield(
-            [O.CREATE, O.CLUSTER_ACTION, O.DESCRIBE_CONFIGS, O.ALTER_CONFIGS,
-             O.IDEMPOTENT_WRITE, O.ALTER, O.DESCRIBE])
+            [Op.CREATE, Op.CLUSTER_ACTION, Op.DESCRIBE_CONFIGS, Op.ALTER_CONFIGS,
+             Op.IDEMPOTENT_WRITE, Op.ALTER, Op.DESCRIBE])
 
     run(test, authorizer_enabled=False)
