@@ -300,8 +300,9 @@ class DescribeGroupsApi(GroupApi):
             if code:
                 response.groups.append(_described(group_id, error_code=code))
             elif group is None and not_found_is_an_error:
+                # Authorized operations come with groups answered without an error only.
                 response.groups.append(_described(
-                    group_id, error_code=GROUP_ID_NOT_FOUND, authorized_operations=operations,
+                    group_id, error_code=GROUP_ID_NOT_FOUND,
                     error_message=f"Group {group_id} not found."))
             elif group is None:
                 response.groups.append(_described(group_id, authorized_operations=operations))

@@ -115,10 +115,13 @@ class Authorization:
     def authorizer(self, acls: tuple[AclBinding, ...]) -> Authorizer:
         """The authorizer over ``acls`` (a snapshot's)."""
         current = self._authorizer
-        if current.bindings is not acls and current.bindings != acls:
-            current = self._authorizer = Authorizer(
-                acls, super_users=self._super_users,
-                allow_everyone_if_no_acl_found=self._allow_everyone)
+        if current.bindings is not acls:
+            if current.bindings == acls:
+                current.bindings = acls  # the same bindings: compared once per snapshot
+            else:
+                current = self._authorizer = Authorizer(
+                    acls, super_users=self._super_users,
+                    allow_everyone_if_no_acl_found=self._allow_everyone)
         return current
 
     def access(self, acls: tuple[AclBinding, ...] | None, principal: str,

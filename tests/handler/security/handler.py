@@ -127,6 +127,7 @@ async def running_handler(credentials: grpc.ServerCredentials | None = None,
     else:
         server = grpc.aio.server()
         add_to_server(servicer, server)
+        add_exchange_to_server(ExchangeServicer(servicer), server)
         port = server.add_secure_port("127.0.0.1:0", credentials)
         await server.start()
     channel: grpc.aio.Channel = insecure_channel(f"127.0.0.1:{port}")

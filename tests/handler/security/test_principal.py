@@ -20,8 +20,9 @@ from cryptography.x509.oid import NameOID
 from kbroker.handler.v1 import kafka_handler_pb2_grpc
 from kbroker.kafka.v1 import kafka_pb2 as k
 from services.common.acls import Operation, ResourceType
+from services.common.envelopes import decode_handler_reply, encode_handler_call
 from services.common.errors import ErrorCode
-from services.handler.exchange import CallContext
+from services.handler.exchange import STREAM_SERVICE_NAME, CallContext
 from services.handler.security.principal import caller_of, is_loopback, peer_host
 
 from ..batches import record_batch
@@ -134,6 +135,21 @@ def test_over_tls_only_a_frontend_certificate_may_name_the_principal():
             answer = await stub.Produce(request, metadata=metadata, timeout=10)
         return answer.responses[0].partition_responses[0].error_code
 
+    async def produce_on_stream(port: int, client: str) -> int:
+        """The same request as a frontend sends it: one call on a KafkaHandlerStream."""
+        key, chain = issued[client]
+        credentials = grpc.ssl_channel_credentials(ca, key, chain)
+        async with grpc.aio.secure_channel(f"127.0.0.1:{port}", credentials) as channel:
+            exchange = channel.stream_stream(f"/{STREAM_SERVICE_NAME}/Exchange")
+            stream = exchange(iter([encode_handler_call(
+                1, "Produce", request.SerializeToString(), metadata)]), timeout=10)
+            async for data in stream:
+                reply, response = decode_handler_reply(data)
+                assert reply.call_id == 1 and not reply.status_code, reply
+                answer = k.ProduceResponse.FromString(bytes(response))
+                return answer.responses[0].partition_responses[0].error_code
+        raise AssertionError("no reply on the stream")
+
     async def main() -> None:
         denied = ErrorCode.topic_authorization_failed.value
         async with running_handler(server_credentials(False)) as handler:
@@ -143,6 +159,8 @@ def test_over_tls_only_a_frontend_certificate_may_name_the_principal():
             handler.use([allow(ResourceType.TOPIC, "orders", Operation.WRITE)])
             assert await produce(handler.port, "kbroker-frontend") == 0
             assert await produce(handler.port, "kbroker-log") == denied
+            assert await produce_on_stream(handler.port, "kbroker-frontend") == 0
+            assert await produce_on_stream(handler.port, "kbroker-log") == denied
             # What anonymous may do, a non-frontend caller may do.
             handler.use([allow(ResourceType.TOPIC, "orders", Operation.WRITE,
                                principal="User:ANONYMOUS")])
