@@ -30,6 +30,7 @@ DESCRIBE is TOPIC_AUTHORIZATION_FAILED whether it exists or not (named by id: wi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Iterable
@@ -41,7 +42,7 @@ from services.common.acls import Operation, ResourceType
 from services.common.errors import ErrorCode
 
 from ..collaborators import CallError, Controller
-from ..metadata_cache import MetadataCache
+from ..metadata_cache import ClusterMetadata, MetadataCache, MetadataUnavailableError
 from ..request_context import RequestContext
 from ..topic_identity import canonical_topic_id, invalid_name_reason
 
@@ -212,6 +213,18 @@ class DeleteTopicsApi:
         self._cache = cache
         self._controller = controller
 
+    async def _names_of_ids(self, refs: list[tuple[str | None, str | None]],
+                            needed: bool) -> ClusterMetadata | None:
+        """Metadata to find the names of the topics ``refs`` names by id; when they are
+        ``needed`` (to authorize by) and some id is unknown, fresh metadata."""
+        metadata = self._cache.snapshot
+        ids = [topic_id for name, topic_id in refs if name is None and topic_id]
+        if needed and ids and (metadata is None or any(
+                metadata.topic_by_id(i) is None for i in ids)):
+            with contextlib.suppress(MetadataUnavailableError):
+                metadata = await self._cache.refresh()
+        return metadata
+
     async def handle(self, request: k.DeleteTopicsRequest,
                      context: RequestContext) -> k.DeleteTopicsResponse:
         # Versions before 6 name topics in topic_names (the frontend moves them into topics;
@@ -227,9 +240,9 @@ class DeleteTopicsApi:
         out: list[DeletableTopicResult] = []
         # The answers to fill from the controller's, with the topic's name or else its id.
         pending: list[tuple[DeletableTopicResult, str | None, str | None]] = []
-        metadata = self._cache.snapshot
         access = context.access
         any_topic = access.allows(Operation.DELETE, ResourceType.CLUSTER)
+        metadata = await self._names_of_ids(refs, access.enabled and not any_topic)
         for name, topic_id in refs:
             error: str | None = None
             if name is None and topic_id is None:
@@ -244,9 +257,13 @@ class DeleteTopicsApi:
             if error is not None:
                 answer.error_code, answer.error_message = ErrorCode.invalid_request.value, error
                 continue
-            # By id: authorized by the name it has (an unknown id is the controller's to say).
+            # By id: authorized by the name it has; an id the metadata does not know is
+            # UNKNOWN_TOPIC_ID when it must be authorized (no name to check it by).
             known = metadata.topic_by_id(topic_id) if metadata and topic_id else None
             checked = name if name is not None else (known.name if known else None)
+            if checked is None and access.enabled and not any_topic:
+                answer.error_code = ErrorCode.unknown_topic_id.value
+                continue
             if checked is not None and not any_topic and not access.allows(
                     Operation.DELETE, ResourceType.TOPIC, checked):
                 answer.error_code = TOPIC_AUTHORIZATION_FAILED

@@ -446,3 +446,27 @@ def test_without_the_authorizer_everything_is_allowed():
              Op.IDEMPOTENT_WRITE, Op.ALTER, Op.DESCRIBE])
 
     run(test, authorizer_enabled=False)
+
+
+def test_delete_topics_by_id_tells_its_name_only_to_a_principal_that_may_describe_it():
+    secret_id = "0c0c0c0c-0000-0000-0000-000000000002"
+
+    async def test(handler: Handler) -> None:
+        async def delete(principal: str, topic_id: str = secret_id) -> Any:
+            answer = await handler.call("DeleteTopics", k.DeleteTopicsRequest(
+                timeout_ms=1000, topics=[{"topic_id": topic_id}]), principal)
+            return answer.responses[0]
+
+        handler.use([allow(R.TOPIC, "secret", Op.DESCRIBE)])
+        bob = await delete("User:bob")
+        assert (bob.error_code, bob.HasField("name")) == (TOPIC_DENIED, False)
+        alice = await delete("User:alice")
+        assert (alice.error_code, alice.name) == (TOPIC_DENIED, "secret")
+        unknown = await delete("User:alice", "0c0c0c0c-0000-0000-0000-0000000000ff")
+        assert unknown.error_code == ErrorCode.unknown_topic_id.value
+        assert not handler.controller.deleted
+        handler.use([allow(R.TOPIC, "secret", Op.DELETE)])
+        assert (await delete("User:alice")).error_code == 0
+        assert handler.controller.deleted == [([], [secret_id])]
+
+    run(test)
