@@ -87,9 +87,10 @@ PURGATORY_SLACK_S = 0.2
 DEFAULT_PARTITION_MAX_BYTES = 1024 * 1024
 # Errors found before reading that do not end a wait early: as in Kafka, partitions of
 # unknown topics are answered with their error while the others wait for data.
+TOPIC_AUTHORIZATION_FAILED = ErrorCode.topic_authorization_failed.value
 _NON_BLOCKING_ERRORS = frozenset(
     {ErrorCode.unknown_topic_or_partition.value, ErrorCode.unknown_topic_id.value,
-     ErrorCode.topic_authorization_failed.value}
+     TOPIC_AUTHORIZATION_FAILED}
 )
 
 
@@ -167,8 +168,9 @@ class FetchApi:
         # From v15 the fetching replica is named in replica_state (replica_id is then -1).
         replica_id = request.replica_state.replica_id
         consumer = (request.replica_id if replica_id == -1 else replica_id) < 0
-        follower_denied = 0 if consumer else context.access.check(Operation.CLUSTER_ACTION,
-                                                                  ResourceType.CLUSTER)
+        # Kafka answers a follower without CLUSTER_ACTION per partition, as a topic error.
+        follower_denied = 0 if consumer or context.access.allows(
+            Operation.CLUSTER_ACTION, ResourceType.CLUSTER) else TOPIC_AUTHORIZATION_FAILED
         for topic in request.topics:
             topic_id = canonical_topic_id(topic.topic_id)
             info: TopicInfo | None

@@ -470,3 +470,39 @@ def test_delete_topics_by_id_tells_its_name_only_to_a_principal_that_may_describ
         assert handler.controller.deleted == [([], [secret_id])]
 
     run(test)
+
+
+def test_created_topics_show_their_configs_only_with_describe_configs():
+    async def test(handler: Handler) -> None:
+        request = k.CreateTopicsRequest(timeout_ms=1000, validate_only=True, topics=[
+            {"name": "fresh", "num_partitions": 1, "replication_factor": 1}])
+        handler.use([allow(R.TOPIC, "fresh", Op.CREATE)])
+        hidden = (await handler.call("CreateTopics", request)).topics[0]
+        assert (hidden.error_code, hidden.topic_config_error_code) == (0, TOPIC_DENIED)
+        assert not hidden.configs
+        handler.use([allow(R.CLUSTER, CLUSTER, Op.CREATE),
+                     allow(R.TOPIC, "fresh", Op.DESCRIBE_CONFIGS)])
+        shown = (await handler.call("CreateTopics", request)).topics[0]
+        assert shown.error_code == 0 and not shown.topic_config_error_code and shown.configs
+
+    run(test)
+
+
+def test_replicas_need_cluster_action():
+    async def test(handler: Handler) -> None:
+        fetch = k.FetchRequest(replica_id=1, max_wait_ms=0, min_bytes=0, session_epoch=-1,
+                               topics=[{"topic": "orders", "partitions": [
+                                   {"partition": 0, "fetch_offset": 0}]}])
+        epochs = k.OffsetForLeaderEpochRequest(replica_id=1, topics=[
+            {"topic": "orders", "partitions": [{"partition": 0, "leader_epoch": 0}]}])
+        handler.use([allow(R.TOPIC, "orders", Op.ALL)])
+        assert error_codes(await handler.call("Fetch", fetch)) == [TOPIC_DENIED]
+        handler.use([allow(R.CLUSTER, CLUSTER, Op.CLUSTER_ACTION)])
+        # Log nodes replicate through the replicator, not through Fetch.
+        assert error_codes(await handler.call("Fetch", fetch)) == [
+            ErrorCode.not_leader_or_follower.value]
+        # CLUSTER_ACTION stands for DESCRIBE on every topic here.
+        answer = await handler.call("OffsetForLeaderEpoch", epochs)
+        assert not AUTHORIZATION_ERRORS & set(error_codes(answer)), answer
+
+    run(test)
