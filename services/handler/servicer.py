@@ -1,5 +1,7 @@
 """gRPC glue for kbroker.handler.v1.KafkaHandler: every RPC goes to the API module registered
-under its name, with the request context from gRPC metadata; per-request metrics (the time a
+under its name, with the request context from gRPC metadata (the principal only from a caller
+:mod:`.security.principal` trusts, and its access checked against the ACLs of the current
+metadata snapshot, :mod:`.security.access`); per-request metrics (the time a
 request parked in the purgatory goes back to the frontend as the trailing metadata
 ``kbroker-remote-ms``, see :mod:`.metrics`); and the guarantee that no request kills the
 handler (an unexpected failure is logged and answered with UNKNOWN_SERVER_ERROR for every item
