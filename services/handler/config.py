@@ -62,3 +62,15 @@ class HandlerConfig:
     transaction_marker_takeover_ms: int = option(
         10000, "how long a prepared transaction may go without word from the handler writing "
         "its markers before another handler takes over and finishes it")
+    authorizer_enabled: bool = option(
+        False, "authorize every request by the cluster's ACLs (authorizer.class.name set); "
+        "off: everything is allowed, as on a broker without an authorizer")
+    super_users: str = option(
+        "", "principals allowed everything, separated by ';' (super.users), e.g. "
+        "User:admin;User:ops")
+    allow_everyone_if_no_acl_found: bool = option(
+        False, "allow an operation on a resource no ACL applies to "
+        "(allow.everyone.if.no.acl.found)")
+    frontend_identities: tuple[str, ...] = option(
+        ("kbroker-frontend",), "certificate common names (comma-separated) of callers whose "
+        "kafka-principal metadata is trusted; plaintext callers are trusted only from loopback")

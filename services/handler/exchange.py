@@ -16,7 +16,7 @@ every envelope whole.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -35,16 +35,27 @@ Method = Callable[[Any, Any], Awaitable[Any]]
 
 
 class CallContext:
-    """What the servicer methods use of a ``grpc.aio.ServicerContext``, for one call."""
+    """What the servicer methods use of a ``grpc.aio.ServicerContext``, for one call: its
+    own metadata, and the stream's peer (address and credentials, which say whether the
+    caller may name a principal)."""
 
-    __slots__ = ("_metadata", "trailing_metadata")
+    __slots__ = ("_auth", "_metadata", "_peer", "trailing_metadata")
 
-    def __init__(self, metadata: Sequence[tuple[str, str]]) -> None:
+    def __init__(self, metadata: Sequence[tuple[str, str]], peer: str = "",
+                 auth: Mapping[str, Any] | None = None) -> None:
         self._metadata = tuple(metadata)
+        self._peer = peer
+        self._auth = auth or {}
         self.trailing_metadata: tuple[tuple[str, str], ...] = ()
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return self._metadata
+
+    def peer(self) -> str:
+        return self._peer
+
+    def auth_context(self) -> Mapping[str, Any]:
+        return self._auth
 
     def set_trailing_metadata(self, metadata: Sequence[tuple[str, str]]) -> None:
         self.trailing_metadata = tuple(metadata)
@@ -60,10 +71,15 @@ class ExchangeServicer(handler_pb2_grpc.KafkaHandlerStreamServicer):
             for method in service.methods}
 
     async def Exchange(self, request_iterator, context):
-        await serve_calls(request_iterator, context, self.serve_one)
+        # The peer is the stream's: read once, for every call it carries.
+        peer, auth = context.peer(), dict(context.auth_context() or {})
+        await serve_calls(request_iterator, context,
+                          lambda data: self.serve_one(data, peer, auth))
 
-    async def serve_one(self, data: bytes) -> bytes:
-        """Answer one serialized ``HandlerCall`` with a serialized ``HandlerReply``."""
+    async def serve_one(self, data: bytes, peer: str = "",
+                        auth: Mapping[str, Any] | None = None) -> bytes:
+        """Answer one serialized ``HandlerCall`` (arrived on a stream from ``peer`` with the
+        credentials ``auth``) with a serialized ``HandlerReply``."""
         try:
             call, request_bytes = decode_handler_call(data)
         except DecodeError as exc:
@@ -78,7 +94,7 @@ class ExchangeServicer(handler_pb2_grpc.KafkaHandlerStreamServicer):
         except DecodeError as exc:
             return _failed(call.call_id, grpc.StatusCode.INVALID_ARGUMENT,
                            f"{call.method}: bad request: {exc}")
-        context = CallContext([(m.key, m.value) for m in call.metadata])
+        context = CallContext([(m.key, m.value) for m in call.metadata], peer, auth)
         try:
             response = await method(request, context)
         except Exception as exc:

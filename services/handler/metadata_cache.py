@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from services.common.acls import AclBinding
 from services.common.errors import ErrorCode, KafkaError
 
 from .topic_identity import canonical_topic_id
@@ -69,7 +70,8 @@ class TopicInfo:
 class ClusterMetadata:
     """One immutable snapshot of cluster metadata, indexed for the lookups requests need."""
 
-    __slots__ = ("_by_id", "cluster_id", "controller_id", "log_nodes", "topics", "version")
+    __slots__ = ("_by_id", "acls", "cluster_id", "controller_id", "log_nodes", "topics",
+                 "version")
 
     def __init__(
         self,
@@ -79,6 +81,7 @@ class ClusterMetadata:
         controller_id: int,
         log_nodes: Iterable[LogNode],
         topics: Iterable[TopicInfo],
+        acls: Iterable[AclBinding] = (),
     ) -> None:
         self.version = version
         self.cluster_id = cluster_id
@@ -88,6 +91,7 @@ class ClusterMetadata:
         )
         self.topics: Mapping[str, TopicInfo] = MappingProxyType({t.name: t for t in topics})
         self._by_id = {t.topic_id: t for t in self.topics.values() if t.topic_id}
+        self.acls: tuple[AclBinding, ...] = tuple(acls)
 
     def topic(self, name: str) -> TopicInfo | None:
         return self.topics.get(name)

@@ -1,5 +1,6 @@
 """Who sent a Kafka request and where its answer tells clients to connect (Kafka's
-``RequestContext``): the client id and host, and the advertised address of the frontend that
+``RequestContext``): the principal it runs as and what that principal may do (``access``, see
+:mod:`.security`), the client id and host, and the advertised address of the frontend that
 received it. Any frontend reaches every log node through the handlers, so every broker is
 advertised at that frontend: broker N at the advertised port + N when the frontend serves a
 port per broker id (``broker_ports`` > N), else at the advertised port itself."""
@@ -7,6 +8,9 @@ port per broker id (``broker_ports`` > N), else at the advertised port itself.""
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .security.access import UNRESTRICTED, Access
+from .security.authorizer import ANONYMOUS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -21,6 +25,10 @@ class RequestContext:
     api_version: int | None = None
     # The broker (log node id) whose address the client sent the request to, when known.
     broker_id: int | None = None
+    # The authenticated principal ("User:alice"; User:ANONYMOUS unless a trusted frontend
+    # named one) and its checks against the ACLs (unrestricted without an authorizer).
+    principal: str = ANONYMOUS
+    access: Access = UNRESTRICTED
 
 
 def broker_port(context: RequestContext, node_id: int) -> int:

@@ -50,10 +50,13 @@ from .apis.transactions import (
 )
 from .apis.txn_markers import WriteTxnMarkersApi
 from .clients import LogNodeClients, PurgatoryClient, ReplicatorClient
+from .collaborators import Controller, LogNodes, Purgatory
 from .config import HandlerConfig
 from .exchange import STREAM_SERVICE_NAME, ExchangeServicer, add_exchange_to_server
 from .groups.coordinator import GroupCoordinator
 from .metadata_cache import MetadataCache
+from .security.access import Authorization
+from .security.authorizer import parse_super_users
 from .servicer import KafkaApi, KafkaHandlerServicer, add_to_server
 from .transactions.coordinator import TransactionCoordinator
 
@@ -95,44 +98,9 @@ async def start(config: HandlerConfig, *,
         for resource in (replicator, log_nodes, purgatory, producer_id_blocks, coordinator,
                          transactions):
             stack.push_async_callback(resource.close)
-        alter_configs = AlterConfigsApi(cache, replicator)
-        apis: dict[str, KafkaApi] = {
-            "Produce": ProduceApi(cache, log_nodes, purgatory, transactions),
-            "Fetch": FetchApi(cache, log_nodes, purgatory),
-            "ListOffsets": ListOffsetsApi(cache, log_nodes),
-            "Metadata": MetadataApi(cache, replicator, config.auto_create_topics_enable),
-            "DescribeCluster": DescribeClusterApi(cache),
-            "DeleteRecords": DeleteRecordsApi(cache, log_nodes),
-            "OffsetForLeaderEpoch": OffsetForLeaderEpochApi(cache, log_nodes),
-            "CreateTopics": CreateTopicsApi(cache, replicator),
-            "DeleteTopics": DeleteTopicsApi(cache, replicator),
-            "CreatePartitions": CreatePartitionsApi(cache, replicator),
-            "DescribeConfigs": DescribeConfigsApi(
-                cache, auto_create_topics_enable=config.auto_create_topics_enable),
-            "AlterConfigs": alter_configs,
-            "IncrementalAlterConfigs": alter_configs,
-            "InitProducerId": InitProducerIdApi(producer_id_blocks, transactions),
-            "FindCoordinator": FindCoordinatorApi(coordinator, transactions.placement),
-            "JoinGroup": JoinGroupApi(coordinator),
-            "SyncGroup": SyncGroupApi(coordinator),
-            "Heartbeat": HeartbeatApi(coordinator),
-            "LeaveGroup": LeaveGroupApi(coordinator),
-            "ListGroups": ListGroupsApi(coordinator),
-            "DescribeGroups": DescribeGroupsApi(coordinator),
-            "DeleteGroups": DeleteGroupsApi(coordinator),
-            "OffsetCommit": OffsetCommitApi(cache, coordinator),
-            "OffsetFetch": OffsetFetchApi(coordinator),
-            "OffsetDelete": OffsetDeleteApi(cache, coordinator),
-            "AddPartitionsToTxn": AddPartitionsToTxnApi(cache, transactions),
-            "AddOffsetsToTxn": AddOffsetsToTxnApi(transactions, coordinator),
-            "EndTxn": EndTxnApi(transactions),
-            "TxnOffsetCommit": TxnOffsetCommitApi(cache, coordinator, transactions),
-            "WriteTxnMarkers": WriteTxnMarkersApi(cache, log_nodes, purgatory),
-            "DescribeProducers": DescribeProducersApi(cache, log_nodes),
-            "DescribeTransactions": DescribeTransactionsApi(transactions),
-            "ListTransactions": ListTransactionsApi(transactions),
-        }
-        servicer = KafkaHandlerServicer(config, apis)
+        apis = kafka_apis(config, cache, replicator, log_nodes, purgatory, producer_id_blocks,
+                          coordinator, transactions)
+        servicer = KafkaHandlerServicer(config, apis, cache, authorization(config))
         for task in (
             asyncio.create_task(cache.follow(replicator.watch), name="metadata-follower"),
             asyncio.create_task(coordinator.follow_expirations(), name="session-expirations"),
@@ -150,6 +118,57 @@ async def start(config: HandlerConfig, *,
         )
         log.info("handler %s serving on port %d", config.instance, port)
         return HandlerService(server, port, stack.pop_all())
+
+
+def authorization(config: HandlerConfig) -> Authorization:
+    """The handler's authorizer settings, from its configuration."""
+    return Authorization(enabled=config.authorizer_enabled,
+                         super_users=parse_super_users(config.super_users),
+                         allow_everyone_if_no_acl_found=config.allow_everyone_if_no_acl_found)
+
+
+def kafka_apis(config: HandlerConfig, cache: MetadataCache, replicator: Controller,
+               log_nodes: LogNodes, purgatory: Purgatory, producer_id_blocks: ProducerIdBlocks,
+               coordinator: GroupCoordinator, transactions: TransactionCoordinator,
+               ) -> dict[str, KafkaApi]:
+    """Every Kafka API this handler serves, by RPC name, over its collaborators."""
+    alter_configs = AlterConfigsApi(cache, replicator)
+    return {
+        "Produce": ProduceApi(cache, log_nodes, purgatory, transactions),
+        "Fetch": FetchApi(cache, log_nodes, purgatory),
+        "ListOffsets": ListOffsetsApi(cache, log_nodes),
+        "Metadata": MetadataApi(cache, replicator, config.auto_create_topics_enable),
+        "DescribeCluster": DescribeClusterApi(cache),
+        "DeleteRecords": DeleteRecordsApi(cache, log_nodes),
+        "OffsetForLeaderEpoch": OffsetForLeaderEpochApi(cache, log_nodes),
+        "CreateTopics": CreateTopicsApi(cache, replicator),
+        "DeleteTopics": DeleteTopicsApi(cache, replicator),
+        "CreatePartitions": CreatePartitionsApi(cache, replicator),
+        "DescribeConfigs": DescribeConfigsApi(
+            cache, auto_create_topics_enable=config.auto_create_topics_enable),
+        "AlterConfigs": alter_configs,
+        "IncrementalAlterConfigs": alter_configs,
+        "InitProducerId": InitProducerIdApi(producer_id_blocks, transactions),
+        "FindCoordinator": FindCoordinatorApi(coordinator, transactions.placement),
+        "JoinGroup": JoinGroupApi(coordinator),
+        "SyncGroup": SyncGroupApi(coordinator),
+        "Heartbeat": HeartbeatApi(coordinator),
+        "LeaveGroup": LeaveGroupApi(coordinator),
+        "ListGroups": ListGroupsApi(coordinator),
+        "DescribeGroups": DescribeGroupsApi(coordinator),
+        "DeleteGroups": DeleteGroupsApi(coordinator),
+        "OffsetCommit": OffsetCommitApi(cache, coordinator),
+        "OffsetFetch": OffsetFetchApi(coordinator),
+        "OffsetDelete": OffsetDeleteApi(cache, coordinator),
+        "AddPartitionsToTxn": AddPartitionsToTxnApi(cache, transactions),
+        "AddOffsetsToTxn": AddOffsetsToTxnApi(transactions, coordinator),
+        "EndTxn": EndTxnApi(transactions),
+        "TxnOffsetCommit": TxnOffsetCommitApi(cache, coordinator, transactions),
+        "WriteTxnMarkers": WriteTxnMarkersApi(cache, log_nodes, purgatory),
+        "DescribeProducers": DescribeProducersApi(cache, log_nodes),
+        "DescribeTransactions": DescribeTransactionsApi(transactions),
+        "ListTransactions": ListTransactionsApi(transactions),
+    }
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

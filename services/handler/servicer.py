@@ -1,5 +1,7 @@
 """gRPC glue for kbroker.handler.v1.KafkaHandler: every RPC goes to the API module registered
-under its name, with the request context from gRPC metadata; per-request metrics (the time a
+under its name, with the request context from gRPC metadata (the principal only from a caller
+:mod:`.security.principal` trusts, and its access checked against the ACLs of the current
+metadata snapshot, :mod:`.security.access`); per-request metrics (the time a
 request parked in the purgatory goes back to the frontend as the trailing metadata
 ``kbroker-remote-ms``, see :mod:`.metrics`); and the guarantee that no request kills the
 handler (an unexpected failure is logged and answered with UNKNOWN_SERVER_ERROR for every item
@@ -27,8 +29,11 @@ from services.common.error_answers import error_codes, error_response
 from services.common.errors import ErrorCode
 
 from .config import HandlerConfig
+from .metadata_cache import MetadataCache, MetadataUnavailableError
 from .metrics import record_request, remote_time
 from .request_context import RequestContext, split_host_port
+from .security.access import Authorization
+from .security.principal import caller_of
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +60,26 @@ SERVICE = kafka_handler_pb2.DESCRIPTOR.services_by_name["KafkaHandler"]
 class KafkaHandlerServicer:
     """Every KafkaHandler RPC, as an attribute named after it, served by :meth:`serve`."""
 
-    def __init__(self, config: HandlerConfig, apis: Mapping[str, KafkaApi]) -> None:
+    def __init__(self, config: HandlerConfig, apis: Mapping[str, KafkaApi],
+                 cache: MetadataCache | None = None,
+                 authorization: Authorization | None = None) -> None:
+        """``cache``: whose snapshot's ACLs ``authorization`` checks requests against (no
+        authorization: every request is allowed everything)."""
         self._default_advertised = split_host_port(config.advertised)
         self._default_broker_ports = config.broker_ports
+        self._frontend_identities = frozenset(config.frontend_identities)
         self._apis = dict(apis)
+        self._cache = cache
+        self._authorization = authorization or Authorization(enabled=False)
         for method in SERVICE.methods:
             setattr(self, method.name, functools.partial(self.serve, method.name))
 
-    def request_context(self, context: grpc.aio.ServicerContext) -> RequestContext:
+    async def request_context(self, context: grpc.aio.ServicerContext) -> RequestContext:
+        """The request's context from its call: the frontend's metadata, and the principal
+        and client host as :func:`~.security.principal.caller_of` trusts them."""
         values = {key: value for key, value in (context.invocation_metadata() or ())}
+        principal, client_host = caller_of(context, self._frontend_identities
+                                           ).principal_and_host(values)
         host, port = self._default_advertised
         advertised = values.get("kafka-advertised")
         if advertised:
@@ -78,11 +94,27 @@ class KafkaHandlerServicer:
             broker_ports=self._default_broker_ports if broker_ports is None else broker_ports,
             # The frontend percent-encodes client ids (gRPC metadata is printable ASCII).
             client_id=unquote(str(values.get("kafka-client-id", ""))),
-            client_host=str(values.get("kafka-client-host", "")),
+            client_host=client_host,
             frontend_id=str(values.get("kafka-frontend-id", "")),
             api_version=_int_or_none(values.get("kafka-api-version")),
             broker_id=_int_or_none(values.get("kafka-broker-id")),
+            principal=principal,
+            access=self._authorization.access(await self._acls(), principal, client_host),
         )
+
+    async def _acls(self) -> tuple[Any, ...] | None:
+        """The ACLs of the current snapshot, loading the first one when none is yet (None
+        when there is none to be had: no bindings, so only super users and
+        allow.everyone.if.no.acl.found pass)."""
+        if self._cache is None or not self._authorization.enabled:
+            return None
+        snapshot = self._cache.snapshot
+        if snapshot is None:
+            try:
+                snapshot = await self._cache.current()
+            except MetadataUnavailableError:
+                return None
+        return snapshot.acls
 
     async def serve(self, name: str, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """Answer one Kafka request with the API registered as ``name``."""
@@ -93,7 +125,7 @@ class KafkaHandlerServicer:
                 response = error_response(request, UNSUPPORTED_VERSION)
             else:
                 try:
-                    response = await api.handle(request, self.request_context(context))
+                    response = await api.handle(request, await self.request_context(context))
                 except Exception:
                     log.exception("%s failed", name)
                     response = error_response(request, UNKNOWN_SERVER_ERROR)

@@ -284,7 +284,8 @@ class FakeController:
         self.metadata = ClusterMetadata(
             version=self.metadata.version + 1, cluster_id=self.metadata.cluster_id,
             controller_id=self.metadata.controller_id,
-            log_nodes=self.metadata.log_nodes.values(), topics=topics.values())
+            log_nodes=self.metadata.log_nodes.values(), topics=topics.values(),
+            acls=self.metadata.acls)
 
 
 def topic_ids(info: TopicInfo, topic_id: str) -> TopicInfo:

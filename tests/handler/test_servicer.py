@@ -15,11 +15,21 @@ from .fakes import cluster as snapshot
 
 
 class Context:
-    def __init__(self, metadata=()):
+    """A plaintext call from a loopback peer (a frontend on the same host)."""
+
+    def __init__(self, metadata=(), peer="ipv4:127.0.0.1:50000", auth=None):
         self._metadata = tuple(metadata)
+        self._peer = peer
+        self._auth = auth or {"transport_security_type": [b"insecure"]}
 
     def invocation_metadata(self):
         return self._metadata
+
+    def peer(self):
+        return self._peer
+
+    def auth_context(self):
+        return self._auth
 
 
 def make_servicer(metadata_snapshot, log_nodes=None, controller=None, broker_ports=1):

@@ -5,10 +5,10 @@
                                 controller_id [brokers] cluster_authorized_operations
 
 Brokers are the live log nodes, advertised at the frontend the client used (any frontend reaches
-every log node), each at a port of its own (see ``request_context.broker_port``). Without an
-authorizer every operation is allowed, so a client that asks for its authorized operations gets
-every operation the resource supports, as Kafka answers without an authorizer; otherwise the
-"not requested" sentinel.
+every log node), each at a port of its own (see ``request_context.broker_port``). A client that
+asks for the cluster's authorized operations gets those its principal may do (0 when it may not
+DESCRIBE the cluster; every operation without an authorizer, as Kafka answers without one);
+otherwise the "not requested" sentinel.
 """
 
 from __future__ import annotations
@@ -17,47 +17,22 @@ import enum
 from typing import Any
 
 from kbroker.kafka.v1 import kafka_pb2 as k
+from services.common.acls import CLUSTER_NAME, Operation, ResourceType
 from services.common.errors import ErrorCode
 
 from ..metadata_cache import ClusterMetadata, MetadataCache, MetadataUnavailableError
 from ..request_context import RequestContext, broker_port
+from ..security.access import Access
+from ..security.authorizer import SUPPORTED_OPERATIONS, operations_bitfield
 
 # Kafka's "authorized operations not requested" marker (Integer.MIN_VALUE).
 AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
 
 
-class AclOperation(enum.IntEnum):
-    """Kafka's ACL operation codes (bit positions in authorized-operations fields)."""
-
-    READ = 3
-    WRITE = 4
-    CREATE = 5
-    DELETE = 6
-    ALTER = 7
-    DESCRIBE = 8
-    CLUSTER_ACTION = 9
-    DESCRIBE_CONFIGS = 10
-    ALTER_CONFIGS = 11
-    IDEMPOTENT_WRITE = 12
-
-
-def operations_bitfield(*operations: AclOperation) -> int:
-    bits = 0
-    for operation in operations:
-        bits |= 1 << int(operation)
-    return bits
-
-
-TOPIC_OPERATIONS = operations_bitfield(
-    AclOperation.READ, AclOperation.WRITE, AclOperation.CREATE, AclOperation.DELETE,
-    AclOperation.ALTER, AclOperation.DESCRIBE, AclOperation.DESCRIBE_CONFIGS,
-    AclOperation.ALTER_CONFIGS,
-)
-CLUSTER_OPERATIONS = operations_bitfield(
-    AclOperation.CREATE, AclOperation.CLUSTER_ACTION, AclOperation.DESCRIBE_CONFIGS,
-    AclOperation.ALTER_CONFIGS, AclOperation.IDEMPOTENT_WRITE, AclOperation.ALTER,
-    AclOperation.DESCRIBE,
-)
+# Every operation each resource type supports (what a client is told without an authorizer).
+TOPIC_OPERATIONS = operations_bitfield(SUPPORTED_OPERATIONS[ResourceType.TOPIC])
+GROUP_OPERATIONS = operations_bitfield(SUPPORTED_OPERATIONS[ResourceType.GROUP])
+CLUSTER_OPERATIONS = operations_bitfield(SUPPORTED_OPERATIONS[ResourceType.CLUSTER])
 
 
 class EndpointType(enum.IntEnum):
@@ -65,10 +40,21 @@ class EndpointType(enum.IntEnum):
     CONTROLLER = 2
 
 
-def authorized(requested: bool, operations: int) -> int:
-    """An authorized-operations field: every operation the resource supports when the client
-    asks (there is no authorizer), else the "not requested" marker."""
-    return operations if requested else AUTHORIZED_OPERATIONS_OMITTED
+def authorized(requested: bool, access: Access, resource_type: ResourceType,
+               name: str = CLUSTER_NAME) -> int:
+    """An authorized-operations field: the operations of the resource the principal may do
+    when the client asks, else the "not requested" marker."""
+    return access.operations(resource_type, name) if requested else AUTHORIZED_OPERATIONS_OMITTED
+
+
+def cluster_operations(requested: bool, access: Access) -> int:
+    """The cluster's authorized-operations field: as :func:`authorized`, but 0 for a
+    principal that may not DESCRIBE the cluster (Kafka's Metadata and DescribeCluster)."""
+    if not requested:
+        return AUTHORIZED_OPERATIONS_OMITTED
+    if not access.allows(Operation.DESCRIBE, ResourceType.CLUSTER):
+        return 0
+    return access.operations(ResourceType.CLUSTER)
 
 
 def describe_cluster(response: Any, id_field: str, metadata: ClusterMetadata,
@@ -81,7 +67,8 @@ def describe_cluster(response: Any, id_field: str, metadata: ClusterMetadata,
                              port=broker_port(context, node.node_id), **{id_field: node.node_id})
     response.cluster_id = metadata.cluster_id
     response.controller_id = metadata.client_controller_id()
-    response.cluster_authorized_operations = authorized(include_operations, CLUSTER_OPERATIONS)
+    response.cluster_authorized_operations = cluster_operations(include_operations,
+                                                                context.access)
 
 
 class DescribeClusterApi:

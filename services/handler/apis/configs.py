@@ -22,6 +22,10 @@ own settings). Changes go to the replicator, which validates names and values, a
 APPEND/SUBTRACT, persists and pushes them to the log nodes; the handler checks what the
 replicator's contract cannot express (duplicates, null values, unknown operations and resource
 types). A replicator that cannot be reached leaves the resources REQUEST_TIMED_OUT.
+
+Authorization (Kafka's): DESCRIBE_CONFIGS to describe and ALTER_CONFIGS to alter, on the topic
+for a TOPIC resource (TOPIC_AUTHORIZATION_FAILED) and on the cluster for BROKER and
+BROKER_LOGGER ones (CLUSTER_AUTHORIZATION_FAILED), per resource.
 """
 
 from __future__ import annotations
@@ -35,11 +39,14 @@ from typing import Any
 
 from kbroker.kafka.v1 import kafka_pb2 as k
 from kbroker.replicator.v1 import replicator_pb2
+from services.common.acls import CLUSTER_NAME, Operation
+from services.common.acls import ResourceType as AclResourceType
 from services.common.errors import ErrorCode
 
 from ..collaborators import CallError, Controller
 from ..metadata_cache import ClusterMetadata, MetadataCache, MetadataUnavailableError
 from ..request_context import RequestContext
+from ..security.access import Access
 from ..topic_identity import invalid_name_reason
 from .topics import DEFAULT_CONTROLLER_TIMEOUT_S
 
@@ -181,6 +188,16 @@ _STATIC_BROKER_CONFIGS: dict[str, ConfigDef] = {
 }
 
 
+def config_denied(access: Access, operation: Operation, resource_type: int, name: str) -> int:
+    """The error when ``operation`` (DESCRIBE_CONFIGS, ALTER_CONFIGS) on a config resource is
+    denied, else 0; resource types without ACLs are left to the request's checks."""
+    if resource_type == ResourceType.TOPIC:
+        return access.check(operation, AclResourceType.TOPIC, name)
+    if resource_type in (ResourceType.BROKER, ResourceType.BROKER_LOGGER):
+        return access.check(operation, AclResourceType.CLUSTER, CLUSTER_NAME)
+    return 0
+
+
 # --- DescribeConfigs ---------------------------------------------------------------------------
 
 DescribeResource = k.DescribeConfigsRequest.DescribeConfigsResource
@@ -203,12 +220,18 @@ class DescribeConfigsApi:
                 _describe_failed(r, ErrorCode.request_timed_out, str(exc))
                 for r in request.resources])
         return k.DescribeConfigsResponse(results=[
-            self._describe(r, snapshot, request) for r in request.resources])
+            self._describe(r, snapshot, request, context.access) for r in request.resources])
 
     def _describe(
         self, resource: DescribeResource, snapshot: ClusterMetadata,
-        request: k.DescribeConfigsRequest,
+        request: k.DescribeConfigsRequest, access: Access,
     ) -> DescribeConfigsResult:
+        denied = config_denied(access, Operation.DESCRIBE_CONFIGS, resource.resource_type,
+                               resource.resource_name)
+        if denied:
+            return DescribeConfigsResult(resource_type=resource.resource_type,
+                                         resource_name=resource.resource_name,
+                                         error_code=denied)
         if resource.resource_type == ResourceType.TOPIC:
             reason = invalid_name_reason(resource.resource_name)
             if reason is not None:
@@ -370,15 +393,19 @@ class AlterConfigsApi:
         # Index in ``response.responses`` -> the topic changes to send.
         pending: dict[int, replicator_pb2.TopicConfigChanges] = {}
         for index, resource in enumerate(request.resources):
+            denied = config_denied(context.access, Operation.ALTER_CONFIGS,
+                                   resource.resource_type, resource.resource_name)
+            problem: tuple[ErrorCode, str] | None = None
             if keys[(resource.resource_type, resource.resource_name)] > 1:
-                problem: tuple[ErrorCode, str] | None = (
-                    ErrorCode.invalid_request, "Error due to duplicate resource.")
-            else:
+                problem = (ErrorCode.invalid_request, "Error due to duplicate resource.")
+            elif not denied:
                 problem = _alter_problem(resource)
             result = response.responses.add(resource_type=resource.resource_type,
                                             resource_name=resource.resource_name,
                                             error_code=0)
-            if problem is not None:
+            if denied and problem is None:
+                result.error_code = denied
+            elif problem is not None:
                 result.error_code, result.error_message = problem[0].value, problem[1]
             elif resource.resource_type == ResourceType.TOPIC:
                 pending[index] = replicator_pb2.TopicConfigChanges(

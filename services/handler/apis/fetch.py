@@ -17,7 +17,11 @@ and ``DelayedFetch``).
   names, as Kafka does; an incremental one (any other epoch) refers to a session this broker
   never created: FETCH_SESSION_ID_NOT_FOUND for the whole request.
 - Only consumers fetch through Kafka (replica id < 0); log nodes replicate through the
-  replicator, so a fetch from a broker id is answered NOT_LEADER_OR_FOLLOWER per partition.
+  replicator, so a fetch from a broker id is answered NOT_LEADER_OR_FOLLOWER per partition
+  (TOPIC_AUTHORIZATION_FAILED without CLUSTER_ACTION on the cluster, as Kafka answers a
+  follower it does not trust).
+- A consumer must be allowed to READ each topic: TOPIC_AUTHORIZATION_FAILED for the partitions
+  of the others (whether they exist or not), which do not hold up the wait for the rest.
 - Topics are named, or from v13 identified by topic id (unknown: UNKNOWN_TOPIC_ID).
 - Reads stop at the high watermark. Sizes: the first partition with data returns at least one
   whole batch; after that, each partition gets at most ``partition_max_bytes`` and all of them
@@ -51,6 +55,7 @@ from typing import Any
 from kbroker.kafka.v1 import kafka_pb2 as k
 from kbroker.log.v1 import log_pb2
 from kbroker.purgatory.v1 import purgatory_pb2
+from services.common.acls import Operation, ResourceType
 from services.common.errors import ErrorCode, KafkaError
 from services.common.progress_reports import partition_key
 from services.common.records.record_batch import LOG_OVERHEAD, read_log_overhead
@@ -82,8 +87,10 @@ PURGATORY_SLACK_S = 0.2
 DEFAULT_PARTITION_MAX_BYTES = 1024 * 1024
 # Errors found before reading that do not end a wait early: as in Kafka, partitions of
 # unknown topics are answered with their error while the others wait for data.
+TOPIC_AUTHORIZATION_FAILED = ErrorCode.topic_authorization_failed.value
 _NON_BLOCKING_ERRORS = frozenset(
-    {ErrorCode.unknown_topic_or_partition.value, ErrorCode.unknown_topic_id.value}
+    {ErrorCode.unknown_topic_or_partition.value, ErrorCode.unknown_topic_id.value,
+     TOPIC_AUTHORIZATION_FAILED}
 )
 
 
@@ -125,8 +132,8 @@ class FetchApi:
         try:
             metadata = await self._cache.current()
         except MetadataUnavailableError:
-            return self._assemble(self._plan(None, request), request)[0]
-        plan = self._plan(metadata, request)
+            return self._assemble(self._plan(None, request, context), request)[0]
+        plan = self._plan(metadata, request, context)
         reading = [s for t in plan for s in t.slots if s.route is not None]
         blocked = any(
             s.error_code and s.error_code not in _NON_BLOCKING_ERRORS
@@ -151,7 +158,8 @@ class FetchApi:
                 return self._assemble(plan, request)[0]
 
     def _plan(
-        self, metadata: ClusterMetadata | None, request: k.FetchRequest
+        self, metadata: ClusterMetadata | None, request: k.FetchRequest,
+        context: RequestContext,
     ) -> list[_TopicSlots]:
         """Each requested partition routed to its leader, or failed with its error. Without
         metadata every partition is NOT_LEADER_OR_FOLLOWER, as from a broker that does not know
@@ -160,6 +168,9 @@ class FetchApi:
         # From v15 the fetching replica is named in replica_state (replica_id is then -1).
         replica_id = request.replica_state.replica_id
         consumer = (request.replica_id if replica_id == -1 else replica_id) < 0
+        # Kafka answers a follower without CLUSTER_ACTION per partition, as a topic error.
+        follower_denied = 0 if consumer or context.access.allows(
+            Operation.CLUSTER_ACTION, ResourceType.CLUSTER) else TOPIC_AUTHORIZATION_FAILED
         for topic in request.topics:
             topic_id = canonical_topic_id(topic.topic_id)
             info: TopicInfo | None
@@ -171,6 +182,9 @@ class FetchApi:
             else:
                 info = metadata.topic(topic.topic)
                 missing = ErrorCode.unknown_topic_or_partition.value
+            name = info.name if info is not None else (topic.topic if topic_id is None else "")
+            denied = follower_denied or (context.access.check(
+                Operation.READ, ResourceType.TOPIC, name) if consumer and name else 0)
             slots = []
             for p in topic.partitions:
                 # Unset (a hand-made request): as much as consumers ask for by default.
@@ -178,6 +192,9 @@ class FetchApi:
                              else DEFAULT_PARTITION_MAX_BYTES)
                 slot = _Slot(p.partition, p.fetch_offset, max_bytes, None)
                 slots.append(slot)
+                if denied and metadata is not None:
+                    slot.error_code = denied
+                    continue
                 if info is None:
                     slot.error_code = missing
                     continue

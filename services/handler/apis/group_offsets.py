@@ -44,6 +44,14 @@ first TxnOffsetCommit begins one), with the same errors for a producer that cann
 COORDINATOR_LOAD_IN_PROGRESS is COORDINATOR_NOT_AVAILABLE (clients of that age do not retry
 it).
 
+Authorization (Kafka's): OffsetCommit needs READ on the group (else GROUP_AUTHORIZATION_FAILED
+for everything) and READ on each topic (else TOPIC_AUTHORIZATION_FAILED for its partitions,
+before any other check); OffsetFetch DESCRIBE on each group (GROUP_AUTHORIZATION_FAILED for
+it) and DESCRIBE on the topics: those asked for are TOPIC_AUTHORIZATION_FAILED, and a fetch of
+every committed offset leaves them out; TxnOffsetCommit WRITE on the transactional id
+(TRANSACTIONAL_ID_AUTHORIZATION_FAILED), READ on the group and on each topic as OffsetCommit;
+OffsetDelete DELETE on the group and READ on each topic.
+
 OffsetCommit v9 and OffsetFetch v9 are the versions KIP-848 consumers use; their groups are
 classic here, and Kafka serves classic groups at these versions as at v8: the commit's
 ``generation_id_or_member_epoch`` is the generation, and OffsetFetch's ``member_id`` and
@@ -55,6 +63,7 @@ from __future__ import annotations
 from typing import Any
 
 from kbroker.kafka.v1 import kafka_pb2 as k
+from services.common.acls import Operation, ResourceType
 from services.common.error_answers import error_response
 from services.common.errors import ErrorCode
 
@@ -69,6 +78,7 @@ from ..transactions.metadata import TV_2
 from .groups import GroupApi, newer_shape, optional
 
 UNKNOWN_TOPIC_OR_PARTITION = ErrorCode.unknown_topic_or_partition.value
+TOPIC_AUTHORIZATION_FAILED = ErrorCode.topic_authorization_failed.value
 OFFSET_METADATA_TOO_LARGE = ErrorCode.offset_metadata_too_large.value
 UNSTABLE_OFFSET_COMMIT = ErrorCode.unstable_offset_commit.value
 PRODUCER_FENCED = ErrorCode.producer_fenced.value
@@ -98,18 +108,22 @@ class _OffsetsApi(GroupApi):
         except MetadataUnavailableError:
             return None
 
-    async def _checked(self, topics: Any, now: int, expire: int
+    async def _checked(self, topics: Any, now: int, expire: int, context: RequestContext
                        ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, CommittedOffset]]:
-        """The offsets of a commit's ``topics`` split into (errors, valid offsets): unknown
-        partitions and metadata over offset.metadata.max.bytes are errors."""
+        """The offsets of a commit's ``topics`` split into (errors, valid offsets): topics
+        the principal may not READ, unknown partitions and metadata over
+        offset.metadata.max.bytes are errors."""
         metadata = await self._metadata()
         limit = self._coordinator.offset_metadata_max_bytes
         errors: dict[TopicPartition, int] = {}
         valid: dict[TopicPartition, CommittedOffset] = {}
         for topic in topics:
+            denied = context.access.check(Operation.READ, ResourceType.TOPIC, topic.name)
             for p in topic.partitions:
                 tp = (topic.name, p.partition_index)
-                if not _known(metadata, tp):
+                if denied:
+                    errors[tp] = denied
+                elif not _known(metadata, tp):
                     errors[tp] = UNKNOWN_TOPIC_OR_PARTITION
                 elif len(p.committed_metadata.encode()) > limit:
                     errors[tp] = OFFSET_METADATA_TOO_LARGE
@@ -129,9 +143,12 @@ def _known(metadata: ClusterMetadata | None, tp: TopicPartition) -> bool:
 class OffsetCommitApi(_OffsetsApi):
     async def handle(self, request: k.OffsetCommitRequest,
                      context: RequestContext) -> k.OffsetCommitResponse:
+        denied = context.access.check(Operation.READ, ResourceType.GROUP, request.group_id)
+        if denied:
+            return error_response(request, denied)  # type: ignore[return-value]
         now = self._coordinator.now()
         expire = now + request.retention_time_ms if request.retention_time_ms >= 0 else -1
-        errors, valid = await self._checked(request.topics, now, expire)
+        errors, valid = await self._checked(request.topics, now, expire, context)
         if valid or not errors:
             code = await self._not_coordinator(request.group_id, context)
             if code:
@@ -170,8 +187,18 @@ class OffsetFetchApi(GroupApi):
                      in_partitions: bool, stable: bool) -> dict[str, Any]:
         """One group's answer, as the fields of either shape's group (before v8 the request
         names its one group with the same fields as a group of v8)."""
+        access = context.access
+        code = access.check(Operation.DESCRIBE, ResourceType.GROUP, group.group_id)
+        if code:
+            return {"group_id": group.group_id, "error_code": code,
+                    "topics": [] if group.topics_is_null or not in_partitions else [
+                        _topic(t.name, [(p, None, code if in_partitions else 0)
+                                        for p in t.partition_indexes]) for t in group.topics]}
+        refused = access.denied(Operation.DESCRIBE, ResourceType.TOPIC,
+                                (t.name for t in group.topics))
         wanted = None if group.topics_is_null else [
-            (t.name, p) for t in group.topics for p in t.partition_indexes]
+            (t.name, p) for t in group.topics if t.name not in refused
+            for p in t.partition_indexes]
         code, fetched = await self._serve(group.group_id, context, lambda: (
             self._coordinator.offsets.fetch(group.group_id, wanted)))
         if code or fetched is None:
@@ -180,7 +207,14 @@ class OffsetFetchApi(GroupApi):
                                           for p in t.partition_indexes]) for t in group.topics]}
         committed, pending = fetched
         by_topic: dict[str, list[tuple[int, CommittedOffset | None, int]]] = {}
+        for t in group.topics:
+            if t.name in refused:
+                by_topic[t.name] = [(p, None, TOPIC_AUTHORIZATION_FAILED)
+                                    for p in t.partition_indexes]
         for (name, partition), offset in committed.items():
+            if wanted is None and not access.allows(Operation.DESCRIBE, ResourceType.TOPIC,
+                                                    name):
+                continue
             if stable and (name, partition) in pending:
                 by_topic.setdefault(name, []).append((partition, None, UNSTABLE_OFFSET_COMMIT))
             else:
@@ -201,7 +235,12 @@ class TxnOffsetCommitApi(_OffsetsApi):
 
     async def handle(self, request: k.TxnOffsetCommitRequest,
                      context: RequestContext) -> k.TxnOffsetCommitResponse:
-        errors, valid = await self._checked(request.topics, self._coordinator.now(), -1)
+        denied = context.access.check(
+            Operation.WRITE, ResourceType.TRANSACTIONAL_ID, request.transactional_id
+        ) or context.access.check(Operation.READ, ResourceType.GROUP, request.group_id)
+        if denied:
+            return error_response(request, denied)  # type: ignore[return-value]
+        errors, valid = await self._checked(request.topics, self._coordinator.now(), -1, context)
         if valid:
             code = INVALID_GROUP_ID if not request.group_id else \
                 await self._coordinator.placement.not_coordinator(
@@ -265,10 +304,16 @@ def _topic(name: str, partitions: list[tuple[int, CommittedOffset | None, int]]
 class OffsetDeleteApi(_OffsetsApi):
     async def handle(self, request: k.OffsetDeleteRequest,
                      context: RequestContext) -> k.OffsetDeleteResponse:
+        denied = context.access.check(Operation.DELETE, ResourceType.GROUP, request.group_id)
+        if denied:
+            return k.OffsetDeleteResponse(error_code=denied)
         if not request.group_id:
             return k.OffsetDeleteResponse(error_code=INVALID_GROUP_ID)
         metadata = await self._metadata()
-        wanted = [(t.name, p.partition_index) for t in request.topics for p in t.partitions]
+        refused = {t.name: context.access.check(Operation.READ, ResourceType.TOPIC, t.name)
+                   for t in request.topics}
+        wanted = [(t.name, p.partition_index) for t in request.topics if not refused[t.name]
+                  for p in t.partitions]
         code, outcome = await self._serve(request.group_id, context, lambda: (
             self._coordinator.offsets.delete(request.group_id,
                                              [tp for tp in wanted if _known(metadata, tp)])))
@@ -278,6 +323,7 @@ class OffsetDeleteApi(_OffsetsApi):
         return k.OffsetDeleteResponse(error_code=0, topics=[
             {"name": t.name, "partitions": [
                 {"partition_index": p.partition_index,
-                 "error_code": errors.get((t.name, p.partition_index),
-                                          UNKNOWN_TOPIC_OR_PARTITION)} for p in t.partitions]}
+                 "error_code": refused[t.name] or errors.get((t.name, p.partition_index),
+                                                             UNKNOWN_TOPIC_OR_PARTITION)}
+                for p in t.partitions]}
             for t in request.topics])

@@ -39,6 +39,12 @@ also finds the coordinators of transactional ids (key type 1: the leader of the 
 INVALID_REQUEST. A group whose partition cannot be served answers
 COORDINATOR_NOT_AVAILABLE (or NOT_COORDINATOR when its leader moved), which sends clients back
 to FindCoordinator.
+
+Authorization (Kafka's): FindCoordinator needs DESCRIBE on the group or transactional id
+(GROUP_AUTHORIZATION_FAILED, TRANSACTIONAL_ID_AUTHORIZATION_FAILED per key); JoinGroup,
+SyncGroup, Heartbeat and LeaveGroup READ on the group; DescribeGroups DESCRIBE on each group,
+DeleteGroups DELETE on each (GROUP_AUTHORIZATION_FAILED); ListGroups lists every group to a
+principal that may DESCRIBE the cluster, else only the groups it may DESCRIBE.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from kbroker.kafka.v1 import kafka_pb2 as k
+from services.common.acls import Operation, ResourceType
 from services.common.errors import ErrorCode
 
 from ..coordinator.placement import CoordinatorError, Placement
@@ -61,17 +68,10 @@ from ..groups.group import (
     JoinRequest,
 )
 from ..request_context import RequestContext, broker_port
-from .cluster import (
-    AUTHORIZED_OPERATIONS_OMITTED,
-    AclOperation,
-    authorized,
-    operations_bitfield,
-)
+from .cluster import AUTHORIZED_OPERATIONS_OMITTED, authorized
 
 GROUP_KEY_TYPE = 0
 TRANSACTION_KEY_TYPE = 1
-GROUP_OPERATIONS = operations_bitfield(AclOperation.READ, AclOperation.DESCRIBE,
-                                       AclOperation.DELETE)
 CLASSIC_GROUP_TYPE = "classic"
 
 INVALID_REQUEST = ErrorCode.invalid_request.value
@@ -120,6 +120,10 @@ class GroupApi:
 
 # --- FindCoordinator ---------------------------------------------------------------------------
 
+# What a coordinator key names, by key type (DESCRIBE on it finds its coordinator).
+_KEY_RESOURCES = {GROUP_KEY_TYPE: ResourceType.GROUP,
+                  TRANSACTION_KEY_TYPE: ResourceType.TRANSACTIONAL_ID}
+
 
 class FindCoordinatorApi(GroupApi):
     def __init__(self, coordinator: GroupCoordinator,
@@ -134,8 +138,12 @@ class FindCoordinatorApi(GroupApi):
         batched = newer_shape(context, 4, bool(request.coordinator_keys))
         response = k.FindCoordinatorResponse()
         placement = self._placements.get(request.key_type)
+        resource = _KEY_RESOURCES.get(request.key_type)
         for key in request.coordinator_keys if batched else [request.key]:
-            if placement is None:
+            denied = context.access.check(Operation.DESCRIBE, resource, key) if resource else 0
+            if denied:
+                code, node_id = denied, -1
+            elif placement is None:
                 code, node_id = (COORDINATOR_NOT_AVAILABLE if request.key_type ==
                                  TRANSACTION_KEY_TYPE else INVALID_REQUEST), -1
             else:
@@ -166,6 +174,9 @@ class JoinGroupApi(GroupApi):
         rebalance_timeout = request.rebalance_timeout_ms
         if rebalance_timeout < 0 or version == 0:
             rebalance_timeout = request.session_timeout_ms
+        denied = context.access.check(Operation.READ, ResourceType.GROUP, request.group_id)
+        if denied:
+            return k.JoinGroupResponse(error_code=denied, member_id=request.member_id)
         join = JoinRequest(
             member_id=request.member_id,
             group_instance_id=optional(request, "group_instance_id"),
@@ -187,6 +198,9 @@ class JoinGroupApi(GroupApi):
 class SyncGroupApi(GroupApi):
     async def handle(self, request: k.SyncGroupRequest,
                      context: RequestContext) -> k.SyncGroupResponse:
+        denied = context.access.check(Operation.READ, ResourceType.GROUP, request.group_id)
+        if denied:
+            return k.SyncGroupResponse(error_code=denied, assignment=b"")
         code, answer = await self._serve(request.group_id, context, lambda: (
             self._coordinator.membership.sync(
                 request.group_id, request.member_id, optional(request, "group_instance_id"),
@@ -199,6 +213,9 @@ class SyncGroupApi(GroupApi):
 class HeartbeatApi(GroupApi):
     async def handle(self, request: k.HeartbeatRequest,
                      context: RequestContext) -> k.HeartbeatResponse:
+        denied = context.access.check(Operation.READ, ResourceType.GROUP, request.group_id)
+        if denied:
+            return k.HeartbeatResponse(error_code=denied)
         code, error = await self._serve(request.group_id, context, lambda: (
             self._coordinator.membership.heartbeat(
                 request.group_id, request.member_id, optional(request, "group_instance_id"),
@@ -213,6 +230,9 @@ class LeaveGroupApi(GroupApi):
         single = not newer_shape(context, 3, bool(request.members))
         members = [k.LeaveGroupRequest.MemberIdentity(member_id=request.member_id)] if single \
             else request.members
+        denied = context.access.check(Operation.READ, ResourceType.GROUP, request.group_id)
+        if denied:
+            return k.LeaveGroupResponse(error_code=denied)
         if not request.group_id:
             return k.LeaveGroupResponse(error_code=INVALID_GROUP_ID)
         code, errors = await self._serve(request.group_id, context, lambda: (
@@ -249,11 +269,14 @@ class ListGroupsApi(GroupApi):
             listings = await self._coordinator.list_groups(context.broker_id)
         except CoordinatorError as exc:
             return k.ListGroupsResponse(error_code=exc.code)
+        access = context.access
+        every = access.allows(Operation.DESCRIBE, ResourceType.CLUSTER)
         return k.ListGroupsResponse(error_code=0, groups=[
             k.ListGroupsResponse.ListedGroup(
                 group_id=g.group_id, protocol_type=g.protocol_type or "",
                 group_state=g.state.kafka_name, group_type=CLASSIC_GROUP_TYPE)
-            for g in listings if not states or g.state in states])
+            for g in listings if (not states or g.state in states) and (
+                every or access.allows(Operation.DESCRIBE, ResourceType.GROUP, g.group_id))])
 
 
 class DescribeGroupsApi(GroupApi):
@@ -263,17 +286,23 @@ class DescribeGroupsApi(GroupApi):
 
     async def handle(self, request: k.DescribeGroupsRequest,
                      context: RequestContext) -> k.DescribeGroupsResponse:
-        operations = authorized(request.include_authorized_operations, GROUP_OPERATIONS)
         not_found_is_an_error = newer_shape(context, 6, True)
         response = k.DescribeGroupsResponse()
         for group_id in request.groups:
+            denied = context.access.check(Operation.DESCRIBE, ResourceType.GROUP, group_id)
+            if denied:
+                response.groups.append(_described(group_id, error_code=denied))
+                continue
+            operations = authorized(request.include_authorized_operations, context.access,
+                                    ResourceType.GROUP, group_id)
             code, group = await self._serve(group_id, context,
                                             functools.partial(self._coordinator.describe, group_id))
             if code:
                 response.groups.append(_described(group_id, error_code=code))
             elif group is None and not_found_is_an_error:
+                # Authorized operations come with groups answered without an error only.
                 response.groups.append(_described(
-                    group_id, error_code=GROUP_ID_NOT_FOUND, authorized_operations=operations,
+                    group_id, error_code=GROUP_ID_NOT_FOUND,
                     error_message=f"Group {group_id} not found."))
             elif group is None:
                 response.groups.append(_described(group_id, authorized_operations=operations))
@@ -305,6 +334,10 @@ class DeleteGroupsApi(GroupApi):
                      context: RequestContext) -> k.DeleteGroupsResponse:
         response = k.DeleteGroupsResponse()
         for group_id in dict.fromkeys(request.groups_names):
+            denied = context.access.check(Operation.DELETE, ResourceType.GROUP, group_id)
+            if denied:
+                response.results.add(group_id=group_id, error_code=denied)
+                continue
             code, error = await self._serve(
                 group_id, context, functools.partial(self._coordinator.delete_group, group_id))
             response.results.add(group_id=group_id, error_code=code or error)

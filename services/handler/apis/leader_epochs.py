@@ -15,7 +15,9 @@ largest epoch it knows at or below the one asked about, and the offset where the
 starts (its log end offset for the current epoch); -1, -1 when the epoch is newer than any it
 knows. A partition that does not exist is UNKNOWN_TOPIC_OR_PARTITION, one without a live
 leader NOT_LEADER_OR_FOLLOWER, and a current_leader_epoch other than the leader's
-FENCED_LEADER_EPOCH (older) or UNKNOWN_LEADER_EPOCH (newer).
+FENCED_LEADER_EPOCH (older) or UNKNOWN_LEADER_EPOCH (newer). Without CLUSTER_ACTION on the
+cluster (a follower's right) a topic the principal may not DESCRIBE is
+TOPIC_AUTHORIZATION_FAILED (KIP-320 lets consumers ask with DESCRIBE).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 
 from kbroker.kafka.v1 import kafka_pb2 as k
 from kbroker.log.v1 import log_pb2
+from services.common.acls import Operation, ResourceType
 from services.common.error_answers import error_response
 from services.common.errors import ErrorCode, KafkaError
 
@@ -60,12 +63,18 @@ class OffsetForLeaderEpochApi:
             return error_response(request, ErrorCode.not_leader_or_follower.value)
         rows: list[list[_Slot]] = []
         routed: list[tuple[Route, _Slot]] = []
+        replica = context.access.allows(Operation.CLUSTER_ACTION, ResourceType.CLUSTER)
         for topic in request.topics:
             info = metadata.topic(topic.topic)
+            denied = 0 if replica else context.access.check(
+                Operation.DESCRIBE, ResourceType.TOPIC, topic.topic)
             row = []
             for p in topic.partitions:
                 slot = _Slot(topic.topic, p)
                 row.append(slot)
+                if denied:
+                    slot.answer = _failed(p, denied)
+                    continue
                 try:
                     routed.append((locate(metadata, info, p.partition, p.current_leader_epoch),
                                    slot))

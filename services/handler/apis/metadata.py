@@ -14,6 +14,13 @@ Topics null means every topic and an empty list none. Asked by topic id (any non
 request), topics are looked up by id only and never created. Asked by name, a missing topic
 with a legal name is created with the broker defaults when both the request and
 ``auto.create.topics.enable`` allow it, and answered in full once the replicator reports it.
+
+Authorization (Kafka's): only topics the principal may DESCRIBE are shown; all topics lists just
+those, a topic asked for by name or id that the principal may not describe is
+TOPIC_AUTHORIZATION_FAILED (without its id when asked by name, without its name when asked by
+id), whether it exists or not; a missing topic is created only with CREATE on the cluster or
+on the topic, else TOPIC_AUTHORIZATION_FAILED. Authorized operations, when asked for, are the
+principal's.
 """
 
 from __future__ import annotations
@@ -23,29 +30,35 @@ from typing import Any
 
 from kbroker.kafka.v1 import kafka_pb2 as k
 from kbroker.replicator.v1 import replicator_pb2
+from services.common.acls import Operation, ResourceType
 from services.common.errors import ErrorCode
 
 from ..collaborators import CallError, Controller
 from ..metadata_cache import ClusterMetadata, MetadataCache, MetadataUnavailableError, TopicInfo
 from ..request_context import RequestContext
+from ..security.access import Access
 from ..topic_identity import canonical_topic_id, invalid_name_reason
-from .cluster import TOPIC_OPERATIONS, authorized, describe_cluster
+from .cluster import authorized, describe_cluster
 
 log = logging.getLogger(__name__)
+
+TOPIC_AUTHORIZATION_FAILED = ErrorCode.topic_authorization_failed.value
 
 # How long topic creation on behalf of a Metadata request may take.
 AUTO_CREATE_TIMEOUT_S = 30.0
 
 
 def describe_topic(
-    topics: Any, metadata: ClusterMetadata, topic: TopicInfo, include_authorized_operations: bool
+    topics: Any, metadata: ClusterMetadata, topic: TopicInfo, include_authorized_operations: bool,
+    access: Access,
 ) -> None:
     """Add ``topic`` to ``topics`` (a response's) as Kafka describes it; a partition whose
     leader is not live has no leader and LEADER_NOT_AVAILABLE (clients wait for the next
     leader rather than send their records to a node that cannot take them)."""
     partitions = topics.add(
         name=topic.name, topic_id=topic.topic_id, is_internal=topic.internal,
-        topic_authorized_operations=authorized(include_authorized_operations, TOPIC_OPERATIONS),
+        topic_authorized_operations=authorized(include_authorized_operations, access,
+                                               ResourceType.TOPIC, topic.name),
     ).partitions
     live_node = metadata.live_node
     for index in sorted(topic.partitions):
@@ -83,48 +96,59 @@ class MetadataApi:
         response = k.MetadataResponse()
         topics = response.topics
         include_ops = request.include_topic_authorized_operations
+        access = context.access
         if all_topics:
             for name in sorted(metadata.topics):
-                describe_topic(topics, metadata, metadata.topics[name], include_ops)
+                if access.allows(Operation.DESCRIBE, ResourceType.TOPIC, name):
+                    describe_topic(topics, metadata, metadata.topics[name], include_ops, access)
         else:
             ids = list(dict.fromkeys(
                 i for i in (canonical_topic_id(t.topic_id) for t in request.topics) if i))
             if ids:
-                self._by_id(topics, metadata, ids, include_ops)
+                self._by_id(topics, metadata, ids, include_ops, access)
             else:
                 names = list(dict.fromkeys(t.name for t in request.topics))
-                metadata = await self._by_name(topics, metadata, names, request)
+                metadata = await self._by_name(topics, metadata, names, request, access)
         describe_cluster(response, "node_id", metadata,
                          request.include_cluster_authorized_operations, context)
         return response
 
     @staticmethod
-    def _by_id(topics: Any, metadata: ClusterMetadata, ids: list[str], include_ops: bool
-               ) -> None:
+    def _by_id(topics: Any, metadata: ClusterMetadata, ids: list[str], include_ops: bool,
+               access: Access) -> None:
         for topic_id in ids:
             topic = metadata.topic_by_id(topic_id)
             if topic is None:
                 topics.add(error_code=ErrorCode.unknown_topic_id.value, topic_id=topic_id)
+            elif not access.allows(Operation.DESCRIBE, ResourceType.TOPIC, topic.name):
+                topics.add(error_code=TOPIC_AUTHORIZATION_FAILED, topic_id=topic_id)
             else:
-                describe_topic(topics, metadata, topic, include_ops)
+                describe_topic(topics, metadata, topic, include_ops, access)
 
     async def _by_name(
         self, topics: Any, metadata: ClusterMetadata, names: list[str],
-        request: k.MetadataRequest,
+        request: k.MetadataRequest, access: Access,
     ) -> ClusterMetadata:
         """Describe ``names`` into ``topics``, creating the missing ones if allowed; returns
         the metadata the answer is from (fresh after a creation)."""
         include_ops = request.include_topic_authorized_operations
-        missing = [n for n in names if metadata.topic(n) is None]
-        creatable = [n for n in missing if invalid_name_reason(n) is None]
-        created: dict[str, replicator_pb2.TopicResult] = {}
+        refused = {n for n in names if not access.allows(Operation.DESCRIBE, ResourceType.TOPIC, n)}
+        missing = [n for n in names if n not in refused and metadata.topic(n) is None]
         may_create = request.allow_auto_topic_creation and self._auto_create
+        if may_create and missing and not access.allows(Operation.CREATE, ResourceType.CLUSTER):
+            refused.update(n for n in missing
+                           if not access.allows(Operation.CREATE, ResourceType.TOPIC, n))
+        creatable = [n for n in missing if n not in refused and invalid_name_reason(n) is None]
+        created: dict[str, replicator_pb2.TopicResult] = {}
         if creatable and may_create:
             metadata, created = await self._create(creatable)
         for name in names:
+            if name in refused:
+                topics.add(error_code=TOPIC_AUTHORIZATION_FAILED, name=name)
+                continue
             topic = metadata.topic(name)
             if topic is not None:
-                describe_topic(topics, metadata, topic, include_ops)
+                describe_topic(topics, metadata, topic, include_ops, access)
                 continue
             if invalid_name_reason(name) is not None:
                 code = ErrorCode.invalid_topic_exception.value

@@ -14,7 +14,8 @@ at or after the given time (offset -1 when there is none). Consumers (replica id
 log up to the high watermark (isolation_level 0, read_uncommitted) or the last stable offset
 (1, read_committed: latest is then the last stable offset); anyone else sees it to its end.
 The latest offset comes with the partition's current leader epoch.
-A partition named twice in one request is INVALID_REQUEST.
+A partition named twice in one request is INVALID_REQUEST. A topic the principal may not
+DESCRIBE is TOPIC_AUTHORIZATION_FAILED, whether it exists or not.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 
 from kbroker.kafka.v1 import kafka_pb2 as k
 from kbroker.log.v1 import log_pb2
+from services.common.acls import Operation, ResourceType
 from services.common.error_answers import error_response
 from services.common.errors import ErrorCode, KafkaError
 
@@ -70,10 +72,14 @@ class ListOffsetsApi:
         routed: list[tuple[Route, _Slot]] = []
         for topic in request.topics:
             info = metadata.topic(topic.name)
+            denied = context.access.check(Operation.DESCRIBE, ResourceType.TOPIC, topic.name)
             row = []
             for p in topic.partitions:
                 slot = _Slot(p, topic.name)
                 row.append(slot)
+                if denied:
+                    slot.answer = _failed(p, denied)
+                    continue
                 if seen[(topic.name, p.partition_index)] > 1:
                     slot.answer = _failed(p, ErrorCode.invalid_request.value)
                     continue

@@ -9,8 +9,9 @@
 Partition counts only grow; new partitions are placed like a new topic's unless the request
 assigns them. The handler answers names given twice (INVALID_REQUEST) and illegal names; the
 controller judges the rest (unknown topics, counts, assignments). A replicator that cannot be
-reached leaves the topics REQUEST_TIMED_OUT. After a change the metadata cache is reloaded, so
-a Metadata request that follows on this handler sees the new partitions.
+reached leaves the topics REQUEST_TIMED_OUT. A topic the principal may not ALTER is
+TOPIC_AUTHORIZATION_FAILED, whether it exists or not. After a change the metadata cache is
+reloaded, so a Metadata request that follows on this handler sees the new partitions.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections import Counter
 
 from kbroker.kafka.v1 import kafka_pb2 as k
 from kbroker.replicator.v1 import replicator_pb2
+from services.common.acls import Operation, ResourceType
 from services.common.errors import ErrorCode
 
 from ..collaborators import Controller
@@ -48,6 +50,10 @@ class CreatePartitionsApi:
                 answers[topic.name] = CreatePartitionsResult(
                     name=topic.name, error_code=ErrorCode.invalid_request.value,
                     error_message="Duplicate topic in request.")
+                continue
+            denied = context.access.check(Operation.ALTER, ResourceType.TOPIC, topic.name)
+            if denied:
+                answers[topic.name] = CreatePartitionsResult(name=topic.name, error_code=denied)
                 continue
             reason = invalid_name_reason(topic.name)
             if reason is not None:

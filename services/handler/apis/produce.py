@@ -13,8 +13,11 @@ The batches travel untouched to the leader, which validates them and assigns off
 grouped per leader node, one Append per node, the nodes concurrently.
 
 - acks outside {0, 1, -1}: INVALID_REQUIRED_ACKS for every partition, nothing appended.
-- Transactional records without a transactional id: TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-  for every partition, nothing appended (Kafka's authorization of the transactional id).
+- Transactional records without a transactional id, or whose principal may not WRITE the
+  transactional id: TRANSACTIONAL_ID_AUTHORIZATION_FAILED for every partition, nothing
+  appended (Kafka's authorization of the transactional id).
+- A topic the principal may not WRITE: TOPIC_AUTHORIZATION_FAILED for its partitions, whether
+  or not it exists. (Idempotent producers were authorized when they got their producer id.)
 - Transactional producers (KIP-890 part 1 verification, Kafka's ``AddPartitionsToTxnManager``
   as a partition leader uses it): a transactional batch that would start its producer's
   transaction on a partition is refused by the leader (INVALID_TXN_STATE, nothing stored) with
@@ -61,6 +64,7 @@ from typing import Any
 from kbroker.kafka.v1 import kafka_pb2 as k
 from kbroker.log.v1 import log_pb2
 from kbroker.purgatory.v1 import purgatory_pb2
+from services.common.acls import Operation, ResourceType
 from services.common.error_answers import error_response
 from services.common.errors import ErrorCode, KafkaError, error_name
 from services.common.records.record_batch import (
@@ -162,7 +166,8 @@ class ProduceApi:
         producers = {producer for t in request.topic_data for p in t.partition_data
                      if (producer := _transactional_producer(p.records)) is not None}
         # A null transactional id may arrive as an empty string; neither names a transaction.
-        if producers and not request.transactional_id:
+        if producers and (not request.transactional_id or context.access.check(
+                Operation.WRITE, ResourceType.TRANSACTIONAL_ID, request.transactional_id)):
             return error_response(request,
                                   ErrorCode.transactional_id_authorization_failed.value)
         if len({producer_id for producer_id, _ in producers}) > 1:
@@ -178,10 +183,16 @@ class ProduceApi:
         for topic in request.topic_data:
             info = metadata.topic(topic.name) if topic.name else metadata.topic_by_id(
                 topic.topic_id)
+            name = info.name if info else (topic.name or "")
+            denied = context.access.check(Operation.WRITE, ResourceType.TOPIC, name) if (
+                name) else 0
             row = []
             for p in topic.partition_data:
-                slot = _Slot(p.index, info.name if info else (topic.name or ""))
+                slot = _Slot(p.index, name)
                 row.append(slot)
+                if denied:
+                    slot.response = _failed(p.index, denied)
+                    continue
                 try:
                     route = locate(metadata, info, p.index)
                 except KafkaError as exc:

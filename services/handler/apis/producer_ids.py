@@ -15,6 +15,9 @@ Answers, as a Java broker gives them:
 - no transactional id: a fresh producer id with epoch 0, always, even when the request names
   a previous producer id and epoch (KIP-360 re-initialisation bumps epochs only for
   transactional ids; an idempotent producer bumps its epoch itself).
+- authorization first: a transactional id needs WRITE on it
+  (TRANSACTIONAL_ID_AUTHORIZATION_FAILED); an idempotent producer IDEMPOTENT_WRITE on the
+  cluster or WRITE on some topic (KIP-679; CLUSTER_AUTHORIZATION_FAILED).
 - producer_id set without producer_epoch or the other way round: INVALID_REQUEST.
 - a transactional id: the transaction coordinator's answer
   (:meth:`~..transactions.coordinator.TransactionCoordinator.init_producer_id`: an empty id
@@ -33,6 +36,7 @@ import logging
 
 from kbroker.kafka.v1 import kafka_pb2 as k
 from kbroker.replicator.v1 import replicator_pb2
+from services.common.acls import Operation, ResourceType
 from services.common.error_answers import error_response
 from services.common.errors import ErrorCode, error_name
 
@@ -138,6 +142,9 @@ class InitProducerIdApi:
 
     async def handle(self, request: k.InitProducerIdRequest,
                      context: RequestContext) -> k.InitProducerIdResponse:
+        denied = self._denied(request, context)
+        if denied:
+            return error_response(request, denied)
         producer_id, epoch = request.producer_id, request.producer_epoch
         if (producer_id == NO_PRODUCER_ID) != (epoch == NO_PRODUCER_EPOCH):
             return error_response(request, ErrorCode.invalid_request.value)
@@ -150,6 +157,17 @@ class InitProducerIdApi:
         except CallError:
             return error_response(request, ErrorCode.coordinator_load_in_progress.value)
         return k.InitProducerIdResponse(error_code=0, producer_id=producer_id, producer_epoch=0)
+
+    @staticmethod
+    def _denied(request: k.InitProducerIdRequest, context: RequestContext) -> int:
+        access = context.access
+        if request.HasField("transactional_id"):
+            return access.check(Operation.WRITE, ResourceType.TRANSACTIONAL_ID,
+                                request.transactional_id)
+        if access.allows(Operation.IDEMPOTENT_WRITE, ResourceType.CLUSTER) or access.allows_any(
+                Operation.WRITE, ResourceType.TOPIC):
+            return 0
+        return access.check(Operation.IDEMPOTENT_WRITE, ResourceType.CLUSTER)
 
     async def _transactional(self, request: k.InitProducerIdRequest,
                              expected: ProducerIdAndEpoch | None,

@@ -11,7 +11,8 @@ admin clients use it to find hanging transactions).
 
 Each partition is asked of its leader log node (``LogService.DescribeProducers``), one call per
 node, the nodes concurrently. A topic name that is not a legal one is INVALID_TOPIC_EXCEPTION
-(with Kafka's reason), an unknown topic or partition UNKNOWN_TOPIC_OR_PARTITION, a partition
+(with Kafka's reason), one the principal may not READ TOPIC_AUTHORIZATION_FAILED, an unknown
+topic or partition UNKNOWN_TOPIC_OR_PARTITION, a partition
 without a live leader (or one whose leader no longer leads it) NOT_LEADER_OR_FOLLOWER.
 """
 
@@ -22,6 +23,7 @@ from typing import Any
 
 from kbroker.kafka.v1 import kafka_pb2 as k
 from kbroker.log.v1 import log_pb2
+from services.common.acls import Operation, ResourceType
 from services.common.errors import ErrorCode, KafkaError
 
 from ..collaborators import LogNodes
@@ -54,10 +56,14 @@ class DescribeProducersApi:
         routed: list[tuple[Route, tuple[str, int]]] = []
         for topic in request.topics:
             reason = invalid_name_reason(topic.name)
+            denied = context.access.check(Operation.READ, ResourceType.TOPIC, topic.name)
             for index in topic.partition_indexes:
                 tp = (topic.name, index)
                 if reason is not None:
                     answers[tp] = _failed(index, ErrorCode.invalid_topic_exception.value, reason)
+                    continue
+                if denied:
+                    answers[tp] = _failed(index, denied)
                     continue
                 if metadata is None:
                     answers[tp] = _failed(index, ErrorCode.not_leader_or_follower.value)

@@ -10,7 +10,8 @@
 
 An offset of -1 means the high watermark. Each leader moves its log start offset and deletes the
 segments wholly below it, answering with the new log start offset (the low watermark); an
-offset beyond the high watermark is OFFSET_OUT_OF_RANGE, an unknown partition
+offset beyond the high watermark is OFFSET_OUT_OF_RANGE, a topic the principal may not DELETE
+TOPIC_AUTHORIZATION_FAILED (whether it exists or not), an unknown partition
 UNKNOWN_TOPIC_OR_PARTITION, a leader that does not know its partition NOT_LEADER_OR_FOLLOWER.
 Followers are not waited for (Kafka's DelayedDeleteRecords waits for every replica's log start
 offset): the answer reflects the leader. A partition named twice keeps the last offset, as
@@ -24,6 +25,7 @@ from typing import Any
 
 from kbroker.kafka.v1 import kafka_pb2 as k
 from kbroker.log.v1 import log_pb2
+from services.common.acls import Operation, ResourceType
 from services.common.error_answers import error_response
 from services.common.errors import ErrorCode, KafkaError
 
@@ -62,7 +64,12 @@ class DeleteRecordsApi:
                 wanted[(topic.name, p.partition_index)] = p.offset if p.HasField("offset") else -1
         answers: dict[tuple[str, int], PartitionLowWatermark] = {}
         routed: list[tuple[Route, log_pb2.PartitionDeleteRecords]] = []
+        denied = {name: context.access.check(Operation.DELETE, ResourceType.TOPIC, name)
+                  for name, _ in wanted}
         for (name, index), offset in wanted.items():
+            if denied[name]:
+                answers[(name, index)] = _failed(index, denied[name])
+                continue
             try:
                 route = locate(metadata, metadata.topic(name), index)
             except KafkaError as exc:

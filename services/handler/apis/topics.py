@@ -20,10 +20,17 @@ judge. A hand-made request (grpcurl) that leaves a topic's partition count or re
 factor unset asks for the broker default, as -1 does. A replicator that cannot be reached
 leaves the request timed out (REQUEST_TIMED_OUT, which admin clients retry). After a change the
 metadata cache is reloaded, so a Metadata request that follows on this handler sees it.
+
+Authorization (Kafka's ``ControllerApis``): creating a topic needs CREATE on the cluster or on
+the topic (TOPIC_AUTHORIZATION_FAILED, "Authorization failed."), and its configs are shown only
+with DESCRIBE_CONFIGS on it (else ``topic_config_error_code`` TOPIC_AUTHORIZATION_FAILED);
+deleting one needs DELETE on the cluster or on the topic, and a topic the principal may not
+DESCRIBE is TOPIC_AUTHORIZATION_FAILED whether it exists or not (named by id: without its name).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Iterable
@@ -31,14 +38,17 @@ from typing import Any
 
 from kbroker.kafka.v1 import kafka_pb2 as k
 from kbroker.replicator.v1 import replicator_pb2
+from services.common.acls import Operation, ResourceType
 from services.common.errors import ErrorCode
 
 from ..collaborators import CallError, Controller
-from ..metadata_cache import MetadataCache
+from ..metadata_cache import ClusterMetadata, MetadataCache, MetadataUnavailableError
 from ..request_context import RequestContext
 from ..topic_identity import canonical_topic_id, invalid_name_reason
 
 log = logging.getLogger(__name__)
+
+TOPIC_AUTHORIZATION_FAILED = ErrorCode.topic_authorization_failed.value
 
 # Kafka's ConfigSource codes for topic configs.
 TOPIC_CONFIG = 1
@@ -127,12 +137,19 @@ class CreateTopicsApi:
         counts = Counter(t.name for t in request.topics)
         answers: dict[str, CreatableTopicResult] = {}
         to_create: list[CreatableTopic] = []
+        access = context.access
+        any_topic = access.allows(Operation.CREATE, ResourceType.CLUSTER)
         for topic in request.topics:
             if topic.name in answers:
                 continue
             if counts[topic.name] > 1:
                 answers[topic.name] = _failed(topic.name, ErrorCode.invalid_request.value,
                                               "Duplicate topic name.")
+                continue
+            if not any_topic and not access.allows(Operation.CREATE, ResourceType.TOPIC,
+                                                   topic.name):
+                answers[topic.name] = _failed(topic.name, TOPIC_AUTHORIZATION_FAILED,
+                                              "Authorization failed.")
                 continue
             problem = creation_error(topic)
             if problem is not None:
@@ -142,6 +159,11 @@ class CreateTopicsApi:
 
         if to_create:
             answers.update(await self._create(to_create, request))
+        for name, answer in answers.items():
+            if not answer.error_code and not access.allows(Operation.DESCRIBE_CONFIGS,
+                                                           ResourceType.TOPIC, name):
+                answer.topic_config_error_code = TOPIC_AUTHORIZATION_FAILED
+                del answer.configs[:]
         names = dict.fromkeys(t.name for t in request.topics)
         return k.CreateTopicsResponse(topics=[answers[n] for n in names])
 
@@ -191,6 +213,18 @@ class DeleteTopicsApi:
         self._cache = cache
         self._controller = controller
 
+    async def _names_of_ids(self, refs: list[tuple[str | None, str | None]],
+                            needed: bool) -> ClusterMetadata | None:
+        """Metadata to find the names of the topics ``refs`` names by id; when they are
+        ``needed`` (to authorize by) and some id is unknown, fresh metadata."""
+        metadata = self._cache.snapshot
+        ids = [topic_id for name, topic_id in refs if name is None and topic_id]
+        if needed and ids and (metadata is None or any(
+                metadata.topic_by_id(i) is None for i in ids)):
+            with contextlib.suppress(MetadataUnavailableError):
+                metadata = await self._cache.refresh()
+        return metadata
+
     async def handle(self, request: k.DeleteTopicsRequest,
                      context: RequestContext) -> k.DeleteTopicsResponse:
         # Versions before 6 name topics in topic_names (the frontend moves them into topics;
@@ -206,6 +240,9 @@ class DeleteTopicsApi:
         out: list[DeletableTopicResult] = []
         # The answers to fill from the controller's, with the topic's name or else its id.
         pending: list[tuple[DeletableTopicResult, str | None, str | None]] = []
+        access = context.access
+        any_topic = access.allows(Operation.DELETE, ResourceType.CLUSTER)
+        metadata = await self._names_of_ids(refs, access.enabled and not any_topic)
         for name, topic_id in refs:
             error: str | None = None
             if name is None and topic_id is None:
@@ -219,8 +256,22 @@ class DeleteTopicsApi:
             out.append(answer := DeletableTopicResult(name=name, topic_id=topic_id))
             if error is not None:
                 answer.error_code, answer.error_message = ErrorCode.invalid_request.value, error
-            else:
-                pending.append((answer, name, topic_id))
+                continue
+            # By id: authorized by the name it has; an id the metadata does not know is
+            # UNKNOWN_TOPIC_ID when it must be authorized (no name to check it by).
+            known = metadata.topic_by_id(topic_id) if metadata and topic_id else None
+            checked = name if name is not None else (known.name if known else None)
+            if checked is None and access.enabled and not any_topic:
+                answer.error_code = ErrorCode.unknown_topic_id.value
+                continue
+            if checked is not None and not any_topic and not access.allows(
+                    Operation.DELETE, ResourceType.TOPIC, checked):
+                answer.error_code = TOPIC_AUTHORIZATION_FAILED
+                if name is None and access.allows(Operation.DESCRIBE, ResourceType.TOPIC,
+                                                  checked):
+                    answer.name = checked
+                continue
+            pending.append((answer, name, topic_id))
         if not pending:
             return k.DeleteTopicsResponse(responses=out)
 

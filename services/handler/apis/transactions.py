@@ -47,6 +47,13 @@ spelling the request uses):
 - EndTxn before v5 is a transaction of the original protocol; v5 is transactions v2 (KIP-890):
   the epoch is bumped at every commit or abort and the answer carries the producer id and
   epoch to continue with. The answer comes once the prepared state is written; markers follow;
+- authorization (Kafka's): AddPartitionsToTxn before v4 (from clients) needs WRITE on the
+  transactional id (TRANSACTIONAL_ID_AUTHORIZATION_FAILED for every partition) and WRITE on
+  each topic (TOPIC_AUTHORIZATION_FAILED, the others OPERATION_NOT_ATTEMPTED), from v4 (from
+  brokers) CLUSTER_ACTION on the cluster (CLUSTER_AUTHORIZATION_FAILED); AddOffsetsToTxn WRITE
+  on the transactional id and READ on the group; EndTxn WRITE on the transactional id;
+  DescribeTransactions DESCRIBE on each id (and shows only the topics the principal may
+  DESCRIBE); ListTransactions lists only the ids the principal may DESCRIBE;
 - DescribeTransactions and ListTransactions report the transactions of the partitions the
   receiving broker leads (each broker its own: admin clients ask them all);
   TRANSACTIONAL_ID_NOT_FOUND for an id it has none for. ListTransactions v1 filters out
@@ -59,6 +66,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from kbroker.kafka.v1 import kafka_pb2 as k
+from services.common.acls import Operation, ResourceType
 from services.common.errors import ErrorCode
 
 from ..coordinator.placement import CoordinatorError
@@ -137,6 +145,9 @@ class AddPartitionsToTxnApi(TransactionApi):
         except MetadataUnavailableError:
             metadata = None
         if newer_shape(context, 4, bool(request.transactions)):
+            denied = context.access.check(Operation.CLUSTER_ACTION, ResourceType.CLUSTER)
+            if denied:
+                return k.AddPartitionsToTxnResponse(error_code=denied)
             return k.AddPartitionsToTxnResponse(error_code=0, results_by_transaction=[
                 TransactionResult(transactional_id=t.transactional_id,
                                   topic_results=await self._add(
@@ -154,8 +165,15 @@ class AddPartitionsToTxnApi(TransactionApi):
                    topics: Any, metadata: ClusterMetadata | None, context: RequestContext,
                    from_client: bool) -> list[TopicResult]:
         wanted = [(t.name, p) for t in topics for p in t.partitions]
-        refused = {tp: TOPIC_AUTHORIZATION_FAILED for tp in wanted
-                   if from_client and _internal(metadata, tp[0])}
+        access = context.access
+        if from_client:
+            denied = access.check(Operation.WRITE, ResourceType.TRANSACTIONAL_ID,
+                                  transactional_id)
+            if denied:
+                return _by_topic(dict.fromkeys(wanted, denied))
+        refused = {tp: TOPIC_AUTHORIZATION_FAILED for tp in wanted if from_client and (
+            _internal(metadata, tp[0])
+            or not access.allows(Operation.WRITE, ResourceType.TOPIC, tp[0]))}
         refused.update({tp: UNKNOWN_TOPIC_OR_PARTITION for tp in wanted
                         if tp not in refused and not _exists(metadata, tp)})
         errors: dict[TopicPartition, int]
@@ -171,12 +189,17 @@ class AddPartitionsToTxnApi(TransactionApi):
                 self._coordinator.add_partitions(transactional_id, producer_id, epoch,
                                                  frozenset(wanted))))
             errors = dict.fromkeys(wanted, fenced_as_of(code or added or 0, context, 2))
-        by_topic: dict[str, dict[int, int]] = {}
-        for (name, partition), error in ((tp, errors[tp]) for tp in wanted):
-            by_topic.setdefault(name, {})[partition] = error
-        return [TopicResult(name=name, results_by_partition=[
-            {"partition_index": p, "partition_error_code": error}
-            for p, error in partitions.items()]) for name, partitions in by_topic.items()]
+        return _by_topic({tp: errors[tp] for tp in wanted})
+
+
+def _by_topic(errors: dict[TopicPartition, int]) -> list[TopicResult]:
+    """Each partition's error, grouped by topic (in the order given)."""
+    by_topic: dict[str, dict[int, int]] = {}
+    for (name, partition), error in errors.items():
+        by_topic.setdefault(name, {})[partition] = error
+    return [TopicResult(name=name, results_by_partition=[
+        {"partition_index": p, "partition_error_code": error}
+        for p, error in partitions.items()]) for name, partitions in by_topic.items()]
 
 
 def _internal(metadata: ClusterMetadata | None, name: str) -> bool:
@@ -204,6 +227,10 @@ class AddOffsetsToTxnApi(TransactionApi):
     async def handle(self, request: k.AddOffsetsToTxnRequest,
                      context: RequestContext) -> k.AddOffsetsToTxnResponse:
         tid = request.transactional_id
+        denied = context.access.check(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, tid) or \
+            context.access.check(Operation.READ, ResourceType.GROUP, request.group_id)
+        if denied:
+            return k.AddOffsetsToTxnResponse(error_code=denied)
 
         async def add() -> int:
             partition = await self._groups.offsets_partition(request.group_id)
@@ -220,6 +247,10 @@ class AddOffsetsToTxnApi(TransactionApi):
 class EndTxnApi(TransactionApi):
     async def handle(self, request: k.EndTxnRequest, context: RequestContext) -> k.EndTxnResponse:
         tid = request.transactional_id
+        denied = context.access.check(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, tid)
+        if denied:
+            return k.EndTxnResponse(error_code=denied, producer_id=NO_PRODUCER_ID,
+                                    producer_epoch=NO_PRODUCER_EPOCH)
         version = TV_2 if newer_shape(context, TRANSACTIONS_V2_END_TXN, False) else TV_0
         code, decision = await self._serve(tid, context, lambda: (
             self._coordinator.end_transaction(tid, request.producer_id, request.producer_epoch,
@@ -239,7 +270,12 @@ class DescribeTransactionsApi(TransactionApi):
     async def handle(self, request: k.DescribeTransactionsRequest,
                      context: RequestContext) -> k.DescribeTransactionsResponse:
         response = k.DescribeTransactionsResponse()
+        access = context.access
         for tid in request.transactional_ids:
+            denied = access.check(Operation.DESCRIBE, ResourceType.TRANSACTIONAL_ID, tid)
+            if denied:
+                response.transaction_states.add(transactional_id=tid, error_code=denied)
+                continue
             code, described = await self._serve(tid, context, lambda tid=tid: (  # type: ignore[misc]
                 self._coordinator.describe(tid)))
             error, meta = described if described is not None else (code, None)
@@ -248,7 +284,8 @@ class DescribeTransactionsApi(TransactionApi):
                 continue
             topics: dict[str, list[int]] = {}
             for topic, partition in sorted(meta.partitions):
-                topics.setdefault(topic, []).append(partition)
+                if access.allows(Operation.DESCRIBE, ResourceType.TOPIC, topic):
+                    topics.setdefault(topic, []).append(partition)
             response.transaction_states.append(DescribedTransaction(
                 error_code=0, transactional_id=tid, transaction_state=meta.state.kafka_name,
                 transaction_timeout_ms=meta.timeout_ms, transaction_start_time_ms=meta.start_ms,
@@ -282,4 +319,6 @@ class ListTransactionsApi(TransactionApi):
             for m in listed
             if (not producers or m.producer_id in producers)
             and (not request.state_filters or m.state in states)
-            and not (duration >= 0 and now - m.start_ms <= duration)])
+            and not (duration >= 0 and now - m.start_ms <= duration)
+            and context.access.allows(Operation.DESCRIBE, ResourceType.TRANSACTIONAL_ID,
+                                      m.transactional_id)])

@@ -15,13 +15,16 @@ acks=all append: REQUEST_TIMED_OUT after :data:`REPLICATION_TIMEOUT_MS`, Kafka's
 request.timeout.ms). A partition the cluster does not have is UNKNOWN_TOPIC_OR_PARTITION;
 the leader's refusals come back as it gives them (INVALID_PRODUCER_EPOCH for an epoch older
 than the producer's there, TRANSACTION_COORDINATOR_FENCED for an older coordinator epoch,
-NOT_LEADER_OR_FOLLOWER). As Kafka's response is keyed by producer id, markers of one producer
-are answered together.
+NOT_LEADER_OR_FOLLOWER). A principal without ALTER or CLUSTER_ACTION on the cluster gets
+CLUSTER_AUTHORIZATION_FAILED for every partition. As Kafka's response is keyed by producer id,
+markers of one producer are answered together.
 """
 
 from __future__ import annotations
 
 from kbroker.kafka.v1 import kafka_pb2 as k
+from services.common.acls import Operation, ResourceType
+from services.common.error_answers import error_response
 
 from ..collaborators import LogNodes, Purgatory
 from ..metadata_cache import MetadataCache
@@ -46,6 +49,10 @@ class WriteTxnMarkersApi:
                           partitions=frozenset((t.name, p) for t in m.topics
                                                for p in t.partition_indexes))
                    for m in request.markers]
+        denied = context.access.check_any((Operation.ALTER, Operation.CLUSTER_ACTION),
+                                          ResourceType.CLUSTER)
+        if denied:
+            return error_response(request, denied)  # type: ignore[no-any-return]
         errors = await write_markers(self._cache, self._log_nodes, self._purgatory, markers,
                                      REPLICATION_TIMEOUT_MS) if markers else []
         by_producer: dict[int, dict[str, dict[int, int]]] = {}
