@@ -77,18 +77,6 @@ def filter_error(acl_filter: pb.AclFilter) -> Failure:
     return None
 
 
-def to_filter(message: pb.AclFilter) -> AclFilter:
-    """The filter of a valid message (see :func:`filter_error`)."""
-    return AclFilter(
-        resource_type=ResourceType(message.resource_type),
-        resource_name=message.resource_name if message.HasField("resource_name") else None,
-        pattern_type=PatternType(message.pattern_type),
-        principal=message.principal if message.HasField("principal") else None,
-        host=message.host if message.HasField("host") else None,
-        operation=Operation(message.operation),
-        permission=Permission(message.permission_type))
-
-
 def create_acls(image: MetadataImage, bindings: Sequence[pb.AclBinding]
                 ) -> tuple[MetadataImage, list[Failure]]:
     """The image with the valid ``bindings`` added (each once), and each one's outcome."""
@@ -120,7 +108,7 @@ def delete_acls(image: MetadataImage, filters: Sequence[pb.AclFilter]
         if failure is not None:
             outcomes.append(failure)
             continue
-        selector = to_filter(message)
+        selector = AclFilter.from_pb(message)
         matched = [b for b in image.acls if selector.matches(b)]
         removed.update(matched)
         outcomes.append(matched)
