@@ -346,6 +346,11 @@ def test_quotas_are_altered_and_described() -> None:
         AlterEntry(entity=entity(user="alice"), ops=[Op(key="producer_byte_rate", remove=True)])]))
     assert [r.error_code for r in removed.entries] == [0]
     assert len(find()) == 4
+    # An empty answer is an empty list, not null.
+    nothing = run(describe, k.DescribeClientQuotasRequest(components=[
+        Component(entity_type="user", match_type=0, match="nobody")]))
+    assert (list(nothing.entries), nothing.HasField("entries_is_null"),
+            nothing.entries_is_null) == ([], True, False)
 
 
 @pytest.mark.parametrize(("components", "code", "message"), [

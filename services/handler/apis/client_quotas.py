@@ -133,7 +133,9 @@ class DescribeClientQuotasApi:
             for entity, values in quotas.items()
             if matches(entity, exact, specified, request.strict)
         ]
-        return k.DescribeClientQuotasResponse(error_code=0, entries=entries)
+        # An empty list is sent as such, not as null (``entries_is_null`` set to false).
+        return k.DescribeClientQuotasResponse(error_code=0, entries=entries,
+                                              entries_is_null=False)
 
 
 def _parts(entity: Sequence[k.AlterClientQuotasRequest.EntityData]
