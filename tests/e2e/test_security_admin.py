@@ -6,6 +6,8 @@ requests (no installed client speaks them). The cluster starts with ACLs from
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import socket
@@ -70,6 +72,12 @@ def security_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local
         yield cluster
     finally:
         cluster.stop()
+
+
+def replicator_metadata(cluster: LocalCluster) -> replicator_pb2.ClusterMetadata:
+    with grpc.insecure_channel(cluster.services["replicator"].grpc_address) as channel:
+        return replicator_pb2_grpc.ReplicatorStub(channel).GetMetadata(
+            replicator_pb2.GetMetadataRequest(), timeout=10)
 
 
 def admin_for(cluster: LocalCluster) -> AdminClient:
@@ -168,6 +176,18 @@ def test_scram_credentials_with_librdkafka(security_cluster: LocalCluster) -> No
     with pytest.raises(KafkaException) as info:
         futures["nobody"].result(timeout=TIMEOUT)
     assert info.value.args[0].code() == KafkaError.RESOURCE_NOT_FOUND
+
+    # What the replicator keeps is RFC 5802's, from the password the client salted.
+    stored = {(c.user, c.mechanism): c for c in replicator_metadata(security_cluster)
+              .scram_credentials}
+    alice_keys = stored[("alice", 2)]
+    assert (alice_keys.salt, alice_keys.iterations) == (b"salt-of-alice", 8192)
+    salted = hashlib.pbkdf2_hmac("sha512", b"alice-secret", b"salt-of-alice", 8192)
+    client_key = hmac.new(salted, b"Client Key", "sha512").digest()
+    assert alice_keys.stored_key == hashlib.sha512(client_key).digest()
+    assert alice_keys.server_key == hmac.new(salted, b"Server Key", "sha512").digest()
+    bob_keys = stored[("bob", 1)]
+    assert len(bob_keys.salt) > 0 and len(bob_keys.stored_key) == 32  # a salt of the client's
 
     described = admin.describe_user_scram_credentials(["alice", "bob"],
                                                       request_timeout=15)
@@ -293,9 +313,7 @@ def test_security_metadata_survives_a_replicator_restart(security_cluster: Local
     expected = {(ResourceType.TOPIC, topic_name, ResourcePatternType.PREFIXED, "User:dave",
                  "*", AclOperation.CREATE, AclPermissionType.ALLOW)}
     # The new replicator read them back from the metadata log...
-    with grpc.insecure_channel(cluster.services["replicator"].grpc_address) as channel:
-        stored = replicator_pb2_grpc.ReplicatorStub(channel).GetMetadata(
-            replicator_pb2.GetMetadataRequest(), timeout=10)
+    stored = replicator_metadata(cluster)
     assert [(a.principal, a.resource_name) for a in stored.acls
             if a.principal == "User:dave"] == [("User:dave", topic_name)]
     assert [(c.user, c.mechanism) for c in stored.scram_credentials if c.user == "dave"] == [
