@@ -385,3 +385,46 @@ def test_a_broken_initial_acls_file_stops_the_start(tmp_path: Path) -> None:
                 pass
 
     asyncio.run(scenario())
+
+
+def test_a_failed_save_changes_nothing(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with cluster(tmp_path, nodes=1) as c:
+            await c.stub.CreateAcls(pb.CreateAclsRequest(bindings=[binding("kept")]))
+            before = await c.metadata()
+            assert c.service is not None
+            store = c.service.controller._store  # fault injection
+
+            async def broken_save(image: object) -> None:
+                raise OSError("disk full")
+
+            saved = store.save
+            store.save = broken_save  # type: ignore[method-assign]
+            try:
+                created = await c.stub.CreateAcls(pb.CreateAclsRequest(
+                    bindings=[binding("a"), binding("")]))
+                deleted = await c.stub.DeleteAcls(pb.DeleteAclsRequest(filters=[
+                    acl_filter(), acl_filter(principal="User:nobody"), acl_filter(operation=0)]))
+                scram = await c.stub.AlterScramCredentials(pb.AlterScramCredentialsRequest(
+                    upsertions=[upsertion("alice"), upsertion("bob")]))
+                quotas = await c.stub.AlterClientQuotas(pb.AlterClientQuotasRequest(entries=[
+                    alteration([part("user", "alice")], producer_byte_rate=1)]))
+            finally:
+                store.save = saved  # type: ignore[method-assign]
+            # A filter matching nothing changes nothing, so nothing can fail.
+            assert [r.error_code for r in deleted.results] == [
+                ErrorCode.unknown_server_error.value, 0, ErrorCode.invalid_request.value]
+            assert [list(r.matching) for r in deleted.results] == [[], [], []]
+            # Valid changes were not saved; invalid ones keep their own error.
+            assert [r.error_code for r in created.results] == [
+                ErrorCode.unknown_server_error.value, ErrorCode.invalid_request.value]
+            for results in (created.results[:1], scram.results, quotas.results):
+                assert {r.error_code for r in results} == {ErrorCode.unknown_server_error.value}
+                assert all("disk full" in r.error_message for r in results)
+            assert [r.user for r in scram.results] == ["alice", "bob"]
+            after = await c.metadata()
+            assert after.version == before.version
+            assert ([a.resource_name for a in after.acls], list(after.scram_credentials),
+                    list(after.client_quotas)) == (["kept"], [], [])
+
+    asyncio.run(scenario())

@@ -27,7 +27,7 @@ from services.common.acls import (
     Permission,
     ResourceType,
 )
-from services.common.errors import ErrorCode, KafkaError
+from services.common.errors import ErrorCode
 
 from ..metadata import MetadataImage
 from ..metadata_store import decode_acl
@@ -168,23 +168,25 @@ class AclControlManager:
                 lambda image: create_acls(image, request.bindings))
         except OSError as e:
             log.error("could not save new ACLs: %s", e)
-            return pb.CreateAclsResponse(results=[_not_saved(e)] * len(request.bindings))
-        for message, outcome in zip(request.bindings, outcomes, strict=True):
-            if outcome is None:
-                log.info("ACL stored: %s", AclBinding.from_pb(message))
+            # Invalid bindings keep their error; the valid ones were not saved.
+            _, checked = create_acls(self._core.image, request.bindings)
+            outcomes = [o if o is not None else not_saved(e) for o in checked]
+        else:
+            for message, outcome in zip(request.bindings, outcomes, strict=True):
+                if outcome is None:
+                    log.info("ACL stored: %s", AclBinding.from_pb(message))
         return pb.CreateAclsResponse(results=[_result(o) for o in outcomes])
 
     async def delete(self, request: pb.DeleteAclsRequest) -> pb.DeleteAclsResponse:
         """Remove what the request's filters match; one result per filter, in order."""
+        outcomes: list[Failure | list[AclBinding]]
         try:
             outcomes = await self._core.commit(
                 lambda image: delete_acls(image, request.filters))
         except OSError as e:
             log.error("could not save ACL deletions: %s", e)
-            failed = _not_saved(e)
-            return pb.DeleteAclsResponse(results=[
-                pb.AclFilterResult(error_code=failed.error_code,
-                                   error_message=failed.error_message)] * len(request.filters))
+            _, checked = delete_acls(self._core.image, request.filters)
+            outcomes = [not_saved(e) if isinstance(o, list) and o else o for o in checked]
         results = []
         for outcome in outcomes:
             if isinstance(outcome, list):
@@ -198,7 +200,6 @@ class AclControlManager:
         return pb.DeleteAclsResponse(results=results)
 
 
-def _not_saved(error: OSError) -> pb.AclResult:
-    failure = KafkaError(ErrorCode.unknown_server_error,
-                         f"the cluster metadata could not be saved: {error}")
-    return pb.AclResult(error_code=failure.errno, error_message=failure.message or "")
+def not_saved(error: OSError) -> tuple[ErrorCode, str]:
+    """The outcome of a valid change whose commit failed."""
+    return ErrorCode.unknown_server_error, f"the cluster metadata could not be saved: {error}"

@@ -28,6 +28,7 @@ from kbroker.replicator.v1 import replicator_pb2 as pb
 from services.common.errors import ErrorCode
 
 from ..metadata import MetadataImage, QuotaEntity, quota_entity
+from .acls import not_saved
 from .core import ControllerCore
 
 log = logging.getLogger(__name__)
@@ -203,11 +204,11 @@ class ClientQuotaControlManager:
                 resolvable=resolvable))
         except OSError as e:
             log.error("could not save client quotas: %s", e)
-            entities = {entity_of(a.entity): a.entity for a in request.entries}
-            return pb.AlterClientQuotasResponse(results=[pb.ClientQuotaResult(
-                entity=parts, error_code=ErrorCode.unknown_server_error.value,
-                error_message=f"the cluster metadata could not be saved: {e}")
-                for parts in entities.values()])
+            # Refused entities keep their error; the valid ones were not saved.
+            _, checked = alter_client_quotas(
+                self._core.image, request.entries, validate_only=request.validate_only,
+                resolvable=resolvable)
+            outcomes = [(parts, failure or not_saved(e)) for parts, failure in checked]
         results = []
         for parts, failure in outcomes:
             if failure is None:

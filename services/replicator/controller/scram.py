@@ -25,6 +25,7 @@ from kbroker.replicator.v1 import replicator_pb2 as pb
 from services.common.errors import ErrorCode
 
 from ..metadata import MetadataImage, ScramCredential, ScramKey
+from .acls import not_saved
 from .core import ControllerCore
 
 log = logging.getLogger(__name__)
@@ -125,11 +126,10 @@ class ScramControlManager:
                 image, request.deletions, request.upsertions))
         except OSError as e:
             log.error("could not save SCRAM credentials: %s", e)
-            users = dict.fromkeys(c.user for c in [*request.deletions, *request.upsertions])
-            return pb.AlterScramCredentialsResponse(results=[pb.ScramCredentialResult(
-                user=user, error_code=ErrorCode.unknown_server_error.value,
-                error_message=f"the cluster metadata could not be saved: {e}")
-                for user in users])
+            # Refused changes keep their error; the valid ones were not saved.
+            _, checked = alter_credentials(self._core.image, request.deletions,
+                                           request.upsertions)
+            outcomes = [(user, failure or not_saved(e)) for user, failure in checked]
         results = []
         for user, failure in outcomes:
             if failure is None:
