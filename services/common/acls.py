@@ -105,6 +105,19 @@ class AclFilter:
     operation: Operation = Operation.ANY
     permission: Permission = Permission.ANY
 
+    @classmethod
+    def from_pb(cls, message: pb.AclFilter) -> AclFilter:
+        """The filter of a message whose codes are all known (unset strings match all).
+        Raises ValueError for a code outside the enums."""
+        return cls(
+            resource_type=ResourceType(message.resource_type),
+            resource_name=message.resource_name if message.HasField("resource_name") else None,
+            pattern_type=PatternType(message.pattern_type),
+            principal=message.principal if message.HasField("principal") else None,
+            host=message.host if message.HasField("host") else None,
+            operation=Operation(message.operation),
+            permission=Permission(message.permission_type))
+
     def matches(self, binding: AclBinding) -> bool:
         return self.matches_pattern(binding) and self.matches_entry(binding)
 

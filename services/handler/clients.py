@@ -20,11 +20,19 @@ import grpc
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from kbroker.purgatory.v1 import purgatory_pb2, purgatory_pb2_grpc
 from kbroker.replicator.v1 import replicator_pb2, replicator_pb2_grpc
+from services.common.acls import AclBinding
 from services.common.call_streams import CallStream
 from services.common.channels import insecure_channel
 
 from .collaborators import CallError, OutcomeUnknownError, UnreachableError
-from .metadata_cache import ClusterMetadata, LogNode, PartitionInfo, TopicInfo
+from .metadata_cache import (
+    ClusterMetadata,
+    LogNode,
+    PartitionInfo,
+    QuotaEntity,
+    ScramCredentialInfo,
+    TopicInfo,
+)
 from .metrics import PURGATORY_WAIT_SECONDS, PURGATORY_WAITS
 from .topic_identity import canonical_topic_id
 
@@ -80,7 +88,17 @@ async def _follow(call: Any, peer: str) -> AsyncIterator[Any]:
 
 
 def metadata_from_proto(message: replicator_pb2.ClusterMetadata) -> ClusterMetadata:
-    """The cache's snapshot of the replicator's metadata (ids canonical, empty racks none)."""
+    """The cache's snapshot of the replicator's metadata (ids canonical, empty racks none;
+    of SCRAM credentials only mechanisms and iterations)."""
+    scram: dict[str, list[ScramCredentialInfo]] = {}
+    for credential in message.scram_credentials:
+        scram.setdefault(credential.user, []).append(ScramCredentialInfo(
+            mechanism=credential.mechanism, iterations=credential.iterations))
+    quotas: dict[QuotaEntity, dict[str, float]] = {}
+    for quota in message.client_quotas:
+        entity = tuple(sorted((p.entity_type, None if p.is_default else p.name)
+                              for p in quota.entity))
+        quotas[entity] = dict(quota.values)
     return ClusterMetadata(
         version=message.version, cluster_id=message.cluster_id,
         controller_id=message.controller_id,
@@ -92,7 +110,9 @@ def metadata_from_proto(message: replicator_pb2.ClusterMetadata) -> ClusterMetad
                 partition=p.partition, leader=p.leader, leader_epoch=p.leader_epoch,
                 replicas=tuple(p.replicas), isr=tuple(p.isr),
                 offline_replicas=tuple(p.offline_replicas)) for p in t.partitions})
-            for t in message.topics])
+            for t in message.topics],
+        acls=[AclBinding.from_pb(b) for b in message.acls],
+        scram_credentials=scram, client_quotas=quotas)
 
 
 class ReplicatorClient:
@@ -135,6 +155,23 @@ class ReplicatorClient:
                                     time_limit: float,
                                     ) -> replicator_pb2.AllocateProducerIdsResponse:
         return await _call(self._stub.AllocateProducerIds, request, time_limit, self._address)
+
+    async def create_acls(self, request: replicator_pb2.CreateAclsRequest,
+                          time_limit: float) -> replicator_pb2.CreateAclsResponse:
+        return await _call(self._stub.CreateAcls, request, time_limit, self._address)
+
+    async def delete_acls(self, request: replicator_pb2.DeleteAclsRequest,
+                          time_limit: float) -> replicator_pb2.DeleteAclsResponse:
+        return await _call(self._stub.DeleteAcls, request, time_limit, self._address)
+
+    async def alter_scram_credentials(
+        self, request: replicator_pb2.AlterScramCredentialsRequest, time_limit: float,
+    ) -> replicator_pb2.AlterScramCredentialsResponse:
+        return await _call(self._stub.AlterScramCredentials, request, time_limit, self._address)
+
+    async def alter_client_quotas(self, request: replicator_pb2.AlterClientQuotasRequest,
+                                  time_limit: float) -> replicator_pb2.AlterClientQuotasResponse:
+        return await _call(self._stub.AlterClientQuotas, request, time_limit, self._address)
 
     async def close(self) -> None:
         await self._channel.close()

@@ -115,3 +115,16 @@ class Controller(Protocol):
     async def allocate_producer_ids(self, request: replicator.AllocateProducerIdsRequest,
                                     time_limit: float,
                                     ) -> replicator.AllocateProducerIdsResponse: ...
+
+    async def create_acls(self, request: replicator.CreateAclsRequest,
+                          time_limit: float) -> replicator.CreateAclsResponse: ...
+
+    async def delete_acls(self, request: replicator.DeleteAclsRequest,
+                          time_limit: float) -> replicator.DeleteAclsResponse: ...
+
+    async def alter_scram_credentials(self, request: replicator.AlterScramCredentialsRequest,
+                                      time_limit: float,
+                                      ) -> replicator.AlterScramCredentialsResponse: ...
+
+    async def alter_client_quotas(self, request: replicator.AlterClientQuotasRequest,
+                                  time_limit: float) -> replicator.AlterClientQuotasResponse: ...

@@ -2,7 +2,9 @@
 
 The replicator owns cluster metadata; a handler keeps the latest snapshot it was told about:
 log nodes (the brokers clients see), topics with their partitions, leaders, replicas, ISR and
-leader epochs, the cluster id and the controller. A snapshot is immutable; the cache swaps
+leader epochs, the cluster id and the controller; and the security metadata: ACL bindings,
+which users have SCRAM credentials (mechanism and iterations only: the keys stay with the
+replicator and the frontends) and client quotas. A snapshot is immutable; the cache swaps
 whole snapshots, so readers never see a half-applied change.
 
 The cache is fed by a stream of snapshots (the replicator's ``WatchMetadata``: the current
@@ -67,11 +69,26 @@ class TopicInfo:
     partitions: Mapping[int, PartitionInfo] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScramCredentialInfo:
+    """That a user has a SCRAM credential: its mechanism (Kafka's ScramMechanism code, 1
+    SCRAM-SHA-256, 2 SCRAM-SHA-512) and iteration count, all DescribeUserScramCredentials
+    tells."""
+
+    mechanism: int
+    iterations: int
+
+
+# A client quota entity: (entity type, name) pairs sorted by type; None names the default
+# entity of the type.
+QuotaEntity = tuple[tuple[str, str | None], ...]
+
+
 class ClusterMetadata:
     """One immutable snapshot of cluster metadata, indexed for the lookups requests need."""
 
-    __slots__ = ("_by_id", "acls", "cluster_id", "controller_id", "log_nodes", "topics",
-                 "version")
+    __slots__ = ("_by_id", "acls", "client_quotas", "cluster_id", "controller_id", "log_nodes",
+                 "scram_credentials", "topics", "version")
 
     def __init__(
         self,
@@ -82,6 +99,8 @@ class ClusterMetadata:
         log_nodes: Iterable[LogNode],
         topics: Iterable[TopicInfo],
         acls: Iterable[AclBinding] = (),
+        scram_credentials: Mapping[str, Iterable[ScramCredentialInfo]] | None = None,
+        client_quotas: Mapping[QuotaEntity, Mapping[str, float]] | None = None,
     ) -> None:
         self.version = version
         self.cluster_id = cluster_id
@@ -92,6 +111,13 @@ class ClusterMetadata:
         self.topics: Mapping[str, TopicInfo] = MappingProxyType({t.name: t for t in topics})
         self._by_id = {t.topic_id: t for t in self.topics.values() if t.topic_id}
         self.acls: tuple[AclBinding, ...] = tuple(acls)
+        # By user, each user's credentials ordered by mechanism.
+        self.scram_credentials: Mapping[str, tuple[ScramCredentialInfo, ...]] = MappingProxyType({
+            user: tuple(sorted(infos, key=lambda i: i.mechanism))
+            for user, infos in (scram_credentials or {}).items()})
+        self.client_quotas: Mapping[QuotaEntity, Mapping[str, float]] = MappingProxyType({
+            entity: MappingProxyType(dict(values))
+            for entity, values in (client_quotas or {}).items()})
 
     def topic(self, name: str) -> TopicInfo | None:
         return self.topics.get(name)

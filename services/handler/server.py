@@ -13,6 +13,8 @@ import grpc
 from kbroker.handler.v1 import kafka_handler_pb2
 from services.common.server import ServiceBinding, create_server
 
+from .apis.acls import CreateAclsApi, DeleteAclsApi, DescribeAclsApi
+from .apis.client_quotas import AlterClientQuotasApi, DescribeClientQuotasApi
 from .apis.cluster import DescribeClusterApi
 from .apis.configs import AlterConfigsApi, DescribeConfigsApi
 from .apis.fetch import FetchApi
@@ -40,6 +42,10 @@ from .apis.produce import ProduceApi
 from .apis.producer_ids import InitProducerIdApi, ProducerIdBlocks
 from .apis.producers import DescribeProducersApi
 from .apis.records import DeleteRecordsApi
+from .apis.scram_credentials import (
+    AlterUserScramCredentialsApi,
+    DescribeUserScramCredentialsApi,
+)
 from .apis.topics import CreateTopicsApi, DeleteTopicsApi
 from .apis.transactions import (
     AddOffsetsToTxnApi,
@@ -168,6 +174,13 @@ def kafka_apis(config: HandlerConfig, cache: MetadataCache, replicator: Controll
         "DescribeProducers": DescribeProducersApi(cache, log_nodes),
         "DescribeTransactions": DescribeTransactionsApi(transactions),
         "ListTransactions": ListTransactionsApi(transactions),
+        "DescribeAcls": DescribeAclsApi(cache),
+        "CreateAcls": CreateAclsApi(cache, replicator),
+        "DeleteAcls": DeleteAclsApi(cache, replicator),
+        "DescribeUserScramCredentials": DescribeUserScramCredentialsApi(cache),
+        "AlterUserScramCredentials": AlterUserScramCredentialsApi(cache, replicator),
+        "DescribeClientQuotas": DescribeClientQuotasApi(cache),
+        "AlterClientQuotas": AlterClientQuotasApi(cache, replicator),
     }
 
 

@@ -24,6 +24,11 @@ class ReplicatorConfig:
     log_nodes: tuple[str, ...] = option(
         ("0=127.0.0.1:19200",), "log nodes as node_id=host:port entries, comma separated"
     )
+    initial_acls_file: str = option(
+        "", "JSON list of ACL bindings stored when a new cluster is created, each "
+        '{"resource_type": "TOPIC", "resource_name": "orders", "pattern_type": "LITERAL", '
+        '"principal": "User:alice", "host": "*", "operation": "WRITE", "permission": "ALLOW"} '
+        "(empty: none; ignored once the cluster exists)")
     num_partitions: int = option(1, "partitions of a new topic that asks for the default")
     default_replication_factor: int = option(
         1, "replication factor of a new topic that asks for the default"

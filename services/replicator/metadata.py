@@ -1,6 +1,7 @@
 """The cluster metadata image: an immutable snapshot of everything the controller knows (Kafka's
 ``MetadataImage``): the cluster id, the metadata version, the log nodes and their liveness, and
-every topic with its partitions' replicas, leader, leader epoch and ISR.
+every topic with its partitions' replicas, leader, leader epoch and ISR; and the security
+metadata: ACL bindings, SCRAM credentials and client quotas.
 
 Every change clients can see produces a new image with ``version`` one higher; readers hold
 an image without locks. Replicas on log nodes that are not alive are the partition's offline
@@ -15,6 +16,8 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NewType
+
+from services.common.acls import AclBinding
 
 NodeId = NewType("NodeId", int)
 TopicName = NewType("TopicName", str)
@@ -69,6 +72,33 @@ class TopicRegistration:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ScramCredential:
+    """What RFC 5802 lets a server keep of a user's password for one mechanism (Kafka's
+    ``ScramCredentialData``): never the password, nor the salted password."""
+
+    salt: bytes
+    stored_key: bytes
+    server_key: bytes
+    iterations: int
+
+    def __repr__(self) -> str:  # keys stay out of logs
+        return f"ScramCredential(iterations={self.iterations}, salt=..., keys=...)"
+
+
+# A user and Kafka's ScramMechanism code (1 SCRAM-SHA-256, 2 SCRAM-SHA-512).
+ScramKey = tuple[str, int]
+
+# A client quota entity (Kafka's ClientQuotaEntity): (entity type, name) pairs sorted by
+# type, the name None for the default entity of that type.
+QuotaEntity = tuple[tuple[str, str | None], ...]
+
+
+def quota_entity(parts: Mapping[str, str | None]) -> QuotaEntity:
+    """The entity of ``{entity type: name or None}``."""
+    return tuple(sorted(parts.items()))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MetadataImage:
     """The whole cluster metadata at one version.
 
@@ -76,6 +106,10 @@ class MetadataImage:
     ``pending_deletions`` are partition replicas of deleted topics that a log node has not yet
     confirmed deleting (it was unreachable), retried later; ``next_producer_id`` is the first id
     of the next block of producer ids (:mod:`~services.replicator.controller.producer_ids`).
+
+    Security metadata: ``acls``, the ACL bindings, each once, in the order they were created;
+    ``scram_credentials`` by user and mechanism; ``client_quotas``, each entity's quota values
+    by Kafka quota key (an entity without values is absent).
     """
 
     cluster_id: str
@@ -85,6 +119,9 @@ class MetadataImage:
     next_leader_index: int = 0
     pending_deletions: Mapping[NodeId, frozenset[tuple[str, int]]] = field(default_factory=dict)
     next_producer_id: int = 0
+    acls: tuple[AclBinding, ...] = ()
+    scram_credentials: Mapping[ScramKey, ScramCredential] = field(default_factory=dict)
+    client_quotas: Mapping[QuotaEntity, Mapping[str, float]] = field(default_factory=dict)
 
     @property
     def live_node_ids(self) -> tuple[NodeId, ...]:

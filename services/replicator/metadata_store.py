@@ -14,9 +14,20 @@ JSON encoding of an image (also ``<data_dir>/metadata.json``, UTF-8)::
      "topics": [{"name": "t", "topic_id": "<uuid>", "configs": {"k": "v"},
                  "partitions": [{"partition": 0, "leader": 1, "leader_epoch": 0,
                                  "replicas": [1, 2], "isr": [1, 2]}]}],
-     "pending_deletions": {"2": [["old-topic", 0]]}, "next_producer_id": 2000}
+     "pending_deletions": {"2": [["old-topic", 0]]}, "next_producer_id": 2000,
+     "acls": [{"resource_type": "TOPIC", "resource_name": "orders", "pattern_type": "LITERAL",
+               "principal": "User:alice", "host": "*", "operation": "WRITE",
+               "permission": "ALLOW"}],
+     "scram_credentials": [{"user": "alice", "mechanism": 2, "salt": "<base64>",
+                            "stored_key": "<base64>", "server_key": "<base64>",
+                            "iterations": 8192}],
+     "client_quotas": [{"entity": {"user": "alice", "client-id": null},
+                        "values": {"producer_byte_rate": 1048576.0}}]}
 
-``next_producer_id`` was added later; a document without it starts producer ids at 0.
+``next_producer_id`` was added later, and the security metadata (``acls``,
+``scram_credentials``, ``client_quotas``; ACL codes by their Kafka names, SCRAM mechanisms by
+Kafka's ScramMechanism code, a null entity name for a default entity) after it; a document
+without them starts producer ids at 0 and has none.
 
 Log node liveness is not stored (it is re-learned by health checks after a restart), but the
 version is, so versions keep increasing across restarts.
@@ -29,12 +40,23 @@ a crash at any point leaves either the old or the new document. A leftover ``.tm
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 from pathlib import Path
 from typing import Any, Protocol
 
-from .metadata import MetadataImage, NodeId, PartitionRegistration, TopicName, TopicRegistration
+from services.common.acls import AclBinding, Operation, PatternType, Permission, ResourceType
+
+from .metadata import (
+    MetadataImage,
+    NodeId,
+    PartitionRegistration,
+    ScramCredential,
+    TopicName,
+    TopicRegistration,
+    quota_entity,
+)
 
 FORMAT = 1
 FILE_NAME = "metadata.json"
@@ -141,7 +163,68 @@ def encode_image(image: MetadataImage) -> dict[str, Any]:
             for node, parts in sorted(image.pending_deletions.items())
         },
         "next_producer_id": image.next_producer_id,
+        "acls": [encode_acl(b) for b in image.acls],
+        "scram_credentials": [
+            {
+                "user": user,
+                "mechanism": mechanism,
+                "salt": _b64(c.salt),
+                "stored_key": _b64(c.stored_key),
+                "server_key": _b64(c.server_key),
+                "iterations": c.iterations,
+            }
+            for (user, mechanism), c in sorted(image.scram_credentials.items())
+        ],
+        "client_quotas": [
+            {"entity": dict(entity), "values": dict(sorted(values.items()))}
+            for entity, values in sorted(image.client_quotas.items(), key=_entity_order)
+        ],
     }
+
+
+def encode_acl(binding: AclBinding) -> dict[str, str]:
+    """An ACL binding as JSON, codes by their Kafka names (the ``initial_acls_file`` form)."""
+    return {
+        "resource_type": binding.resource_type.name,
+        "resource_name": binding.resource_name,
+        "pattern_type": binding.pattern_type.name,
+        "principal": binding.principal,
+        "host": binding.host,
+        "operation": binding.operation.name,
+        "permission": binding.permission.name,
+    }
+
+
+def decode_acl(doc: Any) -> AclBinding:
+    """The binding of :func:`encode_acl`'s form; names in any case, ``host`` ``*`` when left
+    out. Raises ValueError, KeyError or TypeError when it is not one."""
+    if not isinstance(doc, dict):
+        raise TypeError(f"an ACL binding is a JSON object, not {doc!r}")
+
+    def code(enum: Any, key: str) -> Any:
+        value = doc[key]
+        if not isinstance(value, str) or value.upper() not in enum.__members__:
+            raise ValueError(f"{key} {value!r} is none of {', '.join(enum.__members__)}")
+        return enum[value.upper()]
+
+    return AclBinding(
+        resource_type=code(ResourceType, "resource_type"),
+        resource_name=str(doc["resource_name"]),
+        pattern_type=code(PatternType, "pattern_type"),
+        principal=str(doc["principal"]),
+        host=str(doc.get("host", "*")),
+        operation=code(Operation, "operation"),
+        permission=code(Permission, "permission"),
+    )
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _entity_order(item: tuple[Any, Any]) -> list[tuple[str, str]]:
+    # None (a default entity) sorts apart from every name.
+    return [(kind, "\0" if name is None else "\1" + name) for kind, name in item[0]]
 
 
 def decode_image(doc: Any) -> MetadataImage:
@@ -176,4 +259,20 @@ def decode_image(doc: Any) -> MetadataImage:
             for node, parts in doc["pending_deletions"].items()
         },
         next_producer_id=int(doc.get("next_producer_id", 0)),
+        acls=tuple(decode_acl(b) for b in doc.get("acls", ())),
+        scram_credentials={
+            (str(c["user"]), int(c["mechanism"])): ScramCredential(
+                salt=base64.b64decode(c["salt"]),
+                stored_key=base64.b64decode(c["stored_key"]),
+                server_key=base64.b64decode(c["server_key"]),
+                iterations=int(c["iterations"]),
+            )
+            for c in doc.get("scram_credentials", ())
+        },
+        client_quotas={
+            quota_entity({str(kind): None if name is None else str(name)
+                          for kind, name in q["entity"].items()}):
+                {str(key): float(value) for key, value in q["values"].items()}
+            for q in doc.get("client_quotas", ())
+        },
     )

@@ -22,6 +22,7 @@ from services.common.server import ServiceBinding, create_server
 
 from .config import ReplicatorConfig
 from .controller import Controller
+from .controller.acls import load_initial_acls
 from .grpc_log_nodes import GrpcLogNodes
 from .leadership import (
     ElectionSettings,
@@ -106,11 +107,14 @@ async def start(config: ReplicatorConfig) -> ReplicatorService:
     # A health check may take as long as the interval between checks, within reason.
     log_nodes = GrpcLogNodes(nodes, health_timeout=min(max(interval, 0.5), 5.0))
     try:
+        initial_acls = (load_initial_acls(config.initial_acls_file)
+                        if config.initial_acls_file else [])
         controller = await Controller.open(
             store=metadata_store(config, nodes),
             client=log_nodes,
             log_nodes=nodes,
             cluster_id=config.cluster_id,
+            initial_acls=initial_acls,
             num_partitions=config.num_partitions,
             default_replication_factor=config.default_replication_factor,
             node_session_timeout_ms=config.node_session_timeout_ms,

@@ -69,6 +69,26 @@ class ReplicatorServicer(replicator_pb2_grpc.ReplicatorServicer):
     ) -> pb.AllocateProducerIdsResponse:
         return await self._controller.producer_ids.allocate(request)
 
+    async def CreateAcls(
+        self, request: pb.CreateAclsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CreateAclsResponse:
+        return await self._controller.acls.create(request)
+
+    async def DeleteAcls(
+        self, request: pb.DeleteAclsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteAclsResponse:
+        return await self._controller.acls.delete(request)
+
+    async def AlterScramCredentials(
+        self, request: pb.AlterScramCredentialsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AlterScramCredentialsResponse:
+        return await self._controller.scram.alter(request)
+
+    async def AlterClientQuotas(
+        self, request: pb.AlterClientQuotasRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AlterClientQuotasResponse:
+        return await self._controller.client_quotas.alter(request)
+
 
 def to_cluster_metadata(
     image: MetadataImage, topics: Iterable[TopicRegistration]
@@ -101,5 +121,19 @@ def to_cluster_metadata(
                 ],
             )
             for topic in topics
+        ],
+        acls=[b.to_pb() for b in image.acls],
+        scram_credentials=[
+            pb.ScramCredential(user=user, mechanism=mechanism, salt=c.salt,
+                               stored_key=c.stored_key, server_key=c.server_key,
+                               iterations=c.iterations)
+            for (user, mechanism), c in image.scram_credentials.items()
+        ],
+        client_quotas=[
+            pb.ClientQuota(
+                entity=[pb.QuotaEntityPart(entity_type=kind, name=name or "",
+                                           is_default=name is None) for kind, name in entity],
+                values=values)
+            for entity, values in image.client_quotas.items()
         ],
     )

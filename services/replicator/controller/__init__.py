@@ -9,9 +9,12 @@ module of pure image changes and the operations that commit them:
 - :mod:`.partitions`: leader elections on fencing, preferred leaders, ISR changes (its
   partition side);
 - :mod:`.configs`: topic configs (ConfigurationControlManager);
-- :mod:`.producer_ids`: producer id blocks (ProducerIdControlManager).
+- :mod:`.producer_ids`: producer id blocks (ProducerIdControlManager);
+- :mod:`.acls`: ACL bindings (AclControlManager);
+- :mod:`.scram`: SCRAM credentials (ScramControlManager);
+- :mod:`.client_quotas`: client quotas (ClientQuotaControlManager).
 
-A new kind of cluster metadata (ACLs, SCRAM credentials) is a new manager module, registered
+A new kind of cluster metadata is a new manager module, registered
 in :class:`Controller` and given its part of :class:`~services.replicator.metadata.MetadataImage`
 (and of its JSON encoding); the servicer routes its RPCs to it.
 
@@ -24,14 +27,19 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
+from services.common.acls import AclBinding
+
 from ..log_nodes import LogNodes
 from ..metadata import LogNode, MetadataImage, new_cluster_id
 from ..metadata_store import MetadataStore
+from .acls import AclControlManager, with_initial_acls
+from .client_quotas import ClientQuotaControlManager
 from .cluster import ClusterControlManager
 from .configs import ConfigControlManager
 from .core import ControllerCore
 from .partitions import PartitionControlManager
 from .producer_ids import ProducerIdControlManager
+from .scram import ScramControlManager
 from .topics import TopicControlManager
 
 log = logging.getLogger(__name__)
@@ -59,25 +67,32 @@ class Controller(ControllerCore):
         self.partitions = PartitionControlManager(self, unclean_leader_election)
         self.configs = ConfigControlManager(self, client)
         self.producer_ids = ProducerIdControlManager(self)
+        self.acls = AclControlManager(self)
+        self.scram = ScramControlManager(self)
+        self.client_quotas = ClientQuotaControlManager(self)
         self._checked_once = False
         self._tasks: list[asyncio.Task[None]] = []
 
     @classmethod
     async def open(
         cls, *, store: MetadataStore, log_nodes: Sequence[LogNode], cluster_id: str = "",
-        **settings: object,
+        initial_acls: Sequence[AclBinding] = (), **settings: object,
     ) -> Controller:
-        """Load the stored metadata (or start a new cluster), save it, and check every log node
-        once, so the controller starts with real liveness. The controller owns ``store`` from
-        here on (it is closed with the controller, or at once if opening fails). ``settings``:
-        the other arguments of the constructor.
+        """Load the stored metadata (or start a new cluster, with ``initial_acls``), save it,
+        and check every log node once, so the controller starts with real liveness. The
+        controller owns ``store`` from here on (it is closed with the controller, or at once if
+        opening fails). ``settings``: the other arguments of the constructor.
 
         Raises ValueError if the stored cluster id differs from a configured one, OSError if
         the store cannot be read or written."""
         try:
             image = await store.load()
             if image is None:
-                image = MetadataImage(cluster_id=cluster_id or new_cluster_id(), version=1)
+                image = with_initial_acls(
+                    MetadataImage(cluster_id=cluster_id or new_cluster_id(), version=1),
+                    initial_acls)
+                if initial_acls:
+                    log.info("a new cluster: %d initial ACLs stored", len(image.acls))
             elif cluster_id and image.cluster_id != cluster_id:
                 raise ValueError(
                     f"the stored metadata belongs to cluster {image.cluster_id!r}, "
