@@ -43,7 +43,9 @@ def tune_allocator() -> bool:
 
 def run(service: str, main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
     """Run ``main(stop_event)`` on uvloop until it returns (logging to stderr at
-    ``KBROKER_LOG_LEVEL``); SIGTERM/SIGINT set the event."""
+    ``KBROKER_LOG_LEVEL``); SIGTERM/SIGINT set the event. Unusable internal TLS settings
+    (plaintext on a non-loopback address, missing files) end the process with status 1 and
+    one line saying why."""
     import uvloop
 
     logging.basicConfig(level=os.environ.get("KBROKER_LOG_LEVEL", "INFO").upper(),
@@ -58,7 +60,14 @@ def run(service: str, main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
             loop.add_signal_handler(sig, stop.set)
         await main(stop)
 
-    uvloop.run(_wrapper())
+    from .tls import InternalTlsError
+
+    try:
+        uvloop.run(_wrapper())
+    except InternalTlsError as e:
+        # A settings mistake, not a crash: say what is wrong, no traceback.
+        logging.getLogger(f"services.{service}").error("cannot start: %s", e)
+        sys.exit(f"{service}: cannot start: {e}")
 
 
 def serve_main(service: str, config_cls: type, start: Callable[[Any], Awaitable[Any]]) -> None:
