@@ -29,7 +29,7 @@ caller may do by its identity (the handler trusting ``kafka-principal`` only fro
 frontend) is read with :func:`peer_identity`.
 
 Reloading. A server re-reads its certificate, key and CA when one of the files changes: the
-credentials are dynamic (``grpc.dynamic_ssl_server_credentials``) and the check, a ``stat`` of
+credentials are dynamic (``grpc.dynamic_ssl_server_credentials``) and the check, a read of
 the three files, runs at each new TLS handshake, never per call. Channels read the files when
 they are created; a long-lived channel keeps presenting the certificate it started with when it
 reconnects, so a rotated client certificate reaches existing channels only when the process
@@ -41,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
-import os
 import threading
 from dataclasses import dataclass
 from typing import Protocol
@@ -140,42 +139,49 @@ class InternalTls:
 
 class _ReloadingCertificates:
     """Certificate configurations for dynamic server credentials: a new one whenever the files'
-    modification times or sizes change and the new files load; the old one stays otherwise
-    (a half-written rotation is retried at the next handshake)."""
+    contents change and the new files load; the old one stays otherwise (a half-written
+    rotation is retried at the next handshake). Contents, not modification times: a rotation
+    within the file system's time granularity, to files of the same size, is still seen, and
+    reading three small files at a TLS handshake (channels are long-lived) costs nothing."""
 
     def __init__(self, tls: InternalTls) -> None:
         self._tls = tls
         self._lock = threading.Lock()
-        self._stamp = self._stat()
-        self.initial = self._load()
+        self._loaded = self._tls._read()
+        self._rejected: tuple[bytes, bytes, bytes] | None = None
+        self.initial = self._load(self._loaded)
 
-    def _stat(self) -> tuple[tuple[int, int], ...]:
-        stamps = []
-        for path in (self._tls.ca, self._tls.cert, self._tls.key):
-            try:
-                st = os.stat(path)
-                stamps.append((st.st_mtime_ns, st.st_size))
-            except OSError:
-                stamps.append((-1, -1))
-        return tuple(stamps)
+    def _contents(self) -> tuple[bytes, bytes, bytes] | None:
+        try:
+            return self._tls._read()
+        except InternalTlsError:
+            return None
 
-    def _load(self) -> grpc.ServerCertificateConfiguration:
-        ca, cert, key = self._tls._read()
+    def _load(self, contents: tuple[bytes, bytes, bytes]) -> grpc.ServerCertificateConfiguration:
+        ca, cert, key = contents
+        # gRPC parses the PEM only at the next handshake: a truncated file (a rotation caught
+        # half-way) must be noticed here, while the old material can still be kept.
+        for what, pem, end in (("CA", ca, b"-----END CERTIFICATE-----"),
+                               ("certificate", cert, b"-----END CERTIFICATE-----"),
+                               ("key", key, b"PRIVATE KEY-----")):
+            if b"-----BEGIN " not in pem or end not in pem.rstrip()[-40:]:
+                raise InternalTlsError(f"internal TLS {what} is not complete PEM")
         return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
 
     def fetch(self) -> grpc.ServerCertificateConfiguration | None:
         """Called by gRPC at each new TLS handshake (on one of its threads)."""
         with self._lock:
-            stamp = self._stat()
-            if stamp == self._stamp:
+            contents = self._contents()
+            if contents is None or contents in (self._loaded, self._rejected):
                 return None
             try:
-                configuration = self._load()
+                configuration = self._load(contents)
             except InternalTlsError as e:
+                self._rejected = contents
                 log.warning("internal TLS files changed but do not load (keeping the old "
                             "ones): %s", e)
                 return None
-            self._stamp = stamp
+            self._loaded = contents
             log.info("internal TLS certificate reloaded from %s", self._tls.cert)
             return configuration
 
