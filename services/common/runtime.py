@@ -76,6 +76,7 @@ def serve_main(service: str, config_cls: type, start: Callable[[Any], Awaitable[
     service, and stop it gracefully on SIGTERM/SIGINT."""
     from .config import load
     from .metrics import serve_prometheus
+    from .tls import InternalTls
 
     config = load(config_cls, sys.argv[1:])
     log = logging.getLogger(f"services.{service}")
@@ -85,7 +86,8 @@ def serve_main(service: str, config_cls: type, start: Callable[[Any], Awaitable[
             host = config.grpc_address.rsplit(":", 1)[0].strip("[]") or "127.0.0.1"
             serve_prometheus(config.metrics_port, host)
         running = await start(config)
-        log.info("%s ready: gRPC on %s", service, config.grpc_address)
+        log.info("%s ready: gRPC on %s (%s)", service, config.grpc_address,
+                 InternalTls.of(config).describe())
         try:
             await stop.wait()
         finally:
