@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import grpc
 
-from .tls import InternalTls, require_plaintext_allowed, service_identity
+from .tls import PLAINTEXT, InternalTls, require_plaintext_allowed, service_identity
 
-PLAINTEXT = InternalTls()
+__all__ = ["CHANNEL_OPTIONS", "PLAINTEXT", "SERVER_OPTIONS", "insecure_channel",
+           "internal_channel", "internal_sync_channel"]
 
 # A produce request may carry up to socket.request.max.bytes (100 MiB); leave headroom.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
@@ -59,7 +60,8 @@ def _options(server_name: str) -> list[tuple[str, object]]:
 def internal_channel(address: str, tls: InternalTls, peer: str) -> grpc.aio.Channel:
     """An asyncio channel to ``address``, a service of kind ``peer`` ("log", "handler", ...);
     create once and keep it. Raises PlaintextNotAllowedError without TLS to a non-loopback
-    address, ValueError when the TLS files cannot be read."""
+    address, InternalTlsError when the TLS files cannot be read (they are read here, so a
+    channel made after a certificate rotation presents the new certificate)."""
     if not tls.enabled:
         require_plaintext_allowed(tls, address, f"channel to the {peer}")
         return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)

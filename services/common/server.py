@@ -19,9 +19,9 @@ from grpc_reflection.v1alpha import reflection
 
 from kbroker.metrics.v1 import metrics_pb2, metrics_pb2_grpc
 
-from .channels import PLAINTEXT, SERVER_OPTIONS
+from .channels import SERVER_OPTIONS
 from .metrics import METRICS_ENABLED, MetricsInterceptor, MetricsServicer
-from .tls import InternalTls, require_plaintext_allowed
+from .tls import PLAINTEXT, InternalTls, require_plaintext_allowed
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +45,7 @@ async def create_server(
 
     Health reports SERVING for the overall server ("") and for each binding's name. Raises
     PlaintextNotAllowedError without ``tls`` on a non-loopback address (before binding anything),
-    ValueError when the TLS files cannot be read.
+    InternalTlsError when the TLS files cannot be read.
     """
     require_plaintext_allowed(tls, address, f"{service} gRPC server on")
     credentials = tls.server_credentials() if tls.enabled else None

@@ -137,6 +137,10 @@ class InternalTls:
             return certificate_common_name(f.read())
 
 
+PLAINTEXT = InternalTls()
+"""No TLS material: plaintext gRPC, loopback only."""
+
+
 class _ReloadingCertificates:
     """Certificate configurations for dynamic server credentials: a new one whenever the files'
     contents change and the new files load; the old one stays otherwise (a half-written

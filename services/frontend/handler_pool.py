@@ -30,7 +30,7 @@ from services.common.channels import PLAINTEXT, internal_channel
 from services.common.discovery import Resolver, StaticResolver, changes, resolver_for
 from services.common.envelopes import decode_handler_reply, encode_handler_call
 from services.common.metrics import REMOTE_TIME_METADATA_KEY
-from services.common.tls import InternalTls, require_plaintext_allowed
+from services.common.tls import InternalTls, InternalTlsError, require_plaintext_allowed
 
 log = logging.getLogger(__name__)
 
@@ -175,10 +175,12 @@ class HandlerPool:
 
     async def _follow(self, updates) -> None:
         async for addresses in updates:
-            self.update(addresses)
+            self.update(addresses, strict=False)
 
-    def update(self, addresses: Sequence[str]) -> None:
-        """Open channels to new handlers, close those of handlers no longer listed."""
+    def update(self, addresses: Sequence[str], *, strict: bool = True) -> None:
+        """Open channels to new handlers, close those of handlers no longer listed. Unusable
+        TLS files raise, unless not ``strict`` (a later resolution): then the new handlers
+        are left out until the next one."""
         wanted = list(dict.fromkeys(addresses))
         known = {h.address: h for h in self._handlers}
         for gone in set(known) - set(wanted):
@@ -188,7 +190,16 @@ class HandlerPool:
             task.add_done_callback(self._closing.discard)
         handlers = []
         for address in wanted:
-            handlers.append(known.get(address) or _Handler(address, self._tls))
+            handler = known.get(address)
+            if handler is None:
+                try:
+                    handler = _Handler(address, self._tls)
+                except InternalTlsError as e:
+                    if strict:
+                        raise
+                    log.error("no channel to handler %s: %s", address, e)
+                    continue
+            handlers.append(handler)
         if [h.address for h in handlers] != [h.address for h in self._handlers]:
             log.info("handlers: %s", ", ".join(wanted) or "none")
         self._handlers = handlers
