@@ -26,6 +26,7 @@ from services.local_cluster import ClusterSpec, LocalCluster, internal_tls_of
 from ..tls_material import internal_tls_dir
 from .records import Message, assert_same, make_messages
 from .test_confluent_kafka import consume_all
+from .test_grpcurl import GRPCURL
 
 REPO = Path(__file__).resolve().parents[2]
 PARTITIONS = 2
@@ -126,6 +127,22 @@ def test_every_internal_port_requires_a_certificate_of_the_cluster_ca(
     security = list(tls_cluster.security_lines())
     assert security[0].startswith(f"Kafka listeners: PLAINTEXT://{tls_cluster.bootstrap} ")
     assert "mutual TLS" in security[1], security
+
+
+def test_grpcurl_reaches_a_port_with_a_certificate_of_the_cluster(tls_cluster):
+    """What an engineer types to debug a TLS port: the CA, a certificate, and the server name
+    of the port's kind (the address is an IP, which no certificate names)."""
+    own = internal_tls_of(tls_cluster.spec.internal_tls, "handler")
+    address = tls_cluster.services["log-0"].grpc_address
+    done = subprocess.run([GRPCURL, "-cacert", own.ca, "-cert", own.cert, "-key", own.key,
+                           "-servername", "kbroker-log", "-d", '{"service": ""}', address,
+                           "grpc.health.v1.Health/Check"],
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    assert '"SERVING"' in done.stdout
+    done = subprocess.run([GRPCURL, "-cacert", own.ca, "-servername", "kbroker-log", address,
+                           "list"], capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode != 0
 
 
 def start_refused(module: str, *flags: str) -> str:
