@@ -42,6 +42,7 @@ import contextlib
 import ipaddress
 import logging
 import threading
+import urllib.parse
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -214,7 +215,9 @@ def is_loopback(target: str) -> bool:
     """Whether a bind address or channel target (``host:port``, ``[v6]:port``, a
     ``dns:///``/``ipv4:``/``ipv6:`` target, a comma-separated list of them, ``unix:``) stays on
     this machine: 127.0.0.0/8, ::1, ``localhost`` or a Unix socket. A wildcard bind address
-    (0.0.0.0, ::) is not loopback: it accepts connections from anywhere."""
+    (0.0.0.0, ::) is not loopback: it accepts connections from anywhere. Also answers for a
+    caller's ``context.peer()`` (``ipv4:127.0.0.1:40730``, ``ipv6:%5B::1%5D:38946``)."""
+    target = urllib.parse.unquote(target)
     if target.startswith(("unix:", "unix-abstract:")):
         return True
     for scheme in _SCHEMES:

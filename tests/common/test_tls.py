@@ -52,6 +52,11 @@ def tls_of(directory: Path, kind: str) -> InternalTls:
     ("dns:///localhost:19100", True),
     ("ipv4:127.0.0.1:1,127.0.0.2:2", True),
     ("unix:/tmp/kbroker.sock", True),
+    # A caller's context.peer().
+    ("ipv4:127.0.0.1:40730", True),
+    ("ipv6:%5B::1%5D:38946", True),
+    ("ipv4:10.0.0.7:40730", False),
+    ("ipv6:%5B2001:db8::1%5D:38946", False),
     ("0.0.0.0:19200", False),
     ("[::]:19200", False),
     (":19200", False),
@@ -110,13 +115,16 @@ def test_plaintext_on_a_non_loopback_address_is_refused_before_binding():
 
 
 class Identities(purgatory_pb2_grpc.PurgatoryServicer):
-    """Records the caller identity of every CheckAndComplete."""
+    """Records the caller identity of every CheckAndComplete, and whether it called from
+    loopback."""
 
     def __init__(self) -> None:
         self.callers: list[str | None] = []
+        self.loopback: list[bool] = []
 
     async def CheckAndComplete(self, request, context):
         self.callers.append(peer_identity(context))
+        self.loopback.append(is_loopback(context.peer()))
         return purgatory_pb2.CheckAndCompleteResponse(completed=0)
 
 
@@ -195,6 +203,7 @@ def test_a_plaintext_server_has_no_caller_identity():
             await purgatory_pb2_grpc.PurgatoryStub(channel).CheckAndComplete(
                 purgatory_pb2.CheckAndCompleteRequest(), timeout=5)
             assert servicer.callers == [None]
+            assert servicer.loopback == [True]
         finally:
             await channel.close()
             await server.stop(0)
