@@ -1,7 +1,9 @@
 """``kbroker``: the operator's command line.
 
     kbroker up [--kafka-port 9092] [--data-dir data] [--handlers 2] [--log-nodes 3] ...
-        a whole local cluster on loopback until Ctrl-C
+               [--internal-tls DIR]
+        a whole local cluster on loopback until Ctrl-C (internal gRPC plaintext, or mutual
+        TLS with the certificates in DIR)
     kbroker k8s status [--namespace kbroker] [--release kbroker] [--wait]
         a release on Kubernetes: pods per role, rollouts, partition health
 """
@@ -23,7 +25,11 @@ def _up(args: argparse.Namespace) -> int:
     # The flags are named (dest) after the ClusterSpec fields they set.
     names = {f.name for f in dataclasses.fields(ClusterSpec)}
     spec = ClusterSpec(**{name: value for name, value in vars(args).items() if name in names})
-    cluster = LocalCluster(spec)
+    try:
+        cluster = LocalCluster(spec)
+    except FileNotFoundError as exc:
+        print(f"start-up failed: {exc}", file=sys.stderr)
+        return 1
     stopping = False
 
     def on_signal(_sig: int, _frame: object) -> None:
@@ -39,6 +45,8 @@ def _up(args: argparse.Namespace) -> int:
         print(f"start-up failed: {exc}", file=sys.stderr)
         return 1
     for line in cluster.status_lines():
+        print(line, flush=True)
+    for line in cluster.security_lines():
         print(line, flush=True)
     print(f"Kafka clients: bootstrap.servers={cluster.bootstrap}   (Ctrl-C stops the cluster)",
           flush=True)
@@ -83,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--replication-factor", dest="default_replication_factor", type=int,
                     default=1, help="default.replication.factor for new topics")
     up.add_argument("--log-level", default="INFO")
+    up.add_argument("--internal-tls", type=Path, default=None, metavar="DIR",
+                    help="mutual TLS between the services with the CA and certificates in DIR "
+                         "(ca.crt, <kind>.crt, <kind>.key per kind: frontend, handler, log, "
+                         "purgatory, replicator); default: plaintext on loopback")
     k8s_cli.add_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "up":

@@ -5,6 +5,12 @@ Used by ``kbroker up`` (``make run``) and by the end-to-end tests, which also ki
 single services through it. Start order follows dependencies: log nodes and the purgatory, then
 the replicator (it needs the log nodes), then handlers (they need the replicator), then the
 frontend; each is awaited until its gRPC health check answers SERVING.
+
+Internal gRPC is plaintext on loopback unless ``ClusterSpec.internal_tls`` names a directory of
+TLS material: ``ca.crt`` and, per service kind, ``<kind>.crt`` and ``<kind>.key`` (kinds
+frontend, handler, log, purgatory, replicator; each certificate's CN ``kbroker-<kind>``, see
+:mod:`services.common.tls`). Every service then runs with mutual TLS, and the launcher's own
+health checks present the checked service's certificate, as an exec probe in its pod would.
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.common.channels import PLAINTEXT, internal_sync_channel
 from services.common.config import flag_name
+from services.common.tls import SERVICE_KINDS, InternalTls
 
 # Ports picked for local services lie between this and the kernel's ephemeral range.
 _FIRST_PRIVATE_PORT = 20000
@@ -63,6 +71,18 @@ class ClusterSpec:
     # "purgatory"; "*": every service), by config field name: {"handler": {"x_y": 1}} passes
     # --x-y 1 to each handler. They override the planned flags of the same name.
     service_flags: Mapping[str, Mapping[str, object]] = dataclasses.field(default_factory=dict)
+    # Mutual TLS between the services: a directory of ca.crt, <kind>.crt and <kind>.key
+    # (None: plaintext gRPC on loopback).
+    internal_tls: Path | None = None
+
+
+def internal_tls_of(directory: Path | None, kind: str) -> InternalTls:
+    """The TLS material of service kind ``kind`` in a ``ClusterSpec.internal_tls`` directory."""
+    if directory is None:
+        return PLAINTEXT
+    directory = directory.resolve()
+    return InternalTls(str(directory / "ca.crt"), str(directory / f"{kind}.crt"),
+                       str(directory / f"{kind}.key"))
 
 
 @dataclasses.dataclass(slots=True)
@@ -78,6 +98,11 @@ class ServiceProcess:
     @property
     def grpc_address(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def kind(self) -> str:
+        """frontend, handler, log, purgatory or replicator."""
+        return self.name.split("-")[0]
 
     @property
     def running(self) -> bool:
@@ -146,7 +171,19 @@ class LocalCluster:
         self.log_dir = self.data_dir / "logs"
         self.kafka_port = spec.kafka_port or free_port_range(spec.host, spec.log_nodes)
         self.services: dict[str, ServiceProcess] = {}
+        if spec.internal_tls is not None:
+            missing = [path for kind in SERVICE_KINDS for path in
+                       dataclasses.astuple(internal_tls_of(spec.internal_tls, kind))
+                       if not Path(path).is_file()]
+            if missing:
+                raise FileNotFoundError(
+                    f"internal TLS material missing in {spec.internal_tls}: "
+                    f"{', '.join(sorted(set(missing)))}")
         self._plan()
+
+    def internal_tls(self, kind: str) -> InternalTls:
+        """The TLS material services of ``kind`` run with (plaintext: all empty)."""
+        return internal_tls_of(self.spec.internal_tls, kind)
 
     # -- planning -------------------------------------------------------------------------
 
@@ -158,8 +195,11 @@ class LocalCluster:
         field it sets; None leaves the field at the service's default)."""
         metrics_port = grpc_port + 1000 if self.spec.base_port else free_port()
         kind = name.split("-")[0]
+        tls = self.internal_tls(kind)
+        tls_flags = {"internal_tls_ca": tls.ca, "internal_tls_cert": tls.cert,
+                     "internal_tls_key": tls.key} if tls.enabled else {}
         flags = {"grpc_address": f"127.0.0.1:{grpc_port}", "metrics_port": metrics_port,
-                 **flags, **self.spec.service_flags.get("*", {}),
+                 **tls_flags, **flags, **self.spec.service_flags.get("*", {}),
                  **self.spec.service_flags.get(kind, {})}
         args = [item for field, value in flags.items() if value is not None
                 for item in (flag_name(field), str(value))]
@@ -261,7 +301,7 @@ class LocalCluster:
     def wait_healthy(self, name: str, timeout: float = 60.0) -> None:
         svc = self.services[name]
         deadline = time.monotonic() + timeout
-        with grpc.insecure_channel(svc.grpc_address) as channel:
+        with self.health_channel(name) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while True:
                 if not svc.running:
@@ -275,6 +315,12 @@ class LocalCluster:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{name} not healthy after {timeout}s:\n{self.tail(name)}")
                 time.sleep(0.1)
+
+    def health_channel(self, name: str) -> grpc.Channel:
+        """A blocking channel to service ``name``'s gRPC port, with the TLS material of its
+        kind when the cluster runs mutual TLS (close it after use)."""
+        svc = self.services[name]
+        return internal_sync_channel(svc.grpc_address, self.internal_tls(svc.kind), svc.kind)
 
     def _wait_kafka_port(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -318,15 +364,36 @@ class LocalCluster:
             return ""
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
+    def kafka_listeners(self) -> list[str]:
+        """The frontend's Kafka listeners as ``PROTOCOL://host:port`` (Kafka's form: the
+        listener name is its security protocol)."""
+        configured = self.spec.service_flags.get("frontend", {}).get("listeners")
+        if configured:
+            return [item.strip() for item in str(configured).split(",") if item.strip()]
+        return [f"PLAINTEXT://{self.bootstrap}"]
+
+    def security_lines(self) -> Iterator[str]:
+        """What is open and how it is protected: the Kafka listeners and the internal gRPC
+        ports (plaintext on loopback, or mutual TLS)."""
+        last = self.kafka_port + self.spec.log_nodes - 1
+        yield (f"Kafka listeners: {', '.join(self.kafka_listeners())} "
+               f"(brokers on ports {self.kafka_port}-{last})")
+        ports = sorted(svc.grpc_port for svc in self.services.values())
+        if self.spec.internal_tls is None:
+            how = "plaintext, loopback only"
+        else:
+            how = f"mutual TLS, certificates in {self.spec.internal_tls.resolve()}"
+        yield f"internal gRPC: {len(ports)} ports on 127.0.0.1 ({how})"
+
     def status_lines(self) -> Iterator[str]:
         for svc in self.services.values():
             state = "running" if svc.running else "stopped"
             pid = svc.proc.pid if svc.proc else "-"
             extra = ""
             if svc.name == "frontend":
-                last = self.kafka_port + self.spec.log_nodes - 1
-                extra = f"  kafka {self.bootstrap} (brokers on ports {self.kafka_port}-{last})"
+                extra = f"  kafka {', '.join(self.kafka_listeners())}"
+            security = "mtls" if self.internal_tls(svc.kind).enabled else "plaintext"
             yield (
                 f"{svc.name:<11} {state:<8} pid {pid!s:<7} grpc {svc.grpc_address:<16} "
-                f"metrics http://127.0.0.1:{svc.metrics_port}/metrics{extra}"
+                f"{security:<9} metrics http://127.0.0.1:{svc.metrics_port}/metrics{extra}"
             )

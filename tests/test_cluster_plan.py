@@ -6,8 +6,13 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
+import pytest
+
 from services.common.config import load
+from services.common.tls import InternalTls
 from services.local_cluster import ClusterSpec, LocalCluster
+
+from .tls_material import internal_tls_dir
 
 CONFIGS = {
     "services.frontend": "FrontendConfig",
@@ -65,3 +70,23 @@ def test_no_port_is_planned_twice(tmp_path: Path):
                   for p in (svc.grpc_port, svc.metrics_port)]
         ports += range(cluster.kafka_port, cluster.kafka_port + 3)
     assert len(ports) == len(set(ports))
+
+
+def test_internal_tls_gives_each_service_its_kinds_certificate(tmp_path: Path):
+    plain = LocalCluster(ClusterSpec(data_dir=tmp_path / "plain"))
+    for svc in plain.services.values():
+        assert not InternalTls.of(load(config_class(svc.module), svc.args, env={})).enabled
+    assert "plaintext, loopback only" in list(plain.security_lines())[1]
+
+    certs = tmp_path / "certs"
+    internal_tls_dir(certs)
+    cluster = LocalCluster(ClusterSpec(data_dir=tmp_path / "tls", internal_tls=certs))
+    for svc in cluster.services.values():
+        tls = InternalTls.of(load(config_class(svc.module), svc.args, env={}))
+        assert tls == InternalTls(str(certs / "ca.crt"), str(certs / f"{svc.kind}.crt"),
+                                  str(certs / f"{svc.kind}.key"))
+        assert tls.common_name() == f"kbroker-{svc.kind}"
+
+    (certs / "log.key").unlink()
+    with pytest.raises(FileNotFoundError, match=r"log\.key"):
+        LocalCluster(ClusterSpec(data_dir=tmp_path / "tls", internal_tls=certs))

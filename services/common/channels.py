@@ -1,8 +1,20 @@
-"""Long-lived gRPC channels with the limits Kafka traffic needs (large record batches)."""
+"""Long-lived gRPC channels with the limits Kafka traffic needs (large record batches).
+
+Every channel one service opens to another is made by :func:`internal_channel` (asyncio) or
+:func:`internal_sync_channel` (blocking: probes, the local cluster launcher): mutual TLS when
+the process has internal TLS material, the server's certificate checked against the identity of
+the kind of service the channel means to reach (see :mod:`services.common.tls` for why the
+kind and not the address); plaintext otherwise, to loopback targets only.
+"""
 
 from __future__ import annotations
 
 import grpc
+
+from .tls import PLAINTEXT, InternalTls, require_plaintext_allowed, service_identity
+
+__all__ = ["CHANNEL_OPTIONS", "PLAINTEXT", "SERVER_OPTIONS", "insecure_channel",
+           "internal_channel", "internal_sync_channel"]
 
 # A produce request may carry up to socket.request.max.bytes (100 MiB); leave headroom.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
@@ -40,6 +52,35 @@ SERVER_OPTIONS = [
 ]
 
 
+def _options(server_name: str) -> list[tuple[str, object]]:
+    # The name the server's certificate must match, whatever address is dialled.
+    return [*CHANNEL_OPTIONS, ("grpc.ssl_target_name_override", server_name)]
+
+
+def internal_channel(address: str, tls: InternalTls, peer: str) -> grpc.aio.Channel:
+    """An asyncio channel to ``address``, a service of kind ``peer`` ("log", "handler", ...);
+    create once and keep it. Raises PlaintextNotAllowedError without TLS to a non-loopback
+    address, InternalTlsError when the TLS files cannot be read (they are read here, so a
+    channel made after a certificate rotation presents the new certificate)."""
+    if not tls.enabled:
+        require_plaintext_allowed(tls, address, f"channel to the {peer}")
+        return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+    return grpc.aio.secure_channel(address, tls.channel_credentials(),
+                                   options=_options(service_identity(peer)))
+
+
+def internal_sync_channel(address: str, tls: InternalTls, peer: str, *,
+                          server_name: str = "") -> grpc.Channel:
+    """:func:`internal_channel` for blocking code; ``server_name`` replaces the identity of
+    ``peer`` as the name the server's certificate must match."""
+    if not tls.enabled:
+        require_plaintext_allowed(tls, address, f"channel to the {peer}")
+        return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    return grpc.secure_channel(address, tls.channel_credentials(),
+                               options=_options(server_name or service_identity(peer)))
+
+
 def insecure_channel(address: str) -> grpc.aio.Channel:
-    """An asyncio channel to ``host:port``; create once and keep it."""
+    """A plaintext asyncio channel to a loopback ``host:port`` (tests, tools)."""
+    require_plaintext_allowed(PLAINTEXT, address, "channel")
     return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)

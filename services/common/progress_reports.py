@@ -35,7 +35,8 @@ import grpc
 
 from kbroker.purgatory.v1 import purgatory_pb2, purgatory_pb2_grpc
 
-from .channels import insecure_channel
+from .channels import PLAINTEXT, internal_channel
+from .tls import InternalTls
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +76,10 @@ class ProgressStream:
     ``on_outcome("sent" | "failed")`` is told how each write went (for metrics)."""
 
     def __init__(self, address: str, position_of: PositionSource | None = None,
-                 on_outcome: Callable[[str], None] = lambda outcome: None) -> None:
+                 on_outcome: Callable[[str], None] = lambda outcome: None, *,
+                 tls: InternalTls = PLAINTEXT) -> None:
         self.address = address
-        self._channel = insecure_channel(address)
+        self._channel = internal_channel(address, tls, "purgatory")
         self._stub = purgatory_pb2_grpc.PurgatoryStub(self._channel)
         # key -> (position, Kafka error code)
         self._pending: dict[str, tuple[int, int]] = {}

@@ -43,7 +43,9 @@ def tune_allocator() -> bool:
 
 def run(service: str, main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
     """Run ``main(stop_event)`` on uvloop until it returns (logging to stderr at
-    ``KBROKER_LOG_LEVEL``); SIGTERM/SIGINT set the event."""
+    ``KBROKER_LOG_LEVEL``); SIGTERM/SIGINT set the event. Unusable internal TLS settings
+    (plaintext on a non-loopback address, missing files) end the process with status 1 and
+    one line saying why."""
     import uvloop
 
     logging.basicConfig(level=os.environ.get("KBROKER_LOG_LEVEL", "INFO").upper(),
@@ -58,7 +60,14 @@ def run(service: str, main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
             loop.add_signal_handler(sig, stop.set)
         await main(stop)
 
-    uvloop.run(_wrapper())
+    from .tls import InternalTlsError
+
+    try:
+        uvloop.run(_wrapper())
+    except InternalTlsError as e:
+        # A settings mistake, not a crash: say what is wrong, no traceback.
+        logging.getLogger(f"services.{service}").error("cannot start: %s", e)
+        sys.exit(f"{service}: cannot start: {e}")
 
 
 def serve_main(service: str, config_cls: type, start: Callable[[Any], Awaitable[Any]]) -> None:
@@ -67,6 +76,7 @@ def serve_main(service: str, config_cls: type, start: Callable[[Any], Awaitable[
     service, and stop it gracefully on SIGTERM/SIGINT."""
     from .config import load
     from .metrics import serve_prometheus
+    from .tls import InternalTls
 
     config = load(config_cls, sys.argv[1:])
     log = logging.getLogger(f"services.{service}")
@@ -76,7 +86,8 @@ def serve_main(service: str, config_cls: type, start: Callable[[Any], Awaitable[
             host = config.grpc_address.rsplit(":", 1)[0].strip("[]") or "127.0.0.1"
             serve_prometheus(config.metrics_port, host)
         running = await start(config)
-        log.info("%s ready: gRPC on %s", service, config.grpc_address)
+        log.info("%s ready: gRPC on %s (%s)", service, config.grpc_address,
+                 InternalTls.of(config).describe())
         try:
             await stop.wait()
         finally:

@@ -1,7 +1,10 @@
 """Create a gRPC server for a service: its servicers plus health checking, server reflection
 and the metrics service, which every port serves (so grpcurl ``list``/``describe`` work).
 
-``create_server`` binds and starts; tests use port 0 and read the bound port back.
+``create_server`` binds and starts; tests use port 0 and read the bound port back. It is the one
+place a service's gRPC port is bound: with mutual TLS when the service has internal TLS
+material (client certificates required, see :mod:`services.common.tls`), else plaintext, on a
+loopback address only.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from kbroker.metrics.v1 import metrics_pb2, metrics_pb2_grpc
 
 from .channels import SERVER_OPTIONS
 from .metrics import METRICS_ENABLED, MetricsInterceptor, MetricsServicer
+from .tls import PLAINTEXT, InternalTls, require_plaintext_allowed
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,11 +39,16 @@ async def create_server(
     bindings: Sequence[ServiceBinding],
     address: str = "127.0.0.1:0",
     instance: str = "",
+    tls: InternalTls = PLAINTEXT,
 ) -> tuple[grpc.aio.Server, int, HealthServicer]:
     """Start a server for ``service`` on ``address``; returns (server, bound port, health).
 
-    Health reports SERVING for the overall server ("") and for each binding's name.
+    Health reports SERVING for the overall server ("") and for each binding's name. Raises
+    PlaintextNotAllowedError without ``tls`` on a non-loopback address (before binding anything),
+    InternalTlsError when the TLS files cannot be read.
     """
+    require_plaintext_allowed(tls, address, f"{service} gRPC server on")
+    credentials = tls.server_credentials() if tls.enabled else None
     server = grpc.aio.server(
         options=SERVER_OPTIONS, interceptors=[MetricsInterceptor()] if METRICS_ENABLED else [])
     health = HealthServicer()
@@ -57,7 +66,10 @@ async def create_server(
         ],
         server,
     )
-    port = server.add_insecure_port(address)
+    if credentials is not None:
+        port = server.add_secure_port(address, credentials)
+    else:
+        port = server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"{service}: cannot bind gRPC port {address}")
     await server.start()

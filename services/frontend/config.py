@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.common.config import option
+from services.common.tls import CA_HELP, CERT_HELP, KEY_HELP
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +24,9 @@ class FrontendConfig:
            "advertised at advertised_port + N (clients identify brokers by address)")
     grpc_address: str = option("127.0.0.1:19090", "host:port of the frontend's own gRPC port "
                                                   "(health, reflection, metrics)")
+    internal_tls_ca: str = option("", CA_HELP)
+    internal_tls_cert: str = option("", CERT_HELP)
+    internal_tls_key: str = option("", KEY_HELP)
     metrics_port: int = option(0, "Prometheus HTTP port (0 = disabled)")
     handlers: tuple[str, ...] = option(("127.0.0.1:19100",),
                                        "comma-separated host:port of every handler")

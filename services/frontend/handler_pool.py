@@ -26,10 +26,11 @@ from google.protobuf.message import Message
 
 from kbroker.handler.v1 import handler_pb2, kafka_handler_pb2
 from services.common.call_streams import CallStream
-from services.common.channels import insecure_channel
+from services.common.channels import PLAINTEXT, internal_channel
 from services.common.discovery import Resolver, StaticResolver, changes, resolver_for
 from services.common.envelopes import decode_handler_reply, encode_handler_call
 from services.common.metrics import REMOTE_TIME_METADATA_KEY
+from services.common.tls import InternalTls, InternalTlsError, require_plaintext_allowed
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +108,9 @@ class _Handler:
     written and read by hand (no extra copies of the request or response inside them, see
     services.common.envelopes)."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, tls: InternalTls) -> None:
         self.address = address
-        self.channel = insecure_channel(address)
+        self.channel = internal_channel(address, tls, "handler")
         self.stream: CallStream | None = None  # set up by the first call
 
     async def call(self, rpc: str, request: Message, metadata: Metadata,
@@ -144,7 +145,12 @@ class HandlerPool:
 
     def __init__(self, targets: Sequence[str] | str,
                  resolve_interval: float = RESOLVE_INTERVAL_SECONDS,
-                 resolver: Resolver | None = None) -> None:
+                 resolver: Resolver | None = None, tls: InternalTls = PLAINTEXT) -> None:
+        if resolver is None:
+            # Refused at start-up rather than at the first resolution.
+            for target in [targets] if isinstance(targets, str) else targets:
+                require_plaintext_allowed(tls, target, "handlers at")
+        self._tls = tls
         self._resolver: Resolver = resolver or resolver_for(targets)
         self._resolve_interval = resolve_interval
         self._handlers: list[_Handler] = []
@@ -169,10 +175,12 @@ class HandlerPool:
 
     async def _follow(self, updates) -> None:
         async for addresses in updates:
-            self.update(addresses)
+            self.update(addresses, strict=False)
 
-    def update(self, addresses: Sequence[str]) -> None:
-        """Open channels to new handlers, close those of handlers no longer listed."""
+    def update(self, addresses: Sequence[str], *, strict: bool = True) -> None:
+        """Open channels to new handlers, close those of handlers no longer listed. Unusable
+        TLS files raise, unless not ``strict`` (a later resolution): then the new handlers
+        are left out until the next one."""
         wanted = list(dict.fromkeys(addresses))
         known = {h.address: h for h in self._handlers}
         for gone in set(known) - set(wanted):
@@ -182,7 +190,16 @@ class HandlerPool:
             task.add_done_callback(self._closing.discard)
         handlers = []
         for address in wanted:
-            handlers.append(known.get(address) or _Handler(address))
+            handler = known.get(address)
+            if handler is None:
+                try:
+                    handler = _Handler(address, self._tls)
+                except InternalTlsError as e:
+                    if strict:
+                        raise
+                    log.error("no channel to handler %s: %s", address, e)
+                    continue
+            handlers.append(handler)
         if [h.address for h in handlers] != [h.address for h in self._handlers]:
             log.info("handlers: %s", ", ".join(wanted) or "none")
         self._handlers = handlers

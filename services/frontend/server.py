@@ -11,6 +11,7 @@ import socket
 import grpc
 
 from services.common.server import create_server
+from services.common.tls import InternalTls
 
 from .config import FrontendConfig
 from .connection import Connection
@@ -116,11 +117,12 @@ class FrontendService:
 
 async def start(config: FrontendConfig) -> FrontendService:
     """Start the frontend: its gRPC port, then the Kafka listener."""
-    pool = HandlerPool(config.handlers)
+    tls = InternalTls.of(config)
+    pool = HandlerPool(config.handlers, tls=tls)
     await pool.start()
     try:
         grpc_server, port, _health = await create_server(
-            "frontend", [], config.grpc_address, config.instance)
+            "frontend", [], config.grpc_address, config.instance, tls=tls)
     except BaseException:
         await pool.close()
         raise

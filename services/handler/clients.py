@@ -22,7 +22,8 @@ from kbroker.purgatory.v1 import purgatory_pb2, purgatory_pb2_grpc
 from kbroker.replicator.v1 import replicator_pb2, replicator_pb2_grpc
 from services.common.acls import AclBinding
 from services.common.call_streams import CallStream
-from services.common.channels import insecure_channel
+from services.common.channels import PLAINTEXT, internal_channel
+from services.common.tls import InternalTls
 
 from .collaborators import CallError, OutcomeUnknownError, UnreachableError
 from .metadata_cache import (
@@ -119,9 +120,9 @@ class ReplicatorClient:
     """The replicator as the handler's :class:`~.collaborators.Controller` and metadata
     source."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, tls: InternalTls = PLAINTEXT) -> None:
         self._address = address
-        self._channel = insecure_channel(address)
+        self._channel = internal_channel(address, tls, "replicator")
         self._stub = replicator_pb2_grpc.ReplicatorStub(self._channel)
 
     async def load_metadata(self) -> ClusterMetadata:
@@ -183,7 +184,8 @@ class ReplicatorClient:
 class LogNodeClients:
     """Every log node the handler has talked to, one long-lived channel per address."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: InternalTls = PLAINTEXT) -> None:
+        self._tls = tls
         self._stubs: dict[str, tuple[grpc.aio.Channel, log_pb2_grpc.LogServiceStub]] = {}
         self._append_streams: dict[str, CallStream] = {}
         self._closing: set[asyncio.Task[None]] = set()
@@ -191,7 +193,7 @@ class LogNodeClients:
     def _stub(self, node: LogNode) -> log_pb2_grpc.LogServiceStub:
         entry = self._stubs.get(node.address)
         if entry is None:
-            channel = insecure_channel(node.address)
+            channel = internal_channel(node.address, self._tls, "log")
             entry = (channel, log_pb2_grpc.LogServiceStub(channel))
             self._stubs[node.address] = entry
         return entry[1]
@@ -286,9 +288,9 @@ SESSION_TIMER_TIMEOUT_S = 5.0
 class PurgatoryClient:
     """The purgatory as the handler's :class:`~.collaborators.Purgatory`."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, tls: InternalTls = PLAINTEXT) -> None:
         self._address = address
-        self._channel = insecure_channel(address)
+        self._channel = internal_channel(address, tls, "purgatory")
         self._stub = purgatory_pb2_grpc.PurgatoryStub(self._channel)
 
     async def wait(self, kind: purgatory_pb2.OperationKind.ValueType,

@@ -12,6 +12,7 @@ import grpc
 
 from kbroker.handler.v1 import kafka_handler_pb2
 from services.common.server import ServiceBinding, create_server
+from services.common.tls import InternalTls
 
 from .apis.acls import CreateAclsApi, DeleteAclsApi, DescribeAclsApi
 from .apis.client_quotas import AlterClientQuotasApi, DescribeClientQuotasApi
@@ -92,9 +93,10 @@ async def start(config: HandlerConfig, *,
     """Start a handler; ``log_nodes`` replaces its log node clients (tests: a log node side
     the log nodes at hand do not have)."""
     async with contextlib.AsyncExitStack() as stack:
-        replicator = ReplicatorClient(config.replicator_address)
-        log_nodes = log_nodes or LogNodeClients()
-        purgatory = PurgatoryClient(config.purgatory_address)
+        tls = InternalTls.of(config)
+        replicator = ReplicatorClient(config.replicator_address, tls)
+        log_nodes = log_nodes or LogNodeClients(tls)
+        purgatory = PurgatoryClient(config.purgatory_address, tls)
         cache = MetadataCache(replicator.load_metadata)
         cache.add_listener(log_nodes.on_metadata)
         producer_id_blocks = ProducerIdBlocks(replicator, requester=config.instance)
@@ -121,6 +123,7 @@ async def start(config: HandlerConfig, *,
                             ExchangeServicer(servicer))],
             config.grpc_address,
             config.instance,
+            tls=tls,
         )
         log.info("handler %s serving on port %d", config.instance, port)
         return HandlerService(server, port, stack.pop_all())

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from services.common.config import option
+from services.common.tls import CA_HELP, CERT_HELP, KEY_HELP
 
 from .cleaner import DEFAULT_MAX_MAP_KEYS
 from .log_manager import Schedule
@@ -21,6 +22,9 @@ class LogConfig:
     node_id: int = option(0, "this log node's id")
     data_dir: str = option("data/log-0", "directory holding the partition replicas")
     grpc_address: str = option("127.0.0.1:19200", "host:port of the LogService gRPC server")
+    internal_tls_ca: str = option("", CA_HELP)
+    internal_tls_cert: str = option("", CERT_HELP)
+    internal_tls_key: str = option("", KEY_HELP)
     metrics_port: int = option(0, "Prometheus HTTP port (0: disabled)")
     purgatory_address: str = option(
         "", "host:port of the purgatory to tell about high watermark moves (empty: nobody)"

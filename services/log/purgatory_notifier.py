@@ -7,7 +7,9 @@ watched keys, fire and forget).
 
 from __future__ import annotations
 
+from services.common.channels import PLAINTEXT
 from services.common.progress_reports import ProgressStream, epoch_key, partition_key
+from services.common.tls import InternalTls
 
 from .metrics import PURGATORY_NOTIFICATIONS
 
@@ -16,9 +18,10 @@ class PurgatoryNotifier(ProgressStream):
     """A log node's progress reports; create inside the event loop. Set :attr:`position_of`
     once the replicas are loaded, so newly watched keys are answered."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, tls: InternalTls = PLAINTEXT) -> None:
         super().__init__(address,
-                         on_outcome=lambda outcome: PURGATORY_NOTIFICATIONS.labels(outcome).inc())
+                         on_outcome=lambda outcome: PURGATORY_NOTIFICATIONS.labels(outcome).inc(),
+                         tls=tls)
 
     def on_high_watermark(self, topic: str, partition: int, high_watermark: int,
                           leader_epoch: int = -1) -> None:

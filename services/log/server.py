@@ -13,6 +13,7 @@ from grpc_health.v1._async import HealthServicer
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from services.common.progress_reports import PositionSource, parse_key
 from services.common.server import ServiceBinding, create_server
+from services.common.tls import InternalTls
 
 from . import metrics
 from .config import LogConfig
@@ -51,7 +52,9 @@ class LogService:
 
 async def start(config: LogConfig) -> LogService:
     """Load the node's replicas from ``config.data_dir`` and start serving."""
-    notifier = PurgatoryNotifier(config.purgatory_address) if config.purgatory_address else None
+    tls = InternalTls.of(config)
+    notifier = (PurgatoryNotifier(config.purgatory_address, tls) if config.purgatory_address
+                else None)
     manager = LogManager(
         Path(config.data_dir),
         config.topic_defaults(),
@@ -71,6 +74,7 @@ async def start(config: LogConfig) -> LogService:
                             LogServicer(manager))],
             config.grpc_address,
             instance=f"log-{config.node_id}",
+            tls=tls,
         )
         manager.start_background()
     except BaseException:

@@ -10,6 +10,7 @@ import grpc
 
 from kbroker.purgatory.v1 import purgatory_pb2, purgatory_pb2_grpc
 from services.common.server import ServiceBinding, create_server
+from services.common.tls import InternalTls
 
 from .config import PurgatoryConfig
 from .purgatories import Purgatories
@@ -58,6 +59,7 @@ async def start(config: PurgatoryConfig) -> PurgatoryService:
                         PurgatoryServicer(purgatories))],
         config.grpc_address,
         instance=config.grpc_address,
+        tls=InternalTls.of(config),
     )
     sweeper = asyncio.create_task(_sweep_watched_keys(purgatories, min(linger, 10.0) / 2),
                                   name="watched-keys-sweep")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.common.config import option
+from services.common.tls import CA_HELP, CERT_HELP, KEY_HELP
 
 
 @dataclass(frozen=True, slots=True)
@@ -12,6 +13,9 @@ class ReplicatorConfig:
     """The replicator: cluster metadata (the controller role) for the log nodes."""
 
     grpc_address: str = option("127.0.0.1:19400", "host:port of the Replicator gRPC service")
+    internal_tls_ca: str = option("", CA_HELP)
+    internal_tls_cert: str = option("", CERT_HELP)
+    internal_tls_key: str = option("", KEY_HELP)
     metrics_port: int = option(0, "Prometheus HTTP port (0: disabled)")
     data_dir: str = option(
         "data/replicator", "directory of metadata.json (--metadata-store file)")

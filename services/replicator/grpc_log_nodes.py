@@ -12,8 +12,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
-from services.common.channels import insecure_channel
+from services.common.channels import PLAINTEXT, internal_channel
 from services.common.errors import ErrorCode
+from services.common.tls import InternalTls
 
 from .log_nodes import LogNodeError, PartitionNumber, TopicPartition
 from .metadata import LogNode, NodeId
@@ -25,10 +26,11 @@ CALL_TIMEOUT = 10.0
 
 
 class GrpcLogNodes:
-    def __init__(self, nodes: Sequence[LogNode], health_timeout: float = 1.0) -> None:
+    def __init__(self, nodes: Sequence[LogNode], health_timeout: float = 1.0, *,
+                 tls: InternalTls = PLAINTEXT) -> None:
         self._health_timeout = health_timeout
         self._nodes = {n.node_id: n for n in nodes}
-        self._channels = {n.node_id: insecure_channel(n.address) for n in nodes}
+        self._channels = {n.node_id: internal_channel(n.address, tls, "log") for n in nodes}
         self._log = {i: log_pb2_grpc.LogServiceStub(c) for i, c in self._channels.items()}
         self._health = {i: health_pb2_grpc.HealthStub(c) for i, c in self._channels.items()}
 

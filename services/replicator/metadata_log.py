@@ -86,7 +86,7 @@ from dataclasses import dataclass
 import grpc
 
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
-from services.common.channels import insecure_channel
+from services.common.channels import PLAINTEXT, internal_channel
 from services.common.errors import ErrorCode, error_name
 from services.common.records.record import build_batch
 from services.common.records.record import decode_records as records_of_batch
@@ -97,6 +97,7 @@ from services.common.records.record_batch import (
     compute_crc,
     iter_batches,
 )
+from services.common.tls import InternalTls
 
 from .metadata import LogNode, MetadataImage
 from .metadata_store import DeposedError, decode_image, encode_image
@@ -243,10 +244,10 @@ class _Replica:
     Writes go through one worker per replica, one at a time: ``next`` is the newest record
     waiting (a newer one replaces it), ``waiters`` the saves waiting for theirs."""
 
-    def __init__(self, node: LogNode, timeout: float) -> None:
+    def __init__(self, node: LogNode, timeout: float, tls: InternalTls) -> None:
         self.node_id = node.node_id
         self.address = node.address
-        self._channel = insecure_channel(node.address)
+        self._channel = internal_channel(node.address, tls, "log")
         self._stub = log_pb2_grpc.LogServiceStub(self._channel)
         self._timeout = timeout
         self.end: int | None = None
@@ -382,10 +383,11 @@ class MetadataLog:
         *,
         call_timeout: float = 5.0,
         start_timeout: float = 60.0,
+        tls: InternalTls = PLAINTEXT,
     ) -> None:
         if not nodes:
             raise ValueError("the metadata log needs at least one log node")
-        self._replicas = [_Replica(n, call_timeout) for n in nodes]
+        self._replicas = [_Replica(n, call_timeout, tls) for n in nodes]
         self.majority = len(self._replicas) // 2 + 1
         self._start_timeout = start_timeout
         self.writer_id = uuid.uuid4().hex

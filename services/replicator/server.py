@@ -19,6 +19,7 @@ from grpc_health.v1._async import HealthServicer
 from kbroker.replicator.v1 import replicator_pb2, replicator_pb2_grpc
 from services.common.kubernetes_api import current_namespace, default_api_client
 from services.common.server import ServiceBinding, create_server
+from services.common.tls import InternalTls
 
 from .config import ReplicatorConfig
 from .controller import Controller
@@ -88,7 +89,7 @@ async def _serve(config: ReplicatorConfig, servicer: replicator_pb2_grpc.Replica
         "replicator",
         [ServiceBinding(SERVICE_NAME, replicator_pb2_grpc.add_ReplicatorServicer_to_server,
                         servicer)],
-        config.grpc_address, instance=config.grpc_address)
+        config.grpc_address, instance=config.grpc_address, tls=InternalTls.of(config))
 
 
 def metadata_store(config: ReplicatorConfig, nodes: tuple[LogNode, ...]) -> MetadataStore:
@@ -97,7 +98,8 @@ def metadata_store(config: ReplicatorConfig, nodes: tuple[LogNode, ...]) -> Meta
     if config.metadata_store == "file":
         return JsonFileMetadataStore(config.data_dir)
     if config.metadata_store == "log":
-        return MetadataLog(nodes, start_timeout=max(config.metadata_log_start_timeout_ms, 0) / 1000)
+        return MetadataLog(nodes, start_timeout=max(config.metadata_log_start_timeout_ms, 0) / 1000,
+                           tls=InternalTls.of(config))
     raise ValueError(f"unknown --metadata-store {config.metadata_store!r} (log or file)")
 
 
@@ -105,7 +107,8 @@ async def start(config: ReplicatorConfig) -> ReplicatorService:
     interval = max(config.node_check_interval_ms, 1) / 1000.0
     nodes = parse_log_nodes(config.log_nodes)
     # A health check may take as long as the interval between checks, within reason.
-    log_nodes = GrpcLogNodes(nodes, health_timeout=min(max(interval, 0.5), 5.0))
+    tls = InternalTls.of(config)
+    log_nodes = GrpcLogNodes(nodes, health_timeout=min(max(interval, 0.5), 5.0), tls=tls)
     try:
         initial_acls = (load_initial_acls(config.initial_acls_file)
                         if config.initial_acls_file else [])
@@ -124,7 +127,8 @@ async def start(config: ReplicatorConfig) -> ReplicatorService:
     except BaseException:
         await log_nodes.close()
         raise
-    purgatory = ProgressReporter(config.purgatory_address) if config.purgatory_address else None
+    purgatory = (ProgressReporter(config.purgatory_address, tls=tls) if config.purgatory_address
+                 else None)
     replication = ReplicationManager(
         controller=controller, nodes=log_nodes, lag_time_max_ms=config.replica_lag_time_max_ms,
         fetch=FetchSettings(wait_ms=config.replica_fetch_wait_max_ms,

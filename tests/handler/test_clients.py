@@ -2,11 +2,13 @@
 upkeep (the calls themselves run in test_service.py)."""
 
 import asyncio
+from pathlib import Path
 
 import grpc
 
 from kbroker.purgatory.v1 import purgatory_pb2
 from kbroker.replicator.v1 import replicator_pb2
+from services.common.tls import InternalTls
 from services.handler.clients import (
     LogNodeClients,
     PurgatoryClient,
@@ -15,6 +17,7 @@ from services.handler.clients import (
 )
 from services.handler.collaborators import OutcomeUnknownError, UnreachableError
 
+from ..tls_material import internal_tls_dir
 from .fakes import cluster
 
 
@@ -52,9 +55,14 @@ def test_replicator_metadata_becomes_a_snapshot():
     assert snapshot.offline_replicas(topic.partitions[0]) == [2]
 
 
-def test_channels_of_departed_log_nodes_are_closed():
+def test_channels_of_departed_log_nodes_are_closed(tmp_path: Path):
+    # Log nodes off loopback (node-N:1) are reached over TLS only.
+    internal_tls_dir(tmp_path)
+    tls = InternalTls(str(tmp_path / "ca.crt"), str(tmp_path / "handler.crt"),
+                      str(tmp_path / "handler.key"))
+
     async def main():
-        clients = LogNodeClients()
+        clients = LogNodeClients(tls)
         snapshot = cluster(nodes=(0, 1))
         for node in snapshot.log_nodes.values():
             clients._stub(node)
