@@ -217,7 +217,9 @@ class ScramSaslServer:
         match = _CLIENT_FINAL.fullmatch(text)
         if match is None:
             raise SaslError(f"Invalid SCRAM client final message format: {text}")
-        if match["nonce"] != self._nonce:
+        # As Kafka: the nonce must end with the full nonce (librdkafka 2.0 sends the client
+        # nonce twice, and Kafka accepts it).
+        if not match["nonce"].endswith(self._nonce):
             raise SaslError("Invalid client nonce in the final client message.")
         try:
             channel = base64.b64decode(match["channel"], validate=True)
