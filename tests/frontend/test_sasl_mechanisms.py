@@ -157,3 +157,41 @@ def test_failed_authentication_delays_grow_are_bounded_and_decay() -> None:
     assert max(delays.failed("a", now=1) for _ in range(20)) == 5.0
     assert delays.failed("a", now=10_000) == 0.1
     assert FailedAuthenticationDelays(0).failed("a") == 0.0
+
+
+def test_jwks_from_a_url_is_fetched_again_for_an_unknown_key(tmp_path, monkeypatch) -> None:
+    import http.server
+    import threading
+
+    first, second = TokenIssuer(tmp_path, kid="k1"), TokenIssuer(tmp_path, kid="k2")
+    served = {"body": first.jwks.read_bytes(), "fetches": 0}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            served["fetches"] += 1
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(served["body"])
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/jwks.json"
+        validator = TokenValidator(JwksSource(url), audience=("kafka",))
+        assert run(validator.validate(first.token("alice")))[0] == "alice"
+        assert served["fetches"] == 1
+        # The issuer rotates its key: a token with the new key id makes the set be fetched
+        # again (no sooner than the minimum interval, here shortened).
+        served["body"] = second.jwks.read_bytes()
+        monkeypatch.setattr("services.frontend.sasl.oauthbearer._MIN_REFETCH_SECONDS", 0.0)
+        assert run(validator.validate(second.token("bob")))[0] == "bob"
+        assert served["fetches"] == 2
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
