@@ -338,3 +338,19 @@ def test_a_truncated_frame_during_authentication_closes(tmp_path) -> None:
             assert await wire.closed_by_peer()
 
     asyncio.run(main())
+
+
+def test_api_versions_too_new_may_be_asked_again_before_the_handshake(tmp_path) -> None:
+    from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersionsV0
+
+    async def main() -> None:
+        async with secure_frontend(**settings(tmp_path)) as (service, _):
+            wire = await KafkaWire.connect(service.ports["SASL_PLAINTEXT"])
+            request = ApiVersionsRequest(client_software_name="t", client_software_version="1")
+            await wire.send(encode_request(request, correlation_id=1, api_version=99))
+            _, response = await wire.read_response(ApiVersionsV0, False)
+            assert response.error_code == ErrorCode.unsupported_version
+            assert (await wire.request(request, correlation_id=2)).error_code == ErrorCode.none
+            await scram_login(wire, "SCRAM-SHA-256", "alice", "alice-secret")
+
+    asyncio.run(main())

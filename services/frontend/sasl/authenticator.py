@@ -47,6 +47,7 @@ from kbroker.kafka.v1 import kafka_pb2
 
 from .. import headers
 from ..api_versions import API_VERSIONS_KEY, SUPPORTED_APIS
+from ..dispatcher import Dispatcher, Request, UnanswerableRequestError
 from ..metrics import (
     FAILED_AUTHENTICATIONS,
     FAILED_REAUTHENTICATIONS,
@@ -79,7 +80,7 @@ class SaslAuthenticatorConfig:
     """What every SASL connection of one listener shares."""
 
     def __init__(self, listener: str, mechanisms: tuple[str, ...],
-                 server_factory: SaslServerFactory, dispatcher: Any,
+                 server_factory: SaslServerFactory, dispatcher: Dispatcher,
                  delays: FailedAuthenticationDelays, max_reauth_ms: int,
                  timeout_seconds: float) -> None:
         self.listener = listener
@@ -206,7 +207,8 @@ class SaslAuthenticator:
             if api_key == API_VERSIONS_KEY and not versions_seen:
                 request = self._decode(frame)
                 await self._send(dispatcher.answer_api_versions(request))
-                versions_seen = True
+                # A version too new is answered with the ranges and may be asked again.
+                versions_seen = request.schema is not None
                 frame = None
                 continue
             if api_key != SASL_HANDSHAKE_KEY:
@@ -225,9 +227,7 @@ class SaslAuthenticator:
             await self._send(dispatcher.encode(request, answer))
             return mechanism, self._config.server_factory(mechanism), request.version == 0
 
-    def _decode(self, frame: bytes | memoryview) -> Any:
-        from ..dispatcher import UnanswerableRequestError
-
+    def _decode(self, frame: bytes | memoryview) -> Request:
         try:
             return self._config.dispatcher.decode(frame)
         except UnanswerableRequestError as e:
@@ -276,7 +276,7 @@ class SaslAuthenticator:
             if principal is not None:
                 return principal
 
-    async def _authenticate_request(self, frame: bytes | memoryview) -> Any:
+    async def _authenticate_request(self, frame: bytes | memoryview) -> Request:
         try:
             api_key, _, _ = headers.peek(frame)
         except struct.error:
