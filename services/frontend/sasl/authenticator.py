@@ -149,8 +149,10 @@ class SaslAuthenticator:
                     f"SASL mechanism '{mechanism}' requested by client is not supported for "
                     f"re-authentication of mechanism '{previous_mechanism}'")
             principal = await self._tokens(deadline, server, raw, reauthenticating)
-        except AuthenticationFailedError:
-            self._count_failure(mechanism, reauthenticating)
+        except AuthenticationFailedError as e:
+            # A client that leaves (a TCP probe, say) did not fail to authenticate.
+            if e.kind != "closed_by_client":
+                self._count_failure(mechanism, reauthenticating)
             raise
         self.mechanism, self.principal = mechanism, principal
         (SUCCESSFUL_REAUTHENTICATIONS if reauthenticating else SUCCESSFUL_AUTHENTICATIONS
