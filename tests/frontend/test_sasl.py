@@ -354,3 +354,31 @@ def test_api_versions_too_new_may_be_asked_again_before_the_handshake(tmp_path) 
             await scram_login(wire, "SCRAM-SHA-256", "alice", "alice-secret")
 
     asyncio.run(main())
+
+
+def test_every_broker_port_of_a_listener_authenticates_and_names_its_broker(tmp_path) -> None:
+    from services.local_cluster import free_port_range
+
+    sasl_port, plain_port = free_port_range("127.0.0.1", 3), free_port_range("127.0.0.1", 3)
+
+    async def main() -> None:
+        async with secure_frontend(**settings(
+                tmp_path, broker_ports=3,
+                listeners=f"SASL_PLAINTEXT://127.0.0.1:{sasl_port},"
+                          f"PLAINTEXT://127.0.0.1:{plain_port}",
+                advertised_listeners=f"SASL_PLAINTEXT://kafka.example:{sasl_port + 1000}")) as (
+                service, handler):
+            wire = await KafkaWire.connect(sasl_port + 2)
+            await scram_login(wire, "SCRAM-SHA-512", "alice", "alice-secret")
+            await wire.request(metadata_v12("t"))
+            context = handler.calls[-1][2]
+            assert context["kafka-broker-id"] == "2"
+            assert context["kafka-advertised"] == f"kafka.example:{sasl_port + 1000}"
+            assert context["kafka-broker-ports"] == "3"
+            wire = await KafkaWire.connect(plain_port + 1)
+            await wire.request(metadata_v12("t"))
+            context = handler.calls[-1][2]
+            assert context["kafka-broker-id"] == "1"
+            assert context["kafka-advertised"] == f"127.0.0.1:{plain_port}"
+
+    asyncio.run(main())
