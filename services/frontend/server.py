@@ -31,6 +31,7 @@ from .sasl.scram import ScramMechanism, ScramSaslServer
 from .session import ClientSession
 from .ssl_context import ReloadingSslContext
 from .ssl_principal_mapper import NoMatchingRuleError, SslPrincipalMapper
+from .tls_listener import TlsListener
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ class FrontendService:
         self.ssl: ReloadingSslContext | None = None
         self._pool = pool
         self._grpc_server = grpc_server
-        self._servers: list[asyncio.Server] = []
+        self._servers: list[asyncio.Server | TlsListener] = []
         self._dispatcher: Dispatcher | None = None
         self._sasl: dict[str, SaslAuthenticatorConfig] = {}
         self._mapper = SslPrincipalMapper(config.ssl_principal_mapping_rules)
@@ -120,7 +121,8 @@ class FrontendService:
                 raise ValueError(f"broker_ports > 1 needs an explicit port for listener "
                                  f"{spec.name}")
             first = await self._bind(spec, spec.bind.port)
-            port = first.sockets[0].getsockname()[1]
+            port = first.port if isinstance(first, TlsListener) \
+                else first.sockets[0].getsockname()[1]
             self._servers.append(first)
             for offset in range(1, broker_ports):
                 self._servers.append(await self._bind(spec, port + offset))
@@ -140,7 +142,10 @@ class FrontendService:
                         delays, config.connections_max_reauth_ms,
                         config.authentication_timeout_ms / 1000)
         for server in self._servers:
-            await server.start_serving()
+            if isinstance(server, TlsListener):
+                server.start_serving()
+            else:
+                await server.start_serving()
         for spec in specs:
             port = self.ports[spec.name]
             log.info("Kafka listener %s on %s:%d-%d, advertised as %s (+broker id)", spec.name,
@@ -148,14 +153,21 @@ class FrontendService:
                      self.advertised_listeners[spec.name])
         log.info("handlers %s", ",".join(self._pool.addresses))
 
-    async def _bind(self, spec: ListenerSpec, port: int) -> asyncio.Server:
+    async def _bind(self, spec: ListenerSpec, port: int) -> asyncio.Server | TlsListener:
         max_frame_bytes = self.config.socket_request_max_bytes
         on_connect = functools.partial(self._on_connect, spec)
-        tls = self.ssl.server_context if self.ssl and spec.protocol.uses_tls else None
+
+        def factory() -> FrameChannel:
+            return FrameChannel(max_frame_bytes, on_connect)
+
+        if spec.protocol.uses_tls:
+            assert self.ssl is not None
+            return TlsListener.bind(
+                spec.bind.host or None, port, self.ssl.current, factory,
+                self.config.authentication_timeout_ms / 1000,
+                FAILED_AUTHENTICATIONS.labels(spec.name, "SSL").inc)
         return await asyncio.get_running_loop().create_server(
-            lambda: FrameChannel(max_frame_bytes, on_connect), spec.bind.host or None,
-            port, reuse_address=True, start_serving=False, ssl=tls,
-            ssl_handshake_timeout=self.config.authentication_timeout_ms / 1000 if tls else None)
+            factory, spec.bind.host or None, port, reuse_address=True, start_serving=False)
 
     async def _on_connect(self, spec: ListenerSpec, channel: FrameChannel) -> None:
         assert self._dispatcher is not None

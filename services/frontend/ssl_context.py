@@ -2,11 +2,10 @@
 a server ``ssl.SSLContext`` from PEM files, client certificates off, requested or required
 (``ssl.client.auth``), rebuilt when the files change.
 
-A listener's server socket keeps one context for its whole life; that context's SNI callback,
-which OpenSSL calls at every ClientHello (with or without a server name), points the new
-connection at the latest context. A change is noticed by the files' modification times,
-looked at no more than once a second; connections already open keep the certificate they
-started with, new ones get the new one. A set of files that does not load (half-written)
+Each new connection's handshake (:mod:`.tls_listener`) takes :meth:`ReloadingSslContext.
+current`. A change is noticed by the files' modification times, looked at no more than once a
+second; connections already open keep the certificate they started with, new ones get the
+new one. A set of files that does not load (half-written)
 leaves the previous context in use until it does.
 """
 
@@ -54,9 +53,6 @@ class ReloadingSslContext:
         self._stamps = self._file_stamps()
         self._checked = time.monotonic()
         self.reloads = 0
-        # The context sockets are created with: it only hands each connection the current one.
-        self.server_context = build_context(*self._args)
-        self.server_context.sni_callback = self._on_client_hello
 
     def _file_stamps(self) -> tuple[tuple[int, int], ...]:
         out = []
@@ -85,7 +81,3 @@ class ReloadingSslContext:
                     self.reloads += 1
                     log.info("TLS certificate reloaded from %s", ", ".join(self._files))
         return self._current
-
-    def _on_client_hello(self, ssl_object: ssl.SSLObject, server_name: str | None,
-                         context: ssl.SSLContext) -> None:
-        ssl_object.context = self.current()

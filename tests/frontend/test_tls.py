@@ -45,6 +45,20 @@ async def rejected(port: int, context: ssl.SSLContext) -> bool:
     return False
 
 
+def failed_handshakes() -> float:
+    return REGISTRY.get_sample_value("kbroker_frontend_failed_authentication_total",
+                                     {"listener": "SSL", "mechanism": "SSL"}) or 0.0
+
+
+async def counted(expected: float) -> None:
+    """Wait until the frontend has counted ``expected`` failed handshakes (a client may
+    give up before the frontend has read its alert)."""
+    deadline = time.monotonic() + 5
+    while failed_handshakes() < expected and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert failed_handshakes() == expected
+
+
 @pytest.fixture()
 def pki(tmp_path):
     ca = CertificateAuthority(tmp_path / "tls")
@@ -80,10 +94,12 @@ def test_mtls_principal_from_the_certificate_subject(pki, tmp_path) -> None:
             assert REGISTRY.get_sample_value("kbroker_frontend_successful_authentication_total",
                                              {"listener": "SSL", "mechanism": "SSL"}) == before + 1
             await wire.close()
+            failed = failed_handshakes()
             assert await rejected(port, client_context(ca)), "no client certificate"
             assert await rejected(port, client_context(other_ca, mallory)), "another CA"
             # The other CA's client also does not trust our server.
             assert await rejected(port, client_context(other_ca, mallory))
+            await counted(failed + 3)
 
     asyncio.run(main())
 
@@ -180,9 +196,11 @@ def test_a_client_that_never_finishes_the_tls_handshake_is_closed(pki) -> None:
         async with secure_frontend(**tls_settings(
                 ca, server, listeners="SSL://127.0.0.1:0",
                 authentication_timeout_ms=300)) as (service, _):
+            failed = failed_handshakes()
             started = time.monotonic()
             wire = await KafkaWire.connect(service.ports["SSL"])  # TCP only, no ClientHello
             assert await wire.closed_by_peer()
             assert 0.25 < time.monotonic() - started < 5
+            await counted(failed + 1)
 
     asyncio.run(main())
