@@ -2,10 +2,10 @@
 a server ``ssl.SSLContext`` from PEM files, client certificates off, requested or required
 (``ssl.client.auth``), rebuilt when the files change.
 
-Each new connection's handshake (:mod:`.tls_listener`) takes :meth:`ReloadingSslContext.
-current`. A change is noticed by the files' modification times, looked at no more than once a
-second; connections already open keep the certificate they started with, new ones get the
-new one. A set of files that does not load (half-written)
+Each new connection's handshake (:mod:`.tls_listener`) takes
+:meth:`ReloadingSslContext.current`. A change is noticed by the files' modification times,
+looked at no more than once a second; connections already open keep the certificate they
+started with, new ones get the new one. A set of files that does not load (half-written)
 leaves the previous context in use until it does.
 """
 

@@ -45,7 +45,12 @@ class TlsListener:
     def bind(cls, host: str | None, port: int, context: Callable[[], ssl.SSLContext],
              protocol_factory: Callable[[], asyncio.BaseProtocol], handshake_seconds: float,
              on_failure: Callable[[], None]) -> TlsListener:
-        sock = socket.create_server((host or "", port), backlog=_BACKLOG)
+        if not host and socket.has_dualstack_ipv6():  # every interface, IPv4 and IPv6
+            sock = socket.create_server(("", port), family=socket.AF_INET6, backlog=_BACKLOG,
+                                        dualstack_ipv6=True)
+        else:
+            family = socket.AF_INET6 if host and ":" in host else socket.AF_INET
+            sock = socket.create_server((host or "", port), family=family, backlog=_BACKLOG)
         sock.setblocking(False)
         return cls(sock, context, protocol_factory, handshake_seconds, on_failure)
 
