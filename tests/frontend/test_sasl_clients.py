@@ -81,7 +81,7 @@ def test_oauthbearer_tokens_from_oauth_cb(tmp_path) -> None:
             # librdkafka checks only the lifetime it is given, never the token's own exp.
             "oauth_cb": lambda _config: (token, time.time() + 3600, "ignored", {})})
         try:
-            admin.list_topics(timeout=5)
+            admin.list_topics(timeout=3)
         finally:
             admin.poll(0.5)  # serves error_cb
 
