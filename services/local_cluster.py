@@ -241,7 +241,7 @@ class LocalCluster:
                   advertised_port=spec.advertised_port or self.kafka_port,
                   broker_ports=spec.log_nodes,
                   handlers=",".join(handler.grpc_address for handler in handlers),
-                  instance="frontend-0")
+                  replicator_address=replicator.grpc_address, instance="frontend-0")
 
     @property
     def advertised(self) -> str:

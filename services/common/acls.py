@@ -20,6 +20,8 @@ from kbroker.replicator.v1 import replicator_pb2 as pb
 
 WILDCARD = "*"
 WILDCARD_PRINCIPAL = "User:*"
+# The principal of a client that did not authenticate (Kafka's KafkaPrincipal.ANONYMOUS).
+ANONYMOUS = "User:ANONYMOUS"
 
 
 class ResourceType(enum.IntEnum):

@@ -232,9 +232,12 @@ def _host_is_loopback(host: str) -> bool:
     if host.lower() in ("localhost", "localhost."):
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
 
 
 def require_plaintext_allowed(tls: InternalTls, target: str, what: str) -> None:

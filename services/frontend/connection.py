@@ -6,6 +6,10 @@ acks=0, until the request was processed), so pipelined requests wait in the sock
 a client's ordering guarantees hold. Concurrency comes from many connections. A client over
 its quotas (:mod:`.quotas`) is muted after its answer: no frame is read for the throttle time.
 
+On a SASL listener the client authenticates first (:mod:`.sasl.authenticator`); afterwards
+a SaslHandshake may start a re-authentication, and a request after the session expired
+closes the connection.
+
 A malformed frame or request closes this connection only; no exception escapes
 :meth:`Connection.serve`.
 """
@@ -18,8 +22,10 @@ import time
 
 from .dispatcher import Dispatcher, UnanswerableRequestError
 from .framing import FrameError
-from .metrics import CLOSED_CONNECTIONS, OPEN_CONNECTIONS
-from .network_receive import FrameChannel
+from .metrics import CLOSED_CONNECTIONS, EXPIRED_CONNECTIONS_KILLED, OPEN_CONNECTIONS
+from .network_receive import Frame, FrameChannel
+from .sasl.authenticator import AuthenticationFailedError, SaslAuthenticator
+from .session import ClientSession
 
 log = logging.getLogger(__name__)
 
@@ -27,15 +33,14 @@ log = logging.getLogger(__name__)
 class Connection:
     """Serves one client socket until the client leaves, misbehaves or the frontend stops."""
 
-    def __init__(self, channel: FrameChannel, dispatcher: Dispatcher) -> None:
+    def __init__(self, channel: FrameChannel, dispatcher: Dispatcher, session: ClientSession,
+                 sasl: SaslAuthenticator | None = None) -> None:
         self._channel = channel
         self._dispatcher = dispatcher
+        self.session = session
+        self._sasl = sasl
         peer = channel.extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        self.client_host = peer[0] if isinstance(peer, tuple) else ""
-        local = channel.extra_info("sockname")
-        # Which of the frontend's broker ports the client connected to.
-        self.local_port = local[1] if isinstance(local, tuple) else 0
         # True while waiting for the next frame: the connection can close without losing work.
         self.idle = True
         self._stopping = False
@@ -48,7 +53,7 @@ class Connection:
         OPEN_CONNECTIONS.inc()
         try:
             await self._serve()
-        except (FrameError, UnanswerableRequestError) as e:
+        except (FrameError, UnanswerableRequestError, AuthenticationFailedError) as e:
             kind = getattr(e, "kind", "malformed")
             CLOSED_CONNECTIONS.labels(kind).inc()
             log.info("closing connection from %s: %s", self.peer, e)
@@ -63,8 +68,11 @@ class Connection:
             self._channel.close()
 
     async def _serve(self) -> None:
-        channel, dispatcher = self._channel, self._dispatcher
+        channel, dispatcher, session, sasl = (self._channel, self._dispatcher, self.session,
+                                              self._sasl)
         perf_counter = time.perf_counter
+        if sasl is not None:
+            session.principal = await sasl.authenticate()
         while not self._stopping:
             self.idle = True
             # ``received``: when the frame was complete (request-queue time starts).
@@ -73,9 +81,11 @@ class Connection:
                 return
             frame, received = read
             self.idle = False
+            if sasl is not None and await self._sasl_took(sasl, frame):
+                continue
             started = perf_counter()
             request = dispatcher.decode(frame)
-            chunks = await dispatcher.handle(request, self.client_host, self.local_port)
+            chunks = await dispatcher.handle(request, session)
             ready = sending = perf_counter()
             response_bytes = 0
             if chunks is not None:
@@ -92,3 +102,16 @@ class Connection:
                 mute = request.charge.after_send(done - sending)
                 if mute > 0:
                     await asyncio.sleep(mute)
+
+    async def _sasl_took(self, sasl: SaslAuthenticator, frame: Frame) -> bool:
+        """Whether ``frame`` began a re-authentication (now done); raises when the session
+        expired (KIP-368: the connection closes)."""
+        now = time.monotonic()
+        if sasl.starts_reauthentication(frame, now):
+            await sasl.reauthenticate(frame)
+            return True
+        if sasl.expired(now):
+            EXPIRED_CONNECTIONS_KILLED.labels(self.session.listener).inc()
+            raise AuthenticationFailedError("SASL session expired without re-authentication",
+                                            kind="session_expired")
+        return False

@@ -15,7 +15,7 @@ import logging
 import re
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -43,14 +43,15 @@ from .metrics import (
     produce_outcome,
 )
 from .quotas import Charge, ClientQuotas, ClientSensors
+from .session import ClientSession
 
 log = logging.getLogger(__name__)
 
 PRODUCE_KEY = 0
 FETCH_KEY = 1
 JOIN_GROUP_KEY = 11
-# The user of a connection without authentication (Kafka's User:ANONYMOUS).
-ANONYMOUS = "ANONYMOUS"
+SASL_HANDSHAKE_KEY = 17
+SASL_AUTHENTICATE_KEY = 36
 # Extra time a handler gets beyond the wait the client asked for, before the frontend gives up.
 PRODUCE_GRACE_SECONDS = 5.0
 FETCH_GRACE_SECONDS = 10.0
@@ -60,13 +61,14 @@ JOIN_GROUP_GRACE_SECONDS = 10.0
 
 # KIP-511: client software name and version must look like this (Kafka's own pattern).
 _SOFTWARE_PATTERN = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
-# gRPC metadata values are printable ASCII; anything else in a client id is percent-encoded.
 # ApiVersions v3+: the cluster's features, as Kafka's broker lists them (a finalized level is
 # both its min and max version level).
 _SUPPORTED_FEATURES = [{"name": f.name, "min_version": f.min_level, "max_version": f.max_level}
                        for f in FEATURES]
 _FINALIZED_FEATURES = [{"name": f.name, "min_version_level": f.finalized_level,
                         "max_version_level": f.finalized_level} for f in FEATURES]
+# gRPC metadata values are printable ASCII; anything else in a client id or principal is
+# percent-encoded.
 _METADATA_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
 
 
@@ -146,25 +148,31 @@ def _deadline_seconds(api_key: int, request: Message) -> float:
     return DEFAULT_DEADLINE_SECONDS
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ListenerAddress:
+    """Where one listener's broker 0 is advertised and listens (broker N: port + N)."""
+
+    advertised: str
+    first_port: int
+
+
 class Dispatcher:
     """Decodes, routes and encodes requests for every connection of one frontend."""
 
-    def __init__(self, pool: HandlerPool, advertised: str, instance: str,
-                 broker_ports: int = 1, first_port: int = 0,
+    def __init__(self, pool: HandlerPool, listeners: Mapping[str, ListenerAddress],
+                 instance: str, broker_ports: int = 1,
                  quotas: ClientQuotas | None = None) -> None:
         self._pool = pool
         self.quotas = quotas if quotas is not None else ClientQuotas()
-        self._advertised = advertised
+        self._listeners = dict(listeners)
         self._broker_ports = str(broker_ports)
         self._broker_count = broker_ports
-        # The listening port of broker 0; broker N listens on first_port + N.
-        self._first_port = first_port
         self._instance = instance
         self._schemas = _compile_schemas()
         self._api_keys = [{"api_key": key, "min_version": lo, "max_version": hi}
                           for key, lo, hi in supported_versions()]
         self._metrics = {key: ApiMetrics(api.name) for key, api in SUPPORTED_APIS.items()}
-        self._grpc_metadata: dict[tuple[str | None, str, int, int], Metadata] = {}
+        self._grpc_metadata: dict[tuple[str | None, str, int, int, str, str], Metadata] = {}
 
     def decode(self, frame: bytes) -> Request:
         """The request in ``frame``; raises :class:`UnanswerableRequestError` if unreadable."""
@@ -193,24 +201,22 @@ class Dispatcher:
         return Request(api, version, correlation_id, header.client_id, body, schema, metrics,
                        size=len(frame), started=started)
 
-    async def handle(self, request: Request, client_host: str, local_port: int,
-                     user: str = ANONYMOUS) -> list[bytes] | None:
-        """The response frame (as buffers) for ``request``, or None when none is due.
-        ``user``: the name of the connection's ``User:`` principal."""
+    async def handle(self, request: Request, session: ClientSession) -> list[bytes] | None:
+        """The response frame (as buffers) for ``request``, or None when none is due."""
         api, schema = request.api, request.schema
         if api.rpc is None or schema is None:
-            return self._api_versions(request)
+            return self._answer_locally(request)
         message = schema.request_to_proto(request.body)
         converter.normalise_request(api.key, request.version, message)
-        sensors = self.quotas.sensors(user, request.client_id) if self.quotas.enabled else None
+        quotas = self.quotas
+        sensors = quotas.sensors(session.user, request.client_id) if quotas.enabled else None
         if sensors is not None and api.key == FETCH_KEY:
             self.quotas.cap_fetch(sensors, message)
         called = time.perf_counter()
         try:
             response, remote = await self._pool.call(
                 api.rpc, message,
-                metadata=self._metadata(request.client_id, client_host, request.version,
-                                        local_port),
+                metadata=self._metadata(request.client_id, request.version, session),
                 time_limit=_deadline_seconds(api.key, message), retry_safe=api.retry_safe)
             # Bounded by the call it is part of (the handler's clock is not ours).
             request.remote_seconds = min(remote, time.perf_counter() - called)
@@ -262,7 +268,34 @@ class Dispatcher:
                 charge.throttle_ms / 1000)
         return response
 
-    def _api_versions(self, request: Request) -> list[bytes]:
+    def _answer_locally(self, request: Request) -> list[bytes]:
+        """ApiVersions, and the SASL requests of a client already authenticated (or on a
+        listener without SASL): as Kafka's KafkaApis, ILLEGAL_SASL_STATE."""
+        key = request.api.key
+        if key == SASL_HANDSHAKE_KEY:
+            return self.encode(request, kafka_pb2.SaslHandshakeResponse(
+                error_code=int(ErrorCode.illegal_sasl_state)))
+        if key == SASL_AUTHENTICATE_KEY:
+            return self.encode(request, kafka_pb2.SaslAuthenticateResponse(
+                error_code=int(ErrorCode.illegal_sasl_state),
+                error_message="SaslAuthenticate request received after successful "
+                              "authentication"))
+        return self.answer_api_versions(request)
+
+    def encode(self, request: Request, response: Message) -> list[bytes]:
+        """``response`` as the answer frame to ``request`` (in its version)."""
+        assert request.schema is not None
+        return self._encode(request, request.schema, response)
+
+    def error_answer(self, request: Request, code: ErrorCode) -> list[bytes] | None:
+        """``request``'s answer carrying ``code`` everywhere, or None if it has none."""
+        if request.schema is None:
+            return None
+        message = request.schema.request_to_proto(request.body)
+        response = error_response(request.api.key, message, code)
+        return None if response is None else self._encode(request, request.schema, response)
+
+    def answer_api_versions(self, request: Request) -> list[bytes]:
         """The supported version ranges (KIP-511: INVALID_REQUEST for a malformed client
         software name or version; a client newer than the broker gets UNSUPPORTED_VERSION and
         the ranges in v0, the one body every client version can read, so it can pick a version
@@ -312,20 +345,24 @@ class Dispatcher:
                     request.client_id, error, code.name.upper())
         return response
 
-    def _metadata(self, client_id: str | None, client_host: str, version: int,
-                  local_port: int) -> Metadata:
-        key = (client_id, client_host, version, local_port)
+    def _metadata(self, client_id: str | None, version: int,
+                  session: ClientSession) -> Metadata:
+        key = (client_id, session.client_host, version, session.local_port, session.listener,
+               session.principal)
         metadata = self._grpc_metadata.get(key)
         if metadata is None:
-            pairs = [("kafka-client-host", client_host),
-                     ("kafka-advertised", self._advertised),
+            listener = self._listeners[session.listener]
+            pairs = [("kafka-client-host", session.client_host),
+                     ("kafka-advertised", listener.advertised),
                      ("kafka-broker-ports", self._broker_ports),
                      ("kafka-frontend-id", self._instance),
-                     ("kafka-api-version", str(version))]
+                     ("kafka-api-version", str(version)),
+                     ("kafka-listener", session.listener),
+                     ("kafka-principal", quote(session.principal, safe=_METADATA_SAFE))]
             # The broker whose port the client connected to (group APIs answer
             # NOT_COORDINATOR at the wrong one).
-            broker_id = local_port - self._first_port
-            if self._first_port and 0 <= broker_id < self._broker_count:
+            broker_id = session.local_port - listener.first_port
+            if listener.first_port and 0 <= broker_id < self._broker_count:
                 pairs.append(("kafka-broker-id", str(broker_id)))
             if client_id is not None:
                 pairs.insert(0, ("kafka-client-id", quote(client_id, safe=_METADATA_SAFE)))

@@ -189,3 +189,27 @@ def count_fetched_bytes(response: Message, entity: Any) -> None:
                 size += len(p.records)
         if size and proto_topic.topic:
             TOPIC_BYTES_OUT.labels(proto_topic.topic).inc(size)
+
+# Authentication (Kafka's socket-server-metrics of the same names, per listener). The
+# mechanism is the SASL mechanism, or the listener's protocol for PLAINTEXT and SSL.
+SUCCESSFUL_AUTHENTICATIONS = LoopCounter(
+    "kbroker_frontend_successful_authentication_total",
+    "Connections that authenticated, by listener and mechanism "
+    "(successful-authentication-total).", ["listener", "mechanism"])
+FAILED_AUTHENTICATIONS = LoopCounter(
+    "kbroker_frontend_failed_authentication_total",
+    "Connections whose authentication failed (wrong credentials, unsupported mechanism, a "
+    "request out of turn, no valid certificate principal, timed out), by listener and "
+    "mechanism (failed-authentication-total).", ["listener", "mechanism"])
+SUCCESSFUL_REAUTHENTICATIONS = LoopCounter(
+    "kbroker_frontend_successful_reauthentication_total",
+    "SASL re-authentications (KIP-368) that succeeded, by listener and mechanism "
+    "(successful-reauthentication-total).", ["listener", "mechanism"])
+FAILED_REAUTHENTICATIONS = LoopCounter(
+    "kbroker_frontend_failed_reauthentication_total",
+    "SASL re-authentications that failed, by listener and mechanism "
+    "(failed-reauthentication-total).", ["listener", "mechanism"])
+EXPIRED_CONNECTIONS_KILLED = LoopCounter(
+    "kbroker_frontend_expired_connections_killed_total",
+    "Connections closed because their SASL session expired without re-authentication, by "
+    "listener (expired-connections-killed-count).", ["listener"])

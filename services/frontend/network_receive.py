@@ -64,6 +64,9 @@ class FrameChannel(asyncio.BufferedProtocol):
         self._closed = False
         self._read_waiter: asyncio.Future[None] | None = None
         self._writing_paused = False
+        # Plain TCP keeps the write side open after the client's EOF; TLS cannot (a TLS
+        # close is a whole close).
+        self._half_close = True
         # The connection writes one answer at a time: at most one drain waits.
         self._drain_waiter: asyncio.Future[None] | None = None
 
@@ -72,6 +75,7 @@ class FrameChannel(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self._transport = transport  # type: ignore[assignment]
+        self._half_close = transport.get_extra_info("ssl_object") is None
         # The server keeps the connection's task (the loop holds tasks only weakly).
         self._loop.create_task(self._on_connect(self))
 
@@ -98,7 +102,8 @@ class FrameChannel(asyncio.BufferedProtocol):
         if self._body is not None or self._carry:
             self._fail(FrameError("connection closed inside a frame"))
         self._wake_reader()
-        return True  # keep the write side open: responses to what was read can still go out
+        # Keep the write side open: responses to what was read can still go out.
+        return self._half_close
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._eof = True

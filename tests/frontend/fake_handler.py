@@ -285,3 +285,33 @@ class FakeHandler(kafka_handler_pb2_grpc.KafkaHandlerServicer):
     async def ListTransactions(self, request, context):
         await self._enter("ListTransactions", request, context)
         return k.ListTransactionsResponse(error_code=0)
+
+    # Security admin APIs: empty answers.
+
+    async def DescribeAcls(self, request, context):
+        await self._enter("DescribeAcls", request, context)
+        return k.DescribeAclsResponse(error_code=0)
+
+    async def CreateAcls(self, request, context):
+        await self._enter("CreateAcls", request, context)
+        return k.CreateAclsResponse()
+
+    async def DeleteAcls(self, request, context):
+        await self._enter("DeleteAcls", request, context)
+        return k.DeleteAclsResponse()
+
+    async def DescribeClientQuotas(self, request, context):
+        await self._enter("DescribeClientQuotas", request, context)
+        return k.DescribeClientQuotasResponse(error_code=0, entries_is_null=False)
+
+    async def AlterClientQuotas(self, request, context):
+        await self._enter("AlterClientQuotas", request, context)
+        return k.AlterClientQuotasResponse()
+
+    async def DescribeUserScramCredentials(self, request, context):
+        await self._enter("DescribeUserScramCredentials", request, context)
+        return k.DescribeUserScramCredentialsResponse(error_code=0)
+
+    async def AlterUserScramCredentials(self, request, context):
+        await self._enter("AlterUserScramCredentials", request, context)
+        return k.AlterUserScramCredentialsResponse()

@@ -42,8 +42,6 @@ from services.common.acls import (
     ResourceType,
 )
 
-ANONYMOUS = "User:ANONYMOUS"
-
 # The operations each concrete resource type supports (Kafka's
 # ``AclEntry.supportedOperations``): the bits of an authorized-operations field.
 SUPPORTED_OPERATIONS: dict[ResourceType, tuple[Operation, ...]] = {

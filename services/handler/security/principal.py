@@ -12,12 +12,12 @@ cannot claim a principal: its requests run as ``User:ANONYMOUS`` from its own ad
 from __future__ import annotations
 
 import functools
-import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
-from services.common.tls import peer_identity
+from services.common.tls import is_loopback, peer_identity
 
 from .authorizer import ANONYMOUS
 
@@ -36,7 +36,8 @@ class Caller:
         """The (principal, client host) a request runs as, from its call ``metadata``."""
         if not self.trusted:
             return ANONYMOUS, self.host
-        principal = str(metadata.get(PRINCIPAL_KEY) or ANONYMOUS)
+        # Percent-encoded by the frontend, as the client id.
+        principal = unquote(str(metadata.get(PRINCIPAL_KEY) or "")) or ANONYMOUS
         return principal, str(metadata.get(CLIENT_HOST_KEY) or self.host)
 
 
@@ -48,7 +49,7 @@ def caller_of(context: Any, frontend_identities: Iterable[str]) -> Caller:
     if _uses_tls(auth):
         identity = peer_identity(context)
         return Caller(host, identity is not None and identity in frozenset(frontend_identities))
-    return Caller(host, is_loopback(host))
+    return Caller(host, is_loopback(context.peer() or ""))
 
 
 def _uses_tls(auth: Mapping[str, Any]) -> bool:
@@ -67,14 +68,3 @@ def peer_host(peer: str) -> str:
         host = rest.rpartition(":")[0]
         return host[1:-1] if host.startswith("[") else host
     return peer
-
-
-@functools.lru_cache(maxsize=1024)
-def is_loopback(host: str) -> bool:
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return address.is_loopback

@@ -22,8 +22,9 @@ from kbroker.kafka.v1 import kafka_pb2 as k
 from services.common.acls import Operation, ResourceType
 from services.common.envelopes import decode_handler_reply, encode_handler_call
 from services.common.errors import ErrorCode
+from services.common.tls import is_loopback
 from services.handler.exchange import STREAM_SERVICE_NAME, CallContext
-from services.handler.security.principal import caller_of, is_loopback, peer_host
+from services.handler.security.principal import caller_of, peer_host
 
 from ..batches import record_batch
 from .handler import allow, running_handler
@@ -66,14 +67,16 @@ def test_no_other_caller_can_claim_a_principal():
     assert who("ipv4:10.0.0.5:40000", INSECURE, NAMED) == ("User:ANONYMOUS", "10.0.0.5")
     assert who("ipv6:[2001:db8::1]:40000", INSECURE, NAMED) == (
         "User:ANONYMOUS", "2001:db8::1")
-    assert who("unix:/tmp/socket", INSECURE, NAMED)[0] == "User:ANONYMOUS"
+    # A Unix socket is as local as loopback (and plaintext is allowed on it).
+    assert who("unix:/tmp/socket", INSECURE, NAMED)[0] == "User:alice"
 
 
 def test_peer_addresses():
     assert peer_host("ipv4:127.0.0.1:5000") == "127.0.0.1"
     assert peer_host("ipv6:[::ffff:127.0.0.1]:5000") == "::ffff:127.0.0.1"
-    assert is_loopback("127.0.0.2") and is_loopback("::1") and is_loopback("::ffff:127.0.0.1")
-    assert not is_loopback("10.0.0.1") and not is_loopback("localhost")
+    assert is_loopback("ipv4:127.0.0.2:5000") and is_loopback("ipv6:%5B::1%5D:5000")
+    assert is_loopback("ipv6:[::ffff:127.0.0.1]:5000")
+    assert not is_loopback("ipv4:10.0.0.1:5000") and not is_loopback("0.0.0.0:5000")
 
 
 # --- over TLS -----------------------------------------------------------------------------
