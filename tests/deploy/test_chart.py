@@ -13,8 +13,18 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from .conftest import (CHART, KUBE_VERSION, SCENARIOS, RenderError, find, helm, one,
-                       probe_check, render, validate_strictly)
+from .conftest import (
+    CHART,
+    KUBE_VERSION,
+    SCENARIOS,
+    RenderError,
+    find,
+    helm,
+    one,
+    probe_check,
+    render,
+    validate_strictly,
+)
 
 ROLES = ("frontend", "handler", "log", "purgatory", "replicator")
 

@@ -18,10 +18,25 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from services.common.acls import AclBinding, Operation, PatternType, Permission, ResourceType
-from services.common.acls import invalid_binding_reason
+from services.common.acls import (
+    AclBinding,
+    Operation,
+    PatternType,
+    Permission,
+    ResourceType,
+    invalid_binding_reason,
+)
 
-from .conftest import CHART, SCENARIOS, RenderError, find, one, probe_check, render, validate_strictly
+from .conftest import (
+    CHART,
+    SCENARIOS,
+    RenderError,
+    find,
+    one,
+    probe_check,
+    render,
+    validate_strictly,
+)
 
 ROLES = ("frontend", "handler", "log", "purgatory", "replicator")
 SECURE_CERT_MANAGER = CHART / "ci" / "05-secure-cert-manager-values.yaml"
@@ -127,7 +142,7 @@ def test_every_pod_mounts_its_roles_certificate_and_names_it_in_its_config(value
 
 def test_probes_run_the_probe_module_on_the_grpc_port_while_it_speaks_tls() -> None:
     docs = render(SINGLE)
-    for pod, c in containers(docs):
+    for _, c in containers(docs):
         grpc_port = next(p["containerPort"] for p in c["ports"] if p["name"].startswith("grpc"))
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             assert "grpc" not in c[probe], f"{c['name']} {probe}"
@@ -174,10 +189,12 @@ def test_generated_certificates_name_each_role_and_are_signed_by_one_ca() -> Non
     secrets = _generated(docs)
     ca = certificate(secrets["kb-kbroker-internal-ca"]["tls.crt"])
     assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is True
-    assert set(secrets) == {"kb-kbroker-internal-ca", *(f"kb-kbroker-{r}-internal-tls" for r in ROLES)}
+    assert set(secrets) == {"kb-kbroker-internal-ca",
+                            *(f"kb-kbroker-{r}-internal-tls" for r in ROLES)}
     for role in ROLES:
         data = secrets[f"kb-kbroker-{role}-internal-tls"]
-        assert one(docs, "Secret", f"kb-kbroker-{role}-internal-tls")["type"] == "kubernetes.io/tls"
+        secret = one(docs, "Secret", f"kb-kbroker-{role}-internal-tls")
+        assert secret["type"] == "kubernetes.io/tls"
         assert data["ca.crt"] == secrets["kb-kbroker-internal-ca"]["tls.crt"]
         cert = certificate(data["tls.crt"])
         cert.verify_directly_issued_by(ca)
@@ -394,7 +411,7 @@ def test_sasl_settings_and_the_users_file_from_a_secret() -> None:
 def test_every_file_a_service_is_given_is_mounted(scenario: Path) -> None:
     docs = render(scenario)
     for pod, c in containers(docs):
-        for var, value in environment(docs, c).items():
+        for value in environment(docs, c).values():
             if value.startswith("/etc/kbroker/"):
                 mounted(pod, c, value)
         mounts = [m["mountPath"] for m in c["volumeMounts"]]
