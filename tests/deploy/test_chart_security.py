@@ -493,3 +493,16 @@ def test_bad_security_values_are_refused_with_a_reason(sets: tuple[str, ...],
                                                         message: str) -> None:
     with pytest.raises(RenderError, match=message):
         render(sets=sets)
+
+
+def test_strict_validation_of_certificates_catches_a_misplaced_field() -> None:
+    import kubernetes_validate
+
+    (cert,) = [c for c in find(render(SECURE_CERT_MANAGER), "Certificate")
+               if c["metadata"]["name"] == "kb-kbroker-frontend-kafka-tls"]
+    validate_strictly(cert)
+    for broken in ({**cert["spec"], "dnsName": ["x"]},
+                   {**cert["spec"], "issuerRef": {**cert["spec"]["issuerRef"], "nam": "x"}},
+                   {**cert["spec"], "duration": 90}):
+        with pytest.raises(kubernetes_validate.ValidationError):
+            validate_strictly({**cert, "spec": broken})
