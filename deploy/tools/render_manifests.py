@@ -5,6 +5,11 @@ The chart is the single source: this runs ``helm template`` with the chart's def
 ``kubectl apply -k deploy/k8s/manifests`` installs. The tests fail while the committed file
 differs from a fresh rendering.
 
+One value differs from the defaults: the internal mTLS certificates come from existing Secrets
+(``internalTls.certificates=existingSecrets``), since certificates Helm generates would put
+private keys in the committed file and change at every rendering. The operator creates them
+once (see deploy/k8s/README.md, "Plain manifests").
+
     python deploy/tools/render_manifests.py [--check]
 """
 
@@ -21,11 +26,15 @@ RELEASE = "kbroker"
 # Rendered for "default": kustomize's namespace transformer rewrites that namespace in the
 # RoleBinding's subjects to the kustomization's own, so the manifests follow `namespace:`.
 NAMESPACE = "default"
+# Values that differ from the chart's defaults (no generated keys in a committed file).
+SETS = ("internalTls.certificates=existingSecrets",)
 
 HEADER = """\
 # GENERATED from the Helm chart in deploy/k8s by deploy/tools/render_manifests.py
-# (helm template, default values, release "kbroker"). Do not edit: change the chart and
-# re-run the script. Install with: kubectl apply -k deploy/k8s/manifests
+# (helm template, default values but internalTls.certificates=existingSecrets, release
+# "kbroker"). Do not edit: change the chart and re-run the script. Install with:
+# kubectl apply -k deploy/k8s/manifests (after creating the internal TLS Secrets: see
+# deploy/k8s/README.md).
 """
 
 
@@ -42,7 +51,8 @@ def find_helm() -> str:
 def render(helm: str | None = None) -> str:
     """The plain manifests as they should be committed."""
     out = subprocess.run(
-        [helm or find_helm(), "template", RELEASE, str(CHART), "--namespace", NAMESPACE],
+        [helm or find_helm(), "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+         *(arg for s in SETS for arg in ("--set", s))],
         check=True, capture_output=True, text=True,
     ).stdout
     return HEADER + out

@@ -13,7 +13,18 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from .conftest import CHART, KUBE_VERSION, SCENARIOS, RenderError, find, helm, one, render
+from .conftest import (
+    CHART,
+    KUBE_VERSION,
+    SCENARIOS,
+    RenderError,
+    find,
+    helm,
+    one,
+    probe_check,
+    render,
+    validate_strictly,
+)
 
 ROLES = ("frontend", "handler", "log", "purgatory", "replicator")
 
@@ -65,7 +76,7 @@ def test_every_rendered_resource_is_valid_kubernetes_strictly(scenario: Path) ->
     assert len(docs) >= 20
     for doc in docs:
         try:
-            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+            validate_strictly(doc)
         except kubernetes_validate.ValidationError as exc:
             pytest.fail(f"{doc['kind']}/{doc['metadata']['name']}: {exc.message} at "
                         f"{'.'.join(map(str, exc.path))}")
@@ -116,7 +127,7 @@ def test_every_container_is_probed_over_grpc_runs_unprivileged_and_requests_reso
             grpc_ports = {p["containerPort"] for p in c["ports"] if p["name"].startswith("grpc")}
             assert len(grpc_ports) == 1, where
             for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-                assert c[probe]["grpc"]["port"] in grpc_ports, f"{where} {probe}"
+                assert probe_check(c[probe])[0] in grpc_ports, f"{where} {probe}"
             ctx = c["securityContext"]
             assert ctx["readOnlyRootFilesystem"] is True, where
             assert ctx["allowPrivilegeEscalation"] is False, where
@@ -192,9 +203,9 @@ def test_replicator_is_active_standby_behind_a_service_of_the_ready_one(scenario
     assert pod["affinity"]["podAntiAffinity"]
     (container,) = pod["containers"]
     # Ready only while serving the Replicator service (the active replica); alive as a standby.
-    assert container["readinessProbe"]["grpc"]["service"] == "kbroker.replicator.v1.Replicator"
-    assert container["livenessProbe"]["grpc"]["service"] == "liveness"
-    assert container["startupProbe"]["grpc"]["service"] == "liveness"
+    assert probe_check(container["readinessProbe"])[1] == "kbroker.replicator.v1.Replicator"
+    assert probe_check(container["livenessProbe"])[1] == "liveness"
+    assert probe_check(container["startupProbe"])[1] == "liveness"
     args = _args(container)
     assert args["leader-election-lease"] == "kb-kbroker-replicator"
     assert args["leader-election-identity"] == "$(POD_NAME)"
@@ -212,7 +223,7 @@ def test_replicator_is_active_standby_behind_a_service_of_the_ready_one(scenario
     for workload in workloads(docs):
         if workload["metadata"]["name"] != "kb-kbroker-replicator":
             for c in workload["spec"]["template"]["spec"]["containers"]:
-                assert "service" not in c["readinessProbe"]["grpc"]
+                assert probe_check(c["readinessProbe"])[1] == ""
 
 
 def test_replicator_routing_is_by_readiness_alone(scenario: Path) -> None:
@@ -235,8 +246,8 @@ def test_only_rendered_probe_services_are_health_names_the_replicator_sets() -> 
 
     container = one(render(SCENARIOS[0]), "Deployment", "kb-kbroker-replicator")[
         "spec"]["template"]["spec"]["containers"][0]
-    assert container["readinessProbe"]["grpc"]["service"] == SERVICE_NAME
-    assert container["livenessProbe"]["grpc"]["service"] == PROCESS_HEALTH
+    assert probe_check(container["readinessProbe"])[1] == SERVICE_NAME
+    assert probe_check(container["livenessProbe"])[1] == PROCESS_HEALTH
 
 
 def _args(container: dict[str, Any]) -> dict[str, str]:
@@ -249,8 +260,10 @@ def test_internal_listener_advertises_pod_dns_names_only() -> None:
     containers = sts["spec"]["template"]["spec"]["containers"]
     assert [c["name"] for c in containers] == ["kafka"]
     args = _args(containers[0])
-    assert args["advertised-host"] == (
-        "$(POD_NAME).kb-kbroker-frontend-headless.$(POD_NAMESPACE).svc.cluster.local")
+    assert args["listeners"] == "PLAINTEXT://0.0.0.0:9092"
+    assert args["advertised-listeners"] == (
+        "PLAINTEXT://$(POD_NAME).kb-kbroker-frontend-headless.$(POD_NAMESPACE).svc.cluster.local"
+        ":9092")
     assert sts["spec"]["serviceName"] == "kb-kbroker-frontend-headless"
     bootstrap = one(docs, "Service", "kb-kbroker-frontend")
     assert [p["port"] for p in bootstrap["spec"]["ports"]] == [9092]
@@ -263,9 +276,9 @@ def test_external_listener_gets_a_load_balancer_and_a_dns_name_per_pod() -> None
     containers = {c["name"]: c for c in sts["spec"]["template"]["spec"]["containers"]}
     assert set(containers) == {"kafka", "kafka-external"}
     internal, external = _args(containers["kafka"]), _args(containers["kafka-external"])
-    assert external["advertised-host"] == "$(POD_NAME).kafka.example.com"
-    assert internal["advertised-host"].endswith(".svc.cluster.local")
-    assert internal["listen-port"] != external["listen-port"]
+    assert external["advertised-listeners"] == "PLAINTEXT://$(POD_NAME).kafka.example.com:9094"
+    assert internal["advertised-listeners"].endswith(".svc.cluster.local:9092")
+    assert external["listeners"] == "PLAINTEXT://0.0.0.0:9192"
     lbs = [s for s in find(docs, "Service") if s["spec"].get("type") == "LoadBalancer"]
     assert len(lbs) == 3
     for i in range(3):
@@ -286,7 +299,7 @@ def test_external_listener_on_host_ports_advertises_the_node_ip() -> None:
     sts = one(docs, "StatefulSet", "kb-kbroker-frontend")
     pod = sts["spec"]["template"]["spec"]
     external = next(c for c in pod["containers"] if c["name"] == "kafka-external")
-    assert _args(external)["advertised-host"] == "$(HOST_IP)"
+    assert _args(external)["advertised-listeners"] == "PLAINTEXT://$(HOST_IP):9094"
     host_ports = [p.get("hostPort") for p in external["ports"] if p["name"].startswith("external")]
     assert host_ports == [9094, 9095, 9096]
     assert pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
@@ -299,7 +312,7 @@ def test_external_listener_on_host_ports_advertises_the_node_ip() -> None:
     (("log.replicas=2",), "default_replication_factor"),
     (("frontend.external.enabled=true",), "frontend.external.domain is required"),
     (("frontend.external.enabled=true", "frontend.external.domain=x.example",
-      "frontend.external.containerPort=9093"), "overlaps"),
+      "frontend.external.containerPort=9093"), "overlap"),
     (("replicator.config.replica_lag=5",), "additional properties"),
     (("replicator.leaderElection.renewDeadlineSeconds=15",), "must exceed renewDeadlineSeconds"),
     (("replicator.leaderElection.retryPeriodSeconds=9",), "1.2 x retryPeriodSeconds"),

@@ -37,3 +37,22 @@ def test_kustomize_builds_valid_resources_in_the_kustomization_namespace() -> No
             assert doc["metadata"]["namespace"] == namespace, doc["metadata"]["name"]
         for subject in doc.get("subjects", []):
             assert subject["namespace"] == namespace
+
+
+def test_manifests_hold_no_key_and_the_chart_prints_the_secrets_they_mount() -> None:
+    docs = [d for d in yaml.safe_load_all((MANIFESTS / "kbroker.yaml").read_text()) if d]
+    assert not [d for d in docs if d["kind"] == "Secret"]
+    assert "PRIVATE KEY" not in (MANIFESTS / "kbroker.yaml").read_text()
+    mounted = {v["secret"]["secretName"] for d in docs
+               if d["kind"] in ("Deployment", "StatefulSet")
+               for v in d["spec"]["template"]["spec"]["volumes"] if "secret" in v}
+    # What the README has operators create before `kubectl apply -k`.
+    printed = subprocess.run(
+        [tool("helm"), "template", "kbroker", str(CHART), "--namespace", "kbroker",
+         "--show-only", "templates/common/internal-tls.yaml"],
+        capture_output=True, text=True, check=True, timeout=60).stdout
+    secrets = {d["metadata"]["name"] for d in yaml.safe_load_all(printed) if d}
+    assert mounted == {f"kbroker-{r}-internal-tls" for r in
+                       ("frontend", "handler", "log", "purgatory", "replicator")}
+    assert secrets == mounted | {"kbroker-internal-ca"}
+    assert "--show-only templates/common/internal-tls.yaml" in (CHART / "README.md").read_text()

@@ -16,7 +16,7 @@ import pytest
 
 from services.common.config import ENV_PREFIX, env_name, load
 
-from .conftest import ROOT, SCENARIOS, find, one, render
+from .conftest import ROOT, SCENARIOS, find, one, probe_check, render
 
 REFERENCE = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 # Variables read outside the config classes, and where.
@@ -174,7 +174,8 @@ def test_bind_addresses_match_the_declared_ports_and_probes(rendered: Any) -> No
         config = load(config_class(launch.module), launch.args, env=launch.env)
         grpc_port = int(config.grpc_address.rsplit(":", 1)[1])
         c = launch.container
-        assert grpc_port == c["readinessProbe"]["grpc"]["port"], launch.where
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert grpc_port == probe_check(c[probe])[0], launch.where
         declared = {p["containerPort"] for p in c["ports"]}
         assert {grpc_port, config.metrics_port} <= declared, launch.where
 
@@ -227,13 +228,31 @@ def test_internal_advertised_address_is_the_pods_own_dns_name(rendered: Any) -> 
         if launch.where != "kb-kbroker-frontend/kafka":
             continue
         config = load(config_class(launch.module), launch.args, env=launch.env)
-        pod, service, namespace, *_ = config.advertised_host.split(".")
-        assert pod == launch.pod_name
-        assert one(docs, "StatefulSet", "kb-kbroker-frontend")["spec"]["serviceName"] == service
-        assert namespace == NAMESPACE
-        ports = [_port_of(launch.container, f"kafka-{n}") for n in range(config.broker_ports)]
-        assert ports == [config.listen_port + n for n in range(config.broker_ports)]
-        assert config.advertised_port == config.listen_port
+        bound = _listeners(config.listeners)
+        advertised = _listeners(config.advertised_listeners)
+        assert bound.keys() == advertised.keys()
+        for protocol, (host, port) in advertised.items():
+            pod, service, namespace, *_ = host.split(".")
+            assert pod == launch.pod_name
+            assert one(docs, "StatefulSet", "kb-kbroker-frontend")["spec"][
+                "serviceName"] == service
+            assert namespace == NAMESPACE
+            # Broker N on the bound port + N, declared, advertised at the same port.
+            first = bound[protocol][1]
+            declared = sorted(p["containerPort"] for p in launch.container["ports"]
+                              if p["containerPort"] in range(first, first + config.broker_ports))
+            assert declared == [first + n for n in range(config.broker_ports)]
+            assert port == first
+
+
+def _listeners(text: str) -> dict[str, tuple[str, int]]:
+    """Kafka's listener list form, PROTOCOL://host:port,... by protocol."""
+    out = {}
+    for entry in text.split(","):
+        protocol, address = entry.split("://")
+        host, port = address.rsplit(":", 1)
+        out[protocol] = (host, int(port))
+    return out
 
 
 def test_config_keys_in_the_schema_are_config_fields() -> None:

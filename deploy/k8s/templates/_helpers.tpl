@@ -99,9 +99,10 @@ arguments. Call with a list of the names wanted. */}}
 {{- end -}}
 {{- end -}}
 
-{{/* gRPC health probes on a port. Call with (list $ port), or (list $ port readiness liveness)
-to probe those health service names (readiness: ready to serve; liveness, also the startup
-probe: the process is up), where they differ from the server's overall health (""). */}}
+{{/* Health probes of a gRPC port (grpc.health.v1; see kbroker.probeHandler for how TLS is
+handled). Call with (list $ port), or (list $ port readiness liveness) to probe those health
+service names (readiness: ready to serve; liveness, also the startup probe: the process is up),
+where they differ from the server's overall health (""). */}}
 {{- define "kbroker.probes" -}}
 {{- $ := index . 0 -}}
 {{- $port := index . 1 -}}
@@ -111,32 +112,19 @@ probe: the process is up), where they differ from the server's overall health ("
 {{- $ready = index . 2 -}}
 {{- $alive = index . 3 -}}
 {{- end -}}
+{{- $p := $.Values.probes -}}
 startupProbe:
-  grpc:
-    port: {{ $port }}
-    {{- with $alive }}
-    service: {{ . }}
-    {{- end }}
-  periodSeconds: {{ $.Values.probes.startup.periodSeconds }}
-  failureThreshold: {{ $.Values.probes.startup.failureThreshold }}
+  {{- include "kbroker.probeHandler" (list $ $port $alive $p.startup.timeoutSeconds) | nindent 2 }}
+  periodSeconds: {{ $p.startup.periodSeconds }}
+  failureThreshold: {{ $p.startup.failureThreshold }}
 readinessProbe:
-  grpc:
-    port: {{ $port }}
-    {{- with $ready }}
-    service: {{ . }}
-    {{- end }}
-  periodSeconds: {{ $.Values.probes.readiness.periodSeconds }}
-  timeoutSeconds: {{ $.Values.probes.readiness.timeoutSeconds }}
-  failureThreshold: {{ $.Values.probes.readiness.failureThreshold }}
+  {{- include "kbroker.probeHandler" (list $ $port $ready $p.readiness.timeoutSeconds) | nindent 2 }}
+  periodSeconds: {{ $p.readiness.periodSeconds }}
+  failureThreshold: {{ $p.readiness.failureThreshold }}
 livenessProbe:
-  grpc:
-    port: {{ $port }}
-    {{- with $alive }}
-    service: {{ . }}
-    {{- end }}
-  periodSeconds: {{ $.Values.probes.liveness.periodSeconds }}
-  timeoutSeconds: {{ $.Values.probes.liveness.timeoutSeconds }}
-  failureThreshold: {{ $.Values.probes.liveness.failureThreshold }}
+  {{- include "kbroker.probeHandler" (list $ $port $alive $p.liveness.timeoutSeconds) | nindent 2 }}
+  periodSeconds: {{ $p.liveness.periodSeconds }}
+  failureThreshold: {{ $p.liveness.failureThreshold }}
 {{- end -}}
 
 {{/* The container fields every service container shares. Call with (list $ roleValues). */}}
@@ -203,6 +191,9 @@ data:
   {{- range $key, $value := (index $.Values $role).config }}
   KBROKER_{{ upper $key }}: {{ include "kbroker.configValue" $value | quote }}
   {{- end }}
+  {{- range $key, $value := include "kbroker.securityEnv" . | fromYaml }}
+  {{ $key }}: {{ $value | quote }}
+  {{- end }}
 {{- end -}}
 
 {{/* A config value as its flag/environment text: whole numbers without an exponent (YAML
@@ -215,9 +206,11 @@ numbers reach templates as floats), booleans as true/false. */}}
 {{- end -}}
 {{- end -}}
 
-{{/* Pod annotation that rolls the pods when their ConfigMap changes. */}}
+{{/* Pod annotations that roll the pods when their ConfigMap or generated security files
+change. Call with (list $ "role"). */}}
 {{- define "kbroker.configChecksum" -}}
 checksum/config: {{ include "kbroker.configMap" . | sha256sum }}
+{{- include "kbroker.securityChecksums" . }}
 {{- end -}}
 
 {{/* Ports a container exposes besides Kafka: grpc and metrics. Call with (list grpc metrics). */}}
