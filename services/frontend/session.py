@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .principal import ANONYMOUS
+from services.common.acls import ANONYMOUS
 
 
 @dataclass(slots=True)

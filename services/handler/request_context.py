@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.common.acls import ANONYMOUS
+
 from .security.access import UNRESTRICTED, Access
-from .security.authorizer import ANONYMOUS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from services.common.acls import CLUSTER_NAME, AclBinding, Operation, ResourceType
+from services.common.acls import ANONYMOUS, CLUSTER_NAME, AclBinding, Operation, ResourceType
 from services.common.errors import ErrorCode
 
-from .authorizer import ANONYMOUS, SUPPORTED_OPERATIONS, Authorizer, operations_bitfield
+from .authorizer import SUPPORTED_OPERATIONS, Authorizer, operations_bitfield
 
 # The error a denied check is answered with, by the resource checked.
 AUTHORIZATION_ERRORS: dict[ResourceType, int] = {

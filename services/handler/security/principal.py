@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
+from services.common.acls import ANONYMOUS
 from services.common.tls import is_loopback, peer_identity
-
-from .authorizer import ANONYMOUS
 
 PRINCIPAL_KEY = "kafka-principal"
 CLIENT_HOST_KEY = "kafka-client-host"
