@@ -67,9 +67,10 @@ def status_failure(code: grpc.StatusCode, details: str, peer: str) -> CallError:
     return OutcomeUnknownError(message)
 
 
-async def _call(method: Any, request: Any, time_limit: float, peer: str) -> Any:
+async def _call(method: Any, request: Any, time_limit: float, peer: str, *,
+                wait_for_ready: bool = False) -> Any:
     try:
-        return await method(request, timeout=time_limit)
+        return await method(request, timeout=time_limit, wait_for_ready=wait_for_ready)
     except grpc.aio.AioRpcError as exc:
         raise call_failure(exc, peer) from exc
 
@@ -125,6 +126,12 @@ class ReplicatorClient:
         self._channel = internal_channel(address, tls, "replicator")
         self._stub = replicator_pb2_grpc.ReplicatorStub(self._channel)
 
+    async def _change(self, method: Any, request: Any, time_limit: float) -> Any:
+        """A change of the cluster metadata: while the replicator is unreachable (restarting,
+        or a standby taking over) it waits for it, up to ``time_limit``, as Kafka's brokers
+        hold requests they forward to the controller, rather than failing at once."""
+        return await _call(method, request, time_limit, self._address, wait_for_ready=True)
+
     async def load_metadata(self) -> ClusterMetadata:
         message = await _call(self._stub.GetMetadata, replicator_pb2.GetMetadataRequest(),
                               METADATA_TIMEOUT_S, self._address)
@@ -138,41 +145,41 @@ class ReplicatorClient:
 
     async def create_topics(self, request: replicator_pb2.CreateTopicsRequest,
                             time_limit: float) -> replicator_pb2.CreateTopicsResponse:
-        return await _call(self._stub.CreateTopics, request, time_limit, self._address)
+        return await self._change(self._stub.CreateTopics, request, time_limit)
 
     async def delete_topics(self, request: replicator_pb2.DeleteTopicsRequest,
                             time_limit: float) -> replicator_pb2.DeleteTopicsResponse:
-        return await _call(self._stub.DeleteTopics, request, time_limit, self._address)
+        return await self._change(self._stub.DeleteTopics, request, time_limit)
 
     async def alter_topic_configs(self, request: replicator_pb2.AlterTopicConfigsRequest,
                                   time_limit: float) -> replicator_pb2.AlterTopicConfigsResponse:
-        return await _call(self._stub.AlterTopicConfigs, request, time_limit, self._address)
+        return await self._change(self._stub.AlterTopicConfigs, request, time_limit)
 
     async def create_partitions(self, request: replicator_pb2.CreatePartitionsRequest,
                                 time_limit: float) -> replicator_pb2.CreatePartitionsResponse:
-        return await _call(self._stub.CreatePartitions, request, time_limit, self._address)
+        return await self._change(self._stub.CreatePartitions, request, time_limit)
 
     async def allocate_producer_ids(self, request: replicator_pb2.AllocateProducerIdsRequest,
                                     time_limit: float,
                                     ) -> replicator_pb2.AllocateProducerIdsResponse:
-        return await _call(self._stub.AllocateProducerIds, request, time_limit, self._address)
+        return await self._change(self._stub.AllocateProducerIds, request, time_limit)
 
     async def create_acls(self, request: replicator_pb2.CreateAclsRequest,
                           time_limit: float) -> replicator_pb2.CreateAclsResponse:
-        return await _call(self._stub.CreateAcls, request, time_limit, self._address)
+        return await self._change(self._stub.CreateAcls, request, time_limit)
 
     async def delete_acls(self, request: replicator_pb2.DeleteAclsRequest,
                           time_limit: float) -> replicator_pb2.DeleteAclsResponse:
-        return await _call(self._stub.DeleteAcls, request, time_limit, self._address)
+        return await self._change(self._stub.DeleteAcls, request, time_limit)
 
     async def alter_scram_credentials(
         self, request: replicator_pb2.AlterScramCredentialsRequest, time_limit: float,
     ) -> replicator_pb2.AlterScramCredentialsResponse:
-        return await _call(self._stub.AlterScramCredentials, request, time_limit, self._address)
+        return await self._change(self._stub.AlterScramCredentials, request, time_limit)
 
     async def alter_client_quotas(self, request: replicator_pb2.AlterClientQuotasRequest,
                                   time_limit: float) -> replicator_pb2.AlterClientQuotasResponse:
-        return await _call(self._stub.AlterClientQuotas, request, time_limit, self._address)
+        return await self._change(self._stub.AlterClientQuotas, request, time_limit)
 
     async def close(self) -> None:
         await self._channel.close()
