@@ -9,8 +9,6 @@ the client is told only that its credentials were invalid.
 
 from __future__ import annotations
 
-from typing import Protocol
-
 
 class SaslError(Exception):
     """Authentication failed; the reason stays in the broker's log."""
@@ -20,24 +18,32 @@ class SaslAuthenticationError(SaslError):
     """Authentication failed; the message is sent to the client."""
 
 
-class SaslServer(Protocol):
-    """One authentication exchange of one mechanism."""
+class SaslServer:
+    """One authentication exchange of one mechanism: subclasses answer tokens in
+    :meth:`evaluate`, set ``_user`` (the authorization id) and finally ``_complete``, and
+    ``_expiry_ms`` when the credential expires (a token's exp, epoch ms)."""
 
     mechanism: str
 
+    def __init__(self) -> None:
+        self._user = ""
+        self._complete = False
+        self._expiry_ms: int | None = None
+
     @property
-    def complete(self) -> bool: ...
+    def complete(self) -> bool:
+        return self._complete
 
     @property
     def authorization_id(self) -> str:
         """The authenticated user name (once complete)."""
-        ...
+        return self._user
 
     @property
     def credential_expiry_ms(self) -> int | None:
-        """When the credential expires (epoch ms: a token's exp), or None."""
-        ...
+        """When the credential expires (epoch ms), or None."""
+        return self._expiry_ms
 
     async def evaluate(self, token: bytes) -> bytes:
         """The challenge answering ``token``; raises :class:`SaslError` on failure."""
-        ...
+        raise NotImplementedError

@@ -32,7 +32,7 @@ from typing import Any
 
 import jwt
 
-from .mechanism import SaslAuthenticationError, SaslError
+from .mechanism import SaslAuthenticationError, SaslError, SaslServer
 
 log = logging.getLogger(__name__)
 
@@ -174,27 +174,13 @@ class TokenValidator:
         return subject, int(float(claims["exp"]) * 1000)
 
 
-class OAuthBearerSaslServer:
+class OAuthBearerSaslServer(SaslServer):
     mechanism = "OAUTHBEARER"
 
     def __init__(self, validator: TokenValidator) -> None:
+        super().__init__()
         self._validator = validator
-        self._user = ""
-        self._expiry_ms: int | None = None
-        self._complete = False
         self._error: str | None = None
-
-    @property
-    def complete(self) -> bool:
-        return self._complete
-
-    @property
-    def authorization_id(self) -> str:
-        return self._user
-
-    @property
-    def credential_expiry_ms(self) -> int | None:
-        return self._expiry_ms
 
     async def evaluate(self, token: bytes) -> bytes:
         if token == b"\x01" and self._error is not None:

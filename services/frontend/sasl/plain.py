@@ -10,30 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from .mechanism import SaslAuthenticationError
+from .mechanism import SaslAuthenticationError, SaslServer
 
 PasswordCheck = Callable[[str, str], Awaitable[bool]]
 
 
-class PlainSaslServer:
+class PlainSaslServer(SaslServer):
     mechanism = "PLAIN"
 
     def __init__(self, check_password: PasswordCheck) -> None:
+        super().__init__()
         self._check_password = check_password
-        self._user = ""
-        self._complete = False
-
-    @property
-    def complete(self) -> bool:
-        return self._complete
-
-    @property
-    def authorization_id(self) -> str:
-        return self._user
-
-    @property
-    def credential_expiry_ms(self) -> int | None:
-        return None
 
     async def evaluate(self, token: bytes) -> bytes:
         tokens = token.decode("utf-8", "replace").split("\x00", 3)

@@ -35,7 +35,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from .mechanism import SaslAuthenticationError, SaslError
+from .mechanism import SaslAuthenticationError, SaslError, SaslServer
 
 MIN_ITERATIONS = 4096
 DEFAULT_ITERATIONS = 4096
@@ -138,10 +138,11 @@ _CLIENT_FINAL = re.compile(
 CredentialLookup = Callable[[str, ScramMechanism], Awaitable[ScramCredential | None]]
 
 
-class ScramSaslServer:
+class ScramSaslServer(SaslServer):
     """One SCRAM exchange: client-first, then client-final."""
 
     def __init__(self, mechanism: ScramMechanism, lookup: CredentialLookup) -> None:
+        super().__init__()
         self.mechanism = mechanism.mechanism_name
         self._scram = mechanism
         self._lookup = lookup
@@ -149,21 +150,7 @@ class ScramSaslServer:
         self._gs2_header = b""
         self._nonce = ""
         self._auth_message_start = ""
-        self._user = ""
-        self._complete = False
         self._failed = False
-
-    @property
-    def complete(self) -> bool:
-        return self._complete
-
-    @property
-    def authorization_id(self) -> str:
-        return self._user
-
-    @property
-    def credential_expiry_ms(self) -> int | None:
-        return None
 
     async def evaluate(self, token: bytes) -> bytes:
         if self._complete or self._failed:
