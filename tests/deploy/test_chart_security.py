@@ -42,7 +42,6 @@ ROLES = ("frontend", "handler", "log", "purgatory", "replicator")
 SECURE_CERT_MANAGER = CHART / "ci" / "05-secure-cert-manager-values.yaml"
 SECURE_SECRETS = CHART / "ci" / "06-secure-secrets-values.yaml"
 SINGLE = SCENARIOS[0]
-TLS_OFF = ("internalTls.enabled=false",)
 TLS_VARS = {"KBROKER_INTERNAL_TLS_CA": "ca.crt", "KBROKER_INTERNAL_TLS_CERT": "tls.crt",
             "KBROKER_INTERNAL_TLS_KEY": "tls.key"}
 
@@ -95,21 +94,26 @@ def certificate(pem: bytes) -> x509.Certificate:
 # --- security off ----------------------------------------------------------------------------
 
 
-def test_with_security_off_nothing_secret_is_rendered_and_probes_are_grpc() -> None:
-    docs = render(SINGLE, sets=TLS_OFF)
+def test_with_client_security_off_only_the_internal_certificates_are_rendered() -> None:
+    docs = render(SINGLE)
     for doc in docs:
         validate_strictly(doc)
-    assert not find(docs, "Secret") and not find(docs, "Certificate")
-    for pod, c in containers(docs):
-        assert not any(k.startswith(("KBROKER_INTERNAL_TLS", "KBROKER_SSL", "KBROKER_SASL"))
+    assert not find(docs, "Certificate")
+    assert all(d["metadata"]["name"].endswith(("internal-tls", "internal-ca"))
+               for d in find(docs, "Secret"))
+    for _pod, c in containers(docs):
+        assert not any(k.startswith(("KBROKER_SSL", "KBROKER_SASL"))
                        for k in environment(docs, c)), c["name"]
-        assert {v["name"] for v in pod["volumes"]} <= {"tmp", "data"}
-        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            assert "grpc" in c[probe] and "exec" not in c[probe]
     frontend = one(docs, "StatefulSet", "kb-kbroker-frontend")["spec"]["template"]["spec"]
     assert _args(frontend["containers"][0])["listeners"] == "PLAINTEXT://0.0.0.0:9092"
     assert "KBROKER_AUTHORIZER_ENABLED" not in one(docs, "ConfigMap", "kb-kbroker-handler")["data"]
     assert not find(docs, "ConfigMap", "kb-kbroker-acls")
+
+
+def test_internal_tls_cannot_be_turned_off() -> None:
+    # The services refuse plaintext gRPC on pod addresses: the chart says so at once.
+    with pytest.raises(RenderError, match="internalTls.enabled=false"):
+        render(SINGLE, sets=("internalTls.enabled=false",))
 
 
 # --- internal mutual TLS ---------------------------------------------------------------------

@@ -34,6 +34,14 @@ the internal container's listeners, then the external one's. */}}
 {{- end -}}
 {{- end -}}
 
+{{/* The services refuse plaintext gRPC anywhere but on loopback, and pods talk over their
+own addresses: internal TLS cannot be turned off in a cluster. */}}
+{{- define "kbroker.checkInternalTls" -}}
+{{- if not .Values.internalTls.enabled -}}
+{{- fail "internalTls.enabled=false: the services accept plaintext gRPC only on loopback addresses and would refuse to start on pod addresses; keep internal TLS on (certificates from Helm, your Secrets or cert-manager: internalTls.certificates)" -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Checks of the listener values that the schema cannot express. */}}
 {{- define "kbroker.checkListeners" -}}
 {{- $ := . -}}
