@@ -30,6 +30,11 @@ Per round and target, one confluent-kafka process:
   application request still in flight on it is sent again only after a 50 ms back-off, which
   would hide the broker's cost in noise.
 
+Beside the throughput, the CPU time spent per MB produced (both acks runs) by the client process,
+the frontend and every service of the cluster together, from /proc: on a machine whose cores
+the client and every service share, the client's TLS work lowers the throughput too; these say
+who pays.
+
 With ``--rounds R`` the targets run R times, in the reverse order every other round (the
 machine's load drifts; alternating exposes every target to it alike). Prints one JSON line per
 round and target, then one per target with the medians over the rounds and the ratio of each
@@ -72,6 +77,18 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 config = json.loads(sys.argv[1])
 user, password = sys.argv[6], sys.argv[7]
+frontend_pids = [int(p) for p in sys.argv[8].split(",") if p]
+cluster_pids = [int(p) for p in sys.argv[9].split(",") if p]
+TICK = os.sysconf("SC_CLK_TCK")
+
+def cpu_seconds(pids):
+    total = 0
+    for pid in pids:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / TICK
+
+cpu = {"client": 0.0, "frontend": 0.0, "cluster": 0.0}
 n, size, partitions, connections = (int(a) for a in sys.argv[2:6])
 admin = AdminClient(config)
 
@@ -88,6 +105,7 @@ def produce(acks):
     def on_delivery(err, msg):
         if err: errors[0] += 1
     payload = b"x" * size
+    before = time.process_time(), cpu_seconds(frontend_pids), cpu_seconds(cluster_pids)
     t0 = time.perf_counter()
     for i in range(n):
         while True:
@@ -99,6 +117,9 @@ def produce(acks):
         if i % 10000 == 0: p.poll(0)
     left = p.flush(300)
     seconds = time.perf_counter() - t0
+    after = time.process_time(), cpu_seconds(frontend_pids), cpu_seconds(cluster_pids)
+    for key, b, a in zip(("client", "frontend", "cluster"), before, after):
+        cpu[key] += a - b
     if errors[0] or left:
         raise SystemExit(f"acks={acks}: {errors[0]} delivery errors, {left} unflushed")
     return round(n * size / 1e6 / seconds, 1)
@@ -173,6 +194,10 @@ def connect_ms():
     return round(statistics.median(times), 2), round(p99, 2)
 
 out = {"acks1_MBps": produce("1"), "acksall_MBps": produce("all")}
+megabytes = 2 * n * size / 1e6
+if cluster_pids:
+    out.update({f"{key}_cpu_ms_per_MB": round(seconds * 1000 / megabytes, 2)
+                for key, seconds in cpu.items()})
 out["connect_p50_ms"], out["connect_p99_ms"] = connect_ms()
 print(json.dumps(out))
 '''
@@ -186,6 +211,8 @@ class Target:
     name: str
     config: dict[str, str]
     baseline: str
+    frontend_pids: list[int] = field(default_factory=list)
+    cluster_pids: list[int] = field(default_factory=list)
     results: list[dict[str, float]] = field(default_factory=list)
 
 
@@ -201,9 +228,9 @@ def client_config(protocol: str, address: str, ca: Path) -> dict[str, str]:
 
 @contextlib.contextmanager
 def secure_cluster(folder: Path, *, internal_tls: bool, log_nodes: int,
-                   protocols: tuple[str, ...]) -> Iterator[dict[str, str]]:
+                   protocols: tuple[str, ...]) -> Iterator[tuple[dict[str, str], LocalCluster]]:
     """A local cluster with one listener per protocol in ``protocols`` (each on ``log_nodes``
-    consecutive ports, one per broker): {protocol: bootstrap address}."""
+    consecutive ports, one per broker): ({protocol: bootstrap address}, the cluster)."""
     ca = CertificateAuthority.create(folder / "tls", "kbroker-bench-ca")
     server = ca.issue(folder / "tls", "localhost", dns_names=["localhost"],
                       ip_addresses=[HOST], stem="server")
@@ -226,28 +253,40 @@ def secure_cluster(folder: Path, *, internal_tls: bool, log_nodes: int,
     cluster = LocalCluster(spec)
     cluster.start()
     try:
-        yield {protocol: f"{HOST}:{port}" for protocol, port in ports.items()}
+        yield {protocol: f"{HOST}:{port}" for protocol, port in ports.items()}, cluster
     finally:
         cluster.stop()
 
 
-def run_workload(config: dict[str, str], args: argparse.Namespace) -> dict[str, float]:
+def run_workload(target: Target, args: argparse.Namespace) -> dict[str, float]:
     done = subprocess.run(
-        [sys.executable, "-c", WORKLOAD, json.dumps(config), str(args.n), str(args.size),
-         str(args.partitions), str(args.connections), USER, PASSWORD],
+        [sys.executable, "-c", WORKLOAD, json.dumps(target.config), str(args.n), str(args.size),
+         str(args.partitions), str(args.connections), USER, PASSWORD,
+         ",".join(map(str, target.frontend_pids)), ",".join(map(str, target.cluster_pids))],
         capture_output=True, text=True, timeout=900, check=False)
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-3000:])
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def pids(cluster: LocalCluster) -> tuple[list[int], list[int]]:
+    """The process ids of the frontend and of every service of ``cluster``."""
+    every = {name: svc.proc.pid for name, svc in cluster.services.items()
+             if svc.proc is not None}
+    return [pid for name, pid in every.items() if name == "frontend"], list(every.values())
+
+
 METRICS = ("acks1_MBps", "acksall_MBps", "connect_p50_ms", "connect_p99_ms")
+CPU = ("client_cpu_ms_per_MB", "frontend_cpu_ms_per_MB", "cluster_cpu_ms_per_MB")
 
 
 def summary(target: Target, by_name: dict[str, Target],
             reference: Target) -> dict[str, Any]:
-    medians = {m: round(statistics.median(r[m] for r in target.results), 2) for m in METRICS}
+    medians = {m: round(statistics.median(r[m] for r in target.results), 2)
+               for m in METRICS + CPU if m in target.results[0]}
     line: dict[str, Any] = {"target": target.name, **medians}
+    if target is reference:
+        return line
     for kind in ("acks1", "acksall"):
         key = f"{kind}_MBps"
         # Ratios per round (same round, same load), then their median.
@@ -288,24 +327,24 @@ def main() -> None:
             prefix="kbroker-bench-security-")))
         reference = Target("reference (tansu, memory) PLAINTEXT",
                            {"bootstrap.servers": stack.enter_context(reference_broker(binary))},
-                           "reference (tansu, memory) PLAINTEXT")
-        addresses = stack.enter_context(secure_cluster(
+                           "")
+        addresses, cluster = stack.enter_context(secure_cluster(
             folder / "a", internal_tls=False, log_nodes=args.log_nodes, protocols=protocols))
         ca = folder / "a" / "tls" / "ca.crt"
         targets = [reference] + [
-            Target(f"kbroker {p}", client_config(p, addresses[p], ca), "kbroker PLAINTEXT")
-            for p in protocols]
+            Target(f"kbroker {p}", client_config(p, addresses[p], ca), "kbroker PLAINTEXT",
+                   *pids(cluster)) for p in protocols]
         if args.internal_tls:
-            internal = stack.enter_context(secure_cluster(
+            internal, cluster_b = stack.enter_context(secure_cluster(
                 folder / "b", internal_tls=True, log_nodes=args.log_nodes,
                 protocols=("PLAINTEXT",)))
             targets.append(Target("kbroker internal-mTLS PLAINTEXT",
                                   client_config("PLAINTEXT", internal["PLAINTEXT"], ca),
-                                  "kbroker PLAINTEXT"))
+                                  "kbroker PLAINTEXT", *pids(cluster_b)))
         for round_number in range(1, args.rounds + 1):
             order = targets if round_number % 2 else targets[::-1]
             for target in order:
-                result = run_workload(target.config, args)
+                result = run_workload(target, args)
                 target.results.append(result)
                 print(json.dumps({"round": round_number, "target": target.name, **result}),
                       flush=True)
