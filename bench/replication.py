@@ -2,7 +2,7 @@
 with the reference broker's acks=all, in one run.
 
     python bench/replication.py [--n 100000] [--size 1000] [--partitions 3]
-                                [--round-trips 1000] [--rounds 1]
+                                [--round-trips 1000] [--rounds 1] [--internal-tls]
 
 Starts a local kbroker cluster (every service a process, 3 log nodes, free loopback ports, a
 temporary data folder) and the reference broker (Tansu, in memory, installed into
@@ -20,6 +20,10 @@ difference). Then failover: with one record at a time flowing (acks=all, RF=3), 
 log node is killed (SIGKILL) and the time until the first record produced after the kill is
 acknowledged is measured, FAILOVERS times (the replicator's node.session.timeout.ms and
 health check interval bound it from below).
+
+With ``--internal-tls`` kbroker's services talk gRPC over mutual TLS (``ClusterSpec.
+internal_tls``, certificates made at start); the bench's own calls to the replicator present a
+certificate of the same CA (CN kbroker-bench), as every channel between services does.
 
 Tansu runs a single broker, so its acks=all is acknowledged by that broker alone, with no
 replica to wait for: the comparison puts kbroker's replicated acks=all beside the reference's
@@ -45,15 +49,23 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from throughput import kbroker_cluster, reference_binary, reference_broker  # noqa: E402
 
+from services.common.channels import internal_sync_channel  # noqa: E402
+from services.common.tls import PLAINTEXT, InternalTls  # noqa: E402
 from services.local_cluster import ClusterSpec, LocalCluster  # noqa: E402
+from tests.tls_material import internal_tls_dir  # noqa: E402
+
+BENCH_IDENTITY = "kbroker-bench"
 
 FAILOVER = r'''
 import json, sys, time, uuid
-import grpc
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-bootstrap, replicator, kill_file = sys.argv[1], sys.argv[2], sys.argv[3]
+bootstrap, replicator, kill_file, root = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+sys.path.insert(0, root)
 from kbroker.replicator.v1 import replicator_pb2, replicator_pb2_grpc
+from services.common.channels import internal_sync_channel
+from services.common.tls import InternalTls
+tls = InternalTls(*sys.argv[5:8])  # CA, certificate, key ("": plaintext, loopback)
 topic = f"failover-{uuid.uuid4().hex[:8]}"
 admin = AdminClient({"bootstrap.servers": bootstrap})
 for f in admin.create_topics([NewTopic(topic, 1, 3, config={"min.insync.replicas": "2"})]).values():
@@ -62,7 +74,7 @@ p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0,
               "enable.idempotence": True, "message.timeout.ms": 120000})
 for _ in range(20):
     p.produce(topic, b"warm"); p.flush(30)
-with grpc.insecure_channel(replicator) as channel:
+with internal_sync_channel(replicator, tls, "replicator") as channel:
     meta = replicator_pb2_grpc.ReplicatorStub(channel).GetMetadata(
         replicator_pb2.GetMetadataRequest(topics=[topic]))
 print(json.dumps({"topic": topic, "leader": meta.topics[0].partitions[0].leader}), flush=True)
@@ -145,19 +157,29 @@ def run_reference(binary: Path, args: argparse.Namespace) -> dict:
         return run_workload(bootstrap, args, 1, 1)
 
 
+def internal_tls_material(folder: Path | None) -> tuple[Path | None, InternalTls]:
+    """With ``folder``: fill it for ``ClusterSpec.internal_tls`` and give the bench's own client
+    certificate (CN kbroker-bench, from the same CA); without: plaintext."""
+    if folder is None:
+        return None, PLAINTEXT
+    ca = internal_tls_dir(folder)
+    leaf = ca.issue(folder, BENCH_IDENTITY, stem="bench")
+    return folder, InternalTls(str(ca.cert), str(leaf.cert), str(leaf.key))
+
+
 def run_kbroker(args: argparse.Namespace, replication: int) -> dict:
-    with kbroker_cluster(log_nodes=3) as cluster:
-        return run_workload(cluster.bootstrap, args, replication, min(2, replication))
+    with tempfile.TemporaryDirectory(prefix="kbroker-bench-tls-") as folder:
+        internal_tls, _ = internal_tls_material(Path(folder) if args.internal_tls else None)
+        with kbroker_cluster(log_nodes=3, internal_tls=internal_tls) as cluster:
+            return run_workload(cluster.bootstrap, args, replication, min(2, replication))
 
 
-def wait_all_alive(replicator: str, timeout: float = 60) -> None:
+def wait_all_alive(replicator: str, tls: InternalTls, timeout: float = 60) -> None:
     """Until the replicator sees every log node alive (a restarted one rejoins)."""
-    import grpc
-
     from kbroker.replicator.v1 import replicator_pb2, replicator_pb2_grpc
 
     deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(replicator) as channel:
+    with internal_sync_channel(replicator, tls, "replicator") as channel:
         stub = replicator_pb2_grpc.ReplicatorStub(channel)
         while time.monotonic() < deadline:
             metadata = stub.GetMetadata(replicator_pb2.GetMetadataRequest(), timeout=5)
@@ -171,17 +193,20 @@ def run_failover(args: argparse.Namespace) -> list[float]:
     """Seconds from killing the leader to the first acknowledged acks=all write, per run."""
     times = []
     with tempfile.TemporaryDirectory(prefix="kbroker-bench-") as data:
+        internal_tls, tls = internal_tls_material(
+            Path(data) / "internal-tls" if args.internal_tls else None)
         cluster = LocalCluster(ClusterSpec(data_dir=Path(data), kafka_port=0, base_port=0,
-                                           log_nodes=3,
+                                           log_nodes=3, internal_tls=internal_tls,
                                            log_level=os.environ.get("LOG_LEVEL", "WARNING")))
         cluster.start()
         try:
             for run in range(args.failovers):
-                wait_all_alive(cluster.services["replicator"].grpc_address)
+                wait_all_alive(cluster.services["replicator"].grpc_address, tls)
                 kill_file = Path(data) / f"killed-{run}"
                 child = subprocess.Popen(
                     [sys.executable, "-c", FAILOVER, cluster.bootstrap,
-                     cluster.services["replicator"].grpc_address, str(kill_file)],
+                     cluster.services["replicator"].grpc_address, str(kill_file), str(ROOT),
+                     tls.ca, tls.cert, tls.key],
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 assert child.stdout is not None
                 line = child.stdout.readline()
@@ -212,6 +237,9 @@ def main() -> None:
     parser.add_argument("--round-trips", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--failovers", type=int, default=3)
+    parser.add_argument("--internal-tls", action="store_true",
+                        help="kbroker's services talk gRPC over mutual TLS (certificates made "
+                             "at start); the bench's own gRPC calls present a certificate too")
     args = parser.parse_args()
 
     binary = reference_binary()

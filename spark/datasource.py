@@ -24,6 +24,17 @@ separated family-name prefixes, all families when absent; filtering happens in t
 that does not answer yields no rows instead of failing; default ``false``), and for streaming
 ``interval_ms`` (how often each service sends a snapshot, default 1000).
 
+Internal TLS: a cluster whose services require mutual TLS (``internal_tls_*`` on every service)
+is read with the same material: options ``internal_tls_ca``, ``internal_tls_cert`` and
+``internal_tls_key`` (PEM paths, readable where the tasks run), by default the driver's
+``KBROKER_INTERNAL_TLS_CA`` / ``_CERT`` / ``_KEY``. Channels are then made as the services make
+theirs (:func:`services.common.channels.internal_sync_channel`): the reader presents its
+certificate and checks the server's against the CA and against a service identity
+(``kbroker-log``, ...): ``tls_server_name`` when given, otherwise each kind's identity in turn
+(the one the endpoint's host names first) until one matches, so one option set reads every kind
+of service; the identity that matched is remembered per endpoint. Without TLS material, channels
+are plaintext, to loopback endpoints only (as between the services).
+
 Batch: one partition per endpoint, so each executor task opens one channel and makes one call.
 
 Streaming: the driver keeps one ``Metrics/Stream`` open per endpoint (a background thread
@@ -42,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import os
 import queue
 import threading
 import time
@@ -65,6 +77,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from services.common.tls import SERVICE_KINDS, InternalTls, service_identity
 from spark.discovery import endpoints_from_options
 
 NAME = "kbroker_metrics"
@@ -100,22 +113,61 @@ class EndpointPartition(InputPartition):
     endpoint: str
 
 
+TLS_ENV = "KBROKER_INTERNAL_TLS_"
+
+
 @dataclass(frozen=True, slots=True)
 class ReadSettings:
     prefixes: tuple[str, ...]
     timeout: float
     skip_unavailable: bool
     interval_ms: int = DEFAULT_INTERVAL_MS
+    tls: InternalTls = InternalTls()
+    tls_server_name: str = ""
 
     @classmethod
-    def from_options(cls, options: dict[str, str]) -> ReadSettings:
+    def from_options(cls, options: dict[str, str],
+                     environ: dict[str, str] | None = None) -> ReadSettings:
+        """Settings from the data source's options; TLS paths default to ``environ``
+        (``os.environ``) as the services read theirs."""
+        env = os.environ if environ is None else environ
         prefixes = tuple(p.strip() for p in options.get("prefixes", "").split(",") if p.strip())
+        paths = [options.get(f"internal_tls_{part}", env.get(TLS_ENV + part.upper(), ""))
+                 for part in ("ca", "cert", "key")]
         return cls(
             prefixes=prefixes,
             timeout=float(options.get("timeout", 10)),
             skip_unavailable=options.get("skip_unavailable", "false").lower() == "true",
             interval_ms=int(options.get("interval_ms", DEFAULT_INTERVAL_MS)),
+            tls=InternalTls(*paths),
+            tls_server_name=options.get("tls_server_name", ""),
         )
+
+
+# The service identity whose certificate each endpoint presented (this process's guess cache).
+_SERVER_NAMES: dict[str, str] = {}
+
+
+def server_names(endpoint: str, settings: ReadSettings) -> list[str]:
+    """The names the server at ``endpoint`` may be checked against, in the order to try them
+    ([""]: plaintext, no name)."""
+    if not settings.tls.enabled:
+        return [""]
+    if settings.tls_server_name:
+        return [settings.tls_server_name]
+    host = endpoint.rsplit(":", 1)[0]
+    names = [service_identity(kind) for kind in
+             sorted(SERVICE_KINDS, key=lambda kind: kind not in host)]
+    known = _SERVER_NAMES.get(endpoint)
+    return [known, *(n for n in names if n != known)] if known else names
+
+
+def open_channel(endpoint: str, settings: ReadSettings, server_name: str) -> Any:
+    """A blocking channel to ``endpoint``: mutual TLS checking ``server_name`` with TLS
+    material, plaintext (loopback only) without."""
+    from services.common.channels import internal_sync_channel
+
+    return internal_sync_channel(endpoint, settings.tls, "service", server_name=server_name)
 
 
 def rows_of(endpoint: str, snap: Any) -> Iterator[Row]:
@@ -144,18 +196,27 @@ def snapshot_rows(endpoint: str, settings: ReadSettings) -> Iterator[Row]:
 
     from kbroker.metrics.v1 import metrics_pb2, metrics_pb2_grpc
 
-    with grpc.insecure_channel(endpoint) as channel:
-        stub = metrics_pb2_grpc.MetricsStub(channel)
-        try:
-            snap = stub.Snapshot(
-                metrics_pb2.SnapshotRequest(prefixes=list(settings.prefixes)),
-                timeout=settings.timeout,
-            )
-        except grpc.RpcError as error:
-            if settings.skip_unavailable and _unavailable(error):
-                return
-            raise
-    yield from rows_of(endpoint, snap)
+    first_error: Any = None
+    for name in server_names(endpoint, settings):
+        with open_channel(endpoint, settings, name) as channel:
+            stub = metrics_pb2_grpc.MetricsStub(channel)
+            try:
+                snap = stub.Snapshot(
+                    metrics_pb2.SnapshotRequest(prefixes=list(settings.prefixes)),
+                    timeout=settings.timeout,
+                )
+            except grpc.RpcError as error:
+                if not _unavailable(error):
+                    raise
+                # Unreachable, or a certificate not of this name: try the next one.
+                first_error = first_error or error
+                continue
+        if name:
+            _SERVER_NAMES[endpoint] = name
+        yield from rows_of(endpoint, snap)
+        return
+    if not settings.skip_unavailable:
+        raise first_error
 
 
 Cursor = dict[str, Any]  # {"process_id": str, "sequence": int}
@@ -196,13 +257,16 @@ class EndpointStream:
         from kbroker.metrics.v1 import metrics_pb2, metrics_pb2_grpc
 
         backoff = 0.2
+        names, attempt = server_names(self.endpoint, self._settings), 0
         while not self._stopping.is_set():
             request = metrics_pb2.StreamRequest(prefixes=list(self._settings.prefixes),
                                                 interval_ms=self._settings.interval_ms)
             if self._after:
                 request.after.process_id = self._after["process_id"]
                 request.after.sequence = self._after["sequence"]
-            channel = grpc.insecure_channel(self.endpoint)
+            # Until a snapshot came, every failure moves on to the next server name.
+            name = names[attempt % len(names)]
+            channel = open_channel(self.endpoint, self._settings, name)
             try:
                 self._call = metrics_pb2_grpc.MetricsStub(channel).Stream(request)
                 for snap in self._call:
@@ -210,6 +274,9 @@ class EndpointStream:
                                    "sequence": snap.cursor.sequence}
                     self._put(snap)
                     backoff = 0.2
+                    if name and _SERVER_NAMES.get(self.endpoint) != name:
+                        _SERVER_NAMES[self.endpoint] = name
+                        names = [name]
             except grpc.RpcError as error:
                 if self._stopping.is_set():
                     break
@@ -221,6 +288,9 @@ class EndpointStream:
                     break
             finally:
                 channel.close()
+            attempt += 1
+            if len(names) > 1 and attempt % len(names):
+                continue  # the next name at once; back off once every name failed
             self._stopping.wait(backoff)
             backoff = min(backoff * 2, 5.0)
 
