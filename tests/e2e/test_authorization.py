@@ -266,6 +266,28 @@ def produce_in_a_transaction(ctx: Ctx) -> None:
     producer.commit_transaction(TIMEOUT)
 
 
+def commit_offsets_in_a_transaction(ctx: Ctx) -> None:
+    producer = Producer({**ctx.config, "transactional.id": ctx.transactional_id,
+                         "transaction.timeout.ms": 10000})
+    consumer = Consumer({**ctx.config, "group.id": ctx.group})
+    try:
+        producer.init_transactions(TIMEOUT)
+        producer.begin_transaction()
+        producer.send_offsets_to_transaction([TopicPartition(ctx.topic, 0, 1)],
+                                             consumer.consumer_group_metadata(), TIMEOUT)
+        producer.commit_transaction(TIMEOUT)
+    finally:
+        consumer.close()
+
+
+def describe_transaction(ctx: Ctx) -> None:  # DescribeTransactions: kafka-python only
+    admin = ctx.kafka_python_admin()
+    try:
+        assert ctx.transactional_id in admin.describe_transactions([ctx.transactional_id])
+    finally:
+        admin.close()
+
+
 def poll_one(consumer: Consumer) -> None:
     """Poll until a record (returns) or an error (raised)."""
     deadline = time.monotonic() + 10
@@ -332,6 +354,15 @@ def describe_broker_configs(ctx: Ctx) -> None:
     resource = ConfigResource(ResourceType.BROKER, str(broker))
     admin = ctx.admin()
     admin.describe_configs([resource], request_timeout=TIMEOUT)[resource].result(TIMEOUT)
+
+
+def alter_broker_configs(ctx: Ctx) -> None:
+    resource = ConfigResource(ResourceType.BROKER, str(only_broker(ctx)), incremental_configs=[
+        ConfigEntry("log.retention.ms", "604800000",
+                    incremental_operation=AlterConfigOpType.SET)])
+    admin = ctx.admin()
+    admin.incremental_alter_configs([resource], request_timeout=TIMEOUT)[resource].result(
+        TIMEOUT)
 
 
 def alter_topic_configs(ctx: Ctx) -> None:
@@ -519,6 +550,16 @@ def a_topic_with_records(ctx: Ctx) -> None:
     assert producer.flush(TIMEOUT) == 0
 
 
+def a_transaction(ctx: Ctx) -> None:
+    a_topic(ctx)
+    producer = Producer({**client_config(ctx.secure.bootstrap, "admin", ADMIN_PASSWORD),
+                         "transactional.id": ctx.transactional_id})
+    producer.init_transactions(TIMEOUT)
+    producer.begin_transaction()
+    producer.produce(ctx.topic, b"committed")
+    producer.commit_transaction(TIMEOUT)
+
+
 def a_group_with_offsets(ctx: Ctx) -> None:
     a_topic_with_records(ctx)
     request = ConsumerGroupTopicPartitions(ctx.group, [TopicPartition(ctx.topic, 0, 1)])
@@ -542,6 +583,7 @@ class Case:
     steps: tuple[tuple[int, Grant], ...]
     prepare: Callable[[Ctx], None] | None = None
     given: tuple[Grant, ...] = ()  # granted before the first check
+    granted: int = 0  # the outcome with every grant
 
 
 CASES = {
@@ -565,6 +607,10 @@ CASES = {
         (TOPIC_DENIED, ("TOPIC", AclOperation.DESCRIBE_CONFIGS)),), a_topic),
     "describe-broker-configs": Case(describe_broker_configs, (
         (CLUSTER_DENIED, ("BROKER", AclOperation.DESCRIBE_CONFIGS)),)),
+    # Authorized, a broker config change is refused: broker configs are static here.
+    "alter-broker-configs": Case(alter_broker_configs, (
+        (CLUSTER_DENIED, ("BROKER", AclOperation.ALTER_CONFIGS)),),
+        granted=E.INVALID_REQUEST),
     "alter-topic-configs": Case(alter_topic_configs, (
         (TOPIC_DENIED, ("TOPIC", AclOperation.ALTER_CONFIGS)),), a_topic),
     "create-partitions": Case(create_partitions, ((TOPIC_DENIED, ("TOPIC", AclOperation.ALTER)),),
@@ -594,6 +640,13 @@ CASES = {
         (E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
          ("TRANSACTIONAL_ID", AclOperation.WRITE)),), a_topic,
         given=(("TOPIC", AclOperation.WRITE),)),
+    "transactional-offset-commit": Case(commit_offsets_in_a_transaction, (
+        (GROUP_DENIED, ("GROUP", AclOperation.READ)),
+        (TOPIC_DENIED, ("TOPIC", AclOperation.READ))), a_topic,
+        given=(("TRANSACTIONAL_ID", AclOperation.WRITE),)),
+    "describe-transactions": Case(describe_transaction, (
+        (E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+         ("TRANSACTIONAL_ID", AclOperation.DESCRIBE)),), a_transaction),
     "describe-acls": Case(describe_acls, ((CLUSTER_DENIED, ("BROKER", AclOperation.DESCRIBE)),)),
     "create-acls": Case(create_acl, ((CLUSTER_DENIED, ("BROKER", AclOperation.ALTER)),)),
     "delete-acls": Case(delete_acls, ((CLUSTER_DENIED, ("BROKER", AclOperation.ALTER)),)),
@@ -646,7 +699,7 @@ def test_each_api_is_refused_until_its_acls_are_granted(ctx: Ctx, name: str) -> 
     for error, needed in case.steps:
         wait_for_outcome(case.action, ctx, error)
         grant(ctx.secure, [ctx.binding(*needed)])
-    wait_for_outcome(case.action, ctx, 0)
+    wait_for_outcome(case.action, ctx, case.granted)
 
 
 # --- what listings show ---------------------------------------------------------------------
