@@ -34,6 +34,7 @@ from confluent_kafka import (
     KafkaError,
     KafkaException,
     Producer,
+    TopicCollection,
     TopicPartition,
 )
 from confluent_kafka.admin import (
@@ -706,6 +707,10 @@ def test_each_api_is_refused_until_its_acls_are_granted(ctx: Ctx, name: str) -> 
 
 def test_listings_show_only_what_the_user_may_describe(ctx: Ctx) -> None:
     a_group_with_offsets(ctx)
+    other_group = f"{ctx.group}-other"
+    request = ConsumerGroupTopicPartitions(other_group, [TopicPartition(ctx.topic, 0, 1)])
+    ctx.secure.admin.alter_consumer_group_offsets([request], request_timeout=TIMEOUT)[
+        other_group].result(TIMEOUT)
     admin = ctx.admin()
     assert ctx.topic in ctx.secure.admin.list_topics(timeout=TIMEOUT).topics
 
@@ -730,17 +735,25 @@ def test_listings_show_only_what_the_user_may_describe(ctx: Ctx) -> None:
     assert ctx.group not in listed_groups()
     assert cluster_operations() == set()
 
-    grant(ctx.secure, [ctx.binding("TOPIC", AclOperation.DESCRIBE),
+    grant(ctx.secure, [ctx.binding("TOPIC", AclOperation.WRITE),
                        ctx.binding("GROUP", AclOperation.DESCRIBE)])
     wait_until(lambda: requested() == 0, "the topic described")
     assert listed_topics() == {ctx.topic}
     assert listed_groups() == {ctx.group}
     assert cluster_operations() == set()
+    # The operations the user may perform, as DescribeTopics and DescribeGroups report them.
+    topic = admin.describe_topics(TopicCollection([ctx.topic]),
+                                  include_authorized_operations=True,
+                                  request_timeout=TIMEOUT)[ctx.topic].result(TIMEOUT)
+    assert set(topic.authorized_operations) == {AclOperation.WRITE, AclOperation.DESCRIBE}
+    group = admin.describe_consumer_groups([ctx.group], include_authorized_operations=True,
+                                           request_timeout=TIMEOUT)[ctx.group].result(TIMEOUT)
+    assert set(group.authorized_operations) == {AclOperation.DESCRIBE}
 
     # DESCRIBE on the cluster lists every group, as Kafka's ListGroups does.
     grant(ctx.secure, [ctx.binding("BROKER", AclOperation.DESCRIBE)])
     wait_until(lambda: cluster_operations() == {AclOperation.DESCRIBE}, "cluster operations")
-    assert listed_groups() > {ctx.group}
+    assert listed_groups() >= {ctx.group, other_group}
     assert listed_topics() == {ctx.topic}
 
 
