@@ -190,11 +190,12 @@ class Ctx:
     def binding(self, resource: str, operation: AclOperation,
                 permission: AclPermissionType = AclPermissionType.ALLOW,
                 pattern: ResourcePatternType = ResourcePatternType.LITERAL,
-                name: str | None = None, principal: str | None = None) -> AclBinding:
+                name: str | None = None, principal: str | None = None,
+                host: str = "*") -> AclBinding:
         names = {"TOPIC": self.topic, "GROUP": self.group,
                  "TRANSACTIONAL_ID": self.transactional_id, "BROKER": "kafka-cluster"}
         return AclBinding(ResourceType[resource], name or names[resource], pattern,
-                          principal or f"User:{self.user}", "*", operation, permission)
+                          principal or f"User:{self.user}", host, operation, permission)
 
 
 def grant(secure: Secure, bindings: Sequence[AclBinding]) -> None:
@@ -788,6 +789,22 @@ def test_deny_beats_allow_prefixed_and_wildcard_principals_and_deleted_acls(
     wait_for_outcome(produce_one, alice, TOPIC_DENIED)
     assert outcome(produce_one, bob) == TOPIC_DENIED
 
+
+
+def test_bindings_match_the_clients_host(ctx: Ctx) -> None:
+    a_topic(ctx)
+    grant(ctx.secure, [ctx.binding("TOPIC", AclOperation.WRITE, host="10.0.0.1")])
+    # Another host's ALLOW does not apply (the frontend names the client's address).
+    assert outcome(produce_one, ctx) == TOPIC_DENIED
+    time.sleep(1)
+    assert outcome(produce_one, ctx) == TOPIC_DENIED
+    grant(ctx.secure, [ctx.binding("TOPIC", AclOperation.WRITE, host=HOST)])
+    wait_for_outcome(produce_one, ctx, 0)
+    # A DENY for everyone from this host, on the topics with the name's prefix, beats it.
+    grant(ctx.secure, [ctx.binding("TOPIC", AclOperation.ALL, AclPermissionType.DENY,
+                                   ResourcePatternType.PREFIXED, name=ctx.topic[:12],
+                                   principal="User:*", host=HOST)])
+    wait_for_outcome(produce_one, ctx, TOPIC_DENIED)
 
 # --- client quotas --------------------------------------------------------------------------
 
