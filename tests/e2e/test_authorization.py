@@ -642,6 +642,9 @@ CASES = {
         (E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
          ("TRANSACTIONAL_ID", AclOperation.WRITE)),), a_topic,
         given=(("TOPIC", AclOperation.WRITE),)),
+    "transactional-produce": Case(produce_in_a_transaction, (
+        (TOPIC_DENIED, ("TOPIC", AclOperation.WRITE)),), a_topic,
+        given=(("TRANSACTIONAL_ID", AclOperation.WRITE), ("TOPIC", AclOperation.DESCRIBE))),
     "transactional-offset-commit": Case(commit_offsets_in_a_transaction, (
         (GROUP_DENIED, ("GROUP", AclOperation.READ)),
         (TOPIC_DENIED, ("TOPIC", AclOperation.READ))), a_topic,
