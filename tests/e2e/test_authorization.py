@@ -510,7 +510,8 @@ def sasl_request(bootstrap: str, user: str, password: str, request: object) -> o
         return call(request)
 
 
-def alter_quota_request(user: str, **values: float | None) -> object:
+def alter_quota_request(user: str | None, **values: float | None) -> object:
+    """AlterClientQuotas for ``user`` (None: the default user's quotas)."""
     return alter_quotas.AlterClientQuotasRequest(validate_only=False, entries=(
         alter_quotas.EntryData(
             entity=(alter_quotas.EntityData(entity_type="user", entity_name=user),),
@@ -735,6 +736,10 @@ def test_listings_show_only_what_the_user_may_describe(ctx: Ctx) -> None:
             TIMEOUT).authorized_operations or ())
 
     assert requested() == TOPIC_DENIED
+    # A topic that does not exist is not disclosed as such either.
+    missing = f"{ctx.topic}-missing"
+    assert admin.list_topics(missing, timeout=TIMEOUT).topics[missing].error.code() == (
+        TOPIC_DENIED)
     assert ctx.topic not in listed_topics()
     assert ctx.group not in listed_groups()
     assert cluster_operations() == set()
@@ -811,7 +816,7 @@ def test_bindings_match_the_clients_host(ctx: Ctx) -> None:
 
 # --- client quotas --------------------------------------------------------------------------
 
-def set_user_quota(secure: Secure, user: str, **values: float | None) -> None:
+def set_user_quota(secure: Secure, user: str | None, **values: float | None) -> None:
     response = sasl_request(secure.bootstrap, "admin", ADMIN_PASSWORD,
                             alter_quota_request(user, **values))
     (entry,) = response.entries  # type: ignore[attr-defined]
@@ -872,3 +877,26 @@ def test_a_users_quota_throttles_its_producer_until_removed(secure: Secure,
 
     wait_until(unthrottled, "the quota lifted", within=20)
 
+
+def test_the_default_users_quota_applies_to_users_without_their_own(secure: Secure,
+                                                                     topic_name: str) -> None:
+    plain = Ctx(secure, *new_user(secure), topic_name)
+    exempt = Ctx(secure, *new_user(secure), topic_name)
+    a_topic(plain)
+    grant(secure, [plain.binding("TOPIC", AclOperation.WRITE),
+                   exempt.binding("TOPIC", AclOperation.WRITE)])
+    set_user_quota(secure, exempt.user, producer_byte_rate=1024 * PRODUCE_QUOTA)
+    set_user_quota(secure, None, producer_byte_rate=PRODUCE_QUOTA)
+    try:
+        def throttled(ctx: Ctx) -> bool:
+            probe = producer_run(ctx, "probe")
+            probe.run(1.5)
+            return bool(probe.throttle_ms)
+
+        wait_until(lambda: throttled(plain), "a user under the default quota throttled")
+        free = producer_run(exempt, "probe")
+        run_together((free, 16 * PRODUCE_QUOTA), seconds=3.0)
+        assert not free.errors and free.delivered
+        assert not any(free.throttle_ms), "a user's own quota overrides the default"
+    finally:
+        set_user_quota(secure, None, producer_byte_rate=None)
