@@ -604,6 +604,10 @@ CASES = {
     "auto-topic-creation": Case(produce_one, ((TOPIC_DENIED, ("TOPIC", AclOperation.CREATE)),),
                                 given=(("TOPIC", AclOperation.WRITE),)),
     "create-topics": Case(create_topic, ((TOPIC_DENIED, ("TOPIC", AclOperation.CREATE)),)),
+    "create-topics-with-cluster-create": Case(create_topic, (
+        (TOPIC_DENIED, ("BROKER", AclOperation.CREATE)),)),
+    "auto-topic-creation-with-cluster-create": Case(produce_one, (
+        (TOPIC_DENIED, ("BROKER", AclOperation.CREATE)),), given=(("TOPIC", AclOperation.WRITE),)),
     "delete-topics": Case(delete_topic, ((TOPIC_DENIED, ("TOPIC", AclOperation.DELETE)),),
                           a_topic),
     "describe-topic-configs": Case(describe_topic_configs, (
@@ -638,6 +642,10 @@ CASES = {
     "idempotent-producer": Case(produce_idempotently, (
         (CLUSTER_DENIED, ("BROKER", AclOperation.IDEMPOTENT_WRITE)),
         (TOPIC_DENIED, ("TOPIC", AclOperation.WRITE))), a_topic,
+        given=(("TOPIC", AclOperation.DESCRIBE),)),
+    # KIP-679: WRITE on any topic stands for IDEMPOTENT_WRITE.
+    "idempotent-producer-with-write": Case(produce_idempotently, (
+        (CLUSTER_DENIED, ("TOPIC", AclOperation.WRITE)),), a_topic,
         given=(("TOPIC", AclOperation.DESCRIBE),)),
     "transactional-producer": Case(produce_in_a_transaction, (
         (E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
