@@ -555,6 +555,10 @@ def a_topic_with_records(ctx: Ctx) -> None:
 
 def a_transaction(ctx: Ctx) -> None:
     a_topic(ctx)
+    a_transaction_on_the_topic(ctx)
+
+
+def a_transaction_on_the_topic(ctx: Ctx) -> None:
     producer = Producer({**client_config(ctx.secure.bootstrap, "admin", ADMIN_PASSWORD),
                          "transactional.id": ctx.transactional_id})
     producer.init_transactions(TIMEOUT)
@@ -724,6 +728,7 @@ def test_listings_show_only_what_the_user_may_describe(ctx: Ctx) -> None:
     request = ConsumerGroupTopicPartitions(other_group, [TopicPartition(ctx.topic, 0, 1)])
     ctx.secure.admin.alter_consumer_group_offsets([request], request_timeout=TIMEOUT)[
         other_group].result(TIMEOUT)
+    a_transaction_on_the_topic(ctx)
     admin = ctx.admin()
     assert ctx.topic in ctx.secure.admin.list_topics(timeout=TIMEOUT).topics
 
@@ -738,6 +743,14 @@ def test_listings_show_only_what_the_user_may_describe(ctx: Ctx) -> None:
         return {g.group_id for g in admin.list_consumer_groups(request_timeout=TIMEOUT).result(
             TIMEOUT).valid}
 
+    def listed_transactions() -> set[str]:  # ListTransactions: kafka-python only
+        python_admin = ctx.kafka_python_admin()
+        try:
+            return {t.transactional_id for listings in python_admin.list_transactions().values()
+                    for t in listings}
+        finally:
+            python_admin.close()
+
     def cluster_operations() -> set[AclOperation]:
         return set(admin.describe_cluster(include_authorized_operations=True,
                                           request_timeout=TIMEOUT).result(
@@ -750,13 +763,16 @@ def test_listings_show_only_what_the_user_may_describe(ctx: Ctx) -> None:
         TOPIC_DENIED)
     assert ctx.topic not in listed_topics()
     assert ctx.group not in listed_groups()
+    assert ctx.transactional_id not in listed_transactions()
     assert cluster_operations() == set()
 
     grant(ctx.secure, [ctx.binding("TOPIC", AclOperation.WRITE),
-                       ctx.binding("GROUP", AclOperation.DESCRIBE)])
+                       ctx.binding("GROUP", AclOperation.DESCRIBE),
+                       ctx.binding("TRANSACTIONAL_ID", AclOperation.DESCRIBE)])
     wait_until(lambda: requested() == 0, "the topic described")
     assert listed_topics() == {ctx.topic}
     assert listed_groups() == {ctx.group}
+    assert listed_transactions() == {ctx.transactional_id}
     assert cluster_operations() == set()
     # The operations the user may perform, as DescribeTopics and DescribeGroups report them.
     topic = admin.describe_topics(TopicCollection([ctx.topic]),
