@@ -1,8 +1,14 @@
-"""Certificates for tests, made on the spot with ``cryptography`` (no key is ever committed).
+"""Certificates for tests, made on the spot with ``cryptography`` (no key is ever committed):
+the one place every test gets its CAs, server and client certificates from.
 
     ca = CertificateAuthority.create(tmp_path, "test-ca")
     leaf = ca.issue(tmp_path, "kbroker-log", dns_names=["localhost"], ip_addresses=["127.0.0.1"])
     leaf.cert, leaf.key, ca.cert  # PEM files
+    client = ca.issue(tmp_path, "alice", unit="eng", organization="kbroker tests", country="US")
+    # subject CN=alice,OU=eng,O=kbroker tests,C=US (RFC 2253 order), for mTLS principals
+
+:func:`localhost_server` is a Kafka listener's certificate for 127.0.0.1 and localhost, and
+:func:`client_certificate` a Kafka client's, both written beside the CA's certificate.
 
 :func:`internal_tls_dir` fills a directory in the layout ``ClusterSpec.internal_tls`` reads: the
 CA and one certificate per service kind, named for the kind (CN ``kbroker-<kind>``).
@@ -45,8 +51,13 @@ def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
     path.chmod(0o600)
 
 
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+def _name(common_name: str, *, unit: str = "", organization: str = "",
+          country: str = "") -> x509.Name:
+    """The subject, most significant first: C, O, OU, CN (those given)."""
+    attributes = [x509.NameAttribute(oid, value) for oid, value in (
+        (NameOID.COUNTRY_NAME, country), (NameOID.ORGANIZATION_NAME, organization),
+        (NameOID.ORGANIZATIONAL_UNIT_NAME, unit)) if value]
+    return x509.Name([*attributes, x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,15 +99,18 @@ class CertificateAuthority:
 
     def issue(self, directory: Path, common_name: str, *, dns_names: Iterable[str] = (),
               ip_addresses: Iterable[str] = (), stem: str | None = None,
-              valid_for: datetime.timedelta = _VALIDITY) -> Leaf:
+              valid_for: datetime.timedelta = _VALIDITY, unit: str = "",
+              organization: str = "", country: str = "") -> Leaf:
         """A leaf certificate for ``common_name`` with these SANs (none: CN only), usable by
-        servers and clients, written to ``<stem>.crt`` and ``<stem>.key`` (stem: the CN)."""
+        servers and clients, written to ``<stem>.crt`` and ``<stem>.key`` (stem: the CN).
+        ``unit``, ``organization`` and ``country`` add OU, O and C to the subject."""
         directory.mkdir(parents=True, exist_ok=True)
         key = _key()
         now = datetime.datetime.now(datetime.UTC)
         builder = (
             x509.CertificateBuilder()
-            .subject_name(_name(common_name))
+            .subject_name(_name(common_name, unit=unit, organization=organization,
+                                 country=country))
             .issuer_name(self._certificate.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
@@ -119,6 +133,18 @@ class CertificateAuthority:
         cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
         _write_key(key, key_path)
         return Leaf(cert_path, key_path)
+
+
+def localhost_server(ca: CertificateAuthority, stem: str = "server", unit: str = "") -> Leaf:
+    """A server certificate (CN and DNS name localhost, IP 127.0.0.1) for a listener."""
+    return ca.issue(ca.cert.parent, "localhost", dns_names=["localhost"],
+                    ip_addresses=["127.0.0.1"], stem=stem, unit=unit)
+
+
+def client_certificate(ca: CertificateAuthority, common_name: str, unit: str = "") -> Leaf:
+    """A Kafka client's certificate, subject ``CN=<name>[,OU=<unit>],O=kbroker tests,C=US``."""
+    return ca.issue(ca.cert.parent, common_name, unit=unit, organization="kbroker tests",
+                    country="US", stem=f"client-{common_name}")
 
 
 def internal_tls_dir(directory: Path, ca: CertificateAuthority | None = None

@@ -87,7 +87,8 @@ def client_quota(client_id: str, **values: float) -> ClientQuota:
 class ProducerRun:
     """A producer sending as fast as it can; counts what was delivered, when."""
 
-    def __init__(self, bootstrap: str, topic: str, client_id: str) -> None:
+    def __init__(self, bootstrap: str, topic: str, client_id: str,
+                 settings: dict[str, object] | None = None) -> None:
         self.topic = topic
         self.delivered: list[float] = []
         self.throttle_ms: list[float] = []
@@ -95,7 +96,7 @@ class ProducerRun:
         self.producer: Producer | None = Producer({
             "bootstrap.servers": bootstrap, "client.id": client_id, "acks": 1,
             "linger.ms": 5, "batch.size": 16384, "queue.buffering.max.messages": 200,
-            "statistics.interval.ms": 200, "stats_cb": self._stats})
+            "statistics.interval.ms": 200, "stats_cb": self._stats, **(settings or {})})
 
     def _stats(self, raw: str) -> None:
         for broker in json.loads(raw).get("brokers", {}).values():

@@ -23,9 +23,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from services.local_cluster import ClusterSpec, LocalCluster, free_port_range
-from tests.frontend.certificates import CertificateAuthority
 from tests.frontend.oauth_tokens import TokenIssuer
 from tests.frontend.sasl_client import authenticate, plain_token
+from tests.tls_material import CertificateAuthority, localhost_server
 
 from .wire import encode_request
 
@@ -46,8 +46,8 @@ class SecureCluster:
 @pytest.fixture(scope="module")
 def secure(tmp_path_factory) -> Iterator[SecureCluster]:
     folder = tmp_path_factory.mktemp("sasl")
-    ca = CertificateAuthority(folder / "tls")
-    server = ca.issue("localhost", file_name="server")
+    ca = CertificateAuthority.create(folder / "tls")
+    server = localhost_server(ca)
     users = folder / "users.txt"
     users.write_text("".join(f"{u}:{p}\n" for u, p in USERS.items()))
     issuer = TokenIssuer(folder)

@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import KafkaError, Producer
 
 from services.local_cluster import ClusterSpec, LocalCluster, free_port_range
-from tests.frontend.certificates import CertificateAuthority, Pem
+from tests.tls_material import CertificateAuthority, Leaf, client_certificate, localhost_server
 
 from .test_sasl import roundtrip
 
@@ -26,16 +26,16 @@ class MtlsCluster:
     cluster: LocalCluster
     bootstrap: str
     ca: CertificateAuthority
-    client: Pem
+    client: Leaf
     folder: Path
 
 
 @pytest.fixture(scope="module")
 def mtls(tmp_path_factory) -> Iterator[MtlsCluster]:
     folder = tmp_path_factory.mktemp("mtls")
-    ca = CertificateAuthority(folder / "tls")
-    server = ca.issue("localhost", file_name="server")
-    client = ca.issue("orders-service", unit="apps")
+    ca = CertificateAuthority.create(folder / "tls")
+    server = localhost_server(ca)
+    client = client_certificate(ca, "orders-service", unit="apps")
     kafka_port = free_port_range(HOST, 1)
     ssl_port = free_port_range(HOST, 1)
     spec = ClusterSpec(
@@ -54,7 +54,7 @@ def mtls(tmp_path_factory) -> Iterator[MtlsCluster]:
         cluster.stop()
 
 
-def ssl_config(mtls: MtlsCluster, ca: Path, client: Pem | None) -> dict[str, object]:
+def ssl_config(mtls: MtlsCluster, ca: Path, client: Leaf | None) -> dict[str, object]:
     config: dict[str, object] = {"bootstrap.servers": mtls.bootstrap,
                                  "security.protocol": "SSL", "ssl.ca.location": str(ca)}
     if client is not None:
@@ -83,8 +83,8 @@ def refused(config: dict[str, object]) -> list[KafkaError]:
 
 
 def test_clients_without_a_trusted_certificate_are_refused(mtls):
-    other = CertificateAuthority(mtls.folder / "other", name="other")
-    impostor = other.issue("orders-service", unit="apps")
+    other = CertificateAuthority.create(mtls.folder / "other", "kbroker other test ca")
+    impostor = client_certificate(other, "orders-service", unit="apps")
     started = time.monotonic()
     assert refused(ssl_config(mtls, mtls.ca.cert, None)), "no client certificate"
     assert refused(ssl_config(mtls, mtls.ca.cert, impostor)), "a certificate of another CA"

@@ -12,7 +12,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 from prometheus_client import REGISTRY
 
-from .certificates import CertificateAuthority
+from ..tls_material import CertificateAuthority, localhost_server
 from .oauth_tokens import TokenIssuer
 from .secure_frontend import secure_frontend
 
@@ -22,8 +22,8 @@ def metric(name: str, **labels: str) -> float:
 
 
 def test_a_producer_keeps_producing_across_reauthentications(tmp_path) -> None:
-    ca = CertificateAuthority(tmp_path / "tls")
-    server = ca.issue("localhost", file_name="server")
+    ca = CertificateAuthority.create(tmp_path / "tls")
+    server = localhost_server(ca)
     users = tmp_path / "users.txt"
     users.write_text("alice:alice-secret\n")
     labels = {"listener": "SASL_SSL", "mechanism": "SCRAM-SHA-512"}

@@ -7,7 +7,7 @@ import pytest
 from services.frontend.principal import certificate_dn
 from services.frontend.ssl_principal_mapper import NoMatchingRuleError, SslPrincipalMapper
 
-from .certificates import CertificateAuthority
+from ..tls_material import CertificateAuthority, client_certificate
 
 
 @pytest.mark.parametrize("rules", [
@@ -52,7 +52,7 @@ def test_no_matching_rule() -> None:
 
 
 def test_certificate_subject_in_rfc2253_order(tmp_path) -> None:
-    pem = CertificateAuthority(tmp_path).issue("alice", unit="eng")
+    pem = client_certificate(CertificateAuthority.create(tmp_path), "alice", unit="eng")
     from cryptography import x509
     from cryptography.hazmat.primitives import serialization
     der = x509.load_pem_x509_certificate(pem.cert.read_bytes()).public_bytes(

@@ -14,14 +14,14 @@ import time
 import pytest
 from prometheus_client import REGISTRY
 
-from .certificates import CertificateAuthority, Pem
+from ..tls_material import CertificateAuthority, Leaf, client_certificate, localhost_server
 from .kafka_wire import TIMEOUT, KafkaWire
 from .sample_requests import metadata_v12
 from .sasl_client import authenticate, handshake, plain_token
 from .secure_frontend import secure_frontend
 
 
-def client_context(ca: CertificateAuthority, client: Pem | None = None) -> ssl.SSLContext:
+def client_context(ca: CertificateAuthority, client: Leaf | None = None) -> ssl.SSLContext:
     context = ssl.create_default_context(cafile=str(ca.cert))
     if client is not None:
         context.load_cert_chain(str(client.cert), str(client.key))
@@ -62,21 +62,21 @@ async def counted(expected: float) -> None:
 
 @pytest.fixture()
 def pki(tmp_path):
-    ca = CertificateAuthority(tmp_path / "tls")
-    server = ca.issue("localhost", file_name="server")
+    ca = CertificateAuthority.create(tmp_path / "tls")
+    server = localhost_server(ca)
     return ca, server
 
 
-def tls_settings(ca: CertificateAuthority, server: Pem, **more: object) -> dict[str, object]:
+def tls_settings(ca: CertificateAuthority, server: Leaf, **more: object) -> dict[str, object]:
     return {"ssl_certfile": str(server.cert), "ssl_keyfile": str(server.key),
             "ssl_cafile": str(ca.cert), **more}
 
 
 def test_mtls_principal_from_the_certificate_subject(pki, tmp_path) -> None:
     ca, server = pki
-    alice = ca.issue("alice", unit="eng")
-    other_ca = CertificateAuthority(tmp_path / "other", name="other")
-    mallory = other_ca.issue("alice", unit="eng")
+    alice = client_certificate(ca, "alice", unit="eng")
+    other_ca = CertificateAuthority.create(tmp_path / "other", "kbroker other test ca")
+    mallory = client_certificate(other_ca, "alice", unit="eng")
 
     async def main() -> None:
         async with secure_frontend(**tls_settings(
@@ -107,7 +107,7 @@ def test_mtls_principal_from_the_certificate_subject(pki, tmp_path) -> None:
 
 def test_default_mapping_and_requested_client_auth(pki) -> None:
     ca, server = pki
-    bob = ca.issue("bob", unit="ops")
+    bob = client_certificate(ca, "bob", unit="ops")
 
     async def main() -> None:
         async with secure_frontend(**tls_settings(
@@ -127,7 +127,7 @@ def test_default_mapping_and_requested_client_auth(pki) -> None:
 
 def test_a_dn_no_rule_maps_closes_the_connection(pki) -> None:
     ca, server = pki
-    bob = ca.issue("bob", unit="ops")
+    bob = client_certificate(ca, "bob", unit="ops")
 
     async def main() -> None:
         async with secure_frontend(**tls_settings(
@@ -160,7 +160,7 @@ def test_sasl_ssl_authenticates_inside_tls(pki, tmp_path) -> None:
 
 def test_certificates_are_reloaded_when_their_files_change(pki, tmp_path) -> None:
     ca, server = pki
-    renewed = ca.issue("localhost", unit="renewed", file_name="renewed")
+    renewed = localhost_server(ca, stem="renewed", unit="renewed")
 
     def server_unit(wire: KafkaWire) -> str:
         subject = wire.writer.get_extra_info("ssl_object").getpeercert()["subject"]

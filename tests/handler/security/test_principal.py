@@ -7,15 +7,10 @@ serving gRPC over TLS with certificates made here."""
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
+from pathlib import Path
 from typing import Any
 
 import grpc
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from kbroker.handler.v1 import kafka_handler_pb2_grpc
 from kbroker.kafka.v1 import kafka_pb2 as k
@@ -26,6 +21,7 @@ from services.common.tls import is_loopback
 from services.handler.exchange import STREAM_SERVICE_NAME, CallContext
 from services.handler.security.principal import caller_of, peer_host
 
+from ...tls_material import CertificateAuthority
 from ..batches import record_batch
 from .handler import allow, running_handler
 
@@ -81,45 +77,18 @@ def test_peer_addresses():
 
 # --- over TLS -----------------------------------------------------------------------------
 
-def _key() -> ec.EllipticCurvePrivateKey:
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
-
-
-def _certificate(name: str, key: Any, issuer: x509.Name | None, issuer_key: Any,
-                 *, ca: bool = False) -> x509.Certificate:
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.UTC)
-    builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer or subject)
-               .public_key(key.public_key()).serial_number(x509.random_serial_number())
-               .not_valid_before(now - datetime.timedelta(minutes=5))
-               .not_valid_after(now + datetime.timedelta(hours=1))
-               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
-    if not ca:
-        builder = builder.add_extension(x509.SubjectAlternativeName(
-            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False)
-    return builder.sign(issuer_key, hashes.SHA256())
-
-
-def _pki() -> tuple[bytes, dict[str, tuple[bytes, bytes]]]:
+def _pki(directory: Path) -> tuple[bytes, dict[str, tuple[bytes, bytes]]]:
     """A CA (PEM) and, by common name, certificates (key, chain) it signed."""
-    ca_key = _key()
-    ca = _certificate("kbroker-test-ca", ca_key, None, ca_key, ca=True)
+    ca = CertificateAuthority.create(directory)
     issued = {}
     for name in ("kbroker-handler", "kbroker-frontend", "kbroker-log"):
-        key = _key()
-        cert = _certificate(name, key, ca.subject, ca_key)
-        issued[name] = (_pem(key), cert.public_bytes(serialization.Encoding.PEM))
-    return ca.public_bytes(serialization.Encoding.PEM), issued
+        leaf = ca.issue(directory, name, dns_names=["localhost"], ip_addresses=["127.0.0.1"])
+        issued[name] = (leaf.key.read_bytes(), leaf.cert.read_bytes())
+    return ca.cert.read_bytes(), issued
 
 
-def test_over_tls_only_a_frontend_certificate_may_name_the_principal():
-    ca, issued = _pki()
+def test_over_tls_only_a_frontend_certificate_may_name_the_principal(tmp_path: Path) -> None:
+    ca, issued = _pki(tmp_path)
 
     def server_credentials(client_auth: bool) -> grpc.ServerCredentials:
         # Client certificates are requested (and verified) only when required.
