@@ -18,6 +18,8 @@ user may not describe, whose leader the clients never learn; the client quota AP
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import gc
 import os
 import socket
 import threading
@@ -111,11 +113,32 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secure]:
             "handler": {"authorizer_enabled": True, "super_users": "User:admin"}})
     cluster = LocalCluster(spec)
     cluster.start()
+    secure = Secure(cluster, AdminClient(client_config(cluster.bootstrap, "admin",
+                                                       ADMIN_PASSWORD)))
     try:
-        yield Secure(cluster, AdminClient(client_config(cluster.bootstrap, "admin",
-                                                        ADMIN_PASSWORD)))
+        yield secure
     finally:
+        # confluent-kafka clients have no close: the admin client goes (and stops its
+        # threads) when its last reference does, before the cluster it talks to.
+        del secure.admin
+        gc.collect()
         cluster.stop()
+
+
+@contextlib.contextmanager
+def producing(config: dict[str, object]) -> Iterator[Producer]:
+    """A producer that is gone when the block ends, whatever happened: its queued messages
+    dropped, its threads stopped (an unreferenced one lingers until garbage collection,
+    reconnecting to a cluster long stopped)."""
+    producer = Producer(config)
+    try:
+        yield producer
+    finally:
+        producer.purge()
+        # Closing aborts an open transaction, which fails when the transaction already did
+        # (an authorization error): the block's own error is the one that counts.
+        with contextlib.suppress(KafkaException):
+            producer.close()
 
 
 def client_config(bootstrap: str, user: str, password: str) -> dict[str, object]:
@@ -233,15 +256,14 @@ def produce_one(ctx: Ctx, **settings: object) -> None:
         if error.fatal():
             fatal.append(error)
 
-    producer = Producer({**ctx.config, "message.timeout.ms": 8000, "linger.ms": 0,
-                         "error_cb": on_error, **settings})
-
     def on_delivery(error: KafkaError | None, _message: object) -> None:
         delivered.append(error)
 
     try:
-        producer.produce(ctx.topic, b"value", on_delivery=on_delivery)
-        assert producer.flush(TIMEOUT) == 0
+        with producing({**ctx.config, "message.timeout.ms": 8000, "linger.ms": 0,
+                        "error_cb": on_error, **settings}) as producer:
+            producer.produce(ctx.topic, b"value", on_delivery=on_delivery)
+            assert producer.flush(TIMEOUT) == 0
     except KafkaException as e:  # librdkafka raises a fatal error from the callbacks' poll
         fatal.append(e.args[0])
     except SystemError as e:  # ... or while a callback runs
@@ -260,24 +282,24 @@ def produce_idempotently(ctx: Ctx) -> None:
 
 
 def produce_in_a_transaction(ctx: Ctx) -> None:
-    producer = Producer({**ctx.config, "transactional.id": ctx.transactional_id,
-                         "transaction.timeout.ms": 10000})
-    producer.init_transactions(TIMEOUT)
-    producer.begin_transaction()
-    producer.produce(ctx.topic, b"in a transaction")
-    producer.commit_transaction(TIMEOUT)
+    with producing({**ctx.config, "transactional.id": ctx.transactional_id,
+                    "transaction.timeout.ms": 10000}) as producer:
+        producer.init_transactions(TIMEOUT)
+        producer.begin_transaction()
+        producer.produce(ctx.topic, b"in a transaction")
+        producer.commit_transaction(TIMEOUT)
 
 
 def commit_offsets_in_a_transaction(ctx: Ctx) -> None:
-    producer = Producer({**ctx.config, "transactional.id": ctx.transactional_id,
-                         "transaction.timeout.ms": 10000})
     consumer = Consumer({**ctx.config, "group.id": ctx.group})
     try:
-        producer.init_transactions(TIMEOUT)
-        producer.begin_transaction()
-        producer.send_offsets_to_transaction([TopicPartition(ctx.topic, 0, 1)],
-                                             consumer.consumer_group_metadata(), TIMEOUT)
-        producer.commit_transaction(TIMEOUT)
+        with producing({**ctx.config, "transactional.id": ctx.transactional_id,
+                        "transaction.timeout.ms": 10000}) as producer:
+            producer.init_transactions(TIMEOUT)
+            producer.begin_transaction()
+            producer.send_offsets_to_transaction([TopicPartition(ctx.topic, 0, 1)],
+                                                 consumer.consumer_group_metadata(), TIMEOUT)
+            producer.commit_transaction(TIMEOUT)
     finally:
         consumer.close()
 
@@ -546,11 +568,11 @@ def a_topic(ctx: Ctx) -> None:
 
 def a_topic_with_records(ctx: Ctx) -> None:
     a_topic(ctx)
-    producer = Producer({**client_config(ctx.secure.bootstrap, "admin", ADMIN_PASSWORD),
-                         "linger.ms": 0})
-    for value in (b"first", b"second"):
-        producer.produce(ctx.topic, value, partition=0)
-    assert producer.flush(TIMEOUT) == 0
+    with producing({**client_config(ctx.secure.bootstrap, "admin", ADMIN_PASSWORD),
+                    "linger.ms": 0}) as producer:
+        for value in (b"first", b"second"):
+            producer.produce(ctx.topic, value, partition=0)
+        assert producer.flush(TIMEOUT) == 0
 
 
 def a_transaction(ctx: Ctx) -> None:
@@ -559,12 +581,12 @@ def a_transaction(ctx: Ctx) -> None:
 
 
 def a_transaction_on_the_topic(ctx: Ctx) -> None:
-    producer = Producer({**client_config(ctx.secure.bootstrap, "admin", ADMIN_PASSWORD),
-                         "transactional.id": ctx.transactional_id})
-    producer.init_transactions(TIMEOUT)
-    producer.begin_transaction()
-    producer.produce(ctx.topic, b"committed")
-    producer.commit_transaction(TIMEOUT)
+    with producing({**client_config(ctx.secure.bootstrap, "admin", ADMIN_PASSWORD),
+                    "transactional.id": ctx.transactional_id}) as producer:
+        producer.init_transactions(TIMEOUT)
+        producer.begin_transaction()
+        producer.produce(ctx.topic, b"committed")
+        producer.commit_transaction(TIMEOUT)
 
 
 def a_group_with_offsets(ctx: Ctx) -> None:
