@@ -21,7 +21,6 @@ from collections.abc import Callable
 from typing import Any
 
 from kio.serial import entity_reader
-from kio.serial._parse import get_field_reader
 from kio.serial._introspect import (
     EntityField,
     EntityTupleField,
@@ -29,6 +28,7 @@ from kio.serial._introspect import (
     get_field_tag,
     is_optional,
 )
+from kio.serial._parse import get_field_reader
 from kio.serial.readers import read_int8, read_int32, read_unsigned_varint
 
 Reader = Callable[[Any, int], tuple[Any, int]]
