@@ -44,6 +44,7 @@ from .metrics import (
 )
 from .quotas import Charge, ClientQuotas, ClientSensors
 from .session import ClientSession
+from .tagged_fields import tolerant_reader
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +101,12 @@ def _compile_schemas() -> dict[tuple[int, int], _Schema]:
         for version in range(api.min_version, api.max_version + 1):
             request_cls = converter.load_schema(api.schema_name, version, EntityType.request)
             response_cls = converter.load_schema(api.schema_name, version, EntityType.response)
+            flexible = request_cls.__flexible__  # type: ignore[attr-defined]
             out[(api.key, version)] = _Schema(
-                flexible_request=request_cls.__flexible__,  # type: ignore[attr-defined]
-                read_request=entity_reader(request_cls),
+                flexible_request=flexible,
+                # Only flexible versions carry tagged fields.
+                read_request=(tolerant_reader(request_cls) if flexible
+                              else entity_reader(request_cls)),
                 request_to_proto=converter.to_proto_fn(request_cls),
                 response_from_proto=converter.from_proto_fn(response_cls),
                 write_response=entity_writer(response_cls),  # type: ignore[arg-type]

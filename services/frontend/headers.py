@@ -8,7 +8,8 @@
                                                               except ApiVersions: always v0)
 
 The client id stays a legacy (int16-sized) string even in v2, as in Kafka. Decoding uses kio's
-native readers; the response header is small enough to write by hand.
+native readers (skipping unknown tagged fields of v2, see tagged_fields); the response header is
+small enough to write by hand.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
 from kio.serial import entity_reader
 
 from .api_versions import API_VERSIONS_KEY
+from .tagged_fields import tolerant_reader
 
 _PREFIX = struct.Struct(">hhi")
 _CORRELATION = struct.Struct(">i")
 _EMPTY_TAG_BUFFER = b"\x00"
 
 _read_v1 = entity_reader(RequestHeaderV1)
-_read_v2 = entity_reader(RequestHeaderV2)
+_read_v2 = tolerant_reader(RequestHeaderV2, request_header=True)
 
 RequestHeader = RequestHeaderV1 | RequestHeaderV2
 
