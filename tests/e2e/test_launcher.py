@@ -205,7 +205,7 @@ def test_a_killed_log_node_is_restarted_under_an_idempotent_producer(
     time.sleep(1.0)
     victim = launcher.service_pids["log-1"]
     os.kill(victim, signal.SIGKILL)
-    launcher.wait_for(r"^log-1 \(pid %d\) exited with signal SIGKILL" % victim, 10, "err")
+    launcher.wait_for(rf"^log-1 \(pid {victim}\) exited with signal SIGKILL", 10, "err")
     launcher.wait_for(r"^log-1 restarted \(restart 1\), pid \d+", 10, "err")
     assert sent.wait(60)
     thread.join(timeout=10)
