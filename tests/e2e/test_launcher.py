@@ -181,6 +181,9 @@ def test_a_killed_log_node_is_restarted_under_an_idempotent_producer(
 
     producer = Producer({"bootstrap.servers": launcher.bootstrap, "acks": "all",
                          "enable.idempotence": True, "linger.ms": 5})
+    leaders = {part.leader for part in
+               producer.list_topics(topic, timeout=10).topics[topic].partitions.values()}
+    assert 1 in leaders  # the victim, log-1 (broker 1), leads a partition the producer writes
     failures: list[str] = []
     delivered: list[bytes] = []
 
