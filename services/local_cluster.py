@@ -39,6 +39,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.channels import PLAINTEXT, internal_sync_channel
 from services.common.config import flag_name
+from services.common.runtime import PARENT_PID_ENV
 from services.common.tls import SERVICE_KINDS, InternalTls
 from services.supervision import Backoff, Supervisor
 
@@ -360,6 +361,7 @@ class LocalCluster:
         env = dict(os.environ)
         env["KBROKER_LOG_LEVEL"] = self.spec.log_level
         env["PYTHONUNBUFFERED"] = "1"
+        env[PARENT_PID_ENV] = str(os.getpid())
         log = open(svc.log_path, "ab")  # noqa: SIM115 - handed to the child process
         try:
             svc.proc = subprocess.Popen(

@@ -235,3 +235,44 @@ def test_a_killed_log_node_is_restarted_under_an_idempotent_producer(
              STATUS.findall(launcher.output().split("stopping...", 1)[1])}
     assert final == {name: ("stopped", 1 if name == "log-1" else 0) for name in SERVICES}
     assert "stopping the cluster" not in launcher.errors()
+
+
+# A launcher without the parent-death signal (as on systems that have none): it starts the
+# purgatory with its own pid in KBROKER_PARENT_PID, prints the purgatory's pid, and waits.
+BARE_LAUNCHER = """
+import os, subprocess, sys
+env = dict(os.environ, KBROKER_PARENT_PID=str(os.getpid()))
+child = subprocess.Popen([sys.executable, "-m", "services.purgatory", "--grpc-address",
+                          sys.argv[1]], env=env, start_new_session=True)
+print(child.pid, flush=True)
+child.wait()
+"""
+
+
+def test_a_service_stops_when_the_launcher_in_its_environment_is_gone(tmp_path: Path):
+    port = free_port_range("127.0.0.1", 1)
+    with open(tmp_path / "purgatory.log", "wb") as log:
+        launcher = subprocess.Popen(
+            [sys.executable, "-c", BARE_LAUNCHER, f"127.0.0.1:{port}"], stdout=subprocess.PIPE,
+            stderr=log, cwd=Path(__file__).resolve().parents[2])
+    assert launcher.stdout is not None
+    service = int(launcher.stdout.readline())
+    try:
+        deadline = time.monotonic() + 30
+        while b"ready: gRPC" not in (tmp_path / "purgatory.log").read_bytes():
+            assert time.monotonic() < deadline and alive(service)
+            time.sleep(0.1)
+        assert alive(service)
+        launcher.kill()
+        launcher.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while alive(service) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(service)
+        assert b"is gone; stopping" in (tmp_path / "purgatory.log").read_bytes()
+    finally:
+        launcher.kill()
+        launcher.wait(timeout=10)
+        launcher.stdout.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(service, signal.SIGKILL)
