@@ -3,7 +3,8 @@
     kbroker up [--kafka-port 9092] [--data-dir data] [--handlers 2] [--log-nodes 3] ...
                [--internal-tls DIR]
         a whole local cluster on loopback until Ctrl-C (internal gRPC plaintext, or mutual
-        TLS with the certificates in DIR)
+        TLS with the certificates in DIR); a service that exits is restarted with backoff,
+        and the services end with the launcher
     kbroker k8s status [--namespace kbroker] [--release kbroker] [--wait]
         a release on Kubernetes: pods per role, rollouts, partition health
 """
@@ -18,7 +19,7 @@ import time
 from pathlib import Path
 
 from .k8s import cli as k8s_cli
-from .local_cluster import ClusterSpec, LocalCluster
+from .local_cluster import ClusterSpec, LocalCluster, ServiceProcess, StartupError
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -27,8 +28,12 @@ def _up(args: argparse.Namespace) -> int:
     spec = ClusterSpec(**{name: value for name, value in vars(args).items() if name in names})
     try:
         cluster = LocalCluster(spec)
-    except FileNotFoundError as exc:
+        cluster.preflight()
+    except (FileNotFoundError, StartupError) as exc:
         print(f"start-up failed: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"start-up failed: {exc.strerror or exc}", file=sys.stderr)
         return 1
     stopping = False
 
@@ -39,11 +44,18 @@ def _up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     print(f"starting a local cluster, data in {cluster.data_dir}", flush=True)
+
+    def healthy(svc: ServiceProcess) -> None:
+        pid = svc.proc.pid if svc.proc is not None else "-"
+        print(f"  {svc.name:<11} healthy  pid {pid!s:<7} grpc {svc.grpc_address}", flush=True)
+
     try:
-        cluster.start()
-    except (RuntimeError, TimeoutError) as exc:
-        print(f"start-up failed: {exc}", file=sys.stderr)
+        cluster.start(progress=healthy)
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        # The first line names the service; its log holds the rest.
+        print(f"start-up failed: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 1
+    cluster.supervise()
     for line in cluster.status_lines():
         print(line, flush=True)
     for line in cluster.security_lines():
@@ -53,13 +65,9 @@ def _up(args: argparse.Namespace) -> int:
     print(f"logs: {cluster.log_dir}", flush=True)
     try:
         while not stopping:
-            time.sleep(0.5)
-            for svc in cluster.services.values():
-                if svc.proc is not None and svc.proc.poll() is not None:
-                    print(f"{svc.name} exited with {svc.proc.returncode}; stopping the cluster\n"
-                          f"{cluster.tail(svc.name)}", file=sys.stderr, flush=True)
-                    stopping = True
-                    break
+            time.sleep(0.2)
+            for line in cluster.supervise_step():
+                print(line, file=sys.stderr, flush=True)
     finally:
         print("stopping...", flush=True)
         cluster.stop()

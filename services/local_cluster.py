@@ -11,11 +11,18 @@ TLS material: ``ca.crt`` and, per service kind, ``<kind>.crt`` and ``<kind>.key`
 frontend, handler, log, purgatory, replicator; each certificate's CN ``kbroker-<kind>``, see
 :mod:`services.common.tls`). Every service then runs with mutual TLS, and the launcher's own
 health checks present the checked service's certificate, as an exec probe in its pod would.
+
+Supervision is opt-in (:meth:`LocalCluster.supervise`, on in ``kbroker up``): a service that
+exits is then restarted with backoff (:mod:`services.supervision`), as Kubernetes restarts a
+crashed container. Every service dies with the process that started it, however that process
+ends (Linux parent-death signal, set before the service's program starts).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import dataclasses
 import os
 import random
@@ -24,7 +31,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import grpc
@@ -32,7 +39,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.channels import PLAINTEXT, internal_sync_channel
 from services.common.config import flag_name
+from services.common.runtime import PARENT_PID_ENV
 from services.common.tls import SERVICE_KINDS, InternalTls
+from services.supervision import Backoff, Supervisor
 
 # Ports picked for local services lie between this and the kernel's ephemeral range.
 _FIRST_PRIVATE_PORT = 20000
@@ -156,6 +165,48 @@ def free_port_range(host: str, count: int, attempts: int = 100) -> int:
     raise OSError(f"no {count} consecutive free ports on {host}")
 
 
+class StartupError(Exception):
+    """The cluster cannot start, for a reason an operator fixes (a port in use, a data folder
+    that cannot be written); the message is one line naming it."""
+
+
+def _port_user(host: str, port: int) -> str | None:
+    """Why ``port`` cannot be bound on ``host`` (None: it can)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+        return None
+
+
+_PR_SET_PDEATHSIG = 1
+_libc_prctl = None
+if sys.platform.startswith("linux"):
+    with contextlib.suppress(OSError, AttributeError):
+        _libc_prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6",
+                                  use_errno=True).prctl
+
+
+def _die_with(parent: int) -> Callable[[], None]:
+    """A ``preexec_fn``: the child gets SIGTERM when the process that started it dies (even
+    by SIGKILL), and exits at once if that process is already gone (it died between fork
+    and prctl, and the child was handed to another parent).
+
+    The kernel sends the signal when the *thread* that started the child ends, so services
+    are started from a thread that lives as long as the cluster (the main thread in ``kbroker
+    up`` and in tests). The function only makes two system calls, with nothing to lock."""
+
+    def preexec() -> None:
+        if _libc_prctl is not None:
+            _libc_prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
+
+
 # Ports this process handed out: the services of a cluster bind theirs only once started, so
 # a port checked free could otherwise be handed out twice (and a health check of one service
 # answered by another).
@@ -171,6 +222,7 @@ class LocalCluster:
         self.log_dir = self.data_dir / "logs"
         self.kafka_port = spec.kafka_port or free_port_range(spec.host, spec.log_nodes)
         self.services: dict[str, ServiceProcess] = {}
+        self.supervisor: Supervisor | None = None
         if spec.internal_tls is not None:
             missing = [path for kind in SERVICE_KINDS for path in
                        dataclasses.astuple(internal_tls_of(spec.internal_tls, kind))
@@ -254,8 +306,34 @@ class LocalCluster:
 
     # -- life cycle -----------------------------------------------------------------------
 
-    def start(self, timeout: float = 60.0) -> None:
-        """Start every service in dependency order; raise if one does not become healthy."""
+    def preflight(self) -> None:
+        """Raise :class:`StartupError` if the data folder cannot be written or a port the
+        cluster listens on is taken."""
+        try:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            probe = self.log_dir / ".writable"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise StartupError(f"data folder {self.data_dir} is not writable: "
+                               f"{exc.strerror or exc}") from None
+        for port in range(self.kafka_port, self.kafka_port + self.spec.log_nodes):
+            reason = _port_user(self.spec.host, port)
+            if reason is not None:
+                raise StartupError(f"Kafka port {self.spec.host}:{port} is in use ({reason}); "
+                                   f"choose another with --kafka-port")
+        for svc in self.services.values():
+            for what, port in (("gRPC", svc.grpc_port), ("metrics", svc.metrics_port)):
+                reason = _port_user("127.0.0.1", port)
+                if reason is not None:
+                    raise StartupError(
+                        f"{what} port 127.0.0.1:{port} of {svc.name} is in use ({reason}); "
+                        f"choose other ports with --base-port")
+
+    def start(self, timeout: float = 60.0,
+              progress: Callable[[ServiceProcess], None] | None = None) -> None:
+        """Start every service in dependency order; raise if one does not become healthy.
+        ``progress`` is called with each service as it becomes healthy."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         order = [
             [n for n in self.services if n == "purgatory" or n.startswith("log-")],
@@ -269,6 +347,8 @@ class LocalCluster:
                     self.start_service(name, wait=False)
                 for name in group:
                     self.wait_healthy(name, timeout)
+                    if progress is not None:
+                        progress(self.services[name])
             self._wait_kafka_port(timeout)
         except BaseException:
             self.stop()
@@ -281,6 +361,7 @@ class LocalCluster:
         env = dict(os.environ)
         env["KBROKER_LOG_LEVEL"] = self.spec.log_level
         env["PYTHONUNBUFFERED"] = "1"
+        env[PARENT_PID_ENV] = str(os.getpid())
         log = open(svc.log_path, "ab")  # noqa: SIM115 - handed to the child process
         try:
             svc.proc = subprocess.Popen(
@@ -292,9 +373,13 @@ class LocalCluster:
                 # Own process group: Ctrl-C in a terminal reaches the launcher only, which then
                 # stops the children in order.
                 start_new_session=True,
+                # No orphans: the service dies with the launcher, however the launcher ends.
+                preexec_fn=_die_with(os.getpid()),
             )
         finally:
             log.close()
+        if self.supervisor is not None:
+            self.supervisor.started(name, time.monotonic())
         if wait:
             self.wait_healthy(name, timeout)
 
@@ -313,7 +398,8 @@ class LocalCluster:
                 except grpc.RpcError:
                     pass
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{name} not healthy after {timeout}s:\n{self.tail(name)}")
+                    raise TimeoutError(f"{name} not healthy after {timeout}s; see {svc.log_path}:\n"
+                                       f"{self.tail(name)}")
                 time.sleep(0.1)
 
     def health_channel(self, name: str) -> grpc.Channel:
@@ -333,6 +419,47 @@ class LocalCluster:
                 raise TimeoutError(
                     f"Kafka port {self.bootstrap} not open:\n{self.tail('frontend')}")
             time.sleep(0.1)
+
+    # -- supervision ----------------------------------------------------------------------
+
+    def supervise(self, backoff: Backoff | None = None) -> None:
+        """From now on, :meth:`supervise_step` restarts services that exited."""
+        self.supervisor = Supervisor(list(self.services), backoff)
+        now = time.monotonic()
+        for name, svc in self.services.items():
+            if svc.running:
+                self.supervisor.started(name, now)
+
+    def supervise_step(self) -> list[str]:
+        """Notice exited services and restart those whose backoff has passed; return a line per
+        exit and per restart. Call it regularly (``kbroker up`` does, twice a second)."""
+        supervisor = self.supervisor
+        if supervisor is None:
+            return []
+        lines = []
+        now = time.monotonic()
+        for name, svc in self.services.items():
+            if svc.proc is None or svc.running or supervisor.pending(name):
+                continue
+            delay = supervisor.exited(name, now)
+            lines.append(f"{name} (pid {svc.proc.pid}) exited with "
+                         f"{describe_exit(svc.proc.returncode)}; restarting in {delay:g}s "
+                         f"(log {svc.log_path})")
+        for name in supervisor.due(now):
+            count = supervisor.restarting(name, now)
+            try:
+                self.start_service(name, wait=False)
+            except OSError as exc:
+                lines.append(f"{name} could not be restarted: {exc}")
+                continue
+            svc = self.services[name]
+            pid = svc.proc.pid if svc.proc is not None else "-"
+            lines.append(f"{name} restarted (restart {count}), pid {pid}")
+        return lines
+
+    def restarts(self, name: str) -> int:
+        """How often the supervisor restarted ``name`` (0 without supervision)."""
+        return self.supervisor.restarts(name) if self.supervisor is not None else 0
 
     def kill(self, name: str) -> None:
         """SIGKILL one service (fault tests)."""
@@ -394,6 +521,18 @@ class LocalCluster:
                 extra = f"  kafka {', '.join(self.kafka_listeners())}"
             security = "mtls" if self.internal_tls(svc.kind).enabled else "plaintext"
             yield (
-                f"{svc.name:<11} {state:<8} pid {pid!s:<7} grpc {svc.grpc_address:<16} "
-                f"{security:<9} metrics http://127.0.0.1:{svc.metrics_port}/metrics{extra}"
+                f"{svc.name:<11} {state:<8} pid {pid!s:<7} restarts {self.restarts(svc.name):<3} "
+                f"grpc {svc.grpc_address:<16} {security:<9} metrics http://127.0.0.1:{svc.metrics_port}/metrics{extra}"
             )
+
+
+def describe_exit(returncode: int | None) -> str:
+    """A process's exit status as an operator reads it: ``status 1`` or ``signal SIGKILL``."""
+    if returncode is None:
+        return "no status"
+    if returncode < 0:
+        try:
+            return f"signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"status {returncode}"

@@ -1,9 +1,11 @@
 """Process life cycle shared by every service's ``__main__``: allocator tuning, uvloop,
-logging, and a graceful stop on SIGTERM/SIGINT."""
+logging, and a graceful stop on SIGTERM/SIGINT or when the launcher that started the process
+is gone."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import ctypes.util
 import logging
@@ -18,6 +20,12 @@ _M_TRIM_THRESHOLD = -1
 _M_TOP_PAD = -2
 _M_MMAP_THRESHOLD = -3
 _MIB = 1024 * 1024
+
+# Set by the local launcher to its pid: a service whose parent is no longer that process (the
+# launcher died and the service was handed to another parent) stops. On Linux the launcher also
+# sets a parent-death signal; this check covers systems without one.
+PARENT_PID_ENV = "KBROKER_PARENT_PID"
+_PARENT_CHECK_SECONDS = 1.0
 
 
 def tune_allocator() -> bool:
@@ -43,7 +51,8 @@ def tune_allocator() -> bool:
 
 def run(service: str, main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
     """Run ``main(stop_event)`` on uvloop until it returns (logging to stderr at
-    ``KBROKER_LOG_LEVEL``); SIGTERM/SIGINT set the event. Unusable internal TLS settings
+    ``KBROKER_LOG_LEVEL``); SIGTERM/SIGINT set the event, and so does the end of the launcher
+    whose pid is in ``KBROKER_PARENT_PID`` (when set). Unusable internal TLS settings
     (plaintext on a non-loopback address, missing files) end the process with status 1 and
     one line saying why."""
     import uvloop
@@ -58,7 +67,14 @@ def run(service: str, main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await main(stop)
+        parent = os.environ.get(PARENT_PID_ENV, "")
+        watch = asyncio.create_task(_stop_when_orphaned(int(parent), stop)) \
+            if parent.isdigit() else None
+        try:
+            await main(stop)
+        finally:
+            if watch is not None:
+                watch.cancel()
 
     from .tls import InternalTlsError
 
@@ -68,6 +84,16 @@ def run(service: str, main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
         # A settings mistake, not a crash: say what is wrong, no traceback.
         logging.getLogger(f"services.{service}").error("cannot start: %s", e)
         sys.exit(f"{service}: cannot start: {e}")
+
+
+async def _stop_when_orphaned(parent: int, stop: asyncio.Event) -> None:
+    while os.getppid() == parent:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), _PARENT_CHECK_SECONDS)
+            return  # stopped for another reason
+    logging.getLogger("services.common.runtime").warning(
+        "the launcher (pid %d) is gone; stopping", parent)
+    stop.set()
 
 
 def serve_main(service: str, config_cls: type, start: Callable[[Any], Awaitable[Any]]) -> None:
