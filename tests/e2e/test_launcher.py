@@ -67,7 +67,7 @@ class Launcher:
                                      f"{self.output()}\n{self.errors()}")
             time.sleep(0.1)
 
-    def wait_up(self, timeout: float = 90.0) -> None:
+    def wait_up(self, timeout: float = 180.0) -> None:
         self.wait_for(r"^Kafka clients: bootstrap\.servers=", timeout)
         self.service_pids = {name: int(pid) for name, _, pid, _ in
                              STATUS.findall(self.output())}
