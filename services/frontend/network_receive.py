@@ -129,6 +129,10 @@ class FrameChannel(asyncio.BufferedProtocol):
         self._eof = True
         self._closed = True
         self._lost = exc if exc is not None else ConnectionResetError("connection lost")
+        # uvloop's TLS protocol keeps this channel's bound methods after the connection is
+        # lost; with the transport held here that makes a cycle the garbage collector does not
+        # free (measured: every closed TLS connection, about 30 KB each, stayed for good).
+        self._transport = None
         self._wake_reader()
         if self._drain_waiter is not None and not self._drain_waiter.done():
             self._drain_waiter.set_exception(ConnectionResetError("connection lost"))
