@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 import signal
@@ -28,6 +29,12 @@ PARENT_PID_ENV = "KBROKER_PARENT_PID"
 _PARENT_CHECK_SECONDS = 1.0
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    return ctypes.CDLL(name) if name else None
+
+
 def tune_allocator() -> bool:
     """Keep multi-megabyte buffers (record batches in gRPC messages) on the heap.
 
@@ -36,17 +43,50 @@ def tune_allocator() -> bool:
     faults on pages the kernel must zero: measured here as most of the log and handler CPU on
     the fetch path. A fixed 32 MiB threshold and a generous trim threshold let freed buffers be
     reused. Returns False where the C library has no mallopt (not glibc)."""
-    libc_name = ctypes.util.find_library("c")
-    if not libc_name:
-        return False
-    libc = ctypes.CDLL(libc_name)
-    mallopt = getattr(libc, "mallopt", None)
+    libc = _libc()
+    mallopt = getattr(libc, "mallopt", None) if libc is not None else None
     if mallopt is None:
         return False
     ok = mallopt(_M_MMAP_THRESHOLD, 32 * _MIB)
     ok &= mallopt(_M_TRIM_THRESHOLD, 512 * _MIB)
     ok &= mallopt(_M_TOP_PAD, 64 * _MIB)
     return bool(ok)
+
+
+def release_free_memory() -> bool:
+    """Give the pages of freed heap memory back to the kernel (glibc ``malloc_trim``): with the
+    trim threshold :func:`tune_allocator` sets, glibc keeps them otherwise, so a process's
+    resident memory would stay at its peak after, say, thousands of connections came and went.
+    Returns False where the C library has no malloc_trim."""
+    libc = _libc()
+    trim = getattr(libc, "malloc_trim", None) if libc is not None else None
+    if trim is None:
+        return False
+    trim(0)
+    return True
+
+
+class FreedMemoryRelease:
+    """Calls :func:`release_free_memory` ``delay`` seconds after it is first asked to, once for
+    every request in between: after a burst of closed connections, one trim, not one each.
+    Not thread-safe (one event loop)."""
+
+    def __init__(self, delay: float = 1.0) -> None:
+        self._delay = delay
+        self._pending: asyncio.TimerHandle | None = None
+
+    def soon(self) -> None:
+        if self._pending is None:
+            self._pending = asyncio.get_running_loop().call_later(self._delay, self._release)
+
+    def _release(self) -> None:
+        self._pending = None
+        release_free_memory()
+
+    def cancel(self) -> None:
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending = None
 
 
 def run(service: str, main: Callable[[asyncio.Event], Awaitable[None]]) -> None:

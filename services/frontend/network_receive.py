@@ -5,12 +5,20 @@ with flow control.
 Reading is an :class:`asyncio.BufferedProtocol`, so the event loop receives straight into
 buffers given by this class:
 
-- small frames (and size prefixes) land in a fixed 64 KiB scratch buffer and are cut out of it
-  as ``bytes``; a frame cut short by the end of a read is carried over to the next one;
+- small frames (and size prefixes) land in a 64 KiB scratch buffer and are cut out of it as
+  ``bytes``; a frame cut short by the end of a read is carried over to the next one;
 - a frame larger than the scratch buffer (a produce request of record batches) gets a buffer of
   its own, exactly its size, and the rest of it is received in place: no copy from a stream
   buffer, no buffer growth, no shifting of what follows. Such a frame is handed over as a
   read-only ``memoryview``.
+
+The scratch buffer is one per thread (so per event loop), shared by every connection: an idle
+connection holds no receive buffer, and 2,000 of them cost no more than a few. Sharing is safe
+because a transport calls :meth:`~FrameChannel.get_buffer`, fills the buffer and calls
+:meth:`~FrameChannel.buffer_updated` in one step (plain TCP and TLS, asyncio and uvloop), and
+``buffer_updated`` copies out everything it keeps (frames, a carried-over start of one, the
+first bytes of a large frame) before it returns; nothing refers to the scratch buffer between
+reads.
 
 Each frame is stamped with the time its last byte arrived, the start of Kafka's request-queue
 time. Complete frames wait in a queue until the connection takes them; past
@@ -27,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
 
@@ -37,6 +46,16 @@ _SCRATCH_BYTES = 64 * 1024
 _QUEUED_BYTES_LIMIT = 1 << 20
 
 Frame = bytes | memoryview
+
+_thread_scratch = threading.local()
+
+
+def _shared_scratch() -> memoryview:
+    """This thread's scratch buffer, made on first use."""
+    scratch: memoryview | None = getattr(_thread_scratch, "buffer", None)
+    if scratch is None:
+        scratch = _thread_scratch.buffer = memoryview(bytearray(_SCRATCH_BYTES))
+    return scratch
 
 
 class FrameChannel(asyncio.BufferedProtocol):
@@ -49,7 +68,8 @@ class FrameChannel(asyncio.BufferedProtocol):
         self._on_connect = on_connect
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
-        self._scratch = memoryview(bytearray(_SCRATCH_BYTES))
+        # Shared with every connection of this thread: valid only within one read.
+        self._scratch = _shared_scratch()
         # The start of a small frame (or of a size prefix) that the last read cut short.
         self._carry = bytearray()
         # A large frame being received in place, and how much of it has arrived.
@@ -109,6 +129,10 @@ class FrameChannel(asyncio.BufferedProtocol):
         self._eof = True
         self._closed = True
         self._lost = exc if exc is not None else ConnectionResetError("connection lost")
+        # uvloop's TLS protocol keeps this channel's bound methods after the connection is
+        # lost; with the transport held here that makes a cycle the garbage collector does not
+        # free (measured: every closed TLS connection, about 30 KB each, stayed for good).
+        self._transport = None
         self._wake_reader()
         if self._drain_waiter is not None and not self._drain_waiter.done():
             self._drain_waiter.set_exception(ConnectionResetError("connection lost"))

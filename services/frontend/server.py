@@ -10,6 +10,7 @@ import logging
 
 import grpc
 
+from services.common.runtime import FreedMemoryRelease
 from services.common.server import create_server
 from services.common.tls import InternalTls
 
@@ -99,6 +100,7 @@ class FrontendService:
         self._sasl: dict[str, SaslAuthenticatorConfig] = {}
         self._mapper = SslPrincipalMapper(config.ssl_principal_mapping_rules)
         self._connections: dict[asyncio.Task[None], Connection] = {}
+        self._freed_memory = FreedMemoryRelease()
         self._stopped = False
         # Client quotas: ``quotas.update(cluster_metadata.client_quotas)`` sets them.
         self.quotas = ClientQuotas(samples=config.quota_window_num,
@@ -203,6 +205,8 @@ class FrontendService:
             await connection.serve()
         finally:
             self._connections.pop(task, None)
+            # What the connection held goes back to the kernel, not only to the allocator.
+            self._freed_memory.soon()
 
     async def stop(self, grace: float = 1.0) -> None:
         """Stop accepting; give requests in flight up to ``grace`` seconds, then close every
@@ -228,6 +232,7 @@ class FrontendService:
             await asyncio.gather(*tasks, return_exceptions=True)
         for server in self._servers:
             await server.wait_closed()
+        self._freed_memory.cancel()
         await self.cluster_view.stop()
         await self._pool.close()
         await self._grpc_server.stop(grace)

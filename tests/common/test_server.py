@@ -12,9 +12,10 @@ from prometheus_client import REGISTRY
 
 from kbroker.metrics.v1 import metrics_pb2, metrics_pb2_grpc
 from kbroker.purgatory.v1 import purgatory_pb2, purgatory_pb2_grpc
+from services.common import runtime
 from services.common.channels import insecure_channel
 from services.common.metrics import stream_interval_seconds
-from services.common.runtime import tune_allocator
+from services.common.runtime import FreedMemoryRelease, release_free_memory, tune_allocator
 from services.common.server import ServiceBinding, create_server
 
 SERVICE = "kbroker.purgatory.v1.Purgatory"
@@ -93,6 +94,28 @@ def test_server_serves_health_reflection_metrics_and_counts_calls():
 
 def test_allocator_tuning_applies_on_glibc():
     assert tune_allocator() is True
+
+
+def test_freed_memory_is_released_once_a_delay_after_a_burst(monkeypatch):
+    assert release_free_memory() is True  # glibc has malloc_trim
+    released: list[float] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        monkeypatch.setattr(runtime, "release_free_memory", lambda: released.append(loop.time()))
+        release = FreedMemoryRelease(delay=0.2)
+        start = loop.time()
+        for _ in range(100):  # connections closing in a burst
+            release.soon()
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.4)
+        assert len(released) == 1 and released[0] - start >= 0.19
+        release.soon()
+        release.cancel()  # the service stopped: nothing more
+        await asyncio.sleep(0.3)
+        assert len(released) == 1
+
+    asyncio.run(asyncio.wait_for(main(), 10))
 
 
 def _counter_value(snap: metrics_pb2.MetricsSnapshot, family: str, **labels: str) -> float:

@@ -105,6 +105,57 @@ def test_frames_are_cut_from_any_split_of_the_stream(split: str) -> None:
     run(main())
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_connections_reading_at_once_each_get_their_own_frames(loop: str) -> None:
+    """Connections share one scratch buffer: frames taken late, and starts of frames carried
+    over between reads, must not see what other connections read into it since."""
+    connections = 20
+    rng = random.Random(11)
+    streams = [[rng.randbytes(rng.choice([0, 1, 7, 300, 5000, 40_000, 70_000]))
+                for _ in range(30)] for _ in range(connections)]
+
+    async def main() -> None:
+        got: dict[bytes, list[bytes]] = {}
+        all_in = asyncio.Event()
+
+        async def serve(channel: FrameChannel) -> None:
+            first = await channel.read_frame()
+            assert first is not None
+            mine = got.setdefault(bytes(first[0]), [])
+            await all_in.wait()  # every connection's frames queue while the others read
+            while (read := await channel.read_frame()) is not None:
+                mine.append(bytes(read[0]))
+            channel.close()
+
+        async def client(address: tuple[str, int], name: bytes, bodies: list[bytes]) -> None:
+            reader, writer = await asyncio.open_connection(*address)
+            stream = frame(name) + b"".join(frame(b) for b in bodies)
+            at = 0
+            while at < len(stream):
+                step = rng.choice([1, 3, 4096, 30_000])
+                writer.write(stream[at:at + step])
+                at += step
+                await writer.drain()
+                await asyncio.sleep(0)
+            writer.write_eof()
+            assert await asyncio.wait_for(reader.read(1), TIMEOUT) == b""
+            writer.close()
+
+        async with listening(serve) as address:
+            clients = [asyncio.create_task(client(address, b"c%d" % i, bodies))
+                       for i, bodies in enumerate(streams)]
+            await asyncio.sleep(0.3)
+            all_in.set()
+            await asyncio.wait_for(asyncio.gather(*clients), TIMEOUT)
+        assert got == {b"c%d" % i: bodies for i, bodies in enumerate(streams)}
+
+    if loop == "uvloop":
+        uvloop = pytest.importorskip("uvloop")
+        uvloop.run(asyncio.wait_for(main(), TIMEOUT))
+    else:
+        run(main())
+
+
 def test_a_large_frame_is_a_read_only_view_and_a_small_one_bytes() -> None:
     async def main() -> None:
         kinds: list[tuple[type, bool]] = []
