@@ -134,6 +134,8 @@ class Request:
     started: float = 0.0
     # Set when client quotas apply: the connection mutes itself after the answer for it.
     charge: Charge | None = None
+    # The body as the handler's protobuf request (None without a schema).
+    message: Message | None = None
 
     @property
     def expects_response(self) -> bool:
@@ -199,18 +201,22 @@ class Dispatcher:
         try:
             header, offset = headers.read_request_header(frame, schema.flexible_request)
             body, _ = schema.read_request(frame, offset)
+            # kio reads a null (length -1) array even where the schema forbids one; Kafka
+            # refuses such a request as malformed, and so does the conversion.
+            message = schema.request_to_proto(body)
         except Exception as e:  # noqa: BLE001 - any decode failure means a malformed request
             raise UnanswerableRequestError(f"cannot decode {api.name} v{version}: "
                                            f"{type(e).__name__}: {e}") from None
         return Request(api, version, correlation_id, header.client_id, body, schema, metrics,
-                       size=len(frame), started=started)
+                       size=len(frame), started=started, message=message)
 
     async def handle(self, request: Request, session: ClientSession) -> list[bytes] | None:
         """The response frame (as buffers) for ``request``, or None when none is due."""
         api, schema = request.api, request.schema
         if api.rpc is None or schema is None:
             return self._answer_locally(request)
-        message = schema.request_to_proto(request.body)
+        message = request.message
+        assert message is not None  # decoded with a schema
         converter.normalise_request(api.key, request.version, message)
         quotas = self.quotas
         sensors = quotas.sensors(session.user, request.client_id) if quotas.enabled else None
