@@ -30,6 +30,7 @@ from services.common.features import FEATURES, FINALIZED_FEATURES_EPOCH
 
 from . import converter, headers
 from .api_versions import API_VERSIONS_KEY, SUPPORTED_APIS, SupportedApi, supported_versions
+from .collection_sizes import size_checker
 from .error_responses import UNAVAILABLE_CODES, error_response
 from .framing import FrameWriter
 from .handler_pool import HandlerCallError, HandlerPool, Metadata
@@ -86,6 +87,7 @@ class _Schema:
     """The compiled pieces of one (API, version)."""
 
     flexible_request: bool
+    check_sizes: Callable[[bytes, int], None]
     read_request: Callable[[bytes, int], tuple[Any, int]]
     request_to_proto: Callable[[Any], Message]
     response_from_proto: Callable[[Message], Any]
@@ -104,6 +106,7 @@ def _compile_schemas() -> dict[tuple[int, int], _Schema]:
             flexible = request_cls.__flexible__  # type: ignore[attr-defined]
             out[(api.key, version)] = _Schema(
                 flexible_request=flexible,
+                check_sizes=size_checker(request_cls),
                 # Only flexible versions carry tagged fields.
                 read_request=(tolerant_reader(request_cls) if flexible
                               else entity_reader(request_cls)),
@@ -200,6 +203,7 @@ class Dispatcher:
                                            f"({api.min_version}..{api.max_version})")
         try:
             header, offset = headers.read_request_header(frame, schema.flexible_request)
+            schema.check_sizes(frame, offset)  # before kio allocates what lengths announce
             body, _ = schema.read_request(frame, offset)
             # kio reads a null (length -1) array even where the schema forbids one; Kafka
             # refuses such a request as malformed, and so does the conversion.

@@ -22,6 +22,12 @@ MALFORMED = {
     "null non-nullable array": b"\x00\x15\x00\x00\x00\x00\x00\x07\x00\x04fuzz\x00\x00\x00\x01"
                                b"\x00\x01t\xff\xff\xff\xff\x00\x00\x00\x01\x00\x00\x00\x00\x00"
                                b"\x00\x00\x01\x00\x00\x00\x01",
+    # Produce v9 whose partition_data compact array announces 2^32 - 2 elements (ff ff ff ff
+    # 0f) in a 36-byte frame: kio's native reader asked for 32 GiB and aborted the process.
+    "huge compact array length": bytes.fromhex(
+        "0000000900000007000466757a7a000274000100000001ffffffff0f0000010278000000"),
+    # The same in a legacy version: Metadata v1 announcing 2^31 - 1 topics.
+    "huge array length": bytes.fromhex("0003000100000001ffff7fffffff"),
 }
 
 
@@ -30,6 +36,13 @@ def test_decoding_refuses_it(name: str) -> None:
     dispatcher = Dispatcher(None, {}, "test")  # type: ignore[arg-type]
     with pytest.raises(UnanswerableRequestError):
         dispatcher.decode(MALFORMED[name])
+
+
+def test_a_collection_longer_than_the_frame_is_refused_before_decoding() -> None:
+    dispatcher = Dispatcher(None, {}, "test")  # type: ignore[arg-type]
+    for name in ("huge compact array length", "huge array length"):
+        with pytest.raises(UnanswerableRequestError, match="collection of size"):
+            dispatcher.decode(MALFORMED[name])
 
 
 @pytest.mark.parametrize("name", sorted(MALFORMED))
