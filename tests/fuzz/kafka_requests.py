@@ -4,8 +4,9 @@ request, i.e. everything a connection does with a frame before a handler is call
 
 A frame that cannot be decoded must raise :class:`UnanswerableRequestError` (the connection
 closes); anything else escaping is a crash (the connection logs a traceback). Memory is
-bounded too: no frame may make the decoder hold more than a small multiple of its size (a
-huge array length prefix in a small frame must fail, not allocate)."""
+bounded too: while tracemalloc runs, no frame may make the decoder hold more Python memory
+than a small multiple of its size. tracemalloc does not see kio's native allocations; a huge
+length prefix there aborts the process, which fails the test run as surely."""
 
 from __future__ import annotations
 

@@ -52,3 +52,15 @@ def test_arbitrary_body_after_a_plausible_header(api_key: int, version: int, bod
 @given(mutated(valid_frames()))
 def test_damaged_valid_requests(frame: bytes) -> None:
     check_request_frame(frame)
+
+
+# Lengths and counts that once made the decoder allocate for them before reading (a compact
+# array of 2^32 - 2 elements asked for 32 GiB and aborted the process).
+_HUGE_LENGTHS = (struct.pack(">i", 0x7FFFFFFF), b"\xff\xff\xff\xff\x0f", b"\xff\xff\xff\xff\x07")
+
+
+def test_huge_lengths_at_every_position_of_every_valid_frame() -> None:
+    for frame in valid_frames():
+        for position in range(8, len(frame)):
+            for length in _HUGE_LENGTHS:
+                check_request_frame(frame[:position] + length + frame[position + len(length):])
