@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 
 from .grpc_messages import SERVICES, FuzzCluster, calls, fuzz_cluster
 
-FUZZ = settings(max_examples=120, deadline=None, derandomize=True,
+FUZZ = settings(max_examples=250, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.function_scoped_fixture])
 
