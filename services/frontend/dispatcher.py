@@ -30,6 +30,7 @@ from services.common.features import FEATURES, FINALIZED_FEATURES_EPOCH
 
 from . import converter, headers
 from .api_versions import API_VERSIONS_KEY, SUPPORTED_APIS, SupportedApi, supported_versions
+from .collection_sizes import size_checker
 from .error_responses import UNAVAILABLE_CODES, error_response
 from .framing import FrameWriter
 from .handler_pool import HandlerCallError, HandlerPool, Metadata
@@ -86,6 +87,7 @@ class _Schema:
     """The compiled pieces of one (API, version)."""
 
     flexible_request: bool
+    check_sizes: Callable[[bytes, int], None]
     read_request: Callable[[bytes, int], tuple[Any, int]]
     request_to_proto: Callable[[Any], Message]
     response_from_proto: Callable[[Message], Any]
@@ -104,6 +106,7 @@ def _compile_schemas() -> dict[tuple[int, int], _Schema]:
             flexible = request_cls.__flexible__  # type: ignore[attr-defined]
             out[(api.key, version)] = _Schema(
                 flexible_request=flexible,
+                check_sizes=size_checker(request_cls),
                 # Only flexible versions carry tagged fields.
                 read_request=(tolerant_reader(request_cls) if flexible
                               else entity_reader(request_cls)),
@@ -134,6 +137,8 @@ class Request:
     started: float = 0.0
     # Set when client quotas apply: the connection mutes itself after the answer for it.
     charge: Charge | None = None
+    # The body as the handler's protobuf request (None without a schema).
+    message: Message | None = None
 
     @property
     def expects_response(self) -> bool:
@@ -198,19 +203,24 @@ class Dispatcher:
                                            f"({api.min_version}..{api.max_version})")
         try:
             header, offset = headers.read_request_header(frame, schema.flexible_request)
+            schema.check_sizes(frame, offset)  # before kio allocates what lengths announce
             body, _ = schema.read_request(frame, offset)
+            # kio reads a null (length -1) array even where the schema forbids one; Kafka
+            # refuses such a request as malformed, and so does the conversion.
+            message = schema.request_to_proto(body)
         except Exception as e:  # noqa: BLE001 - any decode failure means a malformed request
             raise UnanswerableRequestError(f"cannot decode {api.name} v{version}: "
                                            f"{type(e).__name__}: {e}") from None
         return Request(api, version, correlation_id, header.client_id, body, schema, metrics,
-                       size=len(frame), started=started)
+                       size=len(frame), started=started, message=message)
 
     async def handle(self, request: Request, session: ClientSession) -> list[bytes] | None:
         """The response frame (as buffers) for ``request``, or None when none is due."""
         api, schema = request.api, request.schema
         if api.rpc is None or schema is None:
             return self._answer_locally(request)
-        message = schema.request_to_proto(request.body)
+        message = request.message
+        assert message is not None  # decoded with a schema
         converter.normalise_request(api.key, request.version, message)
         quotas = self.quotas
         sensors = quotas.sensors(session.user, request.client_id) if quotas.enabled else None

@@ -371,7 +371,11 @@ class PartitionLog:
         TRANSACTION_COORDINATOR_FENCED for a marker older than what the producer state has
         seen (see :meth:`ProducerStateManager.check_marker`), NOT_LEADER_OR_FOLLOWER on a
         follower. A producer without an ongoing transaction here gets its marker too; an ABORT
-        that ends one is added to the transaction index of the marker's segment."""
+        that ends one is added to the transaction index of the marker's segment; and
+        INVALID_PRODUCER_EPOCH for an epoch no producer can have (Kafka's is an INT16)."""
+        if not -0x8000 <= producer_epoch <= 0x7FFF:
+            raise KafkaError(ErrorCode.invalid_producer_epoch,
+                             f"producer epoch {producer_epoch} is not an INT16")
         marker = EndTransactionMarker(
             type=ControlRecordType.COMMIT if committed else ControlRecordType.ABORT,
             coordinator_epoch=coordinator_epoch)

@@ -195,7 +195,9 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
         ``max_wait_ms``, a read that found nothing (and no error) waits for the next append to
         any of the partitions, or the time limit, and reads again."""
         response = self._read(request)
-        if request.max_wait_ms <= 0 or any(r.records or r.error_code for r in response.results):
+        # As Kafka's fetch, a read of no partitions is answered at once.
+        if (request.max_wait_ms <= 0 or not request.partitions
+                or any(r.records or r.error_code for r in response.results)):
             return response
         try:
             events = [self._log(r).appended() for r in request.partitions]

@@ -91,6 +91,17 @@ def spans(records: bytes) -> list[tuple[int, int]]:
     return [(b.header.base_offset, b.header.last_offset) for b in iter_batches(records)]
 
 
+def test_a_waiting_read_of_no_partitions_is_answered_at_once(tmp_path: Path) -> None:
+    # Found by tests/fuzz: asyncio.wait of no waiters raised, a crash of the Read RPC.
+    async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
+        started = time.monotonic()
+        response = await stub.Read(log_pb2.ReadRequest(max_wait_ms=5000), timeout=10)
+        assert list(response.results) == []
+        assert time.monotonic() - started < 2.5
+
+    run_node(tmp_path, body)
+
+
 def test_append_read_and_list_offsets(tmp_path: Path) -> None:
     async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
         await create(stub, "orders")

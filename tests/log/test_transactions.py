@@ -309,6 +309,16 @@ def test_markers_of_older_epochs_are_refused(tmp_path: Path) -> None:
     partition_log.close()
 
 
+def test_a_marker_whose_epoch_is_no_int16_is_refused(tmp_path: Path) -> None:
+    # Found by tests/fuzz: the epoch reached the batch header's struct.pack, a crash.
+    partition_log = open_log(tmp_path)
+    for epoch in (0x8000, -0x8001):
+        assert error_of(partition_log.write_txn_marker(99, epoch, True, 0)).code is (
+            ErrorCode.invalid_producer_epoch)
+    assert partition_log.log_end_offset == 0
+    partition_log.close()
+
+
 def test_a_marker_with_a_bumped_epoch_restarts_the_producers_sequences(
     tmp_path: Path,
 ) -> None:
