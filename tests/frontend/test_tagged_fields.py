@@ -77,8 +77,10 @@ def _primitive(kafka_type: str, type_: type) -> Any:
             return True
         case "uuid":
             return uuid.UUID("6b1c6ad4-62a2-4c3c-9a64-3e1ea9a0b9f1")
-        case "timedelta_i32":
+        case "timedelta_i32" | "timedelta_i64":
             return type_(datetime.timedelta(milliseconds=1))
+        case "datetime_i64":
+            return type_(datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC))
         case "float64":
             return type_(1.0)
         case _:

