@@ -33,6 +33,10 @@ class FrontendConfig:
                                        "comma-separated host:port of every handler")
     socket_request_max_bytes: int = option(104857600, "largest request frame accepted; a "
                                                       "larger one closes the connection")
+    queued_max_request_bytes: int = option(
+        -1, "bytes of requests the frontend holds at once, received or being processed "
+            "(queued.max.request.bytes); when they are used up, connections stop being read "
+            "until requests are answered; -1: no limit")
     instance: str = option("frontend-0", "name of this frontend instance (kafka-frontend-id)")
     quota_window_num: int = option(11, "samples a client quota rate is measured over "
                                        "(quota.window.num)")

@@ -93,6 +93,7 @@ class Connection:
                 await channel.drain()
                 response_bytes = sum(map(len, chunks))
             done = perf_counter() if chunks is not None else sending
+            channel.request_done()
             request.metrics.observe(len(frame) + 4, response_bytes, received, started,
                                     request.remote_seconds, ready, sending, done)
             if request.charge is not None:

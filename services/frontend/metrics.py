@@ -40,10 +40,13 @@ The Spark report (spark/jobs/latency_report.py) reads these families by name."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import weakref
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from google.protobuf.message import Message
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from services.common.metrics import (
     LATENCY_BUCKETS,
@@ -51,6 +54,7 @@ from services.common.metrics import (
     Gauge,
     LoopCounter,
     LoopHistogram,
+    register_collector,
 )
 
 PHASES = ("request_queue", "local", "remote", "response_queue", "response_send")
@@ -213,3 +217,44 @@ EXPIRED_CONNECTIONS_KILLED = LoopCounter(
     "kbroker_frontend_expired_connections_killed_total",
     "Connections closed because their SASL session expired without re-authentication, by "
     "listener (expired-connections-killed-count).", ["listener"])
+
+
+class MemoryPoolCollector(Collector):
+    """The request memory pool's gauges (Kafka's socket-server-metrics MemoryPoolAvailable,
+    MemoryPoolUsed and MemoryPoolDepletedTimeTotal), read at scrape time from the pools of the
+    frontends running in this process (one in a service process; tests may run several)."""
+
+    def __init__(self) -> None:
+        self.pools: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        pools = list(self.pools)
+        bounded = [p for p in pools if p.bounded]
+        yield GaugeMetricFamily(
+            "kbroker_frontend_memory_pool_used_bytes",
+            "Bytes of requests held: received, being received or being processed "
+            "(MemoryPoolUsed).", value=sum(p.used for p in pools))
+        yield GaugeMetricFamily(
+            "kbroker_frontend_memory_pool_available_bytes",
+            "Bytes left before connections stop being read (MemoryPoolAvailable; absent "
+            "without queued.max.request.bytes).", value=sum(max(p.available, 0)
+                                                            for p in bounded))
+        yield GaugeMetricFamily(
+            "kbroker_frontend_memory_pool_waiting_connections",
+            "Connections not read because the request memory pool is used up.",
+            value=sum(p.waiting for p in pools))
+        yield CounterMetricFamily(
+            "kbroker_frontend_memory_pool_depleted_seconds",
+            "Time the request memory pool was used up (MemoryPoolDepletedTimeTotal).",
+            value=sum(p.depleted_seconds() for p in bounded))
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return []
+
+
+MEMORY_POOLS = MemoryPoolCollector()
+register_collector(MEMORY_POOLS)
+
+
+def register_memory_pool(pool: Any) -> None:
+    MEMORY_POOLS.pools.add(pool)

@@ -25,6 +25,12 @@ time. Complete frames wait in a queue until the connection takes them; past
 ``_QUEUED_BYTES_LIMIT`` queued bytes the socket stops being read (as a muted Kafka channel), so a
 client that pipelines requests cannot make the frontend buffer without bound.
 
+Every frame's size is taken from the frontend's :class:`~.memory_pool.MemoryPool`
+(``queued.max.request.bytes``) once its size prefix is read, before its body is received, and
+given back when the connection is done with the request (:meth:`FrameChannel.request_done`) or
+closes. While the pool is exhausted the socket is not read: the frame waits in the socket
+buffers, and the connection in the pool's line.
+
 A size prefix that is negative or above the limit (socket.request.max.bytes) stops reading; the
 frames before it are still served, then :meth:`FrameChannel.read_frame` raises
 :class:`~.framing.FrameError` and the connection closes. So does a frame cut short by the end of
@@ -40,6 +46,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from .framing import FrameError
+from .memory_pool import MemoryPool
 
 _SCRATCH_BYTES = 64 * 1024
 # Bytes of complete frames held before the socket is paused.
@@ -63,8 +70,10 @@ class FrameChannel(asyncio.BufferedProtocol):
     task once the connection is made; its end does not close the socket (call :meth:`close`)."""
 
     def __init__(self, max_frame_bytes: int,
-                 on_connect: Callable[[FrameChannel], Awaitable[None]]) -> None:
+                 on_connect: Callable[[FrameChannel], Awaitable[None]],
+                 memory: MemoryPool | None = None) -> None:
         self._max_frame_bytes = max_frame_bytes
+        self._memory = memory if memory is not None else MemoryPool(0)
         self._on_connect = on_connect
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
@@ -77,6 +86,12 @@ class FrameChannel(asyncio.BufferedProtocol):
         self._body_filled = 0
         self._frames: collections.deque[tuple[Frame, float]] = collections.deque()
         self._queued_bytes = 0
+        # Pool bytes held for frames: received or being received, and handed out (the
+        # request the connection is working on) but not yet given back.
+        self._held_bytes = 0
+        self._handed_out_bytes = 0
+        # Waiting in the pool's line for memory for the frame at the start of ``_carry``.
+        self._waiting_memory = False
         self._reading_paused = False
         self._error: FrameError | None = None
         self._eof = False
@@ -119,8 +134,7 @@ class FrameChannel(asyncio.BufferedProtocol):
 
     def eof_received(self) -> bool:
         self._eof = True
-        if self._body is not None or self._carry:
-            self._fail(FrameError("connection closed inside a frame"))
+        self._check_complete_at_eof()
         self._wake_reader()
         # Keep the write side open: responses to what was read can still go out.
         return self._half_close
@@ -129,6 +143,9 @@ class FrameChannel(asyncio.BufferedProtocol):
         self._eof = True
         self._closed = True
         self._lost = exc if exc is not None else ConnectionResetError("connection lost")
+        # Complete frames are still served (an acks=0 Produce sent just before closing); a
+        # frame being received or waiting for memory never will be.
+        self._drop_incomplete()
         # uvloop's TLS protocol keeps this channel's bound methods after the connection is
         # lost; with the transport held here that makes a cycle the garbage collector does not
         # free (measured: every closed TLS connection, about 30 KB each, stayed for good).
@@ -148,6 +165,10 @@ class FrameChannel(asyncio.BufferedProtocol):
     # -- frames -----------------------------------------------------------------------------
 
     def _cut_frames(self, data: memoryview, now: float) -> None:
+        if self._waiting_memory:
+            # A transport may deliver what it had already read after reading was paused.
+            self._carry += data
+            return
         if self._carry:
             self._carry += data
             data = memoryview(bytes(self._carry))
@@ -160,36 +181,94 @@ class FrameChannel(asyncio.BufferedProtocol):
                 return
             start = position + 4
             have = end - start
+            if have < size <= _SCRATCH_BYTES:
+                break  # the rest of a small frame comes with the next read
+            if not self._memory.try_allocate(size):
+                self._waiting_memory = True
+                self._memory.wait(self._memory_available)
+                self._carry += data[position:end]
+                self._update_reading()
+                return
+            self._held_bytes += size
             if have >= size:
                 self._deliver(bytes(data[start:start + size]), now)
                 position = start + size
-            elif size > _SCRATCH_BYTES:
+            else:
                 body = memoryview(bytearray(size))
                 body[:have] = data[start:end]
                 self._body, self._body_filled = body, have
                 return
-            else:
-                break
         if position < end:
             self._carry += data[position:end]
 
     def _deliver(self, frame: Frame, arrived: float) -> None:
         self._frames.append((frame, arrived))
         self._queued_bytes += len(frame)
-        if self._queued_bytes >= _QUEUED_BYTES_LIMIT and not self._reading_paused:
-            self._pause_reading()
+        if self._queued_bytes >= _QUEUED_BYTES_LIMIT:
+            self._update_reading()
         self._wake_reader()
 
     def _fail(self, error: FrameError) -> None:
         if self._error is None:
             self._error = error
-            self._pause_reading()
+            self._update_reading()
         self._wake_reader()
 
-    def _pause_reading(self) -> None:
-        if self._transport is not None and not self._closed:
+    def _check_complete_at_eof(self) -> None:
+        """After the client's EOF, a frame still incomplete never will be (frames waiting for
+        memory are complete or not once they are cut)."""
+        if self._eof and not self._waiting_memory and (self._body is not None or self._carry):
+            self._fail(FrameError("connection closed inside a frame"))
+
+    def _memory_available(self) -> None:
+        """The pool has memory again: take up the frame that waited for it."""
+        self._waiting_memory = False
+        if self._closed or self._error is not None:
+            return
+        self._cut_frames(memoryview(b""), time.perf_counter())
+        self._check_complete_at_eof()
+        self._update_reading()
+        self._wake_reader()
+
+    def _update_reading(self) -> None:
+        """Read the socket unless the connection failed, waits for memory, or has enough
+        frames queued."""
+        transport = self._transport
+        if transport is None or self._closed:
+            return
+        pause = (self._error is not None or self._waiting_memory
+                 or self._queued_bytes >= _QUEUED_BYTES_LIMIT)
+        if pause and not self._reading_paused:
             self._reading_paused = True
-            self._transport.pause_reading()
+            transport.pause_reading()
+        elif not pause and self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+
+    def _drop_incomplete(self) -> None:
+        if self._waiting_memory:
+            self._memory.cancel_wait(self._memory_available)
+            self._waiting_memory = False
+        self._carry.clear()
+        if self._body is not None:
+            self._held_bytes -= len(self._body)
+            self._memory.release(len(self._body))
+            self._body = None
+
+    def _give_back_unread(self) -> None:
+        """Return to the pool what frames not yet handed out hold (the connection closes)."""
+        self._drop_incomplete()
+        unread = self._held_bytes - self._handed_out_bytes
+        self._held_bytes = self._handed_out_bytes
+        self._frames.clear()
+        self._queued_bytes = 0
+        self._memory.release(unread)
+
+    def request_done(self) -> None:
+        """The request last read is answered: its bytes go back to the pool."""
+        done, self._handed_out_bytes = self._handed_out_bytes, 0
+        self._held_bytes -= done
+        self._memory.release(done)
 
     def _wake_reader(self) -> None:
         waiter = self._read_waiter
@@ -202,10 +281,13 @@ class FrameChannel(asyncio.BufferedProtocol):
 
         Raises :class:`FrameError` (after every frame before the fault was taken) for a size
         out of bounds or a frame cut short."""
+        # Asking for the next request means the one before is done (for a reader that does
+        # not call request_done, as the SASL exchange).
+        self.request_done()
         while not self._frames:
             if self._error is not None:
                 raise self._error
-            if self._eof:
+            if self._eof and not self._waiting_memory:
                 return None
             self._read_waiter = self._loop.create_future()
             try:
@@ -214,10 +296,9 @@ class FrameChannel(asyncio.BufferedProtocol):
                 self._read_waiter = None
         frame, arrived = self._frames.popleft()
         self._queued_bytes -= len(frame)
-        if (self._reading_paused and self._error is None and not self._closed
-                and self._queued_bytes < _QUEUED_BYTES_LIMIT and self._transport is not None):
-            self._reading_paused = False
-            self._transport.resume_reading()
+        self._handed_out_bytes = len(frame)
+        if self._reading_paused:
+            self._update_reading()
         return frame, arrived
 
     # -- writing ----------------------------------------------------------------------------
@@ -241,5 +322,8 @@ class FrameChannel(asyncio.BufferedProtocol):
         return self._transport.get_extra_info(name) if self._transport is not None else None
 
     def close(self) -> None:
+        """Close the connection, giving back every byte its frames held."""
+        self._give_back_unread()
+        self.request_done()
         if self._transport is not None and not self._transport.is_closing():
             self._transport.close()

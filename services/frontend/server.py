@@ -20,7 +20,13 @@ from .connection import Connection
 from .dispatcher import Dispatcher, ListenerAddress
 from .handler_pool import HandlerPool
 from .listeners import ListenerSpec, SecurityProtocol, listener_specs
-from .metrics import CLOSED_CONNECTIONS, FAILED_AUTHENTICATIONS, SUCCESSFUL_AUTHENTICATIONS
+from .memory_pool import MemoryPool
+from .metrics import (
+    CLOSED_CONNECTIONS,
+    FAILED_AUTHENTICATIONS,
+    SUCCESSFUL_AUTHENTICATIONS,
+    register_memory_pool,
+)
 from .network_receive import FrameChannel
 from .principal import ssl_principal
 from .quotas import ClientQuotas
@@ -101,6 +107,9 @@ class FrontendService:
         self._mapper = SslPrincipalMapper(config.ssl_principal_mapping_rules)
         self._connections: dict[asyncio.Task[None], Connection] = {}
         self._freed_memory = FreedMemoryRelease()
+        # Bytes of requests held, shared by every connection (queued.max.request.bytes).
+        self.memory = MemoryPool(config.queued_max_request_bytes)
+        register_memory_pool(self.memory)
         self._stopped = False
         # Client quotas: ``quotas.update(cluster_metadata.client_quotas)`` sets them.
         self.quotas = ClientQuotas(samples=config.quota_window_num,
@@ -166,7 +175,7 @@ class FrontendService:
         on_connect = functools.partial(self._on_connect, spec)
 
         def factory() -> FrameChannel:
-            return FrameChannel(max_frame_bytes, on_connect)
+            return FrameChannel(max_frame_bytes, on_connect, self.memory)
 
         if spec.protocol.uses_tls:
             assert self.ssl is not None

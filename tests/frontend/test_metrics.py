@@ -91,12 +91,12 @@ class TimedHandler(FakeHandler):
 
 
 @contextlib.asynccontextmanager
-async def frontend(handler: FakeHandler) -> AsyncIterator[FrontendService]:
+async def frontend(handler: FakeHandler, **settings: int) -> AsyncIterator[FrontendService]:
     await handler.start()
     try:
         service = await start(FrontendConfig(
             listen_port=0, grpc_address="127.0.0.1:0", instance="frontend-metrics-test",
-            handlers=(handler.address,)))
+            handlers=(handler.address,), **settings))
         try:
             yield service
         finally:
@@ -184,5 +184,37 @@ def test_produce_bytes_in_per_topic_and_error_codes_per_response() -> None:
                 - in_before == sum(sizes)
             assert sample("kbroker_frontend_error_responses_total",
                           api="Produce", error_code="3") - errors_before == 1
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_the_request_memory_pool_shows_what_it_holds_and_who_waits() -> None:
+    """With queued.max.request.bytes smaller than one request, a second connection's Produce
+    waits (not read) while the first is being processed; the gauges show the bytes held and the
+    connection waiting, then both are answered and the pool is empty again."""
+    async def main() -> None:
+        handler = FakeHandler()
+        handler.delays["Produce"] = 0.5
+        request = produce_v9_request(acks=1, partitions=3)
+        frame_bytes = len(encode_request(request, 1)) - 4
+        async with frontend(handler, queued_max_request_bytes=frame_bytes // 2) as service:
+            depleted_before = sample("kbroker_frontend_memory_pool_depleted_seconds_total")
+            wires = [await KafkaWire.connect(service.kafka_port) for _ in range(2)]
+            first = asyncio.create_task(wires[0].request(request, 1))
+            await asyncio.sleep(0.1)
+            second = asyncio.create_task(wires[1].request(request, 1))
+            await asyncio.sleep(0.2)
+            assert sample("kbroker_frontend_memory_pool_used_bytes") == frame_bytes
+            assert sample("kbroker_frontend_memory_pool_available_bytes") == 0
+            assert sample("kbroker_frontend_memory_pool_waiting_connections") == 1
+            for answer in await asyncio.wait_for(asyncio.gather(first, second), 10):
+                assert isinstance(answer, ProduceResponseV9)
+            for wire in wires:
+                await wire.close()
+            assert sample("kbroker_frontend_memory_pool_used_bytes") == 0
+            assert sample("kbroker_frontend_memory_pool_waiting_connections") == 0
+            # The second request waited for the first's 0.5 s.
+            assert sample("kbroker_frontend_memory_pool_depleted_seconds_total") \
+                - depleted_before > 0.6
 
     asyncio.run(asyncio.wait_for(main(), 30))
