@@ -749,13 +749,12 @@ class PartitionLog:
 
         -1 (latest): the high watermark or log end offset (per ``limit``); -2 (earliest) and
         -4 (earliest local): the log start offset; -5 (latest tiered): none, as nothing is
-        tiered. -3 (max timestamp): the batch with the largest maxTimestamp (the first such
-        batch), answered with its last offset and that timestamp. Any other timestamp t: the
-        first batch whose maxTimestamp >= t, answered with its base offset and maxTimestamp.
-        Kafka answers with the first record whose own timestamp is >= t; without decoding
-        records the batch's base offset is the closest answer, and a consumer seeking there
-        receives that record among the batch. Like Kafka, a batch found at or beyond
-        ``limit`` counts as not found: (-1, -1).
+        tiered. -3 (max timestamp): the first record carrying the largest timestamp (in the
+        first batch with the largest maxTimestamp), with that timestamp. Any other timestamp t:
+        the first record at or after the log start whose own timestamp is >= t, with its
+        timestamp; the records of the batches that may hold it are decoded (it is not a hot
+        path). Each answer carries its batch's leader epoch. Like Kafka, a record found at or
+        beyond ``limit`` counts as not found: (-1, -1).
         """
         fetchable_end = self._fetchable_end(limit)
         if timestamp == LATEST_TIMESTAMP:
@@ -764,28 +763,20 @@ class PartitionLog:
             return OffsetAndTimestamp(self.log_start_offset)
         if timestamp == LATEST_TIERED_TIMESTAMP:
             return NOT_FOUND
+        found: tuple[int, int, int] | None = None
         if timestamp == MAX_TIMESTAMP:
             stored = [segment for segment in self._segments if segment.size]
-            batch = max(stored, key=attrgetter("max_timestamp")).max_timestamp_batch() if (
-                stored) else None
-            if batch is None or batch.header.last_offset >= fetchable_end:
-                return NOT_FOUND
-            header = batch.header
-            return OffsetAndTimestamp(header.last_offset, header.max_timestamp,
-                                      header.partition_leader_epoch)
-        start = self._log_start_offset
-        for segment in self._segments[self._slot_of(start):]:
-            batch = segment.find_by_timestamp(timestamp)
-            while batch is not None and batch.header.last_offset < start:
-                # Below the log start (DeleteRecords): look on in this segment.
-                batch = segment.find_by_timestamp(timestamp, batch.position + batch.header.size)
-            if batch is not None:
-                header = batch.header
-                if header.base_offset >= fetchable_end:
-                    return NOT_FOUND
-                return OffsetAndTimestamp(max(header.base_offset, start), header.max_timestamp,
-                                          header.partition_leader_epoch)
-        return NOT_FOUND
+            if stored:
+                found = max(stored, key=attrgetter("max_timestamp")).offset_of_max_timestamp()
+        else:
+            start = self._log_start_offset
+            for segment in self._segments[self._slot_of(start):]:
+                found = segment.find_by_timestamp(timestamp, start)
+                if found is not None:
+                    break
+        if found is None or found[0] >= fetchable_end:
+            return NOT_FOUND
+        return OffsetAndTimestamp(*found)
 
     # ------------------------------------------------------- log start offset and retention
 

@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from services.common.records.record import iter_record_times
 from services.common.records.record_batch import (
     HEADER_SIZE,
     LOG_OVERHEAD,
@@ -363,22 +364,38 @@ class LogSegment:
         """The largest maxTimestamp of the segment's batches (-1 if none has one)."""
         return self._max_so_far[0]
 
-    def max_timestamp_batch(self) -> Batch | None:
-        """The first batch with the largest maxTimestamp (the first batch if none has one);
-        None if the segment is empty."""
-        return self.find_batch(max(self._max_so_far[1], self.base_offset))
-
-    def find_by_timestamp(self, timestamp: int, from_position: int = 0) -> Batch | None:
-        """The first batch whose maxTimestamp is >= ``timestamp`` (starting at or after
-        ``from_position``, a batch boundary), or None. The time index says where to start
-        scanning headers; the scan never starts past the answer (see
-        :meth:`~services.log.time_index.TimeIndex.lookup`)."""
+    def find_by_timestamp(self, timestamp: int, starting_offset: int
+                          ) -> tuple[int, int, int] | None:
+        """(offset, timestamp, leader epoch) of the first record whose own timestamp is >=
+        ``timestamp`` and whose offset is >= ``starting_offset``, or None (Kafka's
+        findOffsetByTimestamp). The time index says where to start scanning headers (the scan
+        never starts past the answer, see :meth:`~services.log.time_index.TimeIndex.lookup`);
+        only batches whose maxTimestamp reaches ``timestamp`` are read and their records'
+        timestamps decoded (decompressed if need be)."""
         if self.max_timestamp < timestamp:
             return None
-        start = max(self.index.lookup(self.time_index.lookup(timestamp)).position, from_position)
+        start = self.index.lookup(max(self.time_index.lookup(timestamp), starting_offset)
+                                  ).position
         for batch in scan_batches(self._fd, start, self.size):
-            if batch.header.max_timestamp >= timestamp:
-                return batch
+            header = batch.header
+            if header.max_timestamp < timestamp or header.last_offset < starting_offset:
+                continue
+            for offset, record_timestamp in iter_record_times(self.read_batch(batch), header):
+                if record_timestamp >= timestamp and offset >= starting_offset:
+                    return offset, record_timestamp, header.partition_leader_epoch
+        return None
+
+    def offset_of_max_timestamp(self) -> tuple[int, int, int] | None:
+        """(offset, timestamp, leader epoch) of the first record carrying the segment's
+        largest timestamp (in the first batch with that maxTimestamp), or None if the
+        segment is empty."""
+        batch = self.find_batch(max(self._max_so_far[1], self.base_offset))
+        if batch is None:
+            return None
+        header = batch.header
+        for offset, record_timestamp in iter_record_times(self.read_batch(batch), header):
+            if record_timestamp == header.max_timestamp:
+                return offset, record_timestamp, header.partition_leader_epoch
         return None
 
     def first_timestamp(self) -> int:

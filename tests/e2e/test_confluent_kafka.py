@@ -7,7 +7,7 @@ import time
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from .records import COMPRESSION_CODECS, Message, assert_same, make_messages
 
@@ -130,6 +130,37 @@ def test_delete_topic(cluster, topic_name):
     while topic_name in admin.list_topics(timeout=10).topics:
         assert time.monotonic() < deadline
         time.sleep(0.2)
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_offsets_for_times_find_the_record_inside_a_batch(cluster, topic_name, compression):
+    """Ten records in one batch, timestamps one second apart: offsets_for_times answers the
+    record at or after each time, not the batch's first record, and the admin client's
+    max-timestamp offset is the record carrying the largest timestamp."""
+    create_topic(cluster.bootstrap, topic_name, partitions=1)
+    base = 1_700_000_000_000
+    stamps = [base + 1000 * i for i in (0, 1, 2, 3, 9, 4, 5, 6, 7, 8)]  # 9 s at offset 4
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "linger.ms": 1000,
+                         "compression.type": compression})
+    for i, stamp in enumerate(stamps):
+        producer.produce(topic_name, value=b"v%d" % i, partition=0, timestamp=stamp)
+    assert producer.flush(15) == 0
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "x"})
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    try:
+        partition = TopicPartition(topic_name, 0)
+        assert consumer.get_watermark_offsets(partition, timeout=10) == (0, 10)
+        for target, offset in ((base, 0), (base + 2500, 3), (base + 4000, 4), (base + 8500, 4),
+                               (base + 9000, 4), (base + 9001, -1)):
+            found = consumer.offsets_for_times(
+                [TopicPartition(topic_name, 0, target)], timeout=10)
+            assert found[0].offset == offset, f"time {target - base} ms"
+        answers = admin.list_offsets({partition: OffsetSpec.max_timestamp()},
+                                     request_timeout=10)
+        newest = answers[partition].result(timeout=15)
+        assert (newest.offset, newest.timestamp) == (4, base + 9000)
+    finally:
+        consumer.close()
 
 
 def test_offsets_for_times_and_watermarks(cluster, topic_name):

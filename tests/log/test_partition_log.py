@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.common.errors import ErrorCode, KafkaError
-from services.common.records.record_batch import iter_batches, read_header
+from services.common.records.record import Record, encode_batch
+from services.common.records.record_batch import BatchHeader, iter_batches, read_header
 from services.log import replica_state
 from services.log.log_validator import stored_batch_problem
 from services.log.partition_log import (
@@ -196,20 +197,66 @@ def test_list_offsets_by_timestamp(tmp_path: Path) -> None:
         found = partition_log.list_offset(timestamp, limit)
         return found.offset, found.timestamp
 
+    # Record-exact, as Kafka answers: the first record (in offset order) whose own timestamp
+    # is >= the target, with that record's timestamp; not its batch's base offset.
     assert lookup(LATEST_TIMESTAMP) == (9, -1)
     assert lookup(EARLIEST_TIMESTAMP) == (0, -1)
     assert lookup(MAX_TIMESTAMP) == (5, 302)
-    assert lookup(0) == (0, 102)
-    assert lookup(102) == (0, 102)
-    assert lookup(150) == (3, 302)
+    assert lookup(0) == (0, 100)
+    assert lookup(101) == (1, 101)
+    assert lookup(102) == (2, 102)
+    assert lookup(150) == (3, 300)
+    assert lookup(250) == (3, 300)
+    assert lookup(301) == (4, 301)
     assert lookup(303) == (-1, -1)
     partition_log.state = replica_state.state(LEADER, -1)
     partition_log.high_watermark = 3
     assert lookup(LATEST_TIMESTAMP) == (3, -1)
     assert lookup(LATEST_TIMESTAMP, END) == (9, -1)
+    assert lookup(102) == (2, 102)
     assert lookup(150) == (-1, -1)  # found beyond the high watermark: not visible
-    assert lookup(150, END) == (3, 302)
+    assert lookup(150, END) == (3, 300)
     assert lookup(MAX_TIMESTAMP) == (-1, -1)
+    partition_log.close()
+
+
+@pytest.mark.parametrize("codec", [1, 2, 3, 4], ids=["gzip", "snappy", "lz4", "zstd"])
+def test_list_offsets_by_timestamp_reads_inside_compressed_batches(tmp_path: Path,
+                                                                   codec: int) -> None:
+    partition_log = open_log(tmp_path)
+    # Timestamps out of order inside the batch: 500, 400, 600, 450, 700 at offsets 0-4.
+    stamps = [500, 400, 600, 450, 700]
+    header = BatchHeader(attributes=codec, last_offset_delta=4, base_timestamp=400,
+                         max_timestamp=700)
+    append(partition_log, encode_batch(header, [
+        Record(i, stamp - 400, b"k", b"v%d" % i) for i, stamp in enumerate(stamps)]))
+    found = partition_log.list_offset(420, HW)
+    assert (found.offset, found.timestamp) == (0, 500)
+    found = partition_log.list_offset(550, HW)
+    assert (found.offset, found.timestamp) == (2, 600)
+    found = partition_log.list_offset(MAX_TIMESTAMP, HW)
+    assert (found.offset, found.timestamp) == (4, 700)
+    partition_log.close()
+
+
+def test_list_offsets_by_timestamp_starts_at_the_log_start(tmp_path: Path) -> None:
+    partition_log = open_log(tmp_path)
+    append(partition_log, build_batch(values(4), base_timestamp=100))  # 100..103 at 0..3
+    partition_log.state = replica_state.state(LEADER, -1)
+    partition_log.high_watermark = 4
+    asyncio.run(partition_log.delete_records(2))
+    found = partition_log.list_offset(0, HW)
+    assert (found.offset, found.timestamp) == (2, 102)
+    partition_log.close()
+
+
+def test_list_offsets_of_log_append_time_batches_use_the_batch_time(tmp_path: Path) -> None:
+    partition_log = open_log(tmp_path, message_timestamp_type=TimestampType.LOG_APPEND_TIME)
+    append(partition_log, build_batch(values(3), base_timestamp=100))
+    stamped = partition_log.list_offset(MAX_TIMESTAMP, END)
+    assert stamped.offset == 0 and stamped.timestamp > 1_000_000_000_000
+    found = partition_log.list_offset(stamped.timestamp, END)
+    assert (found.offset, found.timestamp) == (0, stamped.timestamp)
     partition_log.close()
 
 

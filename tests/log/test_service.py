@@ -123,7 +123,7 @@ def test_append_read_and_list_offsets(tmp_path: Path) -> None:
             for t in (-1, -2, -3, 1001, 4000, 9999)
         ]))
         assert [(r.error_code, r.offset, r.timestamp) for r in response.results] == [
-            (0, 7, -1), (0, 0, -1), (0, 6, 5003), (0, 0, 1002), (0, 3, 5003), (0, -1, -1),
+            (0, 7, -1), (0, 0, -1), (0, 6, 5003), (0, 1, 1001), (0, 3, 5000), (0, -1, -1),
         ]
 
         state = await describe(stub, "orders")

@@ -91,12 +91,14 @@ def test_lookup_never_misses_and_never_points_past_the_answer(
         try:
             for target in targets:
                 first = next((base for base, ts in expected if ts >= target), None)
-                found = segment.find_by_timestamp(target)
-                assert (found.header.base_offset if found else None) == first
+                found = segment.find_by_timestamp(target, 1000)
+                assert (found[0] if found else None) == first
                 # The scan starts at or before the answer's batch.
                 scan_from = segment.time_index.lookup(target)
                 if found is not None:
-                    assert segment.index.lookup(scan_from).position <= found.position
+                    holder = segment.find_batch(found[0])
+                    assert holder is not None
+                    assert segment.index.lookup(scan_from).position <= holder.position
         finally:
             segment.close()
 
@@ -117,7 +119,7 @@ def test_the_time_index_is_sparse_and_rebuilt_when_lost(tmp_path: Path) -> None:
     reloaded = LogSegment(tmp_path, 0, 200)
     reloaded.load()
     assert reloaded.time_index.entries() == entries
-    assert reloaded.find_by_timestamp(1205).header.base_offset == 42
+    assert reloaded.find_by_timestamp(1205, 0) == (42, 1210, -1)
     reloaded.close()
 
 
@@ -129,6 +131,5 @@ def test_batches_without_timestamps_are_stored_and_not_time_indexed(tmp_path: Pa
         segment.append(batch, [0])
     assert segment.next_offset == 1003 and len(segment.index) == 2
     assert segment.time_index.entries() == [] and segment.largest_timestamp() > 0
-    marked = segment.max_timestamp_batch()
-    assert marked is not None and marked.header.base_offset == 1000
+    assert segment.offset_of_max_timestamp() == (1000, -1, -1)
     segment.close()

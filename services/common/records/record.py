@@ -170,3 +170,19 @@ def iter_key_lengths(payload: bytes, count: int) -> Iterator[int]:
         if after > end:
             raise RecordError("record fields overrun the record")
         yield key_length
+
+
+def iter_record_times(batch: Buffer, header: BatchHeader) -> Iterator[tuple[int, int]]:
+    """(offset, timestamp) of each record of ``batch`` (the whole batch, header first), in
+    order, reading no record past its offset delta. A LogAppendTime batch's records all carry
+    the batch's maxTimestamp (as Kafka reads them). Raises :class:`RecordError`."""
+    payload = records_payload(batch, header)
+    append_time = header.max_timestamp if header.is_log_append_time else None
+    for start, end in _record_spans(payload, header.record_count):
+        timestamp_delta, after = _read_varint(payload, start + 1)
+        offset_delta, after = _read_varint(payload, after)
+        if after > end:
+            raise RecordError("record fields overrun the record")
+        yield (header.base_offset + offset_delta,
+               append_time if append_time is not None else header.base_timestamp
+               + timestamp_delta)
