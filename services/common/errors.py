@@ -29,6 +29,23 @@ class KafkaError(Exception):
         return bool(self.code.retriable)
 
 
+class RecordValidationError(KafkaError):
+    """An append refused whole because of some of its records (Kafka's
+    RecordValidationException, KIP-467): ``record_errors`` holds (index of the record among
+    those appended, why) for each, in order; the message sums them up."""
+
+    # How many of them the summary names.
+    SUMMARY_LIMIT = 3
+
+    def __init__(self, code: ErrorCode, record_errors: list[tuple[int, str]]) -> None:
+        named = "; ".join(f"record {index}: {why}"
+                          for index, why in record_errors[:self.SUMMARY_LIMIT])
+        more = len(record_errors) - self.SUMMARY_LIMIT
+        super().__init__(code, f"{len(record_errors)} record(s) rejected, so the batch was: "
+                               f"{named}" + (f"; and {more} more" if more > 0 else ""))
+        self.record_errors = record_errors
+
+
 def error_name(code: int) -> str:
     """The Kafka name of an error code (e.g. 3 -> UNKNOWN_TOPIC_OR_PARTITION)."""
     try:

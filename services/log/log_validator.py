@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from services.common.errors import ErrorCode, KafkaError
+from services.common.errors import ErrorCode, KafkaError, RecordValidationError
 from services.common.records.compression import MAX_CODEC
 from services.common.records.record import iter_key_lengths, records_payload
 from services.common.records.record_batch import (
@@ -145,24 +145,34 @@ def _check_counts(header: BatchHeader, coordinator: bool) -> None:
         )
 
 
-def check_keys(records: Buffer, batches: Sequence[Batch]) -> None:
+def check_keys(records: Buffer, batches: Sequence[Batch], partition: str) -> None:
     """Kafka's rule for compacted topics (``LogValidator.validateKey``): every record needs a
-    key. Raises INVALID_RECORD for a record without one (or records that cannot be decoded,
-    as Kafka's ``InvalidRecordException``), CORRUPT_MESSAGE for a payload that does not
-    decompress. Control batches are not checked."""
+    key. Raises :class:`RecordValidationError` (INVALID_RECORD, the append refused whole)
+    naming each record without one by its index among the records appended, so that a client
+    fails exactly those; INVALID_RECORD for records that cannot be decoded (as Kafka's
+    ``InvalidRecordException``), CORRUPT_MESSAGE for a payload that does not decompress.
+    Control batches are not checked."""
     view = memoryview(records)
+    keyless: list[tuple[int, str]] = []
+    index = 0
     for position, header in batches:
         if header.is_control:
+            index += header.record_count
             continue
         try:
             payload = records_payload(view[position:position + header.size], header)
         except RecordError as exc:
             raise _corrupt(str(exc)) from None
         try:
-            if any(length < 0 for length in iter_key_lengths(payload, header.record_count)):
-                raise _invalid("compacted topic cannot accept a record without a key")
+            for length in iter_key_lengths(payload, header.record_count):
+                if length < 0:
+                    keyless.append((index, f"compacted topic partition {partition} cannot "
+                                           f"accept a record without a key"))
+                index += 1
         except RecordError as exc:
             raise _invalid(f"invalid record: {exc}") from None
+    if keyless:
+        raise RecordValidationError(ErrorCode.invalid_record, keyless)
 
 
 def assign_offsets(

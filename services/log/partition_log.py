@@ -309,7 +309,7 @@ class PartitionLog:
         coordinator = expected_log_end_offset is not None
         batches = validate_append(records, config.max_message_bytes, coordinator)
         if config.compacts:
-            check_keys(records, batches)  # decodes records: compacted topics only
+            check_keys(records, batches, f"{self.topic}-{self.partition}")  # decodes records
         if len(records) > config.segment_bytes:
             raise KafkaError(
                 ErrorCode.record_list_too_large,

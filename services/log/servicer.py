@@ -17,7 +17,7 @@ from google.protobuf.message import Message
 
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from services.common.call_streams import serve_calls
-from services.common.errors import ErrorCode, KafkaError, error_name
+from services.common.errors import ErrorCode, KafkaError, RecordValidationError, error_name
 from services.common.records.record_batch import NO_TIMESTAMP
 
 from . import metrics
@@ -39,6 +39,9 @@ def _fail_append(api: str, exc: Exception, result: log_pb2.PartitionAppendResult
     result.log_append_time_ms = NO_TIMESTAMP
     if isinstance(exc, VerificationRequiredError):
         result.verification_guard = exc.guard
+    if isinstance(exc, RecordValidationError):
+        result.record_errors.extend(log_pb2.RecordError(batch_index=index, message=why)
+                                    for index, why in exc.record_errors)
 
 
 def _fail(api: str, exc: Exception, result: Any) -> None:

@@ -166,6 +166,31 @@ def test_a_record_without_a_key_is_refused_with_invalid_record(cluster, topic_na
     assert read_from_start(cluster.bootstrap, topic_name) == producer.delivered
 
 
+def test_keyless_records_in_a_batch_fail_exactly_with_their_own_error(cluster, topic_name):
+    """KIP-467: the batch is refused whole, the answer names the keyless records by index, and
+    librdkafka fails those with INVALID_RECORD, the others with its 'part of a batch with
+    invalid records' error. Nothing is stored."""
+    create_topic(cluster.bootstrap, topic_name)
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "linger.ms": 500,
+                         "enable.idempotence": False, "retries": 0})
+    reports: list[tuple[bytes, KafkaError | None]] = []
+    keys = [b"a", None, b"c", None, b"e"]
+    for i, key in enumerate(keys):
+        producer.produce(topic_name, key=key, value=b"v%d" % i, partition=0,
+                         on_delivery=lambda err, msg: reports.append((msg.value(), err)))
+    assert producer.flush(TIMEOUT) == 0
+    assert sorted(value for value, _ in reports) == [b"v%d" % i for i in range(5)]
+    by_value = dict(reports)
+    for i, key in enumerate(keys):
+        error = by_value[b"v%d" % i]
+        assert error is not None, f"record {i} was stored"
+        if key is None:
+            assert error.code() == KafkaError.INVALID_RECORD
+        else:
+            assert error.code() == KafkaError._INVALID_DIFFERENT_RECORD, error
+    assert read_from_start(cluster.bootstrap, topic_name) == []
+
+
 def test_kafka_python_with_gzip_sees_compaction(cluster, topic_name):
     create_topic(cluster.bootstrap, topic_name)
     producer = KafkaProducer(bootstrap_servers=cluster.bootstrap, compression_type="gzip",

@@ -15,7 +15,7 @@ from kio.records.schema import NewRecordBatch, Record
 from kio.records.writers import write_batch
 from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
 
-from services.common.errors import ErrorCode, KafkaError
+from services.common.errors import ErrorCode, KafkaError, RecordValidationError
 from services.common.records.control_records import (
     ControlRecordType,
     EndTransactionMarker,
@@ -151,7 +151,7 @@ def test_a_transaction_marker_is_an_intact_batch_the_key_check_skips() -> None:
     marker = EndTransactionMarker(type=ControlRecordType.COMMIT, coordinator_epoch=3)
     batch = build_end_transaction_batch(marker, producer_id=7, producer_epoch=1, timestamp=1000)
     assert stored_batch_problem(batch, 0, 0) is None
-    check_keys(batch, list(iter_batches(batch)))  # its key is a control key, never checked
+    check_keys(batch, list(iter_batches(batch)), "t-0")  # its key is a control key, never checked
 
 
 def test_an_empty_append_is_invalid_record() -> None:
@@ -219,19 +219,26 @@ def test_stored_batch_problems_are_reported() -> None:
     assert stored_batch_problem(damaged, 0, 0) == "CRC mismatch"
 
 
-def test_keyless_records_fail_the_compacted_topic_check() -> None:
+def test_keyless_records_fail_the_compacted_topic_check_each_by_its_index() -> None:
     good = build_batch(values(3))
-    check_keys(good, list(iter_batches(good)))
-    for bad in (build_batch(values(3), keys=[b"a", None, b"c"]),
-                compressed_batch([(b"a", b"1"), (None, b"2")], "zstd")):
+    check_keys(good, list(iter_batches(good)), "t-0")
+    for bad, keyless in ((build_batch(values(3), keys=[b"a", None, None]), [4, 5]),
+                         (compressed_batch([(b"a", b"1"), (None, b"2")], "zstd"), [4])):
         records = good + bad
-        with pytest.raises(KafkaError) as raised:
-            check_keys(records, list(iter_batches(records)))
+        with pytest.raises(RecordValidationError) as raised:
+            check_keys(records, list(iter_batches(records)), "t-0")
         assert raised.value.errno == ErrorCode.invalid_record.value == 87
+        assert [index for index, _ in raised.value.record_errors] == keyless
+        assert all("t-0" in why and "key" in why for _, why in raised.value.record_errors)
+    many = build_batch(values(5), keys=[None] * 5)
+    with pytest.raises(RecordValidationError) as raised:
+        check_keys(many, list(iter_batches(many)), "t-0")
+    assert len(raised.value.record_errors) == 5
+    assert "5 record(s) rejected" in str(raised.value) and "and 2 more" in str(raised.value)
     control = build_batch(values(1), keys=[None], attributes=CONTROL_BIT)
-    check_keys(control, list(iter_batches(control)))
+    check_keys(control, list(iter_batches(control)), "t-0")
     broken = bytearray(compressed_batch([(b"a", b"1")], "gzip"))
     broken[-6] ^= 0xFF  # the gzip trailer's CRC
     with pytest.raises(KafkaError) as raised:
-        check_keys(broken, list(iter_batches(broken)))
+        check_keys(broken, list(iter_batches(broken)), "t-0")
     assert raised.value.errno == ErrorCode.corrupt_message.value

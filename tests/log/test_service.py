@@ -134,6 +134,21 @@ def test_append_read_and_list_offsets(tmp_path: Path) -> None:
     run_node(tmp_path, body)
 
 
+def test_keyless_records_on_a_compacted_topic_are_named_in_the_record_errors(
+        tmp_path: Path) -> None:
+    async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
+        await create(stub, "table", cleanup_policy="compact")
+        refused = await append(stub, "table", build_batch(values(4), keys=[b"a", None, b"c",
+                                                                           None]))
+        assert refused.error_code == ErrorCode.invalid_record.value
+        assert [(e.batch_index, "table-0" in e.message and "key" in e.message)
+                for e in refused.record_errors] == [(1, True), (3, True)]
+        assert "2 record(s) rejected" in refused.error_message
+        assert (await describe(stub, "table")).log_end_offset == 0
+
+    run_node(tmp_path, body)
+
+
 def test_a_flipped_byte_is_corrupt_message_and_stores_nothing(tmp_path: Path) -> None:
     async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
         await create(stub, "t", 0)

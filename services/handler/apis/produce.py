@@ -112,10 +112,16 @@ _VERIFICATION_UNAVAILABLE = frozenset(code.value for code in (
 PartitionResponse = k.ProduceResponse.PartitionProduceResponse
 
 
-def _failed(index: int, error_code: int, error_message: str | None = None) -> PartitionResponse:
-    """A partition's answer when its records were not appended."""
-    return PartitionResponse(index=index, error_code=error_code, error_message=error_message,
-                             base_offset=-1, log_append_time_ms=-1, log_start_offset=-1)
+def _failed(index: int, error_code: int, error_message: str | None = None,
+            record_errors: Sequence[Any] = ()) -> PartitionResponse:
+    """A partition's answer when its records were not appended; ``record_errors`` (the log
+    node's) name the records that made it fail (KIP-467)."""
+    return PartitionResponse(
+        index=index, error_code=error_code, error_message=error_message, base_offset=-1,
+        log_append_time_ms=-1, log_start_offset=-1, record_errors=[
+            k.ProduceResponse.BatchIndexAndErrorMessage(
+                batch_index=e.batch_index, batch_index_error_message=e.message or None)
+            for e in record_errors])
 
 
 # What partitions are told when their leader's Append call failed, by the error it means.
@@ -254,7 +260,8 @@ class ProduceApi:
                 slot.response = _failed(slot.index, code,
                                         "the log node returned no result for this partition")
             else:
-                slot.response = _failed(slot.index, code, detail.error_message or None)
+                slot.response = _failed(slot.index, code, detail.error_message or None,
+                                        detail.record_errors)
                 if code == INVALID_TXN_STATE and detail.verification_guard and not slot.guard:
                     slot.unverified = detail.verification_guard
 
