@@ -37,6 +37,9 @@ class FrontendConfig:
         -1, "bytes of requests the frontend holds at once, received or being processed "
             "(queued.max.request.bytes); when they are used up, connections stop being read "
             "until requests are answered; -1: no limit")
+    max_incremental_fetch_session_cache_slots: int = option(
+        1000, "fetch sessions (KIP-227) this frontend keeps "
+              "(max.incremental.fetch.session.cache.slots); 0: consumers send full fetches")
     instance: str = option("frontend-0", "name of this frontend instance (kafka-frontend-id)")
     quota_window_num: int = option(11, "samples a client quota rate is measured over "
                                        "(quota.window.num)")

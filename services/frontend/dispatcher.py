@@ -32,6 +32,7 @@ from . import converter, headers
 from .api_versions import API_VERSIONS_KEY, SUPPORTED_APIS, SupportedApi, supported_versions
 from .collection_sizes import size_checker
 from .error_responses import UNAVAILABLE_CODES, error_response
+from .fetch_sessions import DEFAULT_FETCH_SESSION_SLOTS, FetchSessions
 from .framing import FrameWriter
 from .handler_pool import HandlerCallError, HandlerPool, Metadata
 from .metrics import (
@@ -170,9 +171,12 @@ class Dispatcher:
 
     def __init__(self, pool: HandlerPool, listeners: Mapping[str, ListenerAddress],
                  instance: str, broker_ports: int = 1,
-                 quotas: ClientQuotas | None = None) -> None:
+                 quotas: ClientQuotas | None = None,
+                 fetch_sessions: FetchSessions | None = None) -> None:
         self._pool = pool
         self.quotas = quotas if quotas is not None else ClientQuotas()
+        self.fetch_sessions = fetch_sessions if fetch_sessions is not None \
+            else FetchSessions(DEFAULT_FETCH_SESSION_SLOTS)
         self._listeners = dict(listeners)
         self._broker_ports = str(broker_ports)
         self._broker_count = broker_ports
@@ -224,20 +228,35 @@ class Dispatcher:
         converter.normalise_request(api.key, request.version, message)
         quotas = self.quotas
         sensors = quotas.sensors(session.user, request.client_id) if quotas.enabled else None
-        if sensors is not None and api.key == FETCH_KEY:
-            self.quotas.cap_fetch(sensors, message)
-        called = time.perf_counter()
-        try:
-            response, remote = await self._pool.call(
-                api.rpc, message,
-                metadata=self._metadata(request.client_id, request.version, session),
-                time_limit=_deadline_seconds(api.key, message), retry_safe=api.retry_safe)
-            # Bounded by the call it is part of (the handler's clock is not ours).
-            request.remote_seconds = min(remote, time.perf_counter() - called)
-        except HandlerCallError as e:
-            response = self._failure_response(request, message, e)
+        fetch_context = None
+        if api.key == FETCH_KEY:
+            # The handler gets a full, sessionless fetch (or none, after a session error).
+            fetch_context = self.fetch_sessions.open(request.version, message)  # type: ignore[arg-type]
+            message = fetch_context.request  # type: ignore[assignment]
+            if sensors is not None and message is not None:
+                self.quotas.cap_fetch(sensors, message)
+        if message is None:
+            assert fetch_context is not None and fetch_context.answer is not None
+            response: Message = fetch_context.answer
+        else:
+            called = time.perf_counter()
+            try:
+                response, remote = await self._pool.call(
+                    api.rpc, message,
+                    metadata=self._metadata(request.client_id, request.version, session),
+                    time_limit=_deadline_seconds(api.key, message), retry_safe=api.retry_safe)
+                # Bounded by the call it is part of (the handler's clock is not ours).
+                request.remote_seconds = min(remote, time.perf_counter() - called)
+            except HandlerCallError as e:
+                response = self._failure_response(request, message, e)
+        commit = None
+        if fetch_context is not None:
+            response, commit = fetch_context.respond(response)  # type: ignore[arg-type]
         if sensors is not None:
             response = self._charge(request, sensors, response)
+        if commit is not None and (request.charge is None or not request.charge.throttle_ms):
+            # A throttled fetch is answered empty: the session stays as it was.
+            commit(response)  # type: ignore[arg-type]
         if api.key == PRODUCE_KEY:
             codes = produce_outcome(request.body, response)  # acks=0 needs them too
         elif METRICS_ENABLED:

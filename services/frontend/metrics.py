@@ -252,6 +252,40 @@ class MemoryPoolCollector(Collector):
         return []
 
 
+class FetchSessionCollector(Collector):
+    """The fetch session cache's gauges (Kafka's FetchSessionCache NumIncrementalFetchSessions,
+    NumIncrementalFetchPartitionsCached and IncrementalFetchSessionEvictionsPerSec)."""
+
+    def __init__(self) -> None:
+        self.caches: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        caches = list(self.caches)
+        yield GaugeMetricFamily(
+            "kbroker_frontend_fetch_sessions",
+            "Incremental fetch sessions held (NumIncrementalFetchSessions).",
+            value=sum(len(c) for c in caches))
+        yield GaugeMetricFamily(
+            "kbroker_frontend_fetch_session_partitions",
+            "Partitions in the fetch sessions held (NumIncrementalFetchPartitionsCached).",
+            value=sum(c.partitions_cached for c in caches))
+        yield CounterMetricFamily(
+            "kbroker_frontend_fetch_session_evictions",
+            "Fetch sessions evicted for new ones (IncrementalFetchSessionEvictionsPerSec).",
+            value=sum(c.evictions for c in caches))
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return []
+
+
+FETCH_SESSIONS = FetchSessionCollector()
+register_collector(FETCH_SESSIONS)
+
+
+def register_fetch_sessions(cache: Any) -> None:
+    FETCH_SESSIONS.caches.add(cache)
+
+
 MEMORY_POOLS = MemoryPoolCollector()
 register_collector(MEMORY_POOLS)
 

@@ -18,6 +18,7 @@ from .cluster_view import ClusterView
 from .config import FrontendConfig
 from .connection import Connection
 from .dispatcher import Dispatcher, ListenerAddress
+from .fetch_sessions import FetchSessions
 from .handler_pool import HandlerPool
 from .listeners import ListenerSpec, SecurityProtocol, listener_specs
 from .memory_pool import MemoryPool
@@ -25,6 +26,7 @@ from .metrics import (
     CLOSED_CONNECTIONS,
     FAILED_AUTHENTICATIONS,
     SUCCESSFUL_AUTHENTICATIONS,
+    register_fetch_sessions,
     register_memory_pool,
 )
 from .network_receive import FrameChannel
@@ -148,8 +150,10 @@ class FrontendService:
         first_spec = specs[0]
         self.kafka_port = self.ports[first_spec.name]
         self.advertised = self.advertised_listeners[first_spec.name]
-        self._dispatcher = Dispatcher(self._pool, addresses, config.instance, broker_ports,
-                                      self.quotas)
+        self._dispatcher = Dispatcher(
+            self._pool, addresses, config.instance, broker_ports, self.quotas,
+            FetchSessions(config.max_incremental_fetch_session_cache_slots))
+        register_fetch_sessions(self._dispatcher.fetch_sessions)
         if mechanisms is not None:
             delays = FailedAuthenticationDelays(config.connection_failed_authentication_delay_ms)
             for spec in specs:

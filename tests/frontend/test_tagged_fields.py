@@ -173,7 +173,11 @@ def test_the_newest_versions_without_tagged_fields_are_the_ones_kafka_never_made
 
 
 def test_every_api_newest_version_with_unknown_tags_is_answered_as_without_them() -> None:
-    entities = [sample(cls) for cls in FLEXIBLE_NEWEST]
+    # A Fetch naming a session the frontend never opened is answered without the handler:
+    # the sample's is a full, sessionless one.
+    entities = [dataclasses.replace(e, session_id=0, session_epoch=-1)
+                if cls.__api_key__ == 1 else e
+                for cls, e in ((cls, sample(cls)) for cls in FLEXIBLE_NEWEST)]
     handler = FakeHandler()
 
     async def exchange(service: Any, unknown_tags: bool) -> tuple[list[bytes], list[Any]]:

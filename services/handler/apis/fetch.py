@@ -12,10 +12,10 @@ and ``DelayedFetch``).
         partitions => partition_index error_code high_watermark last_stable_offset
                       log_start_offset [aborted_transactions] preferred_read_replica records
 
-- Fetch sessions (KIP-227) are declined: every answer has session_id 0, which tells clients to
-  send full fetches. A full fetch (session epoch 0 or -1) is served whatever session id it
-  names, as Kafka does; an incremental one (any other epoch) refers to a session this broker
-  never created: FETCH_SESSION_ID_NOT_FOUND for the whole request.
+- Fetch sessions (KIP-227) are kept by the frontend (services/frontend/fetch_sessions.py),
+  which sends handlers full, sessionless fetches of every partition in a session, so any
+  handler serves any fetch. An incremental fetch reaching a handler (any epoch but 0 and -1)
+  refers to a session it cannot know: FETCH_SESSION_ID_NOT_FOUND for the whole request.
 - Only consumers fetch through Kafka (replica id < 0); log nodes replicate through the
   replicator, so a fetch from a broker id is answered NOT_LEADER_OR_FOLLOWER per partition
   (TOPIC_AUTHORIZATION_FAILED without CLUSTER_ACTION on the cluster, as Kafka answers a
