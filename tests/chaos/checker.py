@@ -46,7 +46,8 @@ class Acked:
     sequence: int
     topic: str
     partition: int
-    offset: int
+    # None: the acknowledgement carried no offset (the client reports -1001).
+    offset: int | None
     at: float
 
     @property
@@ -192,6 +193,8 @@ class Report:
     stuck: list[Stuck]
     pauses: list[AckPause]
     failed_deliveries: int
+    # Acknowledgements without an offset (not a lost record; Kafka always returns one).
+    without_offset: int = 0
 
     @property
     def ok(self) -> bool:
@@ -204,7 +207,8 @@ class Report:
                 "misplaced": len(self.misplaced), "duplicates": len(self.duplicates),
                 "reordered": len(self.reordered), "divergent": len(self.divergent),
                 "missed_by_group": len(self.missed_by_group), "stuck": len(self.stuck),
-                "failed_deliveries": self.failed_deliveries, "faults": len(self.pauses)}
+                "failed_deliveries": self.failed_deliveries,
+                "without_offset": self.without_offset, "faults": len(self.pauses)}
 
     def pauses_by_kind(self) -> dict[str, dict[str, float | int]]:
         """Per fault kind and target role (``kill log``, ``pause handler``): how many, and the
@@ -249,7 +253,7 @@ def check(history: History, *, stuck_after: float) -> Report:
         if not places:
             lost.append(acked)
             continue
-        if (acked.topic_partition, acked.offset) not in places:
+        if acked.offset is not None and (acked.topic_partition, acked.offset) not in places:
             misplaced.append(Misplaced(acked, tuple(sorted(o for _, o in places))))
         if acked.record not in group_read:
             missed.append(acked)
@@ -265,7 +269,8 @@ def check(history: History, *, stuck_after: float) -> Report:
         misplaced=misplaced, duplicates=duplicates, reordered=_reorderings(history, stored),
         divergent=divergent, missed_by_group=missed,
         stuck=stuck_clients(history, stuck_after), pauses=ack_pauses(history),
-        failed_deliveries=len(history.failed))
+        failed_deliveries=len(history.failed),
+        without_offset=sum(1 for a in history.acked if a.offset is None))
 
 
 def _stored_records(history: History) -> dict[tuple[TopicPartition, int], set[RecordId]]:
@@ -284,7 +289,8 @@ def _reorderings(history: History, stored: dict[tuple[TopicPartition, int], set[
     for (tp, offset), records in stored.items():
         placed[tp][offset] |= records
     for acked in history.acked:
-        placed[acked.topic_partition][acked.offset].add(acked.record)
+        if acked.offset is not None:
+            placed[acked.topic_partition][acked.offset].add(acked.record)
     found = []
     for tp, offsets in sorted(placed.items()):
         last: dict[str, tuple[int, int]] = {}  # producer -> (highest sequence, its offset)
@@ -323,8 +329,9 @@ def _last_time(history: History) -> float:
 
 
 def ack_pauses(history: History) -> list[AckPause]:
-    """Per fault, the longest acknowledgement gap on any partition that overlaps the fault's
-    window: from its injection to the next fault's injection (or the end of the history)."""
+    """Per fault, the longest acknowledgement gap on any partition that ended in the fault's
+    window: after its injection, by the next fault's injection (or the end of the
+    history)."""
     acks: dict[TopicPartition, list[float]] = defaultdict(list)
     for acked in history.acked:
         acks[acked.topic_partition].append(acked.at)
@@ -345,9 +352,10 @@ def ack_pauses(history: History) -> list[AckPause]:
 
 
 def _longest_gap(times: list[float], start: float, end: float) -> tuple[float, bool]:
-    """The longest interval between consecutive ``times`` (sorted) that overlaps
-    [``start``, ``end``]; when none falls after ``start`` before ``end``, the interval from
-    the last one before ``start`` to ``end`` (open-ended)."""
+    """The longest interval between consecutive ``times`` (sorted) that ends after ``start``
+    and by ``end`` (an interval belongs to the last fault injected before it ended); when
+    nothing comes after ``start``, the interval from the last time before it to ``end``
+    (open-ended)."""
     first_after = bisect.bisect_right(times, start)
     if first_after == 0:
         return 0.0, False  # nothing acknowledged on this partition before the fault
@@ -355,8 +363,7 @@ def _longest_gap(times: list[float], start: float, end: float) -> tuple[float, b
         return max(0.0, end - times[-1]), True
     longest = 0.0
     i = first_after
-    while i < len(times) and times[i - 1] < end:
+    while i < len(times) and times[i] <= end:
         longest = max(longest, times[i] - times[i - 1])
         i += 1
     return longest, False
-

@@ -134,3 +134,15 @@ def test_the_ack_pause_of_a_fault_is_the_longest_gap_on_any_partition_around_it(
     by_kind = check(history, stuck_after=10.0).pauses_by_kind()
     assert by_kind["kill log"] == {"faults": 1, "p50_s": 3.0, "max_s": 3.0}
     assert set(by_kind) == {"kill log", "pause handler"}
+
+
+def test_a_pause_that_ends_after_the_next_fault_belongs_to_the_next_fault():
+    history = History()
+    history.acked += [acked("p0", i, 0, i, t) for i, t in
+                      enumerate([0.0, 0.1, 0.2, 2.0, 2.1, 2.2, 2.5, 5.5, 5.6])]
+    history.faults = [Fault(kind="kill", target="log-0", start=0.5, end=1.0),
+                      Fault(kind="pause", target="log-1", start=3.0, end=5.0)]
+    history.end = 6.0
+    first, second = check(history, stuck_after=10.0).pauses
+    assert first.seconds == pytest.approx(1.8)  # 0.2 -> 2.0
+    assert second.seconds == pytest.approx(3.0)  # 2.5 -> 5.5, begun before the pause
