@@ -20,6 +20,8 @@ A history holds, with times on one monotonic clock (seconds):
   and the log was cut back);
 - missed by the group: acknowledged records the consumer group never delivered;
 - stuck: a client that made no progress for longer than the allowed gap inside its span;
+- stalled: a partition without an acknowledgement for longer than that gap while the
+  producers ran (a producer stuck on one partition still progresses on the others);
 - ack pause per fault: around each fault, the longest time any partition went without an
   acknowledgement (the interval from the last acknowledgement before to the first after).
 
@@ -169,6 +171,17 @@ class Stuck:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Stall:
+    topic_partition: TopicPartition
+    since: float
+    until: float
+
+    @property
+    def seconds(self) -> float:
+        return self.until - self.since
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class AckPause:
     """Around ``fault``: the longest interval without an acknowledgement on one partition,
     ``seconds`` long, on ``topic_partition``. ``open_ended``: no acknowledgement came on that
@@ -191,6 +204,7 @@ class Report:
     divergent: list[Divergence]
     missed_by_group: list[Acked]
     stuck: list[Stuck]
+    stalled: list[Stall]
     pauses: list[AckPause]
     failed_deliveries: int
     # Acknowledgements without an offset (not a lost record; Kafka always returns one).
@@ -200,13 +214,14 @@ class Report:
     def ok(self) -> bool:
         """No finding that breaks a guarantee (pauses are measurements, not findings)."""
         return not (self.lost or self.misplaced or self.duplicates or self.reordered
-                    or self.divergent or self.missed_by_group or self.stuck)
+                    or self.divergent or self.missed_by_group or self.stuck or self.stalled)
 
     def totals(self) -> dict[str, int]:
         return {"acknowledged": self.acknowledged, "read": self.read, "lost": len(self.lost),
                 "misplaced": len(self.misplaced), "duplicates": len(self.duplicates),
                 "reordered": len(self.reordered), "divergent": len(self.divergent),
                 "missed_by_group": len(self.missed_by_group), "stuck": len(self.stuck),
+                "stalled": len(self.stalled),
                 "failed_deliveries": self.failed_deliveries,
                 "without_offset": self.without_offset, "faults": len(self.pauses)}
 
@@ -225,7 +240,7 @@ class Report:
         """The findings as lines an operator reads (at most ``limit`` examples of each)."""
         lines = [" ".join(f"{k}={v}" for k, v in self.totals().items())]
         for name in ("lost", "misplaced", "duplicates", "reordered", "divergent",
-                     "missed_by_group", "stuck"):
+                     "missed_by_group", "stuck", "stalled"):
             found = getattr(self, name)
             lines.extend(f"  {name}: {item}" for item in found[:limit])
         lines.extend(f"  ack pause {p.fault.label} at {p.fault.start:.1f}: {p.seconds:.2f}s"
@@ -268,7 +283,8 @@ def check(history: History, *, stuck_after: float) -> Report:
         acknowledged=len(history.acked), read=len(history.reads), lost=lost,
         misplaced=misplaced, duplicates=duplicates, reordered=_reorderings(history, stored),
         divergent=divergent, missed_by_group=missed,
-        stuck=stuck_clients(history, stuck_after), pauses=ack_pauses(history),
+        stuck=stuck_clients(history, stuck_after),
+        stalled=stalled_partitions(history, stuck_after), pauses=ack_pauses(history),
         failed_deliveries=len(history.failed),
         without_offset=sum(1 for a in history.acked if a.offset is None))
 
@@ -319,6 +335,28 @@ def stuck_clients(history: History, stuck_after: float) -> list[Stuck]:
         times = [client.start, *sorted(t for t in client.progress if client.start <= t <= end),
                  end]
         found.extend(Stuck(client.name, a, b) for a, b in zip(times, times[1:], strict=False)
+                     if b - a > stuck_after)
+    return found
+
+
+def stalled_partitions(history: History, stuck_after: float) -> list[Stall]:
+    """Every interval longer than ``stuck_after`` without an acknowledgement on a partition
+    that was acknowledged at all, while every producer ran (from the latest producer start to
+    the earliest producer end)."""
+    producers = [history.clients[p] for p in {a.producer for a in history.acked}
+                 if p in history.clients]
+    if not producers:
+        return []
+    end_of_history = history.end if history.end is not None else _last_time(history)
+    start = max(c.start for c in producers)
+    end = min(c.end if c.end is not None else end_of_history for c in producers)
+    acks: dict[TopicPartition, list[float]] = defaultdict(list)
+    for acked in history.acked:
+        acks[acked.topic_partition].append(acked.at)
+    found = []
+    for tp, times in sorted(acks.items()):
+        inside = [start, *sorted(t for t in times if start <= t <= end), end]
+        found.extend(Stall(tp, a, b) for a, b in zip(inside, inside[1:], strict=False)
                      if b - a > stuck_after)
     return found
 

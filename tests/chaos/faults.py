@@ -11,8 +11,10 @@ Kinds:
 - ``full-disk`` (log nodes): the node's disk filled for ``full_disk_seconds``, then freed and
   the node restarted gracefully, as Kafka brings a failed log directory back (see
   :mod:`tests.chaos.disks`).
-- ``partition``: the service's inbound gRPC streams cut for ``partition_seconds``, then
-  restored (see :mod:`tests.chaos.links`; ``partition_cut`` picks reset or blackhole).
+- ``partition``: nothing moves on the service's inbound gRPC streams for
+  ``partition_seconds`` (packets dropped), then traffic flows again;
+- ``disconnect``: the service's inbound gRPC streams are reset, and new ones refused, for
+  ``partition_seconds`` (see :mod:`tests.chaos.links` for both).
 
 A fault is healed when the service is running and answers its health check again. The
 injector also counts the exits each fault may cause (one per kill, restart and full disk), so
@@ -40,12 +42,12 @@ from tests.chaos.disks import FullDisks
 from tests.chaos.links import Links
 
 ROLES = ("frontend", "handler", "log", "purgatory", "replicator")
-KINDS = ("kill", "pause", "restart", "full-disk", "partition")
+KINDS = ("kill", "pause", "restart", "full-disk", "partition", "disconnect")
 # Kinds after which the target has exited once and been restarted by the supervisor.
 _EXITING = ("kill", "restart", "full-disk")
 
 
-class FaultTimeout(AssertionError):
+class FaultNotHealedError(AssertionError):
     """A fault did not heal within its bound."""
 
 
@@ -53,7 +55,6 @@ class FaultTimeout(AssertionError):
 class FaultSettings:
     pause_seconds: float = 2.0
     partition_seconds: float = 3.0
-    partition_cut: str = "reset"
     full_disk_seconds: float = 3.0
     # How long a service may take to be healthy again after its fault.
     heal_timeout: float = 60.0
@@ -81,7 +82,7 @@ class FaultInjector:
         names = list(self.cluster.services)
         if kind == "full-disk":
             return [n for n in names if self.disks is not None and n in self.disks.folders]
-        if kind == "partition":
+        if kind in ("partition", "disconnect"):
             return [n for n in names if self.links is not None and n in self.links.links]
         return names
 
@@ -114,7 +115,7 @@ class FaultInjector:
         deadline = time.monotonic() + self.settings.heal_timeout
         while not self.healthy(name):
             if time.monotonic() > deadline:
-                raise FaultTimeout(f"{fault}: {name} not healthy again within "
+                raise FaultNotHealedError(f"{fault}: {name} not healthy again within "
                                    f"{self.settings.heal_timeout}s\n{self.cluster.tail(name)}")
             self.hold(0.1)
 
@@ -178,14 +179,17 @@ class FaultInjector:
             self._restart(target, label)
         self.wait_healthy(target, label)
 
-    def _partition(self, target: str, _label: str) -> None:
+    def _partition(self, target: str, _label: str, cut: str = "blackhole") -> None:
         assert self.links is not None
         link = self.links[target]
-        link.cut(self.settings.partition_cut)
+        link.cut(cut)
         try:
             self.hold(self.settings.partition_seconds)
         finally:
             link.restore()
+
+    def _disconnect(self, target: str, label: str) -> None:
+        self._partition(target, label, cut="reset")
 
     # -- accounting and teardown ------------------------------------------------------------
 

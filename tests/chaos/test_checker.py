@@ -146,3 +146,16 @@ def test_a_pause_that_ends_after_the_next_fault_belongs_to_the_next_fault():
     first, second = check(history, stuck_after=10.0).pauses
     assert first.seconds == pytest.approx(1.8)  # 0.2 -> 2.0
     assert second.seconds == pytest.approx(3.0)  # 2.5 -> 5.5, begun before the pause
+
+
+def test_a_partition_without_acknowledgements_for_longer_than_allowed_is_stalled():
+    history = History()
+    history.acked += [acked("p0", i, 0, i, i * 0.5) for i in range(20)]  # 0.0 .. 9.5
+    history.acked += [acked("p0", 20 + i, 1, i, t) for i, t in enumerate([0.5, 1.0, 7.0, 9.0])]
+    history.clients["p0"] = ClientSpan(name="p0", start=0.0, end=10.0,
+                                       progress=[a.at for a in history.acked])
+    report = check(history, stuck_after=3.0)
+    assert report.stuck == []  # the producer progressed on partition 0 all along
+    assert [(s.topic_partition, s.since, s.until) for s in report.stalled] == [
+        ((T, 1), 1.0, 7.0)]
+    assert not report.ok

@@ -87,7 +87,7 @@ class Workload:
         in_flight = [0] * self.partitions
         history = self.history
 
-        def delivered(err, msg) -> None:  # noqa: ANN001 - confluent-kafka's callback
+        def delivered(err, msg) -> None:
             now = time.monotonic()
             in_flight[msg.partition()] -= 1
             if err is not None:
@@ -154,7 +154,7 @@ class Workload:
         finally:
             consumer.close()
 
-    def _record(self, name: str, msg, *, group: bool, span: ClientSpan | None) -> None:  # noqa: ANN001
+    def _record(self, name: str, msg, *, group: bool, span: ClientSpan | None) -> None:
         now = time.monotonic()
         producer, sequence = parse(msg.value())
         with self.lock:
