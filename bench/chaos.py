@@ -23,9 +23,10 @@ time to settle (every replica back in its ISR, every partition acknowledging aga
 
 Prints a line per fault as it happens, then the ack pause per fault (the longest time a
 partition went without an acknowledgement around it), p50 and max per fault kind and role,
-the checker's totals and restarts beyond the faults (crashes), and one JSON line with all of
-it. Exits 1 on any lost, misplaced, duplicated, reordered or divergent record or crash (with
-``--strict`` also on stuck clients and stalled partitions).
+the checker's totals, which fault each finding was acknowledged under, restarts beyond the
+faults (crashes), and one JSON line with all of it. Exits 1 on any lost, misplaced,
+duplicated, reordered or divergent record or crash (with ``--strict`` also on stuck clients
+and stalled partitions).
 
 There is no reference broker beside it: the reference (Tansu) runs as one in-memory broker,
 where each of these faults is an outage, so there is no pause to compare with.
@@ -44,6 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests.chaos.checker import findings_by_fault  # noqa: E402
 from tests.chaos.faults import KINDS, ROLES, FaultSettings  # noqa: E402
 from tests.chaos.harness import ChaosRun, ChaosSettings  # noqa: E402
 
@@ -116,6 +118,8 @@ def main() -> int:
                 run.injector.hold(max(0.0, next_at - time.monotonic()))
             log("faults over; draining")
             report = run.finish(drain_timeout=120.0)
+            assert run.workload is not None
+            by_fault = findings_by_fault(report, run.workload.history)
             crashes = run.injector.unexpected_restarts()
             not_running = run.injector.not_running()
 
@@ -132,12 +136,14 @@ def main() -> int:
     for line in report.describe(limit=5).splitlines()[1:]:
         if not line.lstrip().startswith("ack pause"):
             print(line)
+    for label, counts in by_fault.items():
+        print(f"  acknowledged during {label}: {counts}")
     print(f"restarts beyond the faults: {crashes or 'none'}; not running at the end: "
           f"{not_running or 'none'}; not settled: {unsettled or 'none'}")
     totals = report.totals()
     print(json.dumps({"seed": seed, "duration_s": args.duration, "totals": totals,
-                      "pauses": by_kind, "crashes": crashes, "not_running": not_running,
-                      "unsettled": unsettled}))
+                      "pauses": by_kind, "findings_by_fault": by_fault, "crashes": crashes,
+                      "not_running": not_running, "unsettled": unsettled}))
     failed = any(totals[name] for name in DATA_FINDINGS) or bool(crashes) or bool(not_running)
     if args.strict:
         failed = failed or bool(totals["stuck"] or totals["stalled"] or unsettled)

@@ -405,3 +405,31 @@ def _longest_gap(times: list[float], start: float, end: float) -> tuple[float, b
         longest = max(longest, times[i] - times[i - 1])
         i += 1
     return longest, False
+
+
+def fault_at(faults: list[Fault], at: float) -> Fault | None:
+    """The fault whose window ``at`` falls in: the last one injected at or before ``at``
+    (None: before the first)."""
+    starts = sorted(faults, key=lambda f: f.start)
+    i = bisect.bisect_right([f.start for f in starts], at)
+    return starts[i - 1] if i else None
+
+
+def findings_by_fault(report: Report, history: History) -> dict[str, dict[str, int]]:
+    """How many lost, misplaced, duplicated and reordered records were acknowledged in each
+    fault's window (``before any fault`` for those before the first)."""
+    acked_at = {a.record: a.at for a in history.acked}
+    records: dict[str, list[RecordId]] = {
+        "lost": [a.record for a in report.lost],
+        "misplaced": [m.acked.record for m in report.misplaced],
+        "duplicates": [d.record for d in report.duplicates],
+        "reordered": [(r.producer, r.earlier) for r in report.reordered],
+    }
+    found: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for name, ids in records.items():
+        for record in ids:
+            at = acked_at.get(record)
+            fault = fault_at(history.faults, at) if at is not None else None
+            label = fault.label if fault is not None else "before any fault"
+            found[label][name] += 1
+    return {label: dict(counts) for label, counts in found.items()}

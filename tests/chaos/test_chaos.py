@@ -10,10 +10,11 @@ read, the group read everything, no client and no partition without progress for
 the faults injected (the supervisor's restart counts). ``bench/chaos.py`` is the long version
 (random faults for 30 minutes), with the ack pause per fault kind.
 
-Not here yet: a full disk on a log node (``full-disk``, in bench/chaos.py). Today the node
-keeps leading its partitions while every append fails, so they stall for as long as the disk
-stays full; it belongs in :data:`PROCESS_FAULTS`'s neighbour list once log nodes take a
-failed log directory offline and move leadership away, as Kafka does.
+Not here yet: a full disk on a log node (``full-disk``, run by bench/chaos.py). Today the
+node keeps leading its partitions while every append fails, so they stall for as long as the
+disk stays full (a partition stalled past ``STUCK_AFTER``); a third test here, the full disk
+of each log node held for longer than ``STUCK_AFTER``, joins once log nodes take a failed log
+directory offline and move leadership away, as Kafka does.
 """
 
 from __future__ import annotations

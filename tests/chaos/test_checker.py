@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.chaos.checker import Acked, ClientSpan, Fault, History, Read, check
+from tests.chaos.checker import Acked, ClientSpan, Fault, History, Read, check, findings_by_fault
 
 T = "chaos"
 
@@ -159,3 +159,16 @@ def test_a_partition_without_acknowledgements_for_longer_than_allowed_is_stalled
     assert [(s.topic_partition, s.since, s.until) for s in report.stalled] == [
         ((T, 1), 1.0, 7.0)]
     assert not report.ok
+
+
+def test_findings_are_attributed_to_the_fault_in_whose_window_they_were_acknowledged():
+    history = clean_history()
+    history.faults = [Fault(kind="kill", target="log-0", start=0.25, end=0.3),
+                      Fault(kind="full-disk", target="log-1", start=0.55, end=0.7)]
+    history.reads.append(read("p0", 8, 0, 30))  # acknowledged at 0.8: during the full disk
+    history.reads = [r for r in history.reads if r.record != ("p1", 3)]  # acked at 0.3
+    history.reads = [r for r in history.reads if r.record != ("p1", 0)]  # acked at 0.0
+    report = check(history, stuck_after=1.0)
+    assert findings_by_fault(report, history) == {
+        "full-disk log-1": {"duplicates": 1}, "kill log-0": {"lost": 1},
+        "before any fault": {"lost": 1}}
