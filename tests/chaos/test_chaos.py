@@ -27,6 +27,7 @@ Not here yet, both run by bench/chaos.py, each to join here once it passes:
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -53,9 +54,12 @@ NETWORK_FAULTS = [("partition", "log-1"), ("partition", "handler-1"),
 def settings(**overrides: object) -> ChaosSettings:
     # 60 records/s per producer: the pace a shared 2-core machine follows without produce
     # requests outliving the client's request timeout (see the duplicates above).
-    return ChaosSettings(stuck_after=STUCK_AFTER, settle_timeout=45.0, rate=60.0,
+    base = ChaosSettings(stuck_after=STUCK_AFTER, settle_timeout=45.0, rate=60.0,
                          faults=FaultSettings(pause_seconds=1.5, partition_seconds=2.0,
-                                              heal_timeout=45.0), **overrides)
+                                              # held past STUCK_AFTER: leadership must move
+                                              full_disk_seconds=STUCK_AFTER + 3,
+                                              heal_timeout=45.0))
+    return dataclasses.replace(base, **overrides)
 
 
 def run_faults(data_dir: Path, faults: list[tuple[str, str]], **overrides: object) -> None:
