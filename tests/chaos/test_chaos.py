@@ -77,7 +77,7 @@ def run_faults(data_dir: Path, faults: list[tuple[str, str]], **overrides: objec
         assert run.injector.not_running() == [], run.logs()
 
 
-def test_kill_pause_and_restart_of_every_stateless_role_lose_nothing(tmp_path: Path) -> None:
+def test_kill_pause_and_restart_of_every_role_but_log_nodes_lose_nothing(tmp_path: Path) -> None:
     run_faults(tmp_path, PROCESS_FAULTS, links=())
 
 
