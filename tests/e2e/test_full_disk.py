@@ -27,7 +27,13 @@ from dataclasses import dataclass, field
 
 import grpc
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.local_cluster import ClusterSpec, LocalCluster
@@ -129,8 +135,7 @@ def final_log(bootstrap: str, topic: str) -> dict[tuple[int, int], int]:
                          "enable.auto.commit": False})
     stored: dict[tuple[int, int], int] = {}
     try:
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                for p in range(PARTITIONS)}
+        ends = {p: high_watermark(consumer, topic, p) for p in range(PARTITIONS)}
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
         deadline = time.monotonic() + 60
         read = dict.fromkeys(range(PARTITIONS), 0)
@@ -144,6 +149,20 @@ def final_log(bootstrap: str, topic: str) -> dict[tuple[int, int], int]:
     finally:
         consumer.close()
     return stored
+
+
+def high_watermark(consumer: Consumer, topic: str, partition: int) -> int:
+    """The partition's high watermark, asked again while leadership is settling (the client's
+    metadata may still name the old leader)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return int(consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                                      timeout=10)[1])
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def ack_pauses(acks: list[tuple[float, int, int, int]], partitions: set[int], failed_at: float
