@@ -2,7 +2,8 @@
 nodes, RF=3, min.insync.replicas=2; log node 2's data folder is a small tmpfs.
 
 An idempotent acks=all producer (confluent-kafka) sends numbered records of 4 KiB to 3
-partitions until node 2's disk is full. Its log dir fails (health: LogService NOT_SERVING;
+partitions until node 2's disk is full, or (second case) down to its free-space floor. Its log
+dir fails (health: LogService NOT_SERVING;
 metrics: one offline log dir, its replicas offline); the replicator moves the partitions it
 led to in-sync followers and drops it from every ISR; production goes on through the new
 leaders. No acknowledged record is lost: each is in the final log at the offset it was
@@ -45,6 +46,7 @@ FULL_NODE = 2
 DISK = "6m"
 BIGGER_DISK = "64m"
 RECORD = 4096
+FLOOR = 2 * 1024 * 1024
 LOG_SERVICE = "kbroker.log.v1.LogService"
 
 
@@ -54,8 +56,10 @@ def _mount(path: os.PathLike[str], *options: str) -> None:
     assert done.returncode == 0, f"cannot mount a tmpfs (tests run as root): {done.stderr}"
 
 
-@pytest.fixture
-def small_disk_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+@pytest.fixture(params=[0, FLOOR], ids=["disk full", "free-space floor"])
+def small_disk_cluster(request: pytest.FixtureRequest,
+                       tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """The cluster, its log node 2 on the small tmpfs, with or without a free-space floor."""
     data_dir = tmp_path_factory.mktemp("full-disk")
     disk = data_dir / f"log-{FULL_NODE}"
     disk.mkdir()
@@ -64,6 +68,7 @@ def small_disk_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loc
         data_dir=data_dir, kafka_port=0, base_port=0, handlers=1, log_nodes=3,
         num_partitions=PARTITIONS, default_replication_factor=3, replica_lag_time_max_ms=1500,
         log_level=os.environ.get("KBROKER_TEST_LOG_LEVEL", "INFO"),
+        service_flags={"log": {"log_dir_min_free_bytes": request.param}},
     )
     cluster = LocalCluster(spec)
     try:
@@ -220,7 +225,12 @@ def test_a_full_disk_moves_leadership_loses_nothing_and_the_node_rejoins_after_r
     assert metric(cluster, FULL_NODE, "kbroker_log_offline_log_dirs") == 1
     assert (metric(cluster, FULL_NODE, "kbroker_log_offline_replicas") or 0) >= PARTITIONS
     free = metric(cluster, FULL_NODE, "kbroker_log_dir_free_bytes")
-    assert free is not None and free < 1024 * 1024
+    floor = metric(cluster, FULL_NODE, "kbroker_log_dir_min_free_bytes")
+    assert free is not None and floor is not None
+    if floor:  # refused at the floor, before the disk was full
+        assert floor - 256 * 1024 < free < floor + 256 * 1024, (free, floor)
+    else:
+        assert free < 256 * 1024
     assert metric(cluster, 0, "kbroker_log_offline_log_dirs") == 0
 
     # No acknowledged record is lost: each is where it was acknowledged.
