@@ -164,9 +164,14 @@ def high_watermark(consumer: Consumer, topic: str, partition: int) -> int:
         try:
             return int(consumer.get_watermark_offsets(TopicPartition(topic, partition),
                                                       timeout=10)[1])
-        except KafkaException:
+        except KafkaException as exc:
             if time.monotonic() > deadline:
-                raise
+                metadata = consumer.list_topics(topic, timeout=10)
+                brokers = sorted(metadata.brokers)
+                partitions = {p: (m.leader, m.isrs, m.error) for p, m in
+                              metadata.topics[topic].partitions.items()}
+                raise AssertionError(f"{exc}; brokers {brokers}, partitions {partitions}, "
+                                     f"topic error {metadata.topics[topic].error}") from exc
             time.sleep(0.2)
 
 
