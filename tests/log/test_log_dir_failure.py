@@ -135,6 +135,7 @@ asyncio.run(main(Path(sys.argv[1])))
 """
 
 
+@pytest.mark.processes
 def test_a_write_error_mid_batch_takes_the_log_dir_offline_and_leaves_nothing_behind(
         tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
