@@ -66,13 +66,16 @@ def small_disk_cluster(request: pytest.FixtureRequest,
         log_level=os.environ.get("KBROKER_TEST_LOG_LEVEL", "INFO"),
         service_flags={"log": {"log_dir_min_free_bytes": request.param}},
     )
-    cluster = LocalCluster(spec)
     try:
-        cluster.start()
-        yield cluster
+        cluster = LocalCluster(spec)
+        try:
+            cluster.start()
+            yield cluster
+        finally:
+            cluster.stop()
     finally:
-        cluster.stop()
         subprocess.run(["umount", "-l", str(disk)], capture_output=True, timeout=30)
+        assert not os.path.ismount(disk), f"{disk} is still mounted"
 
 
 def log_service_status(cluster: LocalCluster, node: int) -> int | None:

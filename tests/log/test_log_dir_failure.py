@@ -175,6 +175,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         yield data_dir
     finally:
         subprocess.run(["umount", "-l", str(data_dir)], capture_output=True, timeout=30)
+        assert not os.path.ismount(data_dir), f"{data_dir} is still mounted"
 
 
 def test_the_free_space_floor_takes_the_log_dir_offline_before_the_disk_is_full(
