@@ -411,3 +411,25 @@ def normalise_request(api_key: int, version: int, request: Message) -> None:
     quirk = _QUIRKS.get(api_key)
     if quirk is not None:
         quirk(version, request)
+
+
+def _fetch_response(version: int, response: Message) -> None:
+    # KAFKA_STORAGE_ERROR is a Fetch answer from v6; older clients may not know it (it would
+    # be a fatal unknown error there), so they get NOT_LEADER_OR_FOLLOWER, which makes them
+    # refresh metadata and fetch again (Kafka's maybeDownConvertStorageError).
+    if version <= 5:
+        for topic in response.responses:  # type: ignore[attr-defined]
+            for partition in topic.partitions:
+                if partition.error_code == ErrorCode.kafka_storage_error.value:
+                    partition.error_code = ErrorCode.not_leader_or_follower.value
+
+
+_RESPONSE_QUIRKS: dict[int, Callable[[int, Message], None]] = {1: _fetch_response}
+
+
+def normalise_response(api_key: int, version: int, response: Message) -> None:
+    """Rewrite, in place, what the handler answered into what a client of ``version`` can
+    read where the two differ in meaning (error codes older versions do not know)."""
+    quirk = _RESPONSE_QUIRKS.get(api_key)
+    if quirk is not None:
+        quirk(version, response)

@@ -351,6 +351,7 @@ class Dispatcher:
         return self._encode(request, schema, answer)
 
     def _encode(self, request: Request, schema: _Schema, response: Message) -> list[bytes]:
+        converter.normalise_response(request.api.key, request.version, response)
         entity = schema.response_from_proto(response)
         out = FrameWriter()
         out.write(headers.response_header(request.api.key, request.correlation_id,

@@ -11,6 +11,7 @@ from services.common.config import option
 from services.common.tls import CA_HELP, CERT_HELP, KEY_HELP
 
 from .cleaner import DEFAULT_MAX_MAP_KEYS
+from .log_dir_failure import FreeSpaceFloor
 from .log_manager import Schedule
 from .topic_config import NEVER, TopicConfig
 
@@ -65,6 +66,14 @@ class LogConfig:
         60000, "how often recovery points and log start offsets are checkpointed")
     cleaner_backoff_ms: int = option(
         15000, "how often the log cleaner looks for logs to compact (log.cleaner.backoff.ms)")
+    log_dir_min_free_bytes: int = option(
+        0, "free-space floor of the log dir (log.dir.min.free.bytes; 0: none): a write that "
+        "would leave less free space fails the log dir as a full disk would, before the disk "
+        "is full: its replicas go offline (KAFKA_STORAGE_ERROR), followers with space take "
+        "over, and the node serves again once restarted with space")
+    log_dir_min_free_percent: float = option(
+        0.0, "free-space floor as a percentage of the log dir's file system "
+        "(log.dir.min.free.percent; 0: none); the larger of the two floors applies")
     cleaner_max_map_keys: int = option(
         DEFAULT_MAX_MAP_KEYS, "keys of the log cleaner's offset map per pass (a longer dirty "
         "section is cleaned over several passes)")
@@ -75,6 +84,10 @@ class LogConfig:
 
     def schedule(self) -> Schedule:
         return _pick(self, Schedule)
+
+    def free_space_floor(self) -> FreeSpaceFloor:
+        return FreeSpaceFloor(min_bytes=self.log_dir_min_free_bytes,
+                              min_percent=self.log_dir_min_free_percent)
 
 
 T = TypeVar("T")

@@ -13,6 +13,11 @@ see :mod:`services.log.checkpoint`, and the cleaner's ``cleaner-offset-checkpoin
 written together periodically, when a replica is deleted or DeleteRecords moves a log start
 offset (before it is answered), and on a clean shutdown, after the flush; the cleaner's also
 after each round. Not thread-safe: used from the event loop.
+
+The data directory is Kafka's log directory: a write error anywhere in it, or a write that
+would go below the free-space floor, fails it for good (see
+:mod:`services.log.log_dir_failure`); then every replica call answers KAFKA_STORAGE_ERROR,
+the background work stops touching it, and a shutdown neither flushes nor checkpoints it.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from .checkpoint import (
     fsync_directory,
 )
 from .cleaner import CLEANER_OFFSET_FILE, DEFAULT_MAX_MAP_KEYS, CleanResult, LogCleaner
+from .log_dir_failure import FreeSpaceFloor, LogDirFailureChannel
 from .partition_log import HighWatermarkListener, PartitionLog, directory_name
 from .partition_metadata import PartitionMetadata
 from .topic_config import TopicConfig
@@ -76,8 +82,10 @@ class LogManager:
         defaults: TopicConfig,
         on_high_watermark: HighWatermarkListener | None = None,
         schedule: Schedule | None = None,
+        free_space_floor: FreeSpaceFloor | None = None,
     ) -> None:
         self.data_dir = data_dir
+        self.log_dir = LogDirFailureChannel(data_dir, free_space_floor)
         self.defaults = defaults
         self.schedule = schedule or Schedule()
         self._on_high_watermark = on_high_watermark
@@ -131,6 +139,7 @@ class LogManager:
             self._on_high_watermark,
             recovery_point=recovery_points.get(key, 0),
             log_start_offset=log_starts.get(key, 0),
+            log_dir=self.log_dir,
         )
         self._logs[key] = partition_log
         log.info(
@@ -147,6 +156,7 @@ class LogManager:
         Raises INVALID_TOPIC_EXCEPTION, INVALID_PARTITIONS, INVALID_CONFIG, or
         INCONSISTENT_TOPIC_ID when the replica exists for another topic id."""
         check_topic_name(topic)
+        self.log_dir.check_online()
         if partition < 0:
             raise KafkaError(ErrorCode.invalid_partitions, f"invalid partition {partition}")
         config = self.defaults.with_overrides(configs)
@@ -168,7 +178,8 @@ class LogManager:
         metadata.write(directory)
         fsync_directory(self.data_dir)
         partition_log = PartitionLog(
-            directory, topic, partition, topic_id, config, self._on_high_watermark
+            directory, topic, partition, topic_id, config, self._on_high_watermark,
+            log_dir=self.log_dir,
         )
         self._logs[(topic, partition)] = partition_log
         return partition_log
@@ -177,17 +188,31 @@ class LogManager:
         return self._logs.get((topic, partition))
 
     def get(self, topic: str, partition: int) -> PartitionLog:
-        """The replica, or UNKNOWN_TOPIC_OR_PARTITION."""
+        """The replica, or UNKNOWN_TOPIC_OR_PARTITION; KAFKA_STORAGE_ERROR once the log
+        directory has failed (every replica is offline)."""
         partition_log = self._logs.get((topic, partition))
         if partition_log is None:
             raise KafkaError(
                 ErrorCode.unknown_topic_or_partition,
                 f"this node has no replica of {topic}-{partition}",
             )
+        self.log_dir.check_online()
         return partition_log
+
+    def offline_replicas(self) -> int:
+        """The replicas the failed log directory took offline (Kafka's OfflineReplicaCount):
+        all of them once it failed, else none."""
+        return len(self._logs) if self.log_dir.offline else 0
+
+    def storage_failed(self, exc: OSError, during: str) -> None:
+        """An I/O error in the log directory: fail it (logged once, see
+        :meth:`LogDirFailureChannel.fail`)."""
+        self.log_dir.fail(exc, during)
 
     def delete(self, topic: str, partition: int) -> bool:
         """Remove a replica and its files; False if there was none."""
+        if (topic, partition) in self._logs:
+            self.log_dir.check_online()
         partition_log = self._logs.pop((topic, partition), None)
         if partition_log is None:
             return False
@@ -221,30 +246,43 @@ class LogManager:
 
     def write_checkpoints(self) -> None:
         """Persist the replicas' recovery points and moved log start offsets, and the log
-        cleaner's first dirty offsets."""
-        self._recovery_points.write(
-            {key: log_.recovery_point for key, log_ in self._logs.items()})
-        self._log_starts.write({
-            key: log_.log_start_offset for key, log_ in self._logs.items()
-            if log_.log_start_offset > log_.segments[0].base_offset
-        })
-        self.cleaner.write_checkpoint()
+        cleaner's first dirty offsets (nothing once the log directory failed; a failure to
+        write fails it)."""
+        if self.log_dir.offline:
+            return
+        try:
+            self._recovery_points.write(
+                {key: log_.recovery_point for key, log_ in self._logs.items()})
+            self._log_starts.write({
+                key: log_.log_start_offset for key, log_ in self._logs.items()
+                if log_.log_start_offset > log_.segments[0].base_offset
+            })
+            self.cleaner.write_checkpoint()
+        except OSError as exc:
+            self.storage_failed(exc, "writing checkpoints")
+            raise
 
     async def enforce_retention(self) -> int:
         """One retention pass over every replica; returns the segments deleted."""
         deleted = 0
-        for partition_log in list(self._logs.values()):
+        for partition_log in list(self._logs.values()) if not self.log_dir.offline else ():
             try:
                 deleted += await partition_log.enforce_retention()
             except OSError as exc:
-                log.error("%s: retention failed: %s", partition_log.directory, exc)
+                self.storage_failed(exc, f"retention in {partition_log.directory}")
         return deleted
 
     async def clean_logs(self, now: int | None = None) -> list[CleanResult]:
         """One log cleaner round over every compacted replica worth cleaning (see
         :meth:`LogCleaner.clean_logs`); the first dirty offsets are checkpointed after it."""
+        if self.log_dir.offline:
+            return []
         started = time.perf_counter()
-        results = await self.cleaner.clean_logs(self.partitions(), now)
+        try:
+            results = await self.cleaner.clean_logs(self.partitions(), now)
+        except OSError as exc:
+            self.storage_failed(exc, "cleaning logs")
+            return []
         if results:
             for result in results:
                 metrics.CLEANER_RUNS.inc()
@@ -252,14 +290,19 @@ class LogManager:
                 metrics.CLEANER_REMOVED_BYTES.inc(max(result.bytes_removed, 0))
                 metrics.CLEANER_REMOVED_RECORDS.inc(result.records_removed)
             metrics.CLEANER_LAST_SECONDS.set(time.perf_counter() - started)
-        self.cleaner.write_checkpoint()
+        try:
+            self.cleaner.write_checkpoint()
+        except OSError as exc:
+            self.storage_failed(exc, "writing the cleaner checkpoint")
         return results
 
     async def flush_by_time(self) -> None:
-        for partition_log in list(self._logs.values()):
+        for partition_log in list(self._logs.values()) if not self.log_dir.offline else ():
             try:
                 await partition_log.maybe_flush_by_time()
-            except (OSError, KafkaError) as exc:
+            except OSError as exc:
+                self.storage_failed(exc, f"flushing {partition_log.directory}")
+            except KafkaError as exc:
                 log.error("%s: flush failed: %s", partition_log.directory, exc)
 
     def start_background(self) -> None:
@@ -268,7 +311,8 @@ class LogManager:
         schedule = self.schedule
 
         async def checkpoints() -> None:
-            self.write_checkpoints()
+            with contextlib.suppress(OSError):  # the log dir failed: logged once there
+                self.write_checkpoints()
 
         self._tasks = [asyncio.create_task(_every(*every)) for every in (
             (schedule.retention_check_interval_ms, self.enforce_retention, "retention"),
@@ -296,13 +340,14 @@ class LogManager:
 
     def close(self) -> None:
         """Flush and close every replica, then checkpoint their recovery points and log start
-        offsets (a clean shutdown: the next start validates nothing it need not)."""
+        offsets (a clean shutdown: the next start validates nothing it need not); a failed
+        log directory is only closed (the next start recovers it as after a crash)."""
         for partition_log in self._logs.values():
             try:
                 partition_log.close(flush=True)
             except OSError as exc:
                 log.error("%s: close failed: %s", partition_log.directory, exc)
-        if self._logs:
+        if self._logs and not self.log_dir.offline:
             try:
                 self.write_checkpoints()
             except OSError as exc:

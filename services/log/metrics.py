@@ -20,6 +20,15 @@ paths pay nothing for it. Kafka's JMX names beside ours:
     kbroker_log_aborted_transactions_total         aborted transactions indexed
     kbroker_log_flush_seconds                      kafka.log:type=LogFlushStats,
                                                    name=LogFlushRateAndTimeMs (per segment)
+    kbroker_log_offline_log_dirs                   kafka.log:type=LogManager,
+                                                   name=OfflineLogDirectoryCount
+    kbroker_log_offline_replicas                   kafka.server:type=ReplicaManager,
+                                                   name=OfflineReplicaCount
+    kbroker_log_dir_{total,free,used}_bytes{log_dir}  the log dir's file system (Kafka's
+                                                   DescribeLogDirs TotalBytes, UsableBytes)
+    kbroker_log_dir_partition_bytes{log_dir}       bytes held by the replicas (the sum of
+                                                   kafka.log:type=Log,name=Size)
+    kbroker_log_dir_min_free_bytes{log_dir}        the free-space floor (0: none)
 """
 
 from __future__ import annotations
@@ -40,6 +49,8 @@ from services.common.metrics import (
     LoopHistogram,
     register_collector,
 )
+
+from .log_dir_failure import DiskUsage
 
 APPENDED_BYTES = LoopCounter(
     "kbroker_log_appended_bytes_total", "Bytes of record batches appended.", ["topic"]
@@ -175,3 +186,54 @@ class PartitionLogCollector(Collector):
 
 PARTITION_LOGS = PartitionLogCollector()
 register_collector(PARTITION_LOGS)
+
+
+class LogDirCollector(Collector):
+    """The log directory of each running node (sources: ``LogManager`` objects): whether it
+    is offline, the replicas that took offline, and the disk usage of its file system (read
+    at scrape time; a file system that cannot be read leaves its usage out)."""
+
+    def __init__(self) -> None:
+        self.sources: set[Any] = set()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        offline = GaugeMetricFamily(
+            "kbroker_log_offline_log_dirs",
+            "Log directories that failed (an I/O error or the free-space floor); they stay "
+            "offline until the node restarts (OfflineLogDirectoryCount).", labels=["log_dir"])
+        replicas = GaugeMetricFamily(
+            "kbroker_log_offline_replicas",
+            "Partition replicas offline because their log directory failed "
+            "(OfflineReplicaCount).", labels=["log_dir"])
+        usage = {name: GaugeMetricFamily(f"kbroker_log_dir_{name}_bytes", text,
+                                         labels=["log_dir"]) for name, text in (
+            ("total", "Size of the file system holding the log directory."),
+            ("free", "Bytes of that file system still free for the log node."),
+            ("used", "Bytes of that file system in use (by anything)."),
+            ("partition", "Bytes held by the partition replicas' segments."),
+            ("min_free", "The free-space floor: a write that would leave less fails the "
+                         "log directory (0: none)."))}
+        for manager in list(self.sources):
+            log_dir = manager.log_dir
+            key = [str(log_dir.path)]
+            offline.add_metric(key, int(log_dir.offline))
+            replicas.add_metric(key, manager.offline_replicas())
+            usage["partition"].add_metric(key, sum(p.size_bytes for p in manager.partitions()))
+            try:
+                disk = DiskUsage.of(log_dir.path)
+            except OSError:
+                continue
+            usage["total"].add_metric(key, disk.total)
+            usage["free"].add_metric(key, disk.free)
+            usage["used"].add_metric(key, disk.used)
+            usage["min_free"].add_metric(key, log_dir.floor.bytes_for(disk.total))
+        yield offline
+        yield replicas
+        yield from usage.values()
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return []
+
+
+LOG_DIRS = LogDirCollector()
+register_collector(LOG_DIRS)

@@ -93,6 +93,7 @@ from . import metrics, replica_state, segment_swap
 from .checkpoint import HIGH_WATERMARK_FILE, OffsetCheckpoint
 from .index_file import MAX_RELATIVE_OFFSET
 from .leader_epochs import LeaderEpochCache
+from .log_dir_failure import LogDirFailureChannel
 from .log_validator import assign_offsets, check_keys, stored_batch_problem, validate_append
 from .producer_state import (
     CompletedTxn,
@@ -183,11 +184,17 @@ class PartitionLog:
         on_high_watermark: HighWatermarkListener | None = None,
         recovery_point: int = 0,
         log_start_offset: int = 0,
+        log_dir: LogDirFailureChannel | None = None,
     ) -> None:
         """Open the log in ``directory`` (created if missing), recovering it (see
         :func:`load_segments`) with the node's checkpointed ``recovery_point``;
-        ``log_start_offset`` (from the node's checkpoint) is kept within the loaded offsets."""
+        ``log_start_offset`` (from the node's checkpoint) is kept within the loaded offsets.
+        ``log_dir`` is the node's log directory: once it has failed, every mutation answers
+        KAFKA_STORAGE_ERROR, each write first reserves its bytes under the free-space floor,
+        and a write failure in the background (a rolled segment's flush, a checkpoint) fails
+        it."""
         self.directory = directory
+        self.log_dir = log_dir or LogDirFailureChannel(directory.parent)
         self.topic = topic
         self.partition = partition
         self.topic_id = topic_id
@@ -343,6 +350,7 @@ class PartitionLog:
                 self.leader_epochs.assign(state.leader_epoch, base_offset)
             max_timestamp = append_time if append_time is not None else max(
                 batch.header.max_timestamp for batch in batches)
+            self.log_dir.reserve(len(buffer))
             segment = self._maybe_roll(len(buffer), next_offset - 1, max_timestamp)
             segment.append(buffer, [batch.position for batch in batches])
             if producers is not None:
@@ -394,6 +402,7 @@ class PartitionLog:
             assign_offsets(buffer, [Batch(0, read_header(buffer))], base_offset, append_time)
             if state.leader_epoch >= 0:
                 self.leader_epochs.assign(state.leader_epoch, base_offset)
+            self.log_dir.reserve(len(buffer))
             segment = self._maybe_roll(len(buffer), base_offset, timestamp)
             segment.append(buffer, (0,))
             completed = self.producer_state.end_transaction(
@@ -480,7 +489,7 @@ class PartitionLog:
             if segment.dirty:
                 await asyncio.to_thread(segment.flush)
         except OSError as exc:
-            log.error("%s: flushing a rolled segment failed: %s", segment.log_path, exc)
+            self.log_dir.fail(exc, f"flushing {segment.log_path}")
             return
         finally:
             segment.pinned -= 1
@@ -562,6 +571,7 @@ class PartitionLog:
                 batches = _validate_replicated(records, self.log_end_offset)
                 last = batches[-1].header
                 max_timestamp = max(b.header.max_timestamp for b in batches)
+                self.log_dir.reserve(len(records))
                 segment = self._maybe_roll(len(records), last.last_offset, max_timestamp)
                 segment.append(records, [b.position for b in batches])
                 for position, header in batches:
@@ -942,15 +952,18 @@ class PartitionLog:
             try:
                 self._high_watermark_file.write({(self.topic, self.partition): high_watermark})
             except OSError as exc:
-                log.error("%s: cannot checkpoint the high watermark: %s", self.directory, exc)
+                self.log_dir.fail(exc, f"checkpointing the high watermark of {self.directory}")
                 return False
             self._checkpointed_high_watermark = high_watermark
             return True
 
     def _check_open(self) -> None:
+        """Raise UNKNOWN_TOPIC_OR_PARTITION once deleted, KAFKA_STORAGE_ERROR once the log
+        directory failed (checked under the lock: nothing is written after a failure)."""
         if self._closed:
             raise KafkaError(ErrorCode.unknown_topic_or_partition,
                              f"{self.topic}-{self.partition} was deleted")
+        self.log_dir.check_online()
 
     # ------------------------------------------------------------------------- life cycle
 
@@ -972,7 +985,7 @@ class PartitionLog:
             return
         self._closed = True
         try:
-            if flush:
+            if flush and not self.log_dir.offline:
                 for segment in self._segments:
                     if segment.dirty:
                         segment.flush()

@@ -272,24 +272,33 @@ class LogSegment:
 
     def append(self, buffer: bytearray | bytes, positions: Iterable[int]) -> None:
         """Write batches (offsets already assigned) at the end of the segment; ``positions``
-        are where each batch starts in ``buffer``. On a write error the file is cut back to
-        its previous size, so no partial append stays behind."""
+        are where each batch starts in ``buffer``. All or nothing: on a write error (of the
+        data or an index entry) the segment is as it was before, its files cut back to their
+        previous sizes, so no partial append stays visible (what the cut could not remove,
+        recovery removes at the next start)."""
         physical = self.size
         view = memoryview(buffer)
+        before = (self.next_offset, self._bytes_since_index_entry, self._max_so_far,
+                  self._first_timestamp)
         try:
             written = 0
             while written < len(view):
                 written += os.pwrite(self._fd, view[written:], physical + written)
+            self.size = physical + len(view)
+            self.dirty = True
+            for position in positions:
+                self._note_batch(Batch(physical + position, read_header(view, position)))
         except OSError:
+            (self.next_offset, self._bytes_since_index_entry, self._max_so_far,
+             self._first_timestamp) = before
+            self.size = physical
             try:
+                self.index.truncate_to_position(physical)
+                self.time_index.truncate_to_offset(self.next_offset)
                 self._truncate(physical)
             except OSError as exc:
                 log.error("%s: cannot cut back a failed append: %s", self.log_path, exc)
             raise
-        self.size = physical + len(view)
-        self.dirty = True
-        for position in positions:
-            self._note_batch(Batch(physical + position, read_header(view, position)))
 
     # ------------------------------------------------------------------------------- reads
 

@@ -1,13 +1,20 @@
 """Start and stop a log node: reload the replicas from disk, then serve LogService (with the
-health, reflection and metrics services every port has)."""
+health, reflection and metrics services every port has).
+
+Health: the whole server ("") is SERVING while the process serves; LogService is SERVING until
+the log directory fails (then NOT_SERVING until a restart: the replicator moves the node's
+partitions away, while the process stays up for operators to see why)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
@@ -48,6 +55,7 @@ class LogService:
         self.manager.close()
         metrics.PARTITIONS.set(0)
         metrics.PARTITION_LOGS.sources.discard(self.manager.partitions)
+        metrics.LOG_DIRS.sources.discard(self.manager)
 
 
 async def start(config: LogConfig) -> LogService:
@@ -60,6 +68,7 @@ async def start(config: LogConfig) -> LogService:
         config.topic_defaults(),
         notifier.on_high_watermark if notifier is not None else None,
         config.schedule(),
+        config.free_space_floor(),
     )
     try:
         manager.load()
@@ -67,6 +76,7 @@ async def start(config: LogConfig) -> LogService:
             notifier.position_of = leader_high_watermarks(manager)
         metrics.PARTITIONS.set(len(manager))
         metrics.PARTITION_LOGS.sources.add(manager.partitions)
+        metrics.LOG_DIRS.sources.add(manager)
         metrics.TRUNCATED_BYTES.inc(sum(p.truncated_at_open for p in manager.partitions()))
         server, port, health = await create_server(
             "log",
@@ -76,9 +86,11 @@ async def start(config: LogConfig) -> LogService:
             instance=f"log-{config.node_id}",
             tls=tls,
         )
+        manager.log_dir.on_failure = out_of_service(health, asyncio.get_running_loop())
         manager.start_background()
     except BaseException:
         metrics.PARTITION_LOGS.sources.discard(manager.partitions)
+        metrics.LOG_DIRS.sources.discard(manager)
         manager.close()
         if notifier is not None:
             await notifier.close()
@@ -88,6 +100,18 @@ async def start(config: LogConfig) -> LogService:
         config.node_id, port, len(manager), config.data_dir,
     )
     return LogService(config, manager, server, port, health, notifier)
+
+
+def out_of_service(health: HealthServicer, loop: asyncio.AbstractEventLoop
+                   ) -> Callable[[str], None]:
+    """What a failed log directory does to the node's health: LogService NOT_SERVING (from
+    any thread)."""
+
+    def failed(_: str) -> None:
+        asyncio.run_coroutine_threadsafe(
+            health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING), loop)
+
+    return failed
 
 
 def leader_high_watermarks(manager: LogManager) -> PositionSource:

@@ -1,7 +1,9 @@
 """gRPC glue of ``kbroker.log.v1.LogService``: protobuf in, domain calls on the
 :class:`~services.log.log_manager.LogManager`, protobuf out. Domain errors become per-partition
 Kafka error codes here, and only here: a :class:`KafkaError` carries its code, an ``OSError`` is
-KAFKA_STORAGE_ERROR (as Kafka maps I/O failures), anything else UNKNOWN_SERVER_ERROR.
+KAFKA_STORAGE_ERROR (as Kafka maps I/O failures) and fails the log directory (see
+:mod:`services.log.log_dir_failure`: logged once, not per call), anything else
+UNKNOWN_SERVER_ERROR.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from services.common.errors import ErrorCode, KafkaError, RecordValidationError,
 from services.common.records.record_batch import NO_TIMESTAMP
 
 from . import metrics
+from .log_dir_failure import LogDirFailureChannel
 from .log_manager import LogManager
 from .partition_log import LAST_STABLE, NO_LEADER_EPOCH, NO_OFFSET, PartitionLog
 from .verification import VerificationRequiredError
@@ -30,10 +33,11 @@ log = logging.getLogger(__name__)
 R = TypeVar("R", bound=Message)
 
 
-def _fail_append(api: str, exc: Exception, result: log_pb2.PartitionAppendResult) -> None:
+def _fail_append(api: str, exc: Exception, result: log_pb2.PartitionAppendResult,
+                 log_dir: LogDirFailureChannel) -> None:
     """:func:`_fail` for a partition's append result, with the offsets unknown; an append
     that needs verifying carries its guard."""
-    _fail(api, exc, result)
+    _fail(api, exc, result, log_dir)
     result.base_offset = result.log_start_offset = NO_OFFSET
     result.log_end_offset = result.high_watermark = NO_OFFSET
     result.log_append_time_ms = NO_TIMESTAMP
@@ -44,13 +48,13 @@ def _fail_append(api: str, exc: Exception, result: log_pb2.PartitionAppendResult
                                     for index, why in exc.record_errors)
 
 
-def _fail(api: str, exc: Exception, result: Any) -> None:
+def _fail(api: str, exc: Exception, result: Any, log_dir: LogDirFailureChannel) -> None:
     """Put the Kafka error code (and message, where the result has one) for ``exc`` in a
-    partition's ``result``."""
+    partition's ``result``; an I/O error fails ``log_dir``."""
     if isinstance(exc, KafkaError):
         code, message = exc.errno, exc.message or ""
     elif isinstance(exc, OSError):
-        log.exception("%s: storage failure", api)
+        log_dir.fail(exc, api)
         code, message = int(ErrorCode.kafka_storage_error.value), str(exc)
     else:
         log.exception("%s: unexpected failure", api)
@@ -89,7 +93,7 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
                 if asyncio.iscoroutine(done):
                     await done
             except Exception as exc:  # noqa: BLE001 - becomes the partition's error code
-                _fail(api, exc, result)
+                _fail(api, exc, result, self._manager.log_dir)
                 for name, value in on_error.items():
                     setattr(result, name, value)
         for result in results if offsets else ():
@@ -144,7 +148,7 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
                     verification_guard=item.verification_guard)
             except Exception as exc:  # noqa: BLE001 - becomes the partition's error code
                 _fail_append("Append", exc, response.results.add(
-                    topic=topic, partition=partition))
+                    topic=topic, partition=partition), self._manager.log_dir)
             else:
                 topic_metrics.appended_bytes.inc(info.size_bytes)
                 topic_metrics.appended_batches.inc(info.batch_count)
@@ -169,7 +173,7 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
                         marker.coordinator_epoch)
                 except Exception as exc:  # noqa: BLE001 - becomes the partition's error code
                     _fail_append("WriteTxnMarkers", exc, results.add(
-                        topic=topic, partition=partition))
+                        topic=topic, partition=partition), self._manager.log_dir)
                 else:
                     results.add(
                         topic=topic, partition=partition, base_offset=info.base_offset,
@@ -237,7 +241,7 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
                     records = self._log(item).read(item.offset, max(max_bytes, 0),
                                                    request.limit, min_one)
             except Exception as exc:  # noqa: BLE001 - becomes the partition's error code
-                _fail("Read", exc, result)
+                _fail("Read", exc, result, self._manager.log_dir)
                 records = b""
             # The replica's offsets, failed or not: they tell a reader whose offset is out of
             # range where the log is.

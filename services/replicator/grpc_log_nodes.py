@@ -16,7 +16,7 @@ from services.common.channels import PLAINTEXT, internal_channel
 from services.common.errors import ErrorCode
 from services.common.tls import InternalTls
 
-from .log_nodes import LogNodeError, PartitionNumber, TopicPartition
+from .log_nodes import LogNodeError, NodeHealth, PartitionNumber, TopicPartition
 from .metadata import LogNode, NodeId
 
 LOG_SERVICE_NAME = log_pb2.DESCRIPTOR.services_by_name["LogService"].full_name
@@ -34,16 +34,18 @@ class GrpcLogNodes:
         self._log = {i: log_pb2_grpc.LogServiceStub(c) for i, c in self._channels.items()}
         self._health = {i: health_pb2_grpc.HealthStub(c) for i, c in self._channels.items()}
 
-    async def is_serving(self, node_id: NodeId) -> bool:
+    async def health(self, node_id: NodeId) -> NodeHealth:
         stub = self._health.get(node_id)
         if stub is None:
-            return False
+            return NodeHealth.UNREACHABLE
         try:
             reply = await stub.Check(health_pb2.HealthCheckRequest(service=LOG_SERVICE_NAME),
                                      timeout=self._health_timeout)
         except grpc.aio.AioRpcError:
-            return False
-        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+            return NodeHealth.UNREACHABLE
+        if reply.status == health_pb2.HealthCheckResponse.SERVING:
+            return NodeHealth.SERVING
+        return NodeHealth.LOG_DIR_FAILED
 
     async def create_partitions(
         self, node_id: NodeId, specs: Sequence[log_pb2.PartitionSpec]

@@ -11,6 +11,7 @@ results as Kafka error codes (calls that change replicas return only the failed 
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
@@ -106,16 +107,26 @@ def partition_specs(
     return specs
 
 
+class NodeHealth(enum.Enum):
+    """What a log node's health check says: its LogService is SERVING; the node answers but
+    its LogService is NOT_SERVING (its log directory failed: every replica on it is offline,
+    see services.log.log_dir_failure); or no answer (down, unreachable, too slow)."""
+
+    SERVING = "serving"
+    LOG_DIR_FAILED = "log dir failed"
+    UNREACHABLE = "not responding"
+
+
 class LogNodes(Protocol):
-    """The LogService calls the replicator makes, by node. The controller's: ``is_serving``
-    (the health check answers SERVING; False on any failure), creating replicas (with their
+    """The LogService calls the replicator makes, by node. The controller's: ``health`` (see
+    :class:`NodeHealth`), creating replicas (with their
     state, if given; existing ones are confirmed), deleting them (unknown ones are no error),
     replacing their topic configs. Replication's: long-poll reads up to the log end, follower
     appends, high watermarks, replica states, descriptions, OffsetForLeaderEpoch for (topic,
     partition, epoch) each, and truncation to an offset each (``start_over``: drop the log and
     continue empty there)."""
 
-    async def is_serving(self, node_id: NodeId) -> bool: ...
+    async def health(self, node_id: NodeId) -> NodeHealth: ...
 
     async def create_partitions(self, node_id: NodeId, specs: Sequence[log_pb2.PartitionSpec]
                                 ) -> list[log_pb2.PartitionError]: ...

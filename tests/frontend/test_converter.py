@@ -153,3 +153,20 @@ def test_none_values_are_left_unset() -> None:
     assert not message.HasField("transactional_id")
     assert not message.topic_data[0].partition_data[0].HasField("records")
     assert message.acks == -1 and message.timeout_ms == 30000
+
+
+def test_fetch_v5_and_older_get_not_leader_where_v6_and_newer_get_kafka_storage_error():
+    """Kafka's maybeDownConvertStorageError: KAFKA_STORAGE_ERROR is a Fetch answer from v6."""
+    storage, not_leader = (ErrorCode.kafka_storage_error.value,
+                           ErrorCode.not_leader_or_follower.value)
+
+    def answered(version: int) -> list[int]:
+        response = kafka_pb2.FetchResponse()
+        partitions = response.responses.add(topic="t").partitions
+        partitions.add(partition_index=0, error_code=storage)
+        partitions.add(partition_index=1, error_code=0)
+        converter.normalise_response(1, version, response)
+        return [p.error_code for p in partitions]
+
+    assert answered(4) == answered(5) == [not_leader, 0]
+    assert answered(6) == answered(16) == [storage, 0]

@@ -93,7 +93,7 @@ class FakeLogNode:
         return self._server is not None
 
     async def start(self) -> None:
-        self._server, self.port, _ = await create_server(
+        self._server, self.port, self.health = await create_server(
             f"log-{self.node_id}",
             [ServiceBinding(SERVICE_NAME, log_pb2_grpc.add_LogServiceServicer_to_server,
                             self.service)],

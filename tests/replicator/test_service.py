@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 from collections import Counter
 from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2
 
 from kbroker.replicator.v1 import replicator_pb2 as pb
 from services.common.errors import ErrorCode
 
+from .fake_log_node import SERVICE_NAME
 from .harness import Cluster, cluster, new_topic, wait_for
 
 OK = ErrorCode.none.value
@@ -338,6 +341,36 @@ def test_a_node_down_for_the_session_timeout_is_fenced_until_it_answers(tmp_path
             assert not node(await c.metadata(), 2).fenced
 
     asyncio.run(scenario())
+
+
+def test_a_node_reporting_a_failed_log_dir_is_fenced_at_once_until_it_serves_again(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    """A node that answers its health check with LogService NOT_SERVING (its log dir failed)
+    is fenced without waiting for the session timeout: its partitions get new leaders from
+    their ISR, it leaves the ISRs and gets no new replicas; serving again, it is alive."""
+    async def scenario() -> None:
+        async with cluster(tmp_path, node_session_timeout_ms=60_000) as c:
+            (created,) = await c.create(new_topic("t", 6, 3))
+            assert created.error_code == OK
+            led = [p.partition for p in partitions_of(await c.metadata(), "t") if p.leader == 2]
+            assert led
+            await c.nodes[2].health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
+            await wait_for(lambda: _fenced(c, 2), within=5)
+            metadata = await c.metadata()
+            for p in partitions_of(metadata, "t"):
+                assert p.leader != 2 and 2 not in p.isr, p
+            (placed,) = await c.create(new_topic("later", 4, 2))
+            assert placed.error_code == OK
+            assert all(2 not in p.replicas for p in partitions_of(await c.metadata(), "later"))
+            await asyncio.sleep(0.3)  # several checks: still one line for the event
+            await c.nodes[2].health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+            await wait_for(lambda: c.node_alive(2))
+            assert not await _fenced(c, 2)
+
+    with caplog.at_level(logging.INFO):
+        asyncio.run(scenario())
+    lines = [r.getMessage() for r in caplog.records if "failed log dir" in r.getMessage()]
+    assert len(lines) == 1, lines
 
 
 async def _fenced(c: Cluster, node_id: int) -> bool:

@@ -8,6 +8,11 @@ that are configured rather than registered): which log nodes are alive, and whic
   (marked so in the image: until then it still leads its partitions, as a Kafka broker does
   until its session expires, and coordinators are still found there); what fencing does to
   its partitions is :mod:`.partitions`'.
+- Failed log directory: a node that answers its health check with its log service NOT_SERVING
+  has lost its log directory (Kafka's offline log dir, reported in a broker heartbeat): every
+  replica on it is offline, so it is fenced at once, without waiting for the session timeout;
+  it is not alive, so it gets no new replicas. Restarted with space, it answers SERVING and
+  comes back as any restarted node does.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import logging
 import time
 from collections.abc import Collection, Mapping
 
-from ..log_nodes import LogNodes
+from ..log_nodes import LogNodes, NodeHealth
 from ..metadata import LogNode, MetadataImage, NodeId
 from .core import ControllerCore
 
@@ -53,13 +58,22 @@ class ClusterControlManager:
         self._session_timeout_s = session_timeout_ms / 1000
         # Nodes failing their health checks, since when (monotonic seconds).
         self._down_since: dict[NodeId, float] = {}
+        # Nodes reporting a failed log directory.
+        self._failed_log_dirs: set[NodeId] = set()
 
     async def check(self) -> tuple[set[NodeId], set[NodeId]]:
         """Health-check every log node once and commit who is alive. Returns the nodes that
         came alive, and the fenced nodes (down for the session timeout)."""
         nodes = self._core.image.log_nodes
-        serving = await asyncio.gather(*(self._client.is_serving(n.node_id) for n in nodes))
-        alive = {n.node_id: ok for n, ok in zip(nodes, serving, strict=True)}
+        health = dict(zip((n.node_id for n in nodes), await asyncio.gather(
+            *(self._client.health(n.node_id) for n in nodes)), strict=True))
+        alive = {node_id: h is NodeHealth.SERVING for node_id, h in health.items()}
+        failed_dirs = {node_id for node_id, h in health.items()
+                       if h is NodeHealth.LOG_DIR_FAILED}
+        for node_id in sorted(failed_dirs - self._failed_log_dirs):
+            log.error("log node %d reports a failed log dir: its replicas are offline; it is "
+                      "fenced now, its partitions move to in-sync followers", node_id)
+        self._failed_log_dirs = failed_dirs
         now = time.monotonic()
         for node_id, ok in alive.items():
             if ok:
@@ -67,13 +81,13 @@ class ClusterControlManager:
             else:
                 self._down_since.setdefault(node_id, now)
         fenced = {n for n, since in self._down_since.items()
-                  if now - since >= self._session_timeout_s}
+                  if now - since >= self._session_timeout_s} | failed_dirs
         try:
             changed = await self._core.commit(lambda image: with_liveness(image, alive))
         except OSError:
             log.exception("could not save log node liveness; will retry at the next check")
             changed = []
-        for node in changed:
+        for node in (n for n in changed if n.node_id not in failed_dirs):  # logged above
             log.info("log node %d (%s) is %s", node.node_id, node.address,
                      "alive" if node.alive else "not responding")
         return {n.node_id for n in changed if n.alive}, fenced
