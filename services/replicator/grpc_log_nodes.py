@@ -45,6 +45,35 @@ class GrpcLogNodes:
             return False
         return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
+    async def wait_exit(self, node_id: NodeId) -> None:
+        """Return once the process of ``node_id`` has certainly exited: the health stream held
+        open to it broke (or could not be opened) and a new connection was refused.
+
+        Refused is proof: nothing listens on the node's port any more. A node that hangs (a
+        stopped or overloaded process) still accepts connections, so it never returns here;
+        the session timeout of the periodic checks is for that case."""
+        stub = self._health.get(node_id)
+        if stub is None:
+            await asyncio.Event().wait()  # an unknown node never exits
+        request = health_pb2.HealthCheckRequest(service=LOG_SERVICE_NAME)
+        while True:
+            call = stub.Watch(request)
+            try:
+                async for _ in call:
+                    pass
+            except grpc.aio.AioRpcError as e:
+                if _refused(e):
+                    return
+            finally:
+                call.cancel()
+            # The stream ended or broke: an exited process refuses the next connection.
+            try:
+                await stub.Check(request, timeout=self._health_timeout)
+            except grpc.aio.AioRpcError as e:
+                if _refused(e):
+                    return
+            await asyncio.sleep(self._health_timeout)  # never spin on a flapping stream
+
     async def create_partitions(
         self, node_id: NodeId, specs: Sequence[log_pb2.PartitionSpec]
     ) -> list[log_pb2.PartitionError]:
@@ -137,6 +166,12 @@ class GrpcLogNodes:
 
     async def close(self) -> None:
         await asyncio.gather(*(c.close() for c in self._channels.values()))
+
+
+def _refused(error: grpc.aio.AioRpcError) -> bool:
+    """The call could not connect because the peer refused the connection."""
+    return (error.code() == grpc.StatusCode.UNAVAILABLE
+            and "connection refused" in (error.details() or "").lower())
 
 
 def _failed(reply: Any) -> list[log_pb2.PartitionError]:

@@ -108,7 +108,8 @@ def partition_specs(
 
 class LogNodes(Protocol):
     """The LogService calls the replicator makes, by node. The controller's: ``is_serving``
-    (the health check answers SERVING; False on any failure), creating replicas (with their
+    (the health check answers SERVING; False on any failure), ``wait_exit`` (a definite
+    death, for fencing without waiting for the session timeout), creating replicas (with their
     state, if given; existing ones are confirmed), deleting them (unknown ones are no error),
     replacing their topic configs. Replication's: long-poll reads up to the log end, follower
     appends, high watermarks, replica states, descriptions, OffsetForLeaderEpoch for (topic,
@@ -116,6 +117,11 @@ class LogNodes(Protocol):
     continue empty there)."""
 
     async def is_serving(self, node_id: NodeId) -> bool: ...
+
+    async def wait_exit(self, node_id: NodeId) -> None:
+        """Return once the node's process has certainly exited (its port refuses connections
+        after a stream to it broke); a hung node never returns here."""
+        ...
 
     async def create_partitions(self, node_id: NodeId, specs: Sequence[log_pb2.PartitionSpec]
                                 ) -> list[log_pb2.PartitionError]: ...

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -320,24 +323,56 @@ def test_log_node_liveness_follows_health_checks(tmp_path: Path):
     asyncio.run(scenario())
 
 
-def test_a_node_down_for_the_session_timeout_is_fenced_until_it_answers(tmp_path: Path):
-    """Not alive at the first failed check; fenced (its partitions' leaders move) only once
-    down for the session timeout; neither once it answers again."""
+def test_a_silent_node_is_fenced_only_after_the_session_timeout_until_it_answers(
+        tmp_path: Path):
+    """A node that accepts connections but never answers (a hung process: stopped or
+    overloaded) is not alive at the first failed check, and fenced (its partitions' leaders
+    move) only once silent for the session timeout; neither once it answers again."""
     async def scenario() -> None:
         async with cluster(tmp_path, node_session_timeout_ms=600) as c:
-            def node(metadata: pb.ClusterMetadata, node_id: int) -> pb.LogNode:
-                return next(n for n in metadata.log_nodes if n.node_id == node_id)
-
-            assert not node(await c.metadata(), 2).fenced
+            assert not await _fenced(c, 2)
             await c.nodes[2].stop()
-            await wait_for(lambda: _not(c.node_alive(2)))
-            assert not node(await c.metadata(), 2).fenced  # 50 ms checks: well within 600 ms
-            await wait_for(lambda: _fenced(c, 2))
+            with _silent_listener(c.nodes[2].port):
+                await wait_for(lambda: _not(c.node_alive(2)))
+                assert not await _fenced(c, 2)  # 50 ms checks: well within 600 ms
+                await wait_for(lambda: _fenced(c, 2))
             await c.nodes[2].start()
             await wait_for(lambda: c.node_alive(2))
-            assert not node(await c.metadata(), 2).fenced
+            assert not await _fenced(c, 2)
 
     asyncio.run(scenario())
+
+
+def test_a_node_whose_process_exited_is_fenced_at_once(tmp_path: Path):
+    """A node whose port refuses connections has exited: fenced without waiting for the
+    session timeout (an hour here), and no longer once it is back."""
+    async def scenario() -> None:
+        async with cluster(tmp_path, node_session_timeout_ms=3_600_000) as c:
+            (created,) = await c.create(new_topic("exits", 1, 3))
+            assert created.error_code == OK
+            (before,) = partitions_of(await c.metadata(), "exits")
+            await c.nodes[before.leader].stop()
+            await wait_for(lambda: _fenced(c, before.leader), within=5.0)
+            (after,) = partitions_of(await c.metadata(), "exits")
+            assert after.leader != before.leader
+            assert after.leader_epoch == before.leader_epoch + 1
+            assert before.leader not in after.isr
+            await c.nodes[before.leader].start()
+            await wait_for(lambda: c.node_alive(before.leader))
+            assert not await _fenced(c, before.leader)
+
+    asyncio.run(scenario())
+
+
+@contextlib.contextmanager
+def _silent_listener(port: int) -> Iterator[None]:
+    """A socket on ``port`` whose connections are accepted by the kernel and never read, as
+    a stopped process's are."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", port))
+        listener.listen(16)
+        yield
 
 
 async def _fenced(c: Cluster, node_id: int) -> bool:
