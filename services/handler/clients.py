@@ -210,8 +210,11 @@ class LogNodeClients:
         stream = self._append_streams.get(node.address)
         if stream is None:
             peer = _peer(node)
-            stream = CallStream(self._stub(node).AppendStream,
-                                lambda code, details: status_failure(code, details, peer))
+            stream = CallStream(
+                self._stub(node).AppendStream,
+                lambda code, details: status_failure(code, details, peer),
+                not_sent=lambda code, details: UnreachableError(
+                    f"{peer}: {code.name}: {details} (the append was not sent)"))
             self._append_streams[node.address] = stream
         return stream
 
