@@ -7,6 +7,10 @@
   the session timeout (the bound, 2.5 s, fails the old wait of 3 s and more).
 - A leader log node stopped with SIGSTOP for less than the session timeout only looks dead:
   it keeps its leadership and its epoch.
+- A produce to a leader whose process is gone (the replicator held stopped, so the metadata
+  still names the dead leader) provably never reached it: each one, the first after the death
+  included, is answered NOT_LEADER_OR_FOLLOWER (the client refreshes its metadata and retries),
+  never REQUEST_TIMED_OUT.
 
 Each test prints what it measured. Bounded: every wait has a deadline; a failure message
 carries the tails of the service logs.
@@ -16,15 +20,21 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterator
 
 import grpc
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
+from kio.schema.produce.v9.request import ProduceRequest
 
 from kbroker.replicator.v1 import replicator_pb2, replicator_pb2_grpc
+from services.common.errors import ErrorCode
 from services.local_cluster import ClusterSpec, LocalCluster
+
+from .test_long_poll import produce_request
+from .wire import encode_request, read_response
 
 SESSION_TIMEOUT_S = 3.0  # the replicator's default node.session.timeout.ms
 # Kill to new leader: what the replicator promises is 1.5 s; the test allows for busy cores
@@ -137,3 +147,37 @@ def test_a_leader_stopped_for_less_than_the_session_timeout_keeps_its_leadership
     assert (after.leader, after.leader_epoch) == (before.leader, before.leader_epoch), (
         f"leadership moved from a node stopped for {SESSION_TIMEOUT_S - 1.0:g} s\n"
         f"{logs_of(cluster)}")
+
+
+def test_a_produce_to_a_dead_leader_is_answered_not_leader_or_follower(cluster: LocalCluster):
+    create_topic(cluster, "dead-leader")
+    wait_until(cluster, lambda: in_sync(cluster, "dead-leader"), 20, "all replicas in sync")
+    before = partition_of(cluster, "dead-leader")
+    assert before is not None
+    victim = f"log-{before.leader}"
+    host, port = cluster.bootstrap.split(":")
+    with socket.create_connection((host, int(port)), timeout=15) as sock:
+
+        def produce_one(correlation_id: int) -> int:
+            """A raw acks=1 Produce: the broker's error code for the partition."""
+            sock.sendall(encode_request(produce_request("dead-leader", b"x"), correlation_id))
+            cid, response = read_response(sock, ProduceRequest)
+            assert cid == correlation_id
+            (partition,) = response.responses[0].partition_responses
+            return int(partition.error_code)
+
+        assert produce_one(1) == ErrorCode.none.value
+        replicator = cluster.services["replicator"].proc
+        assert replicator is not None
+        replicator.send_signal(signal.SIGSTOP)  # no fencing: the metadata keeps the dead leader
+        try:
+            cluster.kill(victim)
+            answers = [produce_one(2 + i) for i in range(3)]
+        finally:
+            replicator.send_signal(signal.SIGCONT)
+            cluster.start_service(victim)
+    names = [ErrorCode(code).name for code in answers]
+    print(f"answers from a dead leader: {names}")
+    assert answers == [ErrorCode.not_leader_or_follower.value] * 3, (
+        f"{names}\n{logs_of(cluster)}")
+    wait_until(cluster, lambda: in_sync(cluster, "dead-leader"), 30, f"{victim} back in the ISR")
