@@ -11,6 +11,10 @@
   still names the dead leader) provably never reached it: each one, the first after the death
   included, is answered NOT_LEADER_OR_FOLLOWER (the client refreshes its metadata and retries),
   never REQUEST_TIMED_OUT.
+- The frontend killed with SIGKILL and restarted by the supervising launcher, under an
+  idempotent acks=all producer and a consumer in a group: every delivery report succeeds, the
+  consumer goes on reading, and no connection is refused meanwhile (the launcher holds the
+  Kafka sockets), so the clients report nothing but that their connections dropped.
 
 Each test prints what it measured. Bounded: every wait has a deadline; a failure message
 carries the tails of the service logs.
@@ -21,17 +25,21 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 
 import grpc
 import pytest
+from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kio.schema.produce.v9.request import ProduceRequest
 
 from kbroker.replicator.v1 import replicator_pb2, replicator_pb2_grpc
 from services.common.errors import ErrorCode
 from services.local_cluster import ClusterSpec, LocalCluster
+from services.supervision import Backoff
 
 from .test_long_poll import produce_request
 from .wire import encode_request, read_response
@@ -181,3 +189,78 @@ def test_a_produce_to_a_dead_leader_is_answered_not_leader_or_follower(cluster: 
     assert answers == [ErrorCode.not_leader_or_follower.value] * 3, (
         f"{names}\n{logs_of(cluster)}")
     wait_until(cluster, lambda: in_sync(cluster, "dead-leader"), 30, f"{victim} back in the ISR")
+
+
+def test_a_restarted_frontend_costs_its_clients_no_errors(cluster: LocalCluster):
+    create_topic(cluster, "frontend-restart")
+    wait_until(cluster, lambda: in_sync(cluster, "frontend-restart"), 20, "all replicas in sync")
+    client_errors: list[KafkaError] = []  # what error_cb tells the application
+    delivery_errors: list[KafkaError] = []
+    acked: list[float] = []
+    consumed: list[float] = []
+    stop = threading.Event()
+
+    def delivered(err: KafkaError | None, msg: object) -> None:
+        if err is not None:
+            delivery_errors.append(err)
+        else:
+            acked.append(time.monotonic())
+
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all",
+                         "enable.idempotence": True, "linger.ms": 5,
+                         "error_cb": client_errors.append})
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "restart",
+                         "auto.offset.reset": "earliest", "error_cb": client_errors.append})
+    consumer.subscribe(["frontend-restart"])
+    consumer_errors: list[KafkaError] = []
+
+    def produce() -> None:
+        while not stop.is_set():
+            producer.produce("frontend-restart", b"r", on_delivery=delivered)
+            producer.poll(0.01)
+
+    def consume() -> None:
+        while not stop.is_set():
+            msg = consumer.poll(0.1)
+            if msg is None:
+                continue
+            if msg.error():
+                consumer_errors.append(msg.error())
+            else:
+                consumed.append(time.monotonic())
+
+    threads = [threading.Thread(target=produce), threading.Thread(target=consume)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_until(cluster, lambda: len(consumed) > 100, 30, "the consumer reading")
+        cluster.supervise(Backoff(initial=0.5))
+        killed = time.monotonic()
+        cluster.kill("frontend")
+        while not (cluster.restarts("frontend") and cluster.services["frontend"].running):
+            assert time.monotonic() - killed < 10, "the frontend was not restarted"
+            cluster.supervise_step()
+            time.sleep(0.05)
+        cluster.wait_healthy("frontend", 30)
+        restarted = time.monotonic()
+        wait_until(cluster, lambda: bool(acked) and acked[-1] > restarted + 1, 30,
+                   "acknowledgements after the restart")
+        wait_until(cluster, lambda: bool(consumed) and consumed[-1] > restarted + 1, 30,
+                   "records consumed after the restart")
+    finally:
+        cluster.supervisor = None
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+        assert producer.flush(60) == 0
+        consumer.close()
+    gaps = [b - a for a, b in zip(acked, acked[1:], strict=False) if b > killed - 1]
+    print(f"frontend restart: ack pause {max(gaps):.2f} s, {len(acked)} acknowledged, "
+          f"client errors {dict(Counter(e.name() for e in client_errors))}")
+    assert not delivery_errors, delivery_errors
+    assert not consumer_errors, consumer_errors
+    # The connections of the killed process drop (librdkafka: "all brokers down", transient);
+    # none is refused, so nothing else reaches the application.
+    assert {e.code() for e in client_errors} <= {KafkaError._ALL_BROKERS_DOWN}, (
+        [str(e) for e in client_errors][:5])
+    assert not any(e.fatal() for e in client_errors)
