@@ -15,7 +15,7 @@ from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from services.common.call_streams import CallStream
 from services.common.channels import insecure_channel
 from services.handler.clients import LogNodeClients, status_failure
-from services.handler.collaborators import CallError, OutcomeUnknownError, UnreachableError
+from services.handler.collaborators import OutcomeUnknownError, UnreachableError
 from services.handler.metadata_cache import LogNode
 from services.log.config import LogConfig
 from services.log.server import start
