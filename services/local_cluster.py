@@ -223,6 +223,9 @@ class LocalCluster:
         self.kafka_port = spec.kafka_port or free_port_range(spec.host, spec.log_nodes)
         self.services: dict[str, ServiceProcess] = {}
         self.supervisor: Supervisor | None = None
+        # The frontend's Kafka sockets, bound once here and handed to every frontend process
+        # this cluster starts (see kafka_sockets).
+        self._kafka_sockets: dict[int, socket.socket] = {}
         if spec.internal_tls is not None:
             missing = [path for kind in SERVICE_KINDS for path in
                        dataclasses.astuple(internal_tls_of(spec.internal_tls, kind))
@@ -362,10 +365,18 @@ class LocalCluster:
         env["KBROKER_LOG_LEVEL"] = self.spec.log_level
         env["PYTHONUNBUFFERED"] = "1"
         env[PARENT_PID_ENV] = str(os.getpid())
+        args, fds = list(svc.args), ()
+        if svc.kind == "frontend":
+            sockets = self.kafka_sockets()
+            if sockets:
+                fds = tuple(sock.fileno() for sock in sockets.values())
+                args += [flag_name("inherited_listeners"),
+                         ",".join(f"{port}={sock.fileno()}" for port, sock in sockets.items())]
         log = open(svc.log_path, "ab")  # noqa: SIM115 - handed to the child process
         try:
             svc.proc = subprocess.Popen(
-                [sys.executable, "-m", svc.module, *svc.args],
+                [sys.executable, "-m", svc.module, *args],
+                pass_fds=fds,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -382,6 +393,33 @@ class LocalCluster:
             self.supervisor.started(name, time.monotonic())
         if wait:
             self.wait_healthy(name, timeout)
+
+    def kafka_sockets(self) -> dict[int, socket.socket]:
+        """The listening sockets of the frontend's Kafka ports (one per broker id), bound on
+        first use and kept by this process until :meth:`stop`: a frontend that is killed and
+        started again serves the same sockets, so clients connecting in between wait in their
+        queue instead of being refused (and backing off). None for a cluster with configured
+        listeners, whose frontend binds its own."""
+        if self.spec.service_flags.get("frontend", {}).get("listeners"):
+            return {}
+        if not self._kafka_sockets:
+            try:
+                for port in range(self.kafka_port, self.kafka_port + self.spec.log_nodes):
+                    sock = socket.socket(socket.AF_INET6 if ":" in self.spec.host
+                                         else socket.AF_INET)
+                    self._kafka_sockets[port] = sock
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    sock.bind((self.spec.host, port))
+                    sock.listen(1024)
+            except OSError:
+                self._close_kafka_sockets()
+                raise
+        return self._kafka_sockets
+
+    def _close_kafka_sockets(self) -> None:
+        for sock in self._kafka_sockets.values():
+            sock.close()
+        self._kafka_sockets.clear()
 
     def wait_healthy(self, name: str, timeout: float = 60.0) -> None:
         svc = self.services[name]
@@ -484,6 +522,7 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
+        self._close_kafka_sockets()
 
     def tail(self, name: str, lines: int = 30) -> str:
         path = self.services[name].log_path

@@ -11,6 +11,8 @@ Failure semantics match a unary call's, expressed through the caller's ``failure
 details)``: when the stream breaks, every call sent on it fails with the stream's status
 (UNAVAILABLE with gRPC's "failed to connect" wording when the peer could not be reached at all,
 so callers can tell a request that was never delivered); the next call opens a new stream. A
+request the stream refused to take (it had already failed, e.g. on a connection the peer's
+death closed, whatever the wording) was provably never sent: it fails through ``not_sent``. A
 call not answered within its time limit fails with DEADLINE_EXCEEDED and its late answer is
 dropped. Not thread-safe: one event loop.
 """
@@ -52,9 +54,11 @@ class CallStream:
 
     def __init__(self, open_stream: Callable[[], Any], failure_of: FailureOf,
                  encode: Callable[[Any, int], Any] = _set_call_id,
-                 decode: Callable[[Any], tuple[int, Any]] = _by_call_id) -> None:
+                 decode: Callable[[Any], tuple[int, Any]] = _by_call_id,
+                 not_sent: FailureOf | None = None) -> None:
         self._open_stream = open_stream
         self._failure_of = failure_of
+        self._not_sent = not_sent or failure_of
         self._encode = encode
         self._decode = decode
         self._ids = itertools.count(1)
@@ -80,12 +84,16 @@ class CallStream:
                     self._waiting[call_id] = (call, answer)
                     try:
                         await call.write(message)
-                    except grpc.aio.AioRpcError as exc:
-                        raise self._failure_of(exc.code(), exc.details() or "") from exc
-                    except asyncio.InvalidStateError as exc:
-                        # The stream ended between the check and the write.
-                        raise self._failure_of(
-                            grpc.StatusCode.UNAVAILABLE, "stream closed") from exc
+                    except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+                        # The stream had failed before it took the request (InvalidStateError:
+                        # it ended between the check and the write): never sent.
+                        self._waiting.pop(call_id, None)
+                        if answer.done():
+                            answer.exception()  # failed by the reader too: seen here
+                        if isinstance(exc, grpc.aio.AioRpcError):
+                            raise self._not_sent(exc.code(), exc.details() or "") from exc
+                        raise self._not_sent(grpc.StatusCode.UNAVAILABLE,
+                                             "stream closed") from exc
                 return await answer
         except TimeoutError as exc:
             raise self._failure_of(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import inspect
 import itertools
 import math
 import os
@@ -369,6 +370,19 @@ def _observed(handler: grpc.RpcMethodHandler, service: str, method: str
     if handler.unary_stream is not None:
         stream_inner = handler.unary_stream
         stream_rpc = _RpcMetrics((service, method, "server_stream"))
+
+        if not inspect.isasyncgenfunction(stream_inner):
+            # A handler that writes its messages with context.write (health's Watch).
+            async def server_writes(request, context):
+                started = stream_rpc.start()
+                outcome = "CANCELLED"
+                try:
+                    await stream_inner(request, context)
+                    outcome = "OK"
+                finally:
+                    stream_rpc.finish(context, outcome, started)
+
+            return grpc.unary_stream_rpc_method_handler(server_writes, **codec)
 
         async def server_stream(request, context):
             started = stream_rpc.start()

@@ -23,6 +23,11 @@ class FrontendConfig:
     broker_ports: int = option(
         1, "Kafka listener ports, one per broker id: broker N is served on listen_port + N and "
            "advertised at advertised_port + N (clients identify brokers by address)")
+    inherited_listeners: tuple[str, ...] = option(
+        (), "listening sockets handed down by the process that started the frontend, as "
+            "port=fd entries (comma separated): a Kafka port listed here is served on that "
+            "socket instead of being bound, so connections made while the frontend restarts "
+            "wait in the socket's queue instead of being refused")
     grpc_address: str = option("127.0.0.1:19090", "host:port of the frontend's own gRPC port "
                                                   "(health, reflection, metrics)")
     internal_tls_ca: str = option("", CA_HELP)

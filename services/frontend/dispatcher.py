@@ -10,6 +10,7 @@ escapes :meth:`Dispatcher.handle`.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import re
@@ -96,27 +97,57 @@ class _Schema:
     flexible_response: bool
 
 
-def _compile_schemas() -> dict[tuple[int, int], _Schema]:
-    """Every supported (API key, version) with its codec functions, built at start-up so no
-    request pays for a first-time compilation."""
-    out = {}
-    for api in SUPPORTED_APIS.values():
-        for version in range(api.min_version, api.max_version + 1):
-            request_cls = converter.load_schema(api.schema_name, version, EntityType.request)
-            response_cls = converter.load_schema(api.schema_name, version, EntityType.response)
-            flexible = request_cls.__flexible__  # type: ignore[attr-defined]
-            out[(api.key, version)] = _Schema(
-                flexible_request=flexible,
-                check_sizes=size_checker(request_cls),
-                # Only flexible versions carry tagged fields.
-                read_request=(tolerant_reader(request_cls) if flexible
-                              else entity_reader(request_cls)),
-                request_to_proto=converter.to_proto_fn(request_cls),
-                response_from_proto=converter.from_proto_fn(response_cls),
-                write_response=entity_writer(response_cls),  # type: ignore[arg-type]
-                flexible_response=response_cls.__flexible__,  # type: ignore[attr-defined]
-            )
-    return out
+def _compile_schema(api: SupportedApi, version: int) -> _Schema:
+    request_cls = converter.load_schema(api.schema_name, version, EntityType.request)
+    response_cls = converter.load_schema(api.schema_name, version, EntityType.response)
+    flexible = request_cls.__flexible__  # type: ignore[attr-defined]
+    return _Schema(
+        flexible_request=flexible,
+        check_sizes=size_checker(request_cls),
+        # Only flexible versions carry tagged fields.
+        read_request=(tolerant_reader(request_cls) if flexible
+                      else entity_reader(request_cls)),
+        request_to_proto=converter.to_proto_fn(request_cls),
+        response_from_proto=converter.from_proto_fn(response_cls),
+        write_response=entity_writer(response_cls),  # type: ignore[arg-type]
+        flexible_response=response_cls.__flexible__,  # type: ignore[attr-defined]
+    )
+
+
+class _Schemas:
+    """Every supported (API key, version) with its codec functions, compiled on first use.
+
+    Compiling all of them takes seconds (hundreds of kio modules), which a frontend that
+    restarts would keep its clients waiting for; :meth:`compile_all` compiles them in the
+    background once the frontend serves, so few requests pay for a first compilation (a few
+    milliseconds each). Not thread-safe: one event loop."""
+
+    def __init__(self) -> None:
+        self._supported = {(api.key, version): api for api in SUPPORTED_APIS.values()
+                           for version in range(api.min_version, api.max_version + 1)}
+        self._compiled: dict[tuple[int, int], _Schema] = {}
+
+    def get(self, key: tuple[int, int]) -> _Schema | None:
+        """The codec of (API key, version); None for an unsupported one."""
+        schema = self._compiled.get(key)
+        if schema is None:
+            api = self._supported.get(key)
+            if api is None:
+                return None
+            schema = self._compiled[key] = _compile_schema(api, key[1])
+        return schema
+
+    def __getitem__(self, key: tuple[int, int]) -> _Schema:
+        schema = self.get(key)
+        if schema is None:
+            raise KeyError(key)
+        return schema
+
+    async def compile_all(self) -> None:
+        """Compile every schema not compiled yet, one at a time between other work."""
+        for key in self._supported:
+            self.get(key)
+            await asyncio.sleep(0)
 
 
 @dataclasses.dataclass(slots=True)
@@ -181,11 +212,15 @@ class Dispatcher:
         self._broker_ports = str(broker_ports)
         self._broker_count = broker_ports
         self._instance = instance
-        self._schemas = _compile_schemas()
+        self._schemas = _Schemas()
         self._api_keys = [{"api_key": key, "min_version": lo, "max_version": hi}
                           for key, lo, hi in supported_versions()]
         self._metrics = {key: ApiMetrics(api.name) for key, api in SUPPORTED_APIS.items()}
         self._grpc_metadata: dict[tuple[str | None, str, int, int, str, str], Metadata] = {}
+
+    async def compile_schemas(self) -> None:
+        """Compile the codec of every supported API version (see :class:`_Schemas`)."""
+        await self._schemas.compile_all()
 
     def decode(self, frame: bytes) -> Request:
         """The request in ``frame``; raises :class:`UnanswerableRequestError` if unreadable."""

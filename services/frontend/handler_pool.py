@@ -71,16 +71,23 @@ class StreamCallError(Exception):
     """A call over a handler stream failed: the stream broke, the call ran out of time, or
     the handler answered with this status."""
 
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+    def __init__(self, code: grpc.StatusCode, details: str, *, sent: bool = True) -> None:
         super().__init__(f"{code.name}: {details}")
         self.code = code
         self.details = details
+        self.sent = sent
+
+    @classmethod
+    def not_sent(cls, code: grpc.StatusCode, details: str) -> StreamCallError:
+        """The stream had failed before it took the request."""
+        return cls(code, details, sent=False)
 
     @property
     def never_reached(self) -> bool:
-        """No connection could be made: the request was never sent."""
+        """The request was never sent: the stream refused it, or no connection could be
+        made."""
         details = self.details.lower()
-        return self.code == grpc.StatusCode.UNAVAILABLE and any(
+        return not self.sent or self.code == grpc.StatusCode.UNAVAILABLE and any(
             marker in details for marker in _NOT_CONNECTED_MARKERS)
 
 
@@ -119,7 +126,8 @@ class _Handler:
         request spent parked in the purgatory (trailing metadata ``kbroker-remote-ms``)."""
         if self.stream is None:
             self.stream = CallStream(self.channel.stream_stream(_EXCHANGE_METHOD),
-                                     StreamCallError, encode=_encode_call, decode=_decode_reply)
+                                     StreamCallError, encode=_encode_call, decode=_decode_reply,
+                                     not_sent=StreamCallError.not_sent)
         reply, response = await self.stream.call(
             (rpc, request.SerializeToString(), metadata), time_limit)
         if reply.status_code:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import socket
+from collections.abc import Sequence
 
 import grpc
 
@@ -107,6 +109,8 @@ class FrontendService:
         self._dispatcher: Dispatcher | None = None
         self._sasl: dict[str, SaslAuthenticatorConfig] = {}
         self._mapper = SslPrincipalMapper(config.ssl_principal_mapping_rules)
+        self._inherited = inherited_sockets(config.inherited_listeners)
+        self._compiling: asyncio.Task[None] | None = None
         self._connections: dict[asyncio.Task[None], Connection] = {}
         self._freed_memory = FreedMemoryRelease()
         # Bytes of requests held, shared by every connection (queued.max.request.bytes).
@@ -167,6 +171,9 @@ class FrontendService:
                 server.start_serving()
             else:
                 await server.start_serving()
+        # Serving first: a restarted frontend answers at once, the codecs follow.
+        self._compiling = asyncio.get_running_loop().create_task(
+            self._dispatcher.compile_schemas(), name="compile-schemas")
         for spec in specs:
             port = self.ports[spec.name]
             log.info("Kafka listener %s on %s:%d-%d, advertised as %s (+broker id)", spec.name,
@@ -181,6 +188,16 @@ class FrontendService:
         def factory() -> FrameChannel:
             return FrameChannel(max_frame_bytes, on_connect, self.memory)
 
+        inherited = self._inherited.pop(port, None) if port else None
+        if inherited is not None:
+            if spec.protocol.uses_tls:
+                assert self.ssl is not None
+                inherited.setblocking(False)
+                return TlsListener(inherited, self.ssl.current, factory,
+                                   self.config.authentication_timeout_ms / 1000,
+                                   FAILED_AUTHENTICATIONS.labels(spec.name, "SSL").inc)
+            return await asyncio.get_running_loop().create_server(
+                factory, sock=inherited, start_serving=False)
         if spec.protocol.uses_tls:
             assert self.ssl is not None
             return TlsListener.bind(
@@ -227,6 +244,8 @@ class FrontendService:
         if self._stopped:
             return
         self._stopped = True
+        if self._compiling is not None:
+            self._compiling.cancel()
         for server in self._servers:
             server.close()
         busy = []
@@ -249,6 +268,26 @@ class FrontendService:
         await self.cluster_view.stop()
         await self._pool.close()
         await self._grpc_server.stop(grace)
+
+
+def inherited_sockets(entries: Sequence[str]) -> dict[int, socket.socket]:
+    """``["9092=3", ...]`` -> the listening socket of each port, from the inherited file
+    descriptors. Raises ValueError for a malformed entry or a descriptor that is not a
+    listening TCP socket."""
+    sockets: dict[int, socket.socket] = {}
+    for entry in entries:
+        port, sep, fd = entry.strip().partition("=")
+        if not sep or not port.isdigit() or not fd.isdigit():
+            raise ValueError(f"inherited listener {entry!r} is not port=fd")
+        try:
+            sock = socket.socket(fileno=int(fd))
+        except OSError as e:
+            raise ValueError(f"inherited listener {entry!r}: {e.strerror or e}") from None
+        if sock.type != socket.SOCK_STREAM or not sock.getsockopt(socket.SOL_SOCKET,
+                                                                   socket.SO_ACCEPTCONN):
+            raise ValueError(f"inherited listener {entry!r} is not a listening TCP socket")
+        sockets[int(port)] = sock
+    return sockets
 
 
 async def start(config: FrontendConfig) -> FrontendService:

@@ -11,6 +11,7 @@ turned into the cache's domain snapshot here.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -23,6 +24,7 @@ from kbroker.replicator.v1 import replicator_pb2, replicator_pb2_grpc
 from services.common.acls import AclBinding
 from services.common.call_streams import CallStream
 from services.common.channels import PLAINTEXT, internal_channel
+from services.common.outages import OutageLog
 from services.common.tls import InternalTls
 
 from .collaborators import CallError, OutcomeUnknownError, UnreachableError
@@ -36,6 +38,8 @@ from .metadata_cache import (
 )
 from .metrics import PURGATORY_WAIT_SECONDS, PURGATORY_WAITS
 from .topic_identity import canonical_topic_id
+
+log = logging.getLogger(__name__)
 
 # Words gRPC uses when a connection could not be established (so the call was never sent).
 _CONNECT_FAILURES = (
@@ -210,8 +214,11 @@ class LogNodeClients:
         stream = self._append_streams.get(node.address)
         if stream is None:
             peer = _peer(node)
-            stream = CallStream(self._stub(node).AppendStream,
-                                lambda code, details: status_failure(code, details, peer))
+            stream = CallStream(
+                self._stub(node).AppendStream,
+                lambda code, details: status_failure(code, details, peer),
+                not_sent=lambda code, details: UnreachableError(
+                    f"{peer}: {code.name}: {details} (the append was not sent)"))
             self._append_streams[node.address] = stream
         return stream
 
@@ -299,6 +306,17 @@ class PurgatoryClient:
         self._address = address
         self._channel = internal_channel(address, tls, "purgatory")
         self._stub = purgatory_pb2_grpc.PurgatoryStub(self._channel)
+        # Its callers answer or retry each failure quietly: the outage is logged here, once.
+        self._outages = OutageLog(log, f"the purgatory at {address}")
+
+    async def _call(self, method: Any, request: Any, time_limit: float) -> Any:
+        try:
+            answer = await _call(method, request, time_limit, self._address)
+        except CallError as exc:
+            self._outages.failed(exc)
+            raise
+        self._outages.succeeded()
+        return answer
 
     async def wait(self, kind: purgatory_pb2.OperationKind.ValueType,
                    thresholds: Mapping[str, int], require_all: bool,
@@ -309,8 +327,8 @@ class PurgatoryClient:
         started = time.perf_counter()
         outcome = "unavailable"
         try:
-            response = await _call(self._stub.Await, request,
-                                   timeout_ms / 1000 + PURGATORY_GRACE_S, self._address)
+            response = await self._call(self._stub.Await, request,
+                                        timeout_ms / 1000 + PURGATORY_GRACE_S)
             completed = response.outcome == purgatory_pb2.OUTCOME_COMPLETED
             outcome = "completed" if completed else "expired"
             return response
@@ -326,28 +344,32 @@ class PurgatoryClient:
         request = purgatory_pb2.CheckAndCompleteRequest(keys=[
             purgatory_pb2.KeyState(key=key, position=position)
             for key, position in positions.items()])
-        await _call(self._stub.CheckAndComplete, request, SESSION_TIMER_TIMEOUT_S,
-                    self._address)
+        await self._call(self._stub.CheckAndComplete, request, SESSION_TIMER_TIMEOUT_S)
 
     async def schedule(self, deadlines: Mapping[str, int]) -> None:
         request = purgatory_pb2.ScheduleRequest(deadlines=[
             purgatory_pb2.Deadline(key=key, timeout_ms=timeout)
             for key, timeout in deadlines.items()])
-        await _call(self._stub.Schedule, request, SESSION_TIMER_TIMEOUT_S, self._address)
+        await self._call(self._stub.Schedule, request, SESSION_TIMER_TIMEOUT_S)
 
     async def unschedule(self, keys: Sequence[str]) -> None:
-        await _call(self._stub.Unschedule, purgatory_pb2.UnscheduleRequest(keys=list(keys)),
-                    SESSION_TIMER_TIMEOUT_S, self._address)
+        await self._call(self._stub.Unschedule, purgatory_pb2.UnscheduleRequest(keys=list(keys)),
+                         SESSION_TIMER_TIMEOUT_S)
 
     async def armed(self, keys: Sequence[str]) -> set[str]:
-        response = await _call(self._stub.Armed, purgatory_pb2.ArmedRequest(keys=list(keys)),
-                               SESSION_TIMER_TIMEOUT_S, self._address)
+        response = await self._call(self._stub.Armed, purgatory_pb2.ArmedRequest(keys=list(keys)),
+                                    SESSION_TIMER_TIMEOUT_S)
         return set(response.keys)
 
     async def watch_expirations(self) -> AsyncIterator[list[str]]:
         call = self._stub.WatchExpirations(purgatory_pb2.WatchExpirationsRequest())
-        async for message in _follow(call, self._address):
-            yield list(message.keys)
+        try:
+            async for message in _follow(call, self._address):
+                self._outages.succeeded()
+                yield list(message.keys)
+        except CallError as exc:
+            self._outages.failed(exc)
+            raise
 
     async def close(self) -> None:
         await self._channel.close()

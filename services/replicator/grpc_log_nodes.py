@@ -23,6 +23,8 @@ LOG_SERVICE_NAME = log_pb2.DESCRIPTOR.services_by_name["LogService"].full_name
 
 # Creating or deleting replicas touches a few files; anything slower is a sick node.
 CALL_TIMEOUT = 10.0
+# Between the probes of a node whose health stream broke (see GrpcLogNodes.wait_exit).
+EXIT_PROBE_PAUSE = 0.02
 
 
 class GrpcLogNodes:
@@ -46,6 +48,52 @@ class GrpcLogNodes:
         if reply.status == health_pb2.HealthCheckResponse.SERVING:
             return NodeHealth.SERVING
         return NodeHealth.LOG_DIR_FAILED
+
+    async def wait_exit(self, node_id: NodeId) -> None:
+        """Return once the process of ``node_id`` has certainly exited: the health stream held
+        open to it broke (or could not be opened) and a new connection was refused.
+
+        Refused is proof: nothing listens on the node's port any more. A node that hangs (a
+        stopped or overloaded process) still accepts connections, so it never returns here;
+        the session timeout of the periodic checks is for that case."""
+        stub = self._health.get(node_id)
+        if stub is None:
+            await asyncio.Event().wait()  # an unknown node never exits
+        request = health_pb2.HealthCheckRequest(service=LOG_SERVICE_NAME)
+        loop = asyncio.get_running_loop()
+        while True:
+            opened = loop.time()
+            call = stub.Watch(request)
+            try:
+                async for _ in call:
+                    pass
+            except grpc.aio.AioRpcError as e:
+                if _refused(e):
+                    return
+            finally:
+                call.cancel()
+            if await self._refuses(stub, request):
+                return
+            if loop.time() - opened < self._health_timeout:
+                await asyncio.sleep(self._health_timeout)  # never spin on a failing stream
+
+    async def _refuses(self, stub: health_pb2_grpc.HealthStub,
+                       request: health_pb2.HealthCheckRequest) -> bool:
+        """Whether a node whose stream just broke refuses new connections: probed until it
+        refuses, answers, or does not answer in time, for up to the health timeout (the first
+        calls may still fail on the connection that is closing)."""
+        deadline = asyncio.get_running_loop().time() + self._health_timeout
+        while asyncio.get_running_loop().time() < deadline:
+            try:
+                await stub.Check(request, timeout=self._health_timeout)
+                return False
+            except grpc.aio.AioRpcError as e:
+                if _refused(e):
+                    return True
+                if e.code() != grpc.StatusCode.UNAVAILABLE:
+                    return False
+            await asyncio.sleep(EXIT_PROBE_PAUSE)
+        return False
 
     async def create_partitions(
         self, node_id: NodeId, specs: Sequence[log_pb2.PartitionSpec]
@@ -139,6 +187,12 @@ class GrpcLogNodes:
 
     async def close(self) -> None:
         await asyncio.gather(*(c.close() for c in self._channels.values()))
+
+
+def _refused(error: grpc.aio.AioRpcError) -> bool:
+    """The call could not connect because the peer refused the connection."""
+    return (error.code() == grpc.StatusCode.UNAVAILABLE
+            and "connection refused" in (error.details() or "").lower())
 
 
 def _failed(reply: Any) -> list[log_pb2.PartitionError]:

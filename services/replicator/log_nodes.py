@@ -119,7 +119,8 @@ class NodeHealth(enum.Enum):
 
 class LogNodes(Protocol):
     """The LogService calls the replicator makes, by node. The controller's: ``health`` (see
-    :class:`NodeHealth`), creating replicas (with their
+    :class:`NodeHealth`), ``wait_exit`` (a definite death, for fencing without waiting for the
+    session timeout), creating replicas (with their
     state, if given; existing ones are confirmed), deleting them (unknown ones are no error),
     replacing their topic configs. Replication's: long-poll reads up to the log end, follower
     appends, high watermarks, replica states, descriptions, OffsetForLeaderEpoch for (topic,
@@ -127,6 +128,11 @@ class LogNodes(Protocol):
     continue empty there)."""
 
     async def health(self, node_id: NodeId) -> NodeHealth: ...
+
+    async def wait_exit(self, node_id: NodeId) -> None:
+        """Return once the node's process has certainly exited (its port refuses connections
+        after a stream to it broke); a hung node never returns here."""
+        ...
 
     async def create_partitions(self, node_id: NodeId, specs: Sequence[log_pb2.PartitionSpec]
                                 ) -> list[log_pb2.PartitionError]: ...

@@ -251,3 +251,26 @@ def test_failed_calls_are_counted_under_their_code():
             await server.stop(0)
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_health_watch_streams_status_changes_through_the_metrics_interceptor():
+    """Health's Watch writes with context.write instead of yielding: the server metrics
+    wrap it as such, and a watcher sees the status and each change."""
+    async def main() -> None:
+        server, port, health = await create_server("test", [ServiceBinding(
+            SERVICE, purgatory_pb2_grpc.add_PurgatoryServicer_to_server, Counting())])
+        channel = insecure_channel(f"127.0.0.1:{port}")
+        try:
+            call = health_pb2_grpc.HealthStub(channel).Watch(
+                health_pb2.HealthCheckRequest(service=SERVICE))
+            first = await asyncio.wait_for(call.read(), 5)
+            assert first.status == health_pb2.HealthCheckResponse.SERVING
+            await health.set(SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
+            second = await asyncio.wait_for(call.read(), 5)
+            assert second.status == health_pb2.HealthCheckResponse.NOT_SERVING
+            call.cancel()
+        finally:
+            await channel.close()
+            await server.stop(0)
+
+    asyncio.run(main())

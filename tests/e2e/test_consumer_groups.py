@@ -45,7 +45,10 @@ def create_topic(bootstrap: str, name: str, partitions: int = PARTITIONS) -> Non
 
 def produce(bootstrap: str, topic: str, count: int, partitions: int = PARTITIONS,
             start: int = 0) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    # Idempotent: a retry across a leader failover must not store a batch twice (the
+    # offsets are checked exactly).
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5,
+                         "enable.idempotence": True})
     for i in range(start, start + count):
         producer.produce(topic, value=str(i).encode(), partition=i % partitions)
     assert producer.flush(30) == 0

@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from kbroker.kafka.v1 import kafka_pb2 as k
-from services.frontend.handler_pool import HandlerCallError, HandlerPool
+from services.frontend.handler_pool import HandlerCallError, HandlerPool, StreamCallError
 
 from .fake_handler import FakeHandler
 
@@ -78,3 +78,14 @@ def test_a_static_list_is_used_in_the_order_given() -> None:
             await pool.close()
 
     asyncio.run(main())
+
+
+def test_a_request_a_handler_stream_refused_to_take_never_reached_it() -> None:
+    """Sent or not is what decides a retry elsewhere: a request the stream refused to take
+    never reached the handler, whatever gRPC's wording; one that was sent and then lost the
+    connection did (its outcome is unknown)."""
+
+    assert StreamCallError.not_sent(grpc.StatusCode.UNAVAILABLE, "Socket closed").never_reached
+    assert not StreamCallError(grpc.StatusCode.UNAVAILABLE, "Socket closed").never_reached
+    assert StreamCallError(grpc.StatusCode.UNAVAILABLE,
+                           "failed to connect to all addresses").never_reached

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import os
+import socket
 import struct
 from collections.abc import AsyncIterator
 
@@ -491,5 +493,43 @@ def test_group_requests_safe_to_repeat_are_retried_on_another_handler(
             assert ErrorCode.coordinator_not_available not in {
                 getattr(response, "error_code", ErrorCode.none)}
             await wire.close()
+
+    asyncio.run(main())
+
+
+def test_a_frontend_serves_inherited_sockets_and_a_restart_refuses_no_connection() -> None:
+    """With the Kafka socket handed down (as the local launcher does), a frontend serves it
+    without binding; once that frontend stopped, a connection still waits in the socket's
+    queue (the launcher keeps it) and the next frontend on the same socket answers it."""
+    async def main() -> None:
+        held = socket.create_server(("127.0.0.1", 0), backlog=64)
+        port = held.getsockname()[1]
+        handler = FakeHandler()
+        await handler.start()
+
+        def config() -> FrontendConfig:  # each frontend gets its own copy of the socket
+            return FrontendConfig(listen_port=port, grpc_address="127.0.0.1:0",
+                                  handlers=(handler.address,),
+                                  inherited_listeners=(f"{port}={os.dup(held.fileno())}",))
+        try:
+            first = await start(config())
+            assert first.kafka_port == port
+            wire = await KafkaWire.connect(port)
+            await wire.send(encode_request(ApiVersionsRequestV0(), correlation_id=1))
+            assert (await wire.read_response(ApiVersionsResponseV0, False))[0] == 1
+            await first.stop(0)
+
+            waiting = await KafkaWire.connect(port)  # no frontend: queued, not refused
+            await waiting.send(encode_request(ApiVersionsRequestV0(), correlation_id=2))
+            second = await start(config())
+            try:
+                correlation_id, response = await asyncio.wait_for(
+                    waiting.read_response(ApiVersionsResponseV0, False), 10)
+                assert correlation_id == 2 and response.error_code == ErrorCode.none
+            finally:
+                await second.stop(0)
+        finally:
+            held.close()
+            await handler.stop()
 
     asyncio.run(main())

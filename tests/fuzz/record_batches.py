@@ -20,7 +20,7 @@ from services.common.records.control_records import (
     build_end_transaction_batch,
     read_end_transaction_marker,
 )
-from services.common.records.record import Record, decode_records, encode_batch
+from services.common.records.record import Record, decode_records, encode_batch, iter_record_times
 from services.common.records.record_batch import (
     HEADER_SIZE,
     TRANSACTIONAL_BIT,
@@ -79,12 +79,14 @@ def check_records(data: bytes) -> None:
         batches = None
     if batches is not None:
         with contextlib.suppress(KafkaError):
-            check_keys(data, batches)
+            check_keys(data, batches, "fuzz-0")
     stored_batch_problem(data, 0, 0)  # a reason or None, never a raise
     for position, header in iter_batches(data):
         batch = memoryview(data)[position:position + header.size]
         with contextlib.suppress(RecordError):
             decode_records(batch, header)
+        with contextlib.suppress(RecordError):
+            list(iter_record_times(batch, header))
         if header.is_control:
             with contextlib.suppress(RecordError):
                 read_end_transaction_marker(batch, header)

@@ -15,7 +15,7 @@ from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from services.common.call_streams import CallStream
 from services.common.channels import insecure_channel
 from services.handler.clients import LogNodeClients, status_failure
-from services.handler.collaborators import CallError, OutcomeUnknownError, UnreachableError
+from services.handler.collaborators import OutcomeUnknownError, UnreachableError
 from services.handler.metadata_cache import LogNode
 from services.log.config import LogConfig
 from services.log.server import start
@@ -97,9 +97,11 @@ def test_a_log_node_going_away_fails_calls_then_a_new_stream_serves(tmp_path: Pa
             [first] = (await clients.append(node, append, 10.0)).results
             assert first.error_code == 0
             await service.stop(0)
-            # Nobody listens now: the call fails as a call to an unreachable node.
-            with pytest.raises(CallError):
-                await clients.append(node, append, 5.0)
+            # Nobody listens now: the call fails as a call to an unreachable node, which it
+            # provably never reached (the first one too, which may meet the closed connection).
+            for _ in range(3):
+                with pytest.raises(UnreachableError):
+                    await clients.append(node, append, 5.0)
             # The node comes back on the same port: the next call opens a new stream.
             service = await start(LogConfig(data_dir=config.data_dir,
                                              grpc_address=f"127.0.0.1:{port}"))
@@ -149,5 +151,47 @@ def test_a_call_without_an_answer_in_time_fails_with_outcome_unknown() -> None:
         finally:
             await channel.close()
             await server.stop(0)
+
+    run(main)
+
+
+
+def test_a_request_the_stream_refused_to_take_fails_as_not_sent() -> None:
+    """A stream that failed before it took the request (gRPC raises from the write: the
+    request was never handed to the transport) fails the call through ``not_sent``, however
+    gRPC worded the failure ("Socket closed" from a connection the peer's death closed is not
+    the wording of a refused connect): the handler then knows the append never happened."""
+
+    class DeadStream:
+        async def write(self, message: object) -> None:
+            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(),
+                                       grpc.aio.Metadata(), "Socket closed")
+
+        async def read(self) -> object:
+            await asyncio.sleep(0)
+            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(),
+                                       grpc.aio.Metadata(), "Socket closed")
+
+        def done(self) -> bool:
+            return False
+
+        def cancel(self) -> None:
+            pass
+
+    async def main() -> None:
+        stream = CallStream(DeadStream, lambda code, details: status_failure(code, details, "p"),
+                            not_sent=lambda code, details: UnreachableError(details))
+        try:
+            for _ in range(2):
+                with pytest.raises(UnreachableError):
+                    await stream.call(log_pb2.AppendStreamRequest(), 5.0)
+            # Without a not_sent of its own, the failure is the caller's failure_of.
+            plain = CallStream(DeadStream,
+                               lambda code, details: status_failure(code, details, "p"))
+            with pytest.raises(OutcomeUnknownError):
+                await plain.call(log_pb2.AppendStreamRequest(), 5.0)
+            await plain.close()
+        finally:
+            await stream.close()
 
     run(main)

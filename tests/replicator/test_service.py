@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import socket
+import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -16,7 +20,7 @@ from grpc_health.v1 import health_pb2
 from kbroker.replicator.v1 import replicator_pb2 as pb
 from services.common.errors import ErrorCode
 
-from .fake_log_node import SERVICE_NAME
+from .fake_log_node import SERVICE_NAME, FakeLogNode
 from .harness import Cluster, cluster, new_topic, wait_for
 
 OK = ErrorCode.none.value
@@ -323,24 +327,62 @@ def test_log_node_liveness_follows_health_checks(tmp_path: Path):
     asyncio.run(scenario())
 
 
-def test_a_node_down_for_the_session_timeout_is_fenced_until_it_answers(tmp_path: Path):
-    """Not alive at the first failed check; fenced (its partitions' leaders move) only once
-    down for the session timeout; neither once it answers again."""
+def test_a_silent_node_is_fenced_only_after_the_session_timeout(tmp_path: Path):
+    """A node that accepts connections but never answers (a hung process: stopped or
+    overloaded) is not alive, and fenced only once silent for the session timeout."""
     async def scenario() -> None:
-        async with cluster(tmp_path, node_session_timeout_ms=600) as c:
-            def node(metadata: pb.ClusterMetadata, node_id: int) -> pb.LogNode:
-                return next(n for n in metadata.log_nodes if n.node_id == node_id)
-
-            assert not node(await c.metadata(), 2).fenced
-            await c.nodes[2].stop()
-            await wait_for(lambda: _not(c.node_alive(2)))
-            assert not node(await c.metadata(), 2).fenced  # 50 ms checks: well within 600 ms
-            await wait_for(lambda: _fenced(c, 2))
-            await c.nodes[2].start()
-            await wait_for(lambda: c.node_alive(2))
-            assert not node(await c.metadata(), 2).fenced
+        with _silent_listener() as port:
+            silent = FakeLogNode(2)
+            silent.port = port
+            c = Cluster(data_dir=tmp_path / "replicator",
+                        nodes=[FakeLogNode(0), FakeLogNode(1), silent],
+                        defaults={"node_session_timeout_ms": 2000})
+            for fake in c.nodes[:2]:
+                await fake.start()
+            started = time.monotonic()
+            await c.start_replicator()
+            try:
+                assert not await c.node_alive(2)
+                assert not await _fenced(c, 2)
+                await wait_for(lambda: _fenced(c, 2))
+                assert time.monotonic() - started >= 2.0
+            finally:
+                await c.stop_replicator()
+                for fake in c.nodes[:2]:
+                    await fake.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_node_whose_process_exited_is_fenced_at_once(tmp_path: Path):
+    """A node whose port refuses connections has exited: fenced without waiting for the
+    session timeout (an hour here), and no longer once it is back."""
+    async def scenario() -> None:
+        async with cluster(tmp_path, node_session_timeout_ms=3_600_000) as c:
+            (created,) = await c.create(new_topic("exits", 1, 3))
+            assert created.error_code == OK
+            (before,) = partitions_of(await c.metadata(), "exits")
+            await c.nodes[before.leader].stop()
+            await wait_for(lambda: _fenced(c, before.leader), within=5.0)
+            (after,) = partitions_of(await c.metadata(), "exits")
+            assert after.leader != before.leader
+            assert after.leader_epoch == before.leader_epoch + 1
+            assert before.leader not in after.isr
+            await c.nodes[before.leader].start()
+            await wait_for(lambda: c.node_alive(before.leader))
+            assert not await _fenced(c, before.leader)
+
+    asyncio.run(scenario())
+
+
+@contextlib.contextmanager
+def _silent_listener() -> Iterator[int]:
+    """A port whose connections the kernel accepts and nobody reads, as a stopped process's
+    are."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        yield listener.getsockname()[1]
 
 
 def test_a_node_reporting_a_failed_log_dir_is_fenced_at_once_until_it_serves_again(

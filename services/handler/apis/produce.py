@@ -334,8 +334,8 @@ class ProduceApi:
                     purgatory_pb2.OPERATION_KIND_PRODUCE, thresholds, require_all=True,
                     timeout_ms=max(timeout_ms, 0))
             states = {state.key: state for state in outcome.keys}
-        except CallError as exc:
-            log.warning("awaiting replication failed: %s", exc)
+        except CallError as exc:  # a purgatory outage is logged once, by its client
+            log.debug("awaiting replication failed: %s", exc)
             states = {}
         for key, slot in pending.items():
             state = states.get(key)

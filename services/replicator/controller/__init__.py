@@ -24,6 +24,7 @@ Not thread-safe: one event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -72,6 +73,8 @@ class Controller(ControllerCore):
         self.client_quotas = ClientQuotaControlManager(self)
         self._checked_once = False
         self._tasks: list[asyncio.Task[None]] = []
+        # Set when a log node exited: the next node check runs at once.
+        self._check_now = asyncio.Event()
 
     @classmethod
     async def open(
@@ -121,11 +124,15 @@ class Controller(ControllerCore):
         await self.when_idle(self.configs.resync)
 
     def start(self, node_check_interval: float, rebalance_interval: float | None) -> None:
-        """Check the log nodes every ``node_check_interval`` seconds and, unless
-        ``rebalance_interval`` is None, elect preferred leaders that often, until closed."""
+        """Check the log nodes every ``node_check_interval`` seconds, and at once when one
+        exits, and, unless ``rebalance_interval`` is None, elect preferred leaders that often,
+        until closed."""
         self._tasks.append(asyncio.create_task(
-            _every(node_check_interval, self.check_nodes, "log node check"),
-            name="log-node-checks"))
+            _every(node_check_interval, self.check_nodes, "log node check",
+                   wake=self._check_now), name="log-node-checks"))
+        self._tasks.append(asyncio.create_task(
+            self.cluster.watch_exits(self._check_now.set, node_check_interval),
+            name="log-node-exits"))
         if rebalance_interval is not None:
             self._tasks.append(asyncio.create_task(
                 _every(rebalance_interval, self.partitions.elect_preferred_leaders,
@@ -138,9 +145,17 @@ class Controller(ControllerCore):
         await super().close()
 
 
-async def _every(interval: float, work: Callable[[], Awaitable[object]], what: str) -> None:
+async def _every(interval: float, work: Callable[[], Awaitable[object]], what: str,
+                 wake: asyncio.Event | None = None) -> None:
+    """``work`` every ``interval`` seconds, and at once whenever ``wake`` is set."""
     while True:
-        await asyncio.sleep(interval)
+        if wake is None:
+            await asyncio.sleep(interval)
+        else:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await wake.wait()
+            wake.clear()
         try:
             await work()
         except Exception:  # the loop must survive any one bad round

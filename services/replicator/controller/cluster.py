@@ -13,6 +13,10 @@ that are configured rather than registered): which log nodes are alive, and whic
   replica on it is offline, so it is fenced at once, without waiting for the session timeout;
   it is not alive, so it gets no new replicas. Restarted with space, it answers SERVING and
   comes back as any restarted node does.
+- Exits: a node whose process certainly exited (the stream held open to it broke and its port
+  refuses connections, :meth:`LogNodes.wait_exit`) is fenced at the next check, without
+  waiting for the session timeout, as a Kafka controller fences a broker at once on its
+  controlled shutdown. A node that is only silent (stopped, overloaded) keeps the timeout.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from ..log_nodes import LogNodes, NodeHealth
 from ..metadata import LogNode, MetadataImage, NodeId
@@ -60,11 +64,14 @@ class ClusterControlManager:
         self._down_since: dict[NodeId, float] = {}
         # Nodes reporting a failed log directory.
         self._failed_log_dirs: set[NodeId] = set()
+        # Nodes whose process exited, since when: fenced unless a later check finds them back.
+        self._exited: dict[NodeId, float] = {}
 
     async def check(self) -> tuple[set[NodeId], set[NodeId]]:
         """Health-check every log node once and commit who is alive. Returns the nodes that
-        came alive, and the fenced nodes (down for the session timeout)."""
+        came alive, and the fenced nodes (down for the session timeout, or exited)."""
         nodes = self._core.image.log_nodes
+        started = time.monotonic()
         health = dict(zip((n.node_id for n in nodes), await asyncio.gather(
             *(self._client.health(n.node_id) for n in nodes)), strict=True))
         alive = {node_id: h is NodeHealth.SERVING for node_id, h in health.items()}
@@ -78,10 +85,13 @@ class ClusterControlManager:
         for node_id, ok in alive.items():
             if ok:
                 self._down_since.pop(node_id, None)
+                # An exit seen while this check ran may have come after the node answered.
+                if self._exited.get(node_id, now) < started:
+                    del self._exited[node_id]
             else:
                 self._down_since.setdefault(node_id, now)
         fenced = {n for n, since in self._down_since.items()
-                  if now - since >= self._session_timeout_s} | failed_dirs
+                  if now - since >= self._session_timeout_s or n in self._exited} | failed_dirs
         try:
             changed = await self._core.commit(lambda image: with_liveness(image, alive))
         except OSError:
@@ -91,6 +101,23 @@ class ClusterControlManager:
             log.info("log node %d (%s) is %s", node.node_id, node.address,
                      "alive" if node.alive else "not responding")
         return {n.node_id for n in changed if n.alive}, fenced
+
+    async def watch_exits(self, exited: Callable[[], None], pause_s: float) -> None:
+        """Watch every log node for the exit of its process (until cancelled): note each exit
+        and call ``exited``, so the controller checks the nodes at once. ``pause_s``: the wait
+        before watching a node again after its exit (it refuses until it restarts)."""
+
+        async def watch(node: LogNode) -> None:
+            while True:
+                await self._client.wait_exit(node.node_id)
+                if node.node_id not in self._exited:
+                    log.warning("log node %d (%s) exited: its port refuses connections",
+                                node.node_id, node.address)
+                    self._exited[node.node_id] = time.monotonic()
+                    exited()
+                await asyncio.sleep(pause_s)
+
+        await asyncio.gather(*(watch(n) for n in self._core.image.log_nodes))
 
     async def mark_fenced(self, fenced: Collection[NodeId]) -> None:
         """Mark the ``fenced`` nodes so in the image, once their partitions have moved: clients
