@@ -39,10 +39,12 @@ class Route:
 
 
 def locate(metadata: ClusterMetadata, topic: TopicInfo | None, partition: int,
-           current_leader_epoch: int = NO_EPOCH) -> Route:
+           current_leader_epoch: int = NO_EPOCH, broker_id: int | None = None) -> Route:
     """The route to ``partition`` of ``topic``; raises KafkaError when it cannot be served,
     or when the client's ``current_leader_epoch`` is not the leader's
-    (:func:`leader_epoch_error`)."""
+    (:func:`leader_epoch_error`). With ``broker_id`` (the broker the client sent the request
+    to), a partition that broker does not lead is NOT_LEADER_OR_FOLLOWER, as a Kafka broker
+    answers it."""
     if topic is None:
         raise KafkaError(ErrorCode.unknown_topic_or_partition)
     info = topic.partitions.get(partition)
@@ -53,6 +55,12 @@ def locate(metadata: ClusterMetadata, topic: TopicInfo | None, partition: int,
         raise KafkaError(
             ErrorCode.not_leader_or_follower,
             f"no live leader for {topic.name}-{partition}",
+        )
+    if broker_id is not None and info.leader != broker_id:
+        raise KafkaError(
+            ErrorCode.not_leader_or_follower,
+            f"broker {broker_id} is not the leader of {topic.name}-{partition} "
+            f"(broker {info.leader} is)",
         )
     epoch_error = leader_epoch_error(current_leader_epoch, info.leader_epoch)
     if epoch_error is not None:

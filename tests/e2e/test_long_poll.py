@@ -23,9 +23,18 @@ from .wire import encode_request, read_response
 MAX_WAIT_MS = 800
 
 
-def connect(cluster) -> socket.socket:
+def connect(cluster, topic: str | None = None, partition: int = 0) -> socket.socket:
+    """A connection to broker 0 or, given a topic, to the broker leading its ``partition``
+    (broker N is served on the bootstrap port + N): a Produce is appended only there."""
     host, port = cluster.bootstrap.split(":")
-    return socket.create_connection((host, int(port)), timeout=15)
+    broker = 0
+    if topic is not None:
+        from confluent_kafka.admin import AdminClient
+
+        metadata = AdminClient({"bootstrap.servers": cluster.bootstrap}).list_topics(
+            topic, timeout=15)
+        broker = metadata.topics[topic].partitions[partition].leader
+    return socket.create_connection((host, int(port) + broker), timeout=15)
 
 
 def fetch_request(topic: str, offset: int, max_wait_ms: int) -> FetchRequest:

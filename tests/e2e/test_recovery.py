@@ -164,7 +164,8 @@ def test_a_produce_to_a_dead_leader_is_answered_not_leader_or_follower(cluster: 
     assert before is not None
     victim = f"log-{before.leader}"
     host, port = cluster.bootstrap.split(":")
-    with socket.create_connection((host, int(port)), timeout=15) as sock:
+    # To the leader's own broker port (broker N: the bootstrap port + N), as a client sends it.
+    with socket.create_connection((host, int(port) + before.leader), timeout=15) as sock:
 
         def produce_one(correlation_id: int) -> int:
             """A raw acks=1 Produce: the broker's error code for the partition."""

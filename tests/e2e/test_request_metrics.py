@@ -135,7 +135,7 @@ def raw_produce(sock: socket.socket, topic: str, partition: int, records: bytes,
 def test_bytes_in_and_out_per_topic_are_the_record_batches(cluster, topic_name):
     create_topic(cluster.bootstrap, topic_name, partitions=1)
     batches = [record_batch([b"value-%d" % i] * (i + 1)) for i in range(3)]
-    with connect(cluster) as sock:
+    with connect(cluster, topic_name) as sock:
         for i, batch in enumerate(batches):
             assert raw_produce(sock, topic_name, 0, batch, i) == 0
         sock.sendall(encode_request(fetch_request(topic_name, 0, 0), 10))
@@ -154,7 +154,7 @@ def test_error_responses_are_counted_per_code(cluster, topic_name):
     create_topic(cluster.bootstrap, topic_name, partitions=1)
     unknown = "3"  # UNKNOWN_TOPIC_OR_PARTITION
     before = scrape(cluster, "frontend")
-    with connect(cluster) as sock:
+    with connect(cluster, topic_name) as sock:
         for i in range(2):
             assert raw_produce(sock, topic_name, 7, record_batch([b"nowhere"]), i) == 3
         assert raw_produce(sock, topic_name, 0, record_batch([b"fine"]), 9) == 0

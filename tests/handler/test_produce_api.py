@@ -199,3 +199,22 @@ def test_acks_all_without_a_purgatory_times_out():
     response, _, _ = serve(request(("t", [0]), acks=-1), cluster(topic("t")), log_nodes,
                            FakePurgatory(UnreachableError("down")))
     assert outcome(response) == [("t", 0, 7, -1)]
+
+
+def test_a_partition_is_appended_only_at_the_broker_that_leads_it():
+    """Sent to broker 0, t-1 (led by 1) is NOT_LEADER_OR_FOLLOWER and not appended, as a Kafka
+    broker answers; t-0 (led by 0) is appended. Without a broker id (a port that names none)
+    both are routed to their leaders."""
+    snapshot = cluster(topic("t", 2, leaders=[0, 1]), nodes=(0, 1))
+    api_context = RequestContext(advertised_host="localhost", advertised_port=9092, broker_id=0)
+    log_nodes = FakeLogNodes()
+    api = ProduceApi(cache_of(snapshot), log_nodes, FakePurgatory())
+    response = asyncio.run(api.handle(request(("t", [0, 1])), api_context))
+    assert [(p.index, p.error_code) for p in response.responses[0].partition_responses] == [
+        (0, 0), (1, 6)]
+    assert "broker 1 is" in response.responses[0].partition_responses[1].error_message
+    appended = [(a.topic, a.partition) for kind, _, appends in log_nodes.calls
+                if kind == "append" for a in appends]
+    assert appended == [("t", 0)]
+    response, _, _ = serve(request(("t", [0, 1])), snapshot)
+    assert [p.error_code for p in response.responses[0].partition_responses] == [0, 0]

@@ -38,6 +38,12 @@ grouped per leader node, one Append per node, the nodes concurrently.
 - Idempotent producers (batches with a producer id): the leader checks epochs and sequences.
   A retried batch it already stored is answered with its original base offset and no error;
   OUT_OF_ORDER_SEQUENCE_NUMBER and INVALID_PRODUCER_EPOCH come back as the leader gives them.
+- A partition is appended only at the broker that leads it: sent to another broker (the port
+  the client used names it), it is NOT_LEADER_OR_FOLLOWER, as Kafka answers, so the client
+  refreshes its metadata. Routing it to the leader anyway would reorder it against an earlier
+  request refused at the old leader: the leader answers OUT_OF_ORDER_SEQUENCE_NUMBER, and
+  librdkafka then bumps its epoch and sends again, under new sequence numbers, records whose
+  outcome it did not know (duplicates).
 - A leader that cannot be reached: NOT_LEADER_OR_FOLLOWER when nothing was appended (the client
   refreshes metadata and retries), REQUEST_TIMED_OUT when the append may have happened.
 - acks=-1: the write is acknowledged once the high watermark passes its last offset, i.e.
@@ -200,7 +206,11 @@ class ProduceApi:
                     slot.response = _failed(p.index, denied)
                     continue
                 try:
-                    route = locate(metadata, info, p.index)
+                    # Only at the leader's broker: a request that reached the new leader
+                    # behind one its old leader refused would skip that one's sequence
+                    # numbers, and an idempotent client answered OUT_OF_ORDER_SEQUENCE_NUMBER
+                    # bumps its epoch and sends again what may already be stored.
+                    route = locate(metadata, info, p.index, broker_id=context.broker_id)
                 except KafkaError as exc:
                     code = exc.errno
                     if info is None and not topic.name and topic.topic_id:
