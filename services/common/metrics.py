@@ -43,6 +43,11 @@ from kbroker.metrics.v1 import metrics_pb2, metrics_pb2_grpc
 METRICS_ENABLED = os.environ.get("KBROKER_METRICS_ENABLED", "true").strip().lower() not in (
     "0", "false", "no", "off")
 
+# No `<name>_created` series: the event-loop counters and the collectors have none, so
+# prometheus_client's counters and histograms go without theirs too (one rule for every family;
+# a restart shows as counters back at zero, and gRPC snapshots carry the process start).
+prometheus_client.disable_created_metrics()
+
 
 class NullMetric:
     """A Counter, Gauge or Histogram (with or without labels) that records nothing: what the
@@ -197,15 +202,15 @@ LATENCY_BUCKETS = (
 )
 
 GRPC_STARTED = LoopCounter(
-    "grpc_server_started_total", "RPCs started on the server.",
+    "kbroker_grpc_server_started_total", "RPCs started on the server.",
     ["grpc_service", "grpc_method", "grpc_type"],
 )
 GRPC_HANDLED = LoopCounter(
-    "grpc_server_handled_total", "RPCs completed on the server, by status code.",
+    "kbroker_grpc_server_handled_total", "RPCs completed on the server, by status code.",
     ["grpc_service", "grpc_method", "grpc_type", "grpc_code"],
 )
 GRPC_SECONDS = LoopHistogram(
-    "grpc_server_handling_seconds", "Time to handle an RPC on the server.",
+    "kbroker_grpc_server_handling_seconds", "Time to handle an RPC on the server.",
     ["grpc_service", "grpc_method", "grpc_type"], buckets=LATENCY_BUCKETS,
 )
 

@@ -41,7 +41,7 @@ def test_list_describe_and_call(cluster, name):
     assert expected <= listed
     health = json.loads(grpcurl("-d", '{"service": ""}', address, "grpc.health.v1.Health/Check"))
     assert health == {"status": "SERVING"}
-    snapshot = json.loads(grpcurl("-d", '{"prefixes": ["grpc_server"]}', address,
+    snapshot = json.loads(grpcurl("-d", '{"prefixes": ["kbroker_grpc_server"]}', address,
                                   "kbroker.metrics.v1.Metrics/Snapshot"))
     assert snapshot["families"]
 
