@@ -261,11 +261,13 @@ class MetricsServicer(metrics_pb2_grpc.MetricsServicer):
         self._instance = instance
 
     async def Snapshot(self, request, context):
-        return snapshot(self._service, self._instance, list(request.prefixes))
+        return snapshot(self._service, self._instance, list(request.prefixes),
+                        list(request.names), request.drop_empty)
 
     async def Stream(self, request, context):
         interval = stream_interval_seconds(request.interval_ms)
         prefixes = list(request.prefixes)
+        names = list(request.names)
         after = request.after
         reset = False
         if after.process_id:
@@ -278,7 +280,7 @@ class MetricsServicer(metrics_pb2_grpc.MetricsServicer):
         loop = asyncio.get_running_loop()
         due = loop.time()
         while True:
-            out = snapshot(self._service, self._instance, prefixes)
+            out = snapshot(self._service, self._instance, prefixes, names, request.drop_empty)
             out.reset = reset
             reset = False
             yield out
@@ -289,22 +291,70 @@ class MetricsServicer(metrics_pb2_grpc.MetricsServicer):
             await asyncio.sleep(due - loop.time())
 
 
-def snapshot(service: str, instance: str, prefixes: list[str]) -> metrics_pb2.MetricsSnapshot:
-    """Every family of the registry (whose name starts with one of ``prefixes``, when given),
-    with the next cursor of this process."""
+def snapshot(service: str, instance: str, prefixes: Sequence[str] = (),
+             names: Sequence[str] = (), drop_empty: bool = False,
+             ) -> metrics_pb2.MetricsSnapshot:
+    """The families of the registry a reader asked for (see :func:`wanted`), each with only
+    its non-empty series when ``drop_empty`` (see :func:`non_empty_samples`), with the next
+    cursor of this process."""
     out = metrics_pb2.MetricsSnapshot(
         service=service, instance=instance, timestamp_ms=int(time.time() * 1000),
         process_start_ms=PROCESS_START_MS,
     )
     out.cursor.process_id = PROCESS_ID
     out.cursor.sequence = SEQUENCE.next()
+    wanted_names = frozenset(names)
     for family in REGISTRY.collect():
-        if prefixes and not any(family.name.startswith(p) for p in prefixes):
+        if not wanted(family.name, family.type, prefixes, wanted_names):
+            continue
+        samples = non_empty_samples(family.type, family.samples) if drop_empty \
+            else family.samples
+        if drop_empty and not samples:
             continue
         fam = out.families.add(name=family.name, type=family.type, help=family.documentation)
-        for s in family.samples:
+        for s in samples:
             fam.samples.add(name=s.name, labels=dict(s.labels), value=float(s.value))
     return out
+
+
+def wanted(name: str, kind: str, prefixes: Sequence[str], names: frozenset[str]) -> bool:
+    """Whether family ``name`` (of type ``kind``) matches a prefix or one of ``names`` (a
+    counter also by its exposition name, with ``_total``); every family when both are
+    empty."""
+    if not prefixes and not names:
+        return True
+    if name in names or (kind == "counter" and f"{name}_total" in names):
+        return True
+    return any(name.startswith(p) for p in prefixes)
+
+
+def non_empty_samples(kind: str, samples: Sequence[Any]) -> list[Any]:
+    """The samples of one family that carry something: gauges (and any other type) whole;
+    counters without their zero series; histograms and summaries without the label sets
+    that observed nothing, and histograms without the buckets no quantile needs (a bucket
+    stays if it observed something, or the bucket after it did, since its bound is that
+    bucket's lower bound; +Inf always stays). Sample order is kept."""
+    if kind == "counter":
+        return [s for s in samples if s.value != 0]
+    if kind not in ("histogram", "summary"):
+        return list(samples)
+    by_series: dict[frozenset[tuple[str, str]], list[Any]] = {}
+    for s in samples:
+        key = frozenset((k, v) for k, v in s.labels.items() if k not in ("le", "quantile"))
+        by_series.setdefault(key, []).append(s)
+    kept: set[int] = set()
+    for series in by_series.values():
+        if not any(s.name.endswith("_count") and s.value > 0 for s in series):
+            continue
+        buckets = [s for s in series if s.name.endswith("_bucket")]
+        kept.update(id(s) for s in series if not s.name.endswith("_bucket"))
+        counts = [b.value for b in buckets]
+        for i, bucket in enumerate(buckets):
+            before = counts[i - 1] if i else 0.0
+            after = counts[i + 1] if i + 1 < len(counts) else None
+            if after is None or counts[i] > before or after > counts[i]:
+                kept.add(id(bucket))
+    return [s for s in samples if id(s) in kept]
 
 
 class MetricsInterceptor(grpc.aio.ServerInterceptor):
