@@ -1,7 +1,17 @@
 """Metrics, in one place: the process's Prometheus registry, its HTTP exposition, the gRPC
 ``Metrics`` service over the same registry (``Snapshot`` and ``Stream``, see
-``proto/kbroker/metrics/v1/metrics.proto``), and gRPC server metrics in the usual names
-(grpc_server_started_total, grpc_server_handled_total, grpc_server_handling_seconds).
+``proto/kbroker/metrics/v1/metrics.proto``; a reader picks families by prefix or name and may
+leave out empty series), and gRPC server metrics in the usual names under the project's prefix
+(kbroker_grpc_server_started_total, kbroker_grpc_server_handled_total,
+kbroker_grpc_server_handling_seconds).
+
+Naming, for every service (tests/e2e/test_metric_names.py checks it on a live cluster): every
+family starts with ``kbroker_<service>_`` (``kbroker_grpc_server_`` here); the unit comes last (``_seconds``, ``_bytes``), then
+``_total`` for counters; no ``_created`` series; help texts name the Kafka JMX equivalent where
+there is one. Samples carry no ``job``/``instance``/``service`` labels: Prometheus attaches
+those to the scrape target, and gRPC snapshots carry ``service`` (frontend, handler, log,
+purgatory, replicator) and ``instance`` (``<service>-<n>`` locally, the pod name on
+Kubernetes).
 
 Every snapshot carries a cursor: this process's random id (drawn at import, i.e. at process
 start) and a sequence number shared by all snapshots the process takes, so a reader can tell a
