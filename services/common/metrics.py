@@ -6,12 +6,12 @@ leave out empty series), and gRPC server metrics in the usual names under the pr
 kbroker_grpc_server_handling_seconds).
 
 Naming, for every service (tests/e2e/test_metric_names.py checks it on a live cluster): every
-family starts with ``kbroker_<service>_`` (``kbroker_grpc_server_`` here); the unit comes last (``_seconds``, ``_bytes``), then
-``_total`` for counters; no ``_created`` series; help texts name the Kafka JMX equivalent where
-there is one. Samples carry no ``job``/``instance``/``service`` labels: Prometheus attaches
-those to the scrape target, and gRPC snapshots carry ``service`` (frontend, handler, log,
-purgatory, replicator) and ``instance`` (``<service>-<n>`` locally, the pod name on
-Kubernetes).
+family starts with ``kbroker_<service>_`` (``kbroker_grpc_server_`` here); the unit comes last
+(``_seconds``, ``_bytes``), then ``_total`` for counters; no ``_created`` series; help texts
+name the Kafka JMX equivalent where there is one. Samples carry no ``job``, ``instance`` or
+``service`` labels: Prometheus attaches those to the scrape target, and gRPC snapshots carry
+``service`` (frontend, handler, log, purgatory, replicator) and ``instance`` (``<service>-<n>``
+locally, the pod name on Kubernetes).
 
 Every snapshot carries a cursor: this process's random id (drawn at import, i.e. at process
 start) and a sequence number shared by all snapshots the process takes, so a reader can tell a
