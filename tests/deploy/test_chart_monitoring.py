@@ -77,7 +77,7 @@ def test_alerts_pass_promtool_and_cover_what_a_kafka_operator_watches(tmp_path: 
     alerts = {r["alert"]: r for g in groups for r in g["rules"]}
     assert {"KbrokerUnderReplicatedPartitions", "KbrokerOfflinePartitions",
             "KbrokerIsrShrinking", "KbrokerRequestLatencyHigh", "KbrokerPurgatoryGrowing",
-            "KbrokerLogDiskNearlyFull", "KbrokerNoActiveReplicator",
+            "KbrokerLogDiskNearlyFull", "KbrokerLogDirOffline", "KbrokerNoActiveReplicator",
             "KbrokerHandlerErrorRate"} <= alerts.keys()
     for alert in alerts.values():
         assert alert["labels"]["severity"] in ("warning", "critical")
