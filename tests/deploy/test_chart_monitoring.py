@@ -154,3 +154,86 @@ def test_spread_constraints_can_be_set_per_role_or_switched_off() -> None:
     assert [c["topologyKey"] for c in pods["handler"]["topologySpreadConstraints"]] \
         == ["kubernetes.io/hostname"]
     assert not [r for r, p in pods.items() if r != "handler" and "topologySpreadConstraints" in p]
+
+
+# Series as the PodMonitors label them, for the alert unit tests.
+TARGET = 'job="kb-kbroker", namespace="kbroker"'
+
+ALERT_CASES = {
+    # Offline partitions from minute 2: firing one minute later.
+    "offline": ([
+        (f'kbroker_replicator_offline_partitions{{{TARGET}, instance="r-0"}}', "0 0 2x20"),
+        (f'kbroker_replicator_offline_partitions{{{TARGET}, instance="r-1"}}', "0x22"),
+    ], [("1m", "KbrokerOfflinePartitions", []),
+        ("4m", "KbrokerOfflinePartitions", [{"severity": "critical"}])]),
+    # The active replicator steps down at minute 5; the standby never takes over.
+    "no active replicator": ([
+        (f'kbroker_replicator_active{{{TARGET}, instance="r-0"}}', "1x5 0x10"),
+        (f'kbroker_replicator_active{{{TARGET}, instance="r-1"}}', "0x15"),
+    ], [("4m", "KbrokerNoActiveReplicator", []),
+        ("8m", "KbrokerNoActiveReplicator", [{"severity": "critical"}]),
+        ("8m", "KbrokerSeveralActiveReplicators", [])]),
+    # No replicator scraped at all.
+    "no replicator": ([
+        ('kbroker_replicator_offline_partitions{job="other", namespace="kbroker"}', "0x10"),
+    ], [("5m", "KbrokerNoActiveReplicator",
+         [{"severity": "critical", "job": "kb-kbroker", "namespace": "kbroker"}])]),
+    # Long-poll fetches hold a steady, large count: no alarm. Parked produces keep growing.
+    "purgatory": ([
+        (f'kbroker_purgatory_pending_operations{{{TARGET}, kind="fetch"}}', "5000x60"),
+        (f'kbroker_purgatory_pending_operations{{{TARGET}, kind="produce"}}', "1000+100x60"),
+    ], [("45m", "KbrokerPurgatoryGrowing", [{"severity": "warning", "kind": "produce"}])]),
+    # Produce and Fetch both take 2.5-5 s; Fetch waits by design and is left out.
+    "latency": ([
+        *((f'kbroker_frontend_request_total_seconds_bucket{{{TARGET}, api="{api}", le="{le}"}}',
+           values) for api in ("Produce", "Fetch")
+          for le, values in (("2.5", "0x30"), ("5.0", "0+100x30"), ("+Inf", "0+100x30"))),
+    ], [("25m", "KbrokerRequestLatencyHigh", [{"severity": "warning", "api": "Produce"}])]),
+    # 10 of 110 Produce answers fail, 1 of 1001 Fetch answers.
+    "handler errors": ([
+        (f'kbroker_handler_requests_total{{{TARGET}, api="Produce", error_code="0"}}',
+         "0+100x30"),
+        (f'kbroker_handler_requests_total{{{TARGET}, api="Produce", error_code="6"}}',
+         "0+10x30"),
+        (f'kbroker_handler_requests_total{{{TARGET}, api="Fetch", error_code="0"}}',
+         "0+1000x30"),
+        (f'kbroker_handler_requests_total{{{TARGET}, api="Fetch", error_code="1"}}', "0+1x30"),
+    ], [("25m", "KbrokerHandlerErrorRate", [{"severity": "warning", "api": "Produce"}])]),
+    # log-1's disk fills up; log-0's directory failed.
+    "disks": ([
+        (f'kbroker_log_dir_total_bytes{{{TARGET}, instance="log-1", log_dir="/d"}}', "1000x20"),
+        (f'kbroker_log_dir_free_bytes{{{TARGET}, instance="log-1", log_dir="/d"}}',
+         "500-50x20"),
+        (f'kbroker_log_dir_total_bytes{{{TARGET}, instance="log-0", log_dir="/d"}}', "1000x20"),
+        (f'kbroker_log_dir_free_bytes{{{TARGET}, instance="log-0", log_dir="/d"}}', "900x20"),
+        (f'kbroker_log_offline_log_dirs{{{TARGET}, instance="log-0", log_dir="/d"}}', "0 1x19"),
+    ], [("6m", "KbrokerLogDiskNearlyFull", []),
+        ("15m", "KbrokerLogDiskNearlyFull",
+         [{"severity": "warning", "instance": "log-1", "log_dir": "/d"}]),
+        ("2m", "KbrokerLogDirOffline",
+         [{"severity": "critical", "instance": "log-0", "log_dir": "/d"}])]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ALERT_CASES))
+def test_alerts_fire_when_they_should_and_only_then(case: str, tmp_path: Path) -> None:
+    """promtool's rule unit tests over synthetic series (annotations left out: they are
+    templates of the value)."""
+    if PROMTOOL is None:
+        pytest.fail("promtool is missing: make test-deps installs it (Debian's prometheus)")
+    (rule,) = find(render(MONITORING), "PrometheusRule")
+    groups = [{**g, "rules": [{k: v for k, v in r.items() if k != "annotations"}
+                              for r in g["rules"]]} for g in rule["spec"]["groups"]]
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
+    series, expectations = ALERT_CASES[case]
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump({
+        "rule_files": ["rules.yaml"], "evaluation_interval": "1m",
+        "tests": [{"interval": "1m",
+                   "input_series": [{"series": s, "values": v} for s, v in series],
+                   "alert_rule_test": [{"eval_time": at, "alertname": name,
+                                        "exp_alerts": [{"exp_labels": labels}
+                                                       for labels in alerts]}
+                                       for at, name, alerts in expectations]}]}))
+    tested = subprocess.run([PROMTOOL, "test", "rules", "tests.yaml"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert tested.returncode == 0, tested.stdout + tested.stderr

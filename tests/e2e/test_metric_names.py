@@ -256,3 +256,10 @@ def test_every_metric_the_dashboard_and_alerts_use_is_served(scraped: Scrape) ->
     assert {"kbroker_frontend_request_phase_seconds_bucket",
             "kbroker_replicator_under_replicated_partitions",
             "kbroker_handler_requests_total"} <= used
+
+
+def test_the_replicator_reports_itself_active(scraped: Scrape) -> None:
+    """What the no-active-replicator alert adds up: 1 over the cluster."""
+    active = [s.value for f in scraped["replicator"] if f.name == "kbroker_replicator_active"
+              for s in f.samples]
+    assert active == [1.0]
