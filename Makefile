@@ -40,7 +40,8 @@ $(GEN): $(STAMP) $(PROTOS)
 run: venv
 	$(VENV)/bin/kbroker up
 
-# Things the end-to-end tests drive besides Python clients: kcat (Debian) and kafkajs (npm).
+# Things the tests drive besides Python clients: kcat and promtool (Debian's prometheus package,
+# for the chart's alerts) and kafkajs (npm).
 JS_STAMP := tests/clients/js/node_modules/.installed
 
 $(JS_STAMP): tests/clients/js/package-lock.json
@@ -49,6 +50,8 @@ $(JS_STAMP): tests/clients/js/package-lock.json
 
 test-deps: $(JS_STAMP)
 	@command -v kcat >/dev/null || { apt-get update -qq && apt-get install -y -qq kcat >/dev/null; }
+	@command -v promtool >/dev/null || { apt-get update -qq && \
+		apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 
 test: venv test-deps
 	$(PY) -m pytest -q -p no:cacheprovider tests

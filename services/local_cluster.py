@@ -265,7 +265,8 @@ class LocalCluster:
 
     def _plan(self) -> None:
         spec = self.spec
-        purgatory = self._add("purgatory", "services.purgatory", self._port(210))
+        purgatory = self._add("purgatory", "services.purgatory", self._port(210),
+                              instance="purgatory-0")
         log_nodes = [
             self._add(f"log-{i}", "services.log", self._port(110 + i), node_id=i,
                       data_dir=self.data_dir / f"log-{i}",
@@ -274,7 +275,7 @@ class LocalCluster:
                       cleaner_backoff_ms=spec.cleaner_backoff_ms)
             for i in range(spec.log_nodes)]
         replicator = self._add(
-            "replicator", "services.replicator", self._port(310),
+            "replicator", "services.replicator", self._port(310), instance="replicator-0",
             data_dir=self.data_dir / "replicator",
             log_nodes=",".join(f"{i}={node.grpc_address}" for i, node in enumerate(log_nodes)),
             num_partitions=spec.num_partitions,

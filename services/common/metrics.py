@@ -1,7 +1,17 @@
 """Metrics, in one place: the process's Prometheus registry, its HTTP exposition, the gRPC
 ``Metrics`` service over the same registry (``Snapshot`` and ``Stream``, see
-``proto/kbroker/metrics/v1/metrics.proto``), and gRPC server metrics in the usual names
-(grpc_server_started_total, grpc_server_handled_total, grpc_server_handling_seconds).
+``proto/kbroker/metrics/v1/metrics.proto``; a reader picks families by prefix or name and may
+leave out empty series), and gRPC server metrics in the usual names under the project's prefix
+(kbroker_grpc_server_started_total, kbroker_grpc_server_handled_total,
+kbroker_grpc_server_handling_seconds).
+
+Naming, for every service (tests/e2e/test_metric_names.py checks it on a live cluster): every
+family starts with ``kbroker_<service>_`` (``kbroker_grpc_server_`` here); the unit comes last
+(``_seconds``, ``_bytes``), then ``_total`` for counters; no ``_created`` series; help texts
+name the Kafka JMX equivalent where there is one. Samples carry no ``job``, ``instance`` or
+``service`` labels: Prometheus attaches those to the scrape target, and gRPC snapshots carry
+``service`` (frontend, handler, log, purgatory, replicator) and ``instance`` (``<service>-<n>``
+locally, the pod name on Kubernetes).
 
 Every snapshot carries a cursor: this process's random id (drawn at import, i.e. at process
 start) and a sequence number shared by all snapshots the process takes, so a reader can tell a
@@ -42,6 +52,11 @@ from kbroker.metrics.v1 import metrics_pb2, metrics_pb2_grpc
 
 METRICS_ENABLED = os.environ.get("KBROKER_METRICS_ENABLED", "true").strip().lower() not in (
     "0", "false", "no", "off")
+
+# No `<name>_created` series: the event-loop counters and the collectors have none, so
+# prometheus_client's counters and histograms go without theirs too (one rule for every family;
+# a restart shows as counters back at zero, and gRPC snapshots carry the process start).
+prometheus_client.disable_created_metrics()
 
 
 class NullMetric:
@@ -197,15 +212,15 @@ LATENCY_BUCKETS = (
 )
 
 GRPC_STARTED = LoopCounter(
-    "grpc_server_started_total", "RPCs started on the server.",
+    "kbroker_grpc_server_started_total", "RPCs started on the server.",
     ["grpc_service", "grpc_method", "grpc_type"],
 )
 GRPC_HANDLED = LoopCounter(
-    "grpc_server_handled_total", "RPCs completed on the server, by status code.",
+    "kbroker_grpc_server_handled_total", "RPCs completed on the server, by status code.",
     ["grpc_service", "grpc_method", "grpc_type", "grpc_code"],
 )
 GRPC_SECONDS = LoopHistogram(
-    "grpc_server_handling_seconds", "Time to handle an RPC on the server.",
+    "kbroker_grpc_server_handling_seconds", "Time to handle an RPC on the server.",
     ["grpc_service", "grpc_method", "grpc_type"], buckets=LATENCY_BUCKETS,
 )
 
@@ -256,11 +271,13 @@ class MetricsServicer(metrics_pb2_grpc.MetricsServicer):
         self._instance = instance
 
     async def Snapshot(self, request, context):
-        return snapshot(self._service, self._instance, list(request.prefixes))
+        return snapshot(self._service, self._instance, list(request.prefixes),
+                        list(request.names), request.drop_empty)
 
     async def Stream(self, request, context):
         interval = stream_interval_seconds(request.interval_ms)
         prefixes = list(request.prefixes)
+        names = list(request.names)
         after = request.after
         reset = False
         if after.process_id:
@@ -273,7 +290,7 @@ class MetricsServicer(metrics_pb2_grpc.MetricsServicer):
         loop = asyncio.get_running_loop()
         due = loop.time()
         while True:
-            out = snapshot(self._service, self._instance, prefixes)
+            out = snapshot(self._service, self._instance, prefixes, names, request.drop_empty)
             out.reset = reset
             reset = False
             yield out
@@ -284,22 +301,70 @@ class MetricsServicer(metrics_pb2_grpc.MetricsServicer):
             await asyncio.sleep(due - loop.time())
 
 
-def snapshot(service: str, instance: str, prefixes: list[str]) -> metrics_pb2.MetricsSnapshot:
-    """Every family of the registry (whose name starts with one of ``prefixes``, when given),
-    with the next cursor of this process."""
+def snapshot(service: str, instance: str, prefixes: Sequence[str] = (),
+             names: Sequence[str] = (), drop_empty: bool = False,
+             ) -> metrics_pb2.MetricsSnapshot:
+    """The families of the registry a reader asked for (see :func:`wanted`), each with only
+    its non-empty series when ``drop_empty`` (see :func:`non_empty_samples`), with the next
+    cursor of this process."""
     out = metrics_pb2.MetricsSnapshot(
         service=service, instance=instance, timestamp_ms=int(time.time() * 1000),
         process_start_ms=PROCESS_START_MS,
     )
     out.cursor.process_id = PROCESS_ID
     out.cursor.sequence = SEQUENCE.next()
+    wanted_names = frozenset(names)
     for family in REGISTRY.collect():
-        if prefixes and not any(family.name.startswith(p) for p in prefixes):
+        if not wanted(family.name, family.type, prefixes, wanted_names):
+            continue
+        samples = non_empty_samples(family.type, family.samples) if drop_empty \
+            else family.samples
+        if drop_empty and not samples:
             continue
         fam = out.families.add(name=family.name, type=family.type, help=family.documentation)
-        for s in family.samples:
+        for s in samples:
             fam.samples.add(name=s.name, labels=dict(s.labels), value=float(s.value))
     return out
+
+
+def wanted(name: str, kind: str, prefixes: Sequence[str], names: frozenset[str]) -> bool:
+    """Whether family ``name`` (of type ``kind``) matches a prefix or one of ``names`` (a
+    counter also by its exposition name, with ``_total``); every family when both are
+    empty."""
+    if not prefixes and not names:
+        return True
+    if name in names or (kind == "counter" and f"{name}_total" in names):
+        return True
+    return any(name.startswith(p) for p in prefixes)
+
+
+def non_empty_samples(kind: str, samples: Sequence[Any]) -> list[Any]:
+    """The samples of one family that carry something: gauges (and any other type) whole;
+    counters without their zero series; histograms and summaries without the label sets
+    that observed nothing, and histograms without the buckets no quantile needs (a bucket
+    stays if it observed something, or the bucket after it did, since its bound is that
+    bucket's lower bound; +Inf always stays). Sample order is kept."""
+    if kind == "counter":
+        return [s for s in samples if s.value != 0]
+    if kind not in ("histogram", "summary"):
+        return list(samples)
+    by_series: dict[frozenset[tuple[str, str]], list[Any]] = {}
+    for s in samples:
+        key = frozenset((k, v) for k, v in s.labels.items() if k not in ("le", "quantile"))
+        by_series.setdefault(key, []).append(s)
+    kept: set[int] = set()
+    for series in by_series.values():
+        if not any(s.name.endswith("_count") and s.value > 0 for s in series):
+            continue
+        buckets = [s for s in series if s.name.endswith("_bucket")]
+        kept.update(id(s) for s in series if not s.name.endswith("_bucket"))
+        counts = [b.value for b in buckets]
+        for i, bucket in enumerate(buckets):
+            before = counts[i - 1] if i else 0.0
+            after = counts[i + 1] if i + 1 < len(counts) else None
+            if after is None or counts[i] > before or after > counts[i]:
+                kept.add(id(bucket))
+    return [s for s in samples if id(s) in kept]
 
 
 class MetricsInterceptor(grpc.aio.ServerInterceptor):

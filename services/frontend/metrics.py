@@ -79,11 +79,11 @@ REQUEST_BYTES = LoopCounter(
 RESPONSE_BYTES = LoopCounter(
     "kbroker_frontend_response_bytes_total", "Response bytes sent (frames), by API.", ["api"])
 TOPIC_BYTES_IN = LoopCounter(
-    "kbroker_frontend_topic_bytes_in_total",
+    "kbroker_frontend_topic_produced_bytes_total",
     "Record bytes produced and appended, by topic (BrokerTopicMetrics BytesInPerSec).",
     ["topic"])
 TOPIC_BYTES_OUT = LoopCounter(
-    "kbroker_frontend_topic_bytes_out_total",
+    "kbroker_frontend_topic_fetched_bytes_total",
     "Record bytes sent in Fetch responses, by topic (BrokerTopicMetrics BytesOutPerSec).",
     ["topic"])
 OPEN_CONNECTIONS = Gauge(

@@ -1,21 +1,27 @@
 """The handler's Prometheus metrics: Kafka requests by API and outcome, and purgatory waits;
 and the per-request account of time parked in the purgatory that goes back to the frontend.
 
-    handler_requests_total{api,error_code}   kafka.network:type=RequestMetrics,
+    kbroker_handler_requests_total{api,error_code}
+                                             kafka.network:type=RequestMetrics,
                                              name=RequestsPerSec / ErrorsPerSec (as the API
                                              layer answers; the frontend counts on the wire)
-    handler_request_seconds{api}             LocalTimeMs + RemoteTimeMs of the API layer
-    handler_purgatory_wait_seconds{kind}     RemoteTimeMs, per wait
-    handler_group_writes_total{outcome}      group state appends and lost conditional appends
-    handler_group_rebalances_total           group-coordinator-metrics rebalance-count
-    handler_group_session_expiries_total     group-coordinator-metrics (member expirations)
-    handler_transaction_writes_total{outcome}
+    kbroker_handler_request_seconds{api}
+                                             LocalTimeMs + RemoteTimeMs of the API layer
+    kbroker_handler_purgatory_wait_seconds{kind}
+                                             RemoteTimeMs, per wait
+    kbroker_handler_group_writes_total{outcome}
+                                             group state appends and lost conditional appends
+    kbroker_handler_group_rebalances_total
+                                             group-coordinator-metrics rebalance-count
+    kbroker_handler_group_session_expiries_total
+                                             group-coordinator-metrics (member expirations)
+    kbroker_handler_transaction_writes_total{outcome}
                                              transaction state appends and lost conditional
                                              appends
-    handler_transactions_completed_total{result}
+    kbroker_handler_transactions_completed_total{result}
                                              transactions whose markers this handler wrote
                                              (commit, abort)
-    handler_transaction_timer_actions_total{action}
+    kbroker_handler_transaction_timer_actions_total{action}
                                              transaction timers acted on: timeout (aborted,
                                              Kafka's abortTimedOutTransactions), takeover,
                                              expired (transactional.id.expiration.ms)
@@ -52,44 +58,45 @@ from services.common.metrics import (
 )
 
 REQUESTS = LoopCounter(
-    "handler_requests_total",
+    "kbroker_handler_requests_total",
     "Kafka requests handled, by API and error code (the top-level code, else the first"
-    " per-item error, else 0).",
+    " per-item error, else 0): RequestsPerSec and ErrorsPerSec as the API layer answers.",
     ["api", "error_code"],
 )
 REQUEST_SECONDS = LoopHistogram(
-    "handler_request_seconds",
-    "Time to handle a Kafka request, including purgatory waits.",
+    "kbroker_handler_request_seconds",
+    "Time to handle a Kafka request, including purgatory waits (LocalTimeMs + RemoteTimeMs"
+    " of the API layer).",
     ["api"],
     buckets=LATENCY_BUCKETS,
 )
 PURGATORY_WAITS = LoopCounter(
-    "handler_purgatory_waits_total",
+    "kbroker_handler_purgatory_waits_total",
     "Operations parked in the purgatory, by kind and outcome (completed, expired, unavailable,"
     " cancelled).",
     ["kind", "outcome"],
 )
 PURGATORY_WAIT_SECONDS = LoopHistogram(
-    "handler_purgatory_wait_seconds",
-    "Time operations spent parked in the purgatory.",
+    "kbroker_handler_purgatory_wait_seconds",
+    "Time operations spent parked in the purgatory, per wait (RemoteTimeMs).",
     ["kind"],
     buckets=LATENCY_BUCKETS,
 )
 
 
 GROUP_WRITES = Counter(
-    "handler_group_writes_total",
+    "kbroker_handler_group_writes_total",
     "Conditional appends of group state to __consumer_offsets, by outcome (appended, or"
     " conflict: another handler appended first and the change is computed again).",
     ["outcome"],
 )
 GROUP_REBALANCES = Counter(
-    "handler_group_rebalances_total",
+    "kbroker_handler_group_rebalances_total",
     "Join phases this handler ended, starting a new generation (Kafka's group-coordinator-"
     "metrics rebalance-count).",
 )
 GROUP_SESSION_EXPIRIES = Counter(
-    "handler_group_session_expiries_total",
+    "kbroker_handler_group_session_expiries_total",
     "Members' session timers that ran out, by what they meant (removed, keep_alive: waiting"
     " for a join phase, gone: no longer a member, rearmed: alive again by the time the"
     " expiry was handled).",
@@ -98,19 +105,19 @@ GROUP_SESSION_EXPIRIES = Counter(
 
 
 TRANSACTION_WRITES = Counter(
-    "handler_transaction_writes_total",
+    "kbroker_handler_transaction_writes_total",
     "Conditional appends of transaction state to __transaction_state, by outcome (appended, or"
     " conflict: another handler appended first and the change is computed again).",
     ["outcome"],
 )
 TRANSACTIONS_COMPLETED = Counter(
-    "handler_transactions_completed_total",
+    "kbroker_handler_transactions_completed_total",
     "Transactions this handler wrote every marker of and completed, by result (commit,"
     " abort).",
     ["result"],
 )
 TRANSACTION_TIMER_ACTIONS = Counter(
-    "handler_transaction_timer_actions_total",
+    "kbroker_handler_transaction_timer_actions_total",
     "Transaction timers this handler acted on, by what they meant (timeout: an Ongoing"
     " transaction fenced and aborted; takeover: a prepared transaction nobody finished;"
     " expired: an idle transactional id forgotten).",

@@ -27,6 +27,8 @@ class LogConfig:
     internal_tls_cert: str = option("", CERT_HELP)
     internal_tls_key: str = option("", KEY_HELP)
     metrics_port: int = option(0, "Prometheus HTTP port (0: disabled)")
+    instance: str = option(
+        "", "this instance's name (metrics snapshots, logs; empty: log-<node_id>)")
     purgatory_address: str = option(
         "", "host:port of the purgatory to tell about high watermark moves (empty: nobody)"
     )

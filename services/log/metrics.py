@@ -53,7 +53,8 @@ from services.common.metrics import (
 from .log_dir_failure import DiskUsage
 
 APPENDED_BYTES = LoopCounter(
-    "kbroker_log_appended_bytes_total", "Bytes of record batches appended.", ["topic"]
+    "kbroker_log_appended_bytes_total",
+    "Bytes of record batches appended, as leader and as follower (BytesInPerSec).", ["topic"]
 )
 APPENDED_BATCHES = LoopCounter(
     "kbroker_log_appended_batches_total", "Record batches appended.", ["topic"]
@@ -62,7 +63,9 @@ APPEND_REQUESTS = LoopCounter(
     "kbroker_log_append_requests_total", "Partition appends attempted (one per partition of an "
     "Append call).", ["topic"]
 )
-READ_BYTES = LoopCounter("kbroker_log_read_bytes_total", "Bytes of record batches read.", ["topic"])
+READ_BYTES = LoopCounter(
+    "kbroker_log_read_bytes_total",
+    "Bytes of record batches read, for consumers and followers (BytesOutPerSec).", ["topic"])
 APPEND_SECONDS = LoopHistogram(
     "kbroker_log_append_seconds", "Time to validate and append one partition's batches.",
     buckets=LATENCY_BUCKETS,
@@ -70,7 +73,8 @@ APPEND_SECONDS = LoopHistogram(
 READ_SECONDS = LoopHistogram(
     "kbroker_log_read_seconds", "Time to serve one Read call.", buckets=LATENCY_BUCKETS
 )
-PARTITIONS = Gauge("kbroker_log_partitions", "Partition replicas held by this node.")
+PARTITIONS = Gauge("kbroker_log_partitions",
+                   "Partition replicas held by this node (PartitionCount).")
 ERRORS = Counter(
     "kbroker_log_errors_total", "Partition-level Kafka errors returned, by API and error name.",
     ["api", "error"],

@@ -83,7 +83,7 @@ async def start(config: LogConfig) -> LogService:
             [ServiceBinding(SERVICE_NAME, log_pb2_grpc.add_LogServiceServicer_to_server,
                             LogServicer(manager))],
             config.grpc_address,
-            instance=f"log-{config.node_id}",
+            instance=config.instance or f"log-{config.node_id}",
             tls=tls,
         )
         manager.log_dir.on_failure = out_of_service(health, asyncio.get_running_loop())

@@ -17,6 +17,7 @@ class PurgatoryConfig:
     internal_tls_cert: str = option("", CERT_HELP)
     internal_tls_key: str = option("", KEY_HELP)
     metrics_port: int = option(0, "Prometheus HTTP port (0: disabled)")
+    instance: str = option("purgatory-0", "this instance's name (metrics snapshots, logs)")
     tick_ms: int = option(1, "Tick of the finest timing wheel, in milliseconds")
     wheel_size: int = option(20, "Buckets per timing wheel")
     purge_interval: int = option(

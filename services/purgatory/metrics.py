@@ -16,18 +16,21 @@ from __future__ import annotations
 from services.common.metrics import LATENCY_BUCKETS, Counter, Gauge, Histogram
 
 PENDING = Gauge(
-    "kbroker_purgatory_pending_operations", "Operations parked and not yet answered.", ["kind"]
+    "kbroker_purgatory_pending_operations",
+    "Operations parked and not yet answered (NumDelayedOperations).", ["kind"]
 )
 WATCHED_KEYS = Gauge(
     "kbroker_purgatory_watched_keys",
-    "Keys with a watcher list (parked operations, or completed ones awaiting the purge).",
+    "Keys with a watcher list (parked operations, or completed ones awaiting the purge); "
+    "Kafka's PurgatorySize counts watcher entries instead.",
     ["kind"],
 )
 COMPLETED = Counter(
     "kbroker_purgatory_completed_total", "Operations completed by their condition.", ["kind"]
 )
 EXPIRED = Counter(
-    "kbroker_purgatory_expired_total", "Operations completed by their timeout.", ["kind"]
+    "kbroker_purgatory_expired_total", "Operations completed by their timeout (ExpiresPerSec).",
+    ["kind"]
 )
 ABANDONED = Counter(
     "kbroker_purgatory_abandoned_total", "Operations dropped because the waiter went away.",

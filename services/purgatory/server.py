@@ -58,7 +58,7 @@ async def start(config: PurgatoryConfig) -> PurgatoryService:
         [ServiceBinding(SERVICE_NAME, purgatory_pb2_grpc.add_PurgatoryServicer_to_server,
                         PurgatoryServicer(purgatories))],
         config.grpc_address,
-        instance=config.grpc_address,
+        instance=config.instance,
         tls=InternalTls.of(config),
     )
     sweeper = asyncio.create_task(_sweep_watched_keys(purgatories, min(linger, 10.0) / 2),

@@ -17,6 +17,7 @@ class ReplicatorConfig:
     internal_tls_cert: str = option("", CERT_HELP)
     internal_tls_key: str = option("", KEY_HELP)
     metrics_port: int = option(0, "Prometheus HTTP port (0: disabled)")
+    instance: str = option("replicator-0", "this instance's name (metrics snapshots, logs)")
     data_dir: str = option(
         "data/replicator", "directory of metadata.json (--metadata-store file)")
     metadata_store: str = option(

@@ -17,9 +17,11 @@ from services.common.metrics import Counter, Gauge
 
 from .metadata import MetadataImage
 
-TOPICS = Gauge("kbroker_replicator_topics", "Topics in the cluster metadata.")
-PARTITIONS = Gauge("kbroker_replicator_partitions", "Partitions of all topics.")
-LIVE_LOG_NODES = Gauge("kbroker_replicator_live_log_nodes", "Log nodes passing health checks.")
+TOPICS = Gauge("kbroker_replicator_topics", "Topics in the cluster metadata (GlobalTopicCount).")
+PARTITIONS = Gauge("kbroker_replicator_partitions",
+                   "Partitions of all topics (GlobalPartitionCount).")
+LIVE_LOG_NODES = Gauge("kbroker_replicator_live_log_nodes",
+                       "Log nodes passing health checks (ActiveBrokerCount).")
 LOG_NODES = Gauge("kbroker_replicator_log_nodes", "Configured log nodes.")
 METADATA_VERSION = Gauge("kbroker_replicator_metadata_version", "Current metadata version.")
 UNDER_REPLICATED = Gauge(
@@ -29,6 +31,11 @@ UNDER_REPLICATED = Gauge(
 OFFLINE = Gauge(
     "kbroker_replicator_offline_partitions",
     "Partitions whose leader is not on a live log node (OfflinePartitionsCount).",
+)
+ACTIVE = Gauge(
+    "kbroker_replicator_active",
+    "1 while this replicator acts as the controller (holds the lease, or is the only one), 0"
+    " on a standby (ActiveControllerCount).",
 )
 WATCHERS = Gauge("kbroker_replicator_metadata_watchers", "Open WatchMetadata streams.")
 PENDING_DELETIONS = Gauge(
@@ -104,7 +111,7 @@ LEADER_ELECTIONS = Counter(
 )
 REPLICATED_BYTES = Counter(
     "kbroker_replicator_replicated_bytes_total",
-    "Bytes of record batches copied from leaders to followers.",
+    "Bytes of record batches copied from leaders to followers (ReplicationBytesInPerSec).",
 )
 HIGH_WATERMARK_PUSHES = Counter(
     "kbroker_replicator_high_watermark_pushes_total",

@@ -21,6 +21,7 @@ from services.common.kubernetes_api import current_namespace, default_api_client
 from services.common.server import ServiceBinding, create_server
 from services.common.tls import InternalTls
 
+from . import metrics
 from .config import ReplicatorConfig
 from .controller import Controller
 from .controller.acls import load_initial_acls
@@ -76,6 +77,7 @@ class ReplicatorService:
         return 1 if deposed.is_set() else 0
 
     async def stop(self, grace: float = 1.0) -> None:
+        metrics.ACTIVE.set(0)
         await self.replication.stop()
         # Ends the metadata streams, so watchers see a clean end instead of a cancellation.
         await self.controller.close()
@@ -89,7 +91,7 @@ async def _serve(config: ReplicatorConfig, servicer: replicator_pb2_grpc.Replica
         "replicator",
         [ServiceBinding(SERVICE_NAME, replicator_pb2_grpc.add_ReplicatorServicer_to_server,
                         servicer)],
-        config.grpc_address, instance=config.grpc_address, tls=InternalTls.of(config))
+        config.grpc_address, instance=config.instance, tls=InternalTls.of(config))
 
 
 def metadata_store(config: ReplicatorConfig, nodes: tuple[LogNode, ...]) -> MetadataStore:
@@ -139,6 +141,7 @@ async def start(config: ReplicatorConfig) -> ReplicatorService:
     replication.start()
     controller.start(interval, max(config.leader_imbalance_check_interval_ms, 1) / 1000
                      if config.auto_leader_rebalance_enable else None)
+    metrics.ACTIVE.set(1)
     image = controller.image
     log.info("replicator serving on port %d: cluster %s, metadata version %d, %d/%d log nodes "
              "alive", port, image.cluster_id, image.version, len(image.live_node_ids),

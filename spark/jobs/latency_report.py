@@ -154,17 +154,17 @@ def compute(raw: Any) -> dict[str, Any]:
             .agg(F.sum("rate").alias(name))
         )
 
-    topics = per_topic("kbroker_frontend_topic_bytes_in_total", "bytes_in")
+    topics = per_topic("kbroker_frontend_topic_produced_bytes_total", "bytes_in")
     for sample, name in (
-        ("kbroker_frontend_topic_bytes_out_total", "bytes_out"),
+        ("kbroker_frontend_topic_fetched_bytes_total", "bytes_out"),
         ("kbroker_log_appended_bytes_total", "appended_bytes"),
         ("kbroker_log_appended_batches_total", "appended_batches"),
         ("kbroker_log_read_bytes_total", "read_bytes"),
     ):
         topics = topics.join(per_topic(sample, name), "topic", "full")
     for sample, name in (
-        ("kbroker_frontend_topic_bytes_in_total", "bytes_in_per_s"),
-        ("kbroker_frontend_topic_bytes_out_total", "bytes_out_per_s"),
+        ("kbroker_frontend_topic_produced_bytes_total", "bytes_in_per_s"),
+        ("kbroker_frontend_topic_fetched_bytes_total", "bytes_out_per_s"),
     ):
         topics = topics.join(per_topic_rate(sample, name), "topic", "full")
     topics = topics.fillna(0).orderBy(F.desc("bytes_in"), F.desc("appended_bytes"), "topic")

@@ -36,13 +36,13 @@ class Counting(purgatory_pb2_grpc.PurgatoryServicer):
 
 
 def handled(method: str, kind: str, code: str = "OK") -> float:
-    return REGISTRY.get_sample_value("grpc_server_handled_total", {
+    return REGISTRY.get_sample_value("kbroker_grpc_server_handled_total", {
         "grpc_service": SERVICE, "grpc_method": method, "grpc_type": kind,
         "grpc_code": code}) or 0.0
 
 
 def started(method: str, kind: str) -> float:
-    return REGISTRY.get_sample_value("grpc_server_started_total", {
+    return REGISTRY.get_sample_value("kbroker_grpc_server_started_total", {
         "grpc_service": SERVICE, "grpc_method": method, "grpc_type": kind}) or 0.0
 
 
@@ -81,8 +81,8 @@ def test_server_serves_health_reflection_metrics_and_counts_calls():
             assert started("ReportProgress", "client_stream") == started_before + 1
 
             snapshot = await metrics_pb2_grpc.MetricsStub(channel).Snapshot(
-                metrics_pb2.SnapshotRequest(prefixes=["grpc_server_handled"]))
-            assert [f.name for f in snapshot.families] == ["grpc_server_handled"]
+                metrics_pb2.SnapshotRequest(prefixes=["kbroker_grpc_server_handled"]))
+            assert [f.name for f in snapshot.families] == ["kbroker_grpc_server_handled"]
             assert any(s.labels.get("grpc_method") == "ReportProgress"
                        for s in snapshot.families[0].samples)
         finally:
@@ -148,7 +148,7 @@ def test_metrics_stream_sends_snapshots_with_cursors_and_resumes():
 
             # Intervals long enough for two calls to finish between snapshots on a busy machine.
             stream = metrics.Stream(metrics_pb2.StreamRequest(
-                prefixes=["grpc_server_handled"], interval_ms=400))
+                prefixes=["kbroker_grpc_server_handled"], interval_ms=400))
             received = []
             started = asyncio.get_running_loop().time()
             async for snap in stream:
@@ -161,26 +161,26 @@ def test_metrics_stream_sends_snapshots_with_cursors_and_resumes():
             stream.cancel()
             elapsed = asyncio.get_running_loop().time() - started
             assert elapsed >= 0.79, "three snapshots at 400 ms need two intervals"
-            assert {f.name for s in received for f in s.families} == {"grpc_server_handled"}
+            assert {f.name for s in received for f in s.families} == {"kbroker_grpc_server_handled"}
             ids = {s.cursor.process_id for s in received}
             assert len(ids) == 1 and ids.pop()
             sequences = [s.cursor.sequence for s in received]
             assert sequences == sorted(set(sequences)) and sequences[0] > 0
             assert not any(s.reset for s in received)
-            counts = [_counter_value(s, "grpc_server_handled", **labels) for s in received]
+            counts = [_counter_value(s, "kbroker_grpc_server_handled", **labels) for s in received]
             assert counts[1] == counts[0] + 2 and counts[2] == counts[1] + 2
 
             # Resume after the last cursor: strictly later, same process, counters carry on.
             last = received[-1]
             await work.CheckAndComplete(request)
             resumed = metrics.Stream(metrics_pb2.StreamRequest(
-                prefixes=["grpc_server_handled"], interval_ms=100, after=last.cursor))
+                prefixes=["kbroker_grpc_server_handled"], interval_ms=100, after=last.cursor))
             first = await anext(aiter(resumed))
             resumed.cancel()
             assert first.cursor.process_id == last.cursor.process_id
             assert first.cursor.sequence > last.cursor.sequence
             assert not first.reset
-            assert _counter_value(first, "grpc_server_handled", **labels) == counts[2] + 1
+            assert _counter_value(first, "kbroker_grpc_server_handled", **labels) == counts[2] + 1
 
             # A cursor of another process (as after a restart): the first snapshot says reset.
             other = metrics_pb2.Cursor(process_id="another-process", sequence=10**9)

@@ -26,7 +26,13 @@ SCENARIOS = sorted((CHART / "ci").glob("[0-9][0-9]-*-values.yaml"))
 KUBE_VERSION = "1.33.0"
 # Schemas of the custom resources the chart may render (kubernetes-validate knows only the
 # built-in kinds): apiVersion/kind -> the CustomResourceDefinition's file.
-CRDS = {("cert-manager.io/v1", "Certificate"): HERE / "crds" / "cert-manager.io_certificates.yaml"}
+CRDS = {
+    ("cert-manager.io/v1", "Certificate"): HERE / "crds" / "cert-manager.io_certificates.yaml",
+    ("monitoring.coreos.com/v1", "PodMonitor"):
+        HERE / "crds" / "monitoring.coreos.com_podmonitors.yaml",
+    ("monitoring.coreos.com/v1", "PrometheusRule"):
+        HERE / "crds" / "monitoring.coreos.com_prometheusrules.yaml",
+}
 
 
 @functools.cache

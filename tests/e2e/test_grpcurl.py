@@ -41,7 +41,7 @@ def test_list_describe_and_call(cluster, name):
     assert expected <= listed
     health = json.loads(grpcurl("-d", '{"service": ""}', address, "grpc.health.v1.Health/Check"))
     assert health == {"status": "SERVING"}
-    snapshot = json.loads(grpcurl("-d", '{"prefixes": ["grpc_server"]}', address,
+    snapshot = json.loads(grpcurl("-d", '{"prefixes": ["kbroker_grpc_server"]}', address,
                                   "kbroker.metrics.v1.Metrics/Snapshot"))
     assert snapshot["families"]
 
@@ -59,3 +59,42 @@ def test_handler_answers_json_kafka_requests(cluster, topic_name):
         address, "kbroker.handler.v1.KafkaHandler/Metadata"))
     (described,) = metadata["topics"]
     assert len(described["partitions"]) == 2
+
+
+def test_metrics_snapshots_are_readable_through_grpcurl(cluster):
+    """Filtered by name and without empty series a snapshot is a screenful; -emit-defaults
+    shows the zeros that matter (a gauge at 0), which grpcurl's JSON otherwise omits."""
+    frontend = cluster.services["frontend"].grpc_address
+    everything = grpcurl("-emit-defaults", frontend, "kbroker.metrics.v1.Metrics/Snapshot")
+    lean = grpcurl("-emit-defaults", "-d", json.dumps(
+        {"prefixes": ["kbroker_frontend_request_"], "drop_empty": True}),
+        frontend, "kbroker.metrics.v1.Metrics/Snapshot")
+    assert len(lean.splitlines()) * 10 < len(everything.splitlines())
+    families = json.loads(lean)["families"]
+    assert {f["name"] for f in families} <= {
+        "kbroker_frontend_request_total_seconds", "kbroker_frontend_request_phase_seconds",
+        "kbroker_frontend_request_bytes"}
+    # Every histogram series left observed something.
+    for family in families:
+        for sample in family["samples"]:
+            if sample["name"].endswith("_count"):
+                assert sample["value"] > 0
+
+    replicator = cluster.services["replicator"].grpc_address
+    request = json.dumps({"names": ["kbroker_replicator_offline_partitions"]})
+    (offline,) = json.loads(grpcurl("-emit-defaults", "-d", request, replicator,
+                                    "kbroker.metrics.v1.Metrics/Snapshot"))["families"]
+    assert offline["samples"] == [{"name": "kbroker_replicator_offline_partitions",
+                                   "labels": {}, "value": 0}]
+    (bare,) = json.loads(grpcurl("-d", request, replicator,
+                                 "kbroker.metrics.v1.Metrics/Snapshot"))["families"]
+    assert "value" not in bare["samples"][0]
+
+
+@pytest.mark.parametrize("name", ["frontend", "handler-1", "log-2", "purgatory", "replicator"])
+def test_every_service_names_itself_kind_and_ordinal(cluster, name):
+    snapshot = json.loads(grpcurl("-d", '{"names": ["none"]}', cluster.services[name].grpc_address,
+                                  "kbroker.metrics.v1.Metrics/Snapshot"))
+    kind = name.split("-")[0]
+    assert snapshot["service"] == kind
+    assert snapshot["instance"] == (name if "-" in name else f"{name}-0")

@@ -144,9 +144,9 @@ def test_bytes_in_and_out_per_topic_are_the_record_batches(cluster, topic_name):
     assert len(fetched) == sum(map(len, batches))  # offsets patched in place: same sizes
     samples = scrape(cluster, "frontend")
     # A fresh topic: these counters started with this test.
-    assert value(samples, "kbroker_frontend_topic_bytes_in_total",
+    assert value(samples, "kbroker_frontend_topic_produced_bytes_total",
                  topic=topic_name) == sum(map(len, batches))
-    assert value(samples, "kbroker_frontend_topic_bytes_out_total",
+    assert value(samples, "kbroker_frontend_topic_fetched_bytes_total",
                  topic=topic_name) == len(fetched)
 
 
@@ -163,7 +163,7 @@ def test_error_responses_are_counted_per_code(cluster, topic_name):
     assert value(after, name, api="Produce", error_code=unknown) \
         - value(before, name, api="Produce", error_code=unknown) == 2
     # Nothing of the failed produces was appended: only the good batch counts as bytes in.
-    assert value(after, "kbroker_frontend_topic_bytes_in_total", topic=topic_name) \
+    assert value(after, "kbroker_frontend_topic_produced_bytes_total", topic=topic_name) \
         == len(record_batch([b"fine"]))
 
 
@@ -178,9 +178,9 @@ def test_acks_all_produce_remote_time_is_the_handlers_purgatory_time(cluster, to
     handlers = [name for name in cluster.services if name.startswith("handler-")]
 
     def parked(samples_by_handler: list[Samples]) -> tuple[float, float]:
-        return (sum(summed(s, "handler_purgatory_wait_seconds_count", kind="produce")
+        return (sum(summed(s, "kbroker_handler_purgatory_wait_seconds_count", kind="produce")
                     for s in samples_by_handler),
-                sum(summed(s, "handler_purgatory_wait_seconds_sum", kind="produce")
+                sum(summed(s, "kbroker_handler_purgatory_wait_seconds_sum", kind="produce")
                     for s in samples_by_handler))
 
     producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all",

@@ -144,7 +144,7 @@ def test_remote_time_is_what_the_handler_reports_and_fetch_bytes_count_per_topic
         async with frontend(TimedHandler(remote_ms=150, records=records)) as service:
             wire = await KafkaWire.connect(service.kafka_port)
             before = phases("Fetch")
-            out_before = sample("kbroker_frontend_topic_bytes_out_total", topic="orders")
+            out_before = sample("kbroker_frontend_topic_fetched_bytes_total", topic="orders")
             response = await wire.request(fetch_v12_request(), 7)
             assert isinstance(response, FetchResponseV12)
             await wire.close()
@@ -154,7 +154,7 @@ def test_remote_time_is_what_the_handler_reports_and_fetch_bytes_count_per_topic
             assert remote[0] == 1 and abs(remote[1] - 0.15) < 1e-9, remote
             # The handler's sleep is the remote part; what is left is frontend work.
             assert local[0] == 1 and local[1] < 0.1, local
-            out = sample("kbroker_frontend_topic_bytes_out_total", topic="orders") - out_before
+            out = sample("kbroker_frontend_topic_fetched_bytes_total", topic="orders") - out_before
             assert out == len(records)  # one partition in the request
 
     asyncio.run(asyncio.wait_for(main(), 30))
@@ -167,12 +167,12 @@ def test_produce_bytes_in_per_topic_and_error_codes_per_response() -> None:
             wire = await KafkaWire.connect(service.kafka_port)
             request = produce_v9_request(acks=1, partitions=3)
             sizes = [len(p.records) for p in request.topic_data[0].partition_data]
-            in_before = sample("kbroker_frontend_topic_bytes_in_total", topic="orders")
+            in_before = sample("kbroker_frontend_topic_produced_bytes_total", topic="orders")
             errors_before = sample("kbroker_frontend_error_responses_total",
                                    api="Produce", error_code="3")
             response = await wire.request(request, 1)
             assert isinstance(response, ProduceResponseV9)
-            assert sample("kbroker_frontend_topic_bytes_in_total", topic="orders") \
+            assert sample("kbroker_frontend_topic_produced_bytes_total", topic="orders") \
                 - in_before == sum(sizes)
 
             # Every partition fails: nothing appended, no bytes in; one error response for
@@ -180,7 +180,7 @@ def test_produce_bytes_in_per_topic_and_error_codes_per_response() -> None:
             handler.produce_errors["orders"] = 3
             await wire.request(request, 2)
             await wire.close()
-            assert sample("kbroker_frontend_topic_bytes_in_total", topic="orders") \
+            assert sample("kbroker_frontend_topic_produced_bytes_total", topic="orders") \
                 - in_before == sum(sizes)
             assert sample("kbroker_frontend_error_responses_total",
                           api="Produce", error_code="3") - errors_before == 1

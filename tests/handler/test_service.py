@@ -98,7 +98,7 @@ def test_create_produce_fetch_and_list_offsets(tmp_path):
             assert (future.error_code, future.offset) == (0, -1)
 
             produced = REGISTRY.get_sample_value(
-                "handler_requests_total", {"api": "Produce", "error_code": "0"})
+                "kbroker_handler_requests_total", {"api": "Produce", "error_code": "0"})
             assert produced is not None and produced >= 8
 
     run(main())

@@ -234,3 +234,25 @@ checksum/config: {{ include "kbroker.configMap" . | sha256sum }}
 - name: tmp
   mountPath: /tmp
 {{- end -}}
+
+{{/* topologySpreadConstraints of a role: the role's own list, else the chart-wide one; each
+constraint without a labelSelector selects the role's pods. Call with (list $ roleValues "role"). */}}
+{{- define "kbroker.topologySpread" -}}
+{{- $ := index . 0 -}}
+{{- $role := index . 1 -}}
+{{- $name := index . 2 -}}
+{{- $constraints := $role.topologySpreadConstraints | default $.Values.topologySpreadConstraints -}}
+{{- with $constraints }}
+topologySpreadConstraints:
+{{- range . }}
+  - {{- toYaml (omit . "labelSelector") | nindent 4 }}
+    labelSelector:
+      {{- if .labelSelector }}
+      {{- toYaml .labelSelector | nindent 6 }}
+      {{- else }}
+      matchLabels:
+        {{- include "kbroker.selectorLabels" (list $ $name) | nindent 8 }}
+      {{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
