@@ -10,19 +10,8 @@ read, the group read everything, no client and no partition without progress for
 the faults injected (the supervisor's restart counts). ``bench/chaos.py`` is the long version
 (random faults for 30 minutes), with the ack pause per fault kind.
 
-Not here yet, both run by bench/chaos.py, each to join here once it passes:
-
-- kill, pause and restart of a log node (:data:`LOG_NODE_FAULTS`): nothing acknowledged is
-  lost, but on a loaded machine (load 6-12 on 2 cores) about one run in three stores records
-  of an idempotent producer twice. In the run examined, both producers bumped their epoch
-  after the failover and sent again, under new sequence numbers, records the new leader
-  already had (batch headers: epoch 0 sequences 90-127 at offsets 175-212, then the same
-  records as epoch 1 sequences 0-37 at 249-287), which no broker can recognise; librdkafka
-  does so when a produce request's outcome is unknown (it timed out). Once, at 150 records/s
-  per producer and load 12, it happened in the other roles' faults too; hence the rate here.
-- a full disk on a log node (``full-disk``). Today the node keeps leading its partitions while
-  every append fails, so they stall for as long as the disk stays full (a partition stalled
-  past ``STUCK_AFTER``), and records appended while it fills are stored twice.
+Log nodes are killed, paused and restarted, and one log node's disk fills (a tmpfs over its
+data folder, held past ``STUCK_AFTER``: its partitions must move to in-sync followers).
 """
 
 from __future__ import annotations
@@ -77,8 +66,12 @@ def run_faults(data_dir: Path, faults: list[tuple[str, str]], **overrides: objec
         assert run.injector.not_running() == [], run.logs()
 
 
-def test_kill_pause_and_restart_of_every_role_but_log_nodes_lose_nothing(tmp_path: Path) -> None:
-    run_faults(tmp_path, PROCESS_FAULTS, links=())
+def test_kill_pause_and_restart_of_every_role_lose_nothing(tmp_path: Path) -> None:
+    run_faults(tmp_path, LOG_NODE_FAULTS + PROCESS_FAULTS, links=())
+
+
+def test_a_full_disk_on_a_log_node_loses_nothing(tmp_path: Path) -> None:
+    run_faults(tmp_path, [("full-disk", "log-1")], links=(), disk_mb=64)
 
 
 def test_network_partitions_between_services_lose_nothing(tmp_path: Path) -> None:
