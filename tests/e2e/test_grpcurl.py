@@ -65,11 +65,16 @@ def test_metrics_snapshots_are_readable_through_grpcurl(cluster):
     """Filtered by name and without empty series a snapshot is a screenful; -emit-defaults
     shows the zeros that matter (a gauge at 0), which grpcurl's JSON otherwise omits."""
     frontend = cluster.services["frontend"].grpc_address
-    everything = grpcurl("-emit-defaults", frontend, "kbroker.metrics.v1.Metrics/Snapshot")
+    prefixes = ["kbroker_frontend_request_"]
+    everything = grpcurl("-emit-defaults", "-d", json.dumps({"prefixes": prefixes}),
+                         frontend, "kbroker.metrics.v1.Metrics/Snapshot")
     lean = grpcurl("-emit-defaults", "-d", json.dumps(
-        {"prefixes": ["kbroker_frontend_request_"], "drop_empty": True}),
+        {"prefixes": prefixes, "drop_empty": True}),
         frontend, "kbroker.metrics.v1.Metrics/Snapshot")
-    assert len(lean.splitlines()) * 10 < len(everything.splitlines())
+    # How much drop_empty leaves out depends on how many APIs the cluster served before (the
+    # session's cluster serves every test): at least two thirds of the request histograms'
+    # lines, whatever came before.
+    assert len(lean.splitlines()) * 3 < len(everything.splitlines())
     families = json.loads(lean)["families"]
     assert {f["name"] for f in families} <= {
         "kbroker_frontend_request_total_seconds", "kbroker_frontend_request_phase_seconds",
