@@ -89,6 +89,8 @@ SUPPORTED_APIS: dict[int, SupportedApi] = {
         SupportedApi(36, "SaslAuthenticate", 0, 2, retry_safe=True, forwarded=False),
         SupportedApi(37, "CreatePartitions", 0, 3, retry_safe=False),
         SupportedApi(42, "DeleteGroups", 0, 2, retry_safe=False),
+        # A repeated election finds the leader it chose (ELECTION_NOT_NEEDED).
+        SupportedApi(43, "ElectLeaders", 0, 2, retry_safe=False),
         SupportedApi(44, "IncrementalAlterConfigs", 0, 1, retry_safe=False),
         SupportedApi(47, "OffsetDelete", 0, 0, retry_safe=False),
         SupportedApi(48, "DescribeClientQuotas", 0, 1, retry_safe=True),

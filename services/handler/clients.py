@@ -163,6 +163,10 @@ class ReplicatorClient:
                                 time_limit: float) -> replicator_pb2.CreatePartitionsResponse:
         return await self._change(self._stub.CreatePartitions, request, time_limit)
 
+    async def elect_leaders(self, request: replicator_pb2.ElectLeadersRequest,
+                            time_limit: float) -> replicator_pb2.ElectLeadersResponse:
+        return await self._change(self._stub.ElectLeaders, request, time_limit)
+
     async def allocate_producer_ids(self, request: replicator_pb2.AllocateProducerIdsRequest,
                                     time_limit: float,
                                     ) -> replicator_pb2.AllocateProducerIdsResponse:

@@ -116,6 +116,9 @@ class Controller(Protocol):
                                     time_limit: float,
                                     ) -> replicator.AllocateProducerIdsResponse: ...
 
+    async def elect_leaders(self, request: replicator.ElectLeadersRequest,
+                            time_limit: float) -> replicator.ElectLeadersResponse: ...
+
     async def create_acls(self, request: replicator.CreateAclsRequest,
                           time_limit: float) -> replicator.CreateAclsResponse: ...
 

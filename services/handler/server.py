@@ -36,6 +36,7 @@ from .apis.groups import (
     SyncGroupApi,
 )
 from .apis.leader_epochs import OffsetForLeaderEpochApi
+from .apis.leaders import ElectLeadersApi
 from .apis.metadata import MetadataApi
 from .apis.offsets import ListOffsetsApi
 from .apis.partitions import CreatePartitionsApi
@@ -153,6 +154,7 @@ def kafka_apis(config: HandlerConfig, cache: MetadataCache, replicator: Controll
         "CreateTopics": CreateTopicsApi(cache, replicator),
         "DeleteTopics": DeleteTopicsApi(cache, replicator),
         "CreatePartitions": CreatePartitionsApi(cache, replicator),
+        "ElectLeaders": ElectLeadersApi(cache, replicator),
         "DescribeConfigs": DescribeConfigsApi(
             cache, auto_create_topics_enable=config.auto_create_topics_enable),
         "AlterConfigs": alter_configs,

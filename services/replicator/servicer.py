@@ -64,6 +64,18 @@ class ReplicatorServicer(replicator_pb2_grpc.ReplicatorServicer):
     ) -> pb.CreatePartitionsResponse:
         return await self._controller.topics.create_partitions(request)
 
+    async def ElectLeaders(
+        self, request: pb.ElectLeadersRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ElectLeadersResponse:
+        wanted = None if request.all_partitions else [
+            (p.topic, p.partition) for p in request.partitions]
+        results = await self._controller.partitions.elect_leaders(
+            int(request.election_type), wanted)
+        return pb.ElectLeadersResponse(results=[
+            pb.ElectionResult(topic=topic, partition=partition, error_code=code,
+                              error_message=message)
+            for (topic, partition), (code, message) in sorted(results.items())])
+
     async def AllocateProducerIds(
         self, request: pb.AllocateProducerIdsRequest, context: grpc.aio.ServicerContext
     ) -> pb.AllocateProducerIdsResponse:

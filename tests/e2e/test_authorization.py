@@ -33,6 +33,7 @@ import pytest
 from confluent_kafka import (
     Consumer,
     ConsumerGroupTopicPartitions,
+    ElectionType,
     KafkaError,
     KafkaException,
     Producer,
@@ -403,6 +404,15 @@ def create_partitions(ctx: Ctx) -> None:
         ctx.topic].result(TIMEOUT)
 
 
+def elect_leaders(ctx: Ctx) -> None:
+    partition = TopicPartition(ctx.topic, 0)
+    admin = ctx.admin()  # kept until the answer: a collected client cancels its requests
+    results = admin.elect_leaders(ElectionType.PREFERRED, [partition]).result(TIMEOUT)
+    error = results[partition]
+    if error is not None:
+        raise error if isinstance(error, KafkaException) else KafkaException(error)
+
+
 def only_broker(ctx: Ctx) -> int:
     return next(iter(ctx.secure.admin.list_topics(timeout=TIMEOUT).brokers))
 
@@ -646,6 +656,9 @@ CASES = {
         granted=E.INVALID_REQUEST),
     "alter-topic-configs": Case(alter_topic_configs, (
         (TOPIC_DENIED, ("TOPIC", AclOperation.ALTER_CONFIGS)),), a_topic),
+    # Authorized, the one replica leads already.
+    "elect-leaders": Case(elect_leaders, ((CLUSTER_DENIED, ("BROKER", AclOperation.ALTER)),),
+                          a_topic, granted=E.ELECTION_NOT_NEEDED),
     "create-partitions": Case(create_partitions, ((TOPIC_DENIED, ("TOPIC", AclOperation.ALTER)),),
                               a_topic),
     "delete-records": Case(delete_records, ((TOPIC_DENIED, ("TOPIC", AclOperation.DELETE)),),

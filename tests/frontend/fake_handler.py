@@ -245,6 +245,13 @@ class FakeHandler(kafka_handler_pb2_grpc.KafkaHandlerServicer):
         return k.DeleteGroupsResponse(results=[
             {"group_id": g, "error_code": 0} for g in request.groups_names])
 
+    async def ElectLeaders(self, request, context):
+        await self._enter("ElectLeaders", request, context)
+        return k.ElectLeadersResponse(error_code=0, replica_election_results=[
+            {"topic": t.topic, "partition_result": [
+                {"partition_id": p, "error_code": 0} for p in t.partitions]}
+            for t in request.topic_partitions])
+
     async def OffsetDelete(self, request, context):
         await self._enter("OffsetDelete", request, context)
         return k.OffsetDeleteResponse(error_code=0, topics=[

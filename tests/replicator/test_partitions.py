@@ -3,7 +3,13 @@ ISR, offline partitions when no in-sync replica is left, unclean elections only 
 
 from __future__ import annotations
 
-from services.replicator.controller.partitions import fence, preferred
+from services.replicator.controller.partitions import (
+    PREFERRED_ELECTION,
+    UNCLEAN_ELECTION,
+    fence,
+    preferred,
+    requested,
+)
 from services.replicator.metadata import (
     LogNode,
     MetadataImage,
@@ -87,3 +93,36 @@ def test_partitions_go_back_to_a_live_in_sync_preferred_replica():
     assert [(p.leader, p.leader_epoch) for p in topic.partitions] == [(N0, 5), (N1, 4), (N2, 4)]
     assert (election.old_leader, election.new_leader, election.clean) == (N1, N0, True)
     assert preferred(before, {N1, N2}) == ([], [])  # not while it is down
+
+
+def test_requested_preferred_elections_answer_each_partition_as_kafka_does():
+    before = image(
+        partition(0, N1, (N0, N1, N2)),             # preferred N0 live and in sync: elected
+        partition(1, N0, (N0, N1)),                 # already led by its preferred replica
+        partition(2, N1, (N1, N2)),                 # preferred N0 out of the ISR
+        live=(N0, N1, N2))
+    wanted = [("t", 0), ("t", 1), ("t", 2), ("t", 9), ("gone", 0)]
+    ([topic], [election]), results = requested(before, PREFERRED_ELECTION, wanted,
+                                               {N0, N1, N2})
+    assert (election.partition, election.new_leader, election.leader_epoch) == (0, N0, 5)
+    assert topic.partitions[0].isr == (N0, N1, N2)
+    assert {key: code for key, (code, _) in results.items()} == {
+        ("t", 0): 0, ("t", 1): 84, ("t", 2): 80, ("t", 9): 3, ("gone", 0): 3}
+    # Every partition: those that needed nothing are left out.
+    _, every = requested(before, PREFERRED_ELECTION, None, {N0, N1, N2})
+    assert {key: code for key, (code, _) in every.items()} == {("t", 0): 0, ("t", 2): 80}
+
+
+def test_requested_unclean_elections_only_replace_a_dead_leader():
+    before = image(
+        partition(0, N0, (N0, N2)),   # dead leader, an in-sync replica is live: clean pick
+        partition(1, N0, (N0,)),      # dead leader alone in its ISR: a live replica outside
+        partition(2, N1, (N1,)),      # live leader
+        partition(3, N0, (N0,), replicas=(N0,)),  # no live replica at all
+        live=(N1, N2))
+    wanted = [("t", i) for i in range(4)]
+    (_, elections), results = requested(before, UNCLEAN_ELECTION, wanted, {N1, N2})
+    assert [(e.partition, e.new_leader, e.clean) for e in elections] == [
+        (0, N2, True), (1, N1, False)]
+    assert {key: code for key, (code, _) in results.items()} == {
+        ("t", 0): 0, ("t", 1): 0, ("t", 2): 84, ("t", 3): 83}

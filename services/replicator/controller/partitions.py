@@ -31,6 +31,8 @@ import logging
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
+from services.common.errors import ErrorCode
+
 from .. import metrics
 from ..metadata import MetadataImage, NodeId, PartitionRegistration, TopicName, TopicRegistration
 from .core import ControllerCore
@@ -134,6 +136,70 @@ def preferred(
     return _changed_partitions(image, change)
 
 
+PREFERRED_ELECTION, UNCLEAN_ELECTION = 0, 1
+# (topic, partition) -> (error code, message); 0: elected.
+ElectionResults = dict[tuple[str, int], tuple[int, str]]
+
+
+def requested(
+    image: MetadataImage, election_type: int, wanted: Collection[tuple[str, int]] | None,
+    live: Collection[NodeId],
+) -> tuple[Elections, ElectionResults]:
+    """Elections asked for by an operator (Kafka's ElectLeaders, ReplicationControlManager's
+    ``electLeaders``), for the ``wanted`` partitions or, None, every partition; and each
+    partition's answer.
+
+    Preferred: the first replica takes over if it is live and in the ISR
+    (PREFERRED_LEADER_NOT_AVAILABLE otherwise); ELECTION_NOT_NEEDED if it leads already.
+    Unclean: only a partition without a live leader is elected (else ELECTION_NOT_NEEDED),
+    from its live in-sync replicas first, else from any live replica, which becomes the whole
+    ISR (records it lacks are lost); ELIGIBLE_LEADERS_NOT_AVAILABLE when no replica is live.
+    Unknown partitions are UNKNOWN_TOPIC_OR_PARTITION. For every partition, those that needed
+    no election are left out of the answers, as Kafka does."""
+    live = set(live)
+    asked = None if wanted is None else set(wanted)
+    results: ElectionResults = {}
+
+    def change(topic: TopicRegistration, p: PartitionRegistration
+               ) -> PartitionRegistration | None:
+        key = (topic.name, p.partition)
+        if asked is not None and key not in asked:
+            return None
+        updated, code, message = _elect_one(p, election_type, live)
+        if code != ErrorCode.election_not_needed.value or asked is not None:
+            results[key] = (code, message)
+        return updated
+
+    elections = _changed_partitions(image, change)
+    for key in (asked or ()):
+        if key not in results:
+            results[key] = (ErrorCode.unknown_topic_or_partition.value,
+                            f"no partition {key[0]}-{key[1]}")
+    return elections, results
+
+
+def _elect_one(p: PartitionRegistration, election_type: int, live: set[NodeId]
+               ) -> tuple[PartitionRegistration | None, int, str]:
+    if election_type == PREFERRED_ELECTION:
+        first = p.replicas[0] if p.replicas else None
+        if first == p.leader:
+            return None, ErrorCode.election_not_needed.value, "the preferred replica leads"
+        if first is None or first not in live or first not in p.isr:
+            return None, ErrorCode.preferred_leader_not_available.value, (
+                f"the preferred replica {first} is not live and in sync")
+        return dataclasses.replace(p, leader=first, leader_epoch=p.leader_epoch + 1), 0, ""
+    if p.leader in live:
+        return None, ErrorCode.election_not_needed.value, f"node {p.leader} leads"
+    in_sync = [r for r in p.replicas if r in p.isr and r in live]
+    if in_sync:
+        return dataclasses.replace(p, leader=in_sync[0], leader_epoch=p.leader_epoch + 1), 0, ""
+    outside = [r for r in p.replicas if r in live]
+    if outside:
+        return dataclasses.replace(p, leader=outside[0], leader_epoch=p.leader_epoch + 1,
+                                   isr=(outside[0],)), 0, ""
+    return None, ErrorCode.eligible_leaders_not_available.value, "no replica is live"
+
+
 def alter_isr(
     image: MetadataImage, changes: IsrChanges
 ) -> tuple[MetadataImage, dict[tuple[str, int], tuple[NodeId, ...]]]:
@@ -205,6 +271,32 @@ class PartitionControlManager:
             log.info("%s-%d: leadership back to the preferred replica %d (from %d) at epoch %d",
                      e.topic, e.partition, e.new_leader, e.old_leader, e.leader_epoch)
         return len(elections)
+
+    async def elect_leaders(self, election_type: int,
+                            wanted: Collection[tuple[str, int]] | None) -> ElectionResults:
+        """Commit the elections an operator asked for (see :func:`requested`) and return each
+        partition's answer; REQUEST_TIMED_OUT for those asked when the change cannot be
+        saved."""
+        answers: ElectionResults = {}
+
+        def rule(image: MetadataImage) -> Elections:
+            elections, results = requested(image, election_type, wanted, image.live_node_ids)
+            answers.clear()
+            answers.update(results)
+            return elections
+
+        done = await self._elect(rule, "requested leader elections")
+        if done is None:
+            return {key: (ErrorCode.request_timed_out.value, "the election could not be saved")
+                    if code == 0 else (code, message)
+                    for key, (code, message) in answers.items()}
+        kind = "preferred" if election_type == PREFERRED_ELECTION else "unclean"
+        for e in done[1]:
+            metrics.LEADER_ELECTIONS.labels(kind if not e.clean or kind == "preferred"
+                                            else "clean").inc()
+            log.info("%s-%d: node %d leads at epoch %d (requested %s election, from %d)",
+                     e.topic, e.partition, e.new_leader, e.leader_epoch, kind, e.old_leader)
+        return answers
 
     async def change_isr(self, changes: IsrChanges) -> dict[tuple[str, int], tuple[NodeId, ...]]:
         """Commit the ISR changes that still apply (see :func:`alter_isr`), in one new
