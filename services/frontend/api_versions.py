@@ -86,6 +86,7 @@ SUPPORTED_APIS: dict[int, SupportedApi] = {
         SupportedApi(31, "DeleteAcls", 1, 3, retry_safe=False),
         SupportedApi(32, "DescribeConfigs", 1, 4, retry_safe=True),
         SupportedApi(33, "AlterConfigs", 0, 2, retry_safe=False),
+        SupportedApi(35, "DescribeLogDirs", 1, 4, retry_safe=True),
         SupportedApi(36, "SaslAuthenticate", 0, 2, retry_safe=True, forwarded=False),
         SupportedApi(37, "CreatePartitions", 0, 3, retry_safe=False),
         SupportedApi(42, "DeleteGroups", 0, 2, retry_safe=False),

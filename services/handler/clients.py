@@ -259,6 +259,10 @@ class LogNodeClients:
                                  time_limit: float) -> log_pb2.DescribeProducersResponse:
         return await _call(self._stub(node).DescribeProducers, request, time_limit, _peer(node))
 
+    async def describe_log_dir(self, node: LogNode, request: log_pb2.DescribeLogDirRequest,
+                               time_limit: float) -> log_pb2.LogDirDescription:
+        return await _call(self._stub(node).DescribeLogDir, request, time_limit, _peer(node))
+
     def on_metadata(self, snapshot: ClusterMetadata) -> None:
         """Metadata listener: close the channels of addresses no log node has any more (a
         node moved or left); calls still running on them fail as calls to a vanished node

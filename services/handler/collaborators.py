@@ -66,6 +66,9 @@ class LogNodes(Protocol):
     async def describe_producers(self, node: LogNode, request: log.DescribeProducersRequest,
                                  time_limit: float) -> log.DescribeProducersResponse: ...
 
+    async def describe_log_dir(self, node: LogNode, request: log.DescribeLogDirRequest,
+                               time_limit: float) -> log.LogDirDescription: ...
+
 
 class Purgatory(Protocol):
     """Delayed operations (Kafka's DelayedFetch, DelayedProduce, DelayedJoin), its

@@ -37,6 +37,7 @@ from .apis.groups import (
 )
 from .apis.leader_epochs import OffsetForLeaderEpochApi
 from .apis.leaders import ElectLeadersApi
+from .apis.log_dirs import DescribeLogDirsApi
 from .apis.metadata import MetadataApi
 from .apis.offsets import ListOffsetsApi
 from .apis.partitions import CreatePartitionsApi
@@ -155,6 +156,7 @@ def kafka_apis(config: HandlerConfig, cache: MetadataCache, replicator: Controll
         "DeleteTopics": DeleteTopicsApi(cache, replicator),
         "CreatePartitions": CreatePartitionsApi(cache, replicator),
         "ElectLeaders": ElectLeadersApi(cache, replicator),
+        "DescribeLogDirs": DescribeLogDirsApi(cache, log_nodes),
         "DescribeConfigs": DescribeConfigsApi(
             cache, auto_create_topics_enable=config.auto_create_topics_enable),
         "AlterConfigs": alter_configs,

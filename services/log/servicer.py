@@ -23,7 +23,7 @@ from services.common.errors import ErrorCode, KafkaError, RecordValidationError,
 from services.common.records.record_batch import NO_TIMESTAMP
 
 from . import metrics
-from .log_dir_failure import LogDirFailureChannel
+from .log_dir_failure import DiskUsage, LogDirFailureChannel
 from .log_manager import LogManager
 from .partition_log import LAST_STABLE, NO_LEADER_EPOCH, NO_OFFSET, PartitionLog
 from .verification import VerificationRequiredError
@@ -276,6 +276,28 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
         return await self._each(log_pb2.DescribePartitionsResponse(),
                                 request.partitions or self._manager.partitions(),
                                 lambda tp, state: _describe(state, self._log(tp)), offsets=True)
+
+    async def DescribeLogDir(self, request, context):
+        manager = self._manager
+        log_dir = manager.log_dir
+        description = log_pb2.LogDirDescription(path=str(log_dir.path))
+        if log_dir.offline:
+            description.error_code = int(ErrorCode.kafka_storage_error.value)
+            description.error_message = log_dir.failure or ""
+            description.total_bytes = description.usable_bytes = -1
+            return description
+        usage = await asyncio.to_thread(DiskUsage.of, log_dir.path)
+        description.total_bytes, description.usable_bytes = usage.total, usage.free
+        wanted = {(p.topic, p.partition) for p in request.partitions}
+        for partition_log in manager.partitions():
+            key = (partition_log.topic, partition_log.partition)
+            if wanted and key not in wanted:
+                continue
+            description.replicas.add(
+                topic=partition_log.topic, partition=partition_log.partition,
+                size_bytes=partition_log.size_bytes,
+                offset_lag=max(partition_log.high_watermark - partition_log.log_end_offset, 0))
+        return description
 
     async def DeleteRecords(self, request, context):
         async def delete(item: log_pb2.PartitionDeleteRecords,

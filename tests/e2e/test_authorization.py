@@ -413,6 +413,17 @@ def elect_leaders(ctx: Ctx) -> None:
         raise error if isinstance(error, KafkaException) else KafkaException(error)
 
 
+def describe_log_dirs(ctx: Ctx) -> None:
+    """kafka-python: its answer carries the error code (v3+) instead of raising it."""
+    admin = ctx.kafka_python_admin()
+    try:
+        (answer,) = admin.describe_log_dirs(brokers=[only_broker(ctx)])
+    finally:
+        admin.close()
+    if not answer["log_dirs"]:
+        raise KafkaException(KafkaError(E.CLUSTER_AUTHORIZATION_FAILED))
+
+
 def only_broker(ctx: Ctx) -> int:
     return next(iter(ctx.secure.admin.list_topics(timeout=TIMEOUT).brokers))
 
@@ -656,6 +667,8 @@ CASES = {
         granted=E.INVALID_REQUEST),
     "alter-topic-configs": Case(alter_topic_configs, (
         (TOPIC_DENIED, ("TOPIC", AclOperation.ALTER_CONFIGS)),), a_topic),
+    "describe-log-dirs": Case(describe_log_dirs, (
+        (CLUSTER_DENIED, ("BROKER", AclOperation.DESCRIBE)),)),
     # Authorized, the one replica leads already.
     "elect-leaders": Case(elect_leaders, ((CLUSTER_DENIED, ("BROKER", AclOperation.ALTER)),),
                           a_topic, granted=E.ELECTION_NOT_NEEDED),

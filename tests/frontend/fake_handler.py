@@ -245,6 +245,11 @@ class FakeHandler(kafka_handler_pb2_grpc.KafkaHandlerServicer):
         return k.DeleteGroupsResponse(results=[
             {"group_id": g, "error_code": 0} for g in request.groups_names])
 
+    async def DescribeLogDirs(self, request, context):
+        await self._enter("DescribeLogDirs", request, context)
+        return k.DescribeLogDirsResponse(error_code=0, results=[
+            {"error_code": 0, "log_dir": "/data", "total_bytes": 100, "usable_bytes": 50}])
+
     async def ElectLeaders(self, request, context):
         await self._enter("ElectLeaders", request, context)
         return k.ElectLeadersResponse(error_code=0, replica_election_results=[
