@@ -61,6 +61,9 @@ class _Plan:
 
     copies: list[tuple[str, str]] = field(default_factory=list)
     unknowns: list[str] = field(default_factory=list)
+    # Record batches: empty, not null (a null Fetch partition's records is a protocol error to
+    # librdkafka; Kafka answers an errored partition with no records).
+    empty: list[str] = field(default_factory=list)
     code: str | None = None
     message: bool = False
     # (request field, response field, plan of entity elements | None, key of plain elements)
@@ -86,6 +89,8 @@ def _fill(plan: _Plan, request: Message, response: Message, code: int,
           message: str | None) -> None:
     for name in plan.unknowns:
         setattr(response, name, -1)
+    for name in plan.empty:
+        setattr(response, name, b"")
     for source, target in plan.copies:
         if request.HasField(source):
             setattr(response, target, getattr(request, source))
@@ -113,6 +118,8 @@ def _plan(request: Descriptor | None, response: Descriptor) -> _Plan:
     plan.unknowns = [f.name for f in response.fields
                      if not f.is_repeated and f.type in _INTEGERS
                      and f.name.endswith(UNKNOWN_SUFFIXES)]
+    plan.empty = [f.name for f in response.fields
+                  if f.name == "records" and f.type == FieldDescriptor.TYPE_BYTES]
     if request is None:
         return plan
     top_level = request.containing_type is None

@@ -171,3 +171,17 @@ def test_group_answers_name_every_item_of_the_request() -> None:
     pid = encode_and_decode(22, 4, error_response(22, k.InitProducerIdRequest(),
                                                   ErrorCode.request_timed_out))
     assert (pid.error_code, pid.producer_id, pid.producer_epoch) == (NOT_AVAILABLE, -1, -1)
+
+
+@pytest.mark.parametrize("version", [4, 12, 15])
+def test_fetch_error_answers_carry_empty_records_not_null(version: int) -> None:
+    """librdkafka refuses a Fetch partition whose records are null ("invalid MessageSetSize
+    -1"); Kafka answers an errored partition with empty records."""
+    request = k.FetchRequest(topics=[k.FetchRequest.FetchTopic(
+        topic="t", topic_id=str(uuid.uuid4()),
+        partitions=[k.FetchRequest.FetchPartition(partition=p) for p in (0, 1)])])
+    response = error_response(FETCH_KEY, request, ErrorCode.not_leader_or_follower)
+    assert response is not None
+    decoded = encode_and_decode(FETCH_KEY, version, response)
+    partitions = decoded.responses[0].partitions  # type: ignore[attr-defined]
+    assert [p.records for p in partitions] == [b"", b""]
