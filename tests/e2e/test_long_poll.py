@@ -93,7 +93,7 @@ def test_an_idle_fetch_is_answered_after_its_max_wait(cluster, topic_name):
 
 def test_a_parked_fetch_is_woken_within_50_ms_of_a_produce(cluster, topic_name):
     create_topic(cluster.bootstrap, topic_name, partitions=1)
-    with connect(cluster) as fetcher, connect(cluster) as producer:
+    with connect(cluster) as fetcher, connect(cluster, topic_name) as producer:
         timed_fetch(fetcher, fetch_request(topic_name, 0, 0), 1)
         for offset in range(3):
             outcome: dict[str, object] = {}
