@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import pytest
+import uvloop
 
 from services.frontend.framing import FrameError
 from services.frontend.network_receive import _QUEUED_BYTES_LIMIT, _SCRATCH_BYTES, FrameChannel
@@ -150,7 +151,6 @@ def test_connections_reading_at_once_each_get_their_own_frames(loop: str) -> Non
         assert got == {b"c%d" % i: bodies for i, bodies in enumerate(streams)}
 
     if loop == "uvloop":
-        uvloop = pytest.importorskip("uvloop")
         uvloop.run(asyncio.wait_for(main(), TIMEOUT))
     else:
         run(main())
