@@ -104,7 +104,8 @@ class ChaosRun:
         self._create_topic()
         self.workload = Workload(cluster.bootstrap, self.topic, settings.partitions,
                                  producers=settings.producers, consumers=settings.consumers,
-                                 rate=settings.rate, log=self.log)
+                                 rate=settings.rate, log=self.log,
+                                 client_logs=self.cluster.data_dir / "clients")
         self.workload.start()
         self.settle(since=time.monotonic(), what="the workload's start")
 

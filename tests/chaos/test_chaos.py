@@ -60,7 +60,10 @@ def run_faults(data_dir: Path, faults: list[tuple[str, str]], **overrides: objec
         assert run.injector is not None
         assert run.workload is not None
         by_fault = findings_by_fault(report, run.workload.history)
-        assert report.ok, f"{report.describe()}\nby fault: {by_fault}\n{run.logs()}"
+        stuck_logs = "\n".join(f"--- client {name} ---\n{run.workload.client_log(name)}"
+                               for name in sorted({s.client for s in report.stuck}))
+        assert report.ok, (f"{report.describe()}\nby fault: {by_fault}\n{run.logs()}\n"
+                           f"client errors: {run.workload.errors[:20]}\n{stuck_logs}")
         assert report.failed_deliveries == 0, run.workload.history.failed[:5]
         assert run.injector.unexpected_restarts() == {}, run.logs()
         assert run.injector.not_running() == [], run.logs()

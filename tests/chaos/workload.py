@@ -12,9 +12,11 @@ record they are shown. :func:`read_everything` reads every partition from the st
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 
@@ -49,7 +51,8 @@ class Workload:
 
     def __init__(self, bootstrap: str, topic: str, partitions: int, *, producers: int = 2,
                  consumers: int = 2, rate: float = 150.0, in_flight_per_partition: int = 40,
-                 group: str | None = None, log: Callable[[str], None] = print) -> None:
+                 group: str | None = None, log: Callable[[str], None] = print,
+                 client_logs: Path | None = None) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
         self.partitions = partitions
@@ -57,6 +60,7 @@ class Workload:
         self.in_flight_per_partition = in_flight_per_partition
         self.group = group or f"chaos-{topic}"
         self.log = log
+        self.client_logs = client_logs
         self.history = History()
         self.lock = threading.Lock()
         self.errors: list[str] = []
@@ -74,6 +78,27 @@ class Workload:
     def start(self) -> None:
         for thread in self._producers + self._consumers:
             thread.start()
+
+    def _client_logging(self, name: str, debug: str) -> dict[str, object]:
+        """librdkafka's own log of client ``name`` (``debug`` contexts), into
+        ``client_logs/<name>.log``: what a stuck client was doing."""
+        if self.client_logs is None:
+            return {}
+        self.client_logs.mkdir(parents=True, exist_ok=True)
+        logger = logging.getLogger(f"chaos.{self.topic}.{name}")
+        logger.propagate = False
+        logger.setLevel(logging.DEBUG)
+        handler = logging.FileHandler(self.client_logs / f"{name}.log")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        logger.addHandler(handler)
+        return {"logger": logger, "debug": debug}
+
+    def client_log(self, name: str, lines: int = 60) -> str:
+        """The last ``lines`` lines of client ``name``'s librdkafka log."""
+        if self.client_logs is None or not (self.client_logs / f"{name}.log").exists():
+            return ""
+        return "\n".join((self.client_logs / f"{name}.log").read_text(
+            errors="replace").splitlines()[-lines:])
 
     def _span(self, name: str) -> ClientSpan:
         with self.lock:
@@ -141,7 +166,8 @@ class Workload:
 
     def _consume(self, name: str) -> None:
         consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": self.group,
-                             "client.id": name, **CONSUMER_CONFIG})
+                             "client.id": name, **CONSUMER_CONFIG,
+                             **self._client_logging(name, "cgrp,topic,fetch")})
         span = self._span(name)
         try:
             consumer.subscribe([self.topic])
@@ -156,6 +182,8 @@ class Workload:
                 self._record(name, msg, group=True, span=span)
         finally:
             consumer.close()
+            for handler in logging.getLogger(f"chaos.{self.topic}.{name}").handlers:
+                handler.close()
 
     def _record(self, name: str, msg, *, group: bool, span: ClientSpan | None) -> None:
         now = time.monotonic()

@@ -34,6 +34,7 @@ NONE = 0
 COORDINATOR_NOT_AVAILABLE = ErrorCode.coordinator_not_available.value
 NOT_COORDINATOR = ErrorCode.not_coordinator.value
 NOT_LEADER_OR_FOLLOWER = ErrorCode.not_leader_or_follower.value
+KAFKA_STORAGE_ERROR = ErrorCode.kafka_storage_error.value
 TOPIC_ALREADY_EXISTS = ErrorCode.topic_already_exists.value
 CREATE_TOPIC_TIMEOUT_S = 30.0
 
@@ -48,10 +49,10 @@ class CoordinatorError(Exception):
 
 def leader_error(code: int, message: str) -> CoordinatorError:
     """A partition's leader failed (``code``: the Kafka error it gave, 0 for none): clients are
-    told NOT_COORDINATOR when it leads no more, so they look the coordinator up again, else
-    COORDINATOR_NOT_AVAILABLE."""
-    return CoordinatorError(
-        NOT_COORDINATOR if code == NOT_LEADER_OR_FOLLOWER else COORDINATOR_NOT_AVAILABLE, message)
+    told NOT_COORDINATOR when it leads no more or its log directory failed (leadership is
+    about to move), so they look the coordinator up again, else COORDINATOR_NOT_AVAILABLE."""
+    moving = code in (NOT_LEADER_OR_FOLLOWER, KAFKA_STORAGE_ERROR)
+    return CoordinatorError(NOT_COORDINATOR if moving else COORDINATOR_NOT_AVAILABLE, message)
 
 
 def java_string_hash(text: str) -> int:

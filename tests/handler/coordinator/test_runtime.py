@@ -26,6 +26,7 @@ from services.handler.coordinator.placement import (
     CoordinatorError,
     Placement,
     java_string_hash,
+    leader_error,
     partition_for,
 )
 from services.handler.coordinator.runtime import CoordinatorRuntime
@@ -332,3 +333,13 @@ def test_a_leader_that_stopped_answering_is_found_until_it_is_fenced() -> None:
         assert await fenced.find("a") == (COORDINATOR_NOT_AVAILABLE, -1)
 
     asyncio.run(main())
+
+
+def test_a_leader_that_leads_no_more_or_lost_its_disk_sends_clients_to_find_the_coordinator():
+    # As Kafka maps a failed group append: NOT_COORDINATOR when leadership is (about to be)
+    # elsewhere, COORDINATOR_NOT_AVAILABLE for anything that may pass where it is.
+    not_coordinator = ErrorCode.not_coordinator.value
+    assert leader_error(ErrorCode.not_leader_or_follower.value, "").code == not_coordinator
+    assert leader_error(ErrorCode.kafka_storage_error.value, "").code == not_coordinator
+    assert leader_error(ErrorCode.not_enough_replicas.value, "").code == COORDINATOR_NOT_AVAILABLE
+    assert leader_error(0, "").code == COORDINATOR_NOT_AVAILABLE
