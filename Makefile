@@ -53,8 +53,11 @@ test-deps: $(JS_STAMP)
 	@command -v promtool >/dev/null || { apt-get update -qq && \
 		apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 
+# Two passes: the tests that start no process on two workers (they mostly wait on timers),
+# then the ones that start clusters, one at a time (their timings assume the machine is theirs).
 test: venv test-deps
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider -m "not processes" -n 2 tests
+	$(PY) -m pytest -q -p no:cacheprovider -m processes --durations=15 tests
 
 # The fast inner loop: everything that starts no process (no cluster, no helm, no Spark), on two
 # workers (most of these tests wait on timers rather than compute).
