@@ -370,16 +370,25 @@ class LeaseElector:
                 await asyncio.sleep(min(s.retry_period, max(0.0, deadline - self._clock())))
 
     async def release(self) -> bool:
-        """Give the Lease up if this candidate still holds it as last seen (one attempt,
-        bounded). True when released."""
+        """Give the Lease up if this candidate still holds it (bounded). True when released.
+
+        As client-go's release, the Lease is read first: a renewal cancelled while its write
+        was on the wire may have changed the Lease after this candidate last saw it, and a
+        write at the version seen before would be refused as a conflict."""
         s = self.settings
         if not self.is_leader or self._observed is None:
             return False
         self.is_leader = False
         try:
             async with asyncio.timeout(s.request_timeout * 2):
+                found = await self._leases.read()
+                if found is None or found[0].holder != s.identity:
+                    log.info("lease %s/%s: no longer held by %s, nothing to release",
+                             s.namespace, s.lease_name, s.identity)
+                    return False
+                record, self._version = found
                 self._version = await self._leases.replace(
-                    released_record(self._observed.record, self._wall()), self._version)
+                    released_record(record, self._wall()), self._version)
         except (LeaseConflictError, LeaseApiError, TimeoutError) as exc:
             log.warning("lease %s/%s: could not release: %s", s.namespace, s.lease_name, exc)
             return False

@@ -5,6 +5,7 @@ an in-memory Lease with optimistic concurrency."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 from typing import Any
 
@@ -217,4 +218,24 @@ def test_two_creators_one_wins():
         assert not await b.try_acquire_or_renew()  # AlreadyExists
         leases.read = real_read  # type: ignore[method-assign]
         assert [holder for holder, _ in leases.writes] == ["a"]
+    asyncio.run(scenario())
+
+
+def test_a_renewal_cut_off_after_its_write_landed_does_not_keep_the_lease_from_release():
+    # The renewal's write reached the API server, its answer never reached the elector
+    # (cancelled as the replicator stepped down): the version it last saw is stale.
+    async def scenario() -> None:
+        leases, clock = MemoryLeases(), Clock()
+        a, b = electors(leases, clock)
+        assert await a.try_acquire_or_renew()
+        record, _ = await leases.read()
+        leases._write(record)  # the renewal that landed unseen
+        assert await a.release()
+        assert leases.record is not None and leases.record.holder == ""
+        # Released by someone else's hand meanwhile: nothing to give up, nothing written.
+        assert await b.try_acquire_or_renew()
+        writes = len(leases.writes)
+        b.is_leader, leases.record = True, dataclasses.replace(leases.record, holder="c")
+        assert not await b.release()
+        assert len(leases.writes) == writes
     asyncio.run(scenario())
