@@ -13,7 +13,10 @@ Two kinds of failure reach here:
 The APIs served by a coordinator (groups, producer ids) answer as Kafka's coordinators do when
 they cannot complete an operation: a timed-out write or an unavailable coordinator is
 COORDINATOR_NOT_AVAILABLE (Kafka's coordinator turns REQUEST_TIMED_OUT into it), which makes
-clients look the coordinator up again and retry (:func:`failure_code`).
+clients look the coordinator up again and retry (:func:`failure_code`). OffsetFetch, read-only,
+answers COORDINATOR_LOAD_IN_PROGRESS instead, as its handler does while the group's partition
+cannot be read: librdkafka retries that in place, but after COORDINATOR_NOT_AVAILABLE it never
+starts fetching the partitions it asked about.
 
 Metadata has no such answer: a response without brokers leaves a client with nowhere to send
 anything, and one naming brokers or leaders the frontend does not know would be a lie. The
@@ -30,6 +33,7 @@ from kio.schema.errors import ErrorCode
 from services.common import error_answers
 
 METADATA_KEY = 3
+OFFSET_FETCH_KEY = 9
 # APIs served by a coordinator (groups, producer ids): their failures are the coordinator's.
 COORDINATOR_APIS = frozenset({8, 9, 10, 11, 12, 13, 14, 15, 16, 22, 42, 47})
 
@@ -46,6 +50,8 @@ def failure_code(api_key: int, code: ErrorCode) -> ErrorCode:
     """The code an API answers for a failure the frontend would call ``code``: coordinator
     APIs say COORDINATOR_NOT_AVAILABLE where others say REQUEST_TIMED_OUT."""
     if api_key in COORDINATOR_APIS and code == ErrorCode.request_timed_out:
+        if api_key == OFFSET_FETCH_KEY:
+            return ErrorCode.coordinator_load_in_progress
         return ErrorCode.coordinator_not_available
     return code
 

@@ -30,7 +30,12 @@ by the spelling the request uses); it answers -1 (no offset) for partitions with
 a null topic list asks for every committed partition, and before v2 a group error is given in
 every partition. With ``require_stable`` (v7+) a partition that has offsets pending in an open
 transaction is UNSTABLE_OFFSET_COMMIT (offset -1), so the consumer retries until the
-transaction ends.
+transaction ends. While the group's partition cannot be read here (its leader failing, moving
+or being reloaded by this handler) OffsetFetch answers COORDINATOR_LOAD_IN_PROGRESS: the group
+is being loaded, and that is the one coordinator error every client retries in place.
+librdkafka does not retry an OffsetFetch answered NOT_COORDINATOR or
+COORDINATOR_NOT_AVAILABLE, and the partitions it asked about are then never fetched until the
+next rebalance; NOT_COORDINATOR stays the answer at a broker that does not coordinate the group.
 
 TxnOffsetCommit stores offsets in the producer's transaction (they count once it commits, see
 :mod:`..groups.state`), checked as OffsetCommit's are (unknown partitions, metadata size; a
@@ -199,8 +204,12 @@ class OffsetFetchApi(GroupApi):
         wanted = None if group.topics_is_null else [
             (t.name, p) for t in group.topics if t.name not in refused
             for p in t.partition_indexes]
-        code, fetched = await self._serve(group.group_id, context, lambda: (
-            self._coordinator.offsets.fetch(group.group_id, wanted)))
+        code, fetched = await self._not_coordinator(group.group_id, context), None
+        if not code:
+            try:
+                fetched = await self._coordinator.offsets.fetch(group.group_id, wanted)
+            except CoordinatorError:
+                code = COORDINATOR_LOAD_IN_PROGRESS
         if code or fetched is None:
             return {"group_id": group.group_id, "error_code": code, "topics": [] if wanted is None
                     else [_topic(t.name, [(p, None, code if in_partitions else 0)
