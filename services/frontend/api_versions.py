@@ -93,6 +93,9 @@ SUPPORTED_APIS: dict[int, SupportedApi] = {
         # A repeated election finds the leader it chose (ELECTION_NOT_NEEDED).
         SupportedApi(43, "ElectLeaders", 0, 2, retry_safe=False),
         SupportedApi(44, "IncrementalAlterConfigs", 0, 1, retry_safe=False),
+        # A repeated reassignment to the same target changes nothing more.
+        SupportedApi(45, "AlterPartitionReassignments", 0, 1, retry_safe=False),
+        SupportedApi(46, "ListPartitionReassignments", 0, 0, retry_safe=True),
         SupportedApi(47, "OffsetDelete", 0, 0, retry_safe=False),
         SupportedApi(48, "DescribeClientQuotas", 0, 1, retry_safe=True),
         SupportedApi(49, "AlterClientQuotas", 0, 1, retry_safe=False),

@@ -115,7 +115,9 @@ def metadata_from_proto(message: replicator_pb2.ClusterMetadata) -> ClusterMetad
             configs=dict(t.configs), partitions={p.partition: PartitionInfo(
                 partition=p.partition, leader=p.leader, leader_epoch=p.leader_epoch,
                 replicas=tuple(p.replicas), isr=tuple(p.isr),
-                offline_replicas=tuple(p.offline_replicas)) for p in t.partitions})
+                offline_replicas=tuple(p.offline_replicas),
+                adding_replicas=tuple(p.adding_replicas),
+                removing_replicas=tuple(p.removing_replicas)) for p in t.partitions})
             for t in message.topics],
         acls=[AclBinding.from_pb(b) for b in message.acls],
         scram_credentials=scram, client_quotas=quotas)
@@ -166,6 +168,11 @@ class ReplicatorClient:
     async def elect_leaders(self, request: replicator_pb2.ElectLeadersRequest,
                             time_limit: float) -> replicator_pb2.ElectLeadersResponse:
         return await self._change(self._stub.ElectLeaders, request, time_limit)
+
+    async def alter_partition_reassignments(
+            self, request: replicator_pb2.AlterPartitionReassignmentsRequest, time_limit: float,
+    ) -> replicator_pb2.AlterPartitionReassignmentsResponse:
+        return await self._change(self._stub.AlterPartitionReassignments, request, time_limit)
 
     async def allocate_producer_ids(self, request: replicator_pb2.AllocateProducerIdsRequest,
                                     time_limit: float,

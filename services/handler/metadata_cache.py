@@ -57,6 +57,9 @@ class PartitionInfo:
     replicas: tuple[int, ...] = ()
     isr: tuple[int, ...] = ()
     offline_replicas: tuple[int, ...] = ()
+    # While being reassigned: the replicas joining and those leaving.
+    adding_replicas: tuple[int, ...] = ()
+    removing_replicas: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

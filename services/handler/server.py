@@ -44,6 +44,7 @@ from .apis.partitions import CreatePartitionsApi
 from .apis.produce import ProduceApi
 from .apis.producer_ids import InitProducerIdApi, ProducerIdBlocks
 from .apis.producers import DescribeProducersApi
+from .apis.reassignments import AlterPartitionReassignmentsApi, ListPartitionReassignmentsApi
 from .apis.records import DeleteRecordsApi
 from .apis.scram_credentials import (
     AlterUserScramCredentialsApi,
@@ -156,6 +157,8 @@ def kafka_apis(config: HandlerConfig, cache: MetadataCache, replicator: Controll
         "DeleteTopics": DeleteTopicsApi(cache, replicator),
         "CreatePartitions": CreatePartitionsApi(cache, replicator),
         "ElectLeaders": ElectLeadersApi(cache, replicator),
+        "AlterPartitionReassignments": AlterPartitionReassignmentsApi(cache, replicator),
+        "ListPartitionReassignments": ListPartitionReassignmentsApi(cache),
         "DescribeLogDirs": DescribeLogDirsApi(cache, log_nodes),
         "DescribeConfigs": DescribeConfigsApi(
             cache, auto_create_topics_enable=config.auto_create_topics_enable),

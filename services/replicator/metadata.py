@@ -43,13 +43,33 @@ class LogNode:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PartitionRegistration:
     """One partition's replica set. ``replicas[0]`` is the preferred leader; ``isr`` is a
-    subset of ``replicas``; ``leader`` is in ``isr`` (or -1 when no replica can lead)."""
+    subset of ``replicas``; ``leader`` is in ``isr`` (or -1 when no replica can lead).
+
+    During a reassignment (:mod:`~services.replicator.controller.reassignments`) ``replicas``
+    is the target replicas followed by those leaving, ``adding`` the target replicas that were
+    not replicas before and ``removing`` those leaving; both are empty otherwise."""
 
     partition: int
     leader: NodeId
     leader_epoch: int
     replicas: tuple[NodeId, ...]
     isr: tuple[NodeId, ...]
+    adding: tuple[NodeId, ...] = ()
+    removing: tuple[NodeId, ...] = ()
+
+    @property
+    def reassigning(self) -> bool:
+        return bool(self.adding or self.removing)
+
+    @property
+    def target(self) -> tuple[NodeId, ...]:
+        """The replicas the partition has once its reassignment is done."""
+        return tuple(r for r in self.replicas if r not in self.removing)
+
+    @property
+    def original(self) -> tuple[NodeId, ...]:
+        """The replicas it had before its reassignment began."""
+        return tuple(r for r in self.replicas if r not in self.adding)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -27,7 +27,8 @@ JSON encoding of an image (also ``<data_dir>/metadata.json``, UTF-8)::
 ``next_producer_id`` was added later, and the security metadata (``acls``,
 ``scram_credentials``, ``client_quotas``; ACL codes by their Kafka names, SCRAM mechanisms by
 Kafka's ScramMechanism code, a null entity name for a default entity) after it; a document
-without them starts producer ids at 0 and has none.
+without them starts producer ids at 0 and has none. A partition being reassigned also has
+``"adding"`` and ``"removing"`` replica lists (absent: none).
 
 Log node liveness is not stored (it is re-learned by health checks after a restart), but the
 version is, so versions keep increasing across restarts.
@@ -152,6 +153,8 @@ def encode_image(image: MetadataImage) -> dict[str, Any]:
                         "leader_epoch": p.leader_epoch,
                         "replicas": list(p.replicas),
                         "isr": list(p.isr),
+                        **({"adding": list(p.adding), "removing": list(p.removing)}
+                           if p.reassigning else {}),
                     }
                     for p in t.partitions
                 ],
@@ -244,6 +247,8 @@ def decode_image(doc: Any) -> MetadataImage:
                     leader_epoch=int(p["leader_epoch"]),
                     replicas=tuple(NodeId(int(r)) for r in p["replicas"]),
                     isr=tuple(NodeId(int(r)) for r in p["isr"]),
+                    adding=tuple(NodeId(int(r)) for r in p.get("adding", ())),
+                    removing=tuple(NodeId(int(r)) for r in p.get("removing", ())),
                 )
                 for p in t["partitions"]
             ),

@@ -42,6 +42,15 @@ PENDING_DELETIONS = Gauge(
     "kbroker_replicator_pending_replica_deletions",
     "Replicas of deleted topics a log node has not confirmed deleting yet.",
 )
+REASSIGNING = Gauge(
+    "kbroker_replicator_reassigning_partitions",
+    "Partitions being reassigned (ReassigningPartitions).",
+)
+REASSIGNMENTS = Counter(
+    "kbroker_replicator_reassignments_total",
+    "Partition reassignments by event: started, completed, cancelled.",
+    ["event"],
+)
 ISR_SHRINKS = Counter(
     "kbroker_replicator_isr_shrinks_total",
     "Partitions whose ISR lost a member from one metadata version to the next "
@@ -65,13 +74,15 @@ _last_isr: dict[tuple[str, int], frozenset[int]] = {}
 
 def observe(image: MetadataImage) -> None:
     live = set(image.live_node_ids)
-    partitions = under_replicated = offline = shrinks = expands = 0
+    partitions = under_replicated = offline = shrinks = expands = reassigning = 0
     isrs: dict[tuple[str, int], frozenset[int]] = {}
     for topic in image.topics.values():
         for p in topic.partitions:
             partitions += 1
-            if len(p.isr) < len(p.replicas) or not live.issuperset(p.replicas):
+            # Being reassigned, the replication factor is the target's (Kafka's).
+            if len(p.isr) < len(p.target) or not live.issuperset(p.replicas):
                 under_replicated += 1
+            reassigning += p.reassigning
             if p.leader not in live:
                 offline += 1
             key = (topic.name, p.partition)
@@ -90,6 +101,7 @@ def observe(image: MetadataImage) -> None:
     UNDER_REPLICATED.set(under_replicated)
     OFFLINE.set(offline)
     PENDING_DELETIONS.set(sum(len(p) for p in image.pending_deletions.values()))
+    REASSIGNING.set(reassigning)
     if shrinks:
         ISR_SHRINKS.inc(shrinks)
     if expands:

@@ -11,7 +11,7 @@ from kbroker.replicator.v1 import replicator_pb2 as pb
 from kbroker.replicator.v1 import replicator_pb2_grpc
 
 from .controller import Controller
-from .metadata import MetadataImage, TopicName, TopicRegistration
+from .metadata import MetadataImage, NodeId, TopicName, TopicRegistration
 
 
 class ReplicatorServicer(replicator_pb2_grpc.ReplicatorServicer):
@@ -76,6 +76,19 @@ class ReplicatorServicer(replicator_pb2_grpc.ReplicatorServicer):
                               error_message=message)
             for (topic, partition), (code, message) in sorted(results.items())])
 
+    async def AlterPartitionReassignments(
+        self, request: pb.AlterPartitionReassignmentsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AlterPartitionReassignmentsResponse:
+        targets = {(r.topic, r.partition): None if r.cancel else tuple(
+            NodeId(n) for n in r.replicas) for r in request.reassignments}
+        results = await self._controller.reassignments.alter(
+            targets, allow_rf_change=request.allow_replication_factor_change)
+        return pb.AlterPartitionReassignmentsResponse(results=[
+            pb.ElectionResult(topic=r.topic, partition=r.partition,
+                              error_code=results[(r.topic, r.partition)][0],
+                              error_message=results[(r.topic, r.partition)][1])
+            for r in request.reassignments])
+
     async def AllocateProducerIds(
         self, request: pb.AllocateProducerIdsRequest, context: grpc.aio.ServicerContext
     ) -> pb.AllocateProducerIdsResponse:
@@ -128,6 +141,8 @@ def to_cluster_metadata(
                         replicas=p.replicas,
                         isr=p.isr,
                         offline_replicas=image.offline_replicas(p),
+                        adding_replicas=p.adding,
+                        removing_replicas=p.removing,
                     )
                     for p in topic.partitions
                 ],

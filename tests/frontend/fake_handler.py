@@ -257,6 +257,17 @@ class FakeHandler(kafka_handler_pb2_grpc.KafkaHandlerServicer):
                 {"partition_id": p, "error_code": 0} for p in t.partitions]}
             for t in request.topic_partitions])
 
+    async def AlterPartitionReassignments(self, request, context):
+        await self._enter("AlterPartitionReassignments", request, context)
+        return k.AlterPartitionReassignmentsResponse(error_code=0, responses=[
+            {"name": t.name, "partitions": [
+                {"partition_index": p.partition_index, "error_code": 0} for p in t.partitions]}
+            for t in request.topics])
+
+    async def ListPartitionReassignments(self, request, context):
+        await self._enter("ListPartitionReassignments", request, context)
+        return k.ListPartitionReassignmentsResponse(error_code=0)
+
     async def OffsetDelete(self, request, context):
         await self._enter("OffsetDelete", request, context)
         return k.OffsetDeleteResponse(error_code=0, topics=[

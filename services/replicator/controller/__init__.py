@@ -40,6 +40,7 @@ from .configs import ConfigControlManager
 from .core import ControllerCore
 from .partitions import PartitionControlManager
 from .producer_ids import ProducerIdControlManager
+from .reassignments import ReassignmentControlManager
 from .scram import ScramControlManager
 from .topics import TopicControlManager
 
@@ -71,6 +72,7 @@ class Controller(ControllerCore):
         self.acls = AclControlManager(self)
         self.scram = ScramControlManager(self)
         self.client_quotas = ClientQuotaControlManager(self)
+        self.reassignments = ReassignmentControlManager(self)
         self._checked_once = False
         self._tasks: list[asyncio.Task[None]] = []
         # Set when a log node exited: the next node check runs at once.
@@ -112,11 +114,13 @@ class Controller(ControllerCore):
 
     async def check_nodes(self) -> None:
         """Health-check every log node once and record who is alive; fence the nodes down for
-        the session timeout; then (unless a topic operation is running) retry pending replica
+        the session timeout; complete the reassignments that can; then (unless a topic operation
+        is running) retry pending replica
         deletions and bring nodes that came back up to date with the configs."""
         revived, fenced = await self.cluster.check()
         await self.partitions.fence(fenced)
         await self.cluster.mark_fenced(fenced)
+        await self.reassignments.complete()
         if self._checked_once:  # the first check finds the starting state
             self.configs.mark_stale(revived)
         self._checked_once = True

@@ -35,6 +35,7 @@ from services.common.errors import ErrorCode
 
 from .. import metrics
 from ..metadata import MetadataImage, NodeId, PartitionRegistration, TopicName, TopicRegistration
+from . import reassignments
 from .core import ControllerCore
 
 log = logging.getLogger(__name__)
@@ -300,8 +301,18 @@ class PartitionControlManager:
 
     async def change_isr(self, changes: IsrChanges) -> dict[tuple[str, int], tuple[NodeId, ...]]:
         """Commit the ISR changes that still apply (see :func:`alter_isr`), in one new
-        version; returns them. Raises OSError if the save failed (nothing changed)."""
-        applied = await self._core.commit(lambda image: alter_isr(image, changes))
+        version with the reassignments they complete; returns them. Raises OSError if the
+        save failed (nothing changed)."""
+
+        def change(image: MetadataImage) -> tuple[MetadataImage, tuple[
+                dict[tuple[str, int], tuple[NodeId, ...]], list[tuple[tuple[str, int],
+                                                                  PartitionRegistration]]]]:
+            changed, applied = alter_isr(image, changes)
+            completed, done = reassignments.complete_all(changed, only=applied)
+            return completed, (applied, done)
+
+        applied, done = await self._core.commit(change)
         for (name, index), isr in applied.items():
             log.info("%s-%d: ISR is now %s", name, index, list(isr))
+        reassignments.log_completed(done)
         return applied

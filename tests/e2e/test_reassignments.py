@@ -1,0 +1,113 @@
+"""Partition reassignments with a real admin client (kafka-python's
+alter_partition_reassignments and list_partition_reassignments) against three log nodes: a
+partition moved off its only log node onto two others has its records copied, is listed while
+a target node is down, completes once both targets are in sync (the old replica's data then
+deleted), and still holds every record; a cancelled reassignment goes back to the original
+replica; errors are Kafka's."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from kafka import KafkaAdminClient
+from kafka import TopicPartition as KTopicPartition
+from kafka.errors import (
+    InvalidReplicationAssignmentError,
+    NoReassignmentInProgressError,
+    UnknownTopicOrPartitionError,
+)
+
+from services.local_cluster import LocalCluster
+
+from .test_recovery import cluster, wait_until
+
+__all__ = ["cluster"]  # the module's cluster fixture
+
+TOPIC = "moving"
+RECORDS = 3000
+
+
+def replicator_partitions(cluster: LocalCluster) -> dict[int, tuple[list[int], list[int], int]]:
+    """Each partition of TOPIC: (replicas, isr, leader), as the admin client's metadata has
+    them (None entries while not known)."""
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    topic = admin.list_topics(TOPIC, timeout=10).topics[TOPIC]
+    return {p.id: (list(p.replicas), list(p.isrs), p.leader) for p in topic.partitions.values()}
+
+
+def produce(cluster: LocalCluster, partition: int, count: int) -> None:
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all",
+                         "linger.ms": 5})
+    for i in range(count):
+        producer.produce(TOPIC, value=f"{partition}:{i}".encode() * 20, partition=partition)
+        if i % 500 == 0:
+            producer.poll(0)
+    assert producer.flush(30) == 0
+
+
+def read_all(cluster: LocalCluster, partition: int) -> list[bytes]:
+    from confluent_kafka import TopicPartition
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "verify",
+                         "enable.auto.commit": False})
+    values: list[bytes] = []
+    try:
+        consumer.assign([TopicPartition(TOPIC, partition, 0)])
+        deadline = time.monotonic() + 30
+        while len(values) < RECORDS and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                values.append(msg.value())
+    finally:
+        consumer.close()
+    return values
+
+
+def test_a_partition_moves_to_other_log_nodes_with_its_records(cluster: LocalCluster):
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic(TOPIC, num_partitions=2, replica_assignment=[[0], [0]])],
+                        request_timeout=15)[TOPIC].result(20)
+    produce(cluster, 0, RECORDS)
+    produce(cluster, 1, 10)
+    client = KafkaAdminClient(bootstrap_servers=cluster.bootstrap, request_timeout_ms=30000)
+    p0, p1 = KTopicPartition(TOPIC, 0), KTopicPartition(TOPIC, 1)
+    cluster.kill("log-2")
+    try:
+        # A target node is down: both reassignments start and stay under way.
+        assert client.alter_partition_reassignments({p0: [1, 2], p1: [2]}) == {
+            p0: None, p1: None}
+        listed = client.list_partition_reassignments()
+        assert {tp: (r["replicas"], r["adding_replicas"], r["removing_replicas"])
+                for tp, r in listed.items()} == {
+            p0: ([1, 2, 0], [1, 2], [0]), p1: ([2, 0], [2], [0])}
+        # Node 1 catches up meanwhile, but node 2 is missing: not done.
+        wait_until(cluster, lambda: 1 in replicator_partitions(cluster)[0][1], 20,
+                   "log node 1 in the ISR of partition 0")
+        assert replicator_partitions(cluster)[0][0] == [1, 2, 0]
+        # Cancel one; errors as Kafka's.
+        answers = client.alter_partition_reassignments({
+            p1: None, KTopicPartition(TOPIC, 9): [1], KTopicPartition("nowhere", 0): [1]})
+        assert answers == {p1: None, KTopicPartition(TOPIC, 9): UnknownTopicOrPartitionError,
+                           KTopicPartition("nowhere", 0): UnknownTopicOrPartitionError}
+        assert client.alter_partition_reassignments({p1: None}) == {
+            p1: NoReassignmentInProgressError}
+        assert client.alter_partition_reassignments({p1: [1, 1]}) == {
+            p1: InvalidReplicationAssignmentError}
+        assert list(client.list_partition_reassignments()) == [p0]
+        assert replicator_partitions(cluster)[1][0] == [0]
+    finally:
+        cluster.start_service("log-2")
+    wait_until(cluster, lambda: replicator_partitions(cluster)[0][0] == [1, 2], 30,
+               "the reassignment of partition 0 done")
+    replicas, isr, leader = replicator_partitions(cluster)[0]
+    assert sorted(isr) == [1, 2] and leader in (1, 2)
+    assert client.list_partition_reassignments() == {}
+    # Every record is there, read from the new replicas, and the old one is deleted.
+    values = read_all(cluster, 0)
+    assert values == [f"0:{i}".encode() * 20 for i in range(RECORDS)]
+    old = Path(cluster.data_dir) / "log-0" / f"{TOPIC}-0"
+    wait_until(cluster, lambda: not old.exists(), 20, "the old replica deleted")
+    assert (Path(cluster.data_dir) / "log-0" / f"{TOPIC}-1").exists()
+    client.close()
