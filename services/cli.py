@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from .admin import cli as admin_cli
 from .k8s import cli as k8s_cli
 from .local_cluster import ClusterSpec, LocalCluster, ServiceProcess, StartupError
 
@@ -104,11 +105,14 @@ def main(argv: list[str] | None = None) -> int:
                          "(ca.crt, <kind>.crt, <kind>.key per kind: frontend, handler, log, "
                          "purgatory, replicator); default: plaintext on loopback")
     k8s_cli.add_parser(sub)
+    admin_cli.add_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "up":
         return _up(args)
     if args.command == "k8s":
         return k8s_cli.run(args)
+    if args.command == "spread":
+        return admin_cli.run(args)
     return 2
 
 

@@ -3,11 +3,15 @@ alter_partition_reassignments and list_partition_reassignments) against three lo
 partition moved off its only log node onto two others has its records copied, is listed while
 a target node is down, completes once both targets are in sync (the old replica's data then
 deleted), and still holds every record; a cancelled reassignment goes back to the original
-replica; errors are Kafka's."""
+replica; errors are Kafka's. ``kbroker spread`` evens six partitions piled on one log node out
+over three, then empties one, the records all still there."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer
@@ -111,3 +115,56 @@ def test_a_partition_moves_to_other_log_nodes_with_its_records(cluster: LocalClu
     wait_until(cluster, lambda: not old.exists(), 20, "the old replica deleted")
     assert (Path(cluster.data_dir) / "log-0" / f"{TOPIC}-1").exists()
     client.close()
+
+
+def spread(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", "spread", "--replicator",
+         cluster.services["replicator"].grpc_address, "--topic", "piled", *args],
+        capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_kbroker_spread_evens_out_the_log_nodes_and_empties_one_before_removal(
+        cluster: LocalCluster):
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic("piled", num_partitions=6, replica_assignment=[[0]] * 6)],
+                        request_timeout=15)["piled"].result(20)
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    for p in range(6):
+        for i in range(50):
+            producer.produce("piled", value=f"{p}:{i}".encode(), partition=p)
+    assert producer.flush(30) == 0
+
+    def replicas() -> dict[int, list[int]]:
+        topic = admin.list_topics("piled", timeout=10).topics["piled"]
+        return {p.id: list(p.replicas) for p in topic.partitions.values()}
+
+    dry = spread(cluster)
+    assert dry.returncode == 0, dry.stderr
+    assert "node 0: 6 replicas" in dry.stdout and "node 1: 2 replicas" in dry.stdout
+    assert all(r == [0] for r in replicas().values())  # a plan changes nothing
+
+    done = spread(cluster, "--execute", "--wait", "--timeout", "60")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "every reassignment is done" in done.stdout
+    assert sorted(Counter(r[0] for r in replicas().values()).values()) == [2, 2, 2]
+
+    emptied = spread(cluster, "--exclude", "2", "--execute", "--wait", "--timeout", "60")
+    assert emptied.returncode == 0, emptied.stdout + emptied.stderr
+    after = replicas()
+    assert all(2 not in r for r in after.values())
+    assert sorted(Counter(r[0] for r in after.values()).values()) == [3, 3]
+
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "piled-check",
+                         "auto.offset.reset": "earliest"})
+    seen: set[bytes] = set()
+    try:
+        consumer.subscribe(["piled"])
+        deadline = time.monotonic() + 30
+        while len(seen) < 300 and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                seen.add(msg.value())
+    finally:
+        consumer.close()
+    assert len(seen) == 300

@@ -1,0 +1,1 @@
+"""Operator commands that change a running cluster through its services' gRPC APIs."""
