@@ -120,7 +120,9 @@ def metadata_from_proto(message: replicator_pb2.ClusterMetadata) -> ClusterMetad
                 removing_replicas=tuple(p.removing_replicas)) for p in t.partitions})
             for t in message.topics],
         acls=[AclBinding.from_pb(b) for b in message.acls],
-        scram_credentials=scram, client_quotas=quotas)
+        scram_credentials=scram, client_quotas=quotas,
+        config_resources={(r.resource_type, r.name): dict(r.configs)
+                          for r in message.config_resources})
 
 
 class ReplicatorClient:
@@ -168,6 +170,11 @@ class ReplicatorClient:
     async def elect_leaders(self, request: replicator_pb2.ElectLeadersRequest,
                             time_limit: float) -> replicator_pb2.ElectLeadersResponse:
         return await self._change(self._stub.ElectLeaders, request, time_limit)
+
+    async def alter_config_resources(
+            self, request: replicator_pb2.AlterConfigResourcesRequest, time_limit: float,
+    ) -> replicator_pb2.AlterConfigResourcesResponse:
+        return await self._change(self._stub.AlterConfigResources, request, time_limit)
 
     async def alter_partition_reassignments(
             self, request: replicator_pb2.AlterPartitionReassignmentsRequest, time_limit: float,

@@ -122,6 +122,10 @@ class Controller(Protocol):
     async def elect_leaders(self, request: replicator.ElectLeadersRequest,
                             time_limit: float) -> replicator.ElectLeadersResponse: ...
 
+    async def alter_config_resources(
+            self, request: replicator.AlterConfigResourcesRequest, time_limit: float,
+    ) -> replicator.AlterConfigResourcesResponse: ...
+
     async def alter_partition_reassignments(
             self, request: replicator.AlterPartitionReassignmentsRequest, time_limit: float,
     ) -> replicator.AlterPartitionReassignmentsResponse: ...

@@ -90,8 +90,8 @@ QuotaEntity = tuple[tuple[str, str | None], ...]
 class ClusterMetadata:
     """One immutable snapshot of cluster metadata, indexed for the lookups requests need."""
 
-    __slots__ = ("_by_id", "acls", "client_quotas", "cluster_id", "controller_id", "log_nodes",
-                 "scram_credentials", "topics", "version")
+    __slots__ = ("_by_id", "acls", "client_quotas", "cluster_id", "config_resources",
+                 "controller_id", "log_nodes", "scram_credentials", "topics", "version")
 
     def __init__(
         self,
@@ -104,6 +104,7 @@ class ClusterMetadata:
         acls: Iterable[AclBinding] = (),
         scram_credentials: Mapping[str, Iterable[ScramCredentialInfo]] | None = None,
         client_quotas: Mapping[QuotaEntity, Mapping[str, float]] | None = None,
+        config_resources: Mapping[tuple[int, str], Mapping[str, str]] | None = None,
     ) -> None:
         self.version = version
         self.cluster_id = cluster_id
@@ -121,6 +122,11 @@ class ClusterMetadata:
         self.client_quotas: Mapping[QuotaEntity, Mapping[str, float]] = MappingProxyType({
             entity: MappingProxyType(dict(values))
             for entity, values in (client_quotas or {}).items()})
+        # Dynamic configs of other config resources, by (ConfigResource type, name): BROKER
+        # ones, name "" cluster-wide.
+        self.config_resources: Mapping[tuple[int, str], Mapping[str, str]] = MappingProxyType({
+            key: MappingProxyType(dict(values))
+            for key, values in (config_resources or {}).items()})
 
     def topic(self, name: str) -> TopicInfo | None:
         return self.topics.get(name)

@@ -113,6 +113,10 @@ ScramKey = tuple[str, int]
 QuotaEntity = tuple[tuple[str, str | None], ...]
 
 
+# A config resource other than a topic: (Kafka's ConfigResource type, name).
+ConfigResourceKey = tuple[int, str]
+
+
 def quota_entity(parts: Mapping[str, str | None]) -> QuotaEntity:
     """The entity of ``{entity type: name or None}``."""
     return tuple(sorted(parts.items()))
@@ -129,7 +133,9 @@ class MetadataImage:
 
     Security metadata: ``acls``, the ACL bindings, each once, in the order they were created;
     ``scram_credentials`` by user and mechanism; ``client_quotas``, each entity's quota values
-    by Kafka quota key (an entity without values is absent).
+    by Kafka quota key (an entity without values is absent). ``config_resources``: dynamic
+    configs of config resources other than topics
+    (:mod:`~services.replicator.controller.config_resources`).
     """
 
     cluster_id: str
@@ -142,6 +148,9 @@ class MetadataImage:
     acls: tuple[AclBinding, ...] = ()
     scram_credentials: Mapping[ScramKey, ScramCredential] = field(default_factory=dict)
     client_quotas: Mapping[QuotaEntity, Mapping[str, float]] = field(default_factory=dict)
+    # Dynamic configs of other config resources (BROKER ones), each resource with values.
+    config_resources: Mapping[ConfigResourceKey, Mapping[str, str]] = field(
+        default_factory=dict)
 
     @property
     def live_node_ids(self) -> tuple[NodeId, ...]:

@@ -28,7 +28,8 @@ JSON encoding of an image (also ``<data_dir>/metadata.json``, UTF-8)::
 ``scram_credentials``, ``client_quotas``; ACL codes by their Kafka names, SCRAM mechanisms by
 Kafka's ScramMechanism code, a null entity name for a default entity) after it; a document
 without them starts producer ids at 0 and has none. A partition being reassigned also has
-``"adding"`` and ``"removing"`` replica lists (absent: none).
+``"adding"`` and ``"removing"`` replica lists (absent: none); ``"config_resources"`` (dynamic
+broker configs: ``[{"resource_type": 4, "name": "", "configs": {...}}]``) came last.
 
 Log node liveness is not stored (it is re-learned by health checks after a restart), but the
 version is, so versions keep increasing across restarts.
@@ -182,6 +183,10 @@ def encode_image(image: MetadataImage) -> dict[str, Any]:
             {"entity": dict(entity), "values": dict(sorted(values.items()))}
             for entity, values in sorted(image.client_quotas.items(), key=_entity_order)
         ],
+        "config_resources": [
+            {"resource_type": kind, "name": name, "configs": dict(sorted(configs.items()))}
+            for (kind, name), configs in sorted(image.config_resources.items())
+        ],
     }
 
 
@@ -279,5 +284,10 @@ def decode_image(doc: Any) -> MetadataImage:
                           for kind, name in q["entity"].items()}):
                 {str(key): float(value) for key, value in q["values"].items()}
             for q in doc.get("client_quotas", ())
+        },
+        config_resources={
+            (int(r["resource_type"]), str(r["name"])): {
+                str(k): str(v) for k, v in r["configs"].items()}
+            for r in doc.get("config_resources", ())
         },
     )

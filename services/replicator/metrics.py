@@ -125,6 +125,12 @@ REPLICATED_BYTES = Counter(
     "kbroker_replicator_replicated_bytes_total",
     "Bytes of record batches copied from leaders to followers (ReplicationBytesInPerSec).",
 )
+THROTTLED_REPLICATED_BYTES = Counter(
+    "kbroker_replicator_throttled_replicated_bytes_total",
+    "Bytes copied for throttled replicas (leader/follower.replication.throttled.replicas), "
+    "counted against the replication throttle rates (LeaderReplication and "
+    "FollowerReplication byte rates).",
+)
 HIGH_WATERMARK_PUSHES = Counter(
     "kbroker_replicator_high_watermark_pushes_total",
     "UpdateHighWatermarks calls to leader log nodes, by outcome.",

@@ -114,6 +114,11 @@ class ReplicatorServicer(replicator_pb2_grpc.ReplicatorServicer):
     ) -> pb.AlterClientQuotasResponse:
         return await self._controller.client_quotas.alter(request)
 
+    async def AlterConfigResources(
+        self, request: pb.AlterConfigResourcesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AlterConfigResourcesResponse:
+        return await self._controller.config_resources.alter(request)
+
 
 def to_cluster_metadata(
     image: MetadataImage, topics: Iterable[TopicRegistration]
@@ -162,5 +167,9 @@ def to_cluster_metadata(
                                            is_default=name is None) for kind, name in entity],
                 values=values)
             for entity, values in image.client_quotas.items()
+        ],
+        config_resources=[
+            pb.ConfigResource(resource_type=kind, name=name, configs=configs)
+            for (kind, name), configs in sorted(image.config_resources.items())
         ],
     )

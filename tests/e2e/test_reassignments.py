@@ -14,8 +14,17 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ConfigSource,
+    NewTopic,
+    ResourceType,
+)
 from kafka import KafkaAdminClient
 from kafka import TopicPartition as KTopicPartition
 from kafka.errors import (
@@ -168,3 +177,72 @@ def test_kbroker_spread_evens_out_the_log_nodes_and_empties_one_before_removal(
     finally:
         consumer.close()
     assert len(seen) == 300
+
+
+def test_a_reassignment_is_held_to_the_replication_throttle(cluster: LocalCluster):
+    """kafka-reassign-partitions --throttle, by hand: the rate as a dynamic broker config of
+    the leader's log node, the moving partition's replicas as the topic's throttled
+    replicas."""
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    rate = 512 * 1024
+    admin.create_topics([NewTopic("throttled", num_partitions=1, replica_assignment=[[0]],
+                                  config={"leader.replication.throttled.replicas": "*"})],
+                        request_timeout=15)["throttled"].result(20)
+    # The leader's rate, as a dynamic config of log node 0.
+    leader = ConfigResource(ResourceType.BROKER, "0", incremental_configs=[ConfigEntry(
+        "leader.replication.throttled.rate", str(rate),
+        incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([leader], request_timeout=15)[leader].result(20)
+    broker = ConfigResource(ResourceType.BROKER, "0")
+    entry = admin.describe_configs([broker], request_timeout=15)[broker].result(20)[
+        "leader.replication.throttled.rate"]
+    assert (entry.value, entry.source) == (str(rate), ConfigSource.DYNAMIC_BROKER_CONFIG.value)
+    static = ConfigResource(ResourceType.BROKER, "0", incremental_configs=[ConfigEntry(
+        "num.partitions", "3", incremental_operation=AlterConfigOpType.SET)])
+    with pytest.raises(KafkaException) as refused:
+        admin.incremental_alter_configs([static], request_timeout=15)[static].result(20)
+    assert refused.value.args[0].code() == KafkaError.INVALID_REQUEST
+
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all",
+                         "linger.ms": 20})
+    payload = b"x" * 1000
+    for i in range(3000):  # about 3 MB: nearly six seconds at the rate
+        producer.produce("throttled", value=payload, partition=0)
+        if i % 500 == 0:
+            producer.poll(0)
+    assert producer.flush(30) == 0
+
+    client = KafkaAdminClient(bootstrap_servers=cluster.bootstrap, request_timeout_ms=30000)
+    started = time.monotonic()
+    assert client.alter_partition_reassignments({KTopicPartition("throttled", 0): [1]}) == {
+        KTopicPartition("throttled", 0): None}
+    wait_until(cluster, lambda: client.list_partition_reassignments() == {}, 60,
+               "the throttled reassignment done")
+    took = time.monotonic() - started
+    client.close()
+    # At most one second of the rate goes at once, and the last copy (up to 1 MiB) is paid
+    # for after it is made: the rest goes at the rate. Unthrottled, the move takes under a
+    # second.
+    assert took >= (3e6 - rate - (1 << 20)) / rate, took
+    assert read_count(cluster, "throttled") == 3000
+
+
+def read_count(cluster: LocalCluster, topic: str) -> int:
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": f"{topic}-count",
+                         "auto.offset.reset": "earliest"})
+    count = 0
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + 30
+        idle = 0
+        while time.monotonic() < deadline and idle < 6:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                idle += 1 if count else 0
+                continue
+            if not msg.error():
+                count += 1
+                idle = 0
+    finally:
+        consumer.close()
+    return count

@@ -178,6 +178,19 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
         "Whether an out-of-sync replica may become leader."),
 }
 
+# Broker configs that change at runtime (AlterConfigs of a BROKER resource: a log node's id,
+# or "" for every node), kept by the replicator with the cluster metadata.
+DYNAMIC_BROKER_CONFIGS: dict[str, ConfigDef] = {
+    "leader.replication.throttled.rate": ConfigDef(
+        str((1 << 63) - 1), ConfigType.LONG, None,
+        "Bytes/s a log node's throttled leader replicas may send to followers "
+        "(leader.replication.throttled.replicas)."),
+    "follower.replication.throttled.rate": ConfigDef(
+        str((1 << 63) - 1), ConfigType.LONG, None,
+        "Bytes/s a log node's throttled follower replicas may receive "
+        "(follower.replication.throttled.replicas)."),
+}
+
 # Broker configs that cannot change at runtime in Kafka (read-only there and here); the
 # broker synonyms of topic configs are Kafka's dynamic, cluster-wide ones.
 _STATIC_BROKER_CONFIGS: dict[str, ConfigDef] = {
@@ -257,7 +270,7 @@ class DescribeConfigsApi:
                                             f"Unexpected broker id, expected one of "
                                             f"{sorted(snapshot.log_nodes)}"
                                             f" or empty string, but received {name}")
-            entries = self._broker_entries(name, request.include_synonyms,
+            entries = self._broker_entries(name, snapshot, request.include_synonyms,
                                            request.include_documentation)
         else:
             return _describe_failed(resource, ErrorCode.invalid_request,
@@ -273,9 +286,11 @@ class DescribeConfigsApi:
                                      resource_name=resource.resource_name, configs=entries)
 
     def _broker_entries(
-        self, name: str, synonyms: bool, documentation: bool
+        self, name: str, snapshot: ClusterMetadata, synonyms: bool, documentation: bool
     ) -> list[ConfigEntry]:
-        entries = []
+        entries = [_dynamic_broker_entry(key, definition, name, snapshot, synonyms,
+                                         documentation)
+                   for key, definition in DYNAMIC_BROKER_CONFIGS.items()]
         dynamic = {d.broker_synonym: d for d in TOPIC_CONFIGS.values() if d.broker_synonym}
         for key, definition in sorted({**dynamic, **_STATIC_BROKER_CONFIGS}.items()):
             entries.append(_entry(key, definition.default, definition, ConfigSource.DEFAULT_CONFIG,
@@ -291,6 +306,28 @@ class DescribeConfigsApi:
                                   read_only=True, synonyms=synonyms,
                                   documentation=documentation))
         return sorted(entries, key=lambda e: e.name)
+
+
+def _dynamic_broker_entry(key: str, definition: ConfigDef, broker: str,
+                          snapshot: ClusterMetadata, synonyms: bool,
+                          documentation: bool) -> ConfigEntry:
+    """A dynamic broker config of broker ``broker`` ("": the cluster-wide view): its own
+    value, else the cluster-wide one, else the default; the synonyms list each level set."""
+    levels = []
+    if broker:
+        own = snapshot.config_resources.get((ResourceType.BROKER, broker), {})
+        if key in own:
+            levels.append((own[key], ConfigSource.DYNAMIC_BROKER_CONFIG))
+    default = snapshot.config_resources.get((ResourceType.BROKER, ""), {})
+    if key in default:
+        levels.append((default[key], ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG))
+    levels.append((definition.default, ConfigSource.DEFAULT_CONFIG))
+    value, source = levels[0]
+    return ConfigEntry(
+        name=key, value=value, read_only=False, config_source=source, is_sensitive=False,
+        synonyms=[ConfigSynonym(name=key, value=v, source=s) for v, s in levels]
+        if synonyms else [],
+        config_type=definition.type, documentation=definition.doc if documentation else None)
 
 
 def topic_config_entries(
@@ -369,11 +406,7 @@ def _alter_problem(resource: Any) -> tuple[ErrorCode, str] | None:
             return ErrorCode.invalid_topic_exception, reason
         return None
     if resource.resource_type == ResourceType.BROKER:
-        if not resource.configs:
-            return None
-        return ErrorCode.invalid_request, (
-            "Broker configs cannot be changed at runtime in this cluster: "
-            + ", ".join(sorted(names)))
+        return None  # which configs may change is the controller's to say
     return ErrorCode.invalid_request, f"Unsupported resource type {resource.resource_type}"
 
 
@@ -390,8 +423,9 @@ class AlterConfigsApi:
         response = (k.IncrementalAlterConfigsResponse() if incremental
                     else k.AlterConfigsResponse())
         keys = Counter((r.resource_type, r.resource_name) for r in request.resources)
-        # Index in ``response.responses`` -> the topic changes to send.
+        # Index in ``response.responses`` -> the topic (broker) changes to send.
         pending: dict[int, replicator_pb2.TopicConfigChanges] = {}
+        brokers: dict[int, replicator_pb2.ConfigResourceChanges] = {}
         for index, resource in enumerate(request.resources):
             denied = config_denied(context.access, Operation.ALTER_CONFIGS,
                                    resource.resource_type, resource.resource_name)
@@ -403,44 +437,76 @@ class AlterConfigsApi:
             result = response.responses.add(resource_type=resource.resource_type,
                                             resource_name=resource.resource_name,
                                             error_code=0)
+            changes = [replicator_pb2.ConfigChange(name=c.name, operation=_operation(c),
+                                                   value=c.value) for c in resource.configs]
             if denied and problem is None:
                 result.error_code = denied
             elif problem is not None:
                 result.error_code, result.error_message = problem[0].value, problem[1]
             elif resource.resource_type == ResourceType.TOPIC:
                 pending[index] = replicator_pb2.TopicConfigChanges(
-                    topic=resource.resource_name, replace=not incremental, changes=[
-                        replicator_pb2.ConfigChange(name=c.name, operation=_operation(c),
-                                                    value=c.value)
-                        for c in resource.configs])
-        if not pending:
-            return response
+                    topic=resource.resource_name, replace=not incremental, changes=changes)
+            elif resource.resource_type == ResourceType.BROKER:
+                brokers[index] = replicator_pb2.ConfigResourceChanges(
+                    resource_type=resource.resource_type, name=resource.resource_name,
+                    replace=not incremental, changes=changes)
+        changed = await self._alter_topics(pending, response.responses, request.validate_only)
+        changed |= await self._alter_brokers(brokers, response.responses,
+                                             request.validate_only)
+        if changed:
+            await self._cache.reload()
+        return response
 
-        results = response.responses
+    async def _alter_topics(self, pending: dict[int, replicator_pb2.TopicConfigChanges],
+                            results: Any, validate_only: bool) -> bool:
+        """Send the topic changes; their answers into ``results``. True if any took effect."""
+        if not pending:
+            return False
         try:
             answers = (await self._admin.alter_topic_configs(
                 replicator_pb2.AlterTopicConfigsRequest(topics=list(pending.values()),
-                                                        validate_only=request.validate_only),
+                                                        validate_only=validate_only),
                 DEFAULT_CONTROLLER_TIMEOUT_S)).topics
         except CallError as exc:
             log.warning("altering configs failed: %s", exc)
             for index in pending:
                 _alter_failed(results[index], ErrorCode.request_timed_out,
                               f"the controller did not answer: {exc}")
-            return response
+            return False
         if len(answers) != len(pending):
             for index in pending:
                 _alter_failed(results[index], ErrorCode.unknown_server_error,
                               "the controller returned no result for this topic")
-            return response
+            return False
         for index, answer in zip(pending, answers, strict=True):
             if answer.error_code:
                 results[index].error_code = answer.error_code
                 if answer.error_message:
                     results[index].error_message = answer.error_message
-        if not request.validate_only and any(not a.error_code for a in answers):
-            await self._cache.reload()
-        return response
+        return not validate_only and any(not a.error_code for a in answers)
+
+    async def _alter_brokers(self, pending: dict[int, replicator_pb2.ConfigResourceChanges],
+                             results: Any, validate_only: bool) -> bool:
+        """Send the broker config changes; their answers into ``results``. True if any took
+        effect."""
+        if not pending:
+            return False
+        try:
+            answers = (await self._admin.alter_config_resources(
+                replicator_pb2.AlterConfigResourcesRequest(resources=list(pending.values()),
+                                                           validate_only=validate_only),
+                DEFAULT_CONTROLLER_TIMEOUT_S)).results
+        except CallError as exc:
+            log.warning("altering broker configs failed: %s", exc)
+            for index in pending:
+                _alter_failed(results[index], ErrorCode.request_timed_out,
+                              f"the controller did not answer: {exc}")
+            return False
+        for index, answer in zip(pending, answers, strict=False):
+            if answer.error_code:
+                _alter_failed(results[index], ErrorCode(answer.error_code),
+                              answer.error_message)
+        return not validate_only and any(not a.error_code for a in answers)
 
 
 def _alter_failed(result: Any, code: ErrorCode, message: str) -> None:

@@ -36,6 +36,7 @@ from ..metadata_store import MetadataStore
 from .acls import AclControlManager, with_initial_acls
 from .client_quotas import ClientQuotaControlManager
 from .cluster import ClusterControlManager
+from .config_resources import ConfigResourceControlManager
 from .configs import ConfigControlManager
 from .core import ControllerCore
 from .partitions import PartitionControlManager
@@ -73,6 +74,7 @@ class Controller(ControllerCore):
         self.scram = ScramControlManager(self)
         self.client_quotas = ClientQuotaControlManager(self)
         self.reassignments = ReassignmentControlManager(self)
+        self.config_resources = ConfigResourceControlManager(self)
         self._checked_once = False
         self._tasks: list[asyncio.Task[None]] = []
         # Set when a log node exited: the next node check runs at once.

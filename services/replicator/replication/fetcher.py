@@ -46,6 +46,7 @@ from .. import metrics
 from ..log_nodes import NO_OFFSET, LogNodeError, LogNodes, TopicPartition
 from ..metadata import NodeId
 from .partition_state import PartitionReplication
+from .throttle import ReplicationThrottle
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +85,10 @@ class LeaderFetcher:
         settings: FetchSettings,
         on_progress: Callable[[PartitionReplication], None],
         on_stale_state: Callable[[NodeId, TopicPartition], None],
+        throttle: ReplicationThrottle | None = None,
     ) -> None:
         self.leader = leader
+        self._throttle = throttle
         self._nodes = nodes
         self._settings = settings
         self._on_progress = on_progress
@@ -165,9 +168,19 @@ class LeaderFetcher:
 
     def _ready(self) -> list[Pair]:
         now = time.monotonic()
-        return [(key, follower) for key, p in self._partitions.items()
-                for follower in p.followers
-                if follower in self._followers and self._retry_at.get((key, follower), 0) <= now]
+        ready = [(key, follower) for key, p in self._partitions.items()
+                 for follower in p.followers
+                 if follower in self._followers and self._retry_at.get((key, follower), 0) <= now]
+        if self._throttle is None:
+            return ready
+        allowed = []
+        for key, follower in ready:
+            delay = self._throttle.delay(key, self.leader, follower)
+            if delay > 0:  # over its replication quota: left out until the bucket refills
+                self._retry_at[(key, follower)] = now + delay
+            else:
+                allowed.append((key, follower))
+        return allowed
 
     async def _round(self) -> None:
         self._changed.clear()
@@ -278,6 +291,8 @@ class LeaderFetcher:
                 self._append_failed(partition, follower, result.error_code, result.error_message)
                 continue
             metrics.REPLICATED_BYTES.inc(sent.get(key, 0))
+            if self._throttle is not None:
+                self._throttle.record(key, self.leader, follower, sent.get(key, 0))
             partition.record_follower(follower, result.log_end_offset, leader_ends[key],
                                       appended_at, result.high_watermark)
             self._on_progress(partition)

@@ -13,15 +13,19 @@ LeaderAndIsr propagation, in one process).
   node that comes back to life, or refuses a call as if it did not know its state (it
   restarted), is sent its states again; a leader that gets its state also gets the high
   watermark, which a restart forgot.
+- Throttles: copies of throttled replicas are held to the replication throttle rates
+  (:mod:`.throttle`).
 - High watermark: whenever a follower's progress moves the minimum log end offset over the
   ISR, the new high watermark goes to the leader (:mod:`.high_watermarks`) and, when a
   purgatory is configured, straight to the purgatory too (:mod:`.progress`), completing the
   acks=all produces waiting there; followers learn it with their next copy.
-- ISR: every ``lag/2`` each partition's followers are checked: an ISR follower not caught up
-  for longer than ``replica.lag.time.max.ms`` leaves the ISR, a caught-up follower holding the
-  high watermark joins it. Partitions whose leader does not answer are left alone: their
-  followers cannot catch up, and the leader's fencing elects one of them instead. Changes are
-  committed through the controller (:mod:`~services.replicator.controller.partitions`), so
+- ISR: every ``lag/2`` (at most 5 s) each partition's followers are checked, and at once
+  when a follower out of the ISR caught up: an ISR follower not caught up for longer than
+  ``replica.lag.time.max.ms`` leaves the ISR, a caught-up follower holding the high watermark
+  joins it (as Kafka's leader expands the ISR on the follower's fetch). Partitions whose
+  leader does not answer are left alone: their followers cannot catch up, and the leader's
+  fencing elects one of them instead. Changes are committed through the controller
+  (:mod:`~services.replicator.controller.partitions`), so
   handlers learn them with the metadata (for min.insync.replicas) and they survive a restart;
   the leader is told whether it is now alone in the ISR.
 
@@ -47,11 +51,15 @@ from .fetcher import FetchSettings, LeaderFetcher, now_ms
 from .high_watermarks import HighWatermarkPusher
 from .partition_state import PartitionReplication
 from .progress import ProgressReporter
+from .throttle import ReplicationThrottle
 
 log = logging.getLogger(__name__)
 
 # Every this many state rounds, the nodes' replica states are checked (see verify_states).
 VERIFY_EVERY = 5
+# Shortest time between two ISR checks: a follower that caught up is checked at once, but the
+# checks of many partitions catching up together are merged.
+ISR_CHECK_SPACING_S = 0.1
 
 
 class ReplicationManager:
@@ -72,12 +80,14 @@ class ReplicationManager:
         self._resync_interval_s = resync_interval_s
         self._purgatory = purgatory
         self._states: dict[TopicPartition, PartitionReplication] = {}
+        self._throttle = ReplicationThrottle()
         self._fetchers: dict[NodeId, LeaderFetcher] = {}
         self._pushers: dict[NodeId, HighWatermarkPusher] = {}
         # Per node: the states it confirmed.
         self._confirmed: dict[NodeId, dict[TopicPartition, log_pb2.ReplicaState]] = {}
         self._alive: set[NodeId] = set()
         self._sync_needed = asyncio.Event()
+        self._isr_check_soon = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping: set[asyncio.Task[None]] = set()
         self._stopped = False
@@ -111,6 +121,7 @@ class ReplicationManager:
         """Bring partitions, fetchers and wanted replica states in line with ``image``."""
         if self._stopped:
             return
+        self._throttle.update(image)
         now = now_ms()
         alive = set(image.live_node_ids)
         for node in alive - self._alive:
@@ -169,7 +180,8 @@ class ReplicationManager:
             if fetcher is None:
                 fetcher = self._fetchers[leader] = LeaderFetcher(
                     leader=leader, nodes=self._nodes, settings=self._fetch,
-                    on_progress=self._progress, on_stale_state=self._stale_state)
+                    on_progress=self._progress, on_stale_state=self._stale_state,
+                    throttle=self._throttle)
                 fetcher.set_partitions(partitions, self._alive)
                 fetcher.start()
             else:
@@ -178,7 +190,12 @@ class ReplicationManager:
     # -- high watermarks -------------------------------------------------------------------
 
     def _progress(self, state: PartitionReplication) -> None:
-        if self._states.get(state.key) is not state or not state.advance_high_watermark():
+        if self._states.get(state.key) is not state:
+            return
+        if len(state.isr) <= len(state.followers) and state.caught_up_out_of_sync(
+                now_ms(), self._lag_ms):
+            self._isr_check_soon.set()  # a follower may join: as soon as it caught up
+        if not state.advance_high_watermark():
             return
         self._pusher(state.leader).push(state.topic, state.partition, state.leader_epoch,
                                         state.high_watermark)
@@ -347,11 +364,16 @@ class ReplicationManager:
     async def _check_isr_forever(self) -> None:
         interval = min(max(self._lag_ms / 2, 10), 5000) / 1000
         while True:
-            await asyncio.sleep(interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._isr_check_soon.wait(), interval)
+            self._isr_check_soon.clear()
             try:
                 await self.check_isr()
             except Exception:
                 log.exception("ISR check failed")
+            await asyncio.sleep(ISR_CHECK_SPACING_S)
+            if any(s.expanding for s in self._states.values()):
+                self._isr_check_soon.set()  # the leader's confirmation is on its way
 
     async def check_isr(self) -> None:
         """Shrink and expand ISRs per the lag rules, and refresh the lag metrics."""
