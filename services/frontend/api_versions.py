@@ -105,6 +105,10 @@ SUPPORTED_APIS: dict[int, SupportedApi] = {
         SupportedApi(61, "DescribeProducers", 0, 0, retry_safe=True),
         SupportedApi(65, "DescribeTransactions", 0, 0, retry_safe=True),
         SupportedApi(66, "ListTransactions", 0, 1, retry_safe=True),
+        # A heartbeat is computed on fresh state: a retry finds the first one's effect (a
+        # joining member's retry names the member id the first one took, or joins as new).
+        SupportedApi(68, "ConsumerGroupHeartbeat", 0, 1, retry_safe=True),
+        SupportedApi(69, "ConsumerGroupDescribe", 0, 1, retry_safe=True),
     )
 }
 
