@@ -50,6 +50,32 @@ class HandlerConfig:
         1800000, "longest session timeout a member may ask for (group.max.session.timeout.ms)")
     group_max_size: int = option(
         2147483647, "most members a group may have (group.max.size)")
+    group_consumer_session_timeout_ms: int = option(
+        45000, "session timeout of consumer group members (KIP-848; "
+        "group.consumer.session.timeout.ms)")
+    group_consumer_min_session_timeout_ms: int = option(
+        45000, "lowest group.consumer.session.timeout.ms allowed "
+        "(group.consumer.min.session.timeout.ms)")
+    group_consumer_max_session_timeout_ms: int = option(
+        60000, "highest group.consumer.session.timeout.ms allowed "
+        "(group.consumer.max.session.timeout.ms)")
+    group_consumer_heartbeat_interval_ms: int = option(
+        5000, "how often consumer group members heartbeat "
+        "(group.consumer.heartbeat.interval.ms)")
+    group_consumer_min_heartbeat_interval_ms: int = option(
+        5000, "lowest group.consumer.heartbeat.interval.ms allowed "
+        "(group.consumer.min.heartbeat.interval.ms)")
+    group_consumer_max_heartbeat_interval_ms: int = option(
+        15000, "highest group.consumer.heartbeat.interval.ms allowed "
+        "(group.consumer.max.heartbeat.interval.ms)")
+    group_consumer_max_size: int = option(
+        2147483647, "most members a consumer group may have (group.consumer.max.size)")
+    group_consumer_assignors: tuple[str, ...] = option(
+        ("uniform", "range"), "server-side assignors consumer groups may ask for "
+        "(group.consumer.assignors; the first is the default)")
+    group_consumer_migration_policy: str = option(
+        "bidirectional", "conversions between classic and consumer groups: disabled, upgrade, "
+        "downgrade or bidirectional (group.consumer.migration.policy)")
     transaction_state_log_num_partitions: int = option(
         50, "partitions of __transaction_state when it is created "
         "(transaction.state.log.num.partitions)")

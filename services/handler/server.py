@@ -18,6 +18,7 @@ from .apis.acls import CreateAclsApi, DeleteAclsApi, DescribeAclsApi
 from .apis.client_quotas import AlterClientQuotasApi, DescribeClientQuotasApi
 from .apis.cluster import DescribeClusterApi
 from .apis.configs import AlterConfigsApi, DescribeConfigsApi
+from .apis.consumer_groups import ConsumerGroupDescribeApi, ConsumerGroupHeartbeatApi
 from .apis.fetch import FetchApi
 from .apis.group_offsets import (
     OffsetCommitApi,
@@ -173,6 +174,8 @@ def kafka_apis(config: HandlerConfig, cache: MetadataCache, replicator: Controll
         "ListGroups": ListGroupsApi(coordinator),
         "DescribeGroups": DescribeGroupsApi(coordinator),
         "DeleteGroups": DeleteGroupsApi(coordinator),
+        "ConsumerGroupHeartbeat": ConsumerGroupHeartbeatApi(coordinator),
+        "ConsumerGroupDescribe": ConsumerGroupDescribeApi(coordinator),
         "OffsetCommit": OffsetCommitApi(cache, coordinator),
         "OffsetFetch": OffsetFetchApi(coordinator),
         "OffsetDelete": OffsetDeleteApi(cache, coordinator),
