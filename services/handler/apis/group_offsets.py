@@ -212,9 +212,12 @@ class OffsetFetchApi(GroupApi):
             member_id = getattr(group, "member_id", "") or None
             member_epoch = getattr(group, "member_epoch", -1) if isinstance(group, FetchGroup) \
                 else -1
+            # A consumer group's member names itself and its epoch (v9); others do not.
+            member = {"member_id": member_id, "member_epoch": member_epoch} \
+                if member_id or member_epoch >= 0 else {}
             try:
                 fetched = await self._coordinator.offsets.fetch(group.group_id, wanted,
-                                                                member_id, member_epoch)
+                                                                **member)
             except CoordinatorError:
                 code = COORDINATOR_LOAD_IN_PROGRESS
             except GroupError as exc:
