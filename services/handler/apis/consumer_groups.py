@@ -110,7 +110,7 @@ class ConsumerGroupHeartbeatApi(GroupApi):
 
 def _heartbeat_assignment(assignment: TopicAssignment) -> HeartbeatAssignment:
     return HeartbeatAssignment(topic_partitions=[
-        HeartbeatAssignment.TopicPartitions(topic_id=t, partitions=sorted(ps))
+        k.ConsumerGroupHeartbeatResponse.TopicPartitions(topic_id=t, partitions=sorted(ps))
         for t, ps in sorted(assignment.items())])
 
 

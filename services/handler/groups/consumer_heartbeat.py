@@ -211,8 +211,6 @@ def validate(request: HeartbeatRequest, config: ConsumerGroupConfig) -> None:
         if request.subscribed_topic_names is None and request.subscribed_topic_regex is None:
             raise invalid("Either SubscribedTopicNames or SubscribedTopicRegex must be non-null "
                           "when (re-)joining.")
-        if request.subscribed_topic_names is not None and request.subscribed_topic_regex:
-            raise invalid("SubscribedTopicNames and SubscribedTopicRegex cannot both be set.")
     elif epoch == LEAVE_GROUP_STATIC_MEMBER_EPOCH:
         if not request.member_id:
             raise invalid("MemberId can't be empty.")
@@ -406,11 +404,8 @@ def heartbeat(group: ConsumerGroup | None, classic: object, request: HeartbeatRe
         subscribed_topic_regex=request.subscribed_topic_regex
         if request.subscribed_topic_regex is not None else member.subscribed_topic_regex,
         client_id=request.client_id, client_host=request.client_host, classic=None)
-    if request.subscribed_topic_names is not None and request.subscribed_topic_regex is None:
-        updated = replace(updated, subscribed_topic_regex=None)
-    elif request.subscribed_topic_regex is not None:
-        updated = replace(updated, subscribed_topic_regex=request.subscribed_topic_regex or None,
-                          subscribed_topic_names=())
+    if request.subscribed_topic_regex == "":
+        updated = replace(updated, subscribed_topic_regex=None)  # no regex (Kafka's isNotEmpty)
     previous = group.members.get(member_id)
     bump = previous is None or (
         previous.subscribed_topic_names != updated.subscribed_topic_names
