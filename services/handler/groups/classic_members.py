@@ -10,7 +10,8 @@ Upgrade (``convertToConsumerGroup``): each classic member becomes a consumer gro
 the classic generation, Stable, holding the partitions of its last assignment, subscribed to
 the topics of its subscription, keeping its session timeout and protocols; the group and
 target epochs are the generation. Allowed only for a group of the ``consumer`` protocol type
-whose size fits ``group.consumer.max.size``.
+whose size fits ``group.consumer.max.size``; a group still before its first generation has no
+protocol chosen yet, and each member's subscription is then its first protocol's.
 
 Downgrade (``convertToClassicGroup``): the remaining members become classic members (their
 protocols, their current assignment as a ConsumerProtocolAssignment), the group a classic
@@ -79,7 +80,6 @@ def classic_is_empty(classic: Group) -> bool:
 def can_upgrade(classic: Group, config: ConsumerGroupConfig) -> bool:
     """Kafka's ``validateOnlineUpgrade``."""
     return (config.upgrades and classic.protocol_type == CONSUMER_PROTOCOL_TYPE
-            and classic.protocol_name is not None
             and len(classic.members) <= config.max_size)
 
 
@@ -104,7 +104,10 @@ def convert_from_classic(classic: Group, image: TopicImage) -> ConsumerGroup:
     target: dict[str, dict[str, frozenset[int]]] = {}
     for m in classic.members.values():
         try:
-            subscription = read_subscription(m.metadata(classic.protocol_name))
+            # Before its first generation a group has no protocol yet: the member's first.
+            metadata = m.metadata(classic.protocol_name) if classic.protocol_name else (
+                m.protocols[0][1] if m.protocols else b"")
+            subscription = read_subscription(metadata)
             assigned = _ids(read_assignment(m.assignment), image)
         except RecordFormatError:
             raise GroupError(GROUP_ID_NOT_FOUND, f"Cannot upgrade the classic group "
@@ -207,12 +210,9 @@ def classic_join(group: ConsumerGroup, *, member_id: str, instance_id: str | Non
                          "Malformed embedded consumer protocol.") from None
     before = group
     if instance_id is None:
-        member = group.members.get(member_id)
-        if member is None:
-            if not unknown:
-                raise GroupError(UNKNOWN_MEMBER_ID, f"Member {member_id} is not a member of "
-                                 f"group {group.group_id}.")
-            member = ConsumerMember(member_id=member_id)
+        # The id handed out with MEMBER_ID_REQUIRED, or one of an earlier generation: a
+        # classic member joining with any id is created (Kafka's createIfNotExists).
+        member = group.members.get(member_id) or ConsumerMember(member_id=member_id)
     else:
         existing = group.static_member(instance_id)
         if existing is None:
