@@ -82,6 +82,7 @@ def _uniform_homogeneous(members: list[MemberSpec],
     minimum, extra = divmod(total, len(members))
     result: dict[str, dict[str, set[int]]] = {}
     room: list[tuple[str, int]] = []
+    taken: set[tuple[str, int]] = set()
     for member in members:
         quota = minimum
         if extra > 0:
@@ -93,16 +94,23 @@ def _uniform_homogeneous(members: list[MemberSpec],
             if topic not in member.topics:
                 continue
             for p in owned:
-                if p >= partitions.get(topic, 0):
-                    continue  # the topic shrank (or was recreated): not a partition any more
+                if p >= partitions.get(topic, 0) or (topic, p) in taken:
+                    continue  # not a partition any more (the topic shrank), or held twice
                 if quota > 0:
                     kept.setdefault(topic, set()).add(p)
+                    taken.add((topic, p))
                     quota -= 1
                 else:
                     unassigned.append((topic, p))
         result[member.member_id] = kept
         if quota > 0:
             room.append((member.member_id, quota))
+    # Each partition once, none that a member kept (only targets that overlap, which a
+    # coordinator never writes, could make it otherwise), none forgotten.
+    unassigned = [tp for tp in dict.fromkeys(unassigned) if tp not in taken]
+    listed = set(unassigned)
+    unassigned += [(t, p) for t in topics for p in range(partitions[t])
+                   if (t, p) not in taken and (t, p) not in listed]
     position = 0
     for member_id, quota in room:
         for _ in range(quota):
