@@ -271,8 +271,13 @@ class ConsumerGroupTargetAssignmentMetadataValue:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TopicPartitions:
+    """A topic's partitions; in a current assignment also the member epoch at which each was
+    assigned to the member (KIP-1251, aligned with ``partitions``; None in other records)."""
+
     topic_id: str = kafka("uuid")
     partitions: tuple[int, ...] = kafka(["int32"], default=())
+    assignment_epochs: tuple[int, ...] | None = kafka(["int32"], nullable="0+", tag=0,
+                                                      default=None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

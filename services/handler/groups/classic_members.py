@@ -219,7 +219,7 @@ def classic_join(group: ConsumerGroup, *, member_id: str, instance_id: str | Non
             member = group.members.get(member_id) or ConsumerMember(member_id=member_id)
         elif unknown:
             member = replace(existing, member_id=member_id, member_epoch=0,
-                             previous_member_epoch=0)
+                             previous_member_epoch=0, assignment_epochs={})
             group = replace_member(group, existing, member)
         else:
             member = _classic_member(group, member_id, instance_id)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from ..coordinator.schema import decode, encode
@@ -115,10 +115,35 @@ class ConsumerMember:
     state: MemberState = MemberState.STABLE
     assigned: TopicAssignment = field(default_factory=dict)
     pending_revocation: TopicAssignment = field(default_factory=dict)
+    # The member epoch at which each partition held (assigned or pending revocation) was
+    # assigned to the member (KIP-1251), by (topic id, partition); a partition not listed
+    # was assigned at max(member epoch, 0) (records written without them).
+    assignment_epochs: Mapping[tuple[str, int], int] = field(default_factory=dict)
 
     @property
     def uses_classic_protocol(self) -> bool:
         return self.classic is not None
+
+    def assignment_epoch(self, topic_id: str, partition: int) -> int | None:
+        """The epoch at which the member got a partition it holds (assigned or pending
+        revocation); None if it does not hold it (Kafka's ``getAssignmentEpoch`` and
+        ``getPendingRevocationEpoch``)."""
+        if partition not in self.assigned.get(topic_id, frozenset()) and \
+                partition not in self.pending_revocation.get(topic_id, frozenset()):
+            return None
+        return self.assignment_epochs.get((topic_id, partition), max(self.member_epoch, 0))
+
+    def with_epochs(self, before: ConsumerMember | None, new_epoch: int) -> ConsumerMember:
+        """The member with the assignment epoch of each partition it holds: what it already
+        held under ``before`` keeps its epoch, what is new was assigned at ``new_epoch``
+        (Kafka's ``CurrentAssignmentBuilder``)."""
+        epochs: dict[tuple[str, int], int] = {}
+        for holding in (self.assigned, self.pending_revocation):
+            for topic, partitions in holding.items():
+                for p in partitions:
+                    held = None if before is None else before.assignment_epoch(topic, p)
+                    epochs[(topic, p)] = new_epoch if held is None else held
+        return replace(self, assignment_epochs=epochs)
 
     def is_reconciled_to(self, epoch: int) -> bool:
         return self.state is MemberState.STABLE and self.member_epoch == epoch
@@ -140,8 +165,10 @@ class ConsumerMember:
     def assignment_value(self) -> ConsumerGroupCurrentMemberAssignmentValue:
         return ConsumerGroupCurrentMemberAssignmentValue(
             member_epoch=self.member_epoch, previous_member_epoch=self.previous_member_epoch,
-            state=self.state.value, assigned_partitions=_topic_partitions(self.assigned),
-            partitions_pending_revocation=_topic_partitions(self.pending_revocation))
+            state=self.state.value,
+            assigned_partitions=_topic_partitions(self.assigned, self.assignment_epoch),
+            partitions_pending_revocation=_topic_partitions(self.pending_revocation,
+                                                            self.assignment_epoch))
 
     def with_subscription(self, value: ConsumerGroupMemberMetadataValue) -> ConsumerMember:
         classic = value.classic_member_metadata
@@ -158,11 +185,16 @@ class ConsumerMember:
 
     def with_assignment(self, value: ConsumerGroupCurrentMemberAssignmentValue) -> ConsumerMember:
         state = value.state if value.state in MemberState._value2member_map_ else 127
+        # Records without epochs: Kafka's default, the member epoch (never below 0).
+        default = max(value.member_epoch, 0)
         return replace(
             self, member_epoch=value.member_epoch,
             previous_member_epoch=value.previous_member_epoch, state=MemberState(state),
             assigned=_assignment(value.assigned_partitions),
-            pending_revocation=_assignment(value.partitions_pending_revocation))
+            pending_revocation=_assignment(value.partitions_pending_revocation),
+            assignment_epochs={
+                **_epochs(value.assigned_partitions, default),
+                **_epochs(value.partitions_pending_revocation, default)})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -267,9 +299,25 @@ class ConsumerGroup:
         return False
 
 
-def _topic_partitions(assignment: TopicAssignment) -> tuple[TopicPartitions, ...]:
-    return tuple(TopicPartitions(topic_id=t, partitions=tuple(sorted(ps)))
-                 for t, ps in sorted(assignment.items()) if ps)
+def _topic_partitions(assignment: TopicAssignment,
+                      epoch_of: Callable[[str, int], int | None] | None = None,
+                      ) -> tuple[TopicPartitions, ...]:
+    """Records' partitions by topic; with ``epoch_of``, each partition's assignment epoch."""
+    return tuple(TopicPartitions(
+        topic_id=t, partitions=tuple(sorted(ps)),
+        assignment_epochs=None if epoch_of is None else tuple(
+            epoch_of(t, p) or 0 for p in sorted(ps)))
+        for t, ps in sorted(assignment.items()) if ps)
+
+
+def _epochs(entries: tuple[TopicPartitions, ...], default: int) -> dict[tuple[str, int], int]:
+    """The assignment epochs of a record's partitions (``default`` where it has none)."""
+    epochs: dict[tuple[str, int], int] = {}
+    for entry in entries:
+        given = entry.assignment_epochs or ()
+        for i, p in enumerate(entry.partitions):
+            epochs[(entry.topic_id, p)] = given[i] if i < len(given) else default
+    return epochs
 
 
 def _assignment(entries: tuple[TopicPartitions, ...]) -> dict[str, frozenset[int]]:
@@ -427,7 +475,8 @@ def replay(groups: dict[str, ConsumerGroup], key: object, value: bytes | None) -
                 if member is not None:
                     members[member_id] = replace(
                         member, member_epoch=0, previous_member_epoch=0,
-                        state=MemberState.STABLE, assigned={}, pending_revocation={})
+                        state=MemberState.STABLE, assigned={}, pending_revocation={},
+                        assignment_epochs={})
             else:
                 member = members.get(member_id) or ConsumerMember(member_id=member_id)
                 members[member_id] = member.with_assignment(

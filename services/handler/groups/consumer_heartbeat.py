@@ -457,7 +457,9 @@ def _member(group: ConsumerGroup, member_id: str, request: HeartbeatRequest) -> 
             raise GroupError(UNRELEASED_INSTANCE_ID, f"Static member {member_id} with instance "
                              f"id {request.instance_id} cannot join the group because the "
                              f"instance id is owned by {existing.member_id} member.")
-        return replace(existing, member_id=member_id, member_epoch=0, previous_member_epoch=0)
+        # What the new incarnation keeps counts as assigned at epoch 0.
+        return replace(existing, member_id=member_id, member_epoch=0, previous_member_epoch=0,
+                       assignment_epochs={})
     if existing is None:
         raise GroupError(UNKNOWN_MEMBER_ID, f"Instance id {request.instance_id} is unknown.")
     if existing.member_id != member_id:

@@ -13,7 +13,7 @@ the log node does not do for coordinator writes).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
 from services.common.errors import ErrorCode
 
@@ -48,10 +48,19 @@ def _member_epoch_error(received: int, expected: int, classic: bool) -> int:
     return NONE
 
 
-def validate_consumer_commit(group: ConsumerGroup, member_id: str, member_epoch: int,
-                             transactional: bool, api_version: int | None) -> int:
-    """Kafka's ``ConsumerGroup.validateOffsetCommit``."""
+def validate_consumer_commit(group: ConsumerGroup, member_id: str, instance_id: str | None,
+                             member_epoch: int, transactional: bool, api_version: int | None,
+                             partitions: Iterable[TopicPartition]) -> int:
+    """Kafka's ``ConsumerGroup.validateOffsetCommit`` (with KIP-1251's assignment epochs):
+    a negative epoch commits to a group without members (admin clients, consumers outside
+    group management), as does a TxnOffsetCommit naming no member; a classic member must send
+    its member epoch as the generation (ILLEGAL_GENERATION); a consumer protocol member its
+    epoch, or an older one not older than the epoch at which it got each partition it commits
+    and still holds (assigned or pending revocation): its heartbeat may have moved it on while
+    the commit was under way. Anything else is STALE_MEMBER_EPOCH, for the whole commit."""
     if member_epoch < 0 and not group.members:
+        return NONE
+    if transactional and member_epoch == -1 and not member_id and instance_id is None:
         return NONE
     member = group.members.get(member_id)
     if member is None:
@@ -59,7 +68,16 @@ def validate_consumer_commit(group: ConsumerGroup, member_id: str, member_epoch:
     if not transactional and not member.uses_classic_protocol and api_version is not None \
             and api_version < CONSUMER_PROTOCOL_OFFSET_COMMIT:
         return UNSUPPORTED_VERSION
-    return _member_epoch_error(member_epoch, member.member_epoch, member.uses_classic_protocol)
+    if member.uses_classic_protocol or member_epoch >= member.member_epoch:
+        return _member_epoch_error(member_epoch, member.member_epoch,
+                                   member.uses_classic_protocol)
+    ids = {name: t.topic_id for name, t in group.subscription_metadata.items()}
+    for topic, partition in partitions:
+        topic_id = ids.get(topic)
+        assigned_at = None if topic_id is None else member.assignment_epoch(topic_id, partition)
+        if assigned_at is None or member_epoch < assigned_at:
+            return STALE_MEMBER_EPOCH
+    return NONE
 
 
 def validate_consumer_fetch(group: ConsumerGroup, member_id: str | None,
@@ -92,8 +110,8 @@ class Offsets:
                    now: int) -> tuple[list[Record], tuple[int, Group | None]]:
             consumer_group = state.consumer_group(group_id)
             if consumer_group is not None:
-                error = validate_consumer_commit(consumer_group, member_id, generation, False,
-                                                 api_version)
+                error = validate_consumer_commit(consumer_group, member_id, group_instance_id,
+                                                 generation, False, api_version, offsets)
                 if error or not offsets:
                     return [], (error, None)
                 return [offset_record(group_id, tp, o) for tp, o in offsets.items()], (
@@ -133,8 +151,8 @@ class Offsets:
                    now: int) -> tuple[TransactionalRecords | list[Record], int]:
             consumer_group = state.consumer_group(group_id)
             if consumer_group is not None:
-                error = validate_consumer_commit(consumer_group, member_id, generation, True,
-                                                 None)
+                error = validate_consumer_commit(consumer_group, member_id, group_instance_id,
+                                                 generation, True, None, offsets)
                 if error or not offsets:
                     return [], error
                 return TransactionalRecords(

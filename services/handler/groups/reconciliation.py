@@ -50,7 +50,16 @@ def reconcile(member: ConsumerMember, target_epoch: int, target: TopicAssignment
               owned: Mapping[str, frozenset[int]] | None) -> ConsumerMember:
     """The member after one reconciliation step towards ``target`` at ``target_epoch``;
     ``owned`` is what its heartbeat reports owning (None: not reported). Raises
-    :class:`FencedMemberEpochError` for a member in an unknown state that still owns partitions."""
+    :class:`FencedMemberEpochError` for a member in an unknown state that still owns partitions.
+    What the member keeps keeps its assignment epoch; what it gets was assigned at the target
+    epoch (KIP-1251)."""
+    after = _step(member, target_epoch, target, partition_epoch, owned)
+    return member if after is member else after.with_epochs(member, target_epoch)
+
+
+def _step(member: ConsumerMember, target_epoch: int, target: TopicAssignment,
+          partition_epoch: PartitionEpoch,
+          owned: Mapping[str, frozenset[int]] | None) -> ConsumerMember:
     state = member.state
     if state is MemberState.STABLE:
         if member.member_epoch != target_epoch:

@@ -27,6 +27,12 @@ from services.handler.groups.consumer_heartbeat import (
     TopicImage,
     heartbeat,
 )
+from services.handler.groups.offsets import (
+    STALE_MEMBER_EPOCH,
+    UNKNOWN_MEMBER_ID,
+    UNSUPPORTED_VERSION,
+    validate_consumer_commit,
+)
 
 TOPICS = ["a", "b", "c"]
 
@@ -156,3 +162,41 @@ def test_epochs_out_of_step_are_fenced_and_static_members_come_back() -> None:
     # The new incarnation takes the old one's place and partitions, without a new epoch.
     assert set(group.members) == {"m9"} and back.assignment == {TID: frozenset(range(4))}
     assert group.epoch == 1
+
+
+def test_a_commit_with_an_older_epoch_counts_for_partitions_held_since_then() -> None:
+    """KIP-1251: a heartbeat may move a member to a new epoch while its commit is under way;
+    the commit still counts for the partitions the member got at or before the epoch it sent,
+    and for nothing else."""
+    group, _ = beat(None, "m1", 0)
+    group, _ = beat(group, "m2", 0)
+    group, revoking = beat(group, "m1", 1, owned={TID: frozenset(range(4))})
+    kept = revoking.assignment[TID]
+    gone = frozenset(range(4)) - kept
+    group, revoked = beat(group, "m1", 1, owned={TID: kept})
+    assert revoked.member_epoch == 2
+    group, got = beat(group, "m2", 2, owned={})
+    assert got.assignment == {TID: gone}
+
+    def commit(member: str, epoch: int, partitions, **fields) -> int:  # type: ignore[no-untyped-def]
+        defaults = {"instance_id": None, "transactional": False, "api_version": 9}
+        return validate_consumer_commit(group, member, member_epoch=epoch,
+                                        partitions=[("t", p) for p in partitions],
+                                        **{**defaults, **fields})
+
+    assert commit("m1", 2, range(4)) == 0  # its epoch: not checked per partition
+    assert commit("m1", 1, kept) == 0  # held since epoch 1
+    assert commit("m1", 1, gone) == STALE_MEMBER_EPOCH  # no longer its partitions
+    assert commit("m1", 3, kept) == STALE_MEMBER_EPOCH  # an epoch it never had
+    assert commit("m2", 1, gone) == STALE_MEMBER_EPOCH  # assigned to it at epoch 2
+    assert commit("m9", 2, kept) == UNKNOWN_MEMBER_ID
+    assert commit("m1", 2, kept, api_version=8) == UNSUPPORTED_VERSION
+    # A TxnOffsetCommit that names no member is not checked against the members.
+    assert commit("", -1, kept, transactional=True, api_version=None) == 0
+    assert commit("", -1, kept, api_version=9) == UNKNOWN_MEMBER_ID
+    # The epochs are in the records: a handler replaying them judges alike.
+    groups: dict = {}
+    for key, value in records_between(None, group):
+        replay(groups, decode_key(OFFSETS_KEYS, key), value)
+    assert groups["g"].members["m1"].assignment_epochs == group.members["m1"].assignment_epochs
+    assert {group.members["m2"].assignment_epoch(TID, p) for p in gone} == {2}
