@@ -43,7 +43,16 @@ from .consumer_heartbeat import (
     heartbeat,
 )
 from .group import Group, GroupConfig
-from .sessions import GroupTimers, member_key, parse_revocation_key, revocation_key
+from .sessions import (
+    GroupTimers,
+    join_key,
+    member_key,
+    member_timer_keys,
+    parse_classic_deadline_key,
+    parse_revocation_key,
+    revocation_key,
+    sync_key,
+)
 from .state import PartitionState, Record, group_record
 
 log = logging.getLogger(__name__)
@@ -122,7 +131,8 @@ class ConsumerGroups:
             GROUP_REBALANCES.inc()
         timers = change.timers
         if timers.disarm:
-            await self._runtime.disarm([member_key(group_id, m) for m in timers.disarm])
+            await self._runtime.disarm([key for m in timers.disarm
+                                        for key in member_timer_keys(group_id, m)])
         arm = {member_key(group_id, m): ms for m, ms in timers.sessions.items()}
         arm.update({revocation_key(group_id, m, epoch): ms
                     for m, epoch, ms in timers.revocations})
@@ -170,7 +180,23 @@ class ConsumerGroups:
         if applied.error is not None:
             raise applied.error
         assert applied.change is not None
-        return applied.change.result  # type: ignore[return-value]
+        error, member_id, generation, protocol = applied.change.result  # type: ignore[misc]
+        if not error and applied.change.after is not None:
+            # Joined: no JoinGroup deadline any more, a SyncGroup one instead (Kafka's sync
+            # timeout, the rebalance timeout of this JoinGroup).
+            await self._runtime.disarm([join_key(group_id, member_id)])
+            await self._runtime.arm({sync_key(group_id, member_id):
+                                     int(request["rebalance_timeout_ms"])})  # type: ignore
+        return error, member_id, generation, protocol
+
+    async def _rejoin_deadline(self, group_id: str, group: ConsumerGroup,
+                               member_id: str) -> None:
+        """A classic member told REBALANCE_IN_PROGRESS must rejoin within its rebalance
+        timeout, counted from the first time it was told (Kafka's join timeout)."""
+        member = group.members.get(member_id)
+        if member is not None:
+            await self._runtime.arm_if_absent({join_key(group_id, member_id):
+                                               max(member.rebalance_timeout_ms, 0)})
 
     async def _current(self, group_id: str) -> ConsumerGroup:
         group = (await self._runtime.read(group_id)).consumer_group(group_id)
@@ -181,9 +207,16 @@ class ConsumerGroups:
 
     async def classic_sync(self, group_id: str, **request: object) -> tuple[bytes, str]:
         group = await self._current(group_id)
-        result = classic_sync(group, image=await self.image(), **request)  # type: ignore
-        member = group.members.get(request["member_id"])  # type: ignore[call-overload]
+        member_id: str = request["member_id"]  # type: ignore[assignment]
+        try:
+            result = classic_sync(group, image=await self.image(), **request)  # type: ignore
+        except GroupError as exc:
+            if exc.code == ErrorCode.rebalance_in_progress.value:
+                await self._rejoin_deadline(group_id, group, member_id)
+            raise
+        member = group.members.get(member_id)
         if member is not None and member.classic is not None:
+            await self._runtime.disarm([sync_key(group_id, member_id)])
             await self._runtime.arm({member_key(group_id, member.member_id):
                                      member.classic.session_timeout_ms})
         return result
@@ -197,6 +230,8 @@ class ConsumerGroups:
         if member is not None and member.classic is not None:
             await self._runtime.arm({member_key(group_id, member_id):
                                      member.classic.session_timeout_ms})
+        if error == ErrorCode.rebalance_in_progress.value:
+            await self._rejoin_deadline(group_id, group, member_id)
         return error
 
     async def classic_leave(self, group_id: str,
@@ -240,6 +275,35 @@ class ConsumerGroups:
             GROUP_SESSION_EXPIRIES.labels("removed").inc()
             log.info("member %s of consumer group %s fenced: session timeout", member_id,
                      group_id)
+
+    async def expire_classic_deadline(self, key: str) -> bool:
+        """A classic member's JoinGroup or SyncGroup deadline ran out (False: not such a
+        key): the member is fenced, unless the deadline was armed again since."""
+        parsed = parse_classic_deadline_key(key)
+        if parsed is None:
+            return False
+        kind, group_id, member_id = parsed
+        if await self._runtime.rearmed(key):
+            return True
+        config, classic_config = self.config, self.classic_config
+
+        def transition(group: ConsumerGroup | None, classic: Group | None, image: TopicImage,
+                       now: int) -> Change:
+            if group is None or member_id not in group.members:
+                return Change(after=group)
+            return fence(group, member_id, config, image=image, now=now,
+                         classic_config=classic_config)
+
+        try:
+            applied = await self.apply(group_id, transition)
+        except CoordinatorError as exc:
+            log.warning("%s deadline of %s in group %s: %s", kind, member_id, group_id, exc)
+            return True
+        if applied.before is not None and member_id in applied.before.members:
+            log.info("member %s of consumer group %s fenced: no %s within its rebalance "
+                     "timeout", member_id, group_id, "JoinGroup" if kind == "join" else
+                     "SyncGroup")
+        return True
 
     async def expire_revocation(self, key: str) -> bool:
         """A revocation deadline ran out (False: not such a key)."""

@@ -334,7 +334,8 @@ class Membership:
         if deadline_group is not None:
             await self._expire_deadline(deadline_group)
             return
-        if self.consumer is not None and await self.consumer.expire_revocation(key):
+        if self.consumer is not None and (await self.consumer.expire_revocation(key)
+                                          or await self.consumer.expire_classic_deadline(key)):
             return
         parsed = parse_member_key(key)
         if parsed is None:

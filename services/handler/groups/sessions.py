@@ -3,6 +3,12 @@ expiries of DelayedJoin and DelayedSync), through the coordinator runtime's time
 
     member:<len(group)>:<group><member id>   a member's (or pending member id's) session, in
                                              classic and consumer groups alike
+    join:<len(group)>:<group><member id>     a classic member of a consumer group told to
+                                             rejoin: its JoinGroup deadline (its rebalance
+                                             timeout), armed once until it joins
+    sync:<len(group)>:<group><member id>     a classic member of a consumer group that
+                                             joined: its SyncGroup deadline (the rebalance
+                                             timeout of its JoinGroup)
     revoke:<len(group)>:<group><epoch>:<member id>
                                              a consumer group member's deadline to revoke
                                              partitions at that member epoch (its rebalance
@@ -33,6 +39,32 @@ DEADLINE_SLACK_MS = 5
 def member_key(group_id: str, member_id: str) -> str:
     """The session timer key of a member (or pending member id) of a group."""
     return f"member:{len(group_id)}:{group_id}{member_id}"
+
+
+def join_key(group_id: str, member_id: str) -> str:
+    """The JoinGroup deadline of a classic member of a consumer group."""
+    return f"join:{len(group_id)}:{group_id}{member_id}"
+
+
+def sync_key(group_id: str, member_id: str) -> str:
+    """The SyncGroup deadline of a classic member of a consumer group."""
+    return f"sync:{len(group_id)}:{group_id}{member_id}"
+
+
+def member_timer_keys(group_id: str, member_id: str) -> list[str]:
+    """Every timer of a consumer group member but its revocation deadlines (which check the
+    member's epoch when they expire)."""
+    return [member_key(group_id, member_id), join_key(group_id, member_id),
+            sync_key(group_id, member_id)]
+
+
+def parse_classic_deadline_key(key: str) -> tuple[str, str, str] | None:
+    """("join" or "sync", group id, member id) of a :func:`join_key` or :func:`sync_key`."""
+    for kind in ("join", "sync"):
+        parsed = _split(key, f"{kind}:")
+        if parsed is not None:
+            return kind, parsed[1][:parsed[0]], parsed[1][parsed[0]:]
+    return None
 
 
 def deadline_key(group_id: str) -> str:
