@@ -7,13 +7,13 @@ its previous target assignment and the partition counts of the subscribed topics
              the members gives each a quota (the first ``total % members`` members, in member
              order, one more); each member keeps what it had up to its quota, and the
              partitions left over go, in topic and partition order, to the members with room,
-             in member order. When subscriptions differ, a partition goes only to a member
-             that subscribes to its topic: each member keeps what it had and still
-             subscribes to, partitions left over go to the least loaded member that can take
-             them, then partitions move from the most to the least loaded member able to take
-             them until no move makes the counts more even. Kafka's heterogeneous builder
-             pursues the same two goals (balance within what subscriptions allow, then
-             stickiness) and may pick other partitions to move.
+             in member order. When subscriptions differ (Kafka's heterogeneous case), a
+             partition goes only to a member that subscribes to its topic, as Kafka's
+             ``UniformHeterogeneousAssignmentBuilder`` does it step for step
+             (:class:`_Heterogeneous`): each member keeps what it had of the topics it still
+             subscribes to, the rest goes topic by topic to the least loaded subscribers,
+             then each topic's partitions move from its most to its least loaded subscribers
+             until their loads differ by one at most.
     range    not sticky: per topic, its subscribers in order (static members by instance id
              first, then the others by member id) take consecutive ranges of
              ``partitions // subscribers`` partitions, the first ``partitions % subscribers``
@@ -25,6 +25,7 @@ computes the same assignment. Topics are named by topic id, partitions by number
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -40,6 +41,8 @@ class MemberSpec:
     instance_id: str | None = None
     topics: frozenset[str] = frozenset()
     current: Mapping[str, frozenset[int]] = field(default_factory=dict)
+    # What the member subscribed to: topic names and regular expression (None: ``topics``).
+    subscription: tuple[frozenset[str], str | None] | None = None
 
 
 class PartitionAssignorError(Exception):
@@ -54,10 +57,20 @@ def uniform(members: Sequence[MemberSpec], partitions: Mapping[str, int]) -> dic
     """Kafka's UniformAssignor: see the module docstring."""
     if not members:
         return {}
-    subscriptions = {m.topics for m in members}
-    if len(subscriptions) == 1:
+    if homogeneous(members):
         return _uniform_homogeneous(_order(members), partitions)
-    return _uniform_heterogeneous(_order(members), partitions)
+    return uniform_heterogeneous(_order(members), partitions)
+
+
+def homogeneous(members: Sequence[MemberSpec]) -> bool:
+    """Kafka's ``ConsumerGroup.subscriptionType``: every member subscribes to the same topic
+    names, or every member to the same regular expression and none to names."""
+    subscriptions = {m.subscription if m.subscription is not None else (m.topics, None)
+                     for m in members}
+    if len(subscriptions) != 1:
+        return False
+    names, regex = next(iter(subscriptions))
+    return not (regex and names)
 
 
 def _partitions_of(topic: str, partitions: Mapping[str, int]) -> int:
@@ -124,45 +137,215 @@ def _uniform_homogeneous(members: list[MemberSpec],
     return {m: {t: frozenset(ps) for t, ps in a.items()} for m, a in result.items()}
 
 
-def _uniform_heterogeneous(members: list[MemberSpec],
-                           partitions: Mapping[str, int]) -> dict[str, Assignment]:
-    topics = sorted({t for m in members for t in m.topics})
-    owner: dict[tuple[str, int], str] = {}
-    load = {m.member_id: 0 for m in members}
-    subscribers = {t: [m.member_id for m in members if t in m.topics] for t in topics}
-    for member in members:
-        for topic, owned in sorted(member.current.items()):
-            if topic not in member.topics:
-                continue
-            count = _partitions_of(topic, partitions)
-            for p in sorted(owned):
-                if p < count and (topic, p) not in owner:
-                    owner[(topic, p)] = member.member_id
-                    load[member.member_id] += 1
-    for topic in topics:
-        for p in range(_partitions_of(topic, partitions)):
-            if (topic, p) not in owner:
-                chosen = min(subscribers[topic], key=lambda m: (load[m], m))
-                owner[(topic, p)] = chosen
-                load[chosen] += 1
-    # Even out: move a partition from a member to one subscribed to its topic that has at
-    # least two fewer, as long as such a move exists (each move lowers the sum of squares).
-    moved = True
-    while moved:
-        moved = False
-        for tp in sorted(owner, key=lambda tp: (-load[owner[tp]], tp)):
-            source = owner[tp]
-            target = min(subscribers[tp[0]], key=lambda m: (load[m], m))
-            if load[source] - load[target] >= 2:
-                owner[tp] = target
-                load[source] -= 1
-                load[target] += 1
-                moved = True
+# Kafka's MAX_ITERATION_COUNT: rounds of the final balancing over the topics.
+MAX_BALANCING_ROUNDS = 16
+
+
+def _topic_id_order(topic_id: str) -> tuple[int, int, str]:
+    """Kafka's ``Uuid.compareTo``: the most, then the least significant 64 bits, as signed
+    numbers (ids that are no uuids, in tests, by name)."""
+    try:
+        value = uuid.UUID(topic_id).int
+    except ValueError:
+        return (0, 0, topic_id)
+
+    def signed(bits: int) -> int:
+        return bits - (1 << 64) if bits >= 1 << 63 else bits
+
+    return (signed(value >> 64), signed(value & ((1 << 64) - 1)), "")
+
+
+class _Heterogeneous:
+    """Kafka's ``UniformHeterogeneousAssignmentBuilder`` (4.0): members are numbered in
+    member id order, and what each had of the topics it still subscribes to is kept. The
+    partitions nobody kept are handed out topic by topic, the topics ordered by partitions per
+    subscriber (most first), then by subscriber count (fewest first), then by topic id; within a
+    topic, in partition order, each to the least loaded subscriber (:class:`_Balancer`). Then,
+    over the topics with two subscribers or more, in the same order and for at most
+    :data:`MAX_BALANCING_ROUNDS` rounds, until a whole round moved nothing: a topic's
+    partitions move from its most to its least loaded subscribers (a member gives up its
+    highest partition of the topic) until their loads differ by one at most."""
+
+    def __init__(self, members: Sequence[MemberSpec], partitions: Mapping[str, int]) -> None:
+        self.members = list(members)
+        self.sizes = [0] * len(self.members)
+        self.subscribers: dict[str, list[int]] = {}
+        for index, member in enumerate(self.members):
+            for topic in sorted(member.topics):
+                _partitions_of(topic, partitions)
+                self.subscribers.setdefault(topic, []).append(index)
+        self.partitions = {t: partitions[t] for t in self.subscribers}
+        self.owners = {t: [-1] * n for t, n in self.partitions.items()}
+        self.assignment: list[dict[str, set[int]]] = [{} for _ in self.members]
+
+    def topic_order(self, topic: str) -> tuple[float, int, tuple[int, int, str]]:
+        count, subscribers = self.partitions[topic], len(self.subscribers[topic])
+        return (-count / subscribers, subscribers, _topic_id_order(topic))
+
+    def member_order(self, index: int) -> tuple[int, int]:
+        return (self.sizes[index], index)
+
+    def assign(self, topic: str, partition: int, index: int) -> None:
+        previous = self.owners[topic][partition]
+        if previous != -1:
+            held = self.assignment[previous][topic]
+            held.discard(partition)
+            if not held:
+                del self.assignment[previous][topic]
+            self.sizes[previous] -= 1
+        self.assignment[index].setdefault(topic, set()).add(partition)
+        self.owners[topic][partition] = index
+        self.sizes[index] += 1
+
+    def build(self) -> dict[str, Assignment]:
+        if self.subscribers:
+            self.keep_current()
+            self.assign_remaining()
+            self.balance()
+        return {m.member_id: {t: frozenset(ps) for t, ps in self.assignment[i].items()}
+                for i, m in enumerate(self.members)}
+
+    def keep_current(self) -> None:
+        """Kafka's ``maybeRevokePartitions``: what a member had of a topic it no longer
+        subscribes to goes; the rest stays (a partition past the topic's count, or one a
+        member before it kept, is no longer its to keep)."""
+        for index, member in enumerate(self.members):
+            for topic, held in sorted(member.current.items()):
+                if topic not in member.topics:
+                    continue
+                for p in sorted(held):
+                    if p < self.partitions[topic] and self.owners[topic][p] == -1:
+                        self.assign(topic, p, index)
+
+    def assign_remaining(self) -> None:
+        balancer = _Balancer(self)
+        unassigned = {t: [p for p, owner in enumerate(owners) if owner == -1]
+                      for t, owners in self.owners.items()}
+        for topic in sorted((t for t, ps in unassigned.items() if ps), key=self.topic_order):
+            balancer.initialize(self.subscribers[topic])
+            for p in unassigned[topic]:
+                self.assign(topic, p, balancer.next_least_loaded())
+
+    def balance(self) -> None:
+        """Kafka's ``balanceTopics``."""
+        topics = sorted((t for t, s in self.subscribers.items() if len(s) >= 2),
+                        key=self.topic_order)
+        if not topics:
+            return
+        balancer = _Balancer(self)
+        last_moved = -1
+        for _ in range(MAX_BALANCING_ROUNDS):
+            for position, topic in enumerate(topics):
+                if position == last_moved:
+                    return  # a whole round without a move
+                if self.balance_topic(topic, balancer) > 0 or last_moved == -1:
+                    last_moved = position
+
+    def balance_topic(self, topic: str, balancer: _Balancer) -> int:
+        """Kafka's ``balanceTopic``: the partitions moved."""
+        moved = 0
+        if balancer.initialize(self.subscribers[topic]) <= 1:
+            return moved
+        owners = self.owners[topic]
+        # The topic's partitions grouped by owner; each owner gives up its last one first.
+        ordered = sorted(range(self.partitions[topic]), key=lambda p: (owners[p], p))
+        start: dict[int, int] = {}
+        end: dict[int, int] = {}
+        for i, p in enumerate(ordered):
+            start.setdefault(owners[p], i)
+            end[owners[p]] = i + 1
+        while not balancer.is_balanced():
+            giver = -1
+            while True:
+                giver = balancer.next_most_loaded()
+                if giver == -1:
+                    break
+                if end.get(giver, 0) - start.get(giver, 0) <= 0:
+                    balancer.exclude_most_loaded()
+                    continue
                 break
-    result: dict[str, dict[str, set[int]]] = {m.member_id: {} for m in members}
-    for (topic, p), member_id in owner.items():
-        result[member_id].setdefault(topic, set()).add(p)
-    return {m: {t: frozenset(ps) for t, ps in a.items()} for m, a in result.items()}
+            if giver == -1:
+                break
+            end[giver] -= 1
+            partition = ordered[end[giver]]
+            taker = balancer.next_least_loaded()
+            if balancer.is_balanced():
+                break
+            self.assign(topic, partition, taker)
+            moved += 1
+        return moved
+
+
+class _Balancer:
+    """Kafka's ``MemberAssignmentBalancer``: a topic's subscribers sorted by load, a range of
+    the least loaded ones that grows to the right as they are given partitions (each level
+    filled in member order before the next), and a range of the most loaded ones that grows
+    to the left as they give partitions up; balanced once the levels of the two ranges differ
+    by one at most. Loads are the builder's, read as they change."""
+
+    def __init__(self, builder: _Heterogeneous) -> None:
+        self.sizes = builder.sizes
+        self.order = builder.member_order
+        self.members: list[int] = []
+        self.least_end = self.least_level = self.next_least = 0
+        self.most_start = self.most_end = self.most_level = self.next_most = 0
+
+    def initialize(self, members: list[int]) -> int:
+        """Start over with these members; the difference between the largest and the
+        smallest load among them."""
+        self.members = sorted(members, key=self.order)
+        sizes, first, last = self.sizes, self.members[0], self.members[-1]
+        self.least_end, self.least_level, self.next_least = 0, sizes[first] - 1, 0
+        self.most_start = self.most_end = len(self.members)
+        self.most_level, self.next_most = sizes[last] + 1, len(self.members) - 1
+        return sizes[last] - sizes[first]
+
+    def next_least_loaded(self) -> int:
+        """The member to give the next partition to (counted as given)."""
+        sizes, members = self.sizes, self.members
+        if self.next_least >= self.least_end:
+            self.least_level += 1
+            while self.least_end < len(members) and \
+                    sizes[members[self.least_end]] == self.least_level:
+                self.least_end += 1
+            self.next_least = 0
+        member = members[self.next_least]
+        self.next_least += 1
+        return member
+
+    def next_most_loaded(self) -> int:
+        """The member to take the next partition from (counted as taken), -1 if none."""
+        sizes, members = self.sizes, self.members
+        if self.next_most < self.most_start:
+            if self.most_end <= self.most_start and self.most_start > 0:
+                self.most_level = sizes[members[self.most_start - 1]]
+            else:
+                self.most_level -= 1
+            while self.most_start > 0 and sizes[members[self.most_start - 1]] == self.most_level:
+                self.most_start -= 1
+            self.next_most = self.most_end - 1
+        if self.next_most < 0:
+            return -1
+        member = members[self.next_most]
+        self.next_most -= 1
+        return member
+
+    def exclude_most_loaded(self) -> None:
+        """Drop the member :meth:`next_most_loaded` returned last from the most loaded range
+        (it has nothing of the topic to give)."""
+        members, i = self.members, self.next_most + 1
+        members[i], members[self.most_end - 1] = members[self.most_end - 1], members[i]
+        self.most_end -= 1
+
+    def is_balanced(self) -> bool:
+        return self.most_level - self.least_level <= 1
+
+
+def uniform_heterogeneous(members: Sequence[MemberSpec],
+                          partitions: Mapping[str, int]) -> dict[str, Assignment]:
+    """The uniform assignor's assignment for subscriptions that differ (members in the
+    order given)."""
+    return _Heterogeneous(members, partitions).build()
 
 
 def _range_order(member: MemberSpec) -> tuple[int, str]:

@@ -315,7 +315,9 @@ def compute_target(group: ConsumerGroup, config: ConsumerGroupConfig) -> Consume
     counts = {t.topic_id: t.partitions for t in group.subscription_metadata.values()}
     specs = [MemberSpec(member_id=m.member_id, instance_id=m.instance_id,
                         topics=frozenset(ids[n] for n in group.member_topics(m) if n in ids),
-                        current=freeze(group.target.get(m.member_id)))
+                        current=freeze(group.target.get(m.member_id)),
+                        subscription=(frozenset(m.subscribed_topic_names),
+                                      m.subscribed_topic_regex))
              for m in group.members.values()]
     assignor = ASSIGNORS[group.preferred_assignor(config.default_assignor)]
     try:
