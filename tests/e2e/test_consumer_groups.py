@@ -73,7 +73,8 @@ class GroupMember(threading.Thread):
     group handed it to a member that could commit it."""
 
     def __init__(self, client: str, bootstrap: str, group: str, topic: str,
-                 delay_s: float = 0.0, protocol: str = "classic") -> None:
+                 delay_s: float = 0.0, protocol: str = "classic",
+                 instance_id: str | None = None) -> None:
         super().__init__(name=f"{client}-{group}", daemon=True)
         self.client = client
         self.bootstrap = bootstrap
@@ -81,6 +82,9 @@ class GroupMember(threading.Thread):
         self.topic = topic
         self.delay_s = delay_s
         self.protocol = protocol
+        self.instance_id = instance_id
+        # Rebalance callbacks seen (confluent-kafka members): partitions handed over.
+        self.rebalances: list[tuple[str, frozenset[int]]] = []
         self.stopping = threading.Event()
         self.assigned: frozenset[int] = frozenset()
         self.processed: list[tuple[int, int]] = []
@@ -123,8 +127,17 @@ class GroupMember(threading.Thread):
         else:
             config.update({"session.timeout.ms": SESSION_TIMEOUT_MS,
                            "heartbeat.interval.ms": HEARTBEAT_MS})
+        if self.instance_id is not None:
+            config["group.instance.id"] = self.instance_id
         consumer = Consumer(config)
-        consumer.subscribe([self.topic])
+
+        def handed(kind: str) -> Callable[[object, list[CkTopicPartition]], None]:
+            def record(_: object, partitions: list[CkTopicPartition]) -> None:
+                self.rebalances.append((kind, frozenset(p.partition for p in partitions)))
+            return record
+
+        consumer.subscribe([self.topic], on_assign=handed("assign"),
+                           on_revoke=handed("revoke"), on_lost=handed("lost"))
         try:
             while not self.stopping.is_set():
                 message = consumer.poll(0.2)
