@@ -30,8 +30,8 @@ from v1 whether they speak the classic (0) or the consumer (1) protocol.
 
 Authorization (Kafka's): ConsumerGroupHeartbeat needs READ on the group
 (GROUP_AUTHORIZATION_FAILED) and DESCRIBE on the topics it subscribes to by name
-(TOPIC_AUTHORIZATION_FAILED); a regular expression matches only topics the member may
-DESCRIBE is not enforced here (every topic the cluster has is matched).
+(TOPIC_AUTHORIZATION_FAILED); a regular expression matches only the topics the member whose
+heartbeat resolves it may DESCRIBE (Kafka 4's ``TopicRegexResolver``).
 ConsumerGroupDescribe needs DESCRIBE on each group.
 """
 
@@ -44,6 +44,7 @@ from services.common.errors import ErrorCode
 from ..coordinator.placement import CoordinatorError
 from ..groups.consumer_group import ConsumerGroup, TopicAssignment
 from ..groups.consumer_heartbeat import GroupError, HeartbeatRequest
+from ..groups.topic_regex import TopicFilter
 from ..request_context import RequestContext
 from ..topic_identity import canonical_topic_id
 from .cluster import AUTHORIZED_OPERATIONS_OMITTED, authorized
@@ -95,7 +96,7 @@ class ConsumerGroupHeartbeatApi(GroupApi):
         if code:
             return error(code)
         try:
-            result = await self._coordinator.consumer.heartbeat(beat)
+            result = await self._coordinator.consumer.heartbeat(beat, _describable(context))
         except GroupError as exc:
             return error(exc.code, exc.message)
         except CoordinatorError as exc:
@@ -106,6 +107,16 @@ class ConsumerGroupHeartbeatApi(GroupApi):
         if result.assignment is not None:
             response.assignment.CopyFrom(_heartbeat_assignment(result.assignment))
         return response
+
+
+def _describable(context: RequestContext) -> TopicFilter:
+    """The topics of a regular expression's match the member may DESCRIBE (None: no
+    authorizer, all of them)."""
+    access = context.access
+    if not access.enabled:
+        return None
+    return lambda names: set(names) - access.denied(Operation.DESCRIBE, ResourceType.TOPIC,
+                                                    names)
 
 
 def _heartbeat_assignment(assignment: TopicAssignment) -> HeartbeatAssignment:

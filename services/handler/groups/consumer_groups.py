@@ -54,6 +54,7 @@ from .sessions import (
     sync_key,
 )
 from .state import PartitionState, Record, group_record
+from .topic_regex import TopicFilter
 
 log = logging.getLogger(__name__)
 
@@ -148,13 +149,15 @@ class ConsumerGroups:
 
     # -- ConsumerGroupHeartbeat ---------------------------------------------------------------
 
-    async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResult:
-        """Raises GroupError (the answer's error) or CoordinatorError."""
+    async def heartbeat(self, request: HeartbeatRequest,
+                        describable: TopicFilter = None) -> HeartbeatResult:
+        """Raises GroupError (the answer's error) or CoordinatorError. ``describable``: the
+        member's DESCRIBE permission on topics, when an authorizer is on."""
         config = self.config
 
         def transition(group: ConsumerGroup | None, classic: Group | None, image: TopicImage,
                        now: int) -> Change:
-            return heartbeat(group, classic, request, image, config, now)
+            return heartbeat(group, classic, request, image, config, now, describable)
 
         applied = await self.apply(request.group_id, transition)
         if applied.error is not None:

@@ -8,7 +8,8 @@ A heartbeat, in Kafka's order:
    clients make their own, or any epoch but 0); an epoch of 0 (join), -1 (leave), -2 (a static
    member leaving for now) or above; a join names its rebalance timeout, no owned partitions,
    and topics or a regular expression. An unknown ``server_assignor`` is UNSUPPORTED_ASSIGNOR,
-   a regular expression that does not compile INVALID_REGULAR_EXPRESSION.
+   a regular expression RE2 does not compile (Kafka's RE2/J syntax, :mod:`.topic_regex`)
+   INVALID_REGULAR_EXPRESSION.
 2. The group: a join creates it; an empty classic group of the same id is replaced (its
    committed offsets stay); a classic group in use is converted when the migration policy
    allows upgrades and its members speak the consumer protocol (:mod:`.classic_members`);
@@ -35,7 +36,6 @@ again if the migration policy allows downgrades.
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -55,6 +55,7 @@ from .consumer_group import (
     freeze,
 )
 from .reconciliation import FencedMemberEpochError, reconcile
+from .topic_regex import InvalidRegexError, TopicFilter, compile_regex, matching_topics
 
 INVALID_REQUEST = ErrorCode.invalid_request.value
 UNSUPPORTED_ASSIGNOR = ErrorCode.unsupported_assignor.value
@@ -175,12 +176,12 @@ class Change:
 # --- checks ----------------------------------------------------------------------------------
 
 
-def compile_regex(regex: str) -> re.Pattern[str]:
-    """A subscription's regular expression (Java's ``Pattern``, matched against whole topic
-    names); INVALID_REGULAR_EXPRESSION if Python's re cannot compile it."""
+def check_regex(regex: str) -> None:
+    """A subscription's regular expression must be one Kafka's RE2/J compiles
+    (:mod:`.topic_regex`), else INVALID_REGULAR_EXPRESSION."""
     try:
-        return re.compile(regex)
-    except re.error as exc:
+        compile_regex(regex)
+    except InvalidRegexError as exc:
         raise GroupError(INVALID_REGULAR_EXPRESSION,
                          f"SubscribedTopicRegex `{regex}` is not a valid regular expression: "
                          f"{exc}.") from None
@@ -219,7 +220,7 @@ def validate(request: HeartbeatRequest, config: ConsumerGroupConfig) -> None:
     else:
         raise invalid("MemberEpoch is invalid.")
     if request.subscribed_topic_regex:
-        compile_regex(request.subscribed_topic_regex)
+        check_regex(request.subscribed_topic_regex)
     if request.server_assignor is not None and request.server_assignor not in config.assignors:
         raise GroupError(UNSUPPORTED_ASSIGNOR,
                          f"ServerAssignor {request.server_assignor} is not supported. Supported "
@@ -262,11 +263,14 @@ def replace_member(group: ConsumerGroup, old: ConsumerMember, new: ConsumerMembe
     return replace(group, members=members, target=target)
 
 
-def resolve_regexes(group: ConsumerGroup, image: TopicImage, now: int) -> ConsumerGroup:
+def resolve_regexes(group: ConsumerGroup, image: TopicImage, now: int,
+                    describable: TopicFilter = None) -> ConsumerGroup:
     """Resolve the group's subscribed regular expressions against the topics when one is
     unresolved, or the last resolution is older than :data:`REGEX_REFRESH_INTERVAL_MS` and
     the metadata changed since (Kafka resolves them in the background on the same terms);
-    resolutions no member needs any more go."""
+    resolutions no member needs any more go. With an authorizer on, a resolution keeps only
+    the topics the member whose heartbeat resolved it may DESCRIBE (``describable``), as
+    Kafka 4 does."""
     wanted = set(group.subscribed_regexes())
     regexes = {r: v for r, v in group.regexes.items() if r in wanted}
     unresolved = wanted - set(regexes)
@@ -275,11 +279,7 @@ def resolve_regexes(group: ConsumerGroup, image: TopicImage, now: int) -> Consum
         now > last + REGEX_REFRESH_INTERVAL_MS
     if unresolved or stale:
         for regex in wanted:
-            try:
-                pattern = re.compile(regex)
-            except re.error:
-                continue  # checked when it was subscribed
-            topics = frozenset(name for name in image.topics if pattern.fullmatch(name))
+            topics = matching_topics(regex, image.topics, describable)
             previous = regexes.get(regex)
             if previous is None or previous.topics != topics or regex in unresolved:
                 regexes[regex] = ResolvedRegex(topics=topics, version=image.version,
@@ -358,9 +358,12 @@ def revocation_timer(before: ConsumerMember | None, after: ConsumerMember) -> tu
 
 
 def heartbeat(group: ConsumerGroup | None, classic: object, request: HeartbeatRequest,
-              image: TopicImage, config: ConsumerGroupConfig, now: int) -> Change:
+              image: TopicImage, config: ConsumerGroupConfig, now: int,
+              describable: TopicFilter = None) -> Change:
     """A ConsumerGroupHeartbeat (not a leave) on the group of its id; ``classic`` is the
-    classic group of that id (a :class:`~.group.Group`), if any. Raises GroupError."""
+    classic group of that id (a :class:`~.group.Group`), if any; ``describable`` filters the
+    topics a regular expression matched by the member's DESCRIBE permission (None: no
+    authorizer). Raises GroupError."""
     from .classic_members import can_upgrade, classic_is_empty, convert_from_classic
 
     validate(request, config)
@@ -413,7 +416,7 @@ def heartbeat(group: ConsumerGroup | None, classic: object, request: HeartbeatRe
         previous.subscribed_topic_names != updated.subscribed_topic_names
         or previous.subscribed_topic_regex != updated.subscribed_topic_regex)
     group = replace(group, members={**group.members, member_id: updated})
-    group = resolve_regexes(group, image, now)
+    group = resolve_regexes(group, image, now, describable)
     bump = bump or group.regexes != before.regexes
     group = update_epoch(before, group, image, bump)
     if group.epoch > group.assignment_epoch:

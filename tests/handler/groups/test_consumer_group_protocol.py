@@ -20,6 +20,7 @@ from services.handler.groups.consumer_group import (
 )
 from services.handler.groups.consumer_heartbeat import (
     FENCED_MEMBER_EPOCH,
+    INVALID_REGULAR_EXPRESSION,
     UNRELEASED_INSTANCE_ID,
     ConsumerGroupConfig,
     GroupError,
@@ -109,7 +110,8 @@ def beat(group, member, epoch, owned=None, **fields):  # type: ignore[no-untyped
     request = HeartbeatRequest(
         group_id="g", member_id=member, member_epoch=epoch,
         rebalance_timeout_ms=1000 if epoch == 0 else -1,
-        subscribed_topic_names=("t",) if epoch == 0 else None,
+        subscribed_topic_names=("t",) if epoch == 0 and "subscribed_topic_regex" not in fields
+        else None,
         owned={} if epoch == 0 else owned, **fields)
     change = heartbeat(group, None, request, IMAGE, CONFIG, 0)
     _check_records(group, change.after)
@@ -200,3 +202,21 @@ def test_a_commit_with_an_older_epoch_counts_for_partitions_held_since_then() ->
         replay(groups, decode_key(OFFSETS_KEYS, key), value)
     assert groups["g"].members["m1"].assignment_epochs == group.members["m1"].assignment_epochs
     assert {group.members["m2"].assignment_epoch(TID, p) for p in gone} == {2}
+
+
+def test_regular_expressions_are_kafkas_re2_not_pythons() -> None:
+    """Kafka compiles subscriptions with RE2/J: what RE2 refuses (lookaround,
+    backreferences, possessive quantifiers, atomic groups, \\Z, verbose mode) is
+    INVALID_REGULAR_EXPRESSION; what RE2 has and Python's re lacks (Unicode classes, \\Q..\\E
+    quoting, \\z) works."""
+    for regex in ("t(?=x)", "(?!x)t", r"(t)\1", "t*+", "(?>t)", r"t\Z", "(?x) t", "t{1001}"):
+        try:
+            beat(None, "m1", 0, subscribed_topic_regex=regex)
+            raise AssertionError(f"{regex} accepted")
+        except GroupError as exc:
+            assert exc.code == INVALID_REGULAR_EXPRESSION, regex
+    for regex in (r"\p{Ll}", r"\Qt\E", r"t\z", "[[:lower:]]", "(?i)T"):
+        group, joined = beat(None, "m1", 0, subscribed_topic_regex=regex)
+        assert group.regexes[regex].topics == {"t"}, regex
+    group, joined = beat(None, "m1", 0, subscribed_topic_regex="x|tt")
+    assert group.regexes["x|tt"].topics == frozenset()  # whole names only
