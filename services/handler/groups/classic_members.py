@@ -189,9 +189,12 @@ def classic_join(group: ConsumerGroup, *, member_id: str, instance_id: str | Non
                  client_id: str, client_host: str, session_timeout_ms: int,
                  rebalance_timeout_ms: int, protocol_type: str,
                  protocols: Sequence[tuple[str, bytes]], require_known_member_id: bool,
-                 image: TopicImage, config: ConsumerGroupConfig, now: int) -> Change:
+                 image: TopicImage, config: ConsumerGroupConfig, now: int,
+                 classic_config: GroupConfig | None = None) -> Change:
     """Kafka's ``classicGroupJoinToConsumerGroup``: the result is (error, member id,
-    generation, protocol name). Raises GroupError."""
+    generation, protocol name). A static member taking the place of the last member that
+    spoke the consumer protocol turns the group into a classic group (downgrade), as the
+    migration policy allows. Raises GroupError."""
     unknown = not member_id
     if unknown:
         member_id = f"{client_id}-{uuid.uuid4()}"
@@ -209,6 +212,7 @@ def classic_join(group: ConsumerGroup, *, member_id: str, instance_id: str | Non
         raise GroupError(INCONSISTENT_GROUP_PROTOCOL,
                          "Malformed embedded consumer protocol.") from None
     before = group
+    replaced: ConsumerMember | None = None
     if instance_id is None:
         # The id handed out with MEMBER_ID_REQUIRED, or one of an earlier generation: a
         # classic member joining with any id is created (Kafka's createIfNotExists).
@@ -221,6 +225,7 @@ def classic_join(group: ConsumerGroup, *, member_id: str, instance_id: str | Non
             member = replace(existing, member_id=member_id, member_epoch=0,
                              previous_member_epoch=0, assignment_epochs={})
             group = replace_member(group, existing, member)
+            replaced = existing
         else:
             member = _classic_member(group, member_id, instance_id)
     previous = group.members.get(member_id)
@@ -240,9 +245,17 @@ def classic_join(group: ConsumerGroup, *, member_id: str, instance_id: str | Non
     owned = _ids(dict(subscription.owned or {}), image)
     reconciled = reconcile_member(group, updated, owned)
     group = replace(group, members={**group.members, member_id: reconciled})
-    return Change(after=group,
-                  result=(0, member_id, reconciled.member_epoch,
-                          updated.classic.protocol_name if updated.classic else ""),
+    result = (0, member_id, reconciled.member_epoch,
+              updated.classic.protocol_name if updated.classic else "")
+    if replaced is not None and not replaced.uses_classic_protocol and \
+            before.all_classic_except(replaced.member_id) and config.downgrades and \
+            len(before.members) <= config.classic_max_size:
+        # Kafka's validateOnlineDowngradeWithReplacedMemberId: every member speaks the
+        # classic protocol now.
+        return Change(after=None, result=result, timers=Timers(disarm=(replaced.member_id,)),
+                      classic_after=convert_to_classic(group, "", now=now, image=image,
+                                                       classic_config=classic_config))
+    return Change(after=group, result=result,
                   timers=Timers(sessions={member_id: session_timeout_ms}))
 
 

@@ -177,6 +177,7 @@ class ConsumerGroups:
                 raise GroupError(ErrorCode.rebalance_in_progress.value,
                                  "The group changed protocol.")
             return classic_join(group, image=image, config=config, now=now,
+                                classic_config=self.classic_config,
                                 **request)  # type: ignore[arg-type]
 
         applied = await self.apply(group_id, transition)

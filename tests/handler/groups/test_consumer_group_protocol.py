@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from services.handler.coordinator.schema import decode_key
 from services.handler.coordinator_records import OFFSETS_KEYS
 from services.handler.groups.assignors import MemberSpec, range_, uniform
+from services.handler.groups.classic_members import classic_join
 from services.handler.groups.consumer_group import (
     MemberState,
     SubscribedTopic,
@@ -28,6 +29,8 @@ from services.handler.groups.consumer_heartbeat import (
     TopicImage,
     heartbeat,
 )
+from services.handler.groups.consumer_protocol import Subscription, write_subscription
+from services.handler.groups.group import GroupState
 from services.handler.groups.offsets import (
     STALE_MEMBER_EPOCH,
     UNKNOWN_MEMBER_ID,
@@ -220,3 +223,30 @@ def test_regular_expressions_are_kafkas_re2_not_pythons() -> None:
         assert group.regexes[regex].topics == {"t"}, regex
     group, joined = beat(None, "m1", 0, subscribed_topic_regex="x|tt")
     assert group.regexes["x|tt"].topics == frozenset()  # whole names only
+
+
+def test_a_classic_static_member_replacing_the_last_consumer_member_downgrades_the_group(
+        ) -> None:
+    """Kafka's downgrade on a replaced static member: when a classic member takes the instance
+    id of the last member speaking the consumer protocol, the group becomes a classic group
+    with every member, rebalancing."""
+    subscription = write_subscription(Subscription(version=1, topics=("t",), owned={}))
+
+    def classic_join_as(group, instance_id):  # type: ignore[no-untyped-def]
+        return classic_join(
+            group, member_id="", instance_id=instance_id, client_id="c", client_host="/h",
+            session_timeout_ms=10_000, rebalance_timeout_ms=10_000, protocol_type="consumer",
+            protocols=(("range", subscription),), require_known_member_id=True,
+            image=IMAGE, config=CONFIG, now=0)
+
+    group, _ = beat(None, "m1", 0, instance_id="i1")
+    joined = classic_join_as(group, "i2")
+    group = joined.after
+    assert joined.classic_after is None and set(group.members) == {"m1", joined.result[1]}
+    group, _ = beat(group, "m1", -2, instance_id="i1")
+    replaced = classic_join_as(group, "i1")
+    assert replaced.after is None
+    classic = replaced.classic_after
+    assert classic is not None and classic.state is GroupState.PREPARING_REBALANCE
+    assert set(classic.members) == {joined.result[1], replaced.result[1]}
+    assert replaced.timers.disarm == ("m1",)
