@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from spark.jobs.cluster_args import add_cluster_arguments, cluster_options
+
 PREFIXES = (
     "kbroker_replicator_under_replicated_partitions",
     "kbroker_replicator_offline_partitions",
@@ -163,24 +165,14 @@ def watch(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--endpoints", default="", help="comma separated gRPC host:port, "
-                        "dns:///name:port or k8s:///service.namespace:port")
-    parser.add_argument("--cluster", default="", help="'local' or 'local:<base port>'")
-    parser.add_argument("--handlers", type=int, default=2)
-    parser.add_argument("--log-nodes", type=int, default=3)
+    add_cluster_arguments(parser)
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between batches")
     parser.add_argument("--batches", type=int, default=None, help="stop after this many")
     parser.add_argument("--growth-threshold", type=int, default=1,
                         help="pending operations added between batches that raise an alert")
     parser.add_argument("--master", default=None)
     args = parser.parse_args(argv)
-    if not args.endpoints and not args.cluster:
-        args.cluster = "local"
-    options = {k: v for k, v in {
-        "endpoints": args.endpoints, "cluster": args.cluster,
-        "handlers": str(args.handlers), "log_nodes": str(args.log_nodes),
-        "skip_unavailable": "true",
-    }.items() if v}
+    options = {**cluster_options(args), "skip_unavailable": "true"}
     from spark.session import get_session
 
     spark = get_session("kbroker-health-stream", master=args.master)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from spark.histogram import histogram_quantile, parse_le
+from spark.jobs.cluster_args import add_cluster_arguments, cluster_options
 
 QUANTILES = {"p50": 0.5, "p99": 0.99, "p999": 0.999}
 PHASES = ("request_queue", "local", "remote", "response_queue", "response_send", "total")
@@ -296,25 +297,17 @@ def run(spark: Any, options: dict[str, str], output: Path) -> Report:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--endpoints", default="", help="comma separated gRPC host:port, "
-                        "dns:///name:port or k8s:///service.namespace:port")
-    parser.add_argument("--cluster", default="", help="'local' or 'local:<base port>': the "
-                        "port plan of `kbroker up`")
-    parser.add_argument("--handlers", type=int, default=2)
-    parser.add_argument("--log-nodes", type=int, default=3)
+    add_cluster_arguments(parser)
     parser.add_argument("--output", type=Path, default=Path("reports/latency"))
     parser.add_argument("--master", default=None, help="Spark master (default: spark-submit's, "
                         "else local[*])")
     args = parser.parse_args(argv)
-    if not args.endpoints and not args.cluster:
-        args.cluster = "local"
-    options = {"endpoints": args.endpoints, "cluster": args.cluster,
-               "handlers": str(args.handlers), "log_nodes": str(args.log_nodes)}
+    options = cluster_options(args)
     from spark.session import get_session
 
     spark = get_session("kbroker-latency-report", master=args.master)
     try:
-        report = run(spark, {k: v for k, v in options.items() if v}, args.output)
+        report = run(spark, options, args.output)
     finally:
         spark.stop()
     print(f"report written to {report.output}/report.md")
