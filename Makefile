@@ -75,6 +75,7 @@ bench: venv
 CLUSTER ?= local
 spark-report: venv
 	$(PY) -m spark.jobs.latency_report --cluster '$(CLUSTER)' --output reports/latency
+	$(PY) -m spark.jobs.capacity_report --cluster '$(CLUSTER)' --output reports/capacity
 
 clean:
 	rm -rf $(VENV) proto/gen data
