@@ -44,7 +44,8 @@ entry does.
 Names: ``kbroker_client_`` + the metric's name without ``org.apache.kafka.``, dots as
 underscores, the unit in base units last (``ms`` to ``_seconds``, divided by 1000; ``By`` to
 ``_bytes``), ``_total`` on counters: ``org.apache.kafka.producer.node.request.latency.avg`` (ms)
-is ``kbroker_client_producer_node_request_latency_avg_seconds``.
+is ``kbroker_client_producer_node_request_latency_avg_seconds``. Kafka's clients send no unit
+(:func:`kafka_unit`): their latencies and times are milliseconds.
 """
 
 from __future__ import annotations
@@ -260,16 +261,35 @@ def _sanitize(name: str) -> str:
     return re.sub(r"_+", "_", re.sub(r"[^a-zA-Z0-9_]", "_", name)).strip("_")
 
 
+def kafka_unit(metric: str) -> str:
+    """The unit of a Kafka client metric that came without one. The Java client and librdkafka
+    leave the unit out; Kafka's client metrics give latencies and times in milliseconds
+    unless the name says otherwise (``io.wait.time.ns.avg``)."""
+    if not metric.startswith(METRIC_PREFIX):
+        return ""
+    words = set(metric.removeprefix(METRIC_PREFIX).split("."))
+    if not words & {"latency", "time"} or "ratio" in words:
+        return ""
+    for unit in ("ns", "us", "ms"):
+        if unit in words:
+            return unit
+    return "ms"
+
+
 def family_name(metric: str, unit: str, counter: bool) -> tuple[str, float]:
     """The Prometheus family of an OTLP metric and the factor to base units (see the module
     docstring)."""
-    base = _sanitize(metric.removeprefix(METRIC_PREFIX)).lower()
-    if counter:
-        base = base.removesuffix("_total")
+    unit = unit or kafka_unit(metric)
+    words = _sanitize(metric.removeprefix(METRIC_PREFIX)).lower().split("_")
+    if counter and words[-1] == "total":
+        words.pop()
     suffix, scale = UNITS.get(unit, ("", 1.0))
-    if suffix and not base.endswith("_" + suffix):
-        base = f"{base}_{suffix}"
-    return FAMILY_PREFIX + base, scale
+    if suffix:
+        # The unit goes last, in base units (io.wait.time.ns.avg: io_wait_time_avg_seconds).
+        words = [w for w in words if w != unit.lower()]
+        if words[-1] != suffix:
+            words.append(suffix)
+    return FAMILY_PREFIX + "_".join(words), scale
 
 
 def _attribute_value(value: object) -> str:
@@ -329,7 +349,8 @@ class ClientMetricsStore:
             return
         counter = monotonic
         name, scale = family_name(m.name, m.unit, counter)  # type: ignore[attr-defined]
-        help_text = (f"Client metric {m.name} ({m.unit or '1'}), pushed by clients "  # type: ignore[attr-defined]
+        unit = m.unit or kafka_unit(m.name)  # type: ignore[attr-defined]
+        help_text = (f"Client metric {m.name} ({unit or '1'}), pushed by clients "  # type: ignore[attr-defined]
                      f"(KIP-714){', in base units' if scale != 1.0 else ''}.")
         for point in points:
             labels = [("client_instance_id", str(instance_id)), ("client_id", client.client_id)]

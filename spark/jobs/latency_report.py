@@ -19,9 +19,16 @@ Read once (``kbroker_metrics``, cached, so every table comes from the same insta
     consumer_lag.parquet  per consumer group and partition: committed offset, high watermark
                         and lag, from the group offsets (spark.group_offsets, asked of a
                         handler over gRPC)
+    client_latency.parquet  client-side latency the clients pushed (KIP-714, handler flag
+                        --client-telemetry-metrics): per metric (producer.node.request.latency.avg,
+                        consumer.fetch.manager.fetch.latency.max, ...), client and broker
+                        (node_id), in seconds; empty without a subscription
     latency.png         per API, linear scales: the mean time of each phase stacked (the phases
                         of a request add up to its total, so the stack is the mean total time),
-                        and p50/p99/p999 of the total time
+                        and p50/p99/p999 of the total time; with client telemetry, a third
+                        panel: the clients' own request latencies (mean over clients of their
+                        averages, and the largest maximum) beside the broker's mean total time
+                        of Produce and Fetch
     report.md           the tables above in Markdown
 
 Run (local[*] by default; spark-submit: see spark/README.md)::
@@ -55,6 +62,7 @@ class Report:
     topics: list[dict[str, Any]]
     purgatory: list[dict[str, Any]]
     consumer_lag: list[dict[str, Any]]
+    client_latency: list[dict[str, Any]]
 
 
 def _quantiles(buckets: list[Any], total: float | None) -> tuple[float | None, ...]:
@@ -191,7 +199,39 @@ def compute(raw: Any) -> dict[str, Any]:
         purgatory.join(delays, "kind", "left")
         .fillna(0, subset=["pending", "completed", "expired"]).orderBy("kind")
     )
-    return {"requests": requests, "latency": latency, "topics": topics, "purgatory": purgatory}
+    return {"requests": requests, "latency": latency, "topics": topics, "purgatory": purgatory,
+            "client_latency": client_latency(raw)}
+
+
+LAST_PUSH = "kbroker_handler_client_last_push_timestamp_seconds"
+
+
+def client_latency(raw: Any) -> Any:
+    """Client-side latency pushed by clients (KIP-714, ``kbroker_client_*`` on the handlers):
+    every gauge in seconds whose name speaks of latency or time (request latency per broker,
+    produce and fetch latency, queue time, ...), per metric, client and broker (``node_id``),
+    each client's value taken from the handler that heard from it last."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F  # noqa: N812
+
+    client = F.col("labels")["client_instance_id"]
+    pushes = (raw.filter(F.col("sample") == LAST_PUSH)
+              .select("endpoint", client.alias("client_instance_id"),
+                      F.col("value").alias("pushed_at")))
+    newest = (pushes.withColumn("rank", F.row_number().over(
+        Window.partitionBy("client_instance_id").orderBy(F.desc("pushed_at"), "endpoint")))
+        .filter(F.col("rank") == 1).select("endpoint", "client_instance_id"))
+    gauges = (raw.filter((F.col("type") == "gauge") & F.col("sample").startswith("kbroker_client_")
+                         & F.col("sample").endswith("_seconds")
+                         & F.col("sample").rlike("_(latency|time)_"))
+              .select("endpoint", "sample", client.alias("client_instance_id"),
+                      F.col("labels")["client_id"].alias("client_id"),
+                      F.coalesce(F.col("labels")["node_id"], F.lit("")).alias("node_id"),
+                      F.col("value").alias("latency_seconds")))
+    return (gauges.join(newest, ["endpoint", "client_instance_id"])
+            .select(F.regexp_replace("sample", "^kbroker_client_", "").alias("metric"),
+                    "client_id", "client_instance_id", "node_id", "latency_seconds")
+            .orderBy("metric", "client_id", "client_instance_id", "node_id"))
 
 
 def _markdown_table(rows: list[dict[str, Any]]) -> str:
@@ -220,9 +260,31 @@ def _markdown_counts(rows: list[dict[str, Any]]) -> str:
     return _markdown_table([{k: text(v) for k, v in r.items()} for r in rows])
 
 
-def write_chart(latency: list[dict[str, Any]], path: Path) -> None:
+def client_summary(latency: list[dict[str, Any]], clients: list[dict[str, Any]]
+                   ) -> list[tuple[str, float]]:
+    """(label, milliseconds) for the client panel: per client metric the mean over clients and
+    brokers (``_avg``) or the largest (``_max``), and the broker's mean total time of the APIs
+    those clients call."""
+    by_metric: dict[str, list[float]] = {}
+    for row in clients:
+        by_metric.setdefault(row["metric"].removesuffix("_seconds"), []).append(
+            row["latency_seconds"] * 1000)
+    out = []
+    for metric, values in sorted(by_metric.items()):
+        value = max(values) if metric.endswith("_max") else sum(values) / len(values)
+        out.append((f"client {metric}", value))
+    totals = {r["api"]: r for r in latency if r["phase"] == "total" and r["count"]}
+    for api in ("Produce", "Fetch"):
+        if api in totals and totals[api]["mean_seconds"] is not None:
+            out.append((f"broker {api} total (mean)", totals[api]["mean_seconds"] * 1000))
+    return out
+
+
+def write_chart(latency: list[dict[str, Any]], path: Path,
+                clients: list[dict[str, Any]] | None = None) -> None:
     """Two panels per API, linear scales: the phases' mean times stacked (adding up to the mean
-    total time, marked by a dot), and p50/p99/p999 of the total time."""
+    total time, marked by a dot), and p50/p99/p999 of the total time; a third with the
+    clients' own latencies when they pushed any."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -231,7 +293,22 @@ def write_chart(latency: list[dict[str, Any]], path: Path) -> None:
     totals = sorted((r for r in latency if r["phase"] == "total" and r["count"]),
                     key=lambda r: -(r["mean_seconds"] or 0.0))
     apis = [r["api"] for r in totals]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(15, 5.5 + len(apis) * 0.05))
+    summary = client_summary(latency, clients or []) if clients else []
+    if summary:
+        fig, (left, right, third) = plt.subplots(
+            1, 3, figsize=(22, 5.5 + len(apis) * 0.05),
+            gridspec_kw={"width_ratios": [1, 1, 0.9]})
+        labels = [label for label, _ in summary]
+        colors = ["tab:blue" if label.startswith("client") else "tab:gray" for label in labels]
+        third.barh(range(len(summary)), [v for _, v in summary], color=colors)
+        third.set_yticks(range(len(summary)), labels, fontsize=8)
+        third.invert_yaxis()
+        third.set_xlabel("ms")
+        third.set_xlim(left=0)
+        third.set_title("Client-side latency (KIP-714) beside the broker's")
+        third.grid(axis="x", alpha=0.3)
+    else:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(15, 5.5 + len(apis) * 0.05))
     phases = [p for p in PHASES if p != "total"]
     bottoms = [0.0] * len(apis)
     for phase in phases:
@@ -280,6 +357,10 @@ def write_markdown(report: Report, path: Path) -> None:
         "each frontend started; appended / read: on the log nodes, every replica.\n",
         _markdown_counts(report.topics),
         "## Purgatory pressure\n", _markdown_table(report.purgatory),
+        "## Client-side latency (pushed by clients, KIP-714)\n",
+        "What the clients measured themselves, per broker (node_id) where they report one; "
+        "compare with the broker's total time per API above.\n",
+        _markdown_table(report.client_latency),
         "## Consumer lag per group and partition\n",
         "Committed offset against the partition's high watermark (kafka-consumer-groups LAG).\n",
         _markdown_counts(report.consumer_lag),
@@ -334,7 +415,7 @@ def run(spark: Any, options: dict[str, str], output: Path) -> Report:
         raw.unpersist()
     collected["consumer_lag"] = consumer_lag(spark, raw_handlers, options, output)
     report = Report(output=output, **collected)
-    write_chart(report.latency, output / "latency.png")
+    write_chart(report.latency, output / "latency.png", report.client_latency)
     write_markdown(report, output / "report.md")
     return report
 

@@ -198,3 +198,17 @@ def test_names_carry_base_units() -> None:
         "kbroker_client_producer_record_queue_time_max_seconds"
     assert family_name("com.example.bytes.sent", "By", True) == (
         "kbroker_client_com_example_bytes_sent_bytes", 1.0)
+
+
+def test_kafka_client_metrics_without_a_unit_are_milliseconds() -> None:
+    # librdkafka and the Java client send no unit: Kafka's latencies and times are in ms.
+    assert family_name("org.apache.kafka.producer.node.request.latency.avg", "", False) == (
+        "kbroker_client_producer_node_request_latency_avg_seconds", 1e-3)
+    assert family_name("org.apache.kafka.consumer.coordinator.rebalance.latency.total", "",
+                       True)[0] == "kbroker_client_consumer_coordinator_rebalance_latency_seconds"
+    assert family_name("org.apache.kafka.producer.io.wait.time.ns.avg", "", False) == (
+        "kbroker_client_producer_io_wait_time_avg_seconds", 1e-9)
+    assert family_name("org.apache.kafka.consumer.poll.idle.ratio.avg", "", False) == (
+        "kbroker_client_consumer_poll_idle_ratio_avg", 1.0)
+    assert family_name("org.apache.kafka.producer.connection.creation.total", "", True)[0] == \
+        "kbroker_client_producer_connection_creation"

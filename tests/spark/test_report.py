@@ -126,6 +126,9 @@ def test_report_counts_equal_prometheus_counters(cluster, spark, tmp_path: Path)
     assert row["bytes_out"] >= row["bytes_in"]
     assert row["bytes_in_per_s"] > 0 and row["bytes_out_per_s"] > 0
 
+    # No client telemetry subscription on this cluster (test_client_telemetry has one).
+    assert report.client_latency == []
+    assert "## Client-side latency" in (report.output / "report.md").read_text()
     lag = {(r["topic"], r["partition"]): r for r in report.consumer_lag
            if r["group"] == f"g-{topic}"}
     assert {p: (lag[(topic, p)]["committed_offset"], lag[(topic, p)]["high_watermark"])
@@ -134,7 +137,8 @@ def test_report_counts_equal_prometheus_counters(cluster, spark, tmp_path: Path)
                for r in lag.values())
 
     out = report.output
-    for name in ("metrics", "requests", "latency", "topics", "purgatory", "consumer_lag"):
+    for name in ("metrics", "requests", "latency", "topics", "purgatory", "consumer_lag",
+                 "client_latency"):
         assert list((out / f"{name}.parquet").glob("*.parquet")), name
     assert spark.read.parquet(str(out / "requests.parquet")).count() == len(before)
     assert (out / "latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
