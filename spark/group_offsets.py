@@ -53,41 +53,55 @@ def compute_lag(committed: dict[str, dict[tuple[str, int], int]],
 
 def read_group_lag(endpoint: str, settings: Any) -> list[GroupLag]:
     """The lag of every group, asked of the handler at ``endpoint`` (``settings``: the data
-    source's :class:`~spark.datasource.ReadSettings`, for TLS)."""
-    from kbroker.handler.v1 import kafka_handler_pb2_grpc
-    from kbroker.kafka.v1 import kafka_pb2 as k
+    source's :class:`~spark.datasource.ReadSettings`, for TLS: each service identity is tried
+    as the data source tries them)."""
+    import grpc
+
     from spark.datasource import open_channel, server_names
 
-    with open_channel(endpoint, settings, server_names(endpoint, settings)[0]) as channel:
-        stub = kafka_handler_pb2_grpc.KafkaHandlerStub(channel)
-        listed = stub.ListGroups(k.ListGroupsRequest(), timeout=TIMEOUT_S)
-        groups = sorted(g.group_id for g in listed.groups)
-        committed: dict[str, dict[tuple[str, int], int]] = {}
-        if groups:
-            fetched = stub.OffsetFetch(k.OffsetFetchRequest(groups=[
-                k.OffsetFetchRequest.OffsetFetchRequestGroup(group_id=g, topics_is_null=True)
-                for g in groups]), timeout=TIMEOUT_S)
-            for group in fetched.groups:
-                if group.error_code:
-                    continue
-                committed[group.group_id] = {
-                    (topic.name, p.partition_index): p.committed_offset
-                    for topic in group.topics for p in topic.partitions if not p.error_code}
-        partitions = sorted({tp for offsets in committed.values() for tp in offsets})
-        high_watermarks: dict[tuple[str, int], int] = {}
-        if partitions:
-            by_topic: dict[str, list[int]] = {}
-            for topic, partition in partitions:
-                by_topic.setdefault(topic, []).append(partition)
-            answer = stub.ListOffsets(k.ListOffsetsRequest(
-                replica_id=CONSUMER_REPLICA, isolation_level=0, topics=[
-                    k.ListOffsetsRequest.ListOffsetsTopic(name=topic, partitions=[
-                        k.ListOffsetsRequest.ListOffsetsPartition(partition_index=p,
-                                                                  timestamp=LATEST)
-                        for p in indexes])
-                    for topic, indexes in by_topic.items()]), timeout=TIMEOUT_S)
-            for topic in answer.topics:
-                for p in topic.partitions:
-                    if not p.error_code and p.offset >= 0:
-                        high_watermarks[(topic.name, p.partition_index)] = p.offset
+    names = server_names(endpoint, settings)
+    for attempt, name in enumerate(names):
+        with open_channel(endpoint, settings, name) as channel:
+            try:
+                return _ask(channel)
+            except grpc.RpcError as error:
+                if error.code() != grpc.StatusCode.UNAVAILABLE or attempt == len(names) - 1:
+                    raise
+    raise AssertionError("unreachable")
+
+
+def _ask(channel: Any) -> list[GroupLag]:
+    from kbroker.handler.v1 import kafka_handler_pb2_grpc
+    from kbroker.kafka.v1 import kafka_pb2 as k
+
+    stub = kafka_handler_pb2_grpc.KafkaHandlerStub(channel)
+    listed = stub.ListGroups(k.ListGroupsRequest(), timeout=TIMEOUT_S)
+    groups = sorted(g.group_id for g in listed.groups)
+    committed: dict[str, dict[tuple[str, int], int]] = {}
+    if groups:
+        fetched = stub.OffsetFetch(k.OffsetFetchRequest(groups=[
+            k.OffsetFetchRequest.OffsetFetchRequestGroup(group_id=g, topics_is_null=True)
+            for g in groups]), timeout=TIMEOUT_S)
+        for group in fetched.groups:
+            if group.error_code:
+                continue
+            committed[group.group_id] = {
+                (topic.name, p.partition_index): p.committed_offset
+                for topic in group.topics for p in topic.partitions if not p.error_code}
+    by_topic: dict[str, list[int]] = {}
+    for topic, partition in sorted({tp for offsets in committed.values() for tp in offsets}):
+        by_topic.setdefault(topic, []).append(partition)
+    high_watermarks: dict[tuple[str, int], int] = {}
+    if by_topic:
+        answer = stub.ListOffsets(k.ListOffsetsRequest(
+            replica_id=CONSUMER_REPLICA, isolation_level=0, topics=[
+                k.ListOffsetsRequest.ListOffsetsTopic(name=topic, partitions=[
+                    k.ListOffsetsRequest.ListOffsetsPartition(partition_index=p,
+                                                              timestamp=LATEST)
+                    for p in indexes])
+                for topic, indexes in by_topic.items()]), timeout=TIMEOUT_S)
+        for topic in answer.topics:
+            for p in topic.partitions:
+                if not p.error_code and p.offset >= 0:
+                    high_watermarks[(topic.name, p.partition_index)] = p.offset
     return compute_lag(committed, high_watermarks)

@@ -16,9 +16,10 @@ import pytest
 import yaml
 
 from services.k8s.status import COMPONENT_LABEL as COMPONENT
-from services.local_cluster import free_port_range
+from services.local_cluster import _bindable, free_port_range
 from spark.discovery import (
     endpoints_from_options,
+    listening,
     local_plan_endpoints,
     parse_release,
     resolve_endpoints,
@@ -59,11 +60,26 @@ def test_bad_options_are_refused() -> None:
         local_plan_endpoints("remote")
 
 
+OFFSETS = (10, 11, 12, 110, 111, 112, 113)
+
+
+def quiet_base() -> int:
+    """A base port whose handler and log node ranges nothing listens on, and whose planned
+    ports for three handlers and four log nodes can be bound (other clusters on this machine
+    use random ports)."""
+    for _ in range(200):
+        base = free_port_range("127.0.0.1", 1)
+        if not any(listening("127.0.0.1", base + offset) for offset in range(10, 210)) and all(
+                _bindable("127.0.0.1", base + offset) for offset in OFFSETS):
+            return base
+    raise AssertionError("no quiet port range")
+
+
 def test_a_local_cluster_is_found_at_any_base_port_by_its_listening_ports() -> None:
-    base = free_port_range("127.0.0.1", 400)
+    base = quiet_base()
     # Three handlers and four log nodes listening where `kbroker up --base-port` puts them.
     listeners = [socket.create_server(("127.0.0.1", base + offset))
-                 for offset in (10, 11, 12, 110, 111, 112, 113)]
+                 for offset in OFFSETS]
     try:
         got = endpoints_from_options({"cluster": f"local:{base}"})
     finally:

@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from services.local_cluster import LocalCluster
 from spark.discovery import cluster_endpoints
+from spark.group_offsets import compute_lag
 from spark.jobs.latency_report import run
 
 MESSAGES = 200
@@ -144,3 +145,10 @@ def test_report_counts_equal_prometheus_counters(cluster, spark, tmp_path: Path)
     assert (out / "latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = (out / "report.md").read_text()
     assert "| Produce |" in summary and "latency.png" in summary
+
+
+def test_lag_rows_from_offsets() -> None:
+    rows = compute_lag({"g": {("t", 0): 5, ("t", 1): -1, ("u", 0): 9}},
+                       {("t", 0): 12, ("t", 1): 4})
+    assert [(r.topic, r.partition, r.high_watermark, r.lag) for r in rows] == [
+        ("t", 0, 12, 7), ("t", 1, 4, None), ("u", 0, None, None)]
