@@ -98,6 +98,17 @@ class NodeCapacity:
 
 
 @dataclass(frozen=True, slots=True)
+class TopicCapacity:
+    topic: str
+    partitions: int
+    size_bytes: float
+    growth_bytes_per_s: float
+    records_per_s: float
+    retained_bytes: float | None
+    partition_skew: float
+
+
+@dataclass(frozen=True, slots=True)
 class Move:
     topic: str
     partition: int
@@ -273,3 +284,23 @@ def _moves(placements: Sequence[PartitionPlacement],
         load[heavy] -= size
         load[light] += size
     return moves
+
+
+def topic_capacity(partitions: Sequence[PartitionCapacity]) -> list[TopicCapacity]:
+    """Per topic, largest first: partitions, bytes, growth, retained bytes (None when any
+    partition is unbounded) and partition skew (the largest partition over the mean)."""
+    by_topic: dict[str, list[PartitionCapacity]] = {}
+    for p in partitions:
+        by_topic.setdefault(p.topic, []).append(p)
+    rows = []
+    for topic, parts in by_topic.items():
+        sizes = [p.size_bytes for p in parts]
+        mean = sum(sizes) / len(sizes)
+        retained = [p.retained_bytes for p in parts]
+        rows.append(TopicCapacity(
+            topic=topic, partitions=len(parts), size_bytes=sum(sizes),
+            growth_bytes_per_s=sum(p.growth_bytes_per_s for p in parts),
+            records_per_s=sum(p.records_per_s for p in parts),
+            retained_bytes=None if None in retained else sum(r or 0.0 for r in retained),
+            partition_skew=max(sizes) / mean if mean > 0 else 1.0))
+    return sorted(rows, key=lambda r: (-r.size_bytes, r.topic))

@@ -33,7 +33,7 @@ import argparse
 import dataclasses
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,9 @@ from spark.capacity import (
     PartitionPlacement,
     Plan,
     ReplicaSample,
+    TopicCapacity,
     plan,
+    topic_capacity,
 )
 from spark.jobs.cluster_args import add_cluster_arguments, cluster_options
 
@@ -146,25 +148,6 @@ def placements_of(metadata: Any) -> list[PartitionPlacement]:
     return [PartitionPlacement(topic.name, p.partition, p.leader, tuple(p.replicas),
                                dict(topic.configs))
             for topic in metadata.topics for p in topic.partitions]
-
-
-def topic_rows(capacity_plan: Plan) -> list[dict[str, Any]]:
-    by_topic: dict[str, list[Any]] = {}
-    for p in capacity_plan.partitions:
-        by_topic.setdefault(p.topic, []).append(p)
-    rows = []
-    for topic, parts in sorted(by_topic.items()):
-        sizes = [p.size_bytes for p in parts]
-        mean = sum(sizes) / len(sizes)
-        retained = [p.retained_bytes for p in parts]
-        rows.append({
-            "topic": topic, "partitions": len(parts), "size_bytes": sum(sizes),
-            "growth_bytes_per_s": sum(p.growth_bytes_per_s for p in parts),
-            "records_per_s": sum(p.records_per_s for p in parts),
-            "retained_bytes": None if None in retained else sum(r or 0.0 for r in retained),
-            "partition_skew": max(sizes) / mean if mean > 0 else 1.0,
-        })
-    return sorted(rows, key=lambda r: (-r["size_bytes"], r["topic"]))
 
 
 def write_parquet(spark: Any, rows: list[dict[str, Any]], path: Path,
@@ -282,11 +265,12 @@ def run(spark: Any, options: dict[str, str], output: Path, window_s: float = 30.
                          [n.node_id for n in metadata.log_nodes], measured,
                          tolerance=tolerance, target_use=target_use,
                          horizon_days=horizon_days)
-    report = CapacityReport(output, capacity_plan, topic_rows(capacity_plan))
+    report = CapacityReport(output, capacity_plan,
+                            [asdict(t) for t in topic_capacity(capacity_plan.partitions)])
     for name, item in (("partitions", PartitionCapacity), ("nodes", NodeCapacity),
                        ("moves", Move)):
         write_parquet(spark, capacity_plan.rows(name), output / f"{name}.parquet", item)
-    write_parquet(spark, report.topics, output / "topics.parquet")
+    write_parquet(spark, report.topics, output / "topics.parquet", TopicCapacity)
     write_chart(report, output / "capacity.png")
     write_markdown(report, measured, output / "report.md")
     return report

@@ -121,23 +121,23 @@ def test_capacity_report_on_a_live_cluster(cluster: LocalCluster, spark,
     def write() -> None:
         # Partition 0 only: it grows, the others do not.
         while not stop.is_set():
-            for _ in range(50):
+            for _ in range(20):
                 producer.produce(topic, b"x" * 1000, partition=0)
             producer.flush(10)
-            time.sleep(0.05)
+            time.sleep(0.1)
 
     writer = threading.Thread(target=write, daemon=True)
     writer.start()
     try:
         report = run(spark, {"endpoints": ",".join(cluster_endpoints(cluster))},
-                     tmp_path / "capacity", window_s=3.0)
+                     tmp_path / "capacity", window_s=2.0)
     finally:
         stop.set()
         writer.join(15)
         producer.flush(10)
     parts = {p.partition: p for p in report.plan.partitions if p.topic == topic}
     assert set(parts) == {0, 1, 2}
-    assert parts[0].growth_bytes_per_s > 1000 and parts[0].records_per_s > 1
+    assert parts[0].growth_bytes_per_s > 500 and parts[0].records_per_s > 0.5
     assert parts[1].growth_bytes_per_s == parts[2].growth_bytes_per_s == 0
     assert parts[0].retention_bytes == 64 * MIB
     assert parts[0].headroom_bytes == 64 * MIB - parts[0].size_bytes
