@@ -105,6 +105,10 @@ SUPPORTED_APIS: dict[int, SupportedApi] = {
         SupportedApi(61, "DescribeProducers", 0, 0, retry_safe=True),
         SupportedApi(65, "DescribeTransactions", 0, 0, retry_safe=True),
         SupportedApi(66, "ListTransactions", 0, 1, retry_safe=True),
+        # Client telemetry (KIP-714). A repeated subscription request at worst mints an id
+        # the client never uses; a repeated push would count its deltas twice.
+        SupportedApi(71, "GetTelemetrySubscriptions", 0, 0, retry_safe=True),
+        SupportedApi(72, "PushTelemetry", 0, 0, retry_safe=False),
     )
 }
 
