@@ -21,8 +21,6 @@ ends (Linux parent-death signal, set before the service's program starts).
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import dataclasses
 import os
 import random
@@ -179,32 +177,6 @@ def _port_user(host: str, port: int) -> str | None:
         except OSError as exc:
             return exc.strerror or str(exc)
         return None
-
-
-_PR_SET_PDEATHSIG = 1
-_libc_prctl = None
-if sys.platform.startswith("linux"):
-    with contextlib.suppress(OSError, AttributeError):
-        _libc_prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6",
-                                  use_errno=True).prctl
-
-
-def _die_with(parent: int) -> Callable[[], None]:
-    """A ``preexec_fn``: the child gets SIGTERM when the process that started it dies (even
-    by SIGKILL), and exits at once if that process is already gone (it died between fork
-    and prctl, and the child was handed to another parent).
-
-    The kernel sends the signal when the *thread* that started the child ends, so services
-    are started from a thread that lives as long as the cluster (the main thread in ``kbroker
-    up`` and in tests). The function only makes two system calls, with nothing to lock."""
-
-    def preexec() -> None:
-        if _libc_prctl is not None:
-            _libc_prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != parent:
-            os._exit(1)
-
-    return preexec
 
 
 # Ports this process handed out: the services of a cluster bind theirs only once started, so
@@ -365,6 +337,8 @@ class LocalCluster:
         env = dict(os.environ)
         env["KBROKER_LOG_LEVEL"] = self.spec.log_level
         env["PYTHONUNBUFFERED"] = "1"
+        # No orphans: the service dies with the launcher, however the launcher ends (the
+        # service sets its parent-death signal itself, see services.common.runtime).
         env[PARENT_PID_ENV] = str(os.getpid())
         args, fds = list(svc.args), ()
         if svc.kind == "frontend":
@@ -385,8 +359,6 @@ class LocalCluster:
                 # Own process group: Ctrl-C in a terminal reaches the launcher only, which then
                 # stops the children in order.
                 start_new_session=True,
-                # No orphans: the service dies with the launcher, however the launcher ends.
-                preexec_fn=_die_with(os.getpid()),
             )
         finally:
             log.close()

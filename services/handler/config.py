@@ -104,3 +104,15 @@ class HandlerConfig:
     frontend_identities: tuple[str, ...] = option(
         ("kbroker-frontend",), "certificate common names (comma-separated) of callers whose "
         "kafka-principal metadata is trusted; plaintext callers are trusted only from loopback")
+    client_telemetry_metrics: str = option(
+        "", "client metrics (KIP-714) every client is asked to push: comma separated name "
+        "prefixes, e.g. org.apache.kafka.producer.,org.apache.kafka.consumer.; * for all; "
+        "empty for none (a client-metrics resource's metrics)")
+    client_telemetry_push_interval_ms: int = option(
+        300000, "how often clients push their metrics (a client-metrics resource's "
+        "interval.ms)")
+    client_telemetry_max_bytes: int = option(
+        1048576, "largest metrics push accepted, compressed or not (telemetry.max.bytes)")
+    client_telemetry_max_series: int = option(
+        10000, "most pushed client metric series a handler keeps and exposes; points of new "
+        "series beyond it are dropped")

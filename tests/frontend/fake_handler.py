@@ -350,3 +350,13 @@ class FakeHandler(kafka_handler_pb2_grpc.KafkaHandlerServicer):
     async def AlterUserScramCredentials(self, request, context):
         await self._enter("AlterUserScramCredentials", request, context)
         return k.AlterUserScramCredentialsResponse()
+
+    async def GetTelemetrySubscriptions(self, request, context):
+        await self._enter("GetTelemetrySubscriptions", request, context)
+        return k.GetTelemetrySubscriptionsResponse(
+            error_code=0, client_instance_id="6b1c6ad4-62a2-4c3c-9a64-3e1ea9a0b9f2",
+            subscription_id=1, push_interval_ms=300000, telemetry_max_bytes=1048576)
+
+    async def PushTelemetry(self, request, context):
+        await self._enter("PushTelemetry", request, context)
+        return k.PushTelemetryResponse(error_code=0)
