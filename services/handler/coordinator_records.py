@@ -14,10 +14,10 @@ expression resolved to); other kinds (share and streams groups) are not kept her
 Written to ``__consumer_offsets``: offset commit key v1 with value v3 (v1 when the commit
 carries an expiry time), group metadata key v2 with value v4, and the consumer group records
 at the versions Kafka 4.0 writes (values v0; topics named by their topic ids), current
-assignments with the epoch at which each partition was assigned (KIP-1251's tagged field). Value v4 carries,
-in tagged field :data:`EXTENSION_TAG`, what a stateless coordinator must also persist: the
-group state, rebalance deadlines, pending members and each member's protocols
-(:class:`GroupExtension`, its own small versioned record). Kafka's readers skip unknown tagged
+assignments with the epoch at which each partition was assigned (KIP-1251's tagged field).
+Value v4 carries, in tagged field :data:`EXTENSION_TAG`, what a stateless coordinator must
+also persist: the group state, rebalance deadlines, pending members and each member's
+protocols (:class:`GroupExtension`, its own small versioned record). Kafka's readers skip unknown tagged
 fields, so Kafka tools read these records as ordinary group metadata.
 
 ``__transaction_state`` holds a :class:`TransactionLogKey` v0 (the transactional id) per
