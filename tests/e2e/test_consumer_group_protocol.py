@@ -192,11 +192,11 @@ def test_a_crashed_member_loses_its_partitions_at_the_session_timeout_and_nothin
     until its session times out; then the survivor takes them from the crashed member's
     committed offsets: nothing it committed is processed again, nothing is skipped."""
     create_topic(cluster.bootstrap, topic_name)
-    total = 300
+    total = 180
     produce(cluster.bootstrap, topic_name, total)
     group = f"crash-{topic_name}"
     survivor = start(GroupMember("confluent", cluster.bootstrap, group, topic_name,
-                                 delay_s=0.05, protocol="consumer"))[0]
+                                 delay_s=0.03, protocol="consumer"))[0]
     doomed = subprocess.Popen(
         [sys.executable, "-c", COMMITTING_CONSUMER, cluster.bootstrap, group, topic_name],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True, text=True)
