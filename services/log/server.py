@@ -53,7 +53,11 @@ class LogService:
         calls (up to ``grace`` seconds), then flush and close the logs."""
         await self.shutdown.run()
         await self.health.enter_graceful_shutdown()
-        await self.server.stop(grace)
+        stopping = asyncio.ensure_future(self.server.stop(grace))
+        await asyncio.sleep(0)  # new calls are refused from here
+        for replica in self.manager.partitions():
+            replica.appended().set()  # long-poll reads answer now rather than at their end
+        await stopping
         await self.manager.stop_background()
         if self.notifier is not None:
             await self.notifier.close()
