@@ -526,11 +526,6 @@ class LocalCluster:
             proc.wait(timeout=10)
             return False
 
-    def restart_service(self, name: str, timeout: float = 60.0) -> None:
-        """Stop one service gracefully and start it again, awaiting its health."""
-        self.stop_service(name)
-        self.start_service(name, wait=True, timeout=timeout)
-
     def stop(self) -> None:
         """Stop everything, in reverse dependency order: first the services clients reach
         (frontend, handlers) and the log nodes, then, once the log nodes are gone, the
