@@ -51,8 +51,6 @@ class ChaosSettings:
         default_factory=lambda: Backoff(initial=0.5, cap=5.0, reset_after=20.0))
     replica_lag_time_max_ms: int = 3000
     log_level: str = "INFO"
-    # Further flags by kind of service (ClusterSpec.service_flags).
-    service_flags: dict[str, dict[str, object]] = dataclasses.field(default_factory=dict)
 
 
 class ChaosRun:
@@ -65,7 +63,7 @@ class ChaosRun:
             log_nodes=settings.log_nodes, num_partitions=1, default_replication_factor=3,
             replica_lag_time_max_ms=settings.replica_lag_time_max_ms,
             group_initial_rebalance_delay_ms=500, group_min_session_timeout_ms=3000,
-            log_level=settings.log_level, service_flags=settings.service_flags)
+            log_level=settings.log_level)
         self.cluster = LocalCluster(spec)
         self.topic = f"chaos-{uuid.uuid4().hex[:8]}"
         self.links: Links | None = None

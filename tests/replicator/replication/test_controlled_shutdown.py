@@ -73,6 +73,7 @@ PATIENT = {"node_session_timeout_ms": 5000}
 
 
 def elections(kind: str) -> float:
+    """The replicator's leader elections of ``kind`` so far (this process's registry)."""
     return REGISTRY.get_sample_value("kbroker_replicator_leader_elections_total",
                                      {"kind": kind}) or 0.0
 
@@ -90,6 +91,7 @@ def test_a_stopping_leader_hands_over_to_an_in_sync_follower_first(tmp_path: Pat
         first = await old.append("handed", build_batch(values(3)))
         await wait_for(lambda: converged(r, "handed", first.log_end_offset))
         controlled, clean = elections("controlled"), elections("clean")
+        preferred = elections("preferred")
 
         # Appends keep coming while the leader stops, each awaited in the purgatory as an
         # acks=all produce is: each is taken (and then committed) or refused
@@ -139,17 +141,20 @@ def test_a_stopping_leader_hands_over_to_an_in_sync_follower_first(tmp_path: Pat
         assert elections("clean") == clean
         assert not await in_controlled_shutdown(r, old.node_id)
 
-        # Restarted, it follows, catches up and rejoins the ISR.
+        # Restarted, it follows, catches up, rejoins the ISR and gets its preferred
+        # leadership back through the auto leader rebalance.
         await old.start()
         written = await new.append("handed", build_batch(values(1)))
         assert written.error_code == 0 and written.leader_epoch == after.leader_epoch
 
-        async def rejoined() -> bool:
+        async def led_again() -> bool:
             meta = await r.partition("handed")
-            return len(meta.isr) == 3
-        await wait_for(rejoined)
+            return meta.leader == old.node_id and len(meta.isr) == 3
+        await wait_for(led_again)
+        assert elections("preferred") == preferred + 1
 
-    run(tmp_path, scenario, **PATIENT)
+    run(tmp_path, scenario, **PATIENT, auto_leader_rebalance_enable=True,
+        leader_imbalance_check_interval_ms=200)
 
 
 async def _not(metadata, node_id: int) -> bool:
