@@ -1,5 +1,6 @@
 """Start and stop a log node: reload the replicas from disk, then serve LogService (with the
-health, reflection and metrics services every port has).
+health, reflection and metrics services every port has). A stop first hands the node's
+leaderships over (:mod:`.controlled_shutdown`), then stops serving, then flushes and closes.
 
 Health: the whole server ("") is SERVING while the process serves; LogService is SERVING until
 the log directory fails (then NOT_SERVING until a restart: the replicator moves the node's
@@ -24,6 +25,7 @@ from services.common.tls import InternalTls
 
 from . import metrics
 from .config import LogConfig
+from .controlled_shutdown import ControlledShutdown
 from .log_manager import LogManager
 from .purgatory_notifier import PurgatoryNotifier
 from .replica_state import LEADER
@@ -44,11 +46,18 @@ class LogService:
     port: int
     health: HealthServicer
     notifier: PurgatoryNotifier | None
+    shutdown: ControlledShutdown
 
     async def stop(self, grace: float = 1.0) -> None:
-        """Finish in-flight calls (up to ``grace`` seconds), then flush and close the logs."""
+        """Hand the leaderships over (a controlled shutdown, when configured), finish in-flight
+        calls (up to ``grace`` seconds), then flush and close the logs."""
+        await self.shutdown.run()
         await self.health.enter_graceful_shutdown()
-        await self.server.stop(grace)
+        stopping = asyncio.ensure_future(self.server.stop(grace))
+        await asyncio.sleep(0)  # new calls are refused from here
+        for replica in self.manager.partitions():
+            replica.appended().set()  # long-poll reads answer now rather than at their end
+        await stopping
         await self.manager.stop_background()
         if self.notifier is not None:
             await self.notifier.close()
@@ -70,6 +79,10 @@ async def start(config: LogConfig) -> LogService:
         config.schedule(),
         config.free_space_floor(),
     )
+    shutdown = ControlledShutdown(config.node_id, manager, config.replicator_address, tls,
+                                  config.controlled_shutdown())
+    servicer = LogServicer(manager)
+    servicer.refuses_append = shutdown.refuses
     try:
         manager.load()
         if notifier is not None:
@@ -81,7 +94,7 @@ async def start(config: LogConfig) -> LogService:
         server, port, health = await create_server(
             "log",
             [ServiceBinding(SERVICE_NAME, log_pb2_grpc.add_LogServiceServicer_to_server,
-                            LogServicer(manager))],
+                            servicer)],
             config.grpc_address,
             instance=config.instance or f"log-{config.node_id}",
             tls=tls,
@@ -99,7 +112,7 @@ async def start(config: LogConfig) -> LogService:
         "log node %d serving on port %d with %d replica(s) in %s",
         config.node_id, port, len(manager), config.data_dir,
     )
-    return LogService(config, manager, server, port, health, notifier)
+    return LogService(config, manager, server, port, health, notifier, shutdown)
 
 
 def out_of_service(health: HealthServicer, loop: asyncio.AbstractEventLoop

@@ -379,6 +379,8 @@ class ReplicationManager:
         """Shrink and expand ISRs per the lag rules, and refresh the lag metrics."""
         now = now_ms()
         changes: dict[TopicPartition, tuple[NodeId, int, tuple[NodeId, ...]]] = {}
+        # A node in controlled shutdown joins no ISR (the controller would refuse it).
+        active = set(self._controller.image.active_node_ids)
         for key, state in self._states.items():
             for follower in state.followers:
                 metrics.observe_follower(state.topic, state.partition, follower,
@@ -389,7 +391,7 @@ class ReplicationManager:
                 continue
             leaving = set(state.lagging_in_sync(now, self._lag_ms))
             joining = {n for n in state.caught_up_out_of_sync(now, self._lag_ms)
-                       if n in self._alive}
+                       if n in active}
             if state.expanding - joining:
                 state.expanding &= joining  # fell behind again: the leader may go on alone
                 self._sync_needed.set()
