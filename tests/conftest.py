@@ -15,6 +15,12 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+# Test processes hold gRPC channels while they start processes that fork without exec first
+# (PySpark's gateway launch uses a preexec_fn): gRPC's fork handlers then run in a process
+# whose gRPC threads are busy, which broke the child. Nothing in a test process needs gRPC
+# after a fork, so they are off; set before gRPC is first imported.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 import pytest
 
 from services.local_cluster import ClusterSpec, LocalCluster
