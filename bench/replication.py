@@ -3,7 +3,7 @@ with the reference broker's acks=all, in one run.
 
     python bench/replication.py [--n 100000] [--size 1000] [--partitions 3]
                                 [--round-trips 1000] [--background-mbps 10]
-                                [--rounds 1] [--internal-tls]
+                                [--transports stream,unary] [--rounds 1] [--internal-tls]
                                 [--failovers 3] [--failover-only]
 
 Starts a local kbroker cluster (every service a process, 3 log nodes, free loopback ports, a
@@ -225,10 +225,14 @@ def internal_tls_material(folder: Path | None) -> tuple[Path | None, InternalTls
     return folder, InternalTls(str(ca.cert), str(leaf.cert), str(leaf.key))
 
 
-def run_kbroker(args: argparse.Namespace, replication: int) -> dict:
+def run_kbroker(args: argparse.Namespace, replication: int, transport: str = "") -> dict:
+    """One workload on a fresh 3-node cluster; ``transport``: how followers fetch (the log
+    nodes' ``--replica-fetch-transport``; empty: their default)."""
+    flags = {"log": {"replica_fetch_transport": transport}} if transport else {}
     with tempfile.TemporaryDirectory(prefix="kbroker-bench-tls-") as folder:
         internal_tls, _ = internal_tls_material(Path(folder) if args.internal_tls else None)
-        with kbroker_cluster(log_nodes=3, internal_tls=internal_tls) as cluster:
+        with kbroker_cluster(log_nodes=3, internal_tls=internal_tls,
+                             service_flags=flags) as cluster:
             return run_workload(cluster.bootstrap, args, replication, min(2, replication))
 
 
@@ -296,6 +300,10 @@ def main() -> None:
     parser.add_argument("--background-mbps", type=float, default=10.0,
                         help="MB/s of other acks=all traffic while the loaded round trips are "
                              "timed (0: no loaded round trips)")
+    parser.add_argument("--transports", default="",
+                        help="comma-separated replica fetch transports of the log nodes to run "
+                             "RF=3 with, each on a cluster of its own (stream, unary; empty: "
+                             "their default); the first is the one compared")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--failovers", type=int, default=3)
     parser.add_argument("--internal-tls", action="store_true",
@@ -323,10 +331,15 @@ def run_comparison(args: argparse.Namespace) -> None:
     print(json.dumps({"note": "the reference broker (Tansu) is a single broker: its acks=all "
                               "waits for no replica; kbroker rf3 waits for 3 in-sync replicas "
                               "on 3 log nodes (min.insync.replicas=2)"}))
+    transports = [t for t in args.transports.split(",") if t] or [""]
     for round_number in range(1, args.rounds + 1):
-        ours = run_kbroker(args, 3)
-        print(json.dumps({"round": round_number, "broker": "kbroker", "replication": 3,
-                          **ours}), flush=True)
+        ours = {}
+        for transport in transports:
+            result = run_kbroker(args, 3, transport)
+            ours = ours or result  # the first transport is compared with the others
+            print(json.dumps({"round": round_number, "broker": "kbroker", "replication": 3,
+                              **({"transport": transport} if transport else {}), **result}),
+                  flush=True)
         single = run_kbroker(args, 1)
         print(json.dumps({"round": round_number, "broker": "kbroker", "replication": 1,
                           **single}), flush=True)

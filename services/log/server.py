@@ -26,6 +26,7 @@ from . import metrics
 from .config import LogConfig
 from .log_manager import LogManager
 from .purgatory_notifier import PurgatoryNotifier
+from .replica_manager import ReplicaManager
 from .replica_state import LEADER
 from .servicer import LogServicer
 
@@ -44,11 +45,14 @@ class LogService:
     port: int
     health: HealthServicer
     notifier: PurgatoryNotifier | None
+    replicas: ReplicaManager
 
     async def stop(self, grace: float = 1.0) -> None:
         """Finish in-flight calls (up to ``grace`` seconds), then flush and close the logs."""
         await self.health.enter_graceful_shutdown()
+        await self.replicas.stop()
         await self.server.stop(grace)
+        metrics.FOLLOWER_LAGS.sources.discard(self.replicas.follower_lags)
         await self.manager.stop_background()
         if self.notifier is not None:
             await self.notifier.close()
@@ -70,6 +74,9 @@ async def start(config: LogConfig) -> LogService:
         config.schedule(),
         config.free_space_floor(),
     )
+    replicas = ReplicaManager(
+        manager, config.node_id, tls=tls, transport=config.replica_fetch_transport,
+        on_epoch_ended=notifier.on_epoch_ended if notifier is not None else None)
     try:
         manager.load()
         if notifier is not None:
@@ -78,19 +85,22 @@ async def start(config: LogConfig) -> LogService:
         metrics.PARTITION_LOGS.sources.add(manager.partitions)
         metrics.LOG_DIRS.sources.add(manager)
         metrics.TRUNCATED_BYTES.inc(sum(p.truncated_at_open for p in manager.partitions()))
+        replicas.start()
         server, port, health = await create_server(
             "log",
             [ServiceBinding(SERVICE_NAME, log_pb2_grpc.add_LogServiceServicer_to_server,
-                            LogServicer(manager))],
+                            LogServicer(manager, replicas))],
             config.grpc_address,
             instance=config.instance or f"log-{config.node_id}",
             tls=tls,
         )
         manager.log_dir.on_failure = out_of_service(health, asyncio.get_running_loop())
         manager.start_background()
+        metrics.FOLLOWER_LAGS.sources.add(replicas.follower_lags)
     except BaseException:
         metrics.PARTITION_LOGS.sources.discard(manager.partitions)
         metrics.LOG_DIRS.sources.discard(manager)
+        await replicas.stop()
         manager.close()
         if notifier is not None:
             await notifier.close()
@@ -99,7 +109,7 @@ async def start(config: LogConfig) -> LogService:
         "log node %d serving on port %d with %d replica(s) in %s",
         config.node_id, port, len(manager), config.data_dir,
     )
-    return LogService(config, manager, server, port, health, notifier)
+    return LogService(config, manager, server, port, health, notifier, replicas)
 
 
 def out_of_service(health: HealthServicer, loop: asyncio.AbstractEventLoop

@@ -26,6 +26,7 @@ from . import metrics
 from .log_dir_failure import DiskUsage, LogDirFailureChannel
 from .log_manager import LogManager
 from .partition_log import LAST_STABLE, NO_LEADER_EPOCH, NO_OFFSET, PartitionLog
+from .replica_manager import ReplicaManager
 from .verification import VerificationRequiredError
 
 log = logging.getLogger(__name__)
@@ -68,8 +69,9 @@ def _fail(api: str, exc: Exception, result: Any, log_dir: LogDirFailureChannel) 
 class LogServicer(log_pb2_grpc.LogServiceServicer):
     """Serves one node's partition replicas."""
 
-    def __init__(self, manager: LogManager) -> None:
+    def __init__(self, manager: LogManager, replicas: ReplicaManager) -> None:
         self._manager = manager
+        self._replicas = replicas
 
     def _log(self, item: Any) -> PartitionLog:
         return self._manager.get(item.topic, item.partition)
@@ -108,15 +110,19 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
             created = self._manager.create(spec.topic, spec.partition, spec.topic_id,
                                            dict(spec.configs))
             if spec.HasField("state"):
-                await created.become(spec.state)
+                await self._replicas.apply_state(created, spec.state)
 
         response = await self._each(log_pb2.CreatePartitionsResponse(), request.partitions, create)
         metrics.PARTITIONS.set(len(self._manager))
         return response
 
     async def DeletePartitions(self, request, context):
+        def delete(tp: log_pb2.TopicPartition, _: object) -> None:
+            self._replicas.forget((tp.topic, tp.partition))
+            self._manager.delete(tp.topic, tp.partition)
+
         response = await self._each(log_pb2.DeletePartitionsResponse(), request.partitions,
-                                    lambda tp, _: self._manager.delete(tp.topic, tp.partition))
+                                    delete)
         metrics.PARTITIONS.set(len(self._manager))
         return response
 
@@ -315,35 +321,45 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
 
     async def UpdateReplicaStates(self, request, context):
         return await self._each(log_pb2.UpdateReplicaStatesResponse(), request.states,
-                                lambda state, _: self._log(state).become(state))
+                                lambda state, _: self._replicas.apply_state(self._log(state),
+                                                                            state))
 
-    async def ReplicateAppend(self, request, context):
-        async def replicate(item: log_pb2.PartitionReplicate, _: object) -> None:
-            partition_log = self._log(item)
-            await partition_log.append_as_follower(item.records, item.leader_epoch,
-                                                   item.high_watermark)
-            # Kafka's maybeIncrementLogStartOffset: records the leader deleted go here too.
-            start = min(item.log_start_offset, partition_log.high_watermark)
-            if start > partition_log.log_start_offset:
-                await self._manager.delete_records(item.topic, item.partition, start)
+    async def UpdateReplicationSettings(self, request, context):
+        self._replicas.apply_settings(request)
+        return log_pb2.ReplicationSettingsResponse()
 
-        return await self._each(log_pb2.ReplicateAppendResponse(), request.partitions, replicate,
-                                offsets=True)
+    async def ReplicaFetch(self, request_iterator, context):
+        """A follower's fetch session: each request answered in turn."""
+        async for request in request_iterator:
+            yield await self._replicas.fetch(request)
 
-    async def UpdateHighWatermarks(self, request, context):
-        return await self._each(log_pb2.UpdateHighWatermarksResponse(), request.partitions,
-                                lambda item, _: self._log(item).update_high_watermark(
-                                    item.high_watermark, item.leader_epoch))
+    async def ReplicaFetchOnce(self, request, context):
+        return await self._replicas.fetch(request)
 
-    async def Truncate(self, request, context):
-        def truncate(item: log_pb2.PartitionTruncation, _: object) -> Awaitable[object]:
-            partition_log = self._log(item)
-            if item.start_over:
-                return partition_log.start_over_at(item.offset)
-            return partition_log.truncate_to(item.offset)
+    async def AlterPartitions(self, request_iterator, context):
+        """The replicator's control stream: this node's ISR changes out, answers in."""
 
-        return await self._each(log_pb2.TruncateResponse(), request.partitions, truncate,
-                                offsets=True)
+        async def take_answers() -> None:
+            async for answers in request_iterator:
+                await self._replicas.apply_answers(answers)
+
+        answering = asyncio.ensure_future(take_answers())
+        subscription = self._replicas.subscribe_isr_changes()
+        sending: asyncio.Future[log_pb2.IsrChangeRequests] | None = None
+        try:
+            while True:
+                sending = asyncio.ensure_future(subscription.next())
+                await asyncio.wait({sending, answering}, return_when=asyncio.FIRST_COMPLETED)
+                if not sending.done():
+                    break  # the replicator closed its side
+                yield sending.result()
+        finally:
+            for task in (sending, answering):
+                if task is not None:
+                    task.cancel()
+            subscription.close()
+            if answering.done() and not answering.cancelled() and answering.exception():
+                log.error("ISR change answers failed", exc_info=answering.exception())
 
     async def OffsetForLeaderEpoch(self, request, context):
         def end_offset(item: log_pb2.PartitionLeaderEpoch, result: log_pb2.EpochEndOffset) -> None:
@@ -374,3 +390,4 @@ def _describe(state: log_pb2.PartitionState, partition_log: PartitionLog) -> Non
     state.leader_epoch = partition_log.state.leader_epoch
     state.role = partition_log.state.role
     state.latest_log_epoch = partition_log.leader_epochs.latest_epoch
+    state.partition_epoch = partition_log.state.partition_epoch

@@ -31,14 +31,20 @@ def test_a_fenced_leader_is_replaced_and_comes_back_as_a_cut_follower(tmp_path: 
         committed = await old.append("failover", build_batch(values(3)))
         await wait_for(lambda: converged(r, "failover", committed.log_end_offset))
 
-        # Without the replicator nothing is copied: the next batch stays on the old leader,
-        # uncommitted, and its acks=all wait is pending on the epoch-0 key.
+        # With its followers stopped (and no replicator to shrink the ISR), the next batch
+        # stays on the old leader, uncommitted, and its acks=all wait is pending on the
+        # epoch-0 key.
         await r.stop_replicator()
+        followers = [r.node(n) for n in meta.replicas[1:]]
+        for follower in followers:
+            await follower.stop()
         lost = await old.append("failover", build_batch(values(2)))
         assert lost.leader_epoch == 0 and lost.high_watermark < lost.log_end_offset
         waiting = asyncio.ensure_future(
             r.await_produce("failover-0@0", lost.log_end_offset, 20_000))
         await old.stop()
+        for follower in followers:
+            await follower.start()
         await r.start_replicator()
 
         await wait_for(lambda: leader_changed(r, "failover", 0))
