@@ -39,6 +39,8 @@ paths pay nothing for it. Kafka's JMX names beside ours:
                                                    as the leader sees each follower
     kbroker_log_follower_lag_seconds{...}          time since the follower was last caught up
                                                    (what replica.lag.time.max.ms is compared with)
+    kbroker_log_follower_fetches_total             kafka.network:type=RequestMetrics,
+                                                   name=RequestsPerSec,request=FetchFollower
     kbroker_log_isr_change_requests_total{kind}    AlterPartition requests of this node's
                                                    leaders (IsrShrinksPerSec, IsrExpandsPerSec)
 """
@@ -161,6 +163,10 @@ THROTTLED_REPLICATION_BYTES = Counter(
     "against this node's replication throttle rates, by direction: leader (sent) or "
     "follower (fetched) (LeaderReplication and FollowerReplication byte rates).",
     ["direction"],
+)
+FOLLOWER_FETCHES = Counter(
+    "kbroker_log_follower_fetches_total",
+    "Fetches this node served to its followers as a leader (RequestsPerSec of FetchFollower).",
 )
 ISR_CHANGE_REQUESTS = Counter(
     "kbroker_log_isr_change_requests_total",

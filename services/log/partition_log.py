@@ -229,8 +229,8 @@ class PartitionLog:
         self._last_high_watermark_checkpoint_ms = now_ms()
         # Periodic checkpoints are written in a thread; this keeps writes one at a time.
         self._checkpoint_lock = threading.Lock()
-        # Set (and replaced) whenever the log end offset grows; long-poll readers wait on it.
-        self._appended: asyncio.Event | None = None
+        # Long-poll readers waiting for the log end offset to grow (or the state to change).
+        self._waiters: set[asyncio.Future[None]] = set()
         self.state = replica_state.restored(replica_state.read(directory))
         if not commits_alone(self.state):
             # What was committed when the high watermark was last checkpointed, never past
@@ -678,17 +678,19 @@ class PartitionLog:
         self.producer_state.load(self._segments, offset)
         self.leader_epochs.truncate_from_end(0)
 
-    def appended(self) -> asyncio.Event:
-        """An event set by the next append of either kind, or change of the replica's state
-        (a long-poll reader awaits it)."""
-        if self._appended is None:
-            self._appended = asyncio.Event()
-        return self._appended
+    def wake_on_change(self, waiter: asyncio.Future[None]) -> None:
+        """Complete ``waiter`` at the next append of either kind, or change of the replica's
+        state (a long-poll reader awaits it; one future may wait on many logs)."""
+        self._waiters.add(waiter)
+
+    def forget_waiter(self, waiter: asyncio.Future[None]) -> None:
+        self._waiters.discard(waiter)
 
     def _wake_readers(self) -> None:
-        appended, self._appended = self._appended, None
-        if appended is not None:
-            appended.set()
+        waiters, self._waiters = self._waiters, set()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     # ------------------------------------------------------------------------------ reads
 

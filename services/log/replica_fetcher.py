@@ -56,6 +56,7 @@ from services.common.tls import InternalTls
 from . import metrics
 from .log_manager import LogManager
 from .partition_log import NO_OFFSET, PartitionLog
+from .replica_fetch_codec import decode_fetch_response
 from .replica_state import FOLLOWER
 from .replication_quota import ReplicationQuota
 from .replication_settings import ReplicationSettings
@@ -65,6 +66,9 @@ log = logging.getLogger(__name__)
 TopicPartition = tuple[str, int]
 
 STREAM, UNARY = "stream", "unary"
+_SERVICE = log_pb2.DESCRIPTOR.services_by_name["LogService"].full_name
+_FETCH_SESSION = f"/{_SERVICE}/ReplicaFetch"
+_FETCH_ONCE = f"/{_SERVICE}/ReplicaFetchOnce"
 TRANSPORTS = (STREAM, UNARY)
 # Calls other than the long poll (OffsetForLeaderEpoch) and the slack on a long poll's answer.
 CALL_TIMEOUT = 10.0
@@ -94,6 +98,17 @@ class FetchSessionError(Exception):
     """A fetch session failed as a whole."""
 
 
+class _LeaderCalls:
+    """The calls a follower makes on its leader's node; fetch answers come as bytes, read by
+    :func:`~services.log.replica_fetch_codec.decode_fetch_response`."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.log = log_pb2_grpc.LogServiceStub(channel)
+        serialize = log_pb2.ReplicaFetchRequest.SerializeToString
+        self.fetch_session = channel.stream_stream(_FETCH_SESSION, request_serializer=serialize)
+        self.fetch_once = channel.unary_unary(_FETCH_ONCE, request_serializer=serialize)
+
+
 class ReplicaFetcher:
     """The fetch session of this node with one leader node."""
 
@@ -112,8 +127,9 @@ class ReplicaFetcher:
         self._task: asyncio.Task[None] | None = None
         self._address: str | None = None
         self._channel: grpc.aio.Channel | None = None
-        self._stub: log_pb2_grpc.LogServiceStub | None = None
+        self._stub: _LeaderCalls | None = None
         self._stream: Any = None
+        self._in_flight: asyncio.Future[log_pb2.ReplicaFetchResponse] | None = None
         self._last_failure_log = 0.0
 
     @property
@@ -127,11 +143,11 @@ class ReplicaFetcher:
         if current is not None and current.leader_epoch == leader_epoch:
             return
         self._partitions[key] = PartitionFetchState(leader_epoch=leader_epoch)
-        self._changed.set()
+        self._abandon()
 
     def remove(self, key: TopicPartition) -> None:
         if self._partitions.pop(key, None) is not None:
-            self._changed.set()
+            self._abandon()
 
     def wake(self) -> None:
         """Start a new round now (new settings, a partition's state fixed)."""
@@ -190,7 +206,7 @@ class ReplicaFetcher:
         if state is not None:
             state.retry_at = time.monotonic() + self._settings().fetch_backoff_ms / 1000
 
-    def _connect(self, settings: ReplicationSettings) -> log_pb2_grpc.LogServiceStub | None:
+    def _connect(self, settings: ReplicationSettings) -> _LeaderCalls | None:
         address = settings.log_nodes.get(self.leader)
         if address != self._address:
             self._close_stream()
@@ -200,7 +216,7 @@ class ReplicaFetcher:
             self._address, self._channel, self._stub = address, None, None
             if address is not None:
                 self._channel = internal_channel(address, self._tls, "log")
-                self._stub = log_pb2_grpc.LogServiceStub(self._channel)
+                self._stub = _LeaderCalls(self._channel)
         return self._stub
 
     def _close_stream(self) -> None:
@@ -253,32 +269,28 @@ class ReplicaFetcher:
         if response is not None:
             await self._process(response, fetched)
 
-    async def _fetch(self, stub: log_pb2_grpc.LogServiceStub,
+    async def _fetch(self, stub: _LeaderCalls,
                      request: log_pb2.ReplicaFetchRequest, settings: ReplicationSettings
-                     ) -> log_pb2.ReplicaFetchResponse | None:
+                     ) -> list[tuple[log_pb2.ReplicaFetchResult, memoryview]] | None:
         """The leader's answer, None when the partitions changed meanwhile (the fetch was
         abandoned). Raises FetchSessionError."""
         time_limit = settings.fetch_wait_max_ms / 1000 + CALL_TIMEOUT
         if self._transport == UNARY:
-            fetching = asyncio.ensure_future(stub.ReplicaFetchOnce(request, timeout=time_limit))
+            fetching = asyncio.ensure_future(self._once(stub, request, time_limit))
         else:
             if self._stream is None:
-                self._stream = stub.ReplicaFetch()
-            stream = self._stream
-            fetching = asyncio.ensure_future(self._exchange(stream, request, time_limit))
-        changed = asyncio.ensure_future(self._changed.wait())
+                self._stream = stub.fetch_session()
+            fetching = asyncio.ensure_future(self._exchange(self._stream, request, time_limit))
+        # A change of the partitions cancels the fetch (see _abandon).
+        self._in_flight = fetching
         try:
-            await asyncio.wait({fetching, changed}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            changed.cancel()
-        if not fetching.done():
-            fetching.cancel()
-            with contextlib.suppress(BaseException):
-                await fetching
+            return await fetching
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the fetcher stops
             self._close_stream()  # its answer, when it comes, is for the old partitions
             return None
-        try:
-            return fetching.result()
         except FetchSessionError:
             raise
         except grpc.aio.AioRpcError as e:
@@ -288,22 +300,35 @@ class ReplicaFetcher:
             raise FetchSessionError(f"fetch from {self._address}: no answer in time") from e
         except Exception as e:  # a stream that broke while written to
             raise FetchSessionError(f"fetch from {self._address}: {e!r}") from e
+        finally:
+            self._in_flight = None
+
+    def _abandon(self) -> None:
+        """The partitions changed: a fetch in flight is for the old ones."""
+        self._changed.set()
+        if self._in_flight is not None:
+            self._in_flight.cancel()
 
     @staticmethod
     async def _exchange(stream: Any, request: log_pb2.ReplicaFetchRequest,
-                        time_limit: float) -> log_pb2.ReplicaFetchResponse:
+                        time_limit: float) -> list[tuple[log_pb2.ReplicaFetchResult, memoryview]]:
         async with asyncio.timeout(time_limit):
             await stream.write(request)
             response = await stream.read()
         if response is grpc.aio.EOF:
             raise FetchSessionError("the leader ended the fetch session")
-        return response
+        return decode_fetch_response(response)
+
+    @staticmethod
+    async def _once(stub: _LeaderCalls, request: log_pb2.ReplicaFetchRequest,
+                    time_limit: float) -> list[tuple[log_pb2.ReplicaFetchResult, memoryview]]:
+        return decode_fetch_response(await stub.fetch_once(request, timeout=time_limit))
 
     # -- answers ---------------------------------------------------------------------------
 
-    async def _process(self, response: log_pb2.ReplicaFetchResponse,
+    async def _process(self, response: list[tuple[log_pb2.ReplicaFetchResult, memoryview]],
                        fetched: Mapping[TopicPartition, PartitionFetchState]) -> None:
-        for result in response.results:
+        for result, records in response:
             key = (result.topic, result.partition)
             state = fetched.get(key)
             if state is None or self._partitions.get(key) is not state:
@@ -315,7 +340,7 @@ class ReplicaFetcher:
                 self._fetch_failed(key, state, partition_log, result)
                 continue
             try:
-                await self._apply(key, state, partition_log, result)
+                await self._apply(key, state, partition_log, result, records)
             except KafkaError as exc:
                 self._back_off(key)
                 if exc.errno == _OUT_OF_RANGE:
@@ -327,8 +352,8 @@ class ReplicaFetcher:
                 self._back_off(key)
 
     async def _apply(self, key: TopicPartition, state: PartitionFetchState,
-                     partition_log: PartitionLog, result: log_pb2.ReplicaFetchResult) -> None:
-        records = result.records
+                     partition_log: PartitionLog, result: log_pb2.ReplicaFetchResult,
+                     records: memoryview) -> None:
         await partition_log.append_as_follower(records, state.leader_epoch,
                                                result.high_watermark)
         # Kafka's maybeIncrementLogStartOffset: what the leader deleted goes here too.
@@ -361,7 +386,7 @@ class ReplicaFetcher:
 
     # -- truncation by leader epoch --------------------------------------------------------
 
-    async def _check_against_leader(self, stub: log_pb2_grpc.LogServiceStub,
+    async def _check_against_leader(self, stub: _LeaderCalls,
                                     keys: list[TopicPartition]) -> None:
         """Check the logs of ``keys`` against the leader's and cut them where they part; a
         checked partition is fetched from then on."""
@@ -397,7 +422,7 @@ class ReplicaFetcher:
             log_pb2.PartitionLeaderEpoch(topic=t, partition=p, leader_epoch=epoch)
             for (t, p), epoch in latest.items()])
         try:
-            answers = await stub.OffsetForLeaderEpoch(request, timeout=CALL_TIMEOUT)
+            answers = await stub.log.OffsetForLeaderEpoch(request, timeout=CALL_TIMEOUT)
         except grpc.aio.AioRpcError as e:
             raise FetchSessionError(f"OffsetForLeaderEpoch on {self._address}: "
                                     f"{e.code().name} {e.details()}") from e

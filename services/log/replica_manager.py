@@ -50,6 +50,8 @@ from .replication_settings import ReplicationSettings
 log = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
+# A follower fetch's answer: each partition's result (records left out) and its records.
+FetchAnswer = list[tuple[log_pb2.ReplicaFetchResult, bytes]]
 # An ISR change answered with a retriable error is asked for again after this long.
 ISR_RETRY_S = 1.0
 
@@ -200,31 +202,37 @@ class ReplicaManager:
 
     # -- serving follower fetches ----------------------------------------------------------
 
-    async def fetch(self, request: log_pb2.ReplicaFetchRequest) -> log_pb2.ReplicaFetchResponse:
-        """Serve one follower fetch (see the module docstring)."""
+    async def fetch(self, request: log_pb2.ReplicaFetchRequest) -> FetchAnswer:
+        """Serve one follower fetch (see the module docstring): each partition's result
+        (without its records) and its records."""
+        metrics.FOLLOWER_FETCHES.inc()
         started = now_ms()
         logs: list[PartitionLog | None] = []
         for item in request.partitions:
             logs.append(await self._record_position(request.replica_id, item, started))
         response = self._read(request, logs)
         if (request.max_wait_ms <= 0 or not request.partitions
-                or any(r.records or r.error_code for r in response.results)):
+                or any(records or r.error_code for r, records in response)):
             return response
         deadline = time.monotonic() + request.max_wait_ms / 1000
+        waiting = [p for p in logs if p is not None]
         while True:
-            events = [p.appended() for p in logs if p is not None]
             left = deadline - time.monotonic()
-            if not events or left <= 0:
+            if not waiting or left <= 0:
                 return response
-            waiters = [asyncio.ensure_future(event.wait()) for event in events]
+            woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            for partition_log in waiting:
+                partition_log.wake_on_change(woken)
             try:
-                await asyncio.wait(waiters, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(left):
+                        await woken
             finally:
-                for waiter in waiters:
-                    waiter.cancel()
+                for partition_log in waiting:
+                    partition_log.forget_waiter(woken)
             response = self._read(request, logs)
             # Throttled partitions count as having nothing: wait on unless time is up.
-            if any(r.records or r.error_code for r in response.results):
+            if any(records or r.error_code for r, records in response):
                 return response
 
     async def _record_position(self, replica_id: int, item: log_pb2.ReplicaFetchPartition,
@@ -247,12 +255,12 @@ class ReplicaManager:
         return partition_log
 
     def _read(self, request: log_pb2.ReplicaFetchRequest,
-              logs: list[PartitionLog | None]) -> log_pb2.ReplicaFetchResponse:
-        response = log_pb2.ReplicaFetchResponse()
+              logs: list[PartitionLog | None]) -> FetchAnswer:
+        response: FetchAnswer = []
         budget = request.max_bytes if request.max_bytes > 0 else None
         min_one = True
         for item, partition_log in zip(request.partitions, logs, strict=True):
-            result = response.results.add(topic=item.topic, partition=item.partition)
+            result = log_pb2.ReplicaFetchResult(topic=item.topic, partition=item.partition)
             try:
                 partition_log = self._check_fetch(request.replica_id, item, partition_log)
                 replicas = self.leaders[(item.topic, item.partition)]
@@ -282,8 +290,8 @@ class ReplicaManager:
                 result.high_watermark = found.high_watermark
                 result.log_start_offset = found.log_start_offset
                 result.log_end_offset = found.log_end_offset
+            response.append((result, records))
             if records:
-                result.records = records
                 metrics.REPLICATION_BYTES_OUT.inc(len(records))
                 if throttled:
                     self.leader_quota.record(len(records))

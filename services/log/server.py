@@ -17,7 +17,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 
-from kbroker.log.v1 import log_pb2, log_pb2_grpc
+from kbroker.log.v1 import log_pb2
 from services.common.progress_reports import PositionSource, parse_key
 from services.common.server import ServiceBinding, create_server
 from services.common.tls import InternalTls
@@ -28,7 +28,7 @@ from .log_manager import LogManager
 from .purgatory_notifier import PurgatoryNotifier
 from .replica_manager import ReplicaManager
 from .replica_state import LEADER
-from .servicer import LogServicer
+from .servicer import LogServicer, add_log_service_to_server
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ async def start(config: LogConfig) -> LogService:
         replicas.start()
         server, port, health = await create_server(
             "log",
-            [ServiceBinding(SERVICE_NAME, log_pb2_grpc.add_LogServiceServicer_to_server,
+            [ServiceBinding(SERVICE_NAME, add_log_service_to_server,
                             LogServicer(manager, replicas))],
             config.grpc_address,
             instance=config.instance or f"log-{config.node_id}",

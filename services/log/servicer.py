@@ -9,12 +9,15 @@ UNKNOWN_SERVER_ERROR.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
+import grpc
+from google.protobuf import message_factory
 from google.protobuf.message import Message
 
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
@@ -26,6 +29,7 @@ from . import metrics
 from .log_dir_failure import DiskUsage, LogDirFailureChannel
 from .log_manager import LogManager
 from .partition_log import LAST_STABLE, NO_LEADER_EPOCH, NO_OFFSET, PartitionLog
+from .replica_fetch_codec import encode_fetch_response
 from .replica_manager import ReplicaManager
 from .verification import VerificationRequiredError
 
@@ -213,16 +217,19 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
                 or any(r.records or r.error_code for r in response.results)):
             return response
         try:
-            events = [self._log(r).appended() for r in request.partitions]
+            logs = [self._log(r) for r in request.partitions]
         except KafkaError:
             return response  # deleted meanwhile: the next read reports it
-        waiters = [asyncio.ensure_future(event.wait()) for event in events]
+        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        for partition_log in logs:
+            partition_log.wake_on_change(woken)
         try:
-            await asyncio.wait(waiters, timeout=request.max_wait_ms / 1000,
-                               return_when=asyncio.FIRST_COMPLETED)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(request.max_wait_ms / 1000):
+                    await woken
         finally:
-            for waiter in waiters:
-                waiter.cancel()
+            for partition_log in logs:
+                partition_log.forget_waiter(woken)
         return self._read(request)
 
     def _read(self, request: log_pb2.ReadRequest) -> log_pb2.ReadResponse:
@@ -329,12 +336,13 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
         return log_pb2.ReplicationSettingsResponse()
 
     async def ReplicaFetch(self, request_iterator, context):
-        """A follower's fetch session: each request answered in turn."""
+        """A follower's fetch session: each request answered in turn (serialized by hand,
+        see :func:`add_log_service_to_server`)."""
         async for request in request_iterator:
-            yield await self._replicas.fetch(request)
+            yield encode_fetch_response(await self._replicas.fetch(request))
 
     async def ReplicaFetchOnce(self, request, context):
-        return await self._replicas.fetch(request)
+        return encode_fetch_response(await self._replicas.fetch(request))
 
     async def AlterPartitions(self, request_iterator, context):
         """The replicator's control stream: this node's ISR changes out, answers in."""
@@ -391,3 +399,31 @@ def _describe(state: log_pb2.PartitionState, partition_log: PartitionLog) -> Non
     state.role = partition_log.state.role
     state.latest_log_epoch = partition_log.leader_epochs.latest_epoch
     state.partition_epoch = partition_log.state.partition_epoch
+
+
+# Methods whose answers the servicer serializes itself (bytes out).
+_SERIALIZED_ANSWERS = frozenset({"ReplicaFetch", "ReplicaFetchOnce"})
+_HANDLER_KINDS = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
+def add_log_service_to_server(servicer: LogServicer, server: grpc.aio.Server) -> None:
+    """Serve ``LogService`` as the generated function would, except that the follower fetch
+    answers go out as the bytes the servicer wrote (:mod:`.replica_fetch_codec`), so their
+    record batches are not copied into and out of a protobuf message."""
+    service = log_pb2.DESCRIPTOR.services_by_name["LogService"]
+    handlers = {}
+    for method in service.methods:
+        kind = _HANDLER_KINDS[(method.client_streaming, method.server_streaming)]
+        request = message_factory.GetMessageClass(method.input_type)
+        response = message_factory.GetMessageClass(method.output_type)
+        handlers[method.name] = kind(
+            getattr(servicer, method.name), request_deserializer=request.FromString,
+            response_serializer=None if method.name in _SERIALIZED_ANSWERS
+            else response.SerializeToString)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service.full_name, handlers),))
