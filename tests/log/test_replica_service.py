@@ -540,3 +540,21 @@ def test_only_leaders_report_high_watermarks(tmp_path: Path) -> None:
         assert reported == [("lead", 0, 2, 0)]
 
     run_node(tmp_path, body)
+
+
+def test_a_leader_stepping_down_reports_the_end_of_its_epoch(tmp_path: Path) -> None:
+    ended: list[tuple[str, int, int, int]] = []
+
+    async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
+        service.replicas._on_epoch_ended = lambda *args: ended.append(args)
+        await create_with(stub, "t", state("t", LEADER, 1))
+        await append(stub, "t", build_batch(values(3)))
+        assert (await fetch(stub, "t", 3, epoch=1)).high_watermark == 3
+        await append(stub, "t", build_batch(values(2)))
+        assert await become(stub, state("t", LEADER, 1, partition_epoch=2)) == [0]
+        assert ended == []  # the same epoch goes on
+        assert await become(stub, state("t", FOLLOWER, 2)) == [0]
+        # What waits on epoch 1 beyond its last high watermark fails.
+        assert ended == [("t", 0, 1, 3)]
+
+    run_node(tmp_path, body)
