@@ -64,6 +64,8 @@ from .replication_settings import ReplicationSettings
 log = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
+# A fetch's answer: each partition's result and its records (a view of the answer's bytes).
+FetchResults = list[tuple[log_pb2.ReplicaFetchResult, memoryview]]
 
 STREAM, UNARY = "stream", "unary"
 _SERVICE = log_pb2.DESCRIPTOR.services_by_name["LogService"].full_name
@@ -129,7 +131,7 @@ class ReplicaFetcher:
         self._channel: grpc.aio.Channel | None = None
         self._stub: _LeaderCalls | None = None
         self._stream: Any = None
-        self._in_flight: asyncio.Future[log_pb2.ReplicaFetchResponse] | None = None
+        self._in_flight: asyncio.Future[FetchResults] | None = None
         self._last_failure_log = 0.0
 
     @property
@@ -271,7 +273,7 @@ class ReplicaFetcher:
 
     async def _fetch(self, stub: _LeaderCalls,
                      request: log_pb2.ReplicaFetchRequest, settings: ReplicationSettings
-                     ) -> list[tuple[log_pb2.ReplicaFetchResult, memoryview]] | None:
+                     ) -> FetchResults | None:
         """The leader's answer, None when the partitions changed meanwhile (the fetch was
         abandoned). Raises FetchSessionError."""
         time_limit = settings.fetch_wait_max_ms / 1000 + CALL_TIMEOUT
@@ -311,7 +313,7 @@ class ReplicaFetcher:
 
     @staticmethod
     async def _exchange(stream: Any, request: log_pb2.ReplicaFetchRequest,
-                        time_limit: float) -> list[tuple[log_pb2.ReplicaFetchResult, memoryview]]:
+                        time_limit: float) -> FetchResults:
         async with asyncio.timeout(time_limit):
             await stream.write(request)
             response = await stream.read()
@@ -321,12 +323,12 @@ class ReplicaFetcher:
 
     @staticmethod
     async def _once(stub: _LeaderCalls, request: log_pb2.ReplicaFetchRequest,
-                    time_limit: float) -> list[tuple[log_pb2.ReplicaFetchResult, memoryview]]:
+                    time_limit: float) -> FetchResults:
         return decode_fetch_response(await stub.fetch_once(request, timeout=time_limit))
 
     # -- answers ---------------------------------------------------------------------------
 
-    async def _process(self, response: list[tuple[log_pb2.ReplicaFetchResult, memoryview]],
+    async def _process(self, response: FetchResults,
                        fetched: Mapping[TopicPartition, PartitionFetchState]) -> None:
         for result, records in response:
             key = (result.topic, result.partition)

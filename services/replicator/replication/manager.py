@@ -6,9 +6,10 @@ high watermarks and report them to the purgatory, so acks=all produces complete 
 replicator is active.
 
 - Metadata: every image the controller publishes is reconciled as it is published: each
-  partition with two or more replicas is followed with its partition epoch, the metadata
-  version in which its leader, epoch, replicas or ISR last changed (Kafka's partition epoch:
-  a log node ignores a state older than the one it has at the same leader epoch).
+  partition is followed with its partition epoch, the metadata version in which its leader,
+  epoch, replicas or ISR last changed (Kafka's partition epoch: a log node ignores a state
+  older than the one it has at the same leader epoch). A partition with one replica is too:
+  one reassigned down to a single new replica must hear that it leads there.
 - Replica states: each live node is sent the state of every replica it holds (leader or
   follower, the epochs, the leader, replicas and ISR) until it confirmed that state; a replica
   the node lacks (it was down when the replica was created) is created there. A node that
@@ -120,8 +121,6 @@ class ReplicationManager:
         partitions: dict[TopicPartition, PartitionRecord] = {}
         for topic in image.topics.values():
             for p in topic.partitions:
-                if len(p.replicas) < 2:
-                    continue
                 key = (topic.name, p.partition)
                 current = self._partitions.get(key)
                 record = PartitionRecord(p.leader, p.leader_epoch, tuple(p.replicas),
@@ -139,8 +138,7 @@ class ReplicationManager:
         self._sync_needed.set()
 
     def state_of(self, node: NodeId, key: TopicPartition) -> log_pb2.ReplicaState | None:
-        """The state ``node``'s replica of ``key`` should have, None if it holds none (or the
-        partition is not replicated)."""
+        """The state ``node``'s replica of ``key`` should have, None if it holds none."""
         record = self._partitions.get(key)
         if record is None or node not in record.replicas:
             return None
@@ -150,7 +148,7 @@ class ReplicationManager:
         return replica_state(key[0], topic.partitions[key[1]], node, record.partition_epoch)
 
     def wanted_states(self, node: NodeId) -> dict[TopicPartition, log_pb2.ReplicaState]:
-        """The state of every replicated replica ``node`` holds, as the metadata has it."""
+        """The state of every replica ``node`` holds, as the metadata has it."""
         wanted = {}
         for key, record in self._partitions.items():
             if node in record.replicas:
