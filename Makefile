@@ -70,9 +70,12 @@ lint: venv
 bench: venv
 	$(PY) bench/throughput.py
 
-# The request-latency report (Parquet, PNG, Markdown) over a running `make run` cluster.
+# The request-latency and capacity reports (Parquet, PNG, Markdown) over a running cluster:
+# CLUSTER=local (`make run`), local:<base port>, k8s:<namespace>/<release>, or host:port,...
+CLUSTER ?= local
 spark-report: venv
-	$(PY) -m spark.jobs.latency_report --cluster local --output reports/latency
+	$(PY) -m spark.jobs.latency_report --cluster '$(CLUSTER)' --output reports/latency
+	$(PY) -m spark.jobs.capacity_report --cluster '$(CLUSTER)' --output reports/capacity
 
 clean:
 	rm -rf $(VENV) proto/gen data

@@ -5,6 +5,7 @@ with the reference broker's acks=all, in one run.
                                 [--round-trips 1000] [--background-mbps 10]
                                 [--transports stream,unary] [--rounds 1] [--internal-tls]
                                 [--failovers 3] [--failover-only]
+                                [--failover-kinds kill,controlled]
 
 Starts a local kbroker cluster (every service a process, 3 log nodes, free loopback ports, a
 temporary data folder) and the reference broker (Tansu, in memory, installed into
@@ -22,11 +23,17 @@ separate process:
 kbroker runs it twice: replication factor 3 with min.insync.replicas=2 (every acknowledged
 record is on every in-sync replica), and replication factor 1 (the cost of replication is the
 difference; the output gives RF=3 over RF=1 throughput). Then failover: with one record at a
-time flowing (acks=all, RF=3), the leader's log node is killed (SIGKILL) and the time until the
-first record produced after the kill is acknowledged is measured, FAILOVERS times (the
-replicator fences a node whose process is gone as soon as its port refuses connections;
-node.session.timeout.ms bounds only a node that hangs).
-``--failover-only`` skips the throughput runs and the reference broker.
+time flowing (acks=all, RF=3), the leader's log node is stopped and the time until the first
+record produced after the stop began is acknowledged is measured, FAILOVERS times per kind,
+the kinds taking turns on one cluster:
+
+- ``kill``: SIGKILL (the replicator fences a node whose process is gone as soon as its port
+  refuses connections; node.session.timeout.ms bounds only a node that hangs);
+- ``controlled``: SIGTERM, a controlled shutdown (the node hands its leaderships to in-sync
+  followers before it stops), as a rolling restart stops each node.
+
+Each stopped node is started again before the next run. ``--failover-only`` skips the
+throughput runs and the reference broker.
 
 With ``--internal-tls`` kbroker's services talk gRPC over mutual TLS (``ClusterSpec.
 internal_tls``, certificates made at start); the bench's own calls to the replicator present a
@@ -43,6 +50,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -251,9 +259,14 @@ def wait_all_alive(replicator: str, tls: InternalTls, timeout: float = 60) -> No
     raise TimeoutError("log nodes not all alive")
 
 
-def run_failover(args: argparse.Namespace) -> list[float]:
-    """Seconds from killing the leader to the first acknowledged acks=all write, per run."""
-    times = []
+def run_failover(args: argparse.Namespace) -> dict[str, list[float]]:
+    """Seconds from stopping the leader (each kind of ``args.failover_kinds`` in turn) to the
+    first acknowledged acks=all write, per run, by kind."""
+    kinds = [k.strip() for k in args.failover_kinds.split(",") if k.strip()]
+    unknown = set(kinds) - {"kill", "controlled"}
+    if unknown:
+        raise SystemExit(f"unknown failover kinds {sorted(unknown)} (kill, controlled)")
+    times: dict[str, list[float]] = {kind: [] for kind in kinds}
     with tempfile.TemporaryDirectory(prefix="kbroker-bench-") as data:
         internal_tls, tls = internal_tls_material(
             Path(data) / "internal-tls" if args.internal_tls else None)
@@ -262,9 +275,9 @@ def run_failover(args: argparse.Namespace) -> list[float]:
                                            log_level=os.environ.get("LOG_LEVEL", "WARNING")))
         cluster.start()
         try:
-            for run in range(args.failovers):
+            for run, kind in ((r, k) for r in range(args.failovers) for k in kinds):
                 wait_all_alive(cluster.services["replicator"].grpc_address, tls)
-                kill_file = Path(data) / f"killed-{run}"
+                kill_file = Path(data) / f"stopped-{run}-{kind}"
                 child = subprocess.Popen(
                     [sys.executable, "-c", FAILOVER, cluster.bootstrap,
                      cluster.services["replicator"].grpc_address, str(kill_file), str(ROOT),
@@ -276,14 +289,18 @@ def run_failover(args: argparse.Namespace) -> list[float]:
                     raise RuntimeError(f"failover workload failed: {child.communicate()[1]}")
                 ready = json.loads(line)
                 victim = f"log-{ready['leader']}"
+                proc = cluster.services[victim].proc
+                assert proc is not None
                 killed = time.time()
-                cluster.kill(victim)
+                proc.send_signal(signal.SIGKILL if kind == "kill" else signal.SIGTERM)
                 kill_file.write_text(repr(killed))
                 out, _ = child.communicate(timeout=300)
                 result = json.loads(out.strip().splitlines()[-1])
                 if result["error"]:
                     raise RuntimeError(f"failover write failed: {result['error']}")
-                times.append(result["failover_s"])
+                times[kind].append(result["failover_s"])
+                print(json.dumps({"failover": kind, "run": run + 1, **result}), flush=True)
+                proc.wait(timeout=60)
                 cluster.start_service(victim)
         finally:
             cluster.stop()
@@ -311,15 +328,21 @@ def main() -> None:
                              "at start); the bench's own gRPC calls present a certificate too")
     parser.add_argument("--failover-only", action="store_true",
                         help="measure failovers only (no throughput runs, no reference broker)")
+    parser.add_argument("--failover-kinds", default="kill,controlled",
+                        help="how the leader's log node is stopped, taking turns: kill "
+                             "(SIGKILL), controlled (SIGTERM, a controlled shutdown)")
     args = parser.parse_args()
     if not args.failover_only:
         run_comparison(args)
     if args.failovers:
         times = run_failover(args)
-        print(json.dumps({"failover_kill_to_first_ack_s": times,
-                          "median_s": statistics.median(times),
-                          "note": "kill -9 of the leader's log node; the reference broker "
-                                  "is a single node and has no failover to compare"}))
+        print(json.dumps({"failover_stop_to_first_ack_s": times,
+                          "median_s": {kind: statistics.median(values)
+                                       for kind, values in times.items()},
+                          "note": "the leader's log node killed (kill -9) or stopped with a "
+                                  "controlled shutdown (SIGTERM), then started again; the "
+                                  "reference broker is a single node and has no failover to "
+                                  "compare"}))
 
 
 def run_comparison(args: argparse.Namespace) -> None:

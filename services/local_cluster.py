@@ -21,8 +21,6 @@ ends (Linux parent-death signal, set before the service's program starts).
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import dataclasses
 import os
 import random
@@ -181,32 +179,6 @@ def _port_user(host: str, port: int) -> str | None:
         return None
 
 
-_PR_SET_PDEATHSIG = 1
-_libc_prctl = None
-if sys.platform.startswith("linux"):
-    with contextlib.suppress(OSError, AttributeError):
-        _libc_prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6",
-                                  use_errno=True).prctl
-
-
-def _die_with(parent: int) -> Callable[[], None]:
-    """A ``preexec_fn``: the child gets SIGTERM when the process that started it dies (even
-    by SIGKILL), and exits at once if that process is already gone (it died between fork
-    and prctl, and the child was handed to another parent).
-
-    The kernel sends the signal when the *thread* that started the child ends, so services
-    are started from a thread that lives as long as the cluster (the main thread in ``kbroker
-    up`` and in tests). The function only makes two system calls, with nothing to lock."""
-
-    def preexec() -> None:
-        if _libc_prctl is not None:
-            _libc_prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != parent:
-            os._exit(1)
-
-    return preexec
-
-
 # Ports this process handed out: the services of a cluster bind theirs only once started, so
 # a port checked free could otherwise be handed out twice (and a health check of one service
 # answered by another).
@@ -267,15 +239,18 @@ class LocalCluster:
         spec = self.spec
         purgatory = self._add("purgatory", "services.purgatory", self._port(210),
                               instance="purgatory-0")
+        # Log nodes ask the replicator for their controlled shutdown when stopped.
+        replicator_port = self._port(310)
         log_nodes = [
             self._add(f"log-{i}", "services.log", self._port(110 + i), node_id=i,
                       data_dir=self.data_dir / f"log-{i}",
                       purgatory_address=purgatory.grpc_address,
+                      replicator_address=f"127.0.0.1:{replicator_port}",
                       retention_check_interval_ms=spec.retention_check_interval_ms,
                       cleaner_backoff_ms=spec.cleaner_backoff_ms)
             for i in range(spec.log_nodes)]
         replicator = self._add(
-            "replicator", "services.replicator", self._port(310), instance="replicator-0",
+            "replicator", "services.replicator", replicator_port, instance="replicator-0",
             data_dir=self.data_dir / "replicator",
             log_nodes=",".join(f"{i}={node.grpc_address}" for i, node in enumerate(log_nodes)),
             num_partitions=spec.num_partitions,
@@ -365,6 +340,8 @@ class LocalCluster:
         env = dict(os.environ)
         env["KBROKER_LOG_LEVEL"] = self.spec.log_level
         env["PYTHONUNBUFFERED"] = "1"
+        # No orphans: the service dies with the launcher, however the launcher ends (the
+        # service sets its parent-death signal itself, see services.common.runtime).
         env[PARENT_PID_ENV] = str(os.getpid())
         args, fds = list(svc.args), ()
         if svc.kind == "frontend":
@@ -385,8 +362,6 @@ class LocalCluster:
                 # Own process group: Ctrl-C in a terminal reaches the launcher only, which then
                 # stops the children in order.
                 start_new_session=True,
-                # No orphans: the service dies with the launcher, however the launcher ends.
-                preexec_fn=_die_with(os.getpid()),
             )
         finally:
             log.close()
@@ -507,22 +482,44 @@ class LocalCluster:
             svc.proc.kill()
             svc.proc.wait(timeout=10)
 
+    def stop_service(self, name: str, timeout: float = 15.0) -> bool:
+        """Stop one service gracefully (SIGTERM: a log node hands its leaderships over first)
+        and wait for it, killing it after ``timeout`` seconds. Returns whether it stopped by
+        itself (True also when it was not running)."""
+        proc = self.services[name].proc
+        if proc is None or proc.poll() is not None:
+            return True
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+            return False
+
     def stop(self) -> None:
-        """Stop everything, in reverse dependency order (frontend first)."""
-        for name in reversed(list(self.services)):
-            proc = self.services[name].proc
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+        """Stop everything, in reverse dependency order: first the services clients reach
+        (frontend, handlers) and the log nodes, then, once the log nodes are gone, the
+        replicator and the purgatory, so the log nodes' controlled shutdowns still find the
+        replicator (with every log node stopping, what one hands over the others keep)."""
+        order = list(reversed(list(self.services)))
+        last = {"replicator", "purgatory"}
         deadline = time.monotonic() + 10
-        for name in reversed(list(self.services)):
-            proc = self.services[name].proc
-            if proc is None:
-                continue
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+        for phase in ([n for n in order if n not in last], [n for n in order if n in last]):
+            for name in phase:
+                proc = self.services[name].proc
+                if proc is not None and proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            for name in phase:
+                proc = self.services[name].proc
+                if proc is None:
+                    continue
+                try:
+                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=10)
         self._close_kafka_sockets()
 
     def tail(self, name: str, lines: int = 30) -> str:

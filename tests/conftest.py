@@ -36,6 +36,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         # Retention and compaction tests wait for these rounds.
         retention_check_interval_ms=500,
         cleaner_backoff_ms=300,
+        # Consumer groups of the KIP-848 protocol: sessions and heartbeats as short as the
+        # classic groups' tests use (Kafka's defaults: 45 s and 5 s).
+        service_flags={"handler": {
+            "group_consumer_session_timeout_ms": 6000,
+            "group_consumer_min_session_timeout_ms": 6000,
+            "group_consumer_heartbeat_interval_ms": 500,
+            "group_consumer_min_heartbeat_interval_ms": 500}},
     )
     local = LocalCluster(spec)
     local.start()

@@ -49,6 +49,7 @@ def test_services_are_wired_to_each_other(tmp_path: Path):
         log = configs[f"log-{i}"]
         assert log.node_id == i
         assert log.purgatory_address == s["purgatory"].grpc_address
+        assert log.replicator_address == s["replicator"].grpc_address
     assert tuple(configs["replicator"].log_nodes) == tuple(
         f"{i}={s[f'log-{i}'].grpc_address}" for i in range(3))
     for i in range(2):

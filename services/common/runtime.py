@@ -22,17 +22,35 @@ _M_TOP_PAD = -2
 _M_MMAP_THRESHOLD = -3
 _MIB = 1024 * 1024
 
-# Set by the local launcher to its pid: a service whose parent is no longer that process (the
-# launcher died and the service was handed to another parent) stops. On Linux the launcher also
-# sets a parent-death signal; this check covers systems without one.
+# Set by the local launcher to its pid: the service asks for SIGTERM when that process dies
+# (Linux's parent-death signal) and stops if its parent is already another process (the
+# launcher died before that); a check every second covers systems without the signal.
 PARENT_PID_ENV = "KBROKER_PARENT_PID"
 _PARENT_CHECK_SECONDS = 1.0
+_PR_SET_PDEATHSIG = 1
 
 
 @functools.cache
 def _libc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     return ctypes.CDLL(name) if name else None
+
+
+def die_with_parent(parent: int) -> bool:
+    """Ask for SIGTERM when the process (strictly: the thread) that started this one ends,
+    even by SIGKILL; False where there is no such signal. Set here, after exec, rather than by
+    the launcher between fork and exec: a ``preexec_fn`` makes Python fork the whole launcher
+    (no vfork), which runs gRPC's fork handlers, and those can hang a launcher with live gRPC
+    channels. A launcher that died before this call is caught by the parent check."""
+    libc = _libc()
+    prctl = getattr(libc, "prctl", None) if libc is not None and sys.platform.startswith(
+        "linux") else None
+    if prctl is None:
+        return False
+    prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return True
 
 
 def tune_allocator() -> bool:
@@ -101,15 +119,20 @@ def run(service: str, main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
                         stream=sys.stderr,
                         format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s")
     tune_allocator()
+    parent = os.environ.get(PARENT_PID_ENV, "")
+    if parent.isdigit():
+        die_with_parent(int(parent))
 
     async def _wrapper() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        parent = os.environ.get(PARENT_PID_ENV, "")
-        watch = asyncio.create_task(_stop_when_orphaned(int(parent), stop)) \
-            if parent.isdigit() else None
+        watch = None
+        if parent.isdigit():
+            # The parent-death signal is a SIGTERM: say why when it is that one.
+            loop.add_signal_handler(signal.SIGTERM, _stop_or_orphaned, int(parent), stop)
+            watch = asyncio.create_task(_stop_when_orphaned(int(parent), stop))
         try:
             await main(stop)
         finally:
@@ -126,13 +149,24 @@ def run(service: str, main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
         sys.exit(f"{service}: cannot start: {e}")
 
 
+def _stop_or_orphaned(parent: int, stop: asyncio.Event) -> None:
+    if os.getppid() != parent and not stop.is_set():
+        _say_orphaned(parent)
+    stop.set()
+
+
+def _say_orphaned(parent: int) -> None:
+    logging.getLogger("services.common.runtime").warning(
+        "the launcher (pid %d) is gone; stopping", parent)
+
+
 async def _stop_when_orphaned(parent: int, stop: asyncio.Event) -> None:
     while os.getppid() == parent:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), _PARENT_CHECK_SECONDS)
             return  # stopped for another reason
-    logging.getLogger("services.common.runtime").warning(
-        "the launcher (pid %d) is gone; stopping", parent)
+    if not stop.is_set():
+        _say_orphaned(parent)
     stop.set()
 
 

@@ -9,6 +9,8 @@ loopback address only.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -34,6 +36,41 @@ class ServiceBinding:
     servicer: object
 
 
+class StoppingHealthServicer(HealthServicer):
+    """gRPC's health service, except that a watch ends once the server enters its graceful
+    shutdown (after its watcher was told NOT_SERVING): an open watch would otherwise hold the
+    server's stop for the whole grace period. The watcher sees the stream end and the port
+    close soon after."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._stopping = asyncio.Event()
+
+    async def enter_graceful_shutdown(self) -> None:
+        await super().enter_graceful_shutdown()
+        self._stopping.set()
+
+    async def Watch(self, request: health_pb2.HealthCheckRequest,
+                    context: grpc.aio.ServicerContext) -> None:
+        watching = asyncio.ensure_future(super().Watch(request, context))
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({watching, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if not watching.done():
+                # Let the last status (NOT_SERVING) go out, then end the stream.
+                await asyncio.wait({watching}, timeout=_LAST_STATUS_WAIT_S)
+        finally:
+            stopping.cancel()
+            if not watching.done():
+                watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
+
+
+# How long a watch that is ended by a graceful shutdown gets to send its last status.
+_LAST_STATUS_WAIT_S = 0.05
+
+
 async def create_server(
     service: str,
     bindings: Sequence[ServiceBinding],
@@ -51,7 +88,7 @@ async def create_server(
     credentials = tls.server_credentials() if tls.enabled else None
     server = grpc.aio.server(
         options=SERVER_OPTIONS, interceptors=[MetricsInterceptor()] if METRICS_ENABLED else [])
-    health = HealthServicer()
+    health = StoppingHealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     metrics_pb2_grpc.add_MetricsServicer_to_server(MetricsServicer(service, instance), server)
     names = [b.full_name for b in bindings]

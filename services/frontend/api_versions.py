@@ -105,6 +105,14 @@ SUPPORTED_APIS: dict[int, SupportedApi] = {
         SupportedApi(61, "DescribeProducers", 0, 0, retry_safe=True),
         SupportedApi(65, "DescribeTransactions", 0, 0, retry_safe=True),
         SupportedApi(66, "ListTransactions", 0, 1, retry_safe=True),
+        # A heartbeat is computed on fresh state: a retry finds the first one's effect (a
+        # joining member's retry names the member id the first one took, or joins as new).
+        SupportedApi(68, "ConsumerGroupHeartbeat", 0, 1, retry_safe=True),
+        SupportedApi(69, "ConsumerGroupDescribe", 0, 1, retry_safe=True),
+        # Client telemetry (KIP-714). A repeated subscription request at worst mints an id
+        # the client never uses; a repeated push would count its deltas twice.
+        SupportedApi(71, "GetTelemetrySubscriptions", 0, 0, retry_safe=True),
+        SupportedApi(72, "PushTelemetry", 0, 0, retry_safe=False),
     )
 }
 

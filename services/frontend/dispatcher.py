@@ -400,6 +400,11 @@ class Dispatcher:
                           error: HandlerCallError) -> Message:
         api = request.api
         HANDLER_FAILURES.labels(api.name, error.status.name).inc()
+        if api.key == PRODUCE_KEY and error.reached and error.availability:
+            # Its append may still arrive: no answer may let a later request overtake it.
+            raise UnanswerableRequestError(
+                f"Produce v{request.version} from {request.client_id}: the outcome is unknown "
+                f"({error}); closing the connection", kind="produce_outcome_unknown")
         if not error.availability:
             code = ErrorCode.unknown_server_error
         elif api.retry_safe:

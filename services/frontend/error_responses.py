@@ -18,6 +18,16 @@ answers COORDINATOR_LOAD_IN_PROGRESS instead, as its handler does while the grou
 cannot be read: librdkafka retries that in place, but after COORDINATOR_NOT_AVAILABLE it never
 starts fetching the partitions it asked about.
 
+A Produce whose outcome is unknown has no such answer either, and closes the connection (see
+:meth:`~.dispatcher.Dispatcher.handle`): its append may still be on its way to the log node, and
+a REQUEST_TIMED_OUT would let the client's next request for the partition overtake it. The
+client would then be answered OUT_OF_ORDER_SEQUENCE_NUMBER, and librdkafka bumps its producer
+epoch and renumbers the records it still holds, the unknown ones included, so a late append
+would be stored twice. A closed connection fails every request in flight on it, which clients
+resend in order under the same sequence numbers, and the log node recognises whichever copy of
+the unknown batch comes second. (A Kafka broker's REQUEST_TIMED_OUT never has this problem: by
+then the records are in the leader's log.)
+
 Metadata has no such answer: a response without brokers leaves a client with nowhere to send
 anything, and one naming brokers or leaders the frontend does not know would be a lie. The
 frontend therefore closes the connection, which every client handles as a broker that went

@@ -50,6 +50,32 @@ class HandlerConfig:
         1800000, "longest session timeout a member may ask for (group.max.session.timeout.ms)")
     group_max_size: int = option(
         2147483647, "most members a group may have (group.max.size)")
+    group_consumer_session_timeout_ms: int = option(
+        45000, "session timeout of consumer group members (KIP-848; "
+        "group.consumer.session.timeout.ms)")
+    group_consumer_min_session_timeout_ms: int = option(
+        45000, "lowest group.consumer.session.timeout.ms allowed "
+        "(group.consumer.min.session.timeout.ms)")
+    group_consumer_max_session_timeout_ms: int = option(
+        60000, "highest group.consumer.session.timeout.ms allowed "
+        "(group.consumer.max.session.timeout.ms)")
+    group_consumer_heartbeat_interval_ms: int = option(
+        5000, "how often consumer group members heartbeat "
+        "(group.consumer.heartbeat.interval.ms)")
+    group_consumer_min_heartbeat_interval_ms: int = option(
+        5000, "lowest group.consumer.heartbeat.interval.ms allowed "
+        "(group.consumer.min.heartbeat.interval.ms)")
+    group_consumer_max_heartbeat_interval_ms: int = option(
+        15000, "highest group.consumer.heartbeat.interval.ms allowed "
+        "(group.consumer.max.heartbeat.interval.ms)")
+    group_consumer_max_size: int = option(
+        2147483647, "most members a consumer group may have (group.consumer.max.size)")
+    group_consumer_assignors: tuple[str, ...] = option(
+        ("uniform", "range"), "server-side assignors consumer groups may ask for "
+        "(group.consumer.assignors; the first is the default)")
+    group_consumer_migration_policy: str = option(
+        "bidirectional", "conversions between classic and consumer groups: disabled, upgrade, "
+        "downgrade or bidirectional (group.consumer.migration.policy)")
     transaction_state_log_num_partitions: int = option(
         50, "partitions of __transaction_state when it is created "
         "(transaction.state.log.num.partitions)")
@@ -78,3 +104,15 @@ class HandlerConfig:
     frontend_identities: tuple[str, ...] = option(
         ("kbroker-frontend",), "certificate common names (comma-separated) of callers whose "
         "kafka-principal metadata is trusted; plaintext callers are trusted only from loopback")
+    client_telemetry_metrics: str = option(
+        "", "client metrics (KIP-714) every client is asked to push: comma separated name "
+        "prefixes, e.g. org.apache.kafka.producer.,org.apache.kafka.consumer.; * for all; "
+        "empty for none (a client-metrics resource's metrics)")
+    client_telemetry_push_interval_ms: int = option(
+        300000, "how often clients push their metrics (a client-metrics resource's "
+        "interval.ms)")
+    client_telemetry_max_bytes: int = option(
+        1048576, "largest metrics push accepted, compressed or not (telemetry.max.bytes)")
+    client_telemetry_max_series: int = option(
+        10000, "most pushed client metric series a handler keeps and exposes; points of new "
+        "series beyond it are dropped")

@@ -5,15 +5,20 @@ transaction-coordinator ones), field for field, in Kafka's order, with Kafka's v
 
 Every record has a key and, except for tombstones (a deleted group, offset or transactional
 id), a value, each starting with its int16 version. In ``__consumer_offsets`` the key's
-version also says the kind of record: 0-1 an offset commit, 2 group metadata, higher ones
-kinds of Kafka's newer group types, which this coordinator does not keep (:data:`OFFSETS_KEYS`).
+version also says the kind of record (:data:`OFFSETS_KEYS`): 0-1 an offset commit, 2 a classic
+group, 3-8 and 16 the records of a consumer group (KIP-848: its epoch, the partition counts of
+its subscribed topics, each member's subscription, the target assignment's epoch and each
+member's part of it, each member's current assignment, and the topics each subscribed regular
+expression resolved to); other kinds (share and streams groups) are not kept here.
 
 Written to ``__consumer_offsets``: offset commit key v1 with value v3 (v1 when the commit
-carries an expiry time), group metadata key v2 with value v4. Value v4 carries, in tagged field
-:data:`EXTENSION_TAG`, what a stateless coordinator must also persist: the group state,
-rebalance deadlines, pending members and each member's protocols (:class:`GroupExtension`,
-its own small versioned record). Kafka's readers skip unknown tagged fields, so Kafka tools
-read these records as ordinary group metadata.
+carries an expiry time), group metadata key v2 with value v4, and the consumer group records
+at the versions Kafka 4.0 writes (values v0; topics named by their topic ids), current
+assignments with the epoch at which each partition was assigned (KIP-1251's tagged field).
+Value v4 carries, in tagged field :data:`EXTENSION_TAG`, what a stateless coordinator must
+also persist: the group state, rebalance deadlines, pending members and each member's
+protocols (:class:`GroupExtension`, its own small versioned record). Kafka's readers skip unknown tagged
+fields, so Kafka tools read these records as ordinary group metadata.
 
 ``__transaction_state`` holds a :class:`TransactionLogKey` v0 (the transactional id) per
 transaction with a :class:`TransactionLogValue` (v0, or v1 with tagged fields). Written: v1,
@@ -50,7 +55,59 @@ class GroupMetadataKey:
     group: str = kafka("string")
 
 
-OFFSETS_KEYS: dict[int, type] = {0: OffsetCommitKey, 1: OffsetCommitKey, 2: GroupMetadataKey}
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerGroupMetadataKey:
+    __versions__: ClassVar[str] = "3"
+    group: str = kafka("string")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerGroupPartitionMetadataKey:
+    __versions__: ClassVar[str] = "4"
+    group: str = kafka("string")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerGroupMemberMetadataKey:
+    __versions__: ClassVar[str] = "5"
+    group: str = kafka("string")
+    member_id: str = kafka("string")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerGroupTargetAssignmentMetadataKey:
+    __versions__: ClassVar[str] = "6"
+    group: str = kafka("string")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerGroupTargetAssignmentMemberKey:
+    __versions__: ClassVar[str] = "7"
+    group: str = kafka("string")
+    member_id: str = kafka("string")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerGroupCurrentMemberAssignmentKey:
+    __versions__: ClassVar[str] = "8"
+    group: str = kafka("string")
+    member_id: str = kafka("string")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerGroupRegularExpressionKey:
+    __versions__: ClassVar[str] = "16"
+    group: str = kafka("string")
+    regular_expression: str = kafka("string")
+
+
+OFFSETS_KEYS: dict[int, type] = {
+    0: OffsetCommitKey, 1: OffsetCommitKey, 2: GroupMetadataKey,
+    3: ConsumerGroupMetadataKey, 4: ConsumerGroupPartitionMetadataKey,
+    5: ConsumerGroupMemberMetadataKey, 6: ConsumerGroupTargetAssignmentMetadataKey,
+    7: ConsumerGroupTargetAssignmentMemberKey, 8: ConsumerGroupCurrentMemberAssignmentKey,
+    16: ConsumerGroupRegularExpressionKey,
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -139,6 +196,123 @@ class GroupMetadataValue:
     # None in records written by Kafka itself (or before v4).
     extension: GroupExtension | None = kafka(GroupExtension, "4+", tag=EXTENSION_TAG,
                                               default=None)
+
+
+# --- consumer groups (KIP-848) -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerGroupMetadataValue:
+    """The group epoch."""
+
+    __versions__: ClassVar[str] = "0"
+    __flexible__: ClassVar[str] = "0+"
+    epoch: int = kafka("int32")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartitionRacks:
+    partition: int = kafka("int32")
+    racks: tuple[str, ...] = kafka(["string"], default=())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopicMetadata:
+    topic_id: str = kafka("uuid")
+    topic_name: str = kafka("string")
+    num_partitions: int = kafka("int32")
+    partition_metadata: tuple[PartitionRacks, ...] = kafka([PartitionRacks], default=())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerGroupPartitionMetadataValue:
+    """The subscribed topics as the group's last assignment saw them."""
+
+    __versions__: ClassVar[str] = "0"
+    __flexible__: ClassVar[str] = "0+"
+    topics: tuple[TopicMetadata, ...] = kafka([TopicMetadata], default=())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClassicProtocol:
+    name: str = kafka("string")
+    metadata: bytes = kafka("bytes")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClassicMemberMetadata:
+    """What a member of a consumer group that speaks the classic protocol joined with."""
+
+    session_timeout_ms: int = kafka("int32")
+    supported_protocols: tuple[ClassicProtocol, ...] = kafka([ClassicProtocol], default=())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerGroupMemberMetadataValue:
+    __versions__: ClassVar[str] = "0"
+    __flexible__: ClassVar[str] = "0+"
+    instance_id: str | None = kafka("string", nullable="0+", default=None)
+    rack_id: str | None = kafka("string", nullable="0+", default=None)
+    client_id: str = kafka("string", default="")
+    client_host: str = kafka("string", default="")
+    subscribed_topic_names: tuple[str, ...] = kafka(["string"], default=())
+    subscribed_topic_regex: str | None = kafka("string", nullable="0+", default=None)
+    rebalance_timeout_ms: int = kafka("int32", default=-1)
+    server_assignor: str | None = kafka("string", nullable="0+", default=None)
+    classic_member_metadata: ClassicMemberMetadata | None = kafka(
+        ClassicMemberMetadata, nullable="0+", tag=0, default=None)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerGroupTargetAssignmentMetadataValue:
+    __versions__: ClassVar[str] = "0"
+    __flexible__: ClassVar[str] = "0+"
+    assignment_epoch: int = kafka("int32")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopicPartitions:
+    """A topic's partitions; in a current assignment also the member epoch at which each was
+    assigned to the member (KIP-1251, aligned with ``partitions``; None in other records)."""
+
+    topic_id: str = kafka("uuid")
+    partitions: tuple[int, ...] = kafka(["int32"], default=())
+    assignment_epochs: tuple[int, ...] | None = kafka(["int32"], nullable="0+", tag=0,
+                                                      default=None)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerGroupTargetAssignmentMemberValue:
+    __versions__: ClassVar[str] = "0"
+    __flexible__: ClassVar[str] = "0+"
+    topic_partitions: tuple[TopicPartitions, ...] = kafka([TopicPartitions], default=())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerGroupCurrentMemberAssignmentValue:
+    """``state`` is Kafka's ``MemberState`` value (0 unrevoked partitions, 1 unreleased
+    partitions, 2 stable)."""
+
+    __versions__: ClassVar[str] = "0"
+    __flexible__: ClassVar[str] = "0+"
+    member_epoch: int = kafka("int32")
+    previous_member_epoch: int = kafka("int32")
+    state: int = kafka("int8", default=0)
+    assigned_partitions: tuple[TopicPartitions, ...] = kafka([TopicPartitions], default=())
+    partitions_pending_revocation: tuple[TopicPartitions, ...] = kafka(
+        [TopicPartitions], default=())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerGroupRegularExpressionValue:
+    """The topics a subscribed regular expression matched, as of the metadata ``version``
+    (here: the handler's metadata epoch), resolved at ``timestamp``."""
+
+    __versions__: ClassVar[str] = "0"
+    __flexible__: ClassVar[str] = "0+"
+    topics: tuple[str, ...] = kafka(["string"], default=())
+    version: int = kafka("int64", default=0)
+    timestamp: int = kafka("int64", default=0)
 
 
 # --- __transaction_state ---------------------------------------------------------------------

@@ -21,6 +21,11 @@ and the per-request account of time parked in the purgatory that goes back to th
     kbroker_handler_transactions_completed_total{result}
                                              transactions whose markers this handler wrote
                                              (commit, abort)
+    kbroker_handler_client_telemetry_instances, _series, _dropped_points_total{reason}
+                                             client-metrics instance-count; pushed client
+                                             metrics kept and dropped (KIP-714)
+    kbroker_client_*{client_instance_id,client_id,...}
+                                             what clients pushed (see .client_metrics)
     kbroker_handler_transaction_timer_actions_total{action}
                                              transaction timers acted on: timeout (aborted,
                                              Kafka's abortTimedOutTransactions), takeover,
@@ -49,12 +54,17 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
 from services.common.metrics import (
     LATENCY_BUCKETS,
     REMOTE_TIME_METADATA_KEY,
     Counter,
     LoopCounter,
     LoopHistogram,
+    register_collector,
 )
 
 REQUESTS = LoopCounter(
@@ -169,3 +179,56 @@ def remote_time(context: Any) -> Iterator[RemoteTime]:
         if account.seconds > 0:
             context.set_trailing_metadata(
                 ((REMOTE_TIME_METADATA_KEY, f"{account.seconds * 1000:.3f}"),))
+
+
+class ClientTelemetryCollector(Collector):
+    """Client telemetry (KIP-714, :mod:`.client_metrics`) at scrape time: the metrics clients
+    pushed to this handler (``kbroker_client_*``, and each client instance's last push), the
+    client instances it knows (Kafka's client-metrics instance-count), the series it keeps and
+    the points it dropped, by reason (series_limit, unsubscribed, unsupported_type,
+    type_changed). Sources are :class:`~.client_metrics.ClientMetricsManager` objects, added
+    while their handler runs (tests may run several in one process)."""
+
+    def __init__(self) -> None:
+        self.sources: set[Any] = set()
+
+    def collect(self) -> Iterator[Metric]:
+        instances = GaugeMetricFamily(
+            "kbroker_handler_client_telemetry_instances",
+            "Client instances this handler keeps telemetry state for (client-metrics "
+            "instance-count).")
+        series = GaugeMetricFamily(
+            "kbroker_handler_client_telemetry_series",
+            "Pushed client metric series this handler keeps.")
+        dropped = CounterMetricFamily(
+            "kbroker_handler_client_telemetry_dropped_points",
+            "Pushed data points not kept, by reason (series_limit, unsubscribed, "
+            "unsupported_type, type_changed).", labels=["reason"])
+        pushed: dict[str, Metric] = {}
+        count = kept = 0
+        drops: dict[str, int] = {}
+        for manager in list(self.sources):
+            count += manager.instance_count
+            kept += manager.store.series_count
+            for reason, n in manager.store.dropped.items():
+                drops[reason] = drops.get(reason, 0) + n
+            for name, kind, help_text, samples in manager.families():
+                family = pushed.setdefault(name, Metric(name, help_text, kind))
+                suffix = "_total" if kind == "counter" else ""
+                for labels, value in samples:
+                    family.add_sample(name + suffix, labels, value)
+        instances.add_metric([], count)
+        series.add_metric([], kept)
+        for reason, n in sorted(drops.items()):
+            dropped.add_metric([reason], n)
+        yield instances
+        yield series
+        yield dropped
+        yield from pushed.values()
+
+    def describe(self) -> list[Metric]:
+        return []
+
+
+CLIENT_TELEMETRY = ClientTelemetryCollector()
+register_collector(CLIENT_TELEMETRY)

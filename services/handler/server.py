@@ -18,6 +18,7 @@ from .apis.acls import CreateAclsApi, DeleteAclsApi, DescribeAclsApi
 from .apis.client_quotas import AlterClientQuotasApi, DescribeClientQuotasApi
 from .apis.cluster import DescribeClusterApi
 from .apis.configs import AlterConfigsApi, DescribeConfigsApi
+from .apis.consumer_groups import ConsumerGroupDescribeApi, ConsumerGroupHeartbeatApi
 from .apis.fetch import FetchApi
 from .apis.group_offsets import (
     OffsetCommitApi,
@@ -50,6 +51,7 @@ from .apis.scram_credentials import (
     AlterUserScramCredentialsApi,
     DescribeUserScramCredentialsApi,
 )
+from .apis.telemetry import GetTelemetrySubscriptionsApi, PushTelemetryApi
 from .apis.topics import CreateTopicsApi, DeleteTopicsApi
 from .apis.transactions import (
     AddOffsetsToTxnApi,
@@ -59,12 +61,14 @@ from .apis.transactions import (
     ListTransactionsApi,
 )
 from .apis.txn_markers import WriteTxnMarkersApi
+from .client_metrics import ClientMetricsManager, ClientMetricsStore, Subscription
 from .clients import LogNodeClients, PurgatoryClient, ReplicatorClient
 from .collaborators import Controller, LogNodes, Purgatory
 from .config import HandlerConfig
 from .exchange import STREAM_SERVICE_NAME, ExchangeServicer, add_exchange_to_server
 from .groups.coordinator import GroupCoordinator
 from .metadata_cache import MetadataCache
+from .metrics import CLIENT_TELEMETRY
 from .security.access import Authorization
 from .security.authorizer import parse_super_users
 from .servicer import KafkaApi, KafkaHandlerServicer, add_to_server
@@ -111,6 +115,11 @@ async def start(config: HandlerConfig, *,
             stack.push_async_callback(resource.close)
         apis = kafka_apis(config, cache, replicator, log_nodes, purgatory, producer_id_blocks,
                           coordinator, transactions)
+        telemetry = client_metrics(config)
+        CLIENT_TELEMETRY.sources.add(telemetry)
+        stack.callback(CLIENT_TELEMETRY.sources.discard, telemetry)
+        apis["GetTelemetrySubscriptions"] = GetTelemetrySubscriptionsApi(telemetry)
+        apis["PushTelemetry"] = PushTelemetryApi(telemetry)
         servicer = KafkaHandlerServicer(config, apis, cache, authorization(config))
         for task in (
             asyncio.create_task(cache.follow(replicator.watch), name="metadata-follower"),
@@ -130,6 +139,15 @@ async def start(config: HandlerConfig, *,
         )
         log.info("handler %s serving on port %d", config.instance, port)
         return HandlerService(server, port, stack.pop_all())
+
+
+def client_metrics(config: HandlerConfig) -> ClientMetricsManager:
+    """Client telemetry (KIP-714) as the handler's flags configure it."""
+    subscription = Subscription.from_flags(config.client_telemetry_metrics,
+                                           config.client_telemetry_push_interval_ms,
+                                           config.client_telemetry_max_bytes)
+    return ClientMetricsManager(subscription,
+                                ClientMetricsStore(config.client_telemetry_max_series))
 
 
 def authorization(config: HandlerConfig) -> Authorization:
@@ -173,6 +191,8 @@ def kafka_apis(config: HandlerConfig, cache: MetadataCache, replicator: Controll
         "ListGroups": ListGroupsApi(coordinator),
         "DescribeGroups": DescribeGroupsApi(coordinator),
         "DeleteGroups": DeleteGroupsApi(coordinator),
+        "ConsumerGroupHeartbeat": ConsumerGroupHeartbeatApi(coordinator),
+        "ConsumerGroupDescribe": ConsumerGroupDescribeApi(coordinator),
         "OffsetCommit": OffsetCommitApi(cache, coordinator),
         "OffsetFetch": OffsetFetchApi(coordinator),
         "OffsetDelete": OffsetDeleteApi(cache, coordinator),

@@ -11,6 +11,7 @@ from services.common.config import option
 from services.common.tls import CA_HELP, CERT_HELP, KEY_HELP
 
 from .cleaner import DEFAULT_MAX_MAP_KEYS
+from .controlled_shutdown import ShutdownSettings
 from .log_dir_failure import FreeSpaceFloor
 from .log_manager import Schedule
 from .topic_config import NEVER, TopicConfig
@@ -32,6 +33,22 @@ class LogConfig:
     purgatory_address: str = option(
         "", "host:port of the purgatory to tell about high watermark moves (empty: nobody)"
     )
+    replicator_address: str = option(
+        "", "host:port of the replicator, asked for a controlled shutdown when this node is "
+        "stopped (empty: none; the node stops without handing its leaderships over)")
+    controlled_shutdown_enable: bool = option(
+        True, "controlled.shutdown.enable: when stopped (SIGTERM), first move every leadership "
+        "this node holds to in-sync followers, then stop")
+    controlled_shutdown_timeout_ms: int = option(
+        30000, "the longest a controlled shutdown may take before the node stops anyway "
+        "(keep it below the time the node is given to stop, e.g. Kubernetes' "
+        "terminationGracePeriodSeconds)")
+    controlled_shutdown_max_retries: int = option(
+        3, "controlled.shutdown.max.retries: failed requests to the replicator in a row "
+        "after which the node stops without handing over")
+    controlled_shutdown_retry_backoff_ms: int = option(
+        500, "controlled.shutdown.retry.backoff.ms: the wait before asking the replicator "
+        "again (Kafka's default is 5000)")
     segment_bytes: int = option(1073741824, "default segment.bytes: roll segments at this size")
     index_interval_bytes: int = option(
         4096, "default index.interval.bytes: bytes of log between offset index entries"
@@ -89,6 +106,13 @@ class LogConfig:
 
     def schedule(self) -> Schedule:
         return _pick(self, Schedule)
+
+    def controlled_shutdown(self) -> ShutdownSettings:
+        return ShutdownSettings(
+            enabled=self.controlled_shutdown_enable,
+            timeout_s=max(self.controlled_shutdown_timeout_ms, 0) / 1000,
+            max_retries=max(self.controlled_shutdown_max_retries, 0),
+            retry_backoff_s=max(self.controlled_shutdown_retry_backoff_ms, 0) / 1000)
 
     def free_space_floor(self) -> FreeSpaceFloor:
         return FreeSpaceFloor(min_bytes=self.log_dir_min_free_bytes,

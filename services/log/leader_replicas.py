@@ -69,6 +69,9 @@ class LeaderReplicas:
         self.replicas: tuple[int, ...] = tuple(replicas)
         self.isr: tuple[int, ...] = tuple(isr)
         self.pending: IsrProposal | None = None
+        # An expansion the controller refused (a follower not live, or in controlled
+        # shutdown) is not asked for again before this time.
+        self.expand_after_ms = NEVER
         # A new leader gives its ISR followers the whole lag time from now (Kafka's
         # resetReplicaState); the others must catch up first.
         self.followers = {
@@ -142,10 +145,11 @@ class LeaderReplicas:
 
     # -- ISR changes -----------------------------------------------------------------------
 
-    def expansion(self, high_watermark: int) -> tuple[int, ...] | None:
+    def expansion(self, high_watermark: int, now_ms: int = 0) -> tuple[int, ...] | None:
         """The ISR with the followers that may join it now (caught up to the high watermark
-        and past the start of this epoch), None when none may or a change is pending."""
-        if self.pending is not None or high_watermark < 0:
+        and past the start of this epoch), None when none may, a change is pending, or one was
+        refused a short while ago (see :meth:`answered`)."""
+        if self.pending is not None or high_watermark < 0 or now_ms < self.expand_after_ms:
             return None
         joining = {node for node, f in self.followers.items()
                    if node not in self.isr and f.log_end_offset >= high_watermark
@@ -175,9 +179,14 @@ class LeaderReplicas:
         self.pending = IsrProposal(current=self.isr, proposed=tuple(proposed))
         return self.pending
 
-    def answered(self) -> None:
-        """The controller decided the pending change (its state says how)."""
-        self.pending = None
+    def answered(self, isr: Iterable[int] | None = None, now_ms: int = 0,
+                 retry_ms: int = 0) -> None:
+        """The controller decided the pending change, leaving the partition with ``isr``
+        (its state follows): an expansion it did not apply is not asked for again for
+        ``retry_ms``."""
+        pending, self.pending = self.pending, None
+        if pending is not None and isr is not None and pending.adding - set(isr):
+            self.expand_after_ms = now_ms + retry_ms
 
     # -- metrics ---------------------------------------------------------------------------
 

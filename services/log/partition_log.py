@@ -434,7 +434,7 @@ class PartitionLog:
     def _appended_locked(self, messages: int) -> bool:
         """After an append of either kind: wake the long-poll readers, commit at once if
         alone in the ISR; returns whether flush.messages asks for a flush now."""
-        self._wake_readers()
+        self.wake_readers()
         if commits_alone(self.state):
             self.high_watermark = self.log_end_offset
         self._unflushed_messages += messages
@@ -527,7 +527,7 @@ class PartitionLog:
                 self.leader_epochs.assign(state.leader_epoch, self.log_end_offset)
             if commits_alone(state):
                 self.high_watermark = self.log_end_offset
-            self._wake_readers()  # a long poll answers for the new state at once
+            self.wake_readers()  # a long poll answers for the new state at once
             if not replica_state.same_place(state, current):
                 log.info("%s-%d: %s at leader epoch %d%s%s", self.topic, self.partition,
                          ROLE_NAMES[state.role], state.leader_epoch,
@@ -686,7 +686,8 @@ class PartitionLog:
     def forget_waiter(self, waiter: asyncio.Future[None]) -> None:
         self._waiters.discard(waiter)
 
-    def _wake_readers(self) -> None:
+    def wake_readers(self) -> None:
+        """Complete every waiting long-poll reader now (the node stops)."""
         waiters, self._waiters = self._waiters, set()
         for waiter in waiters:
             if not waiter.done():

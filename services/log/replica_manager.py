@@ -69,13 +69,22 @@ class IsrChangeSubscription:
         self.wake = asyncio.Event()
         self._on_close = on_close
 
+        self.ended = False
+
     def put(self, change: log_pb2.IsrChange) -> None:
         self.queue.append(change)
         self.wake.set()
 
-    async def next(self) -> log_pb2.IsrChangeRequests:
-        """The changes to send next (waits for one)."""
+    def end(self) -> None:
+        """The node stops: the stream ends."""
+        self.ended = True
+        self.wake.set()
+
+    async def next(self) -> log_pb2.IsrChangeRequests | None:
+        """The changes to send next (waits for one); None once ended."""
         while not self.queue:
+            if self.ended:
+                return None
             self.wake.clear()
             await self.wake.wait()
         changes, self.queue = self.queue, []
@@ -106,6 +115,7 @@ class ReplicaManager:
         self._tasks: list[asyncio.Task[None]] = []
         self._retries: set[asyncio.TimerHandle] = set()
         self._check_isr = asyncio.Event()
+        self.stopping = False
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -119,6 +129,13 @@ class ReplicaManager:
                     self._new_leader(partition_log, state))
         self._tasks.append(asyncio.get_running_loop().create_task(
             self._shrink_forever(), name="isr-shrinks"))
+
+    def begin_stop(self) -> None:
+        """The node stops serving: fetch sessions and control streams end after their current
+        answer, so the server's stop does not wait for them."""
+        self.stopping = True
+        for subscription in list(self._subscribers):
+            subscription.end()
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -249,7 +266,7 @@ class ReplicaManager:
                                      partition_log.log_end_offset, now):
             return None
         self._advance_high_watermark(partition_log, replicas)
-        joining = replicas.expansion(partition_log.high_watermark)
+        joining = replicas.expansion(partition_log.high_watermark, now)
         if joining is not None:
             await self._propose(partition_log, replicas, joining)
         return partition_log
@@ -375,19 +392,20 @@ class ReplicaManager:
                 self._retry(key, change)
                 continue
             del self._pending[key]
+            decided = answer.HasField("state")
             replicas = self.leaders.get(key)
             if replicas is not None and replicas.leader_epoch == change.leader_epoch:
-                replicas.answered()
+                replicas.answered(answer.state.isr if decided else None, now_ms(),
+                                  int(ISR_RETRY_S * 1000))
             partition_log = self.manager.find(*key)
-            if partition_log is None or not answer.HasField("state"):
-                continue
-            try:
-                await self.apply_state(partition_log, answer.state)
-            except KafkaError as exc:
-                log.info("%s-%d: the answer to its ISR change no longer applies: %s", *key,
-                         exc)
-            except OSError as exc:
-                self.manager.storage_failed(exc, f"storing the state of {key[0]}-{key[1]}")
+            if partition_log is not None and decided:
+                try:
+                    await self.apply_state(partition_log, answer.state)
+                except KafkaError as exc:
+                    log.info("%s-%d: the answer to its ISR change no longer applies: %s", *key,
+                             exc)
+                except OSError as exc:
+                    self.manager.storage_failed(exc, f"storing the state of {key[0]}-{key[1]}")
             self._check_isr.set()
 
     def _retry(self, key: TopicPartition, change: log_pb2.IsrChange) -> None:

@@ -1,5 +1,6 @@
 """Start and stop a log node: reload the replicas from disk, then serve LogService (with the
-health, reflection and metrics services every port has).
+health, reflection and metrics services every port has). A stop first hands the node's
+leaderships over (:mod:`.controlled_shutdown`), then stops serving, then flushes and closes.
 
 Health: the whole server ("") is SERVING while the process serves; LogService is SERVING until
 the log directory fails (then NOT_SERVING until a restart: the replicator moves the node's
@@ -24,6 +25,7 @@ from services.common.tls import InternalTls
 
 from . import metrics
 from .config import LogConfig
+from .controlled_shutdown import ControlledShutdown
 from .log_manager import LogManager
 from .purgatory_notifier import PurgatoryNotifier
 from .replica_manager import ReplicaManager
@@ -46,12 +48,20 @@ class LogService:
     health: HealthServicer
     notifier: PurgatoryNotifier | None
     replicas: ReplicaManager
+    shutdown: ControlledShutdown
 
     async def stop(self, grace: float = 1.0) -> None:
-        """Finish in-flight calls (up to ``grace`` seconds), then flush and close the logs."""
+        """Hand the leaderships over (a controlled shutdown, when configured), finish in-flight
+        calls (up to ``grace`` seconds), then flush and close the logs."""
+        await self.shutdown.run()
         await self.health.enter_graceful_shutdown()
+        self.replicas.begin_stop()
+        stopping = asyncio.ensure_future(self.server.stop(grace))
+        await asyncio.sleep(0)  # new calls are refused from here
+        for replica in self.manager.partitions():
+            replica.wake_readers()  # long-poll reads answer now rather than at their end
+        await stopping
         await self.replicas.stop()
-        await self.server.stop(grace)
         metrics.FOLLOWER_LAGS.sources.discard(self.replicas.follower_lags)
         await self.manager.stop_background()
         if self.notifier is not None:
@@ -77,6 +87,10 @@ async def start(config: LogConfig) -> LogService:
     replicas = ReplicaManager(
         manager, config.node_id, tls=tls, transport=config.replica_fetch_transport,
         on_epoch_ended=notifier.on_epoch_ended if notifier is not None else None)
+    shutdown = ControlledShutdown(config.node_id, manager, config.replicator_address, tls,
+                                  config.controlled_shutdown())
+    servicer = LogServicer(manager, replicas)
+    servicer.refuses_append = shutdown.refuses
     try:
         manager.load()
         if notifier is not None:
@@ -88,8 +102,7 @@ async def start(config: LogConfig) -> LogService:
         replicas.start()
         server, port, health = await create_server(
             "log",
-            [ServiceBinding(SERVICE_NAME, add_log_service_to_server,
-                            LogServicer(manager, replicas))],
+            [ServiceBinding(SERVICE_NAME, add_log_service_to_server, servicer)],
             config.grpc_address,
             instance=config.instance or f"log-{config.node_id}",
             tls=tls,
@@ -109,7 +122,7 @@ async def start(config: LogConfig) -> LogService:
         "log node %d serving on port %d with %d replica(s) in %s",
         config.node_id, port, len(manager), config.data_dir,
     )
-    return LogService(config, manager, server, port, health, notifier, replicas)
+    return LogService(config, manager, server, port, health, notifier, replicas, shutdown)
 
 
 def out_of_service(health: HealthServicer, loop: asyncio.AbstractEventLoop

@@ -76,6 +76,18 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
     def __init__(self, manager: LogManager, replicas: ReplicaManager) -> None:
         self._manager = manager
         self._replicas = replicas
+        # Whether an append to a replica is refused because the node hands it over (see
+        # services.log.controlled_shutdown); the replica then answers NOT_LEADER_OR_FOLLOWER.
+        self.refuses_append: Callable[[PartitionLog], bool] = lambda replica: False
+
+    def _leader(self, topic: str, partition: int) -> PartitionLog:
+        """The replica an append goes to, unless it is being handed over."""
+        replica = self._manager.get(topic, partition)
+        if self.refuses_append(replica):
+            raise KafkaError(ErrorCode.not_leader_or_follower,
+                             f"{topic}-{partition}: this log node is shutting down and hands "
+                             "its leadership over")
+        return replica
 
     def _log(self, item: Any) -> PartitionLog:
         return self._manager.get(item.topic, item.partition)
@@ -152,7 +164,7 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
             topic_metrics.append_requests.inc()
             started = time.perf_counter()
             try:
-                info = await self._manager.get(topic, partition).append(
+                info = await self._leader(topic, partition).append(
                     item.records, expected_log_end_offset=item.expected_log_end_offset
                     if item.HasField("expected_log_end_offset") else None,
                     verification_guard=item.verification_guard)
@@ -178,7 +190,7 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
             for item in marker.partitions:
                 topic, partition = item.topic, item.partition
                 try:
-                    info = await self._manager.get(topic, partition).write_txn_marker(
+                    info = await self._leader(topic, partition).write_txn_marker(
                         marker.producer_id, marker.producer_epoch, marker.committed,
                         marker.coordinator_epoch)
                 except Exception as exc:  # noqa: BLE001 - becomes the partition's error code
@@ -340,6 +352,8 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
         see :func:`add_log_service_to_server`)."""
         async for request in request_iterator:
             yield encode_fetch_response(await self._replicas.fetch(request))
+            if self._replicas.stopping:
+                return  # the follower opens a session elsewhere, or again once restarted
 
     async def ReplicaFetchOnce(self, request, context):
         return encode_fetch_response(await self._replicas.fetch(request))
@@ -360,7 +374,10 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
                 await asyncio.wait({sending, answering}, return_when=asyncio.FIRST_COMPLETED)
                 if not sending.done():
                     break  # the replicator closed its side
-                yield sending.result()
+                changes = sending.result()
+                if changes is None:
+                    break  # this node stops
+                yield changes
         finally:
             for task in (sending, answering):
                 if task is not None:

@@ -30,14 +30,17 @@ INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LogNode:
-    """A log node from configuration, whether its last health check succeeded, and whether
-    it is fenced (its checks failed for the session timeout)."""
+    """A log node from configuration, whether its last health check succeeded, whether it is
+    fenced (its checks failed for the session timeout, or its process exited), and whether it
+    is in controlled shutdown (it asked to stop and hands its leaderships over: it is in no
+    ISR and is elected nowhere, Kafka's ``inControlledShutdown`` broker registration)."""
 
     node_id: NodeId
     address: str
     rack: str = ""
     alive: bool = False
     fenced: bool = False
+    in_controlled_shutdown: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -156,6 +159,13 @@ class MetadataImage:
     def live_node_ids(self) -> tuple[NodeId, ...]:
         """Ids of the log nodes that are alive, ascending."""
         return tuple(sorted(n.node_id for n in self.log_nodes if n.alive))
+
+    @property
+    def active_node_ids(self) -> tuple[NodeId, ...]:
+        """Ids of the log nodes that may lead, join an ISR or receive new replicas: alive and
+        not in controlled shutdown (Kafka's active broker), ascending."""
+        return tuple(sorted(n.node_id for n in self.log_nodes
+                            if n.alive and not n.in_controlled_shutdown))
 
     @property
     def controller_id(self) -> NodeId:

@@ -102,9 +102,15 @@ def observe(image: MetadataImage) -> None:
 LEADER_ELECTIONS = Counter(
     "kbroker_replicator_leader_elections_total",
     "Leaders elected, by kind: clean (the leader failed; one from the ISR), unclean (from "
-    "outside it), preferred (back to the first replica) (LeaderElectionRateAndTimeMs, "
+    "outside it), preferred (back to the first replica), controlled (the leader is in "
+    "controlled shutdown; one from the ISR) (LeaderElectionRateAndTimeMs, "
     "UncleanLeaderElectionsPerSec).",
     ["kind"],
+)
+CONTROLLED_SHUTDOWNS = Counter(
+    "kbroker_replicator_controlled_shutdowns_total",
+    "Controlled shutdowns log nodes began: asked to stop, they hand their leaderships over "
+    "first (ControlledShutdownRateAndTimeMs).",
 )
 REPLICA_STATE_UPDATES = Counter(
     "kbroker_replicator_replica_state_updates_total",

@@ -89,6 +89,15 @@ class ReplicatorServicer(replicator_pb2_grpc.ReplicatorServicer):
                               error_message=results[(r.topic, r.partition)][1])
             for r in request.reassignments])
 
+    async def ControlledShutdown(
+        self, request: pb.ControlledShutdownRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ControlledShutdownResponse:
+        code, message, staying = await self._controller.controlled_shutdown(request.node_id)
+        return pb.ControlledShutdownResponse(
+            error_code=code, error_message=message,
+            remaining_leaderships=[pb.PartitionRef(topic=topic, partition=partition)
+                                   for topic, partition in staying])
+
     async def AllocateProducerIds(
         self, request: pb.AllocateProducerIdsRequest, context: grpc.aio.ServicerContext
     ) -> pb.AllocateProducerIdsResponse:
@@ -129,7 +138,7 @@ def to_cluster_metadata(
         controller_id=image.controller_id,
         log_nodes=[
             pb.LogNode(node_id=n.node_id, address=n.address, rack=n.rack, alive=n.alive,
-                       fenced=n.fenced)
+                       fenced=n.fenced, in_controlled_shutdown=n.in_controlled_shutdown)
             for n in image.log_nodes
         ],
         topics=[

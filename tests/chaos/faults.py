@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import signal
-import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -155,15 +154,8 @@ class FaultInjector:
             self._stopped.discard(target)
 
     def _restart(self, target: str, label: str) -> None:
-        proc = self.cluster.services[target].proc
-        assert proc is not None
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=self.settings.stop_timeout)
-        except subprocess.TimeoutExpired:
+        if not self.cluster.stop_service(target, self.settings.stop_timeout):
             self.log(f"{label}: no graceful stop within {self.settings.stop_timeout}s; killed")
-            proc.kill()
-            proc.wait(timeout=10)
         self.supervise()
 
     def _full_disk(self, target: str, label: str) -> None:

@@ -274,3 +274,37 @@ def test_health_watch_streams_status_changes_through_the_metrics_interceptor():
             await server.stop(0)
 
     asyncio.run(main())
+
+
+def test_a_graceful_stop_ends_health_watches_instead_of_waiting_for_them():
+    """An open health watch learns NOT_SERVING and ends when the server enters its graceful
+    shutdown, so the stop does not wait its whole grace period for it."""
+    async def main() -> None:
+        server, port, health = await create_server("purgatory", [ServiceBinding(
+            SERVICE, purgatory_pb2_grpc.add_PurgatoryServicer_to_server, Counting())])
+        channel = insecure_channel(f"127.0.0.1:{port}")
+        try:
+            call = health_pb2_grpc.HealthStub(channel).Watch(
+                health_pb2.HealthCheckRequest(service=SERVICE))
+            seen = []
+            watching = asyncio.Event()
+
+            async def follow() -> None:
+                async for reply in call:
+                    seen.append(reply.status)
+                    watching.set()
+
+            following = asyncio.ensure_future(follow())
+            await asyncio.wait_for(watching.wait(), 5)
+            await health.enter_graceful_shutdown()
+            started = asyncio.get_running_loop().time()
+            await server.stop(10)
+            assert asyncio.get_running_loop().time() - started < 5
+            await asyncio.wait_for(following, 5)
+            assert seen == [health_pb2.HealthCheckResponse.SERVING,
+                            health_pb2.HealthCheckResponse.NOT_SERVING]
+        finally:
+            await channel.close()
+            await server.stop(0)
+
+    asyncio.run(main())

@@ -157,6 +157,34 @@ def test_log_nodes_accept_grpc_only_from_handlers_and_the_replicator() -> None:
     assert any("namespaceSelector" in p for p in grpc_rule["from"])
 
 
+def test_the_replicator_accepts_grpc_from_the_log_nodes_asking_for_their_shutdown() -> None:
+    docs = render(SCENARIOS[1])
+    policy = one(docs, "NetworkPolicy", "kb-kbroker-replicator")
+    grpc_rule = next(r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == 19400)
+    callers = {p["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+               for p in grpc_rule["from"] if "podSelector" in p}
+    assert callers == {"handler", "frontend", "log"}
+
+
+def test_a_stopping_log_node_has_time_for_its_controlled_shutdown(scenario: Path) -> None:
+    """The log pods stop with a controlled shutdown bounded well within their grace period,
+    one at a time: rolling updates replace one pod at a time and the PodDisruptionBudget lets
+    one be evicted at once."""
+    values = values_of(scenario)
+    docs = render(scenario)
+    sts = one(docs, "StatefulSet", "kb-kbroker-log")
+    assert sts["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    pod = sts["spec"]["template"]["spec"]
+    args = _args(pod["containers"][0])
+    timeout_ms = int(args["controlled-shutdown-timeout-ms"])
+    assert args["controlled-shutdown-enable"] == "true"
+    assert timeout_ms == values["log"]["controlledShutdown"]["timeoutSeconds"] * 1000
+    assert pod["terminationGracePeriodSeconds"] * 1000 >= timeout_ms + 15_000
+    if values["log"]["pdb"]["enabled"]:
+        pdb = one(docs, "PodDisruptionBudget", "kb-kbroker-log")
+        assert pdb["spec"]["maxUnavailable"] == 1
+
+
 def test_handlers_scale_with_an_hpa_on_their_deployment() -> None:
     docs = render(SCENARIOS[1])
     hpa = one(docs, "HorizontalPodAutoscaler", "kb-kbroker-handler")
@@ -316,6 +344,7 @@ def test_external_listener_on_host_ports_advertises_the_node_ip() -> None:
     (("replicator.config.replica_lag=5",), "additional properties"),
     (("replicator.leaderElection.renewDeadlineSeconds=15",), "must exceed renewDeadlineSeconds"),
     (("replicator.leaderElection.retryPeriodSeconds=9",), "1.2 x retryPeriodSeconds"),
+    (("log.terminationGracePeriodSeconds=40",), "must exceed log.controlledShutdown"),
 ])
 def test_bad_values_are_refused_with_a_reason(sets: tuple[str, ...], message: str) -> None:
     with pytest.raises(RenderError, match=message):

@@ -350,7 +350,8 @@ def test_listeners_bind_advertise_and_expose_each_protocol() -> None:
     callers = {p["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
                for rule in replicator_policy["spec"]["ingress"] for p in rule.get("from", [])
                if "podSelector" in p}
-    assert callers == {"handler", "frontend"}
+    # ... as the handlers do, and the log nodes asking for their controlled shutdown.
+    assert callers == {"handler", "frontend", "log"}
 
 
 def test_listener_certificate_from_cert_manager_names_every_advertised_address() -> None:

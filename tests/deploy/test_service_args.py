@@ -205,8 +205,10 @@ def test_addresses_between_services_reach_the_right_services(rendered: Any) -> N
     for log in _configs(all_launches, "services.log"):
         assert log.node_id == POD_INDEX
         assert log.data_dir.startswith("/var/lib/kbroker/")
-        host, port = log.purgatory_address.rsplit(":", 1)
-        assert _service_port(docs, host, int(port))["targetPort"] == "grpc"
+        for address in (log.purgatory_address, log.replicator_address):
+            host, port = address.rsplit(":", 1)
+            assert _service_port(docs, host, int(port))["targetPort"] == "grpc"
+        assert log.replicator_address.split(".")[0] == "kb-kbroker-replicator"
     for handler in _configs(all_launches, "services.handler"):
         for address in (handler.purgatory_address, handler.replicator_address):
             host, port = address.rsplit(":", 1)

@@ -4,6 +4,11 @@ kafka-python, aiokafka) share six partitions evenly; members joining, leaving an
 record is lost or processed twice across rebalances; and committed offsets survive a restart
 of the whole cluster.
 
+The group tests run with both group protocols (``protocol``): classic, and the consumer
+protocol of KIP-848, where the confluent-kafka members use ``group.protocol=consumer`` and the
+kafka-python and aiokafka members, which only speak the classic protocol, are classic members
+of the consumer group (as Kafka 4 lets them be).
+
 Each consumer runs in a thread of its own (a process for the one that crashes) and reports what
 it holds and what it processed; the tests wait for the group to settle with bounded polls."""
 
@@ -20,6 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition as AioTopicPartition
 from confluent_kafka import Consumer, KafkaException, Producer
@@ -35,6 +41,12 @@ PARTITIONS = 6
 SESSION_TIMEOUT_MS = 6000
 HEARTBEAT_MS = 500
 SETTLE_S = 60.0
+
+
+@pytest.fixture(params=["classic", "consumer"])
+def protocol(request: pytest.FixtureRequest) -> str:
+    """The group protocol the confluent-kafka members speak."""
+    return str(request.param)
 
 
 def create_topic(bootstrap: str, name: str, partitions: int = PARTITIONS) -> None:
@@ -61,13 +73,18 @@ class GroupMember(threading.Thread):
     group handed it to a member that could commit it."""
 
     def __init__(self, client: str, bootstrap: str, group: str, topic: str,
-                 delay_s: float = 0.0) -> None:
+                 delay_s: float = 0.0, protocol: str = "classic",
+                 instance_id: str | None = None) -> None:
         super().__init__(name=f"{client}-{group}", daemon=True)
         self.client = client
         self.bootstrap = bootstrap
         self.group = group
         self.topic = topic
         self.delay_s = delay_s
+        self.protocol = protocol
+        self.instance_id = instance_id
+        # Rebalance callbacks seen (confluent-kafka members): partitions handed over.
+        self.rebalances: list[tuple[str, frozenset[int]]] = []
         self.stopping = threading.Event()
         self.assigned: frozenset[int] = frozenset()
         self.processed: list[tuple[int, int]] = []
@@ -101,12 +118,26 @@ class GroupMember(threading.Thread):
             time.sleep(self.delay_s)
 
     def _confluent(self) -> None:
-        consumer = Consumer({
+        config = {
             "bootstrap.servers": self.bootstrap, "group.id": self.group,
             "client.id": self.name, "enable.auto.commit": False,
-            "auto.offset.reset": "earliest", "session.timeout.ms": SESSION_TIMEOUT_MS,
-            "heartbeat.interval.ms": HEARTBEAT_MS})
-        consumer.subscribe([self.topic])
+            "auto.offset.reset": "earliest"}
+        if self.protocol == "consumer":  # session and heartbeat are the broker's settings
+            config["group.protocol"] = "consumer"
+        else:
+            config.update({"session.timeout.ms": SESSION_TIMEOUT_MS,
+                           "heartbeat.interval.ms": HEARTBEAT_MS})
+        if self.instance_id is not None:
+            config["group.instance.id"] = self.instance_id
+        consumer = Consumer(config)
+
+        def handed(kind: str) -> Callable[[object, list[CkTopicPartition]], None]:
+            def record(_: object, partitions: list[CkTopicPartition]) -> None:
+                self.rebalances.append((kind, frozenset(p.partition for p in partitions)))
+            return record
+
+        consumer.subscribe([self.topic], on_assign=handed("assign"),
+                           on_revoke=handed("revoke"), on_lost=handed("lost"))
         try:
             while not self.stopping.is_set():
                 message = consumer.poll(0.2)
@@ -198,16 +229,29 @@ def split(*sizes: int) -> Callable[[list[frozenset[int]]], bool]:
 
 
 def start(*members: GroupMember) -> list[GroupMember]:
-    for m in members:
+    """Start the members; under the consumer protocol the first (a consumer protocol member)
+    first, until it holds partitions: the group is then a consumer group that the classic
+    members join. (Were they first, the consumer protocol member would convert their classic
+    group mid-rebalance, and Kafka answers the JoinGroups in flight REBALANCE_IN_PROGRESS,
+    which aiokafka does not retry.)"""
+    first, rest = members[0], members[1:]
+    first.start()
+    if first.protocol == "consumer":
+        deadline = time.monotonic() + SETTLE_S
+        while not first.assigned:
+            assert first.error is None, first.error
+            assert time.monotonic() < deadline, "the first member never got partitions"
+            time.sleep(0.05)
+    for m in rest:
         m.start()
     return list(members)
 
 
-def test_three_clients_share_six_partitions_evenly(cluster, topic_name):
+def test_three_clients_share_six_partitions_evenly(cluster, topic_name, protocol):
     create_topic(cluster.bootstrap, topic_name)
     produce(cluster.bootstrap, topic_name, 60)
-    group = f"mixed-{topic_name}"
-    members = start(*(GroupMember(c, cluster.bootstrap, group, topic_name)
+    group = f"mixed-{protocol}-{topic_name}"
+    members = start(*(GroupMember(c, cluster.bootstrap, group, topic_name, protocol=protocol)
                       for c in ("confluent", "kafka-python", "aiokafka")))
     try:
         assignments = settle(members, split(2, 2, 2), "three clients")
@@ -230,9 +274,13 @@ def test_three_clients_share_six_partitions_evenly(cluster, topic_name):
 CRASHING_CONSUMER = """
 import sys, time
 from confluent_kafka import Consumer
-consumer = Consumer({"bootstrap.servers": sys.argv[1], "group.id": sys.argv[2],
-                     "client.id": "doomed", "session.timeout.ms": int(sys.argv[4]),
-                     "heartbeat.interval.ms": 500, "enable.auto.commit": False})
+config = {"bootstrap.servers": sys.argv[1], "group.id": sys.argv[2], "client.id": "doomed",
+          "enable.auto.commit": False}
+if sys.argv[5] == "consumer":
+    config["group.protocol"] = "consumer"
+else:
+    config.update({"session.timeout.ms": int(sys.argv[4]), "heartbeat.interval.ms": 500})
+consumer = Consumer(config)
 consumer.subscribe([sys.argv[3]])
 while True:
     consumer.poll(0.2)
@@ -241,17 +289,19 @@ while True:
 """
 
 
-def test_members_joining_leaving_and_crashing_rebalance_the_group(cluster, topic_name):
+def test_members_joining_leaving_and_crashing_rebalance_the_group(cluster, topic_name,
+                                                                 protocol):
     create_topic(cluster.bootstrap, topic_name)
-    group = f"churn-{topic_name}"
-    a, b = start(GroupMember("confluent", cluster.bootstrap, group, topic_name),
+    group = f"churn-{protocol}-{topic_name}"
+    a, b = start(GroupMember("confluent", cluster.bootstrap, group, topic_name,
+                             protocol=protocol),
                  GroupMember("kafka-python", cluster.bootstrap, group, topic_name))
     doomed = None
     try:
         settle([a, b], split(3, 3), "two members")
         doomed = subprocess.Popen(
             [sys.executable, "-c", CRASHING_CONSUMER, cluster.bootstrap, group, topic_name,
-             str(SESSION_TIMEOUT_MS)],
+             str(SESSION_TIMEOUT_MS), protocol],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
         # A third member joins: the others give up a partition each.
         settle([a, b], lambda s: sorted(map(len, s)) == [2, 2], "a member joined")
@@ -272,13 +322,14 @@ def test_members_joining_leaving_and_crashing_rebalance_the_group(cluster, topic
                 m.stop()
 
 
-def test_no_record_is_lost_or_processed_twice_across_rebalances(cluster, topic_name):
+def test_no_record_is_lost_or_processed_twice_across_rebalances(cluster, topic_name,
+                                                               protocol):
     create_topic(cluster.bootstrap, topic_name)
     total = 1200
     produce(cluster.bootstrap, topic_name, total)
-    group = f"exactly-{topic_name}"
+    group = f"exactly-{protocol}-{topic_name}"
     members = start(GroupMember("confluent", cluster.bootstrap, group, topic_name,
-                                delay_s=0.004))
+                                delay_s=0.004, protocol=protocol))
     try:
         def processed() -> int:
             return sum(len(m.processed) for m in members)
@@ -352,10 +403,12 @@ def test_committed_offsets_survive_a_restart_of_the_whole_cluster(tmp_path: Path
         cluster.stop()
 
 
-def test_a_group_carries_on_when_a_handler_and_the_purgatory_are_killed(cluster, topic_name):
+def test_a_group_carries_on_when_a_handler_and_the_purgatory_are_killed(cluster, topic_name,
+                                                                       protocol):
     create_topic(cluster.bootstrap, topic_name)
-    group = f"survive-{topic_name}"
-    members = start(GroupMember("confluent", cluster.bootstrap, group, topic_name),
+    group = f"survive-{protocol}-{topic_name}"
+    members = start(GroupMember("confluent", cluster.bootstrap, group, topic_name,
+                                protocol=protocol),
                     GroupMember("kafka-python", cluster.bootstrap, group, topic_name))
     total = 0
     try:

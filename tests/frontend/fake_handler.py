@@ -245,6 +245,18 @@ class FakeHandler(kafka_handler_pb2_grpc.KafkaHandlerServicer):
         return k.DeleteGroupsResponse(results=[
             {"group_id": g, "error_code": 0} for g in request.groups_names])
 
+    async def ConsumerGroupHeartbeat(self, request, context):
+        await self._enter("ConsumerGroupHeartbeat", request, context)
+        return k.ConsumerGroupHeartbeatResponse(
+            error_code=0, member_id=request.member_id or "member-1", member_epoch=1,
+            heartbeat_interval_ms=5000)
+
+    async def ConsumerGroupDescribe(self, request, context):
+        await self._enter("ConsumerGroupDescribe", request, context)
+        return k.ConsumerGroupDescribeResponse(groups=[
+            {"group_id": g, "error_code": 69, "group_state": "Dead", "group_epoch": -1,
+             "assignment_epoch": -1, "assignor_name": ""} for g in request.group_ids])
+
     async def DescribeLogDirs(self, request, context):
         await self._enter("DescribeLogDirs", request, context)
         return k.DescribeLogDirsResponse(error_code=0, results=[
@@ -338,3 +350,13 @@ class FakeHandler(kafka_handler_pb2_grpc.KafkaHandlerServicer):
     async def AlterUserScramCredentials(self, request, context):
         await self._enter("AlterUserScramCredentials", request, context)
         return k.AlterUserScramCredentialsResponse()
+
+    async def GetTelemetrySubscriptions(self, request, context):
+        await self._enter("GetTelemetrySubscriptions", request, context)
+        return k.GetTelemetrySubscriptionsResponse(
+            error_code=0, client_instance_id="6b1c6ad4-62a2-4c3c-9a64-3e1ea9a0b9f2",
+            subscription_id=1, push_interval_ms=300000, telemetry_max_bytes=1048576)
+
+    async def PushTelemetry(self, request, context):
+        await self._enter("PushTelemetry", request, context)
+        return k.PushTelemetryResponse(error_code=0)

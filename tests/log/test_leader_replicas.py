@@ -94,9 +94,19 @@ def test_a_pending_expansion_counts_the_new_follower_until_answered():
     # pending, the follower still counted.
     r.update((L, F1, F2), (L,), partition_epoch=6, now_ms=7)
     assert r.pending is proposal and r.maximal_isr() == {L, F1}
+    r.answered((L, F1), now_ms=8, retry_ms=1000)
     r.update((L, F1, F2), (L, F1), partition_epoch=7, now_ms=8)
-    r.answered()
     assert r.pending is None and r.isr == (L, F1) and r.maximal_isr() == {L, F1}
+
+
+def test_a_refused_expansion_is_not_asked_for_again_at_once():
+    r = replicas(isr=(L,), now=0)
+    r.record_fetch(F1, 10, 10, now_ms=5)
+    r.propose(r.expansion(10, now_ms=5))
+    # Refused (say F1 is in controlled shutdown): the ISR stays the leader alone.
+    r.answered((L,), now_ms=10, retry_ms=1000)
+    assert r.alone and r.expansion(10, now_ms=500) is None
+    assert r.expansion(10, now_ms=1010) == (L, F1)
 
 
 def test_a_pending_shrink_keeps_counting_the_leaving_follower():
@@ -105,8 +115,8 @@ def test_a_pending_shrink_keeps_counting_the_leaving_follower():
     r.record_fetch(F2, 4, 10, now_ms=1)
     r.propose((L, F1))
     assert r.high_watermark_candidate(10) == 4
+    r.answered((L, F1))
     r.update((L, F1, F2), (L, F1), partition_epoch=6, now_ms=2)
-    r.answered()
     assert r.high_watermark_candidate(10) == 10
 
 

@@ -1,13 +1,17 @@
 """Fencing log nodes: new leaders from the ISR at the next epoch, fenced followers out of the
-ISR, offline partitions when no in-sync replica is left, unclean elections only when allowed;
-ISR changes leaders ask for, applied only to the ISR they were computed from."""
+ISR, offline partitions when no in-sync replica is left, unclean elections only when allowed.
+Controlled shutdown: the stopping node out of every ISR, its leaderships moved the same way,
+and no election or ISR expansion picking it meanwhile. ISR changes leaders ask for, applied
+only to the ISR they were computed from."""
 
 from __future__ import annotations
 
+from services.replicator.controller.cluster import with_controlled_shutdown, with_liveness
 from services.replicator.controller.partitions import (
     PREFERRED_ELECTION,
     UNCLEAN_ELECTION,
     alter_isr,
+    controlled_shutdown,
     fence,
     preferred,
     requested,
@@ -151,3 +155,61 @@ def test_a_node_that_is_not_live_never_joins_an_isr():
     # Leaving it is always allowed.
     fenced = image(partition(0, N1, (N0, N1)), live=(N1, N2))
     assert alter_isr(fenced, {key: (N1, 4, (N1,))}, {key: (N0, N1)})[1] == {key: (N1,)}
+
+
+def test_a_node_in_controlled_shutdown_leaves_every_isr_and_hands_its_leaderships_over():
+    before = with_controlled_shutdown(image(
+        partition(0, N0, (N0, N2, N1), replicas=(N0, N2, N1)),  # led: to the first in sync
+        partition(1, N1, (N1, N0, N2)),                          # followed: out of the ISR
+        partition(2, N1, (N1, N2)),                              # not a member: untouched
+        partition(3, N0, (N0,)),                                 # alone in sync: kept
+        live=(N0, N1, N2)), N0)
+    assert before.active_node_ids == (N1, N2)
+    [topic], [election] = controlled_shutdown(before, N0, before.active_node_ids)
+    assert [(p.leader, p.leader_epoch, p.isr) for p in topic.partitions] == [
+        (N2, 5, (N2, N1)), (N1, 4, (N1, N2)), (N1, 4, (N1, N2)), (N0, 4, (N0,))]
+    assert (election.partition, election.old_leader, election.new_leader, election.clean) == (
+        0, N0, N2, True)
+
+
+def test_a_controlled_shutdown_hands_over_only_to_active_nodes():
+    # Node 2 is in controlled shutdown too: node 0's partition goes to node 1, or stays.
+    both = with_controlled_shutdown(with_controlled_shutdown(image(
+        partition(0, N0, (N0, N2, N1), replicas=(N0, N2, N1)),
+        partition(1, N0, (N0, N2)), live=(N0, N1, N2)), N2), N0)
+    [topic], [election] = controlled_shutdown(both, N0, both.active_node_ids)
+    assert [(p.leader, p.isr) for p in topic.partitions] == [(N1, (N2, N1)), (N0, (N0, N2))]
+    assert election.new_leader == N1
+    # With unclean elections the one that cannot move goes outside its ISR, as Kafka does.
+    [topic], elections = controlled_shutdown(both, N0, both.active_node_ids,
+                                             unclean_default=True)
+    assert [(p.leader, p.isr) for p in topic.partitions] == [(N1, (N2, N1)), (N1, (N1,))]
+    assert [e.clean for e in elections] == [True, False]
+
+
+def test_no_election_or_isr_expansion_picks_a_node_in_controlled_shutdown():
+    stopping = with_controlled_shutdown(image(
+        partition(0, N1, (N1, N2)), partition(1, N2, (N2, N0)), live=(N0, N1, N2)), N0)
+    active = stopping.active_node_ids
+    assert preferred(stopping, active) == ([], [])
+    (_, elections), results = requested(stopping, PREFERRED_ELECTION, [("t", 0)], active)
+    assert elections == [] and results[("t", 0)][0] == 80  # PREFERRED_LEADER_NOT_AVAILABLE
+    # Node 2 is fenced: partition 1 cannot go to node 0, whatever its ISR says.
+    [topic], elections = fence(stopping, {N2}, active)
+    assert elections == [] and topic.partitions[1].leader == N2
+    unchanged, applied = alter_isr(stopping, {("t", 0): (N1, 4, (N0, N1, N2))})
+    assert unchanged is stopping and applied == {}
+    joined, applied = alter_isr(stopping, {("t", 1): (N2, 4, (N2,))})
+    assert applied == {("t", 1): (N2,)}
+
+
+def test_a_controlled_shutdown_ends_when_the_node_is_not_alive_or_is_released():
+    stopping = with_controlled_shutdown(image(partition(0, N1, (N1,)), live=(N0, N1, N2)), N0)
+    assert with_controlled_shutdown(stopping, N0) is stopping
+    down, changed = with_liveness(stopping, {N0: False})
+    assert [(n.node_id, n.alive, n.in_controlled_shutdown) for n in changed] == [
+        (N0, False, False)]
+    released, changed = with_liveness(stopping, {N0: True}, ended={N0})
+    assert [(n.node_id, n.alive, n.in_controlled_shutdown) for n in changed] == [
+        (N0, True, False)]
+    assert released.active_node_ids == (N0, N1, N2)

@@ -1,4 +1,5 @@
-"""Bucket quantiles (spark.histogram) against exact quantiles of the observations."""
+"""Bucket quantiles (spark.histogram) against exact quantiles of the observations, evenly spread
+as Prometheus does and placed by the observed mean."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.common.metrics import LATENCY_BUCKETS
-from spark.histogram import histogram_quantile, parse_le
+from spark.histogram import histogram_quantile, mean_position, parse_le, quantiles
 
 BOUNDS = (*LATENCY_BUCKETS, math.inf)
 
@@ -63,4 +64,53 @@ def test_estimate_lies_in_the_bucket_of_the_true_quantile(obs: list[float], q: f
 def test_quantiles_are_monotonic_in_q(obs: list[float]) -> None:
     buckets = buckets_of(obs)
     values = [histogram_quantile(q, buckets) for q in (0.0, 0.5, 0.9, 0.99, 0.999, 1.0)]
+    assert values == sorted(values)
+
+
+def test_quantiles_follow_the_mean_inside_a_bucket() -> None:
+    # 1000 observations of 20 us: all in the first bucket (0, 0.5 ms]. Evenly spread they would
+    # give a median of 0.25 ms, above their mean; placed by the mean, every quantile is small.
+    obs = [0.00002] * 1000
+    buckets, total = buckets_of(obs), sum(obs)
+    p50, p99 = quantiles([0.5, 0.99], buckets, total)
+    assert histogram_quantile(0.5, buckets) == pytest.approx(0.00025)
+    assert 0 <= p50 <= p99 <= 0.0005
+    assert p50 < 0.0001
+    # Piled at the top of (0.25, 0.5] (long polls answered at 0.4999 s): quantiles near 0.5 s,
+    # never below the bucket's lower bound.
+    polls = [0.4999] * 500
+    q = quantiles([0.0, 0.5, 0.99], buckets_of(polls), sum(polls))
+    assert all(0.25 <= v <= 0.5 for v in q)
+    assert q[1] > 0.49
+    # A phase that never took time: every quantile 0.
+    assert quantiles([0.5, 0.99], buckets_of([0.0] * 10), 0.0) == [0.0, 0.0]
+
+
+@given(
+    st.lists(st.floats(min_value=0.0, max_value=29.0, allow_nan=False), min_size=1,
+             max_size=200),
+    st.sampled_from([0.5, 0.9, 0.99, 0.999]),
+)
+def test_mean_placed_estimate_lies_in_the_bucket_of_the_true_quantile(
+        obs: list[float], q: float) -> None:
+    estimate = histogram_quantile(q, buckets_of(obs), sum(obs))
+    ordered = sorted(obs)
+    exact = ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+    upper_index = bisect.bisect_left(BOUNDS, exact)
+    lower = BOUNDS[upper_index - 1] if upper_index else 0.0
+    assert lower - 1e-12 <= estimate <= BOUNDS[upper_index] + 1e-12
+
+
+@given(st.lists(st.floats(min_value=0.0, max_value=29.0, allow_nan=False), min_size=1,
+                max_size=100))
+def test_the_placement_implies_the_observed_mean(obs: list[float]) -> None:
+    buckets = buckets_of(obs)
+    mean = sum(obs) / len(obs)
+    t = mean_position(buckets, sum(obs))
+    if 0.0 < t < 1.0:
+        # The mean of the model: the integral of its quantile function over q.
+        steps = 4000
+        implied = sum(quantiles([(i + 0.5) / steps for i in range(steps)], buckets, sum(obs)))
+        assert implied / steps == pytest.approx(mean, rel=0.02, abs=1e-6)
+    values = quantiles([0.0, 0.5, 0.9, 0.99, 0.999, 1.0], buckets, sum(obs))
     assert values == sorted(values)

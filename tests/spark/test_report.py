@@ -1,6 +1,7 @@
 """The batch latency report against a real local cluster after real client traffic: its request
-counts per API equal the frontend's Prometheus counters read over HTTP, and it writes its
-Parquet tables, chart and summary."""
+counts per API equal the frontend's Prometheus counters read over HTTP, phase means add up to
+the total, the consumer lag of a group equals its committed offsets against the partitions'
+high watermarks, and it writes its Parquet tables, chart and summary."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.local_cluster import LocalCluster
 from spark.discovery import cluster_endpoints
+from spark.group_offsets import compute_lag
 from spark.jobs.latency_report import run
 
 MESSAGES = 200
@@ -46,7 +49,9 @@ def settled_requests(cluster: LocalCluster, timeout: float = 10.0) -> dict[str, 
         last = now
 
 
-def client_traffic(bootstrap: str, topic: str) -> None:
+def client_traffic(bootstrap: str, topic: str) -> dict[int, tuple[int, int]]:
+    """Produce and consume; commit offsets of group g-<topic> part-way. Returns the committed
+    offset and high watermark per partition."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     futures = admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)],
                                   request_timeout=15)
@@ -74,13 +79,19 @@ def client_traffic(bootstrap: str, topic: str) -> None:
                 continue
             got += 1
         assert got == MESSAGES
+        high = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                for p in range(2)}
+        committed = {p: high[p] // (p + 2) for p in range(2)}
+        consumer.commit(offsets=[TopicPartition(topic, p, o) for p, o in committed.items()],
+                        asynchronous=False)
+        return {p: (committed[p], high[p]) for p in range(2)}
     finally:
         consumer.close()
 
 
 def test_report_counts_equal_prometheus_counters(cluster, spark, tmp_path: Path) -> None:
     topic = f"spark-report-{uuid.uuid4().hex[:8]}"
-    client_traffic(cluster.bootstrap, topic)
+    offsets = client_traffic(cluster.bootstrap, topic)
     before = settled_requests(cluster)
     report = run(spark, {"endpoints": ",".join(cluster_endpoints(cluster))}, tmp_path / "out")
     after = frontend_requests(cluster)
@@ -96,6 +107,11 @@ def test_report_counts_equal_prometheus_counters(cluster, spark, tmp_path: Path)
             row = latency[(api, phase)]
             assert row["count"] == before[api]
             assert 0 <= row["p50_seconds"] <= row["p99_seconds"] <= row["p999_seconds"]
+    # The phases of a request add up to its total: so do their means.
+    for api in ("Produce", "Fetch"):
+        phases = sum(latency[(api, p)]["mean_seconds"] for p in (
+            "request_queue", "local", "remote", "response_queue", "response_send"))
+        assert phases == pytest.approx(latency[(api, "total")]["mean_seconds"], rel=1e-6)
     # The consumer's fetches at the end of the data parked in the purgatory (remote time).
     assert latency[("Fetch", "remote")]["mean_seconds"] > 0
     assert latency[("Produce", "total")]["mean_seconds"] \
@@ -111,10 +127,28 @@ def test_report_counts_equal_prometheus_counters(cluster, spark, tmp_path: Path)
     assert row["bytes_out"] >= row["bytes_in"]
     assert row["bytes_in_per_s"] > 0 and row["bytes_out_per_s"] > 0
 
+    # No client telemetry subscription on this cluster (test_client_telemetry has one).
+    assert report.client_latency == []
+    assert "## Client-side latency" in (report.output / "report.md").read_text()
+    lag = {(r["topic"], r["partition"]): r for r in report.consumer_lag
+           if r["group"] == f"g-{topic}"}
+    assert {p: (lag[(topic, p)]["committed_offset"], lag[(topic, p)]["high_watermark"])
+            for p in range(2)} == offsets
+    assert all(r["lag"] == r["high_watermark"] - r["committed_offset"] > 0
+               for r in lag.values())
+
     out = report.output
-    for name in ("metrics", "requests", "latency", "topics", "purgatory"):
+    for name in ("metrics", "requests", "latency", "topics", "purgatory", "consumer_lag",
+                 "client_latency"):
         assert list((out / f"{name}.parquet").glob("*.parquet")), name
     assert spark.read.parquet(str(out / "requests.parquet")).count() == len(before)
     assert (out / "latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = (out / "report.md").read_text()
     assert "| Produce |" in summary and "latency.png" in summary
+
+
+def test_lag_rows_from_offsets() -> None:
+    rows = compute_lag({"g": {("t", 0): 5, ("t", 1): -1, ("u", 0): 9}},
+                       {("t", 0): 12, ("t", 1): 4})
+    assert [(r.topic, r.partition, r.high_watermark, r.lag) for r in rows] == [
+        ("t", 0, 12, 7), ("t", 1, 4, None), ("u", 0, None, None)]

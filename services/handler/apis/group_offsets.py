@@ -57,10 +57,12 @@ every committed offset leaves them out; TxnOffsetCommit WRITE on the transaction
 (TRANSACTIONAL_ID_AUTHORIZATION_FAILED), READ on the group and on each topic as OffsetCommit;
 OffsetDelete DELETE on the group and READ on each topic.
 
-OffsetCommit v9 and OffsetFetch v9 are the versions KIP-848 consumers use; their groups are
-classic here, and Kafka serves classic groups at these versions as at v8: the commit's
-``generation_id_or_member_epoch`` is the generation, and OffsetFetch's ``member_id`` and
-``member_epoch`` are not checked.
+OffsetCommit v9 and OffsetFetch v9 are the versions KIP-848 consumers use. For a classic group
+Kafka serves them as v8: the commit's ``generation_id_or_member_epoch`` is the generation, and
+OffsetFetch's ``member_id`` and ``member_epoch`` are not checked. For a consumer group the
+commit's epoch and the fetch's member and epoch are the member's (see
+:mod:`..groups.offsets`: UNKNOWN_MEMBER_ID, STALE_MEMBER_EPOCH, and UNSUPPORTED_VERSION for a
+consumer protocol member committing below v9); a fetch refused so is refused for the group.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ from services.common.error_answers import error_response
 from services.common.errors import ErrorCode
 
 from ..coordinator.placement import CoordinatorError
+from ..groups.consumer_heartbeat import GroupError
 from ..groups.coordinator import GroupCoordinator
 from ..groups.group import INVALID_GROUP_ID
 from ..groups.state import CommittedOffset, TopicPartition
@@ -161,7 +164,7 @@ class OffsetCommitApi(_OffsetsApi):
             try:
                 code = await self._coordinator.offsets.commit(
                     request.group_id, request.member_id, optional(request, "group_instance_id"),
-                    request.generation_id_or_member_epoch, valid)
+                    request.generation_id_or_member_epoch, valid, context.api_version)
             except CoordinatorError as exc:
                 code = exc.code
             if code == INVALID_GROUP_ID:
@@ -206,10 +209,19 @@ class OffsetFetchApi(GroupApi):
             for p in t.partition_indexes]
         code, fetched = await self._not_coordinator(group.group_id, context), None
         if not code:
+            member_id = getattr(group, "member_id", "") or None
+            member_epoch = getattr(group, "member_epoch", -1) if isinstance(group, FetchGroup) \
+                else -1
+            # A consumer group's member names itself and its epoch (v9); others do not.
+            member = {"member_id": member_id, "member_epoch": member_epoch} \
+                if member_id or member_epoch >= 0 else {}
             try:
-                fetched = await self._coordinator.offsets.fetch(group.group_id, wanted)
+                fetched = await self._coordinator.offsets.fetch(group.group_id, wanted,
+                                                                **member)
             except CoordinatorError:
                 code = COORDINATOR_LOAD_IN_PROGRESS
+            except GroupError as exc:
+                code = exc.code
         if code or fetched is None:
             return {"group_id": group.group_id, "error_code": code, "topics": [] if wanted is None
                     else [_topic(t.name, [(p, None, code if in_partitions else 0)

@@ -58,12 +58,12 @@ from services.common.acls import Operation, ResourceType
 from services.common.errors import ErrorCode
 
 from ..coordinator.placement import CoordinatorError, Placement
+from ..groups.consumer_group import ConsumerGroup
 from ..groups.coordinator import GroupCoordinator
 from ..groups.group import (
     COORDINATOR_NOT_AVAILABLE,
     GROUP_ID_NOT_FOUND,
     INVALID_GROUP_ID,
-    STATES_BY_NAME,
     GroupState,
     JoinRequest,
 )
@@ -73,6 +73,7 @@ from .cluster import AUTHORIZED_OPERATIONS_OMITTED, authorized
 GROUP_KEY_TYPE = 0
 TRANSACTION_KEY_TYPE = 1
 CLASSIC_GROUP_TYPE = "classic"
+CONSUMER_GROUP_TYPE = "consumer"
 
 INVALID_REQUEST = ErrorCode.invalid_request.value
 
@@ -257,26 +258,27 @@ class ListGroupsApi(GroupApi):
         """The groups this broker coordinates (each broker of a cluster lists its own, and
         admin clients ask them all)."""
         types = {t.lower() for t in request.types_filter}
-        if types and CLASSIC_GROUP_TYPE not in types:
-            return k.ListGroupsResponse(error_code=0)
-        states: set[GroupState] = set()
-        for name in request.states_filter:
-            state = STATES_BY_NAME.get(name.lower())
-            if state is None:
-                return k.ListGroupsResponse(error_code=0)  # no group is in an unknown state
-            states.add(state)
+        names = {name.lower() for name in request.states_filter}
         try:
             listings = await self._coordinator.list_groups(context.broker_id)
         except CoordinatorError as exc:
             return k.ListGroupsResponse(error_code=exc.code)
         access = context.access
         every = access.allows(Operation.DESCRIBE, ResourceType.CLUSTER)
-        return k.ListGroupsResponse(error_code=0, groups=[
-            k.ListGroupsResponse.ListedGroup(
-                group_id=g.group_id, protocol_type=g.protocol_type or "",
-                group_state=g.state.kafka_name, group_type=CLASSIC_GROUP_TYPE)
-            for g in listings if (not states or g.state in states) and (
-                every or access.allows(Operation.DESCRIBE, ResourceType.GROUP, g.group_id))])
+        groups = []
+        for g in listings:
+            if isinstance(g, ConsumerGroup):
+                kind, protocol_type, state = CONSUMER_GROUP_TYPE, "consumer", g.state.value
+            else:
+                kind, protocol_type = CLASSIC_GROUP_TYPE, g.protocol_type or ""
+                state = g.state.kafka_name
+            if types and kind not in types or names and state.lower() not in names:
+                continue
+            if every or access.allows(Operation.DESCRIBE, ResourceType.GROUP, g.group_id):
+                groups.append(k.ListGroupsResponse.ListedGroup(
+                    group_id=g.group_id, protocol_type=protocol_type, group_state=state,
+                    group_type=kind))
+        return k.ListGroupsResponse(error_code=0, groups=groups)
 
 
 class DescribeGroupsApi(GroupApi):
@@ -299,6 +301,12 @@ class DescribeGroupsApi(GroupApi):
                                             functools.partial(self._coordinator.describe, group_id))
             if code:
                 response.groups.append(_described(group_id, error_code=code))
+            elif isinstance(group, ConsumerGroup) and not_found_is_an_error:
+                response.groups.append(_described(
+                    group_id, error_code=GROUP_ID_NOT_FOUND,
+                    error_message=f"Group {group_id} is not a classic group."))
+            elif isinstance(group, ConsumerGroup):
+                response.groups.append(_described(group_id))
             elif group is None and not_found_is_an_error:
                 # Authorized operations come with groups answered without an error only.
                 response.groups.append(_described(

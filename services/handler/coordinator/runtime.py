@@ -262,6 +262,16 @@ class CoordinatorRuntime(Generic[S]):
         if timeouts:
             await _best_effort(self._purgatory.schedule(timeouts), "arm timers", None)
 
+    async def arm_if_absent(self, timeouts: Mapping[str, int]) -> None:
+        """Arm a timer per key that has none running (Kafka's ``scheduleIfAbsent``): a
+        deadline that repeated requests must not push back. Best effort."""
+        if not timeouts:
+            return
+        running = await _best_effort(self._purgatory.armed(list(timeouts)),
+                                     "check timers", None)
+        if running is not None:
+            await self.arm({k: ms for k, ms in timeouts.items() if k not in running})
+
     async def disarm(self, keys: Sequence[str]) -> None:
         """Best effort."""
         if keys:

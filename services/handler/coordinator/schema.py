@@ -4,8 +4,9 @@ message generator compiles from its JSON definitions, interpreted at run time).
 A record type is a frozen, keyword-only dataclass with class attributes ``__versions__`` and
 ``__flexible__`` (its valid and its flexible versions, in Kafka's notation: ``"0-4"``, ``"2"``,
 ``"4+"``, ``"none"``) whose fields are declared with :func:`kafka`: the Kafka type
-(``"int8"``, ``"int16"``, ``"int32"``, ``"int64"``, ``"bool"``, ``"string"``, ``"bytes"``, a
-struct, or ``[type]`` for an array), the versions that have the field, those where it may be
+(``"int8"``, ``"int16"``, ``"int32"``, ``"int64"``, ``"bool"``, ``"string"``, ``"bytes"``,
+``"uuid"`` (16 bytes, held as canonical UUID text), a struct, or ``[type]`` for an array),
+the versions that have the field, those where it may be
 null and, for a tagged field, its tag. A struct is such a dataclass without versions: it takes
 its record's. A field whose type is a record type embeds that record as records are stored.
 
@@ -13,9 +14,10 @@ Wire format, as Kafka's::
 
     Record => version:int16 fields        (in declaration order; fields the version lacks are
                                            left out, and read back as their defaults)
-    int8, int16, int32, int64 => big endian;  bool => one byte, 0 or 1
+    int8, int16, int32, int64 => big endian;  bool => one byte, 0 or 1;  uuid => 16 bytes
     string, bytes, [T] => int16 (string) or int32 length, -1 null    (non-flexible versions)
                           unsigned varint length + 1, 0 null         (flexible versions)
+    nullable struct => int8 -1 (null) or 1, then the struct
     flexible struct => fields, then its tagged fields: a count, then per field in ascending
                        tag order: tag, size, value (count, tag, size unsigned varints)
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import struct
+import uuid
 from collections.abc import Mapping
 from dataclasses import MISSING, field, fields
 from typing import Any, TypeVar
@@ -160,9 +163,13 @@ def _read_struct(r: Reader, cls: type[T], version: int, flexible: bool) -> T:
 def _read(r: Reader, kind: Any, nullable: bool, version: int, flexible: bool) -> Any:
     if isinstance(kind, str) and kind in _FIXED:
         return r.fixed(_FIXED[kind])
+    if kind == "uuid":
+        return str(uuid.UUID(bytes=bytes(r._take(16))))
     if _is_record(kind):
         return _read_record(r, kind)
     if not isinstance(kind, str | list):
+        if nullable and r.fixed(_FIXED["int8"]) < 0:  # a nullable struct: present or not
+            return None
         return _read_struct(r, kind, version, flexible)
     size = r.uvarint() - 1 if flexible else int(r.fixed(_length(kind)))  # -1: null
     if size < 0:
@@ -229,10 +236,15 @@ def _write(out: bytearray, kind: Any, item: Any, nullable: bool, version: int,
            flexible: bool) -> None:
     if isinstance(kind, str) and kind in _FIXED:
         out += _FIXED[kind].pack(item)
+    elif kind == "uuid":
+        out += uuid.UUID(item).bytes
     elif _is_record(kind):
         _write_record(out, item, None)
     elif not isinstance(kind, str | list):
-        _write_struct(out, item, version, flexible)
+        if nullable:
+            out += _FIXED["int8"].pack(-1 if item is None else 1)
+        if item is not None:
+            _write_struct(out, item, version, flexible)
     elif item is None:
         if not nullable:
             raise ValueError(f"null where {kind} cannot be null")

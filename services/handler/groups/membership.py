@@ -20,6 +20,11 @@ the rebalance timeout and starts a rebalance without them; so a group nobody wai
 moves on at its deadline. A heartbeat that finds the deadline passed does the same (the
 fallback when the purgatory is unreachable).
 
+Consumer groups: while a group id is a non-empty consumer group (KIP-848), its classic members'
+JoinGroup, SyncGroup, Heartbeat and LeaveGroup are served by it (:mod:`.consumer_groups`,
+Kafka's ``classicGroup*ToConsumerGroup``), as are its members' expired timers; a JoinGroup
+to an empty consumer group replaces it with a classic group (its offsets stay).
+
 Sessions (DelayedHeartbeat): a member whose timer ran out is removed, unless it armed it again
 since or waits in a join phase (kept alive, as Kafka's ``shouldKeepAlive``). Every handler
 hears every expiry; the removal is a conditional write, so exactly one of them makes it.
@@ -31,13 +36,15 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from services.common.errors import ErrorCode
 
 from ..coordinator.placement import CoordinatorError
 from ..coordinator.runtime import POLL_INTERVAL_S, CoordinatorRuntime
 from ..metrics import GROUP_REBALANCES, GROUP_SESSION_EXPIRIES
+from .consumer_group import records_between
+from .consumer_heartbeat import GroupError
 from .group import (
     INVALID_GROUP_ID,
     NONE,
@@ -88,6 +95,15 @@ class Membership:
         self._runtime = runtime
         self._timers = timers
         self.config = config
+        # The consumer groups of the same coordinator (set by the coordinator's wiring).
+        self.consumer: Any = None
+
+    async def _consumer_group_in_use(self, group_id: str) -> bool:
+        """Whether the id is a consumer group with members (classic requests go there)."""
+        if self.consumer is None:
+            return False
+        group = (await self._runtime.read(group_id)).consumer_group(group_id)
+        return group is not None and bool(group.members)
 
     async def update_group(self, group_id: str,
                            change: Callable[[Group, int], T]) -> GroupChange[T]:
@@ -101,6 +117,11 @@ class Membership:
             result = change(work, now)
             unchanged = work == (before or Group(group_id=group_id))
             records = [] if unchanged else [group_record(group_id, work)]
+            replaced = state.consumer_group(group_id)
+            if records and replaced is not None and not replaced.members:
+                # An empty consumer group gives way to the classic group (Kafka's
+                # maybeDeleteEmptyConsumerGroup); its offsets stay.
+                records = records_between(replaced, None) + records
             return records, (result, before, None if unchanged and before is None else work)
 
         (result, before, after), end = await self._runtime.update(group_id, compute)
@@ -122,6 +143,8 @@ class Membership:
         if not config.min_session_timeout_ms <= request.session_timeout_ms <= \
                 config.max_session_timeout_ms:
             return JoinResult(error_code=INVALID_SESSION_TIMEOUT, member_id=request.member_id)
+        if await self._consumer_group_in_use(group_id):
+            return await self._join_consumer_group(group_id, request)
         change = await self.update_group(
             group_id, lambda group, now: group.join(request, now, config))
         outcome = change.result
@@ -136,6 +159,22 @@ class Membership:
         await self._timers.arm(group_id, outcome.member_id, request.session_timeout_ms)
         return await self._await_join(group_id, outcome, request)
 
+    async def _join_consumer_group(self, group_id: str, request: JoinRequest) -> JoinResult:
+        try:
+            error, member_id, generation, protocol = await self.consumer.classic_join(
+                group_id, member_id=request.member_id,
+                instance_id=request.group_instance_id, client_id=request.client_id,
+                client_host=request.client_host, session_timeout_ms=request.session_timeout_ms,
+                rebalance_timeout_ms=request.rebalance_timeout_ms,
+                protocol_type=request.protocol_type, protocols=request.protocols,
+                require_known_member_id=request.require_known_member_id)
+        except GroupError as exc:
+            return JoinResult(error_code=exc.code, member_id=request.member_id)
+        if error:
+            return JoinResult(error_code=error, member_id=member_id)
+        return JoinResult(error_code=NONE, member_id=member_id, generation_id=generation,
+                          protocol_type="consumer", protocol_name=protocol, leader="")
+
     async def _await_join(self, group_id: str, joined: JoinWait,
                           request: JoinRequest) -> JoinResult:
         config = self.config
@@ -149,6 +188,9 @@ class Membership:
                 return JoinResult(error_code=REBALANCE_IN_PROGRESS, member_id=member_id)
             state, end = await self._runtime.read_at(group_id)
             group = state.group(group_id)
+            if group is None and state.consumer_group(group_id) is not None:
+                # The group became a consumer group: join it again, there.
+                return JoinResult(error_code=REBALANCE_IN_PROGRESS, member_id=member_id)
             if group is None or member_id not in group.members:
                 fenced = group is not None and group.is_static_member_fenced(
                     request.group_instance_id, member_id)
@@ -181,6 +223,16 @@ class Membership:
                    assignments: Mapping[str, bytes]) -> SyncResult:
         if not group_id:
             return SyncResult(error_code=INVALID_GROUP_ID)
+        if await self._consumer_group_in_use(group_id):
+            try:
+                assignment, protocol = await self.consumer.classic_sync(
+                    group_id, member_id=member_id, instance_id=group_instance_id,
+                    generation=generation, protocol_type=protocol_type,
+                    protocol_name=protocol_name)
+            except GroupError as exc:
+                return SyncResult(error_code=exc.code, assignment=b"")
+            return SyncResult(error_code=NONE, assignment=assignment, protocol_type="consumer",
+                              protocol_name=protocol)
         change = await self.update_group(
             group_id, lambda group, now: group.sync(
                 member_id, group_instance_id, generation, protocol_type, protocol_name,
@@ -212,6 +264,8 @@ class Membership:
             state, end = await self._runtime.read_at(group_id)
             threshold = end + 1
             group = state.group(group_id)
+            if group is None and state.consumer_group(group_id) is not None:
+                return SyncResult(error_code=REBALANCE_IN_PROGRESS)
             if group is None:
                 return SyncResult(error_code=UNKNOWN_MEMBER_ID)
             error = group.validate_member(member_id, group_instance_id)
@@ -230,6 +284,12 @@ class Membership:
                         generation: int) -> int:
         if not group_id:
             return INVALID_GROUP_ID
+        if await self._consumer_group_in_use(group_id):
+            try:
+                return int(await self.consumer.classic_heartbeat(
+                    group_id, member_id, group_instance_id, generation))
+            except GroupError as exc:
+                return exc.code
         group = (await self._runtime.read(group_id)).group(group_id) or Group(group_id=group_id)
         error = group.heartbeat(member_id, group_instance_id, generation)
         if error in (NONE, REBALANCE_IN_PROGRESS):
@@ -249,6 +309,11 @@ class Membership:
         """One error per leaving (member id, instance id)."""
         if not group_id:
             return [INVALID_GROUP_ID] * len(members)
+        if await self._consumer_group_in_use(group_id):
+            try:
+                return list(await self.consumer.classic_leave(group_id, members))
+            except GroupError as exc:
+                return [exc.code] * len(members)
         change = await self.update_group(
             group_id, lambda group, now: group.leave(members, now, self.config))
         before, after = change.before, change.after
@@ -269,6 +334,9 @@ class Membership:
         if deadline_group is not None:
             await self._expire_deadline(deadline_group)
             return
+        if self.consumer is not None and (await self.consumer.expire_revocation(key)
+                                          or await self.consumer.expire_classic_deadline(key)):
+            return
         parsed = parse_member_key(key)
         if parsed is None:
             return
@@ -276,6 +344,15 @@ class Membership:
         if await self._runtime.rearmed(key):
             GROUP_SESSION_EXPIRIES.labels("rearmed").inc()
             return
+        if self.consumer is not None:
+            try:
+                consumer_group = (await self._runtime.read(group_id)).consumer_group(group_id)
+            except CoordinatorError as exc:
+                log.warning("session expiry of %s in group %s: %s", member_id, group_id, exc)
+                return
+            if consumer_group is not None:
+                await self.consumer.expire_session(group_id, member_id)
+                return
 
         def change(group: Group, now: int) -> tuple[Expiry, int]:
             member = group.members.get(member_id)

@@ -13,12 +13,14 @@ the log node does not do for coordinator writes).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
 from services.common.errors import ErrorCode
 
 from ..coordinator.partition import TransactionalRecords
 from ..coordinator.runtime import CoordinatorRuntime
+from .consumer_group import ConsumerGroup
+from .consumer_heartbeat import GroupError
 from .group import (
     GROUP_ID_NOT_FOUND,
     ILLEGAL_GENERATION,
@@ -33,6 +35,60 @@ from .sessions import GroupTimers
 from .state import CommittedOffset, PartitionState, Record, TopicPartition, offset_record
 
 GROUP_SUBSCRIBED_TO_TOPIC = ErrorCode.group_subscribed_to_topic.value
+UNKNOWN_MEMBER_ID = ErrorCode.unknown_member_id.value
+STALE_MEMBER_EPOCH = ErrorCode.stale_member_epoch.value
+UNSUPPORTED_VERSION = ErrorCode.unsupported_version.value
+# The first OffsetCommit version that members of the consumer protocol may use.
+CONSUMER_PROTOCOL_OFFSET_COMMIT = 9
+
+
+def _member_epoch_error(received: int, expected: int, classic: bool) -> int:
+    if received != expected:
+        return ILLEGAL_GENERATION if classic else STALE_MEMBER_EPOCH
+    return NONE
+
+
+def validate_consumer_commit(group: ConsumerGroup, member_id: str, instance_id: str | None,
+                             member_epoch: int, transactional: bool, api_version: int | None,
+                             partitions: Iterable[TopicPartition]) -> int:
+    """Kafka's ``ConsumerGroup.validateOffsetCommit`` (with KIP-1251's assignment epochs):
+    a negative epoch commits to a group without members (admin clients, consumers outside
+    group management), as does a TxnOffsetCommit naming no member; a classic member must send
+    its member epoch as the generation (ILLEGAL_GENERATION); a consumer protocol member its
+    epoch, or an older one not older than the epoch at which it got each partition it commits
+    and still holds (assigned or pending revocation): its heartbeat may have moved it on while
+    the commit was under way. Anything else is STALE_MEMBER_EPOCH, for the whole commit."""
+    if member_epoch < 0 and not group.members:
+        return NONE
+    if transactional and member_epoch == -1 and not member_id and instance_id is None:
+        return NONE
+    member = group.members.get(member_id)
+    if member is None:
+        return UNKNOWN_MEMBER_ID
+    if not transactional and not member.uses_classic_protocol and api_version is not None \
+            and api_version < CONSUMER_PROTOCOL_OFFSET_COMMIT:
+        return UNSUPPORTED_VERSION
+    if member.uses_classic_protocol or member_epoch >= member.member_epoch:
+        return _member_epoch_error(member_epoch, member.member_epoch,
+                                   member.uses_classic_protocol)
+    ids = {name: t.topic_id for name, t in group.subscription_metadata.items()}
+    for topic, partition in partitions:
+        topic_id = ids.get(topic)
+        assigned_at = None if topic_id is None else member.assignment_epoch(topic_id, partition)
+        if assigned_at is None or member_epoch < assigned_at:
+            return STALE_MEMBER_EPOCH
+    return NONE
+
+
+def validate_consumer_fetch(group: ConsumerGroup, member_id: str | None,
+                            member_epoch: int) -> int:
+    """Kafka's ``ConsumerGroup.validateOffsetFetch``."""
+    if not member_id and member_epoch < 0:
+        return NONE
+    member = group.members.get(member_id or "")
+    if member is None:
+        return UNKNOWN_MEMBER_ID
+    return _member_epoch_error(member_epoch, member.member_epoch, member.uses_classic_protocol)
 
 
 class Offsets:
@@ -43,7 +99,8 @@ class Offsets:
         self._timers = timers
 
     async def commit(self, group_id: str, member_id: str, group_instance_id: str | None,
-                     generation: int, offsets: Mapping[TopicPartition, CommittedOffset]) -> int:
+                     generation: int, offsets: Mapping[TopicPartition, CommittedOffset],
+                     api_version: int | None = None) -> int:
         """Store offsets for a group's member (or, with no generation, for a group outside
         group management); returns the error for every partition of the commit."""
         if not group_id:
@@ -51,6 +108,14 @@ class Offsets:
 
         def change(state: PartitionState,
                    now: int) -> tuple[list[Record], tuple[int, Group | None]]:
+            consumer_group = state.consumer_group(group_id)
+            if consumer_group is not None:
+                error = validate_consumer_commit(consumer_group, member_id, group_instance_id,
+                                                 generation, False, api_version, offsets)
+                if error or not offsets:
+                    return [], (error, None)
+                return [offset_record(group_id, tp, o) for tp, o in offsets.items()], (
+                    NONE, None)
             group = state.group(group_id)
             if group is None:
                 if generation >= 0 and not state.exists(group_id):
@@ -84,6 +149,15 @@ class Offsets:
 
         def change(state: PartitionState,
                    now: int) -> tuple[TransactionalRecords | list[Record], int]:
+            consumer_group = state.consumer_group(group_id)
+            if consumer_group is not None:
+                error = validate_consumer_commit(consumer_group, member_id, group_instance_id,
+                                                 generation, True, None, offsets)
+                if error or not offsets:
+                    return [], error
+                return TransactionalRecords(
+                    producer_id=producer_id, producer_epoch=producer_epoch,
+                    records=[offset_record(group_id, tp, o) for tp, o in offsets.items()]), NONE
             group = state.group(group_id)
             if group is None:
                 if generation >= 0:
@@ -100,10 +174,17 @@ class Offsets:
         return (await self._runtime.update(group_id, change))[0]
 
     async def fetch(self, group_id: str, partitions: Sequence[TopicPartition] | None,
+                    member_id: str | None = None, member_epoch: int = -1,
                     ) -> tuple[dict[TopicPartition, CommittedOffset | None], set[TopicPartition]]:
         """Committed offsets of the named partitions (None: not committed), or of all; and
-        the partitions with offsets pending in an open transaction."""
+        the partitions with offsets pending in an open transaction. Raises GroupError when
+        the member of a consumer group may not fetch."""
         state = await self._runtime.read(group_id)
+        consumer_group = state.consumer_group(group_id)
+        if consumer_group is not None:
+            error = validate_consumer_fetch(consumer_group, member_id, member_epoch)
+            if error:
+                raise GroupError(error, f"member {member_id} of group {group_id}")
         committed = state.group_offsets(group_id)
         pending = state.pending_partitions(group_id)
         if partitions is None:
@@ -121,7 +202,12 @@ class Offsets:
                 return [], (GROUP_ID_NOT_FOUND, {})
             group = group or Group(group_id=group_id)
             errors: dict[TopicPartition, int] = {}
-            if group.state is not GroupState.EMPTY:
+            consumer_group = state.consumer_group(group_id)
+            if consumer_group is not None and consumer_group.members:
+                subscribed = consumer_group.subscribed_topic_names()
+                errors = {tp: GROUP_SUBSCRIBED_TO_TOPIC for tp in partitions
+                          if tp[0] in subscribed}
+            elif group.state is not GroupState.EMPTY:
                 if group.protocol_type != "consumer":
                     return [], (NON_EMPTY_GROUP, {})
                 subscribed = group.subscribed_topics() or set()

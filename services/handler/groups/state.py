@@ -1,5 +1,6 @@
 """The state of one ``__consumer_offsets`` partition, replayed from its records: every group it
-holds and their committed offsets (what Kafka's ``GroupMetadataManager`` loads into memory when
+holds (classic groups, and consumer groups of the KIP-848 protocol, :mod:`.consumer_group`)
+and their committed offsets (what Kafka's ``GroupMetadataManager`` loads into memory when
 it becomes a partition's coordinator), and the records that write changes of it. Pure: records
 in, state out; records out of groups and offsets.
 
@@ -26,6 +27,8 @@ from ..coordinator_records import (
     OffsetCommitKey,
     OffsetCommitValue,
 )
+from . import consumer_group
+from .consumer_group import CONSUMER_GROUP_KEYS, ConsumerGroup
 from .group import Group
 
 TopicPartition = tuple[str, int]
@@ -41,6 +44,7 @@ class PartitionState:
 
     def __init__(self) -> None:
         self.groups: dict[str, Group] = {}
+        self.consumer_groups: dict[str, ConsumerGroup] = {}
         self.offsets: dict[str, dict[TopicPartition, CommittedOffset]] = {}
         # Where each committed offset's record is in the log (-1: unknown).
         self.record_offsets: dict[tuple[str, TopicPartition], int] = {}
@@ -50,6 +54,9 @@ class PartitionState:
 
     def group(self, group_id: str) -> Group | None:
         return self.groups.get(group_id)
+
+    def consumer_group(self, group_id: str) -> ConsumerGroup | None:
+        return self.consumer_groups.get(group_id)
 
     def group_offsets(self, group_id: str) -> dict[TopicPartition, CommittedOffset]:
         return self.offsets.get(group_id, {})
@@ -64,11 +71,13 @@ class PartitionState:
         return producer_id in self.pending
 
     def exists(self, group_id: str) -> bool:
-        return (group_id in self.groups or bool(self.offsets.get(group_id))
+        return (group_id in self.groups or group_id in self.consumer_groups
+                or bool(self.offsets.get(group_id))
                 or any(groups.get(group_id) for groups in self.pending.values()))
 
     def group_ids(self) -> set[str]:
-        return (set(self.groups) | {g for g, offsets in self.offsets.items() if offsets}
+        return (set(self.groups) | set(self.consumer_groups)
+                | {g for g, offsets in self.offsets.items() if offsets}
                 | {g for groups in self.pending.values() for g, tps in groups.items() if tps})
 
     def replay(self, key: bytes, value: bytes | None) -> None:
@@ -92,6 +101,8 @@ class PartitionState:
                     offset, decode(OffsetCommitValue, value))
             else:
                 self._commit(group, tp, offset, decode(OffsetCommitValue, value))
+        elif isinstance(decoded, CONSUMER_GROUP_KEYS):
+            consumer_group.replay(self.consumer_groups, decoded, value)
         elif isinstance(decoded, GroupMetadataKey):
             if value is None:
                 self.groups.pop(decoded.group, None)

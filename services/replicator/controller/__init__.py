@@ -3,11 +3,12 @@ single active replicator needs). :class:`Controller` is the commit core (:mod:`.
 image, the exclusive section, save-then-publish, deposed) with its control managers, each a
 module of pure image changes and the operations that commit them:
 
-- :mod:`.cluster`: log node liveness and fencing (ClusterControlManager);
+- :mod:`.cluster`: log node liveness, fencing and controlled shutdowns
+  (ClusterControlManager);
 - :mod:`.topics`: creating and deleting topics, adding partitions, their replicas on the log
   nodes (the topic side of ReplicationControlManager);
-- :mod:`.partitions`: leader elections on fencing, preferred leaders, ISR changes (its
-  partition side);
+- :mod:`.partitions`: leader elections on fencing and controlled shutdown, preferred
+  leaders, ISR changes (its partition side);
 - :mod:`.configs`: topic configs (ConfigurationControlManager);
 - :mod:`.producer_ids`: producer id blocks (ProducerIdControlManager);
 - :mod:`.acls`: ACL bindings (AclControlManager);
@@ -29,9 +30,10 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from services.common.acls import AclBinding
+from services.common.errors import ErrorCode
 
 from ..log_nodes import LogNodes
-from ..metadata import LogNode, MetadataImage, new_cluster_id
+from ..metadata import LogNode, MetadataImage, NodeId, new_cluster_id
 from ..metadata_store import MetadataStore
 from .acls import AclControlManager, with_initial_acls
 from .client_quotas import ClientQuotaControlManager
@@ -128,6 +130,27 @@ class Controller(ControllerCore):
         self._checked_once = True
         await self.when_idle(self.topics.flush_deletions)
         await self.when_idle(self.configs.resync)
+
+    async def controlled_shutdown(self, node_id: int) -> tuple[int, str, list[tuple[str, int]]]:
+        """Log node ``node_id`` asks to stop (Kafka's broker heartbeat that wants to shut
+        down): it is in controlled shutdown from now on, out of every ISR, its leaderships
+        moved where they can go (:meth:`.partitions.PartitionControlManager.controlled_shutdown`).
+        Returns (Kafka error code, message, the partitions it still leads):
+        BROKER_ID_NOT_REGISTERED for a node that is not configured, REQUEST_TIMED_OUT when the
+        change could not be saved (the node asks again)."""
+        node = NodeId(node_id)
+        if not self.cluster.knows(node):
+            return (ErrorCode.broker_id_not_registered.value,
+                    f"log node {node_id} is not one of this cluster's log nodes", [])
+        self.cluster.asked_to_stop(node)
+        try:
+            staying = await self.partitions.controlled_shutdown(node)
+        except OSError as exc:
+            log.warning("could not save the controlled shutdown of log node %d: %s", node_id,
+                        exc)
+            return (ErrorCode.request_timed_out.value,
+                    f"the controlled shutdown could not be saved: {exc}", [])
+        return 0, "", staying
 
     def start(self, node_check_interval: float, rebalance_interval: float | None) -> None:
         """Check the log nodes every ``node_check_interval`` seconds, and at once when one

@@ -15,6 +15,17 @@ Fencing: for every partition touching a fenced node,
 A partition whose fenced leader was its only in-sync replica therefore keeps that leader and
 ISR: when the node returns, it leads again without an election, having lost nothing.
 
+Controlled shutdown (Kafka's ``handleBrokerInControlledShutdown``): a log node that asked to
+stop leaves every ISR it is in, and each partition it leads goes to the first replica of the
+remaining ISR that is active (alive, not stopping itself) at the next leader epoch, with
+``unclean.leader.election.enable`` to the first active replica outside it when none is. While
+it is in controlled shutdown the node joins no ISR and is elected nowhere (every election here
+picks among active nodes), so acks=all produces stop waiting for it and nothing moves back
+before it has restarted. A partition no other replica can take keeps the node as leader and
+ISR until it stops, then waits offline for it like any partition whose only in-sync replica is
+gone (Kafka takes such a partition offline at the request already; here it serves until the
+node is gone).
+
 Preferred leaders (auto.leader.rebalance.enable): a partition led by another replica than its
 first one (the preferred leader, where placement spread the leaders evenly) goes back to it at
 the next epoch once it is live and in the ISR, so that failovers do not leave the leadership
@@ -22,7 +33,7 @@ piled on the survivors.
 
 ISR changes (Kafka's AlterPartition, which partition leaders ask for through the replication
 role) name the leader, epoch and ISR they were computed for, and are dropped if the partition
-has moved on.
+has moved on or would add a node in controlled shutdown (Kafka's INELIGIBLE_REPLICA).
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ from services.common.errors import ErrorCode
 from .. import metrics
 from ..metadata import MetadataImage, NodeId, PartitionRegistration, TopicName, TopicRegistration
 from . import reassignments
+from .cluster import with_controlled_shutdown
 from .core import ControllerCore
 
 log = logging.getLogger(__name__)
@@ -96,7 +108,7 @@ def fence(
     unclean_default: bool = False,
 ) -> Elections:
     """The topics whose partitions change because ``fenced`` nodes are gone (``live``: the
-    nodes that answer), and the leader elections among those changes."""
+    nodes that may lead, the active ones), and the leader elections among those changes."""
     fenced, live = set(fenced), set(live)
 
     def change(topic: TopicRegistration, p: PartitionRegistration
@@ -106,17 +118,51 @@ def fence(
         remaining = tuple(r for r in p.isr if r not in fenced)
         if p.leader not in fenced:
             return dataclasses.replace(p, isr=remaining) if remaining != p.isr else None
-        candidates = [r for r in p.replicas if r in remaining and r in live]
-        if candidates:
-            return dataclasses.replace(p, leader=candidates[0],
-                                       leader_epoch=p.leader_epoch + 1, isr=remaining)
-        unclean = topic.configs.get(UNCLEAN_CONFIG)
-        if unclean_default if unclean is None else unclean.strip().lower() == "true":
-            outside = [r for r in p.replicas if r in live and r not in fenced]
-            if outside:
-                return dataclasses.replace(p, leader=outside[0],
-                                           leader_epoch=p.leader_epoch + 1, isr=(outside[0],))
-        return None
+        return _elect_away(topic, p, remaining, live - fenced, unclean_default)
+
+    return _changed_partitions(image, change)
+
+
+def _unclean_allowed(topic: TopicRegistration, default: bool) -> bool:
+    unclean = topic.configs.get(UNCLEAN_CONFIG)
+    return default if unclean is None else unclean.strip().lower() == "true"
+
+
+def _elect_away(topic: TopicRegistration, p: PartitionRegistration, isr: tuple[NodeId, ...],
+                eligible: set[NodeId], unclean_default: bool) -> PartitionRegistration | None:
+    """``p`` with a new leader at the next epoch, its ISR ``isr`` (without the old leader): the
+    first replica in ``isr`` that is ``eligible``; else, with unclean elections allowed, the
+    first eligible replica outside it, alone in the ISR. None when no replica can lead."""
+    candidates = [r for r in p.replicas if r in isr and r in eligible]
+    if candidates:
+        return dataclasses.replace(p, leader=candidates[0], leader_epoch=p.leader_epoch + 1,
+                                   isr=isr)
+    if _unclean_allowed(topic, unclean_default):
+        outside = [r for r in p.replicas if r in eligible]
+        if outside:
+            return dataclasses.replace(p, leader=outside[0], leader_epoch=p.leader_epoch + 1,
+                                       isr=(outside[0],))
+    return None
+
+
+def controlled_shutdown(
+    image: MetadataImage, node: NodeId, active: Collection[NodeId], *,
+    unclean_default: bool = False,
+) -> Elections:
+    """The topics whose partitions change because ``node`` is in controlled shutdown
+    (``active``: the nodes that may lead), and the leader elections among those changes:
+    ``node`` leaves every ISR, and every partition it leads moves (see the module docstring);
+    one that no other replica can take keeps it."""
+    eligible = set(active) - {node}
+
+    def change(topic: TopicRegistration, p: PartitionRegistration
+               ) -> PartitionRegistration | None:
+        if node not in p.isr and p.leader != node:
+            return None
+        remaining = tuple(r for r in p.isr if r != node)
+        if p.leader != node:
+            return dataclasses.replace(p, isr=remaining)
+        return _elect_away(topic, p, remaining, eligible, unclean_default)
 
     return _changed_partitions(image, change)
 
@@ -209,18 +255,20 @@ def alter_isr(
     """The image with the ISR changes that still apply, and those changes. A change whose
     partition has another leader or epoch by now, another ISR than ``expected`` names for it
     (the one the leader computed the change from, Kafka's partition epoch check), is gone,
-    would drop the leader, add a node that is not a replica or not live (Kafka's
-    INELIGIBLE_REPLICA: a fenced node's last position is no proof it is in sync), or changes
-    nothing is left out."""
+    would drop the leader, add a node that is not a replica, not live or in controlled
+    shutdown (Kafka's INELIGIBLE_REPLICA: a fenced node's last position is no proof it is in
+    sync), or changes nothing is left out."""
     applied: dict[tuple[str, int], tuple[NodeId, ...]] = {}
     topics: dict[TopicName, TopicRegistration] = {}
+    stopping = {n.node_id for n in image.log_nodes if n.in_controlled_shutdown}
     for (name, index), (leader, epoch, isr) in changes.items():
         topic = topics.get(TopicName(name)) or image.topics.get(TopicName(name))
         if topic is None or not 0 <= index < len(topic.partitions):
             continue
         p = topic.partitions[index]
         if (p.leader != leader or p.leader_epoch != epoch or leader not in isr
-                or not set(isr) <= set(p.replicas) or set(isr) == set(p.isr)):
+                or not set(isr) <= set(p.replicas) or set(isr) == set(p.isr)
+                or (set(isr) - set(p.isr)) & stopping):
             continue
         if expected is not None and (name, index) in expected and (
                 set(expected[(name, index)]) != set(p.isr)):
@@ -258,7 +306,7 @@ class PartitionControlManager:
         if not fenced:
             return
         done = await self._elect(lambda image: fence(
-            image, fenced, image.live_node_ids, unclean_default=self._unclean_default),
+            image, fenced, image.active_node_ids, unclean_default=self._unclean_default),
             "the partitions of fenced log nodes")
         changed, elections = done or ([], [])
         for e in elections:
@@ -274,7 +322,7 @@ class PartitionControlManager:
 
     async def elect_preferred_leaders(self) -> int:
         """Give partitions back to their preferred replica; returns how many moved."""
-        done = await self._elect(lambda image: preferred(image, image.live_node_ids),
+        done = await self._elect(lambda image: preferred(image, image.active_node_ids),
                                  "preferred leaders")
         elections = done[1] if done else []
         for e in elections:
@@ -291,7 +339,8 @@ class PartitionControlManager:
         answers: ElectionResults = {}
 
         def rule(image: MetadataImage) -> Elections:
-            elections, results = requested(image, election_type, wanted, image.live_node_ids)
+            elections, results = requested(image, election_type, wanted,
+                                           image.active_node_ids)
             answers.clear()
             answers.update(results)
             return elections
@@ -308,6 +357,37 @@ class PartitionControlManager:
             log.info("%s-%d: node %d leads at epoch %d (requested %s election, from %d)",
                      e.topic, e.partition, e.new_leader, e.leader_epoch, kind, e.old_leader)
         return answers
+
+    async def controlled_shutdown(self, node: NodeId) -> list[tuple[str, int]]:
+        """Commit ``node``'s controlled shutdown in one change: the node marked so, out of
+        every ISR, its partitions led by others where they can be (see
+        :func:`controlled_shutdown`). Returns the partitions it still leads. Raises OSError
+        if the change could not be saved (nothing changed)."""
+
+        def change(image: MetadataImage) -> tuple[MetadataImage, tuple[
+                Elections, list[tuple[str, int]]]]:
+            marked = with_controlled_shutdown(image, node)
+            changed, elections = controlled_shutdown(
+                marked, node, marked.active_node_ids, unclean_default=self._unclean_default)
+            updated = marked.with_topics(added=changed) if changed else marked
+            staying = [(t.name, p.partition) for t in updated.topics.values()
+                       for p in t.partitions if p.leader == node]
+            return updated, ((changed, elections), staying)
+
+        (changed, elections), staying = await self._core.commit(change)
+        for e in elections:
+            kind = "controlled" if e.clean else "unclean"
+            metrics.LEADER_ELECTIONS.labels(kind).inc()
+            log.info("%s-%d: log node %d is in controlled shutdown; node %d leads at epoch %d%s",
+                     e.topic, e.partition, e.old_leader, e.new_leader, e.leader_epoch,
+                     "" if e.clean else " (unclean election)")
+        if changed:
+            log.info("log node %d is out of every ISR; %d leadership(s) moved, %d kept", node,
+                     len(elections), len(staying))
+        for topic, partition in staying:
+            log.warning("%s-%d: no other replica can lead it; log node %d leads it until it "
+                        "stops", topic, partition, node)
+        return staying
 
     async def change_isr(
         self, changes: IsrChanges,

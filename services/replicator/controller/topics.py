@@ -8,7 +8,9 @@ on the log nodes that go with them. Every operation runs in the core's exclusive
   when it has followers. If any of them fails, the topic's result carries the error, the topic
   is not committed, and the replicas already created are deleted again (best effort; leftovers
   become pending deletions). The other topics of the request are unaffected. Added partitions
-  follow the same rules.
+  follow the same rules. Placement, the replication factor limit and the ISR of new
+  partitions count only the active log nodes (alive, not in controlled shutdown), as Kafka's
+  placer skips brokers that are shutting down.
 - Deletion commits first (clients stop seeing the topic), then asks the log nodes to delete the
   replicas. Replicas that could not be deleted (node down) stay in ``pending_deletions``, which
   is persisted and retried after each node check and before a topic of the same name is placed
@@ -151,7 +153,7 @@ class TopicControlManager:
         if other is not None:
             raise KafkaError(ErrorCode.invalid_topic_exception,
                              f"Topic '{name}' collides with existing topic: {other}")
-        live = image.live_node_ids
+        live = image.active_node_ids  # alive and not in controlled shutdown
         if request.assignments:
             replica_lists = validate_assignment(
                 {index: r.node_ids for index, r in request.assignments.items()},
@@ -292,7 +294,7 @@ class TopicControlManager:
         _check_count(request.count)
         adding = request.count - current
         factor = topic.replication_factor
-        live = image.live_node_ids
+        live = image.active_node_ids  # alive and not in controlled shutdown
         if request.assignments:
             if len(request.assignments) != adding:
                 raise KafkaError(

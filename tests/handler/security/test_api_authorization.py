@@ -23,6 +23,7 @@ from services.handler.apis.cluster import AUTHORIZED_OPERATIONS_OMITTED
 from services.handler.security.authorizer import operations_bitfield
 
 from ..batches import record_batch
+from .handler import TOPICS as TOPICS_BY_NAME
 from .handler import Handler, allow, deny, running_handler
 
 Op, R = Operation, ResourceType
@@ -504,5 +505,29 @@ def test_replicas_need_cluster_action():
         # CLUSTER_ACTION stands for DESCRIBE on every topic here.
         answer = await handler.call("OffsetForLeaderEpoch", epochs)
         assert not AUTHORIZATION_ERRORS & set(error_codes(answer)), answer
+
+    run(test)
+
+
+def test_a_regex_subscription_matches_only_the_topics_the_member_may_describe():
+    """Kafka 4's regular expression resolution: with the authorizer on, the topics a
+    member's expression matches are those its principal may DESCRIBE."""
+    ids = {t.name: t.topic_id for t in TOPICS_BY_NAME}
+
+    async def test(handler: Handler) -> None:
+        handler.use([allow(R.GROUP, "*", Op.READ), allow(R.TOPIC, "orders", Op.DESCRIBE),
+                     allow(R.GROUP, "*", Op.READ, principal="User:bob"),
+                     allow(R.TOPIC, "*", Op.DESCRIBE, principal="User:bob")])
+
+        async def assigned(group: str, principal: str) -> set[str]:
+            beat = await handler.call("ConsumerGroupHeartbeat", k.ConsumerGroupHeartbeatRequest(
+                group_id=group, member_id=f"{group}-member", member_epoch=0,
+                rebalance_timeout_ms=10_000, subscribed_topic_regex="orders|secret",
+                topic_partitions=[]), principal, version=1)
+            assert beat.error_code == 0, beat
+            return {tp.topic_id for tp in beat.assignment.topic_partitions}
+
+        assert await assigned("alices", "User:alice") == {ids["orders"]}
+        assert await assigned("bobs", "User:bob") == {ids["orders"], ids["secret"]}
 
     run(test)

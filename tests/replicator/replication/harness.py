@@ -41,6 +41,8 @@ class Node:
     data_dir: Path
     purgatory_address: str
     port: int = 0
+    # Further LogConfig fields.
+    settings: dict[str, object] = field(default_factory=dict)
     service: LogService | None = None
     channel: grpc.aio.Channel | None = None
     stub: log_pb2_grpc.LogServiceStub = None  # type: ignore[assignment]
@@ -52,7 +54,8 @@ class Node:
     async def start(self) -> None:
         self.service = await start_log(LogConfig(
             node_id=self.node_id, data_dir=str(self.data_dir),
-            grpc_address=f"127.0.0.1:{self.port}", purgatory_address=self.purgatory_address))
+            grpc_address=f"127.0.0.1:{self.port}", purgatory_address=self.purgatory_address,
+            **self.settings))  # type: ignore[arg-type]
         self.port = self.service.port
         self.channel = insecure_channel(f"127.0.0.1:{self.port}")
         self.stub = log_pb2_grpc.LogServiceStub(self.channel)
