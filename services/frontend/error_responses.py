@@ -44,8 +44,12 @@ from services.common import error_answers
 
 METADATA_KEY = 3
 OFFSET_FETCH_KEY = 9
-# APIs served by a coordinator (groups, producer ids): their failures are the coordinator's.
-COORDINATOR_APIS = frozenset({8, 9, 10, 11, 12, 13, 14, 15, 16, 22, 42, 47})
+# APIs served by a coordinator (groups, transactions, producer ids): their failures are the
+# coordinator's. Kafka's group and transaction coordinators answer a write that timed out
+# COORDINATOR_NOT_AVAILABLE; REQUEST_TIMED_OUT to EndTxn or AddPartitionsToTxn is an abortable
+# error to librdkafka, where COORDINATOR_NOT_AVAILABLE is retried.
+COORDINATOR_APIS = frozenset({8, 9, 10, 11, 12, 13, 14, 15, 16, 22, 24, 25, 26, 28, 42, 47,
+                              68, 69})
 
 # The retriable code a read-only API answers when no handler is reachable.
 UNAVAILABLE_CODES: dict[int, ErrorCode] = {

@@ -17,8 +17,8 @@ at the versions Kafka 4.0 writes (values v0; topics named by their topic ids), c
 assignments with the epoch at which each partition was assigned (KIP-1251's tagged field).
 Value v4 carries, in tagged field :data:`EXTENSION_TAG`, what a stateless coordinator must
 also persist: the group state, rebalance deadlines, pending members and each member's
-protocols (:class:`GroupExtension`, its own small versioned record). Kafka's readers skip unknown tagged
-fields, so Kafka tools read these records as ordinary group metadata.
+protocols (:class:`GroupExtension`, its own small versioned record). Kafka's readers skip
+unknown tagged fields, so Kafka tools read these records as ordinary group metadata.
 
 ``__transaction_state`` holds a :class:`TransactionLogKey` v0 (the transactional id) per
 transaction with a :class:`TransactionLogValue` (v0, or v1 with tagged fields). Written: v1,

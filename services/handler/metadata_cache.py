@@ -40,7 +40,8 @@ NO_NODE = -1
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LogNode:
     """A log node: a broker as Kafka clients see it. ``fenced``: down for the session timeout
-    (a node not alive but not fenced still leads its partitions)."""
+    or exited, its partitions moved to other leaders (a node not alive but not fenced still
+    leads its partitions); it stays a broker (see :meth:`ClusterMetadata.brokers`)."""
 
     node_id: int
     address: str
@@ -141,13 +142,19 @@ class ClusterMetadata:
         return sorted((n for n in self.log_nodes.values() if n.alive), key=lambda n: n.node_id)
 
     def brokers(self) -> list[LogNode]:
-        """The brokers Kafka clients are told about, in id order: the log nodes that are not
-        fenced, as a Kafka broker is listed until its session expires. One that stopped
-        answering stays listed until it is fenced and its partitions have moved (the
-        frontend serves its port meanwhile): clients drop a broker missing from the
-        metadata, and librdkafka then waits forever on a coordinator cache still naming it."""
-        return sorted((n for n in self.log_nodes.values() if not n.fenced),
-                      key=lambda n: n.node_id)
+        """The brokers Kafka clients are told about, in id order: every log node, fenced or
+        not. A Kafka broker is an address clients send requests to, and the frontend serves
+        each log node's broker port whatever became of the node; a fenced node is a broker
+        whose replicas are offline and which leads nothing (as a Kafka broker whose log
+        directory failed): no partition leader or coordinator names it.
+
+        Dropping it would strand clients: librdkafka forgets a broker missing from a Metadata
+        answer while its coordinator cache may still name it as a group's coordinator, and a
+        request for that group (TxnOffsetCommit, admin group requests) then waits for that
+        broker to come up, which it never does, without error and past its timeout
+        (``rd_kafka_coord_req_fsm``). Listed, the broker stays connected and answers there:
+        NOT_COORDINATOR sends the client to the new coordinator."""
+        return sorted(self.log_nodes.values(), key=lambda n: n.node_id)
 
     def live_node(self, node_id: int) -> LogNode | None:
         node = self.log_nodes.get(node_id)

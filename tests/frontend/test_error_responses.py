@@ -117,6 +117,11 @@ def test_coordinator_apis_answer_coordinator_not_available_for_an_unknown_outcom
         assert failure_code(api_key, ErrorCode.unknown_server_error) == \
             ErrorCode.unknown_server_error
     assert failure_code(0, ErrorCode.request_timed_out) == ErrorCode.request_timed_out
+    # The transaction coordinator's APIs, as Kafka's answers a timed-out log write (librdkafka
+    # aborts the transaction on REQUEST_TIMED_OUT to EndTxn and AddPartitionsToTxn).
+    for api_key in (24, 25, 26, 28):
+        assert failure_code(api_key, ErrorCode.request_timed_out) == \
+            ErrorCode.coordinator_not_available
 
 
 NOT_AVAILABLE = ErrorCode.coordinator_not_available

@@ -104,14 +104,20 @@ class Cluster:
         return response.topics[0].partitions[0]
 
     async def wait_for_brokers(self, count: int, time_limit: float = 15.0) -> k.MetadataResponse:
-        """Metadata once exactly ``count`` log nodes are live brokers."""
+        """Metadata once exactly ``count`` log nodes are brokers."""
+        return await self.wait_for_metadata(
+            lambda response: len(response.brokers) == count, time_limit=time_limit)
+
+    async def wait_for_metadata(self, condition: Callable[[k.MetadataResponse], bool],
+                                *names: str, time_limit: float = 15.0) -> k.MetadataResponse:
+        """The first Metadata of ``names`` (every topic when none) that meets ``condition``."""
         deadline = time.monotonic() + time_limit
         while True:
-            response = await self.metadata()
-            if len(response.brokers) == count:
+            response = await self.metadata(*names)
+            if condition(response):
                 return response
             if time.monotonic() > deadline:
-                raise AssertionError(f"expected {count} live brokers, got {response.brokers}")
+                raise AssertionError(f"metadata never as expected: {response}")
             await asyncio.sleep(0.05)
 
     async def stop_log_node(self, index: int) -> None:

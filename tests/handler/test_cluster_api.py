@@ -16,15 +16,15 @@ def describe(request, snapshot):
     return asyncio.run(DescribeClusterApi(cache_of(snapshot)).handle(request, CONTEXT))
 
 
-def test_log_nodes_not_fenced_are_the_brokers_at_the_advertised_address():
+def test_every_log_node_is_a_broker_at_the_advertised_address():
     # endpoint_type unset (a hand-made request): brokers. Node 3 stopped answering but is not
-    # fenced yet (still a broker, as in Kafka until its session expires); node 1 is fenced.
+    # fenced yet; node 1 is fenced: both are still brokers (the frontend serves their ports).
     response = describe(k.DescribeClusterRequest(),
                         cluster(nodes=(2, 0), dead=(3,), fenced=(1,), controller=1))
     assert response.error_code == 0
     assert [(b.broker_id, b.host, b.port, b.is_fenced) for b in response.brokers] == [
-        (0, "kafka.example", 9092, False), (2, "kafka.example", 9092, False),
-        (3, "kafka.example", 9092, False)]
+        (0, "kafka.example", 9092, False), (1, "kafka.example", 9092, False),
+        (2, "kafka.example", 9092, False), (3, "kafka.example", 9092, False)]
     assert response.endpoint_type == 1
     assert response.cluster_id == "test-cluster"
     assert response.controller_id == 0

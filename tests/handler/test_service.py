@@ -316,11 +316,16 @@ def test_a_dead_leader_is_reported_and_refuses_writes(tmp_path):
                        for p in (await cluster.metadata("spread")).topics[0].partitions}
             assert set(leaders.values()) == {0, 1}
             victim = 1
-            await cluster.stop_log_node(victim)
-            metadata = await cluster.wait_for_brokers(2)
-            partitions = {p.partition_index: p for p in metadata.topics[0].partitions}
             orphan = next(i for i, leader in leaders.items() if leader == victim)
             healthy = 1 - orphan
+            await cluster.stop_log_node(victim)
+            # The dead node stays a broker (the frontend serves its port); its partition,
+            # whose only replica it was, has no leader.
+            metadata = await cluster.wait_for_metadata(
+                lambda response: response.topics[0].partitions[orphan].leader_id == -1,
+                "spread")
+            assert [b.node_id for b in metadata.brokers] == [0, 1, 2]
+            partitions = {p.partition_index: p for p in metadata.topics[0].partitions}
             assert (partitions[orphan].error_code, partitions[orphan].leader_id) == (5, -1)
             assert partitions[orphan].offline_replicas == [victim]
             assert partitions[healthy].error_code == 0

@@ -4,11 +4,11 @@
     DescribeCluster Response => error_code error_message endpoint_type cluster_id
                                 controller_id [brokers] cluster_authorized_operations
 
-Brokers are the live log nodes, advertised at the frontend the client used (any frontend reaches
-every log node), each at a port of its own (see ``request_context.broker_port``). A client that
-asks for the cluster's authorized operations gets those its principal may do (0 when it may not
-DESCRIBE the cluster; every operation without an authorizer, as Kafka answers without one);
-otherwise the "not requested" sentinel.
+Brokers are the log nodes, dead ones too (the frontend serves their ports), advertised at the
+frontend the client used (any frontend reaches every log node), each at a port of its own (see
+``request_context.broker_port``). A client that asks for the cluster's authorized operations
+gets those its principal may do (0 when it may not DESCRIBE the cluster; every operation
+without an authorizer, as Kafka answers without one); otherwise the "not requested" sentinel.
 """
 
 from __future__ import annotations
@@ -59,9 +59,10 @@ def cluster_operations(requested: bool, access: Access) -> int:
 
 def describe_cluster(response: Any, id_field: str, metadata: ClusterMetadata,
                      include_operations: bool, context: RequestContext) -> None:
-    """Fill in what Metadata and DescribeCluster both answer: the brokers (log nodes not
-    fenced) at the request's advertised address (``id_field``: the response's broker id
-    field), the cluster id, the controller and the cluster's authorized operations."""
+    """Fill in what Metadata and DescribeCluster both answer: the brokers (every log node,
+    see :meth:`~..metadata_cache.ClusterMetadata.brokers`) at the request's advertised address
+    (``id_field``: the response's broker id field), the cluster id, the controller and the
+    cluster's authorized operations."""
     for node in metadata.brokers():
         response.brokers.add(host=context.advertised_host, rack=node.rack,
                              port=broker_port(context, node.node_id), **{id_field: node.node_id})

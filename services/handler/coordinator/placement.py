@@ -170,7 +170,9 @@ class Placement:
 
         ``strict``: Kafka's check at every port, for requests whose clients look the
         coordinator up again on NOT_COORDINATOR (TxnOffsetCommit): so they drop a dead broker
-        from their coordinator cache before it leaves the metadata."""
+        from their coordinator cache (the broker stays in the metadata and its port stays
+        served, see :meth:`~..metadata_cache.ClusterMetadata.brokers`, so the request gets
+        there to be answered)."""
         if broker_id is None or not key:
             return NONE
         try:
