@@ -2,7 +2,8 @@
 with the reference broker's acks=all, in one run.
 
     python bench/replication.py [--n 100000] [--size 1000] [--partitions 3]
-                                [--round-trips 1000] [--rounds 1] [--internal-tls]
+                                [--round-trips 1000] [--background-mbps 10]
+                                [--transports stream,unary] [--rounds 1] [--internal-tls]
                                 [--failovers 3] [--failover-only]
                                 [--failover-kinds kill,controlled]
 
@@ -14,13 +15,17 @@ separate process:
 - produce: N records of SIZE bytes with keys, acks=all, linger.ms=5, batch.size=1 MB, no
   compression, into a topic of PARTITIONS partitions;
 - round trip: ROUND_TRIPS records one at a time (produce, then flush: the time until the
-  acknowledgement), p50/p99/max.
+  acknowledgement), p50/p99/max;
+- round trip under load: the same while another process produces BACKGROUND_MBPS (10) MB/s of
+  SIZE-byte records, acks=all, into the same topic (paced every 10 ms), so the replication
+  path is busy with other traffic; its p50/p99/max and the background rate achieved.
 
 kbroker runs it twice: replication factor 3 with min.insync.replicas=2 (every acknowledged
 record is on every in-sync replica), and replication factor 1 (the cost of replication is the
-difference). Then failover: with one record at a time flowing (acks=all, RF=3), the leader's
-log node is stopped and the time until the first record produced after the stop began is
-acknowledged is measured, FAILOVERS times per kind, the kinds taking turns on one cluster:
+difference; the output gives RF=3 over RF=1 throughput). Then failover: with one record at a
+time flowing (acks=all, RF=3), the leader's log node is stopped and the time until the first
+record produced after the stop began is acknowledged is measured, FAILOVERS times per kind,
+the kinds taking turns on one cluster:
 
 - ``kill``: SIGKILL (the replicator fences a node whose process is gone as soon as its port
   refuses connections; node.session.timeout.ms bounds only a node that hangs);
@@ -100,13 +105,46 @@ err, at = acked[0]
 print(json.dumps({"failover_s": round(at - killed, 3), "error": str(err) if err else None}))
 '''
 
+BACKGROUND = r'''
+import json, sys, threading, time
+from confluent_kafka import Producer
+bootstrap, topic = sys.argv[1], sys.argv[2]
+rate, size = float(sys.argv[3]) * 1e6, int(sys.argv[4])
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 2,
+              "compression.type": "none", "enable.idempotence": False})
+payload, tick = b"b" * size, 0.01
+per_tick = max(int(rate * tick / size), 1)
+acked = [0]
+def on_delivery(err, msg):
+    if not err: acked[0] += 1
+p.produce(topic, payload, on_delivery=on_delivery); p.flush(30)
+print("ready", flush=True)
+acked[0] = 0
+start = next_at = time.perf_counter()
+while not stop.is_set():
+    for _ in range(per_tick):
+        try:
+            p.produce(topic, payload, on_delivery=on_delivery)
+        except BufferError:
+            p.poll(0.001)
+    next_at += tick
+    while (left := next_at - time.perf_counter()) > 0:
+        p.poll(left)  # returns early when a delivery report is served
+elapsed = time.perf_counter() - start
+p.flush(30)
+print(json.dumps({"background_MBps": round(acked[0] * size / 1e6 / elapsed, 1)}), flush=True)
+'''
+
 WORKLOAD = r'''
-import json, statistics, sys, time, uuid
+import json, statistics, subprocess, sys, time, uuid
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 bootstrap = sys.argv[1]
 n, size, partitions, round_trips = (int(v) for v in sys.argv[2:6])
 replication, min_insync = int(sys.argv[6]), sys.argv[7]
+background_mbps, background_script = float(sys.argv[8]), sys.argv[9]
 topic = f"bench-{uuid.uuid4().hex[:8]}"
 admin = AdminClient({"bootstrap.servers": bootstrap})
 configs = {"min.insync.replicas": min_insync} if replication > 1 else {}
@@ -135,19 +173,36 @@ t_produce = time.perf_counter() - t0
 one = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0,
                 "enable.idempotence": False})
 one.produce(topic, payload, key=b"warm", partition=0); one.flush(30)
-times = []
-for i in range(round_trips):
-    t = time.perf_counter()
-    one.produce(topic, payload, key=b"rt", partition=i % partitions, on_delivery=on_delivery)
-    one.flush(30)
-    times.append((time.perf_counter() - t) * 1000)
-times.sort()
+def round_trip_times():
+    times = []
+    for i in range(round_trips):
+        t = time.perf_counter()
+        one.produce(topic, payload, key=b"rt", partition=i % partitions,
+                    on_delivery=on_delivery)
+        one.flush(30)
+        times.append((time.perf_counter() - t) * 1000)
+    times.sort()
+    return times
+def summary(prefix, times):
+    return {f"{prefix}_p50_ms": round(times[len(times) // 2], 3),
+            f"{prefix}_p99_ms": round(times[int(len(times) * 0.99) - 1], 3),
+            f"{prefix}_max_ms": round(times[-1], 3)}
+idle = round_trip_times()
+loaded = {}
+if background_mbps > 0:
+    background = subprocess.Popen(
+        [sys.executable, "-c", background_script, bootstrap, topic, str(background_mbps),
+         str(size)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert background.stdout.readline().strip() == "ready"
+    time.sleep(1.0)
+    loaded = summary("loaded_round_trip", round_trip_times())
+    background.stdin.close()
+    loaded.update(json.loads(background.stdout.readline()))
+    background.wait(60)
 print(json.dumps({
     "produce_MBps": round(n * size / 1e6 / t_produce, 1),
     "produce_msgps": round(n / t_produce), "delivery_errors": errors[0], "unflushed": left,
-    "round_trip_p50_ms": round(times[len(times) // 2], 3),
-    "round_trip_p99_ms": round(times[int(len(times) * 0.99) - 1], 3),
-    "round_trip_max_ms": round(times[-1], 3)}))
+    **summary("round_trip", idle), **loaded}))
 '''
 
 
@@ -155,7 +210,8 @@ def run_workload(bootstrap: str, args: argparse.Namespace, replication: int,
                  min_insync: int) -> dict:
     done = subprocess.run(
         [sys.executable, "-c", WORKLOAD, bootstrap, str(args.n), str(args.size),
-         str(args.partitions), str(args.round_trips), str(replication), str(min_insync)],
+         str(args.partitions), str(args.round_trips), str(replication), str(min_insync),
+         str(args.background_mbps), BACKGROUND],
         capture_output=True, text=True, timeout=1800, check=False)
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-3000:])
@@ -177,10 +233,14 @@ def internal_tls_material(folder: Path | None) -> tuple[Path | None, InternalTls
     return folder, InternalTls(str(ca.cert), str(leaf.cert), str(leaf.key))
 
 
-def run_kbroker(args: argparse.Namespace, replication: int) -> dict:
+def run_kbroker(args: argparse.Namespace, replication: int, transport: str = "") -> dict:
+    """One workload on a fresh 3-node cluster; ``transport``: how followers fetch (the log
+    nodes' ``--replica-fetch-transport``; empty: their default)."""
+    flags = {"log": {"replica_fetch_transport": transport}} if transport else {}
     with tempfile.TemporaryDirectory(prefix="kbroker-bench-tls-") as folder:
         internal_tls, _ = internal_tls_material(Path(folder) if args.internal_tls else None)
-        with kbroker_cluster(log_nodes=3, internal_tls=internal_tls) as cluster:
+        with kbroker_cluster(log_nodes=3, internal_tls=internal_tls,
+                             service_flags=flags) as cluster:
             return run_workload(cluster.bootstrap, args, replication, min(2, replication))
 
 
@@ -254,6 +314,13 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1000)
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--round-trips", type=int, default=1000)
+    parser.add_argument("--background-mbps", type=float, default=10.0,
+                        help="MB/s of other acks=all traffic while the loaded round trips are "
+                             "timed (0: no loaded round trips)")
+    parser.add_argument("--transports", default="",
+                        help="comma-separated replica fetch transports of the log nodes to run "
+                             "RF=3 with, each on a cluster of its own (stream, unary; empty: "
+                             "their default); the first is the one compared")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--failovers", type=int, default=3)
     parser.add_argument("--internal-tls", action="store_true",
@@ -280,15 +347,22 @@ def main() -> None:
 
 def run_comparison(args: argparse.Namespace) -> None:
     binary = reference_binary()
-    keys = ("produce_MBps", "round_trip_p50_ms", "round_trip_p99_ms")
+    keys = ("produce_MBps", "round_trip_p50_ms", "round_trip_p99_ms",
+            "loaded_round_trip_p50_ms", "loaded_round_trip_p99_ms")
     ratios: dict[str, list[float]] = {k: [] for k in keys}
+    rf3_over_rf1: list[float] = []
     print(json.dumps({"note": "the reference broker (Tansu) is a single broker: its acks=all "
                               "waits for no replica; kbroker rf3 waits for 3 in-sync replicas "
                               "on 3 log nodes (min.insync.replicas=2)"}))
+    transports = [t for t in args.transports.split(",") if t] or [""]
     for round_number in range(1, args.rounds + 1):
-        ours = run_kbroker(args, 3)
-        print(json.dumps({"round": round_number, "broker": "kbroker", "replication": 3,
-                          **ours}), flush=True)
+        ours = {}
+        for transport in transports:
+            result = run_kbroker(args, 3, transport)
+            ours = ours or result  # the first transport is compared with the others
+            print(json.dumps({"round": round_number, "broker": "kbroker", "replication": 3,
+                              **({"transport": transport} if transport else {}), **result}),
+                  flush=True)
         single = run_kbroker(args, 1)
         print(json.dumps({"round": round_number, "broker": "kbroker", "replication": 1,
                           **single}), flush=True)
@@ -296,9 +370,13 @@ def run_comparison(args: argparse.Namespace) -> None:
         print(json.dumps({"round": round_number, "broker": "tansu (single broker)",
                           "replication": 1, **ref}), flush=True)
         for key in keys:
-            ratios[key].append(round(ours[key] / ref[key], 3) if ref[key] else float("nan"))
+            if key in ours and ref.get(key):
+                ratios[key].append(round(ours[key] / ref[key], 3))
+        rf3_over_rf1.append(round(ours["produce_MBps"] / single["produce_MBps"], 3))
     print(json.dumps({"ratios_kbroker_rf3_over_reference": ratios,
-                      "medians": {k: statistics.median(v) for k, v in ratios.items()}}),
+                      "medians": {k: statistics.median(v) for k, v in ratios.items() if v},
+                      "kbroker_rf3_over_rf1_produce": rf3_over_rf1,
+                      "kbroker_rf3_over_rf1_median": statistics.median(rf3_over_rf1)}),
           flush=True)
 
 

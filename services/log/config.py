@@ -93,6 +93,9 @@ class LogConfig:
     log_dir_min_free_percent: float = option(
         0.0, "free-space floor as a percentage of the log dir's file system "
         "(log.dir.min.free.percent; 0: none); the larger of the two floors applies")
+    replica_fetch_transport: str = option(
+        "stream", "how this node's followers fetch from their leaders: stream (one long-lived "
+        "ReplicaFetch stream per leader node) or unary (a ReplicaFetchOnce call per fetch)")
     cleaner_max_map_keys: int = option(
         DEFAULT_MAX_MAP_KEYS, "keys of the log cleaner's offset map per pass (a longer dirty "
         "section is cleaned over several passes)")

@@ -141,6 +141,7 @@ class LogManager:
             log_start_offset=log_starts.get(key, 0),
             log_dir=self.log_dir,
         )
+        partition_log.topic_configs = dict(metadata.configs)
         self._logs[key] = partition_log
         log.info(
             "loaded %s-%d: offsets [%d, %d), %d segment(s), recovery point %d, %d byte(s) "
@@ -172,6 +173,7 @@ class LogManager:
                 metadata.write(existing.directory)
             existing.topic_id = metadata.topic_id
             existing.update_config(config)
+            existing.topic_configs = dict(configs)
             return existing
         directory = self.data_dir / directory_name(topic, partition)
         directory.mkdir(parents=True, exist_ok=True)
@@ -181,6 +183,7 @@ class LogManager:
             directory, topic, partition, topic_id, config, self._on_high_watermark,
             log_dir=self.log_dir,
         )
+        partition_log.topic_configs = dict(configs)
         self._logs[(topic, partition)] = partition_log
         return partition_log
 

@@ -29,6 +29,20 @@ paths pay nothing for it. Kafka's JMX names beside ours:
     kbroker_log_dir_partition_bytes{log_dir}       bytes held by the replicas (the sum of
                                                    kafka.log:type=Log,name=Size)
     kbroker_log_dir_min_free_bytes{log_dir}        the free-space floor (0: none)
+    kbroker_log_replication_in_bytes_total         kafka.server:type=BrokerTopicMetrics,
+                                                   name=ReplicationBytesInPerSec
+    kbroker_log_replication_out_bytes_total        ... name=ReplicationBytesOutPerSec
+    kbroker_log_throttled_replication_bytes_total{direction}  the bytes counted against the
+                                                   replication throttles (LeaderReplication,
+                                                   FollowerReplication byte rates)
+    kbroker_log_follower_lag_messages{topic,partition,replica}  FetcherLagMetrics ConsumerLag,
+                                                   as the leader sees each follower
+    kbroker_log_follower_lag_seconds{...}          time since the follower was last caught up
+                                                   (what replica.lag.time.max.ms is compared with)
+    kbroker_log_follower_fetches_total             kafka.network:type=RequestMetrics,
+                                                   name=RequestsPerSec,request=FetchFollower
+    kbroker_log_isr_change_requests_total{kind}    AlterPartition requests of this node's
+                                                   leaders (IsrShrinksPerSec, IsrExpandsPerSec)
 """
 
 from __future__ import annotations
@@ -132,6 +146,34 @@ CLEANER_REMOVED_BYTES = Counter(
 CLEANER_REMOVED_RECORDS = Counter(
     "kbroker_log_cleaner_removed_records_total",
     "Records the log cleaner removed (superseded keys, expired tombstones, keyless records).",
+)
+REPLICATION_BYTES_IN = Counter(
+    "kbroker_log_replication_in_bytes_total",
+    "Bytes of record batches this node appended as a follower, fetched from its leaders "
+    "(ReplicationBytesInPerSec).",
+)
+REPLICATION_BYTES_OUT = Counter(
+    "kbroker_log_replication_out_bytes_total",
+    "Bytes of record batches this node sent to its followers as a leader "
+    "(ReplicationBytesOutPerSec).",
+)
+THROTTLED_REPLICATION_BYTES = Counter(
+    "kbroker_log_throttled_replication_bytes_total",
+    "Bytes of throttled replicas (leader/follower.replication.throttled.replicas) counted "
+    "against this node's replication throttle rates, by direction: leader (sent) or "
+    "follower (fetched) (LeaderReplication and FollowerReplication byte rates).",
+    ["direction"],
+)
+FOLLOWER_FETCHES = Counter(
+    "kbroker_log_follower_fetches_total",
+    "Fetches this node served to its followers as a leader (RequestsPerSec of FetchFollower).",
+)
+ISR_CHANGE_REQUESTS = Counter(
+    "kbroker_log_isr_change_requests_total",
+    "ISR changes this node's leaders asked the controller for, by kind: expand (a follower "
+    "caught up) or shrink (one fell behind for replica.lag.time.max.ms) (AlterPartition; "
+    "IsrExpandsPerSec and IsrShrinksPerSec count the committed ones).",
+    ["kind"],
 )
 CLEANER_LAST_SECONDS = Gauge(
     "kbroker_log_cleaner_last_duration_seconds",
@@ -241,3 +283,39 @@ class LogDirCollector(Collector):
 
 LOG_DIRS = LogDirCollector()
 register_collector(LOG_DIRS)
+
+
+class FollowerLagCollector(Collector):
+    """Each follower's lag as its leader on this node sees it, read at scrape time: messages
+    behind the leader's log end and seconds since it was last caught up (sources: callables
+    yielding (topic, partition, follower, messages, seconds); -1: unknown, no sample)."""
+
+    def __init__(self) -> None:
+        self.sources: set[Callable[[], Iterable[tuple[str, int, int, int, float]]]] = set()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["topic", "partition", "replica"]
+        messages = GaugeMetricFamily(
+            "kbroker_log_follower_lag_messages",
+            "Messages a follower replica is behind its leader's log end, as the leader on "
+            "this node sees it (FetcherLagMetrics ConsumerLag).", labels=labels)
+        seconds = GaugeMetricFamily(
+            "kbroker_log_follower_lag_seconds",
+            "Seconds since a follower replica was last caught up with its leader's log end "
+            "(what replica.lag.time.max.ms is compared with).", labels=labels)
+        for source in list(self.sources):
+            for topic, partition, follower, behind, since in list(source()):
+                key = [topic, str(partition), str(follower)]
+                if behind >= 0:
+                    messages.add_metric(key, behind)
+                if since >= 0:
+                    seconds.add_metric(key, since)
+        yield messages
+        yield seconds
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return []
+
+
+FOLLOWER_LAGS = FollowerLagCollector()
+register_collector(FOLLOWER_LAGS)

@@ -45,8 +45,9 @@ is a leader or a follower at a leader epoch, as the replicator says. Only a lead
 appends, stamping each batch's partition leader epoch (a replica created without a state keeps
 what the writer gave); a follower takes the leader's batches as they are, gaps included
 (:meth:`PartitionLog.append_as_follower`). A leader alone in the ISR commits its appends at
-once (high watermark = LEO); otherwise the replicator moves the high watermark, and only a
-leader reports its moves to the listener (the purgatory). A follower's log is cut back where it
+once (high watermark = LEO); otherwise the high watermark moves as its followers' fetches
+say they have the records (:mod:`services.log.replica_manager`), and only a leader reports its
+moves to the listener (the purgatory). A follower's log is cut back where it
 parts from a new leader's (:meth:`PartitionLog.truncate_to`), or started over at the leader's
 log start when it ends below it (:meth:`PartitionLog.start_over_at`). A replicated replica
 checkpoints its high watermark (see :mod:`services.log.checkpoint`) every
@@ -199,6 +200,9 @@ class PartitionLog:
         self.partition = partition
         self.topic_id = topic_id
         self.config = config
+        # The topic's configs as given (raw strings, Kafka names), those the log does not act
+        # on included (replication throttles).
+        self.topic_configs: dict[str, str] = {}
         # Bytes of torn or corrupt data that recovery removed when the log was opened.
         self._segments, self.truncated_at_open = load_segments(directory, config, recovery_point)
         self._on_high_watermark = on_high_watermark
@@ -225,8 +229,8 @@ class PartitionLog:
         self._last_high_watermark_checkpoint_ms = now_ms()
         # Periodic checkpoints are written in a thread; this keeps writes one at a time.
         self._checkpoint_lock = threading.Lock()
-        # Set (and replaced) whenever the log end offset grows; long-poll readers wait on it.
-        self._appended: asyncio.Event | None = None
+        # Long-poll readers waiting for the log end offset to grow (or the state to change).
+        self._waiters: set[asyncio.Future[None]] = set()
         self.state = replica_state.restored(replica_state.read(directory))
         if not commits_alone(self.state):
             # What was committed when the high watermark was last checkpointed, never past
@@ -430,9 +434,7 @@ class PartitionLog:
     def _appended_locked(self, messages: int) -> bool:
         """After an append of either kind: wake the long-poll readers, commit at once if
         alone in the ISR; returns whether flush.messages asks for a flush now."""
-        appended, self._appended = self._appended, None
-        if appended is not None:
-            appended.set()
+        self.wake_readers()
         if commits_alone(self.state):
             self.high_watermark = self.log_end_offset
         self._unflushed_messages += messages
@@ -508,7 +510,7 @@ class PartitionLog:
         The state is stored before it takes effect. Returns whether anything changed."""
         if state.role not in (LEADER, FOLLOWER):
             raise KafkaError(ErrorCode.invalid_request, "a replica state must lead or follow")
-        state = replica_state.state(state.role, state.leader_epoch, state.in_sync_alone)
+        state = replica_state.copy(state)
         async with self._lock:
             self._check_open()
             current = self.state
@@ -525,9 +527,12 @@ class PartitionLog:
                 self.leader_epochs.assign(state.leader_epoch, self.log_end_offset)
             if commits_alone(state):
                 self.high_watermark = self.log_end_offset
-            log.info("%s-%d: %s at leader epoch %d%s", self.topic, self.partition,
-                     ROLE_NAMES[state.role], state.leader_epoch,
-                     " (alone in the ISR)" if commits_alone(state) else "")
+            self.wake_readers()  # a long poll answers for the new state at once
+            if not replica_state.same_place(state, current):
+                log.info("%s-%d: %s at leader epoch %d%s%s", self.topic, self.partition,
+                         ROLE_NAMES[state.role], state.leader_epoch,
+                         f", ISR {list(state.isr)}" if state.isr else "",
+                         " (alone in the ISR)" if commits_alone(state) else "")
             return True
 
     def _check_role(self, role: int) -> None:
@@ -602,13 +607,14 @@ class PartitionLog:
             log.info("%s-%d: empty log now starts at %d, the leader's first batch", self.topic,
                      self.partition, header.base_offset)
 
-    def update_high_watermark(self, high_watermark: int, leader_epoch: int) -> None:
-        """The replicator's high watermark for this replica at ``leader_epoch`` (which must be
-        the replica's; see :meth:`append_as_follower`). It only moves forward, and never past
-        the log end offset."""
-        self._check_epoch(leader_epoch)
+    def advance_high_watermark(self, high_watermark: int) -> bool:
+        """A leader's high watermark computed over its ISR: it only moves forward, and never
+        past the log end offset. Returns whether it moved."""
         if high_watermark > self._high_watermark:
+            before = self._high_watermark
             self.high_watermark = high_watermark
+            return self._high_watermark != before
+        return False
 
     async def truncate_to(self, offset: int) -> int:
         """Cut the log so that it ends at ``offset`` (Kafka's ``truncateTo``): a follower's log
@@ -672,11 +678,20 @@ class PartitionLog:
         self.producer_state.load(self._segments, offset)
         self.leader_epochs.truncate_from_end(0)
 
-    def appended(self) -> asyncio.Event:
-        """An event set by the next append of either kind (a long-poll reader awaits it)."""
-        if self._appended is None:
-            self._appended = asyncio.Event()
-        return self._appended
+    def wake_on_change(self, waiter: asyncio.Future[None]) -> None:
+        """Complete ``waiter`` at the next append of either kind, or change of the replica's
+        state (a long-poll reader awaits it; one future may wait on many logs)."""
+        self._waiters.add(waiter)
+
+    def forget_waiter(self, waiter: asyncio.Future[None]) -> None:
+        self._waiters.discard(waiter)
+
+    def wake_readers(self) -> None:
+        """Complete every waiting long-poll reader now (the node stops)."""
+        waiters, self._waiters = self._waiters, set()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     # ------------------------------------------------------------------------------ reads
 

@@ -8,6 +8,7 @@ watched keys, fire and forget).
 from __future__ import annotations
 
 from services.common.channels import PLAINTEXT
+from services.common.errors import ErrorCode
 from services.common.progress_reports import ProgressStream, epoch_key, partition_key
 from services.common.tls import InternalTls
 
@@ -30,3 +31,11 @@ class PurgatoryNotifier(ProgressStream):
         self.report(partition_key(topic, partition), high_watermark)
         if leader_epoch >= 0:
             self.report(epoch_key(topic, partition, leader_epoch), high_watermark)
+
+    def on_epoch_ended(self, topic: str, partition: int, leader_epoch: int,
+                       high_watermark: int) -> None:
+        """This node stopped leading the partition at ``leader_epoch``: what still waits on
+        that epoch's key fails (NOT_LEADER_OR_FOLLOWER); what the high watermark covered
+        completed already."""
+        self.report(epoch_key(topic, partition, leader_epoch), high_watermark,
+                    ErrorCode.not_leader_or_follower.value)

@@ -18,7 +18,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 
-from kbroker.log.v1 import log_pb2, log_pb2_grpc
+from kbroker.log.v1 import log_pb2
 from services.common.progress_reports import PositionSource, parse_key
 from services.common.server import ServiceBinding, create_server
 from services.common.tls import InternalTls
@@ -28,8 +28,9 @@ from .config import LogConfig
 from .controlled_shutdown import ControlledShutdown
 from .log_manager import LogManager
 from .purgatory_notifier import PurgatoryNotifier
+from .replica_manager import ReplicaManager
 from .replica_state import LEADER
-from .servicer import LogServicer
+from .servicer import LogServicer, add_log_service_to_server
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class LogService:
     port: int
     health: HealthServicer
     notifier: PurgatoryNotifier | None
+    replicas: ReplicaManager
     shutdown: ControlledShutdown
 
     async def stop(self, grace: float = 1.0) -> None:
@@ -53,11 +55,14 @@ class LogService:
         calls (up to ``grace`` seconds), then flush and close the logs."""
         await self.shutdown.run()
         await self.health.enter_graceful_shutdown()
+        self.replicas.begin_stop()
         stopping = asyncio.ensure_future(self.server.stop(grace))
         await asyncio.sleep(0)  # new calls are refused from here
         for replica in self.manager.partitions():
-            replica.appended().set()  # long-poll reads answer now rather than at their end
+            replica.wake_readers()  # long-poll reads answer now rather than at their end
         await stopping
+        await self.replicas.stop()
+        metrics.FOLLOWER_LAGS.sources.discard(self.replicas.follower_lags)
         await self.manager.stop_background()
         if self.notifier is not None:
             await self.notifier.close()
@@ -79,9 +84,12 @@ async def start(config: LogConfig) -> LogService:
         config.schedule(),
         config.free_space_floor(),
     )
+    replicas = ReplicaManager(
+        manager, config.node_id, tls=tls, transport=config.replica_fetch_transport,
+        on_epoch_ended=notifier.on_epoch_ended if notifier is not None else None)
     shutdown = ControlledShutdown(config.node_id, manager, config.replicator_address, tls,
                                   config.controlled_shutdown())
-    servicer = LogServicer(manager)
+    servicer = LogServicer(manager, replicas)
     servicer.refuses_append = shutdown.refuses
     try:
         manager.load()
@@ -91,19 +99,21 @@ async def start(config: LogConfig) -> LogService:
         metrics.PARTITION_LOGS.sources.add(manager.partitions)
         metrics.LOG_DIRS.sources.add(manager)
         metrics.TRUNCATED_BYTES.inc(sum(p.truncated_at_open for p in manager.partitions()))
+        replicas.start()
         server, port, health = await create_server(
             "log",
-            [ServiceBinding(SERVICE_NAME, log_pb2_grpc.add_LogServiceServicer_to_server,
-                            servicer)],
+            [ServiceBinding(SERVICE_NAME, add_log_service_to_server, servicer)],
             config.grpc_address,
             instance=config.instance or f"log-{config.node_id}",
             tls=tls,
         )
         manager.log_dir.on_failure = out_of_service(health, asyncio.get_running_loop())
         manager.start_background()
+        metrics.FOLLOWER_LAGS.sources.add(replicas.follower_lags)
     except BaseException:
         metrics.PARTITION_LOGS.sources.discard(manager.partitions)
         metrics.LOG_DIRS.sources.discard(manager)
+        await replicas.stop()
         manager.close()
         if notifier is not None:
             await notifier.close()
@@ -112,7 +122,7 @@ async def start(config: LogConfig) -> LogService:
         "log node %d serving on port %d with %d replica(s) in %s",
         config.node_id, port, len(manager), config.data_dir,
     )
-    return LogService(config, manager, server, port, health, notifier, shutdown)
+    return LogService(config, manager, server, port, health, notifier, replicas, shutdown)
 
 
 def out_of_service(health: HealthServicer, loop: asyncio.AbstractEventLoop

@@ -9,12 +9,15 @@ UNKNOWN_SERVER_ERROR.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
+import grpc
+from google.protobuf import message_factory
 from google.protobuf.message import Message
 
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
@@ -26,6 +29,8 @@ from . import metrics
 from .log_dir_failure import DiskUsage, LogDirFailureChannel
 from .log_manager import LogManager
 from .partition_log import LAST_STABLE, NO_LEADER_EPOCH, NO_OFFSET, PartitionLog
+from .replica_fetch_codec import encode_fetch_response
+from .replica_manager import ReplicaManager
 from .verification import VerificationRequiredError
 
 log = logging.getLogger(__name__)
@@ -68,8 +73,9 @@ def _fail(api: str, exc: Exception, result: Any, log_dir: LogDirFailureChannel) 
 class LogServicer(log_pb2_grpc.LogServiceServicer):
     """Serves one node's partition replicas."""
 
-    def __init__(self, manager: LogManager) -> None:
+    def __init__(self, manager: LogManager, replicas: ReplicaManager) -> None:
         self._manager = manager
+        self._replicas = replicas
         # Whether an append to a replica is refused because the node hands it over (see
         # services.log.controlled_shutdown); the replica then answers NOT_LEADER_OR_FOLLOWER.
         self.refuses_append: Callable[[PartitionLog], bool] = lambda replica: False
@@ -120,15 +126,19 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
             created = self._manager.create(spec.topic, spec.partition, spec.topic_id,
                                            dict(spec.configs))
             if spec.HasField("state"):
-                await created.become(spec.state)
+                await self._replicas.apply_state(created, spec.state)
 
         response = await self._each(log_pb2.CreatePartitionsResponse(), request.partitions, create)
         metrics.PARTITIONS.set(len(self._manager))
         return response
 
     async def DeletePartitions(self, request, context):
+        def delete(tp: log_pb2.TopicPartition, _: object) -> None:
+            self._replicas.forget((tp.topic, tp.partition))
+            self._manager.delete(tp.topic, tp.partition)
+
         response = await self._each(log_pb2.DeletePartitionsResponse(), request.partitions,
-                                    lambda tp, _: self._manager.delete(tp.topic, tp.partition))
+                                    delete)
         metrics.PARTITIONS.set(len(self._manager))
         return response
 
@@ -219,16 +229,19 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
                 or any(r.records or r.error_code for r in response.results)):
             return response
         try:
-            events = [self._log(r).appended() for r in request.partitions]
+            logs = [self._log(r) for r in request.partitions]
         except KafkaError:
             return response  # deleted meanwhile: the next read reports it
-        waiters = [asyncio.ensure_future(event.wait()) for event in events]
+        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        for partition_log in logs:
+            partition_log.wake_on_change(woken)
         try:
-            await asyncio.wait(waiters, timeout=request.max_wait_ms / 1000,
-                               return_when=asyncio.FIRST_COMPLETED)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(request.max_wait_ms / 1000):
+                    await woken
         finally:
-            for waiter in waiters:
-                waiter.cancel()
+            for partition_log in logs:
+                partition_log.forget_waiter(woken)
         return self._read(request)
 
     def _read(self, request: log_pb2.ReadRequest) -> log_pb2.ReadResponse:
@@ -327,35 +340,51 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
 
     async def UpdateReplicaStates(self, request, context):
         return await self._each(log_pb2.UpdateReplicaStatesResponse(), request.states,
-                                lambda state, _: self._log(state).become(state))
+                                lambda state, _: self._replicas.apply_state(self._log(state),
+                                                                            state))
 
-    async def ReplicateAppend(self, request, context):
-        async def replicate(item: log_pb2.PartitionReplicate, _: object) -> None:
-            partition_log = self._log(item)
-            await partition_log.append_as_follower(item.records, item.leader_epoch,
-                                                   item.high_watermark)
-            # Kafka's maybeIncrementLogStartOffset: records the leader deleted go here too.
-            start = min(item.log_start_offset, partition_log.high_watermark)
-            if start > partition_log.log_start_offset:
-                await self._manager.delete_records(item.topic, item.partition, start)
+    async def UpdateReplicationSettings(self, request, context):
+        self._replicas.apply_settings(request)
+        return log_pb2.ReplicationSettingsResponse()
 
-        return await self._each(log_pb2.ReplicateAppendResponse(), request.partitions, replicate,
-                                offsets=True)
+    async def ReplicaFetch(self, request_iterator, context):
+        """A follower's fetch session: each request answered in turn (serialized by hand,
+        see :func:`add_log_service_to_server`)."""
+        async for request in request_iterator:
+            yield encode_fetch_response(await self._replicas.fetch(request))
+            if self._replicas.stopping:
+                return  # the follower opens a session elsewhere, or again once restarted
 
-    async def UpdateHighWatermarks(self, request, context):
-        return await self._each(log_pb2.UpdateHighWatermarksResponse(), request.partitions,
-                                lambda item, _: self._log(item).update_high_watermark(
-                                    item.high_watermark, item.leader_epoch))
+    async def ReplicaFetchOnce(self, request, context):
+        return encode_fetch_response(await self._replicas.fetch(request))
 
-    async def Truncate(self, request, context):
-        def truncate(item: log_pb2.PartitionTruncation, _: object) -> Awaitable[object]:
-            partition_log = self._log(item)
-            if item.start_over:
-                return partition_log.start_over_at(item.offset)
-            return partition_log.truncate_to(item.offset)
+    async def AlterPartitions(self, request_iterator, context):
+        """The replicator's control stream: this node's ISR changes out, answers in."""
 
-        return await self._each(log_pb2.TruncateResponse(), request.partitions, truncate,
-                                offsets=True)
+        async def take_answers() -> None:
+            async for answers in request_iterator:
+                await self._replicas.apply_answers(answers)
+
+        answering = asyncio.ensure_future(take_answers())
+        subscription = self._replicas.subscribe_isr_changes()
+        sending: asyncio.Future[log_pb2.IsrChangeRequests] | None = None
+        try:
+            while True:
+                sending = asyncio.ensure_future(subscription.next())
+                await asyncio.wait({sending, answering}, return_when=asyncio.FIRST_COMPLETED)
+                if not sending.done():
+                    break  # the replicator closed its side
+                changes = sending.result()
+                if changes is None:
+                    break  # this node stops
+                yield changes
+        finally:
+            for task in (sending, answering):
+                if task is not None:
+                    task.cancel()
+            subscription.close()
+            if answering.done() and not answering.cancelled() and answering.exception():
+                log.error("ISR change answers failed", exc_info=answering.exception())
 
     async def OffsetForLeaderEpoch(self, request, context):
         def end_offset(item: log_pb2.PartitionLeaderEpoch, result: log_pb2.EpochEndOffset) -> None:
@@ -386,3 +415,32 @@ def _describe(state: log_pb2.PartitionState, partition_log: PartitionLog) -> Non
     state.leader_epoch = partition_log.state.leader_epoch
     state.role = partition_log.state.role
     state.latest_log_epoch = partition_log.leader_epochs.latest_epoch
+    state.partition_epoch = partition_log.state.partition_epoch
+
+
+# Methods whose answers the servicer serializes itself (bytes out).
+_SERIALIZED_ANSWERS = frozenset({"ReplicaFetch", "ReplicaFetchOnce"})
+_HANDLER_KINDS = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
+def add_log_service_to_server(servicer: LogServicer, server: grpc.aio.Server) -> None:
+    """Serve ``LogService`` as the generated function would, except that the follower fetch
+    answers go out as the bytes the servicer wrote (:mod:`.replica_fetch_codec`), so their
+    record batches are not copied into and out of a protobuf message."""
+    service = log_pb2.DESCRIPTOR.services_by_name["LogService"]
+    handlers = {}
+    for method in service.methods:
+        kind = _HANDLER_KINDS[(method.client_streaming, method.server_streaming)]
+        request = message_factory.GetMessageClass(method.input_type)
+        response = message_factory.GetMessageClass(method.output_type)
+        handlers[method.name] = kind(
+            getattr(servicer, method.name), request_deserializer=request.FromString,
+            response_serializer=None if method.name in _SERIALIZED_ANSWERS
+            else response.SerializeToString)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service.full_name, handlers),))

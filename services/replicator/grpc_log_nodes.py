@@ -16,7 +16,7 @@ from services.common.channels import PLAINTEXT, internal_channel
 from services.common.errors import ErrorCode
 from services.common.tls import InternalTls
 
-from .log_nodes import LogNodeError, NodeHealth, PartitionNumber, TopicPartition
+from .log_nodes import LogNodeError, NodeHealth, TopicPartition
 from .metadata import LogNode, NodeId
 
 LOG_SERVICE_NAME = log_pb2.DESCRIPTOR.services_by_name["LogService"].full_name
@@ -115,28 +115,6 @@ class GrpcLogNodes:
         return _failed(await self._call(node_id, "update configs", "UpdatePartitionConfigs",
                                         log_pb2.UpdatePartitionConfigsRequest(partitions=specs)))
 
-    async def fetch(
-        self, node_id: NodeId, reads: Sequence[log_pb2.PartitionRead], *, max_wait_ms: int,
-        max_bytes: int,
-    ) -> Sequence[log_pb2.PartitionReadResult]:
-        request = log_pb2.ReadRequest(limit=log_pb2.READ_LIMIT_LOG_END, max_bytes=max_bytes,
-                                      max_wait_ms=max_wait_ms, partitions=reads)
-        return (await self._call(node_id, "read", "Read", request,
-                                 time_limit=max_wait_ms / 1000 + CALL_TIMEOUT)).results
-
-    async def replicate(
-        self, node_id: NodeId, appends: Sequence[log_pb2.PartitionReplicate]
-    ) -> Sequence[log_pb2.PartitionReplicateResult]:
-        return (await self._call(node_id, "replicate", "ReplicateAppend",
-                                 log_pb2.ReplicateAppendRequest(partitions=appends))).results
-
-    async def update_high_watermarks(
-        self, node_id: NodeId, updates: Sequence[log_pb2.PartitionHighWatermark]
-    ) -> list[log_pb2.PartitionError]:
-        return _failed(await self._call(node_id, "update high watermarks",
-                                        "UpdateHighWatermarks",
-                                        log_pb2.UpdateHighWatermarksRequest(partitions=updates)))
-
     async def update_replica_states(
         self, node_id: NodeId, states: Sequence[log_pb2.ReplicaState]
     ) -> list[log_pb2.PartitionError]:
@@ -151,23 +129,18 @@ class GrpcLogNodes:
         return (await self._call(node_id, "describe partitions", "DescribePartitions",
                                  request)).partitions
 
-    async def end_offsets(
-        self, node_id: NodeId, requests: Sequence[PartitionNumber]
-    ) -> Sequence[log_pb2.EpochEndOffset]:
-        request = log_pb2.OffsetForLeaderEpochRequest(partitions=[
-            log_pb2.PartitionLeaderEpoch(topic=t, partition=p, leader_epoch=epoch)
-            for t, p, epoch in requests])
-        return (await self._call(node_id, "find epoch end offsets", "OffsetForLeaderEpoch",
-                                 request)).results
+    async def update_replication_settings(self, node_id: NodeId,
+                                          settings: log_pb2.ReplicationSettings) -> None:
+        await self._call(node_id, "update replication settings", "UpdateReplicationSettings",
+                         settings)
 
-    async def truncate(
-        self, node_id: NodeId, requests: Sequence[PartitionNumber], *, start_over: bool = False,
-    ) -> Sequence[log_pb2.PartitionReplicateResult]:
-        request = log_pb2.TruncateRequest(partitions=[
-            log_pb2.PartitionTruncation(topic=t, partition=p, offset=offset,
-                                        start_over=start_over)
-            for t, p, offset in requests])
-        return (await self._call(node_id, "truncate", "Truncate", request)).results
+    def alter_partitions(self, node_id: NodeId) -> GrpcIsrChangeStream:
+        stub = self._log.get(node_id)
+        if stub is None:
+            raise LogNodeError(node_id, ErrorCode.request_timed_out,
+                               f"log node {node_id} is not configured")
+        return GrpcIsrChangeStream(node_id, self._nodes[node_id].address,
+                                   stub.AlterPartitions())
 
     async def _call(self, node_id: NodeId, what: str, method: str, request: object,
                     time_limit: float = CALL_TIMEOUT) -> Any:
@@ -197,3 +170,35 @@ def _refused(error: grpc.aio.AioRpcError) -> bool:
 
 def _failed(reply: Any) -> list[log_pb2.PartitionError]:
     return [r for r in reply.results if r.error_code]
+
+
+class GrpcIsrChangeStream:
+    """A log node's ``AlterPartitions`` stream as :class:`~.log_nodes.IsrChangeStream`."""
+
+    def __init__(self, node_id: NodeId, address: str, call: Any) -> None:
+        self._node_id = node_id
+        self._address = address
+        self._call = call
+
+    def _error(self, e: Exception) -> LogNodeError:
+        details = f"{e.code().name} {e.details()}" if isinstance(e, grpc.aio.AioRpcError) \
+            else repr(e)
+        return LogNodeError(self._node_id, ErrorCode.request_timed_out,
+                            f"log node {self._node_id} ({self._address}): ISR change stream "
+                            f"failed: {details}")
+
+    async def read(self) -> log_pb2.IsrChangeRequests | None:
+        try:
+            message = await self._call.read()
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError) as e:
+            raise self._error(e) from e
+        return None if message is grpc.aio.EOF else message
+
+    async def write(self, answers: log_pb2.IsrChangeAnswers) -> None:
+        try:
+            await self._call.write(answers)
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as e:
+            raise self._error(e) from e
+
+    def cancel(self) -> None:
+        self._call.cancel()

@@ -1,7 +1,7 @@
 """What the replicator asks of log nodes (the ``kbroker.log.v1`` LogService), on its generated
 messages: health, creating and deleting partition replicas and updating their configs (the
-controller), and long-poll reads on leaders, follower appends, high watermarks, replica states,
-descriptions, epoch end offsets and truncation (replication).
+controller), and replica states, replication settings, descriptions and the ISR change
+stream (the replication control role; record bytes never pass through the replicator).
 
 :class:`LogNodes` is implemented over gRPC by
 :class:`~services.replicator.grpc_log_nodes.GrpcLogNodes`; tests may substitute fakes. A call
@@ -23,8 +23,6 @@ from .metadata import LogNode, NodeId, PartitionRegistration, TopicRegistration
 NO_OFFSET = -1
 
 TopicPartition = tuple[str, int]
-# (topic, partition, offset or leader epoch)
-PartitionNumber = tuple[str, int, int]
 
 
 def parse_log_nodes(entries: Iterable[str]) -> tuple[LogNode, ...]:
@@ -75,19 +73,20 @@ def failure_message(failure: log_pb2.PartitionError) -> str:
     return failure.error_message or error_name(failure.error_code)
 
 
-def replica_state(topic: str, partition: PartitionRegistration,
-                  node: NodeId) -> log_pb2.ReplicaState:
+def replica_state(topic: str, partition: PartitionRegistration, node: NodeId,
+                  partition_epoch: int = 0) -> log_pb2.ReplicaState:
     """The state ``node``'s replica of ``partition`` should have (Kafka's LeaderAndIsr for one
-    partition): leader or follower at the leader epoch; a leader that is the only in-sync
-    replica commits its own appends."""
-    if node == partition.leader:
-        return log_pb2.ReplicaState(topic=topic, partition=partition.partition,
-                                    role=log_pb2.REPLICA_ROLE_LEADER,
-                                    leader_epoch=partition.leader_epoch,
-                                    in_sync_alone=tuple(partition.isr) == (node,))
-    return log_pb2.ReplicaState(topic=topic, partition=partition.partition,
-                                role=log_pb2.REPLICA_ROLE_FOLLOWER,
-                                leader_epoch=partition.leader_epoch)
+    partition): leader or follower at the leader epoch, with the leader, replicas and ISR (at
+    ``partition_epoch``: the metadata version where they last changed); a leader that is the
+    only in-sync replica commits its own appends."""
+    return log_pb2.ReplicaState(
+        topic=topic, partition=partition.partition,
+        role=log_pb2.REPLICA_ROLE_LEADER if node == partition.leader
+        else log_pb2.REPLICA_ROLE_FOLLOWER,
+        leader_epoch=partition.leader_epoch,
+        in_sync_alone=node == partition.leader and tuple(partition.isr) == (node,),
+        leader=partition.leader, replicas=partition.replicas, isr=partition.isr,
+        partition_epoch=partition_epoch)
 
 
 def partition_specs(
@@ -122,10 +121,9 @@ class LogNodes(Protocol):
     :class:`NodeHealth`), ``wait_exit`` (a definite death, for fencing without waiting for the
     session timeout), creating replicas (with their
     state, if given; existing ones are confirmed), deleting them (unknown ones are no error),
-    replacing their topic configs. Replication's: long-poll reads up to the log end, follower
-    appends, high watermarks, replica states, descriptions, OffsetForLeaderEpoch for (topic,
-    partition, epoch) each, and truncation to an offset each (``start_over``: drop the log and
-    continue empty there)."""
+    replacing their topic configs. Replication's: replica states, replication settings,
+    descriptions, and the node's ISR change stream (``alter_partitions``: the node's
+    requests, each answered through the returned stream's ``write``)."""
 
     async def health(self, node_id: NodeId) -> NodeHealth: ...
 
@@ -143,29 +141,29 @@ class LogNodes(Protocol):
     async def update_configs(self, node_id: NodeId, specs: Sequence[log_pb2.PartitionSpec]
                              ) -> list[log_pb2.PartitionError]: ...
 
-    async def fetch(self, node_id: NodeId, reads: Sequence[log_pb2.PartitionRead], *,
-                    max_wait_ms: int, max_bytes: int
-                    ) -> Sequence[log_pb2.PartitionReadResult]: ...
-
-    async def replicate(self, node_id: NodeId, appends: Sequence[log_pb2.PartitionReplicate]
-                        ) -> Sequence[log_pb2.PartitionReplicateResult]: ...
-
-    async def update_high_watermarks(
-        self, node_id: NodeId, updates: Sequence[log_pb2.PartitionHighWatermark]
-    ) -> list[log_pb2.PartitionError]: ...
-
     async def update_replica_states(self, node_id: NodeId,
                                     states: Sequence[log_pb2.ReplicaState]
                                     ) -> list[log_pb2.PartitionError]: ...
 
+    async def update_replication_settings(self, node_id: NodeId,
+                                          settings: log_pb2.ReplicationSettings) -> None: ...
+
     async def describe(self, node_id: NodeId, partitions: Sequence[TopicPartition]
                        ) -> Sequence[log_pb2.PartitionState]: ...
 
-    async def end_offsets(self, node_id: NodeId, requests: Sequence[PartitionNumber]
-                          ) -> Sequence[log_pb2.EpochEndOffset]: ...
-
-    async def truncate(self, node_id: NodeId, requests: Sequence[PartitionNumber], *,
-                       start_over: bool = False
-                       ) -> Sequence[log_pb2.PartitionReplicateResult]: ...
+    def alter_partitions(self, node_id: NodeId) -> IsrChangeStream:
+        """Open the node's ISR change stream."""
+        ...
 
     async def close(self) -> None: ...
+
+
+class IsrChangeStream(Protocol):
+    """A log node's ISR change requests (``read``; None once the stream ended) and the
+    answers to them (``write``); raises LogNodeError when the stream fails."""
+
+    async def read(self) -> log_pb2.IsrChangeRequests | None: ...
+
+    async def write(self, answers: log_pb2.IsrChangeAnswers) -> None: ...
+
+    def cancel(self) -> None: ...

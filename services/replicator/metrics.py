@@ -1,17 +1,15 @@
 """Prometheus metrics of the replicator service, refreshed from each new metadata image;
 each help text names the Kafka JMX metric it stands for (ReplicaManager's
 UnderReplicatedPartitions and IsrShrinks/ExpandsPerSec, KafkaController's
-OfflinePartitionsCount, FetcherLagMetrics' ConsumerLag, ...).
+OfflinePartitionsCount, ...).
 
 ISR changes are counted by comparing each image with the one before (a partition whose ISR
-both lost and gained members counts once each way). Follower lag (offsets, and seconds since
-last caught up) is what follower fetching measures, for every follower it copies to; other
-followers have no samples rather than made-up zeros.
+both lost and gained members counts once each way). Follower lag and replication bytes are
+measured where replication happens, by the log nodes (``kbroker_log_follower_lag_*``,
+``kbroker_log_replication_*_bytes_total``).
 """
 
 from __future__ import annotations
-
-import contextlib
 
 from services.common.metrics import Counter, Gauge
 
@@ -61,13 +59,6 @@ ISR_EXPANDS = Counter(
     "Partitions whose ISR gained a member from one metadata version to the next "
     "(IsrExpandsPerSec).",
 )
-FOLLOWER_LAG = Gauge(
-    "kbroker_replicator_follower_lag_messages",
-    "Messages a follower replica is behind its leader's log end (FetcherLagMetrics "
-    "ConsumerLag); reported only for followers the replicator fetches for.",
-    ["topic", "partition", "replica"],
-)
-
 # The ISR of every partition in the last image observed, to count changes.
 _last_isr: dict[tuple[str, int], frozenset[int]] = {}
 
@@ -108,12 +99,6 @@ def observe(image: MetadataImage) -> None:
         ISR_EXPANDS.inc(expands)
 
 
-FOLLOWER_LAG_SECONDS = Gauge(
-    "kbroker_replicator_follower_lag_seconds",
-    "Seconds since a follower replica was last caught up with its leader's log end "
-    "(what replica.lag.time.max.ms is compared with).",
-    ["topic", "partition", "replica"],
-)
 LEADER_ELECTIONS = Counter(
     "kbroker_replicator_leader_elections_total",
     "Leaders elected, by kind: clean (the leader failed; one from the ISR), unclean (from "
@@ -127,25 +112,6 @@ CONTROLLED_SHUTDOWNS = Counter(
     "Controlled shutdowns log nodes began: asked to stop, they hand their leaderships over "
     "first (ControlledShutdownRateAndTimeMs).",
 )
-REPLICATED_BYTES = Counter(
-    "kbroker_replicator_replicated_bytes_total",
-    "Bytes of record batches copied from leaders to followers (ReplicationBytesInPerSec).",
-)
-THROTTLED_REPLICATED_BYTES = Counter(
-    "kbroker_replicator_throttled_replicated_bytes_total",
-    "Bytes copied for throttled replicas (leader/follower.replication.throttled.replicas), "
-    "counted against the replication throttle rates (LeaderReplication and "
-    "FollowerReplication byte rates).",
-)
-HIGH_WATERMARK_PUSHES = Counter(
-    "kbroker_replicator_high_watermark_pushes_total",
-    "UpdateHighWatermarks calls to leader log nodes, by outcome.",
-    ["outcome"],
-)
-HIGH_WATERMARK_MOVES = Counter(
-    "kbroker_replicator_high_watermark_moves_total",
-    "Times a replicated partition's high watermark moved forward.",
-)
 REPLICA_STATE_UPDATES = Counter(
     "kbroker_replicator_replica_state_updates_total",
     "Replica states (leader or follower at an epoch) log nodes took or refused, by outcome.",
@@ -153,20 +119,3 @@ REPLICA_STATE_UPDATES = Counter(
 )
 
 
-def observe_follower(topic: str, partition: int, replica: int, messages: int,
-                     seconds: float) -> None:
-    """A follower's lag as follower fetching measures it: messages behind the leader's log end
-    and seconds since it was last caught up (each -1: unknown, no sample)."""
-    labels = (topic, str(partition), str(replica))
-    if messages >= 0:
-        FOLLOWER_LAG.labels(*labels).set(messages)
-    if seconds >= 0:
-        FOLLOWER_LAG_SECONDS.labels(*labels).set(seconds)
-
-
-def forget_follower(topic: str, partition: int, replica: int) -> None:
-    """Drop a follower's lag samples (its partition moved or went away)."""
-    labels = (topic, str(partition), str(replica))
-    for gauge in (FOLLOWER_LAG, FOLLOWER_LAG_SECONDS):
-        with contextlib.suppress(KeyError):
-            gauge.remove(*labels)

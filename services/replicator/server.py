@@ -36,9 +36,9 @@ from .log_nodes import parse_log_nodes
 from .metadata import LogNode
 from .metadata_log import MetadataLog
 from .metadata_store import JsonFileMetadataStore, MetadataStore
-from .replication.fetcher import FetchSettings
 from .replication.manager import ReplicationManager
 from .replication.progress import ProgressReporter
+from .replication.settings import ReplicaSettings
 from .servicer import ReplicatorServicer
 
 if TYPE_CHECKING:
@@ -132,11 +132,12 @@ async def start(config: ReplicatorConfig) -> ReplicatorService:
     purgatory = (ProgressReporter(config.purgatory_address, tls=tls) if config.purgatory_address
                  else None)
     replication = ReplicationManager(
-        controller=controller, nodes=log_nodes, lag_time_max_ms=config.replica_lag_time_max_ms,
-        fetch=FetchSettings(wait_ms=config.replica_fetch_wait_max_ms,
-                            max_bytes=config.replica_fetch_max_bytes,
-                            response_max_bytes=config.replica_fetch_response_max_bytes,
-                            backoff_ms=config.replica_fetch_backoff_ms),
+        controller=controller, nodes=log_nodes,
+        settings=ReplicaSettings(lag_time_max_ms=config.replica_lag_time_max_ms,
+                                 fetch_wait_max_ms=config.replica_fetch_wait_max_ms,
+                                 fetch_max_bytes=config.replica_fetch_max_bytes,
+                                 fetch_response_max_bytes=config.replica_fetch_response_max_bytes,
+                                 fetch_backoff_ms=config.replica_fetch_backoff_ms),
         resync_interval_s=interval, purgatory=purgatory)
     replication.start()
     controller.start(interval, max(config.leader_imbalance_check_interval_ms, 1) / 1000

@@ -74,13 +74,14 @@ JMX_EQUIVALENTS = {
     "kbroker_replicator_offline_partitions": "OfflinePartitionsCount",
     "kbroker_replicator_isr_shrinks": "IsrShrinksPerSec",
     "kbroker_replicator_isr_expands": "IsrExpandsPerSec",
-    "kbroker_replicator_follower_lag_messages": "ConsumerLag",
+    "kbroker_log_follower_lag_messages": "ConsumerLag",
+    "kbroker_log_replication_in_bytes": "ReplicationBytesInPerSec",
+    "kbroker_log_replication_out_bytes": "ReplicationBytesOutPerSec",
     "kbroker_replicator_leader_elections": "LeaderElectionRateAndTimeMs",
     "kbroker_replicator_active": "ActiveControllerCount",
     "kbroker_replicator_live_log_nodes": "ActiveBrokerCount",
     "kbroker_replicator_topics": "GlobalTopicCount",
     "kbroker_replicator_partitions": "GlobalPartitionCount",
-    "kbroker_replicator_replicated_bytes": "ReplicationBytesInPerSec",
 }
 
 

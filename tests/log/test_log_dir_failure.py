@@ -85,6 +85,7 @@ import asyncio, json, logging, resource, signal, sys
 from pathlib import Path
 from kbroker.log.v1 import log_pb2
 from services.log.log_manager import LogManager
+from services.log.replica_manager import ReplicaManager
 from services.log.servicer import LogServicer
 from services.log.topic_config import TopicConfig
 from tests.record_batches import build_batch
@@ -103,7 +104,7 @@ def request(topic, batch):
 async def main(data_dir):
     manager = LogManager(data_dir, TopicConfig())
     manager.load()
-    servicer = LogServicer(manager)
+    servicer = LogServicer(manager, ReplicaManager(manager, 0))
     out = {}
     for topic in ("big", "small"):
         manager.create(topic, 0, "tid", {})

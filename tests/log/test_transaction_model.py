@@ -157,7 +157,7 @@ class Run:
         log = self.partition_log
         ahead = [b.next_offset for b in self.batches if b.next_offset > log.high_watermark]
         if ahead and batches:
-            log.update_high_watermark(ahead[min(batches, len(ahead)) - 1], self.epoch)
+            log.advance_high_watermark(ahead[min(batches, len(ahead)) - 1])
 
     def cut_model(self, end: int) -> None:
         """The log now ends at ``end``, which must be a batch boundary of the model."""

@@ -114,18 +114,18 @@ def test_a_decided_transaction_stays_unstable_until_the_high_watermark_passes_it
     partition_log = replicated_leader(tmp_path)
     append(partition_log, data(7, 0))                    # 0
     append(partition_log, data(8, 0))                    # 1
-    partition_log.update_high_watermark(2, 0)
+    partition_log.advance_high_watermark(2)
     assert partition_log.last_stable_offset == 0
     marker(partition_log, 7, committed=False)            # 2
     assert partition_log.last_stable_offset == 0  # the abort is not replicated yet
-    partition_log.update_high_watermark(3, 0)
+    partition_log.advance_high_watermark(3)
     assert partition_log.last_stable_offset == 1  # producer 8's is still open
     assert partition_log.producer_state.unreplicated_transactions() == []
     marker(partition_log, 8, committed=True)             # 3
     append(partition_log, plain())                       # 4
-    partition_log.update_high_watermark(4, 0)
+    partition_log.advance_high_watermark(4)
     assert partition_log.last_stable_offset == 4
-    partition_log.update_high_watermark(5, 0)
+    partition_log.advance_high_watermark(5)
     assert partition_log.last_stable_offset == 5
     assert partition_log.last_stable_offset_lag == 0
     partition_log.close()
@@ -455,7 +455,7 @@ def test_a_clean_restart_keeps_ongoing_and_unreplicated_transactions(tmp_path: P
     append(partition_log, data(7, 0))                    # 0
     append(partition_log, data(8, 0))                    # 1
     marker(partition_log, 8, committed=False, coordinator_epoch=3)  # 2
-    partition_log.update_high_watermark(2, 0)
+    partition_log.advance_high_watermark(2)
     partition_log.close()
     document = json.loads((tmp_path / "t-0" / snapshot_name(3)).read_text())
     assert document["format"] == 2 and document["unreplicated"] == [[1, 8, 2]]
@@ -478,14 +478,14 @@ def test_a_replicated_replica_restarts_with_its_unreplicated_transactions(
     append(partition_log, data(8, 0))                    # 0
     append(partition_log, plain())                       # 1
     marker(partition_log, 8, committed=False)            # 2
-    partition_log.update_high_watermark(2, 0)
+    partition_log.advance_high_watermark(2)
     partition_log.checkpoint_high_watermark()
     partition_log.close()
     reopened = open_log(tmp_path)
     assert reopened.high_watermark == 2
     assert reopened.last_stable_offset == 0  # the abort marker is still above it
     run(reopened.become(replica_state.state(FOLLOWER, 1)))
-    reopened.update_high_watermark(3, 1)
+    reopened.advance_high_watermark(3)
     assert reopened.last_stable_offset == 3
     reopened.close()
 

@@ -50,9 +50,3 @@ def test_isr_changes_and_partition_health_follow_the_images() -> None:
     metrics.observe(image(6, ()))
     assert value("kbroker_replicator_offline_partitions") == 1
 
-
-def test_follower_lag_has_samples_only_where_measured() -> None:
-    labels = {"topic": "metrics-lag", "partition": "0", "replica": "2"}
-    assert REGISTRY.get_sample_value("kbroker_replicator_follower_lag_messages", labels) is None
-    metrics.observe_follower("metrics-lag", 0, 2, 42, -1)
-    assert REGISTRY.get_sample_value("kbroker_replicator_follower_lag_messages", labels) == 42

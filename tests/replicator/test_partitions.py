@@ -1,7 +1,8 @@
 """Fencing log nodes: new leaders from the ISR at the next epoch, fenced followers out of the
 ISR, offline partitions when no in-sync replica is left, unclean elections only when allowed.
 Controlled shutdown: the stopping node out of every ISR, its leaderships moved the same way,
-and no election or ISR expansion picking it meanwhile."""
+and no election or ISR expansion picking it meanwhile. ISR changes leaders ask for, applied
+only to the ISR they were computed from."""
 
 from __future__ import annotations
 
@@ -131,6 +132,29 @@ def test_requested_unclean_elections_only_replace_a_dead_leader():
         (0, N2, True), (1, N1, False)]
     assert {key: code for key, (code, _) in results.items()} == {
         ("t", 0): 0, ("t", 1): 0, ("t", 2): 84, ("t", 3): 83}
+
+
+def test_an_isr_change_applies_only_to_the_isr_and_epoch_it_was_computed_from():
+    key = ("t", 0)
+    before = image(partition(0, N1, (N1,)), live=(N0, N1, N2))
+    grown, applied = alter_isr(before, {key: (N1, 4, (N1, N2))}, {key: (N1,)})
+    assert applied == {key: (N1, N2)}
+    assert grown.topics[TopicName("t")].partitions[0].isr == (N1, N2)
+    # Asked again (say its answer was lost): computed from an ISR that is gone, refused.
+    assert alter_isr(grown, {key: (N1, 4, (N1, N2))}, {key: (N1,)})[1] == {}
+    # Another leader epoch, or a leader the partition no longer has.
+    assert alter_isr(grown, {key: (N1, 3, (N1,))}, {key: (N1, N2)})[1] == {}
+    assert alter_isr(grown, {key: (N2, 4, (N2,))}, {key: (N1, N2)})[1] == {}
+    assert alter_isr(grown, {key: (N1, 4, (N1,))}, {key: (N1, N2)})[1] == {key: (N1,)}
+
+
+def test_a_node_that_is_not_live_never_joins_an_isr():
+    key = ("t", 0)
+    before = image(partition(0, N1, (N1,)), live=(N1, N2))
+    assert alter_isr(before, {key: (N1, 4, (N0, N1))}, {key: (N1,)})[1] == {}
+    # Leaving it is always allowed.
+    fenced = image(partition(0, N1, (N0, N1)), live=(N1, N2))
+    assert alter_isr(fenced, {key: (N1, 4, (N1,))}, {key: (N0, N1)})[1] == {key: (N1,)}
 
 
 def test_a_node_in_controlled_shutdown_leaves_every_isr_and_hands_its_leaderships_over():

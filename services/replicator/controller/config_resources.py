@@ -1,7 +1,8 @@
 """Dynamic configs of config resources other than topics (the rest of Kafka's
 ConfigurationControlManager): BROKER resources, cluster-wide (name "") or per log node (its
 id), through AlterConfigs and IncrementalAlterConfigs. Stored in the cluster metadata and
-published with it; the replication role reads them (:mod:`..replication.throttle`).
+published with it; the replication role sends each log node its rates
+(:mod:`..replication.settings`), which throttle its fetching and serving.
 
 The dynamic broker configs are the replication throttle rates (bytes/s, Kafka's defaults
 unlimited): ``leader.replication.throttled.rate`` bounds what a leader's throttled replicas

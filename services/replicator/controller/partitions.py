@@ -31,9 +31,9 @@ first one (the preferred leader, where placement spread the leaders evenly) goes
 the next epoch once it is live and in the ISR, so that failovers do not leave the leadership
 piled on the survivors.
 
-ISR changes (Kafka's AlterPartition, from the replication role) name the leader and epoch they
-were computed for, and are dropped if the partition has moved on or would add a node in
-controlled shutdown (Kafka's INELIGIBLE_REPLICA).
+ISR changes (Kafka's AlterPartition, which partition leaders ask for through the replication
+role) name the leader, epoch and ISR they were computed for, and are dropped if the partition
+has moved on or would add a node in controlled shutdown (Kafka's INELIGIBLE_REPLICA).
 """
 
 from __future__ import annotations
@@ -249,11 +249,15 @@ def _elect_one(p: PartitionRegistration, election_type: int, live: set[NodeId]
 
 
 def alter_isr(
-    image: MetadataImage, changes: IsrChanges
+    image: MetadataImage, changes: IsrChanges,
+    expected: Mapping[tuple[str, int], Collection[NodeId]] | None = None,
 ) -> tuple[MetadataImage, dict[tuple[str, int], tuple[NodeId, ...]]]:
     """The image with the ISR changes that still apply, and those changes. A change whose
-    partition has another leader or epoch by now, is gone, would drop the leader, add a node
-    that is not a replica or is in controlled shutdown, or changes nothing is left out."""
+    partition has another leader or epoch by now, another ISR than ``expected`` names for it
+    (the one the leader computed the change from, Kafka's partition epoch check), is gone,
+    would drop the leader, add a node that is not a replica, not live or in controlled
+    shutdown (Kafka's INELIGIBLE_REPLICA: a fenced node's last position is no proof it is in
+    sync), or changes nothing is left out."""
     applied: dict[tuple[str, int], tuple[NodeId, ...]] = {}
     topics: dict[TopicName, TopicRegistration] = {}
     stopping = {n.node_id for n in image.log_nodes if n.in_controlled_shutdown}
@@ -265,6 +269,11 @@ def alter_isr(
         if (p.leader != leader or p.leader_epoch != epoch or leader not in isr
                 or not set(isr) <= set(p.replicas) or set(isr) == set(p.isr)
                 or (set(isr) - set(p.isr)) & stopping):
+            continue
+        if expected is not None and (name, index) in expected and (
+                set(expected[(name, index)]) != set(p.isr)):
+            continue
+        if not set(isr) - set(p.isr) <= set(image.live_node_ids):
             continue
         partitions = list(topic.partitions)
         partitions[index] = dataclasses.replace(p, isr=tuple(isr))
@@ -380,7 +389,10 @@ class PartitionControlManager:
                         "stops", topic, partition, node)
         return staying
 
-    async def change_isr(self, changes: IsrChanges) -> dict[tuple[str, int], tuple[NodeId, ...]]:
+    async def change_isr(
+        self, changes: IsrChanges,
+        expected: Mapping[tuple[str, int], Collection[NodeId]] | None = None,
+    ) -> dict[tuple[str, int], tuple[NodeId, ...]]:
         """Commit the ISR changes that still apply (see :func:`alter_isr`), in one new
         version with the reassignments they complete; returns them. Raises OSError if the
         save failed (nothing changed)."""
@@ -388,7 +400,7 @@ class PartitionControlManager:
         def change(image: MetadataImage) -> tuple[MetadataImage, tuple[
                 dict[tuple[str, int], tuple[NodeId, ...]], list[tuple[tuple[str, int],
                                                                   PartitionRegistration]]]]:
-            changed, applied = alter_isr(image, changes)
+            changed, applied = alter_isr(image, changes, expected)
             completed, done = reassignments.complete_all(changed, only=applied)
             return completed, (applied, done)
 

@@ -1,16 +1,16 @@
-"""The replication role of the replicator (Kafka's ReplicaFetcherManager, the leader's
-follower bookkeeping in ``Partition``, and the controller's ISR handling), run from one place:
+"""The replication control role of the replicator (the controller's side of Kafka's
+replication: LeaderAndIsr propagation, AlterPartition handling, dynamic replication configs).
+Record bytes never pass through it: followers' log nodes fetch from their leaders' log nodes,
+and each leader moves its own high watermark (see :mod:`services.log.replica_manager`).
 
-- :mod:`.partition_state`: per partition, each follower's log end offset and when it was last
-  caught up, the high watermark (min log end offset over the ISR), and which followers should
-  leave or join the ISR. Pure domain: no I/O.
-- :mod:`.fetcher`: one fetch loop per leader node, copying its new batches to the followers
-  of the partitions it leads (one long-poll read on the leader, follower appends).
-- :mod:`.high_watermarks`: coalescing pushes of high watermarks to leader log nodes, whose
-  progress reports then complete the purgatory's acks=all produces.
+- :mod:`.settings`: what each log node needs to replicate (the replica.* settings, its
+  replication throttle rates, the log nodes' addresses).
+- :mod:`.isr_changes`: one control stream per live log node, on which its leaders ask for ISR
+  changes; each is committed (or refused) through the controller and answered with the
+  partition's new state.
 - :mod:`.manager`: follows the cluster metadata, gives every replica its state (leader or
-  follower, epoch), runs the fetchers and the ISR checks, and commits ISR changes through the
-  controller.
+  follower, epochs, replicas, ISR) and every node its settings, runs the control streams.
+- :mod:`.progress`: fails the acks=all waits of a leader epoch that ended with its leader.
 
 What the role asks of log nodes is :mod:`services.replicator.log_nodes`.
 """

@@ -31,14 +31,20 @@ def test_a_fenced_leader_is_replaced_and_comes_back_as_a_cut_follower(tmp_path: 
         committed = await old.append("failover", build_batch(values(3)))
         await wait_for(lambda: converged(r, "failover", committed.log_end_offset))
 
-        # Without the replicator nothing is copied: the next batch stays on the old leader,
-        # uncommitted, and its acks=all wait is pending on the epoch-0 key.
+        # With its followers stopped (and no replicator to shrink the ISR), the next batch
+        # stays on the old leader, uncommitted, and its acks=all wait is pending on the
+        # epoch-0 key.
         await r.stop_replicator()
+        followers = [r.node(n) for n in meta.replicas[1:]]
+        for follower in followers:
+            await follower.stop()
         lost = await old.append("failover", build_batch(values(2)))
         assert lost.leader_epoch == 0 and lost.high_watermark < lost.log_end_offset
         waiting = asyncio.ensure_future(
             r.await_produce("failover-0@0", lost.log_end_offset, 20_000))
         await old.stop()
+        for follower in followers:
+            await follower.start()
         await r.start_replicator()
 
         await wait_for(lambda: leader_changed(r, "failover", 0))
@@ -191,3 +197,33 @@ def test_a_follower_behind_the_leaders_log_start_starts_over_there(tmp_path: Pat
 
 async def _committed(node, offset: int) -> bool:
     return (await node.describe("pruned")).high_watermark >= offset
+
+
+def test_a_partition_moved_to_one_new_replica_is_led_there(tmp_path: Path) -> None:
+    async def scenario(r: Replication) -> None:
+        reply = await r.stub.CreateTopics(pb.CreateTopicsRequest(topics=[pb.NewTopic(
+            name="moved", num_partitions=-1, replication_factor=-1,
+            assignments={0: pb.Replicas(node_ids=[0])})]))
+        assert reply.topics[0].error_code == 0
+        first = await r.node(0).append("moved", build_batch(values(3)))
+        assert first.high_watermark == first.log_end_offset == 3
+        answer = await r.stub.AlterPartitionReassignments(pb.AlterPartitionReassignmentsRequest(
+            reassignments=[pb.Reassignment(topic="moved", partition=0, replicas=[1])]))
+        assert [a.error_code for a in answer.results] == [0]
+
+        async def moved() -> bool:
+            now = await r.partition("moved")
+            return list(now.replicas) == [1] and now.leader == 1
+
+        await wait_for(moved)
+        # Node 1 was told it leads alone: it takes appends and commits them at once.
+        await wait_for(lambda: _is_leader(r.node(1), "moved"))
+        written = await r.node(1).append("moved", build_batch(values(2)))
+        assert written.error_code == 0
+        assert written.high_watermark == written.log_end_offset == 5
+
+    run(tmp_path, scenario)
+
+
+async def _is_leader(node, topic: str) -> bool:
+    return (await node.describe(topic)).role == log_pb2.REPLICA_ROLE_LEADER

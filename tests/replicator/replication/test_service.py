@@ -215,33 +215,39 @@ def test_metrics_follow_lag_and_isr_changes(tmp_path: Path) -> None:
         meta = await r.partition("measured")
         leader, gone = r.node(meta.leader), r.node(meta.replicas[2])
         labels = {"topic": "measured", "partition": "0", "replica": str(gone.node_id)}
+        copied = sample("kbroker_log_replication_in_bytes_total")
+        served = sample("kbroker_log_replication_out_bytes_total")
         first = await leader.append("measured", build_batch(values(3)))
         await wait_for(lambda: converged(r, "measured", first.log_end_offset))
         shrinks = sample("kbroker_replicator_isr_shrinks_total")
         expands = sample("kbroker_replicator_isr_expands_total")
-        copied = sample("kbroker_replicator_replicated_bytes_total")
-        assert copied > 0
+        # Two followers copied the batch: their nodes counted it in, the leader's out.
+        assert sample("kbroker_log_replication_in_bytes_total") - copied == 2 * len(
+            build_batch(values(3)))
+        assert sample("kbroker_log_replication_out_bytes_total") - served == 2 * len(
+            build_batch(values(3)))
         await gone.stop()
         await leader.append("measured", build_batch(values(4)))
 
         async def lagging() -> bool:
-            return (sample("kbroker_replicator_follower_lag_messages", **labels) == 4
-                    and sample("kbroker_replicator_follower_lag_seconds", **labels) > 0.3)
+            return (sample("kbroker_log_follower_lag_messages", **labels) == 4
+                    and sample("kbroker_log_follower_lag_seconds", **labels) > 0.3)
 
         await wait_for(lagging)
 
         async def shrunk() -> bool:
-            return (sample("kbroker_replicator_isr_shrinks_total") == shrinks + 1
+            return (sample("kbroker_replicator_isr_shrinks_total") >= shrinks + 1
                     and sample("kbroker_replicator_under_replicated_partitions") == 1)
 
         await wait_for(shrunk)
         await gone.start()
 
         async def caught_up() -> bool:
-            return (sample("kbroker_replicator_isr_expands_total") == expands + 1
-                    and sample("kbroker_replicator_follower_lag_messages", **labels) == 0
+            return (sample("kbroker_replicator_isr_expands_total") >= expands + 1
+                    and sample("kbroker_log_follower_lag_messages", **labels) == 0
                     and sample("kbroker_replicator_under_replicated_partitions") == 0)
 
         await wait_for(caught_up)
+        assert sample("kbroker_log_isr_change_requests_total", kind="expand") >= 1
 
     run(tmp_path, scenario)
