@@ -53,11 +53,12 @@ test-deps: $(JS_STAMP)
 	@command -v promtool >/dev/null || { apt-get update -qq && \
 		apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 
-# Two passes: the tests that start no process on two workers (they mostly wait on timers),
-# then the ones that start clusters, one at a time (their timings assume the machine is theirs).
+# Two passes, each on two workers: the tests that start no process (they mostly wait on
+# timers), then the ones that start clusters, a test file per worker at a time (a file's tests
+# share its clusters; the two workers' clusters share the machine, as clients and brokers do).
 test: venv test-deps
 	$(PY) -m pytest -q -p no:cacheprovider -m "not processes" -n 2 tests
-	$(PY) -m pytest -q -p no:cacheprovider -m processes --durations=15 tests
+	$(PY) -m pytest -q -p no:cacheprovider -m processes -n 2 --dist loadfile --durations=15 tests
 
 # The fast inner loop: everything that starts no process (no cluster, no helm, no Spark), on two
 # workers (most of these tests wait on timers rather than compute).
