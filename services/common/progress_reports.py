@@ -2,8 +2,14 @@
 the one way a service (a log node, the replicator) tells it that keys moved.
 
 Keys (Kafka's ``TopicPartitionOperationKey``): ``<topic>-<partition>``, which long-poll fetches
-wait on, and ``<topic>-<partition>@<leader epoch>``, which acks=all produces wait on (so that a
-later leader's high watermark never completes what an earlier leader appended).
+wait on, and ``<topic>-<partition>@<leader epoch>@<topic id>``, which acks=all produces wait on
+(so that a later leader's high watermark never completes what an earlier leader appended; the
+topic id, because a topic created again under a deleted one's name starts its epochs over).
+
+An error reported for an epoch key ends that epoch for good: the purgatory fails every wait on
+it, also one parked later (an append the old leader took just before it heard that it no longer
+leads, whose produce parks after the epoch's end was reported), where the error of any other key
+only concerns the operations parked before it.
 
 A report never waits: :meth:`ProgressStream.report` records the newest (position, error) per
 key, and one task writes everything recorded as one message on a long-lived ``ReportProgress``
@@ -30,6 +36,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import grpc
 
@@ -52,19 +59,34 @@ def partition_key(topic: str, partition: int) -> str:
     return f"{topic}-{partition}"
 
 
-def epoch_key(topic: str, partition: int, leader_epoch: int) -> str:
+def epoch_key(topic: str, partition: int, leader_epoch: int, topic_id: str) -> str:
     """The purgatory key of a partition's appends at one leader epoch."""
-    return f"{topic}-{partition}@{leader_epoch}"
+    return f"{topic}-{partition}@{leader_epoch}@{topic_id}"
 
 
-def parse_key(key: str) -> tuple[str, int, int | None] | None:
-    """(topic, partition, leader epoch or None) of a key made by :func:`partition_key` or
-    :func:`epoch_key`; None for any other key (topic names may hold '-', never '@')."""
-    base, at, epoch = key.partition("@")
+def is_epoch_key(key: str) -> bool:
+    """Whether ``key`` was made by :func:`epoch_key` (topic names never hold '@')."""
+    return "@" in key
+
+
+class ParsedKey(NamedTuple):
+    topic: str
+    partition: int
+    leader_epoch: int | None  # None: a partition key
+    topic_id: str | None
+
+
+def parse_key(key: str) -> ParsedKey | None:
+    """What a key made by :func:`partition_key` or :func:`epoch_key` names; None for any
+    other key (topic names may hold '-', never '@')."""
+    base, at, rest = key.partition("@")
     topic, dash, partition = base.rpartition("-")
+    epoch, _, topic_id = rest.partition("@")
     if not dash or not topic or not partition.isdigit() or (at and not epoch.isdigit()):
         return None
-    return topic, int(partition), int(epoch) if at else None
+    if not at:
+        return ParsedKey(topic, int(partition), None, None)
+    return ParsedKey(topic, int(partition), int(epoch), topic_id)
 
 
 PositionSource = Callable[[str], "int | None"]

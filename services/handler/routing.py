@@ -90,14 +90,15 @@ def leader_error(code: int) -> int:
     return code
 
 
-def replication_key(topic: str, partition: int, leader_epoch: int) -> str:
+def replication_key(topic: str, partition: int, leader_epoch: int, topic_id: str) -> str:
     """The purgatory key a write waits on until the high watermark covers it (acks=all): the
-    partition's at the leader epoch that stored it, so that only that leader's high watermark
-    (never a later leader's, whose log may lack the write) completes the wait, and a leader
-    change fails it; the partition's own key for a replica without an epoch (-1)."""
+    partition's at the leader epoch that stored it (and the topic id the leader named), so
+    that only that leader's high watermark (never a later leader's, whose log may lack the
+    write) completes the wait, and the end of that epoch fails it, however late the wait is
+    parked; the partition's own key for a replica without an epoch (-1)."""
     if leader_epoch < 0:
         return partition_key(topic, partition)
-    return epoch_key(topic, partition, leader_epoch)
+    return epoch_key(topic, partition, leader_epoch, topic_id)
 
 
 async def call_leaders(

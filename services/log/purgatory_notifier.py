@@ -25,17 +25,17 @@ class PurgatoryNotifier(ProgressStream):
                          tls=tls)
 
     def on_high_watermark(self, topic: str, partition: int, high_watermark: int,
-                          leader_epoch: int = -1) -> None:
+                          leader_epoch: int = -1, topic_id: str = "") -> None:
         """A partition log's high watermark listener. Besides the partition's key, a leader at
         an epoch reports its epoch key: acks=all produces wait on that one."""
         self.report(partition_key(topic, partition), high_watermark)
         if leader_epoch >= 0:
-            self.report(epoch_key(topic, partition, leader_epoch), high_watermark)
+            self.report(epoch_key(topic, partition, leader_epoch, topic_id), high_watermark)
 
     def on_epoch_ended(self, topic: str, partition: int, leader_epoch: int,
-                       high_watermark: int) -> None:
-        """This node stopped leading the partition at ``leader_epoch``: what still waits on
-        that epoch's key fails (NOT_LEADER_OR_FOLLOWER); what the high watermark covered
-        completed already."""
-        self.report(epoch_key(topic, partition, leader_epoch), high_watermark,
+                       high_watermark: int, topic_id: str) -> None:
+        """This node stopped leading the partition at ``leader_epoch``: what waits on that
+        epoch's key, now or later, fails (NOT_LEADER_OR_FOLLOWER); what the high watermark
+        covered completed already."""
+        self.report(epoch_key(topic, partition, leader_epoch, topic_id), high_watermark,
                     ErrorCode.not_leader_or_follower.value)

@@ -97,7 +97,8 @@ class IsrChangeSubscription:
 class ReplicaManager:
     def __init__(self, manager: LogManager, node_id: int, *, tls: InternalTls = PLAINTEXT,
                  transport: str = STREAM,
-                 on_epoch_ended: Callable[[str, int, int, int], None] | None = None) -> None:
+                 on_epoch_ended: Callable[[str, int, int, int, str], None] | None = None,
+                 ) -> None:
         self.manager = manager
         self.node_id = node_id
         # Told (topic, partition, leader epoch, high watermark) when this node stops leading.
@@ -177,7 +178,7 @@ class ReplicaManager:
                 and state.leader_epoch > current.leader_epoch
                 and self._on_epoch_ended is not None):
             self._on_epoch_ended(key[0], key[1], current.leader_epoch,
-                                 partition_log.high_watermark)
+                                 partition_log.high_watermark, partition_log.topic_id)
         if state.role == FOLLOWER:
             self._forget_leader(key)
             changed = await partition_log.become(state)

@@ -145,10 +145,11 @@ def leader_high_watermarks(manager: LogManager) -> PositionSource:
         parsed = parse_key(key)
         if parsed is None:
             return None
-        topic, partition, epoch = parsed
-        replica = manager.find(topic, partition)
+        replica = manager.find(parsed.topic, parsed.partition)
         if replica is None or replica.state.role != LEADER or (
-                epoch is not None and epoch != replica.state.leader_epoch):
+                parsed.leader_epoch is not None and (
+                    parsed.leader_epoch != replica.state.leader_epoch
+                    or parsed.topic_id != replica.topic_id)):
             return None
         return replica.high_watermark
 

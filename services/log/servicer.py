@@ -164,7 +164,8 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
             topic_metrics.append_requests.inc()
             started = time.perf_counter()
             try:
-                info = await self._leader(topic, partition).append(
+                leader = self._leader(topic, partition)
+                info = await leader.append(
                     item.records, expected_log_end_offset=item.expected_log_end_offset
                     if item.HasField("expected_log_end_offset") else None,
                     verification_guard=item.verification_guard)
@@ -178,7 +179,8 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
                     topic=topic, partition=partition, base_offset=info.base_offset,
                     log_append_time_ms=info.log_append_time_ms,
                     log_start_offset=info.log_start_offset, log_end_offset=info.log_end_offset,
-                    high_watermark=info.high_watermark, leader_epoch=info.leader_epoch)
+                    high_watermark=info.high_watermark, leader_epoch=info.leader_epoch,
+                    topic_id=leader.topic_id)
             metrics.APPEND_SECONDS.observe(time.perf_counter() - started)
 
     async def WriteTxnMarkers(self, request, context):
@@ -190,7 +192,8 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
             for item in marker.partitions:
                 topic, partition = item.topic, item.partition
                 try:
-                    info = await self._leader(topic, partition).write_txn_marker(
+                    leader = self._leader(topic, partition)
+                    info = await leader.write_txn_marker(
                         marker.producer_id, marker.producer_epoch, marker.committed,
                         marker.coordinator_epoch)
                 except Exception as exc:  # noqa: BLE001 - becomes the partition's error code
@@ -202,7 +205,7 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
                         log_append_time_ms=info.log_append_time_ms,
                         log_start_offset=info.log_start_offset,
                         log_end_offset=info.log_end_offset, high_watermark=info.high_watermark,
-                        leader_epoch=info.leader_epoch)
+                        leader_epoch=info.leader_epoch, topic_id=leader.topic_id)
         return response
 
     async def DescribeProducers(self, request, context):

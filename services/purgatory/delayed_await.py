@@ -4,7 +4,9 @@ kinds with rules of their own build on it: :mod:`.delayed_fetch` and :mod:`.dela
 Each watched key has a threshold. A key is *done* for an operation once its last reported
 position is >= its threshold, or once a non-zero error was reported for it after the operation
 was parked. Errors reported before parking do not count: the latest state of a quiet key may be
-an old error, and honouring it would answer every new waiter at once with stale news. A done key
+an old error, and honouring it would answer every new waiter at once with stale news; except
+for an ended epoch key (:attr:`~.key_states.KeyState.ended`), whose error stays true for what its
+last position does not cover. A done key
 stays done (a key that failed keeps its error in the answer even if a later report clears it),
 which is how Kafka's DelayedProduce treats a partition that is no longer pending.
 
@@ -66,7 +68,9 @@ class DelayedAwait(DelayedOperation):
             state = self._states.get(key)
             if state is None:
                 continue
-            if state.error_code and state.sequence > self._parked_after:
+            if state.ended and state.position >= threshold:
+                del waiting[key]  # the ended epoch had covered it
+            elif state.error_code and (state.sequence > self._parked_after or state.ended):
                 self._failed[key] = state
                 del waiting[key]
             elif state.position >= threshold:
@@ -86,12 +90,18 @@ class DelayedAwait(DelayedOperation):
         keys = []
         for key in self.thresholds:
             state = self._failed.get(key)
+            error_code = 0
             if state is None:
                 state = self._states.current(key)
                 if not satisfied and key in self._waiting:
                     state = self.expired_state(state)
+                # An ended epoch's error is not this key's when its position covered it.
+                if not state.ended or state.position < self.thresholds[key]:
+                    error_code = state.error_code
+            else:
+                error_code = state.error_code
             keys.append(purgatory_pb2.KeyState(key=key, position=state.position,
-                                               error_code=state.error_code))
+                                               error_code=error_code))
         answer = purgatory_pb2.AwaitResponse(
             outcome=purgatory_pb2.OUTCOME_COMPLETED if satisfied else purgatory_pb2.OUTCOME_EXPIRED,
             keys=keys)

@@ -5,6 +5,12 @@ is lower (a leader change may legitimately move a high watermark observation bac
 reporter decides what a position means. Each report gets the next sequence number, which lets
 an operation tell reports made after it was parked from older ones.
 
+One exception: an epoch key (:func:`~services.common.progress_reports.is_epoch_key`) that was
+reported with an error is *ended*: its leader epoch is over, so the error stays whatever is
+reported later (an old leader that has not yet heard of its end may still report it), with the
+highest position reported for it, and :attr:`KeyState.ended` tells waiters to honour it however
+late they were parked.
+
 The table is bounded: past :data:`CAPACITY` keys the least recently reported key is forgotten, so
 churning keys (members of groups that come and go) cannot grow it without limit. Forgetting a
 key only means a later waiter on it does not see its old position and waits for the next report.
@@ -16,6 +22,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+
+from services.common.progress_reports import is_epoch_key
 
 CAPACITY = 1_000_000
 
@@ -32,6 +40,8 @@ class KeyState:
     position: int
     error_code: int = 0
     sequence: int = 0
+    # An epoch key whose epoch is over: its error concerns every waiter.
+    ended: bool = False
 
 
 class KeyStates:
@@ -49,8 +59,15 @@ class KeyStates:
     def report(self, key: str, position: int, error_code: int = 0) -> None:
         self._sequence += 1
         states = self._states
+        ended = False
+        if is_epoch_key(key):
+            previous = states.get(key)
+            if previous is not None and previous.ended:
+                position = max(position, previous.position)
+                error_code = previous.error_code
+            ended = error_code != 0
         states[key] = KeyState(key=key, position=position, error_code=error_code,
-                               sequence=self._sequence)
+                               sequence=self._sequence, ended=ended)
         states.move_to_end(key)
         if len(states) > CAPACITY:
             states.popitem(last=False)

@@ -327,7 +327,7 @@ class MemoryLog:
         return log_pb2.PartitionAppendResult(
             topic=where[0], partition=where[1], base_offset=base, log_end_offset=end,
             high_watermark=base if self.lagging or where in self.lagging_partitions else end,
-            leader_epoch=0)
+            leader_epoch=0, topic_id=f"id-{where[0]}")
 
     async def append(self, node: LogNode, request: log_pb2.AppendRequest,
                      time_limit: float) -> log_pb2.AppendResponse:

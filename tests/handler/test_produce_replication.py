@@ -90,14 +90,15 @@ def test_an_acks_all_wait_is_keyed_by_the_leader_epoch_of_the_append():
         async def append(self, node, request, time_limit):  # type: ignore[no-untyped-def]
             response = await super().append(node, request, time_limit)
             for result in response.results:
-                result.leader_epoch = 4
+                result.leader_epoch, result.topic_id = 4, "tid"
             return response
 
     log_nodes = EpochLogNodes()
     log_nodes.lagging_high_watermark = True
-    # A later leader's report on the plain key does not answer; the epoch's key does.
-    purgatory = FakePurgatory(wait_result(True, {"t-0@4": 2}))
+    # A later leader's report on the plain key does not answer; the epoch's key (with the topic
+    # id the leader named) does.
+    purgatory = FakePurgatory(wait_result(True, {"t-0@4@tid": 2}))
     api = ProduceApi(cache_of(cluster(replicated("t", (0, 1, 2)), nodes=(0, 1, 2))),
                      log_nodes, purgatory)
     assert errors(asyncio.run(api.handle(produce(), CONTEXT))) == [0]
-    assert [thresholds for _, thresholds, _, _ in purgatory.waits] == [{"t-0@4": 2}]
+    assert [thresholds for _, thresholds, _, _ in purgatory.waits] == [{"t-0@4@tid": 2}]

@@ -82,7 +82,7 @@ def test_unwatched_keys_are_not_reported_and_a_new_watch_gets_the_current_positi
             await append(stub, "t", build_batch(values(2)))
         await asyncio.sleep(0.2)
         states = purgatory.purgatories.states
-        assert states.get("t-0") is None and states.get("t-0@4") is None
+        assert states.get("t-0") is None and states.get("t-0@4@tid") is None
 
         # Parked on a position the node reached while it was not reporting the key.
         begin = time.monotonic()
@@ -94,18 +94,20 @@ def test_unwatched_keys_are_not_reported_and_a_new_watch_gets_the_current_positi
         assert notifier.watched_keys == frozenset({"t-0"})
         await append(stub, "t", build_batch(values(1)))
         await eventually(lambda: (states.get("t-0") or states.current("t-0")).position == 7)
-        assert states.get("t-0@4") is None
+        assert states.get("t-0@4@tid") is None
 
         # An acks=all producer waits on the epoch key: answered with the epoch's position.
         answer = await purgatory_stub.Await(pb.AwaitRequest(
             kind=pb.OPERATION_KIND_PRODUCE, require_all=True, timeout_ms=10_000,
-            keys=[pb.WatchedKey(key="t-0@4", threshold=7)]))
+            keys=[pb.WatchedKey(key="t-0@4@tid", threshold=7)]))
         assert answer.outcome == pb.OUTCOME_COMPLETED
-        # A key of another epoch is not this leader's to answer.
-        answer = await purgatory_stub.Await(pb.AwaitRequest(
-            kind=pb.OPERATION_KIND_PRODUCE, require_all=True, timeout_ms=300,
-            keys=[pb.WatchedKey(key="t-0@3", threshold=1)]))
-        assert answer.outcome == pb.OUTCOME_EXPIRED
+        # A key of another epoch, or of another topic of the same name, is not this leader's to
+        # answer.
+        for key in ("t-0@3@tid", "t-0@4@other"):
+            answer = await purgatory_stub.Await(pb.AwaitRequest(
+                kind=pb.OPERATION_KIND_PRODUCE, require_all=True, timeout_ms=300,
+                keys=[pb.WatchedKey(key=key, threshold=1)]))
+            assert answer.outcome == pb.OUTCOME_EXPIRED
 
     run(tmp_path, body)
 
@@ -124,16 +126,18 @@ def test_a_node_reports_every_key_while_the_purgatory_is_away(tmp_path: Path) ->
 
 
 @pytest.mark.parametrize(("key", "parsed"), [
-    ("t-0", ("t", 0, None)),
-    ("my-topic-12@7", ("my-topic", 12, 7)),
-    ("a.b_c-3@0", ("a.b_c", 3, 0)),
+    ("t-0", ("t", 0, None, None)),
+    ("my-topic-12@7@3b4d6a10-8f1e-4bd2-9c55-6e0f3f2d6a01",
+     ("my-topic", 12, 7, "3b4d6a10-8f1e-4bd2-9c55-6e0f3f2d6a01")),
+    ("a.b_c-3@0@", ("a.b_c", 3, 0, "")),
     ("group", None),
     ("t-x", None),
     ("-1", None),
     ("t-1@", None),
     ("t-1@e", None),
 ])
-def test_parse_key(key: str, parsed: tuple[str, int, int | None] | None) -> None:
+def test_parse_key(key: str, parsed: tuple[str, int, int | None, str | None] | None,
+                   ) -> None:
     assert parse_key(key) == parsed
 
 
@@ -149,18 +153,18 @@ def test_a_reporter_without_positions_skips_unwatched_keys_and_reports_watched_o
         try:
             states = purgatory.purgatories.states
             await eventually(lambda: reporter.watched_keys == frozenset())
-            reporter.leader_changed("t", 0, 1)
+            reporter.leader_changed("t", 0, 1, "tid")
             await asyncio.sleep(0.2)
             assert len(states) == 0
             produce = asyncio.ensure_future(stub.Await(pb.AwaitRequest(
                 kind=pb.OPERATION_KIND_PRODUCE, require_all=True, timeout_ms=10_000,
-                keys=[pb.WatchedKey(key="t-0@1", threshold=11)])))
-            await eventually(lambda: "t-0@1" in (reporter.watched_keys or set()))
-            reporter.leader_changed("t", 0, 1)
-            reporter.leader_changed("t", 0, 2)
+                keys=[pb.WatchedKey(key="t-0@1@tid", threshold=11)])))
+            await eventually(lambda: "t-0@1@tid" in (reporter.watched_keys or set()))
+            reporter.leader_changed("t", 0, 1, "tid")
+            reporter.leader_changed("t", 0, 2, "tid")
             answer = await asyncio.wait_for(produce, 5)
-            assert [(k.key, k.error_code) for k in answer.keys] == [("t-0@1", 6)]
-            assert states.get("t-0@2") is None
+            assert [(k.key, k.error_code) for k in answer.keys] == [("t-0@1@tid", 6)]
+            assert states.get("t-0@2@tid") is None
         finally:
             await channel.close()
             await reporter.close()

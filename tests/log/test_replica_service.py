@@ -522,7 +522,7 @@ def test_leaders_report_their_high_watermark_per_epoch_too(tmp_path: Path) -> No
             partition_log._on_high_watermark = notifier.on_high_watermark
         await append(stub, "t", build_batch(values(2)))
         await notifier.close()
-        assert reported == [("t-0", 2), ("t-0@5", 2)]
+        assert reported == [("t-0", 2), ("t-0@5@tid", 2)]
 
     run_node(tmp_path, body)
 
@@ -537,7 +537,7 @@ def test_only_leaders_report_high_watermarks(tmp_path: Path) -> None:
             partition_log._on_high_watermark = lambda *args: reported.append(args)
         await append(stub, "lead", build_batch(values(2)))
         await replicate(service, "copy", build_batch(values(2)), epoch=0, high_watermark=2)
-        assert reported == [("lead", 0, 2, 0)]
+        assert reported == [("lead", 0, 2, 0, "tid")]
 
     run_node(tmp_path, body)
 
@@ -555,6 +555,6 @@ def test_a_leader_stepping_down_reports_the_end_of_its_epoch(tmp_path: Path) -> 
         assert ended == []  # the same epoch goes on
         assert await become(stub, state("t", FOLLOWER, 2)) == [0]
         # What waits on epoch 1 beyond its last high watermark fails.
-        assert ended == [("t", 0, 1, 3)]
+        assert ended == [("t", 0, 1, 3, "tid")]
 
     run_node(tmp_path, body)

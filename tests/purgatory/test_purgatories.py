@@ -124,6 +124,35 @@ def test_errors_count_only_when_reported_after_parking():
     on_loop(scenario)
 
 
+def test_the_end_of_a_leader_epoch_fails_every_wait_on_its_key_however_late():
+    """An old leader that has not heard of its epoch's end may take an append, whose acks=all
+    produce then parks after the end was reported: it must fail at once, not time out."""
+    def scenario(p: Purgatories, timer: ManualTimer) -> None:
+        ended = "t-0@3@3b4d6a10-8f1e-4bd2-9c55-6e0f3f2d6a01"
+        p.report([(ended, 7, 0)])
+        p.report([(ended, -1, 6)])  # the epoch ended (the replicator does not know where)
+        p.report([(ended, 8, 0)])  # the old leader, still unaware, moves on: the end stands
+        late = p.park(kind="produce", thresholds={ended: 9}, require_all=True, timeout_ms=100)
+        answer = late.result.result()
+        assert answer.outcome == COMPLETED
+        assert [(k.position, k.error_code) for k in answer.keys] == [(8, 6)]
+        # What the ended epoch covered is still answered as covered.
+        covered = p.park(kind="produce", thresholds={ended: 8}, require_all=True,
+                         timeout_ms=100)
+        assert outcome(covered) == COMPLETED
+        assert [(k.position, k.error_code) for k in covered.result.result().keys] == [(8, 0)]
+        # The same partition's next epoch, and a topic of the same name created again, are
+        # other keys.
+        for key in ("t-0@4@3b4d6a10-8f1e-4bd2-9c55-6e0f3f2d6a01",
+                    "t-0@3@9d0c7e55-0a7b-4b0e-8f6e-1f3a2c5d7e90"):
+            op = p.park(kind="produce", thresholds={key: 1}, require_all=True, timeout_ms=100)
+            assert outcome(op) is None
+            p.report([(key, 1, 0)])
+            assert outcome(op) == COMPLETED and op.result.result().keys[0].error_code == 0
+
+    on_loop(scenario)
+
+
 def test_with_require_all_an_error_settles_its_key_and_the_others_are_still_awaited():
     def scenario(p: Purgatories, timer: ManualTimer) -> None:
         op = p.park(kind="produce", thresholds={"a": 5, "b": 5}, require_all=True,

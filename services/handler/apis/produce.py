@@ -51,9 +51,10 @@ grouped per leader node, one Append per node, the nodes concurrently.
   with the high watermark at the log end); otherwise partitions whose high watermark is still
   short park a DelayedProduce in the purgatory (all keys must reach their threshold; the
   replicator moves the leaders' high watermarks) and whatever is still short when it expires
-  gets REQUEST_TIMED_OUT. The keys carry the leader epoch of the append
-  (``<topic>-<partition>@<epoch>``): a leader elected meanwhile, whose log may lack the
-  append, never completes the wait; the replicator fails it with NOT_LEADER_OR_FOLLOWER.
+  gets REQUEST_TIMED_OUT. The keys carry the leader epoch of the append and the topic id
+  (``<topic>-<partition>@<epoch>@<topic id>``): a leader elected meanwhile, whose log may lack
+  the append, never completes the wait; the end of the epoch fails it with
+  NOT_LEADER_OR_FOLLOWER, also when the wait is parked after the end was reported.
 - min.insync.replicas (topic config, default 1), acks=-1 only, as Kafka's leader checks it: a
   partition whose ISR (in this handler's metadata) is smaller gets NOT_ENOUGH_REPLICAS and
   nothing is appended to it; one whose ISR shrank below it while the produce waited gets
@@ -333,7 +334,8 @@ class ProduceApi:
         for slot in slots:
             assert slot.appended is not None
             if slot.appended.high_watermark < slot.appended.log_end_offset:
-                pending[replication_key(slot.name, slot.index, slot.appended.leader_epoch)] = slot
+                pending[replication_key(slot.name, slot.index, slot.appended.leader_epoch,
+                                        slot.appended.topic_id)] = slot
         if not pending:
             return
         thresholds = {key: s.appended.log_end_offset for key, s in pending.items()

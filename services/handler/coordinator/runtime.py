@@ -198,7 +198,7 @@ class CoordinatorRuntime(Generic[S]):
                 self._count("appended")
                 if appended.high_watermark < appended.log_end_offset:
                     await self._await_replicated(store, appended.log_end_offset,
-                                                 appended.leader_epoch)
+                                                 appended.leader_epoch, appended.topic_id)
                 return result, end
             self._count("conflict")
             # Lost to another handler: back off a little (more with each loss) and retry.
@@ -210,11 +210,11 @@ class CoordinatorRuntime(Generic[S]):
             self._writes.labels(outcome).inc()
 
     async def _await_replicated(self, store: CoordinatorPartition[S], end: int,
-                                leader_epoch: int) -> None:
+                                leader_epoch: int, topic_id: str) -> None:
         """Wait until the partition's high watermark reaches ``end``, as an acks=all produce
         does (:func:`~..routing.replication_key`). Without a purgatory the write stands as the
         leader has it."""
-        key = replication_key(store.topic, store.partition, leader_epoch)
+        key = replication_key(store.topic, store.partition, leader_epoch, topic_id)
         timeout_ms = COMMIT_TIMEOUT_MS
         try:
             with parked():

@@ -174,7 +174,7 @@ async def _await_replicated(purgatory: Purgatory, written: list[_Written],
         result = item.result
         assert result is not None
         if result.high_watermark < result.log_end_offset:
-            key = replication_key(item.tp[0], item.tp[1], result.leader_epoch)
+            key = replication_key(item.tp[0], item.tp[1], result.leader_epoch, result.topic_id)
             pending.setdefault(key, []).append(item)
             thresholds[key] = max(thresholds.get(key, 0), result.log_end_offset)
     if not pending:

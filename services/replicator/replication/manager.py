@@ -132,7 +132,7 @@ class ReplicationManager:
                 if (current is not None and current.leader_epoch < p.leader_epoch
                         and self._purgatory is not None):
                     self._purgatory.leader_changed(topic.name, p.partition,
-                                                   current.leader_epoch)
+                                                   current.leader_epoch, topic.topic_id)
         self._partitions = partitions
         self._streams.follow(alive)
         self._sync_needed.set()

@@ -1,9 +1,10 @@
 """Telling the purgatory that a partition's leader epoch ended: acks=all produces wait on the
-partition's key at the epoch of their append (``<topic>-<partition>@<epoch>``), which only that
-leader's high watermark reports complete; when the partition gets a new leader epoch, the old
-key is failed with NOT_LEADER_OR_FOLLOWER, so its waiting produces answer at once and the
-clients retry with the new leader. (A leader that is alive when it steps down reports its
-epoch's end too, with its last high watermark, see :mod:`services.log.replica_manager`.)
+partition's key at the epoch of their append (``<topic>-<partition>@<epoch>@<topic id>``), which
+only that leader's high watermark reports complete; when the partition gets a new leader epoch,
+the old key is failed with NOT_LEADER_OR_FOLLOWER, so its waiting produces (and any parked on
+it later) answer at once and the clients retry with the new leader. (A leader that is alive
+when it steps down reports its epoch's end too, with its last high watermark, see
+:mod:`services.log.replica_manager`.)
 
 Reports go on a :class:`~services.common.progress_reports.ProgressStream` (coalescing, only
 watched keys, fire and forget). The replicator gives it no position source: the leader's log
@@ -23,7 +24,7 @@ UNKNOWN_POSITION = -1
 class ProgressReporter(ProgressStream):
     """Coalescing, fire-and-forget reports; create inside the event loop."""
 
-    def leader_changed(self, topic: str, partition: int, old_epoch: int) -> None:
-        """Fail what waits on ``old_epoch``'s key: that epoch has ended."""
-        self.report(epoch_key(topic, partition, old_epoch), UNKNOWN_POSITION,
+    def leader_changed(self, topic: str, partition: int, old_epoch: int, topic_id: str) -> None:
+        """Fail what waits on ``old_epoch``'s key, now or later: that epoch has ended."""
+        self.report(epoch_key(topic, partition, old_epoch, topic_id), UNKNOWN_POSITION,
                     ErrorCode.not_leader_or_follower.value)

@@ -160,7 +160,8 @@ def test_a_write_answers_only_once_replicated() -> None:
         counters = runtime(log, purgatory)
         log.lagging = True
         assert await counters.update("a", increment("a")) == (1, 1)
-        assert purgatory.produce_waits == [{f"{TOPIC.name}-{partition_for('a', 2)}@0": 1}]
+        assert purgatory.produce_waits == [
+            {f"{TOPIC.name}-{partition_for('a', 2)}@0@id-{TOPIC.name}": 1}]
         purgatory.replicated = False
         with pytest.raises(CoordinatorError) as failed:
             await counters.update("a", increment("a"))

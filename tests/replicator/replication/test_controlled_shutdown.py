@@ -20,6 +20,7 @@ from kbroker.purgatory.v1 import purgatory_pb2_grpc
 from kbroker.replicator.v1 import replicator_pb2 as pb
 from services.common.channels import insecure_channel
 from services.common.errors import ErrorCode
+from services.common.progress_reports import epoch_key
 from services.local_cluster import free_port
 from services.purgatory.config import PurgatoryConfig
 from services.purgatory.server import start as start_purgatory
@@ -110,7 +111,8 @@ def test_a_stopping_leader_hands_over_to_an_in_sync_follower_first(tmp_path: Pat
                 assert result.error_code == 0, result
                 taken.append(result)
                 waits.append(asyncio.ensure_future(r.await_produce(
-                    f"handed-0@{result.leader_epoch}", result.log_end_offset, 10_000)))
+                    epoch_key("handed", 0, result.leader_epoch, result.topic_id),
+                    result.log_end_offset, 10_000)))
                 await asyncio.sleep(0.002)
 
         appending = asyncio.ensure_future(keep_appending())

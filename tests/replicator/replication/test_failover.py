@@ -12,6 +12,7 @@ import grpc
 from kbroker.log.v1 import log_pb2
 from kbroker.replicator.v1 import replicator_pb2 as pb
 from services.common.errors import ErrorCode
+from services.common.progress_reports import epoch_key
 
 from ...record_batches import build_batch, values
 from .harness import Replication, wait_for
@@ -41,7 +42,8 @@ def test_a_fenced_leader_is_replaced_and_comes_back_as_a_cut_follower(tmp_path: 
         lost = await old.append("failover", build_batch(values(2)))
         assert lost.leader_epoch == 0 and lost.high_watermark < lost.log_end_offset
         waiting = asyncio.ensure_future(
-            r.await_produce("failover-0@0", lost.log_end_offset, 20_000))
+            r.await_produce(epoch_key("failover", 0, 0, lost.topic_id), lost.log_end_offset,
+                            20_000))
         await old.stop()
         for follower in followers:
             await follower.start()
@@ -63,7 +65,8 @@ def test_a_fenced_leader_is_replaced_and_comes_back_as_a_cut_follower(tmp_path: 
         written = await new.append("failover", build_batch(values(4)))
         assert written.error_code == 0 and written.leader_epoch == 1
         assert written.base_offset == committed.log_end_offset
-        done = await r.await_produce("failover-0@1", written.log_end_offset, 10_000)
+        done = await r.await_produce(epoch_key("failover", 0, 1, written.topic_id),
+                                     written.log_end_offset, 10_000)
         assert done.keys[0].error_code == 0
 
         # The old leader returns: it follows at epoch 1, its uncommitted batch cut away.

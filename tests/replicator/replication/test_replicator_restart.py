@@ -9,6 +9,7 @@ import asyncio
 from pathlib import Path
 
 from kbroker.purgatory.v1 import purgatory_pb2
+from services.common.progress_reports import epoch_key
 
 from ...record_batches import build_batch, values
 from .harness import Replication, replication, wait_for
@@ -22,7 +23,8 @@ def test_acks_all_waits_complete_without_a_replicator_and_after_its_restart(
         leaders = [r.node(meta.leader) for meta in before]
         for partition, leader in enumerate(leaders):
             first = await leader.append("waits", build_batch(values(3)), partition)
-            answer = await r.await_produce(f"waits-{partition}@{first.leader_epoch}",
+            answer = await r.await_produce(epoch_key("waits", partition, first.leader_epoch,
+                                                     first.topic_id),
                                            first.log_end_offset, 10_000)
             assert answer.outcome == purgatory_pb2.OUTCOME_COMPLETED
 
@@ -33,8 +35,9 @@ def test_acks_all_waits_complete_without_a_replicator_and_after_its_restart(
             for result in appended:
                 assert result.error_code == 0 and result.high_watermark < result.log_end_offset
             answers = await asyncio.gather(*(
-                r.await_produce(f"waits-{p}@{result.leader_epoch}", result.log_end_offset,
-                                10_000) for p, result in enumerate(appended)))
+                r.await_produce(epoch_key("waits", p, result.leader_epoch, result.topic_id),
+                                result.log_end_offset, 10_000)
+                for p, result in enumerate(appended)))
             assert [a.outcome for a in answers] == [purgatory_pb2.OUTCOME_COMPLETED] * 2
             for partition, result in enumerate(appended):
                 # Committed means every in-sync replica holds it.
@@ -46,7 +49,8 @@ def test_acks_all_waits_complete_without_a_replicator_and_after_its_restart(
         later = [await leader.append("waits", build_batch(values(2)), partition)
                  for partition, leader in enumerate(leaders)]
         answers = await asyncio.gather(*(
-            r.await_produce(f"waits-{p}@{result.leader_epoch}", result.log_end_offset, 10_000)
+            r.await_produce(epoch_key("waits", p, result.leader_epoch, result.topic_id),
+                            result.log_end_offset, 10_000)
             for p, result in enumerate(later)))
         assert [a.outcome for a in answers] == [purgatory_pb2.OUTCOME_COMPLETED] * 2
         after = [await r.partition("waits", p) for p in (0, 1)]
