@@ -259,8 +259,8 @@ class ConsumerGroups:
 
     # -- timers -------------------------------------------------------------------------------
 
-    async def expire_session(self, group_id: str, member_id: str) -> None:
-        """A consumer group member's session timer ran out: fence it."""
+    def _fence_transition(self, member_id: str) -> Callable[..., Change]:
+        """The change that fences ``member_id`` (none if it is no member any more)."""
         config, classic_config = self.config, self.classic_config
 
         def transition(group: ConsumerGroup | None, classic: Group | None, image: TopicImage,
@@ -270,8 +270,12 @@ class ConsumerGroups:
             return fence(group, member_id, config, image=image, now=now,
                          classic_config=classic_config)
 
+        return transition
+
+    async def expire_session(self, group_id: str, member_id: str) -> None:
+        """A consumer group member's session timer ran out: fence it."""
         try:
-            applied = await self.apply(group_id, transition)
+            applied = await self.apply(group_id, self._fence_transition(member_id))
         except CoordinatorError as exc:
             log.warning("session expiry of %s in group %s: %s", member_id, group_id, exc)
             return
@@ -289,17 +293,8 @@ class ConsumerGroups:
         kind, group_id, member_id = parsed
         if await self._runtime.rearmed(key):
             return True
-        config, classic_config = self.config, self.classic_config
-
-        def transition(group: ConsumerGroup | None, classic: Group | None, image: TopicImage,
-                       now: int) -> Change:
-            if group is None or member_id not in group.members:
-                return Change(after=group)
-            return fence(group, member_id, config, image=image, now=now,
-                         classic_config=classic_config)
-
         try:
-            applied = await self.apply(group_id, transition)
+            applied = await self.apply(group_id, self._fence_transition(member_id))
         except CoordinatorError as exc:
             log.warning("%s deadline of %s in group %s: %s", kind, member_id, group_id, exc)
             return True
