@@ -16,6 +16,7 @@ from kio.records.writers import write_batch
 from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
 
 from services.common.errors import ErrorCode, KafkaError, RecordValidationError
+from services.common.records.compression import MAX_DECOMPRESSED_BYTES
 from services.common.records.control_records import (
     ControlRecordType,
     EndTransactionMarker,
@@ -237,6 +238,11 @@ def test_keyless_records_fail_the_compacted_topic_check_each_by_its_index() -> N
     assert "5 record(s) rejected" in str(raised.value) and "and 2 more" in str(raised.value)
     control = build_batch(values(1), keys=[None], attributes=CONTROL_BIT)
     check_keys(control, list(iter_batches(control)), "t-0")
+    # A few KB of zstd that would decompress to gigabytes: refused before they are made.
+    bomb = compressed_batch([(b"a", bytes(MAX_DECOMPRESSED_BYTES + 1))], "zstd")
+    with pytest.raises(KafkaError) as raised:
+        check_keys(bomb, list(iter_batches(bomb)), "t-0")
+    assert raised.value.errno == ErrorCode.corrupt_message.value
     broken = bytearray(compressed_batch([(b"a", b"1")], "gzip"))
     broken[-6] ^= 0xFF  # the gzip trailer's CRC
     with pytest.raises(KafkaError) as raised:

@@ -16,6 +16,7 @@ Codecs, as the Java client writes and reads them:
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 import cramjam
 
@@ -41,26 +42,69 @@ _INT32 = struct.Struct(">i")
 _UINT32_LE = struct.Struct("<I")
 
 
-def decompress(codec: int, data: Buffer) -> bytes:
-    """The records of a batch compressed with ``codec``; raises :class:`RecordError`."""
+# The most the records of one batch may decompress to. Kafka bounds a batch's compressed size
+# (max.message.bytes) but not what it expands to; a few KB of zstd can claim gigabytes, which
+# would take a log node's memory (a compacted topic's append decodes its records' keys). A
+# batch beyond this is refused as corrupt, having cost at most this much memory.
+MAX_DECOMPRESSED_BYTES = 256 << 20
+# The first output buffer tried, as a multiple of the compressed size (grown 8-fold when short).
+_FIRST_RATIO = 8
+_MIN_FIRST_BYTES = 64 << 10
+
+
+def decompress(codec: int, data: Buffer, limit: int = MAX_DECOMPRESSED_BYTES) -> bytes:
+    """The records of a batch compressed with ``codec``, at most ``limit`` bytes of them;
+    raises :class:`RecordError` (also for more than ``limit`` bytes)."""
     try:
         if codec == NONE:
             return bytes(data)
         if codec == GZIP:
-            return bytes(cramjam.gzip.decompress(data))
+            return _bounded(cramjam.gzip.decompress_into, data, limit)
         if codec == SNAPPY:
             if is_xerial(data):
-                return _xerial_decompress(data)
-            return bytes(cramjam.snappy.decompress_raw(data))
+                return _xerial_decompress(data, limit)
+            return _snappy_raw(data, limit)
         if codec == LZ4:
-            return bytes(cramjam.lz4.decompress(data))
+            return _bounded(cramjam.lz4.decompress_into, data, limit)
         if codec == ZSTD:
-            return bytes(cramjam.zstd.decompress(data))
+            return _bounded(cramjam.zstd.decompress_into, data, limit)
     except RecordError:
         raise
     except Exception as exc:  # noqa: BLE001 - each codec has its own error types
         raise RecordError(f"cannot decompress codec {codec}: {exc}") from None
     raise RecordError(f"unknown compression codec {codec}")
+
+
+def _too_large(limit: int) -> RecordError:
+    return RecordError(f"the records decompress to more than {limit} bytes")
+
+
+def _bounded(decompress_into: Callable[[Buffer, bytearray], int], data: Buffer,
+             limit: int) -> bytes:
+    """Decompress into buffers of growing size, never more than ``limit`` bytes: a codec
+    stops with "failed to write whole buffer" as soon as its output does not fit."""
+    size = min(max(len(data) * _FIRST_RATIO, _MIN_FIRST_BYTES), limit)
+    while True:
+        out = bytearray(size)
+        try:
+            written = decompress_into(data, out)
+        except cramjam.DecompressionError as exc:
+            if "whole buffer" not in str(exc):
+                raise
+            if size >= limit:
+                raise _too_large(limit) from None
+            size = min(size * 8, limit + 1)
+            continue
+        if written > limit:
+            raise _too_large(limit)
+        return bytes(memoryview(out)[:written])
+
+
+def _snappy_raw(data: Buffer, limit: int) -> bytes:
+    """Raw snappy states its decompressed length first: checked before anything is made."""
+    if cramjam.snappy.decompress_raw_len(data) > limit:
+        raise _too_large(limit)
+    return bytes(cramjam.snappy.decompress_raw(data))
 
 
 def compress(codec: int, data: bytes, xerial: bool = False) -> bytes:
@@ -90,7 +134,7 @@ def is_xerial(data: Buffer) -> bool:
     return bytes(data[:len(_XERIAL_MAGIC)]) == _XERIAL_MAGIC
 
 
-def _xerial_decompress(data: Buffer) -> bytes:
+def _xerial_decompress(data: Buffer, limit: int) -> bytes:
     view = memoryview(data)
     out = bytearray()
     position = len(_XERIAL_HEADER)
@@ -101,7 +145,10 @@ def _xerial_decompress(data: Buffer) -> bytes:
         position += 4
         if length < 0 or position + length > len(view):
             raise RecordError("truncated xerial snappy block")
-        out += cramjam.snappy.decompress_raw(view[position:position + length])
+        block = view[position:position + length]
+        if len(out) + cramjam.snappy.decompress_raw_len(block) > limit:
+            raise _too_large(limit)
+        out += cramjam.snappy.decompress_raw(block)
         position += length
     return bytes(out)
 

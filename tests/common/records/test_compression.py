@@ -60,3 +60,28 @@ def test_undecompressable_data_is_an_error() -> None:
         compression.decompress(SNAPPY, compression.compress(SNAPPY, b"x" * 100, True)[:-3])
     with pytest.raises(RecordError):
         compression.decompress(5, b"")
+
+
+@pytest.mark.parametrize(("codec", "xerial"), [
+    (GZIP, False), (SNAPPY, False), (SNAPPY, True), (LZ4, False), (ZSTD, False)])
+def test_decompression_stops_at_its_limit(codec: int, xerial: bool) -> None:
+    data = bytes(200_000) + os.urandom(1000)
+    packed = compression.compress(codec, data, xerial=xerial)
+    assert compression.decompress(codec, packed, limit=len(data)) == data
+    with pytest.raises(RecordError, match=f"more than {len(data) - 1} bytes"):
+        compression.decompress(codec, packed, limit=len(data) - 1)
+
+
+@pytest.mark.parametrize("codec", ["gzip", "lz4", "zstd"])
+def test_a_decompression_bomb_is_refused_without_being_made(codec: str) -> None:
+    """A few KB that claim gigabytes: refused at the default limit, having cost no more."""
+    import cramjam
+
+    compressor = getattr(cramjam, codec).Compressor()
+    chunk = bytes(1 << 20)
+    for _ in range(compression.MAX_DECOMPRESSED_BYTES // len(chunk) + 64):
+        compressor.compress(chunk)
+    bomb = bytes(compressor.finish())
+    assert len(bomb) < 2 << 20
+    with pytest.raises(RecordError, match="more than"):
+        compression.decompress(getattr(compression, codec.upper()), bomb)
