@@ -75,7 +75,7 @@ from services.common.error_answers import error_response
 from services.common.errors import ErrorCode
 
 from ..coordinator.placement import CoordinatorError
-from ..groups.consumer_heartbeat import GroupError
+from ..groups.consumer_config import GroupError
 from ..groups.coordinator import GroupCoordinator
 from ..groups.group import INVALID_GROUP_ID
 from ..groups.state import CommittedOffset, TopicPartition

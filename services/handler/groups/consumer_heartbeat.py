@@ -12,7 +12,7 @@ A heartbeat, in Kafka's order:
    INVALID_REGULAR_EXPRESSION.
 2. The group: a join creates it; an empty classic group of the same id is replaced (its
    committed offsets stay); a classic group in use is converted when the migration policy
-   allows upgrades and its members speak the consumer protocol (:mod:`.classic_members`);
+   allows upgrades and its members speak the consumer protocol (:mod:`.conversion`);
    anything else is GROUP_ID_NOT_FOUND. A group at ``group.consumer.max.size`` turns away new
    members (GROUP_MAX_SIZE_REACHED).
 3. The member: a new one joins with epoch 0; a known one must send its epoch, or its previous
@@ -43,6 +43,7 @@ from dataclasses import dataclass, field, replace
 from services.common.errors import ErrorCode
 
 from .assignors import ASSIGNORS, MemberSpec, PartitionAssignorError
+from .consumer_config import ConsumerGroupConfig, GroupError, TopicImage
 from .consumer_group import (
     LEAVE_GROUP_MEMBER_EPOCH,
     LEAVE_GROUP_STATIC_MEMBER_EPOCH,
@@ -53,6 +54,13 @@ from .consumer_group import (
     SubscribedTopic,
     TopicAssignment,
     freeze,
+)
+from .conversion import (
+    can_downgrade,
+    can_upgrade,
+    classic_is_empty,
+    convert_from_classic,
+    convert_to_classic,
 )
 from .reconciliation import FencedMemberEpochError, reconcile
 from .topic_regex import InvalidRegexError, TopicFilter, compile_regex, matching_topics
@@ -73,55 +81,6 @@ UNKNOWN_SERVER_ERROR = ErrorCode.unknown_server_error.value
 REGEX_REFRESH_INTERVAL_MS = 10_000
 # The first ConsumerGroupHeartbeat version whose clients make their own member ids (KIP-1082).
 CLIENT_MEMBER_ID_VERSION = 1
-
-MIGRATION_POLICIES = ("disabled", "upgrade", "downgrade", "bidirectional")
-
-
-class GroupError(Exception):
-    """A Kafka error to answer, with its message."""
-
-    def __init__(self, code: int, message: str = "") -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ConsumerGroupConfig:
-    """Kafka's group.consumer.* settings."""
-
-    session_timeout_ms: int = 45_000
-    heartbeat_interval_ms: int = 5_000
-    max_size: int = 2**31 - 1
-    assignors: tuple[str, ...] = ("uniform", "range")
-    migration_policy: str = "bidirectional"
-    # group.max.size: a classic group larger than this cannot be made of a consumer group.
-    classic_max_size: int = 2**31 - 1
-
-    @property
-    def default_assignor(self) -> str:
-        return self.assignors[0]
-
-    @property
-    def upgrades(self) -> bool:
-        return self.migration_policy in ("upgrade", "bidirectional")
-
-    @property
-    def downgrades(self) -> bool:
-        return self.migration_policy in ("downgrade", "bidirectional")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TopicImage:
-    """The topics of the cluster as the handler's metadata has them: name -> id and
-    partition count; ``version`` orders images (the metadata epoch)."""
-
-    topics: Mapping[str, SubscribedTopic] = field(default_factory=dict)
-    version: int = 0
-
-    def names_by_id(self) -> dict[str, str]:
-        return {t.topic_id: name for name, t in self.topics.items()}
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HeartbeatRequest:
@@ -364,7 +323,6 @@ def heartbeat(group: ConsumerGroup | None, classic: object, request: HeartbeatRe
     classic group of that id (a :class:`~.group.Group`), if any; ``describable`` filters the
     topics a regular expression matched by the member's DESCRIBE permission (None: no
     authorizer). Raises GroupError."""
-    from .classic_members import can_upgrade, classic_is_empty, convert_from_classic
 
     validate(request, config)
     if request.member_epoch in (LEAVE_GROUP_MEMBER_EPOCH, LEAVE_GROUP_STATIC_MEMBER_EPOCH):
@@ -516,7 +474,6 @@ def fence(group: ConsumerGroup, member_id: str, config: ConsumerGroupConfig, *,
     """Kafka's ``consumerGroupFenceMember``: the member goes and the group epoch is bumped
     (its partition metadata recomputed without it when the topics are known); or, when only
     classic members would remain, the group becomes a classic group (downgrade)."""
-    from .classic_members import can_downgrade, convert_to_classic
 
     if can_downgrade(group, member_id, config):
         return Change(after=None, classic_after=convert_to_classic(

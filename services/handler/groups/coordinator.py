@@ -22,9 +22,9 @@ from ..coordinator.runtime import CoordinatorRuntime
 from ..metadata_cache import MetadataCache
 from ..metrics import GROUP_WRITES
 from .assignors import ASSIGNORS
+from .consumer_config import MIGRATION_POLICIES, ConsumerGroupConfig
 from .consumer_group import ConsumerGroup, records_between
 from .consumer_groups import ConsumerGroups
-from .consumer_heartbeat import MIGRATION_POLICIES, ConsumerGroupConfig
 from .group import (
     GROUP_ID_NOT_FOUND,
     INVALID_GROUP_ID,

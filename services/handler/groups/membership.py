@@ -43,8 +43,8 @@ from services.common.errors import ErrorCode
 from ..coordinator.placement import CoordinatorError
 from ..coordinator.runtime import POLL_INTERVAL_S, CoordinatorRuntime
 from ..metrics import GROUP_REBALANCES, GROUP_SESSION_EXPIRIES
+from .consumer_config import GroupError
 from .consumer_group import records_between
-from .consumer_heartbeat import GroupError
 from .group import (
     INVALID_GROUP_ID,
     NONE,

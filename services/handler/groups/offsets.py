@@ -19,8 +19,8 @@ from services.common.errors import ErrorCode
 
 from ..coordinator.partition import TransactionalRecords
 from ..coordinator.runtime import CoordinatorRuntime
+from .consumer_config import GroupError
 from .consumer_group import ConsumerGroup
-from .consumer_heartbeat import GroupError
 from .group import (
     GROUP_ID_NOT_FOUND,
     ILLEGAL_GENERATION,
