@@ -44,13 +44,19 @@ def locate(metadata: ClusterMetadata, topic: TopicInfo | None, partition: int,
     or when the client's ``current_leader_epoch`` is not the leader's
     (:func:`leader_epoch_error`). With ``broker_id`` (the broker the client sent the request
     to), a partition that broker does not lead is NOT_LEADER_OR_FOLLOWER, as a Kafka broker
-    answers it."""
+    answers it, and one it leads is routed to it unless it is fenced, however late its last
+    heartbeat: a produce refused there while the next one on the connection is appended would
+    skip sequence numbers."""
     if topic is None:
         raise KafkaError(ErrorCode.unknown_topic_or_partition)
     info = topic.partitions.get(partition)
     if info is None:
         raise KafkaError(ErrorCode.unknown_topic_or_partition)
-    leader = metadata.live_node(info.leader)
+    # The broker the client chose answers for its partitions while it is a broker at all
+    # (not fenced), as a Kafka leader does whatever the controller thinks of its heartbeats:
+    # a node slow to answer them is asked anyway, and the call decides.
+    leader = (metadata.live_node(info.leader) if broker_id is None
+              else metadata.unfenced_node(info.leader))
     if leader is None:
         raise KafkaError(
             ErrorCode.not_leader_or_follower,

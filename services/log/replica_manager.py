@@ -46,6 +46,7 @@ from .replication_quota import FOLLOWER as FOLLOWER_SIDE
 from .replication_quota import LEADER as LEADER_SIDE
 from .replication_quota import ReplicationQuota
 from .replication_settings import ReplicationSettings
+from .running_clock import RunningClock
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +55,6 @@ TopicPartition = tuple[str, int]
 FetchAnswer = list[tuple[log_pb2.ReplicaFetchResult, bytes]]
 # An ISR change answered with a retriable error is asked for again after this long.
 ISR_RETRY_S = 1.0
-
-
-def now_ms() -> int:
-    return int(time.monotonic() * 1000)
 
 
 class IsrChangeSubscription:
@@ -116,6 +113,9 @@ class ReplicaManager:
         self._tasks: list[asyncio.Task[None]] = []
         self._retries: set[asyncio.TimerHandle] = set()
         self._check_isr = asyncio.Event()
+        # Followers' lag is measured in the time this node ran: a leader that was stopped
+        # does not blame its followers for the fetches it could not serve.
+        self.clock = RunningClock()
         self.stopping = False
 
     # -- life cycle ------------------------------------------------------------------------
@@ -128,8 +128,9 @@ class ReplicaManager:
             if state.role == LEADER and state.replicas:
                 self.leaders[(partition_log.topic, partition_log.partition)] = (
                     self._new_leader(partition_log, state))
-        self._tasks.append(asyncio.get_running_loop().create_task(
-            self._shrink_forever(), name="isr-shrinks"))
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self.clock.run(), name="running-clock"))
+        self._tasks.append(loop.create_task(self._shrink_forever(), name="isr-shrinks"))
 
     def begin_stop(self) -> None:
         """The node stops serving: fetch sessions and control streams end after their current
@@ -195,7 +196,8 @@ class ReplicaManager:
             self._forget_leader(key)
             replicas = self._new_leader(partition_log, state)
         else:
-            replicas.update(state.replicas, state.isr, state.partition_epoch, now_ms())
+            replicas.update(state.replicas, state.isr, state.partition_epoch,
+                            self.clock.now_ms())
         self.leaders[key] = replicas
         changed = await partition_log.become(copy(state, in_sync_alone=replicas.alone))
         self._advance_high_watermark(partition_log, replicas)
@@ -207,7 +209,7 @@ class ReplicaManager:
         return LeaderReplicas(
             node_id=self.node_id, leader_epoch=state.leader_epoch, replicas=state.replicas,
             isr=state.isr, partition_epoch=state.partition_epoch,
-            epoch_start_offset=partition_log.log_end_offset, now_ms=now_ms())
+            epoch_start_offset=partition_log.log_end_offset, now_ms=self.clock.now_ms())
 
     def _forget_leader(self, key: TopicPartition) -> None:
         if self.leaders.pop(key, None) is not None:
@@ -224,7 +226,7 @@ class ReplicaManager:
         """Serve one follower fetch (see the module docstring): each partition's result
         (without its records) and its records."""
         metrics.FOLLOWER_FETCHES.inc()
-        started = now_ms()
+        started = self.clock.now_ms()
         logs: list[PartitionLog | None] = []
         for item in request.partitions:
             logs.append(await self._record_position(request.replica_id, item, started))
@@ -396,7 +398,7 @@ class ReplicaManager:
             decided = answer.HasField("state")
             replicas = self.leaders.get(key)
             if replicas is not None and replicas.leader_epoch == change.leader_epoch:
-                replicas.answered(answer.state.isr if decided else None, now_ms(),
+                replicas.answered(answer.state.isr if decided else None, self.clock.now_ms(),
                                   int(ISR_RETRY_S * 1000))
             partition_log = self.manager.find(*key)
             if partition_log is not None and decided:
@@ -434,7 +436,7 @@ class ReplicaManager:
         """Ask to remove the followers not caught up for ``replica.lag.time.max.ms`` (Kafka's
         maybeShrinkIsr; followers join on their fetches only, so one that stopped fetching
         is never added on an old position)."""
-        now = now_ms()
+        now = self.clock.now_ms()
         for key, replicas in list(self.leaders.items()):
             partition_log = self.manager.find(*key)
             if partition_log is None or partition_log.state.role != LEADER:
@@ -452,7 +454,7 @@ class ReplicaManager:
     def follower_lags(self) -> Iterable[tuple[str, int, int, int, float]]:
         """(topic, partition, follower, messages behind, seconds since caught up) for every
         follower of a partition this node leads."""
-        now = now_ms()
+        now = self.clock.now_ms()
         for (topic, partition), replicas in self.leaders.items():
             partition_log = self.manager.find(topic, partition)
             if partition_log is None:

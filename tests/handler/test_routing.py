@@ -33,6 +33,21 @@ def test_locate_errors(name, partition, code):
     assert failure.value.code == code
 
 
+def test_the_broker_a_client_chose_answers_for_its_partitions_until_it_is_fenced():
+    """Produce names the broker it reached: its partitions go to it even while it misses
+    heartbeats (as a Kafka leader serves whatever the controller thinks of it), so a request
+    refused there never lets the next one on the connection skip its sequence numbers."""
+    snapshot = cluster(topic("t", 3, leaders=[0, 1, 2]), nodes=(0,), dead=(1,), fenced=(2,))
+    route = locate(snapshot, snapshot.topic("t"), 1, broker_id=1)
+    assert route.leader.node_id == 1
+    for partition, broker in ((2, 2), (1, 0)):
+        with pytest.raises(KafkaError) as failure:
+            locate(snapshot, snapshot.topic("t"), partition, broker_id=broker)
+        assert failure.value.code == ErrorCode.not_leader_or_follower
+    with pytest.raises(KafkaError):  # reads still go only to live leaders
+        locate(snapshot, snapshot.topic("t"), 1)
+
+
 def test_a_leader_that_does_not_know_its_partition_is_not_its_leader():
     assert leader_error(3) == 6
     assert leader_error(1) == 1

@@ -358,6 +358,29 @@ def test_a_leader_asks_to_remove_a_follower_that_stopped_fetching(tmp_path: Path
     run_node(tmp_path, body)
 
 
+def test_a_leader_that_was_stopped_does_not_blame_its_followers(tmp_path: Path) -> None:
+    """The node's event loop stands still for longer than replica.lag.time.max.ms (as under
+    SIGSTOP): no follower could fetch meanwhile, so none leaves the ISR for it; one that then
+    stops fetching leaves after the lag time the leader ran."""
+    async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
+        await stub.UpdateReplicationSettings(log_pb2.ReplicationSettings(
+            configs={"replica.lag.time.max.ms": "600"}))
+        changes = stub.AlterPartitions()
+        await create_with(stub, "t", state("t", LEADER, 0, partition_epoch=3))
+        await append(stub, "t", build_batch(values(3)))
+        await fetch(stub, "t", 3, epoch=0)  # caught up
+        reading = asyncio.get_running_loop().create_task(next_isr_change(changes))
+        time.sleep(1.5)  # the whole node stands still
+        started = time.monotonic()
+        change = await reading  # the follower never fetched again
+        # A wall clock would have removed it at once.
+        assert 0.25 <= time.monotonic() - started < 1.5
+        assert (list(change.current_isr), list(change.new_isr)) == ([0, 1], [0])
+        changes.cancel()
+
+    run_node(tmp_path, body)
+
+
 def test_a_stale_state_of_the_same_epoch_changes_nothing(tmp_path: Path) -> None:
     async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
         await create_with(stub, "t", state("t", LEADER, 1, alone=True, partition_epoch=5))
