@@ -109,8 +109,10 @@ class Workload:
     # -- producing ----------------------------------------------------------------------------
 
     def _produce(self, name: str) -> None:
+        # The eos context: every producer id, epoch and sequence change, which says why a
+        # record was stored twice.
         producer = Producer({"bootstrap.servers": self.bootstrap, "client.id": name,
-                             **PRODUCER_CONFIG})
+                             **PRODUCER_CONFIG, **self._client_logging(name, "eos")})
         span = self._span(name)
         in_flight = [0] * self.partitions
         history = self.history
