@@ -370,7 +370,7 @@ def test_a_leader_that_was_stopped_does_not_blame_its_followers(tmp_path: Path) 
         await append(stub, "t", build_batch(values(3)))
         await fetch(stub, "t", 3, epoch=0)  # caught up
         reading = asyncio.get_running_loop().create_task(next_isr_change(changes))
-        time.sleep(1.5)  # the whole node stands still
+        time.sleep(1.5)  # noqa: ASYNC251 - the whole node stands still
         started = time.monotonic()
         change = await reading  # the follower never fetched again
         # A wall clock would have removed it at once.
