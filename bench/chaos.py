@@ -4,10 +4,13 @@ production and a consumer group, then the checker's verdict and the ack pause pe
     python bench/chaos.py [--duration 1800] [--interval 20] [--kinds kill,pause,...]
                           [--roles log,handler,...] [--seed N] [--rate 100]
                           [--disk-mb 256] [--full-disk-seconds 15] [--stuck-after 30]
+                          [--links *|none|log-0,...]
 
 The pieces are those of tests/chaos (the short version in ``make test``): a cluster of 3 log
 nodes, 2 handlers, a purgatory, a replicator and a frontend, supervised (a service that exits
-is restarted with backoff), with a loopback proxy in front of every internal gRPC port and a
+is restarted with backoff), with a loopback proxy in front of every internal gRPC port (or of
+those ``--links`` names: behind a proxy a killed service looks like an unreachable one, whose
+port still accepts, so it is fenced after the session timeout, not at once) and a
 tmpfs of DISK_MB per log node (root only; ``--disk-mb 0`` leaves full disks out); a topic of
 6 partitions, RF=3, min.insync.replicas=2; 2 idempotent acks=all producers at RATE records/s
 each and a consumer group of 2. Every INTERVAL seconds one fault, drawn at random (kind
@@ -71,6 +74,11 @@ def main() -> int:
     parser.add_argument("--settle-timeout", type=float, default=120.0)
     parser.add_argument("--strict", action="store_true",
                         help="also fail on stuck clients and stalled partitions")
+    parser.add_argument("--links", default="*",
+                        help="internal services behind a loopback proxy: * (all), a comma "
+                             "list, or none (partition and disconnect faults need one; "
+                             "without, a killed service refuses connections as it does "
+                             "in a deployment)")
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="keep data and service logs here (default: a temporary folder)")
     args = parser.parse_args()
@@ -90,6 +98,7 @@ def main() -> int:
     log(f"seed {seed}; kinds {kinds}; roles {roles}")
     settings = ChaosSettings(
         partitions=args.partitions, rate=args.rate, disk_mb=args.disk_mb,
+        links=tuple(n for n in args.links.split(",") if n and n != "none"),
         stuck_after=args.stuck_after, settle_timeout=args.settle_timeout,
         faults=FaultSettings(pause_seconds=args.pause_seconds,
                              partition_seconds=args.partition_seconds,
