@@ -35,6 +35,13 @@ class OutcomeUnknownError(CallError):
     """The call failed after it may have taken effect."""
 
 
+class RequestOutcomeUnknownError(Exception):
+    """A Kafka request failed after part of it may have taken effect, and no answer to it is
+    safe: the handler fails the call itself (DEADLINE_EXCEEDED, as for a call that ran out of
+    time), which the frontend answers as it answers any request whose outcome it does not
+    know."""
+
+
 class LogNodes(Protocol):
     """The log nodes, each addressed by its metadata entry. A call covers partitions of one
     node and answers one result per requested partition, in any order. An append with

@@ -4,8 +4,9 @@ Each ``HandlerCall`` is served by the same servicer method a unary call reaches,
 small stand-in for the gRPC context that carries the call's request metadata in and its
 trailing metadata out, so the API code cannot tell the two paths apart. Calls run
 concurrently (:func:`services.common.call_streams.serve_calls`). An unknown
-method is answered UNIMPLEMENTED, a request that does not parse INVALID_ARGUMENT, and a
-servicer that raises INTERNAL (the servicer itself turns API failures into Kafka errors).
+method is answered UNIMPLEMENTED, a request that does not parse INVALID_ARGUMENT, a call the
+servicer aborts with its status, and a servicer that raises INTERNAL (the servicer itself
+turns API failures into Kafka errors).
 
 The stream's messages stay bytes here: requests and responses are read and written around their
 envelopes without extra copies (:mod:`services.common.envelopes`), so the stream is registered
@@ -34,6 +35,15 @@ log = logging.getLogger(__name__)
 Method = Callable[[Any, Any], Awaitable[Any]]
 
 
+class CallAbortedError(Exception):
+    """A servicer method failed its call on purpose (:meth:`CallContext.abort`)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
 class CallContext:
     """What the servicer methods use of a ``grpc.aio.ServicerContext``, for one call: its
     own metadata, and the stream's peer (address and credentials, which say whether the
@@ -56,6 +66,10 @@ class CallContext:
 
     def auth_context(self) -> Mapping[str, Any]:
         return self._auth
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        """Fail the call with ``code`` (as ``grpc.aio.ServicerContext.abort``)."""
+        raise CallAbortedError(code, details)
 
     def set_trailing_metadata(self, metadata: Sequence[tuple[str, str]]) -> None:
         self.trailing_metadata = tuple(metadata)
@@ -97,6 +111,8 @@ class ExchangeServicer(handler_pb2_grpc.KafkaHandlerStreamServicer):
         context = CallContext([(m.key, m.value) for m in call.metadata], peer, auth)
         try:
             response = await method(request, context)
+        except CallAbortedError as exc:
+            return _failed(call.call_id, exc.code, exc.details)
         except Exception as exc:
             log.exception("%s failed", call.method)
             return _failed(call.call_id, grpc.StatusCode.INTERNAL, f"{call.method}: {exc}")

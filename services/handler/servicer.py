@@ -5,7 +5,9 @@ metadata snapshot, :mod:`.security.access`); per-request metrics (the time a
 request parked in the purgatory goes back to the frontend as the trailing metadata
 ``kbroker-remote-ms``, see :mod:`.metrics`); and the guarantee that no request kills the
 handler (an unexpected failure is logged and answered with UNKNOWN_SERVER_ERROR for every item
-of the request, an API this handler does not serve with UNSUPPORTED_VERSION).
+of the request, an API this handler does not serve with UNSUPPORTED_VERSION). A request that
+has no safe answer (:class:`~.collaborators.RequestOutcomeUnknownError`) fails its call with
+DEADLINE_EXCEEDED instead.
 
 Requests and responses are the generated messages of ``kbroker.kafka.v1``: an unset request
 field reads as Kafka's default (callers such as grpcurl may leave fields out), and unset
@@ -28,6 +30,7 @@ from kbroker.handler.v1 import kafka_handler_pb2, kafka_handler_pb2_grpc
 from services.common.error_answers import error_codes, error_response
 from services.common.errors import ErrorCode
 
+from .collaborators import RequestOutcomeUnknownError
 from .config import HandlerConfig
 from .metadata_cache import MetadataCache, MetadataUnavailableError
 from .metrics import record_request, remote_time
@@ -39,6 +42,7 @@ log = logging.getLogger(__name__)
 
 UNKNOWN_SERVER_ERROR = ErrorCode.unknown_server_error.value
 UNSUPPORTED_VERSION = ErrorCode.unsupported_version.value
+REQUEST_TIMED_OUT = ErrorCode.request_timed_out.value
 
 
 class KafkaApi(Protocol):
@@ -126,6 +130,11 @@ class KafkaHandlerServicer:
             else:
                 try:
                     response = await api.handle(request, await self.request_context(context))
+                except RequestOutcomeUnknownError as exc:
+                    log.info("%s: %s; failing the call", name, exc)
+                    record_request(name, REQUEST_TIMED_OUT, time.perf_counter() - started)
+                    await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"{name}: {exc}")
+                    raise  # abort raises; never reached
                 except Exception:
                     log.exception("%s failed", name)
                     response = error_response(request, UNKNOWN_SERVER_ERROR)

@@ -363,6 +363,23 @@ def test_handler_error_status_is_unknown_server_error_and_not_retried() -> None:
     asyncio.run(main())
 
 
+def test_a_produce_its_handler_could_not_answer_safely_closes_the_connection() -> None:
+    """DEADLINE_EXCEEDED from the handler: an idempotent append whose outcome it does not
+    know (the handler's own call to the log node failed midway)."""
+    async def main() -> None:
+        first = FakeHandler("first")
+        second = FakeHandler("second")
+        first.errors["Produce"] = second.errors["Produce"] = grpc.StatusCode.DEADLINE_EXCEEDED
+        async with frontend(first, second) as service:
+            wire = await KafkaWire.connect(service.kafka_port)
+            await wire.send(encode_request(produce_v9_request(partitions=2), 1))
+            assert await wire.closed_by_peer()
+            assert len(first.called("Produce")) + len(second.called("Produce")) == 1
+            await wire.close()
+
+    asyncio.run(main())
+
+
 def test_no_handler_reachable() -> None:
     async def main() -> None:
         async with frontend(before=(await dead_address(),)) as service:

@@ -7,7 +7,11 @@ from kbroker.log.v1 import log_pb2
 from kbroker.purgatory.v1 import purgatory_pb2
 from services.common.records.record_batch import TRANSACTIONAL_BIT
 from services.handler.apis.produce import ProduceApi
-from services.handler.collaborators import OutcomeUnknownError, UnreachableError
+from services.handler.collaborators import (
+    OutcomeUnknownError,
+    RequestOutcomeUnknownError,
+    UnreachableError,
+)
 from services.handler.coordinator.placement import CoordinatorError
 from services.handler.request_context import RequestContext
 
@@ -154,6 +158,23 @@ def test_unreachable_leader_versus_unknown_outcome():
     log_nodes.failures = {0: UnreachableError("refused"), 1: OutcomeUnknownError("deadline")}
     response, _, _ = serve(request(("t", [0, 1])), snapshot, log_nodes)
     assert [p.error_code for p in response.responses[0].partition_responses] == [6, 7]
+
+
+def test_an_idempotent_append_of_unknown_outcome_leaves_the_request_unanswered():
+    """No answer is safe for it: the frontend closes the connection instead, so the client
+    resends in order under the same sequence numbers."""
+    snapshot = cluster(topic("t", 2, leaders=[0, 1]), nodes=(0, 1))
+    log_nodes = FakeLogNodes()
+    log_nodes.failures = {1: OutcomeUnknownError("deadline")}
+    idempotent = record_batch([b"a"], producer_id=7)
+    req = k.ProduceRequest(acks=-1, timeout_ms=1000, topic_data=[{"name": "t", "partition_data": [
+        {"index": 0, "records": idempotent}, {"index": 1, "records": idempotent}]}])
+    with pytest.raises(RequestOutcomeUnknownError, match="t-1"):
+        serve(req, snapshot, log_nodes)
+    # Unreachable means nothing was appended: answered, so the client looks the leader up.
+    log_nodes.failures = {1: UnreachableError("refused")}
+    response, _, _ = serve(req, snapshot, log_nodes)
+    assert [p.error_code for p in response.responses[0].partition_responses] == [0, 6]
 
 
 def test_log_node_errors_pass_through_and_unknown_partitions_mean_not_leader():

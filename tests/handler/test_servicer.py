@@ -1,15 +1,22 @@
 """The gRPC glue: APIs by RPC name, defaults for unset fields, request context, APIs this
-handler does not serve answered UNSUPPORTED_VERSION, and unexpected failures answered as
-UNKNOWN_SERVER_ERROR."""
+handler does not serve answered UNSUPPORTED_VERSION, unexpected failures answered as
+UNKNOWN_SERVER_ERROR, and requests without a safe answer failing their call."""
 
 import asyncio
 from types import SimpleNamespace
 
+import grpc
+import pytest
+
+from kbroker.handler.v1 import handler_pb2
 from kbroker.kafka.v1 import kafka_pb2 as k
 from services.handler import servicer as glue
 from services.handler.apis import cluster, fetch, metadata, offsets, produce, topics
+from services.handler.collaborators import OutcomeUnknownError
 from services.handler.config import HandlerConfig
+from services.handler.exchange import ExchangeServicer
 
+from .batches import record_batch
 from .fakes import FakeController, FakeLogNodes, FakePurgatory, cache_of, topic
 from .fakes import cluster as snapshot
 
@@ -30,6 +37,17 @@ class Context:
 
     def auth_context(self):
         return self._auth
+
+    async def abort(self, code, details):
+        raise AbortedError(code, details)
+
+
+class AbortedError(Exception):
+    """What grpc.aio's ServicerContext.abort raises, as this test sees it."""
+
+    def __init__(self, code, details):
+        super().__init__(details)
+        self.code = code
 
 
 def make_servicer(metadata_snapshot, log_nodes=None, controller=None, broker_ports=1):
@@ -146,3 +164,32 @@ def test_unexpected_failures_become_unknown_server_error_per_item():
     assert produced.responses[0].partition_responses[0].error_code == -1
     assert listed.topics[0].partitions[0].error_code == -1
     assert [(t.name, t.error_code) for t in created.topics] == [("n", -1)]
+
+
+def test_a_produce_without_a_safe_answer_fails_its_call_on_both_paths():
+    """An idempotent append whose outcome is unknown: DEADLINE_EXCEEDED, over a unary call and
+    over the stream, which the frontend answers by closing the client's connection."""
+    class Unknown(FakeLogNodes):
+        async def append(self, node, request, time_limit):
+            raise OutcomeUnknownError("the log node's stream broke")
+
+    servicer = make_servicer(snapshot(topic("t")), Unknown())
+    request = k.ProduceRequest(acks=-1, timeout_ms=1000, topic_data=[
+        k.ProduceRequest.TopicProduceData(name="t", partition_data=[
+            k.ProduceRequest.PartitionProduceData(
+                index=0, records=record_batch([b"a"], producer_id=3))])])
+
+    async def main():
+        with pytest.raises(AbortedError) as unary:
+            await servicer.Produce(request, Context())
+        assert unary.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        call = handler_pb2.HandlerCall(call_id=5, method="Produce",
+                                       request=request.SerializeToString())
+        reply = handler_pb2.HandlerReply.FromString(
+            await ExchangeServicer(servicer).serve_one(call.SerializeToString(),
+                                                        "ipv4:127.0.0.1:50000"))
+        assert (reply.call_id, reply.status_code) == (
+            5, grpc.StatusCode.DEADLINE_EXCEEDED.value[0])
+        assert "t-0" in reply.status_details
+
+    asyncio.run(main())

@@ -45,7 +45,13 @@ grouped per leader node, one Append per node, the nodes concurrently.
   librdkafka then bumps its epoch and sends again, under new sequence numbers, records whose
   outcome it did not know (duplicates).
 - A leader that cannot be reached: NOT_LEADER_OR_FOLLOWER when nothing was appended (the client
-  refreshes metadata and retries), REQUEST_TIMED_OUT when the append may have happened.
+  refreshes metadata and retries), REQUEST_TIMED_OUT when the append may have happened. For an
+  idempotent batch there is no safe answer then: the append may still reach the leader after
+  the client's next request for the partition, which would be refused
+  OUT_OF_ORDER_SEQUENCE_NUMBER (librdkafka then renumbers its unknown records under a new
+  epoch, storing them twice). The request fails instead (``RequestOutcomeUnknownError``) and
+  the frontend closes the connection, so the client resends everything in flight in order
+  under the same sequence numbers, and the leader recognises what it already stored.
 - acks=-1: the write is acknowledged once the high watermark passes its last offset, i.e.
   every in-sync replica has it. A leader alone in its ISR commits at once (its append answers
   with the high watermark at the log end); otherwise partitions whose high watermark is still
@@ -81,7 +87,13 @@ from services.common.records.record_batch import (
     read_header,
 )
 
-from ..collaborators import CallError, LogNodes, Purgatory
+from ..collaborators import (
+    CallError,
+    LogNodes,
+    OutcomeUnknownError,
+    Purgatory,
+    RequestOutcomeUnknownError,
+)
 from ..coordinator.placement import CoordinatorError
 from ..metadata_cache import (
     LogNode,
@@ -152,6 +164,13 @@ class _Slot:
     # The guard to append with (0: none), and the one the leader asked to be verified.
     guard: int = 0
     unverified: int = 0
+    # The last append failed after it may have happened.
+    outcome_unknown: bool = False
+
+
+def _idempotent(records: bytes) -> bool:
+    """Whether the first batch has a producer id (sequence numbers)."""
+    return len(records) >= HEADER_SIZE and read_header(records).producer_id >= 0
 
 
 def _transactional_producer(records: bytes) -> tuple[int, int] | None:
@@ -233,6 +252,11 @@ class ProduceApi:
         if unverified:
             await self._verify(request, context, unverified)
             await self._append([s for s in unverified if s.guard])
+        unknown = [s for s in routed if s.outcome_unknown and _idempotent(s.records)]
+        if unknown:
+            raise RequestOutcomeUnknownError(
+                "the appends of idempotent batches to " + ", ".join(
+                    f"{s.name}-{s.index}" for s in unknown) + " may or may not have happened")
 
         if request.acks == ACKS_ALL:
             appended = [s for row in slots for s in row if s.appended is not None]
@@ -262,6 +286,7 @@ class ProduceApi:
         routed = [(slot.route, slot) for slot in slots if slot.route is not None]
         for slot, code, detail in await call_leaders(routed, append_on, effect=True):
             slot.unverified = 0
+            slot.outcome_unknown = isinstance(detail, OutcomeUnknownError)
             if not code:
                 slot.appended = detail
                 slot.response = None
