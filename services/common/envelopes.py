@@ -30,10 +30,17 @@ from .varints import VarintError, decode_uvarint, encode_uvarint
 _LENGTH_DELIMITED = 2
 
 
-def with_bytes_field(head: bytes, field_number: int, payload: bytes | memoryview) -> bytes:
+def with_bytes_field(head: bytes, field_number: int,
+                     payload: bytes | memoryview | tuple[Sequence[bytes | memoryview], int],
+                     ) -> bytes:
     """``head`` (a serialized message without the field) with the bytes field
-    ``field_number`` set to ``payload``."""
+    ``field_number`` set to ``payload``: bytes, or (pieces, their size) joined in the same
+    single copy (a message spliced around its record batches, see
+    :mod:`services.common.payloads`)."""
     key = encode_uvarint(field_number << 3 | _LENGTH_DELIMITED)
+    if isinstance(payload, tuple):
+        pieces, size = payload
+        return b"".join((head, key, encode_uvarint(size), *pieces))
     return b"".join((head, key, encode_uvarint(len(payload)), payload))
 
 
@@ -86,9 +93,11 @@ _REPLY_RESPONSE_FIELD = handler_pb2.HandlerReply.DESCRIPTOR.fields_by_name["resp
 Metadata = Sequence[tuple[str, str]]
 
 
-def encode_handler_call(call_id: int, method: str, request: bytes,
+def encode_handler_call(call_id: int, method: str,
+                        request: bytes | tuple[Sequence[bytes | memoryview], int],
                         metadata: Metadata = ()) -> bytes:
-    """A serialized ``HandlerCall`` carrying ``request`` (a serialized request message)."""
+    """A serialized ``HandlerCall`` carrying ``request`` (a serialized request message, or its
+    pieces and size)."""
     head = handler_pb2.HandlerCall(
         call_id=call_id, method=method,
         metadata=[handler_pb2.MetadataEntry(key=k, value=v) for k, v in metadata])
@@ -102,10 +111,14 @@ def decode_handler_call(data: bytes) -> tuple[handler_pb2.HandlerCall, memoryvie
     return handler_pb2.HandlerCall.FromString(rest), request
 
 
-def encode_handler_reply(reply: handler_pb2.HandlerReply, response: bytes = b"") -> bytes:
-    """``reply`` (without a response) serialized with ``response`` as its response."""
+def encode_handler_reply(reply: handler_pb2.HandlerReply,
+                         response: bytes | tuple[Sequence[bytes | memoryview], int] = b"",
+                         ) -> bytes:
+    """``reply`` (without a response) serialized with ``response`` (a serialized response, or
+    its pieces and size) as its response."""
     head = reply.SerializeToString()
-    return with_bytes_field(head, _REPLY_RESPONSE_FIELD, response) if response else head
+    empty = response[1] == 0 if isinstance(response, tuple) else not response
+    return head if empty else with_bytes_field(head, _REPLY_RESPONSE_FIELD, response)
 
 
 def decode_handler_reply(data: bytes) -> tuple[handler_pb2.HandlerReply, memoryview]:
