@@ -117,6 +117,7 @@ class _Field:
     nullable: bool          # the value (the array itself, for arrays) may be None
     entity: type | None     # the nested kio class
     default: object         # dataclasses.MISSING when the version declares none
+    batches: bool = False   # record batches (kio's ``records`` type)
 
 
 def _unwrap_optional(hint: object) -> tuple[object, bool]:
@@ -144,7 +145,7 @@ def _fields_of(cls: type) -> list[_Field]:
             default = f.default_factory()
         out.append(_Field(f.name, pname, _CONVERSIONS.get(kafka_type), array, nullable,
                           hint if dataclasses.is_dataclass(hint) else None,  # type: ignore[arg-type]
-                          default))
+                          default, kafka_type == "records"))
     return out
 
 
@@ -195,6 +196,26 @@ def _newest_fields(api: str, kind: EntityType) -> dict[str, dict[str, tuple[_Fie
 
 _TO: dict[type, Callable[[Any], Any]] = {}
 _FROM: dict[type, Callable[[Message], Any]] = {}
+# The same, for messages whose record batches travel beside them (left out on the way to
+# protobuf, taken from a feed on the way back): see services.common.payloads.
+_TO_WITHOUT_BATCHES: dict[type, Callable[[Any], Any]] = {}
+_FROM_WITH_BATCHES: dict[type, Callable[[Message], Any]] = {}
+
+
+class _BatchFeed:
+    """The record batches of the message being converted, handed out in order (conversions
+    are synchronous and on one thread: one feed serves them all)."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self) -> None:
+        self._items: Any = iter(())
+
+    def take(self) -> Any:
+        return next(self._items, None)
+
+
+_FEED = _BatchFeed()
 
 
 def _proto_field(desc: Descriptor, cls: type, f: _Field) -> FieldDescriptor:
@@ -214,10 +235,13 @@ def _call(fn: Callable[[Any], Any], ns: dict[str, object]) -> str:
 
 
 def _compile_to(cls: type, desc: Descriptor, context: tuple[str, EntityType],
-                message: type[Message] | None = None) -> Callable[[Any], Any]:
+                message: type[Message] | None = None,
+                without_batches: bool = False) -> Callable[[Any], Any]:
     """kio entity -> protobuf: the message itself for a top-level class (``message``), the
-    constructor arguments (a dict) for a nested one."""
-    known = _TO.get(cls)
+    constructor arguments (a dict) for a nested one; ``without_batches``: record batches
+    left unset."""
+    cache = _TO_WITHOUT_BATCHES if without_batches else _TO
+    known = cache.get(cls)
     if known is not None:
         return known
     fill = _fill(cls, desc, context)
@@ -226,8 +250,11 @@ def _compile_to(cls: type, desc: Descriptor, context: tuple[str, EntityType],
     for f in _fields_of(cls):
         pfield = _proto_field(desc, cls, f)
         null_flag = f.pname + "_is_null"
+        if f.batches and without_batches:
+            continue
         if f.entity is not None:
-            elem = _call(_compile_to(f.entity, pfield.message_type, context), ns)
+            elem = _call(_compile_to(f.entity, pfield.message_type, context,
+                                     without_batches=without_batches), ns)
         elif f.conversions is not None:
             elem = _call(f.conversions[0], ns)
         else:
@@ -248,7 +275,7 @@ def _compile_to(cls: type, desc: Descriptor, context: tuple[str, EntityType],
         else:
             lines.append(f"    kw[{f.pname!r}] = {elem.format('v')}")
     lines.append("    return kw" if message is None else "    return MESSAGE(**kw)")
-    fn = _TO[cls] = _define(lines, ns, f"to_proto_{cls.__name__}")
+    fn = cache[cls] = _define(lines, ns, f"to_proto_{cls.__name__}")
     return fn
 
 
@@ -275,24 +302,35 @@ def _fill(cls: type, desc: Descriptor, context: tuple[str, EntityType]) -> dict[
     return fill
 
 
-def _compile_from(cls: type, desc: Descriptor) -> Callable[[Message], Any]:
-    """protobuf -> kio entity of class ``cls``."""
-    known = _FROM.get(cls)
+def _compile_from(cls: type, desc: Descriptor,
+                  with_batches: bool = False) -> Callable[[Message], Any]:
+    """protobuf -> kio entity of class ``cls``; ``with_batches``: record batches taken from
+    the feed rather than the message (None standing for an unset field)."""
+    cache = _FROM_WITH_BATCHES if with_batches else _FROM
+    known = cache.get(cls)
     if known is not None:
         return known
     ns: dict[str, object] = {"CLS": cls}
-    args = [f"        {f.name}={_from_expr(f, _proto_field(desc, cls, f), ns)},"
+    args = [f"        {f.name}={_from_expr(f, _proto_field(desc, cls, f), ns, with_batches)},"
             for f in _fields_of(cls)]
-    fn = _FROM[cls] = _define(["def convert(m):", "    return CLS(", *args, "    )"], ns,
+    fn = cache[cls] = _define(["def convert(m):", "    return CLS(", *args, "    )"], ns,
                               f"from_proto_{cls.__name__}")
     return fn
 
 
-def _from_expr(f: _Field, pfield: FieldDescriptor, ns: dict[str, object]) -> str:
+def _from_expr(f: _Field, pfield: FieldDescriptor, ns: dict[str, object],
+               with_batches: bool = False) -> str:
     """Expression building the kio value of ``f`` from message ``m``."""
     access = f"m.{f.pname}"
+    if f.batches and with_batches and not f.array:
+        ns["FEED"] = _FEED
+        fallback = None if f.nullable else (b"" if f.default is dataclasses.MISSING
+                                            else f.default)
+        fb = f"_fb{len(ns)}"
+        ns[fb] = fallback
+        return f"(_b if (_b := FEED.take()) is not None else {fb})"
     if f.entity is not None:
-        sub = _compile_from(f.entity, pfield.message_type)
+        sub = _compile_from(f.entity, pfield.message_type, with_batches)
         elem = _call(sub, ns)
         if f.nullable:
             zero: object = None
@@ -353,14 +391,15 @@ def _same(a: object, b: object) -> bool:
         and isinstance(a, bool) == isinstance(b, bool))
 
 
-def to_proto_fn(cls: type) -> Callable[[Any], Message]:
+def to_proto_fn(cls: type, without_batches: bool = False) -> Callable[[Any], Message]:
     """The compiled kio -> protobuf function of a request or response class (of any
-    version)."""
-    fn = _TO.get(cls)
+    version); ``without_batches``: the message leaves its record batches unset (they travel
+    beside it, see :func:`batches_of`)."""
+    fn = (_TO_WITHOUT_BATCHES if without_batches else _TO).get(cls)
     if fn is None:
         api, kind = _api_kind(cls)
         message = proto_class(api, kind)
-        fn = _compile_to(cls, message.DESCRIPTOR, (api, kind), message)
+        fn = _compile_to(cls, message.DESCRIPTOR, (api, kind), message, without_batches)
     return fn
 
 
@@ -371,6 +410,42 @@ def from_proto_fn(cls: type) -> Callable[[Message], Any]:
     if fn is None:
         fn = _compile_from(cls, proto_class(*_api_kind(cls)).DESCRIPTOR)
     return fn
+
+
+def from_proto_with_batches_fn(cls: type) -> Callable[[Message, Any], Any]:
+    """The compiled protobuf -> kio function of a request or response class (of one version)
+    whose record batches travel beside the message: ``convert(message, batches)``, the
+    batches in message order (None: unset), put in the entity as they are (views stay
+    views: the answer is written to the socket from them)."""
+    fn = _FROM_WITH_BATCHES.get(cls)
+    if fn is None:
+        fn = _compile_from(cls, proto_class(*_api_kind(cls)).DESCRIPTOR, with_batches=True)
+
+    def convert(message: Message, batches: Any) -> Any:
+        _FEED._items = iter(batches)
+        try:
+            return fn(message)
+        finally:
+            _FEED._items = iter(())
+
+    return convert
+
+
+def batches_of(entity: Any, names: tuple[str, ...]) -> list[Any]:
+    """The record batches of a kio entity along the field ``names`` (the message fields down
+    to the batches, as :class:`services.common.payloads.PayloadPath` names them), in order;
+    None for a null."""
+    level = [entity]
+    for name in names[:-1]:
+        following = []
+        for item in level:
+            value = getattr(item, name)
+            if isinstance(value, tuple):
+                following.extend(value)
+            elif value is not None:
+                following.append(value)
+        level = following
+    return [getattr(item, names[-1]) for item in level]
 
 
 def to_proto(entity: Any) -> Message:

@@ -28,6 +28,7 @@ from kio.static.constants import EntityType
 from kbroker.kafka.v1 import kafka_pb2
 from services.common.error_answers import error_codes
 from services.common.features import FEATURES, FINALIZED_FEATURES_EPOCH
+from services.common.payloads import Detached, PayloadPath
 
 from . import converter, headers
 from .api_versions import API_VERSIONS_KEY, SUPPORTED_APIS, SupportedApi, supported_versions
@@ -71,6 +72,13 @@ _SUPPORTED_FEATURES = [{"name": f.name, "min_version": f.min_level, "max_version
                        for f in FEATURES]
 _FINALIZED_FEATURES = [{"name": f.name, "min_version_level": f.finalized_level,
                         "max_version_level": f.finalized_level} for f in FEATURES]
+# Record batches of produce requests go to the handler beside the message, as kio read them
+# from the frame (services.common.payloads): protobuf never copies them.
+PRODUCE_BATCHES = PayloadPath(kafka_pb2.ProduceRequest.DESCRIPTOR,
+                              "topic_data.partition_data.records")
+# And those of fetch answers come back beside the message, as views of the handler's answer,
+# and go to the socket as they are.
+FETCH_BATCHES = PayloadPath(kafka_pb2.FetchResponse.DESCRIPTOR, "responses.partitions.records")
 # gRPC metadata values are printable ASCII; anything else in a client id or principal is
 # percent-encoded.
 _METADATA_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
@@ -92,25 +100,36 @@ class _Schema:
     check_sizes: Callable[[bytes, int], None]
     read_request: Callable[[bytes, int], tuple[Any, int]]
     request_to_proto: Callable[[Any], Message]
+    # Where the request's record batches travel beside the message (None: in it).
+    request_batches: PayloadPath | None
     response_from_proto: Callable[[Message], Any]
     write_response: Callable[[FrameWriter, Any], None]
     flexible_response: bool
+    # Where answers may come with their record batches beside them, and their conversion
+    # taking them from there (None: always in the message).
+    response_batches: PayloadPath | None = None
+    response_from_proto_with_batches: Callable[[Message, Any], Any] | None = None
 
 
 def _compile_schema(api: SupportedApi, version: int) -> _Schema:
     request_cls = converter.load_schema(api.schema_name, version, EntityType.request)
     response_cls = converter.load_schema(api.schema_name, version, EntityType.response)
     flexible = request_cls.__flexible__  # type: ignore[attr-defined]
+    batches = PRODUCE_BATCHES if api.key == PRODUCE_KEY else None
     return _Schema(
         flexible_request=flexible,
         check_sizes=size_checker(request_cls),
         # Only flexible versions carry tagged fields.
         read_request=(tolerant_reader(request_cls) if flexible
                       else entity_reader(request_cls)),
-        request_to_proto=converter.to_proto_fn(request_cls),
+        request_to_proto=converter.to_proto_fn(request_cls, without_batches=batches is not None),
+        request_batches=batches,
         response_from_proto=converter.from_proto_fn(response_cls),
         write_response=entity_writer(response_cls),  # type: ignore[arg-type]
         flexible_response=response_cls.__flexible__,  # type: ignore[attr-defined]
+        response_batches=FETCH_BATCHES if api.key == FETCH_KEY else None,
+        response_from_proto_with_batches=converter.from_proto_with_batches_fn(response_cls)
+        if api.key == FETCH_KEY else None,
     )
 
 
@@ -272,30 +291,46 @@ class Dispatcher:
                 self.quotas.cap_fetch(sensors, message)
         if message is None:
             assert fetch_context is not None and fetch_context.answer is not None
-            response: Message = fetch_context.answer
+            response: Message | Detached = fetch_context.answer
         else:
             called = time.perf_counter()
+            outgoing: Message | Detached = message
+            if schema.request_batches is not None:
+                outgoing = Detached(message, schema.request_batches, converter.batches_of(
+                    request.body, schema.request_batches.names))
+            # An answer's record batches may stay beside it unless something here reshapes
+            # the answer around them (an incremental fetch session, quotas).
+            apart = schema.response_batches if sensors is None and (
+                fetch_context is None or fetch_context.keeps_answer) else None
             try:
                 response, remote = await self._pool.call(
-                    api.rpc, message,
+                    api.rpc, outgoing,
                     metadata=self._metadata(request.client_id, request.version, session),
-                    time_limit=_deadline_seconds(api.key, message), retry_safe=api.retry_safe)
+                    time_limit=_deadline_seconds(api.key, message), retry_safe=api.retry_safe,
+                    response_batches=apart)
                 # Bounded by the call it is part of (the handler's clock is not ours).
                 request.remote_seconds = min(remote, time.perf_counter() - called)
             except HandlerCallError as e:
                 response = self._failure_response(request, message, e)
         commit = None
         if fetch_context is not None:
-            response, commit = fetch_context.respond(response)  # type: ignore[arg-type]
+            if isinstance(response, Detached):
+                # The contexts that keep the answer change only its message.
+                answer, commit = fetch_context.respond(response.message)  # type: ignore[arg-type]
+                if answer is not response.message:
+                    response = answer
+            else:
+                response, commit = fetch_context.respond(response)  # type: ignore[arg-type]
         if sensors is not None:
-            response = self._charge(request, sensors, response)
+            response = self._charge(request, sensors, response)  # type: ignore[arg-type]
+        message_of = response.message if isinstance(response, Detached) else response
         if commit is not None and (request.charge is None or not request.charge.throttle_ms):
             # A throttled fetch is answered empty: the session stays as it was.
-            commit(response)  # type: ignore[arg-type]
+            commit(message_of)  # type: ignore[arg-type]
         if api.key == PRODUCE_KEY:
-            codes = produce_outcome(request.body, response)  # acks=0 needs them too
+            codes = produce_outcome(request.body, message_of)  # acks=0 needs them too
         elif METRICS_ENABLED:
-            codes = set(error_codes(response))
+            codes = set(error_codes(message_of))
         else:
             codes = set()
         if not request.expects_response:
@@ -310,7 +345,7 @@ class Dispatcher:
         except Exception:
             log.exception("%s v%d: cannot encode the handler's response", api.name,
                           request.version)
-            fallback = error_response(api.key, message, ErrorCode.unknown_server_error)
+            fallback = error_response(api.key, message, ErrorCode.unknown_server_error)  # type: ignore[arg-type]
             if fallback is None:
                 raise UnanswerableRequestError(f"{api.name}: unencodable response",
                                                kind="bad_response") from None
@@ -359,7 +394,7 @@ class Dispatcher:
         """``request``'s answer carrying ``code`` everywhere, or None if it has none."""
         if request.schema is None:
             return None
-        message = request.schema.request_to_proto(request.body)
+        message = request.schema.request_to_proto(request.body)  # record batches not needed
         response = error_response(request.api.key, message, code)
         return None if response is None else self._encode(request, request.schema, response)
 
@@ -385,15 +420,25 @@ class Dispatcher:
             answer = kafka_pb2.ApiVersionsResponse(error_code=int(ErrorCode.invalid_request))
         return self._encode(request, schema, answer)
 
-    def _encode(self, request: Request, schema: _Schema, response: Message) -> list[bytes]:
-        converter.normalise_response(request.api.key, request.version, response)
-        entity = schema.response_from_proto(response)
+    def _encode(self, request: Request, schema: _Schema,
+                response: Message | Detached) -> list[bytes]:
+        """The answer frame, as buffers: record batches that came beside the answer are among
+        them as they are (the socket takes them without a copy here)."""
+        if isinstance(response, Detached):
+            message = response.message
+            converter.normalise_response(request.api.key, request.version, message)
+            assert schema.response_from_proto_with_batches is not None
+            entity = schema.response_from_proto_with_batches(message, response.payloads)
+        else:
+            message = response
+            converter.normalise_response(request.api.key, request.version, message)
+            entity = schema.response_from_proto(message)
         out = FrameWriter()
         out.write(headers.response_header(request.api.key, request.correlation_id,
                                           schema.flexible_response))
         schema.write_response(out, entity)
         if request.api.key == FETCH_KEY and METRICS_ENABLED:
-            count_fetched_bytes(response, entity)
+            count_fetched_bytes(message, entity)
         return out.finish()  # type: ignore[return-value]
 
     def _failure_response(self, request: Request, message: Message,

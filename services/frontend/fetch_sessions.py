@@ -112,6 +112,9 @@ class FetchContext:
 
     request: k.FetchRequest | None
     answer: k.FetchResponse | None = None
+    # Whether :meth:`respond` answers with the handler's response itself (changing only its
+    # fields outside the records), so its record batches may travel beside it.
+    keeps_answer: bool = True
 
     def respond(self, response: k.FetchResponse
                 ) -> tuple[k.FetchResponse, Callable[[k.FetchResponse], None]]:
@@ -126,6 +129,8 @@ def _no_commit(response: k.FetchResponse) -> None:
 
 
 class _SessionError(FetchContext):
+    keeps_answer = False
+
     def __init__(self, code: ErrorCode, session_id: int = INVALID_SESSION_ID) -> None:
         self.request = None
         self.answer = k.FetchResponse(error_code=int(code), session_id=session_id)
@@ -182,6 +187,8 @@ class _Full(FetchContext):
 
 
 class _Incremental(FetchContext):
+    keeps_answer = False  # answers with the partitions that have news, records included
+
     def __init__(self, cache: FetchSessions, session: FetchSession,
                  request: k.FetchRequest) -> None:
         self._cache = cache

@@ -25,11 +25,13 @@ from google.protobuf import message_factory
 from google.protobuf.message import Message
 
 from kbroker.handler.v1 import handler_pb2, kafka_handler_pb2
+from services.common import payloads
 from services.common.call_streams import CallStream
 from services.common.channels import PLAINTEXT, internal_channel
 from services.common.discovery import Resolver, StaticResolver, changes, resolver_for
 from services.common.envelopes import decode_handler_reply, encode_handler_call
 from services.common.metrics import REMOTE_TIME_METADATA_KEY
+from services.common.payloads import Detached, PayloadPath
 from services.common.tls import InternalTls, InternalTlsError, require_plaintext_allowed
 
 log = logging.getLogger(__name__)
@@ -99,9 +101,13 @@ _EXCHANGE_METHOD = "/{}/Exchange".format(
     handler_pb2.DESCRIPTOR.services_by_name["KafkaHandlerStream"].full_name)
 
 
-def _encode_call(call: tuple[str, bytes, Metadata], call_id: int) -> bytes:
+def _encode_call(call: tuple[str, Message | Detached, Metadata], call_id: int) -> bytes:
     rpc, request, metadata = call
-    return encode_handler_call(call_id, rpc, request, metadata)
+    # A request with its record batches beside it is written around them (one copy, into the
+    # call).
+    serialized = request.pieces() if isinstance(request, Detached) else (
+        request.SerializeToString())
+    return encode_handler_call(call_id, rpc, serialized, metadata)
 
 
 def _decode_reply(data: bytes) -> tuple[int, tuple[handler_pb2.HandlerReply, memoryview]]:
@@ -120,16 +126,17 @@ class _Handler:
         self.channel = internal_channel(address, tls, "handler")
         self.stream: CallStream | None = None  # set up by the first call
 
-    async def call(self, rpc: str, request: Message, metadata: Metadata,
-                   time_limit: float) -> tuple[Message, float]:
-        """One attempt on this handler: the response and the seconds the handler reports the
+    async def call(self, rpc: str, request: Message | Detached, metadata: Metadata,
+                   time_limit: float, response_batches: PayloadPath | None = None,
+                   ) -> tuple[Message | Detached, float]:
+        """One attempt on this handler: the response (with ``response_batches``, its record
+        batches beside it as views of the reply) and the seconds the handler reports the
         request spent parked in the purgatory (trailing metadata ``kbroker-remote-ms``)."""
         if self.stream is None:
             self.stream = CallStream(self.channel.stream_stream(_EXCHANGE_METHOD),
                                      StreamCallError, encode=_encode_call, decode=_decode_reply,
                                      not_sent=StreamCallError.not_sent)
-        reply, response = await self.stream.call(
-            (rpc, request.SerializeToString(), metadata), time_limit)
+        reply, response = await self.stream.call((rpc, request, metadata), time_limit)
         if reply.status_code:
             raise StreamCallError(_STATUS_CODES.get(reply.status_code, grpc.StatusCode.UNKNOWN),
                                   reply.status_details)
@@ -138,6 +145,9 @@ class _Handler:
             if entry.key == REMOTE_TIME_METADATA_KEY:
                 with contextlib.suppress(ValueError):
                     remote = max(float(entry.value), 0.0) / 1000
+        if response_batches is not None:
+            message, batches = payloads.parse(response, _RESPONSE_TYPES[rpc], response_batches)
+            return Detached(message, response_batches, batches), remote
         return _RESPONSE_TYPES[rpc].FromString(response), remote
 
     async def close(self, grace: float | None = None) -> None:
@@ -233,9 +243,12 @@ class HandlerPool:
                 fallback = handler
         return handlers[start] if fallback is None else fallback
 
-    async def call(self, rpc: str, request: Message, *, metadata: Metadata,
-                   time_limit: float, retry_safe: bool) -> tuple[Message, float]:
-        """Send ``request`` to the handler RPC ``rpc``; the whole call, retries included, ends
+    async def call(self, rpc: str, request: Message | Detached, *, metadata: Metadata,
+                   time_limit: float, retry_safe: bool,
+                   response_batches: PayloadPath | None = None,
+                   ) -> tuple[Message | Detached, float]:
+        """Send ``request`` (a message, or one with its record batches beside it) to the
+        handler RPC ``rpc``; the whole call, retries included, ends
         within ``time_limit`` seconds. Returns the response and the seconds the answering
         handler reports the request spent parked in the purgatory (0 if none). Raises
         :class:`HandlerCallError` when no answer came."""
@@ -254,7 +267,7 @@ class HandlerPool:
                                        reached=reached, availability=True)
             tried.add(handler.address)
             try:
-                return await handler.call(rpc, request, metadata, remaining)
+                return await handler.call(rpc, request, metadata, remaining, response_batches)
             except StreamCallError as e:
                 last = e
                 if e.never_reached:

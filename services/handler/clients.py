@@ -21,10 +21,12 @@ import grpc
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from kbroker.purgatory.v1 import purgatory_pb2, purgatory_pb2_grpc
 from kbroker.replicator.v1 import replicator_pb2, replicator_pb2_grpc
+from services.common import payloads
 from services.common.acls import AclBinding
 from services.common.call_streams import CallStream
 from services.common.channels import PLAINTEXT, internal_channel
 from services.common.outages import OutageLog
+from services.common.payloads import MaybePayload, PayloadPath
 from services.common.tls import InternalTls
 
 from .collaborators import CallError, OutcomeUnknownError, UnreachableError
@@ -209,46 +211,102 @@ class ReplicatorClient:
 
 # --- log nodes ---------------------------------------------------------------------------------
 
+# Appends and reads carry their record batches beside protobuf (services.common.payloads):
+# written around them on the way to the log node, read as views of what it answers.
+_APPEND_RECORDS = PayloadPath(log_pb2.AppendStreamRequest.DESCRIPTOR, "request.partitions.records")
+_READ_RECORDS = PayloadPath(log_pb2.ReadResponse.DESCRIPTOR, "results.records")
+_LOG_SERVICE = log_pb2.DESCRIPTOR.services_by_name["LogService"].full_name
+_APPEND_STREAM_METHOD = f"/{_LOG_SERVICE}/AppendStream"
+_READ_METHOD = f"/{_LOG_SERVICE}/Read"
+
+
+def _encode_append(call: tuple[log_pb2.AppendRequest, list[MaybePayload] | None],
+                   call_id: int) -> bytes:
+    request, records = call
+    message = log_pb2.AppendStreamRequest(call_id=call_id, request=request)
+    if records is None:  # the batches are in the request
+        return message.SerializeToString()
+    return payloads.spliced(message, _APPEND_RECORDS, records)
+
+
+class PartitionRead:
+    """One partition's result of a Read, its record batches (``records``) a view of the
+    answer received: every field of ``log_pb2.PartitionReadResult``."""
+
+    __slots__ = ("_result", "records")
+
+    def __init__(self, result: log_pb2.PartitionReadResult, records: memoryview | None) -> None:
+        self._result = result
+        self.records = b"" if records is None else records
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._result, name)
+
+
+class ReadAnswer:
+    """A Read's answer, as ``log_pb2.ReadResponse`` reads, its results :class:`PartitionRead`."""
+
+    __slots__ = ("results",)
+
+    def __init__(self, data: bytes) -> None:
+        response, records = payloads.parse(data, log_pb2.ReadResponse, _READ_RECORDS)
+        self.results = [PartitionRead(result, batches)
+                        for result, batches in zip(response.results, records, strict=True)]
+
 
 class LogNodeClients:
     """Every log node the handler has talked to, one long-lived channel per address."""
 
     def __init__(self, tls: InternalTls = PLAINTEXT) -> None:
         self._tls = tls
-        self._stubs: dict[str, tuple[grpc.aio.Channel, log_pb2_grpc.LogServiceStub]] = {}
+        # Per address: the channel, its stub, and Read answering a ReadAnswer.
+        self._stubs: dict[str, tuple[grpc.aio.Channel, log_pb2_grpc.LogServiceStub, Any]] = {}
         self._append_streams: dict[str, CallStream] = {}
         self._closing: set[asyncio.Task[None]] = set()
 
-    def _stub(self, node: LogNode) -> log_pb2_grpc.LogServiceStub:
+    def _entry(self, node: LogNode) -> tuple[grpc.aio.Channel, log_pb2_grpc.LogServiceStub, Any]:
         entry = self._stubs.get(node.address)
         if entry is None:
             channel = internal_channel(node.address, self._tls, "log")
-            entry = (channel, log_pb2_grpc.LogServiceStub(channel))
+            read = channel.unary_unary(
+                _READ_METHOD, request_serializer=log_pb2.ReadRequest.SerializeToString,
+                response_deserializer=ReadAnswer)
+            entry = (channel, log_pb2_grpc.LogServiceStub(channel), read)
             self._stubs[node.address] = entry
-        return entry[1]
+        return entry
+
+    def _channel(self, node: LogNode) -> grpc.aio.Channel:
+        return self._entry(node)[0]
+
+    def _stub(self, node: LogNode) -> log_pb2_grpc.LogServiceStub:
+        return self._entry(node)[1]
 
     def _append_stream(self, node: LogNode) -> CallStream:
-        """Appends go over one long-lived stream per log node (see :mod:`.call_streams`)."""
+        """Appends go over one long-lived stream per log node (see :mod:`.call_streams`),
+        written by hand around their record batches."""
         stream = self._append_streams.get(node.address)
         if stream is None:
             peer = _peer(node)
             stream = CallStream(
-                self._stub(node).AppendStream,
+                self._channel(node).stream_stream(
+                    _APPEND_STREAM_METHOD, request_serializer=None,
+                    response_deserializer=log_pb2.AppendStreamResponse.FromString),
                 lambda code, details: status_failure(code, details, peer),
+                encode=_encode_append,
                 not_sent=lambda code, details: UnreachableError(
                     f"{peer}: {code.name}: {details} (the append was not sent)"))
             self._append_streams[node.address] = stream
         return stream
 
     async def append(self, node: LogNode, request: log_pb2.AppendRequest,
-                     time_limit: float) -> log_pb2.AppendResponse:
-        answer = await self._append_stream(node).call(
-            log_pb2.AppendStreamRequest(request=request), time_limit)
+                     time_limit: float, records: list[MaybePayload] | None = None,
+                     ) -> log_pb2.AppendResponse:
+        answer = await self._append_stream(node).call((request, records), time_limit)
         return answer.response
 
     async def read(self, node: LogNode, request: log_pb2.ReadRequest,
-                   time_limit: float) -> log_pb2.ReadResponse:
-        return await _call(self._stub(node).Read, request, time_limit, _peer(node))
+                   time_limit: float) -> ReadAnswer:
+        return await _call(self._entry(node)[2], request, time_limit, _peer(node))
 
     async def list_offsets(self, node: LogNode, request: log_pb2.ListOffsetsRequest,
                            time_limit: float) -> log_pb2.ListOffsetsResponse:
@@ -283,14 +341,14 @@ class LogNodeClients:
         would."""
         addresses = {node.address for node in snapshot.log_nodes.values()}
         for address in [a for a in self._stubs if a not in addresses]:
-            channel, _ = self._stubs.pop(address)
+            channel = self._stubs.pop(address)[0]
             stream = self._append_streams.pop(address, None)
             task = asyncio.get_running_loop().create_task(_close_channel(channel, stream))
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
 
     async def close(self) -> None:
-        channels = [channel for channel, _ in self._stubs.values()]
+        channels = [entry[0] for entry in self._stubs.values()]
         streams = list(self._append_streams.values())
         self._stubs.clear()
         self._append_streams.clear()

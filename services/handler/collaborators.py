@@ -48,11 +48,19 @@ class LogNodes(Protocol):
     ``expected_log_end_offset`` is a compare-and-set on the log: a mismatch is the result's
     INVALID_UPDATE_VERSION, and nothing is stored."""
 
-    async def append(self, node: LogNode, request: log.AppendRequest,
-                     time_limit: float) -> log.AppendResponse: ...
+    async def append(self, node: LogNode, request: log.AppendRequest, time_limit: float,
+                     records: Sequence[bytes | memoryview | None] | None = None,
+                     ) -> log.AppendResponse:
+        """``records``: each partition's record batches, in the order of the request's
+        partitions, when they travel beside it (the request's own are then left empty); None
+        when they are in the request."""
+        ...
 
     async def read(self, node: LogNode, request: log.ReadRequest,
-                   time_limit: float) -> log.ReadResponse: ...
+                   time_limit: float) -> log.ReadResponse:
+        """The answer reads as a ``ReadResponse`` (its results' records may be views of the
+        bytes received rather than ``bytes``)."""
+        ...
 
     async def list_offsets(self, node: LogNode, request: log.ListOffsetsRequest,
                            time_limit: float) -> log.ListOffsetsResponse: ...

@@ -25,14 +25,23 @@ from google.protobuf import message_factory
 from google.protobuf.message import DecodeError
 
 from kbroker.handler.v1 import handler_pb2, handler_pb2_grpc, kafka_handler_pb2
+from kbroker.kafka.v1 import kafka_pb2
+from services.common import payloads
 from services.common.call_streams import serve_calls
 from services.common.envelopes import decode_handler_call, encode_handler_reply
+from services.common.payloads import Detached, PayloadPath
 
 STREAM_SERVICE_NAME = handler_pb2.DESCRIPTOR.services_by_name["KafkaHandlerStream"].full_name
 
 log = logging.getLogger(__name__)
 
 Method = Callable[[Any, Any], Awaitable[Any]]
+
+# Requests whose record batches are read as views of the received call, beside the message.
+REQUEST_RECORDS = {
+    "Produce": PayloadPath(kafka_pb2.ProduceRequest.DESCRIPTOR,
+                           "topic_data.partition_data.records"),
+}
 
 
 class CallAbortedError(Exception):
@@ -47,15 +56,21 @@ class CallAbortedError(Exception):
 class CallContext:
     """What the servicer methods use of a ``grpc.aio.ServicerContext``, for one call: its
     own metadata, and the stream's peer (address and credentials, which say whether the
-    caller may name a principal)."""
+    caller may name a principal); and beyond it, the request's record batches when they came
+    beside it, and that the answer's may stay beside it (``detached_payloads``: the reply is
+    written around them)."""
 
-    __slots__ = ("_auth", "_metadata", "_peer", "trailing_metadata")
+    __slots__ = ("_auth", "_metadata", "_peer", "record_payloads", "trailing_metadata")
+
+    detached_payloads = True
 
     def __init__(self, metadata: Sequence[tuple[str, str]], peer: str = "",
-                 auth: Mapping[str, Any] | None = None) -> None:
+                 auth: Mapping[str, Any] | None = None,
+                 record_payloads: Sequence[Any] | None = None) -> None:
         self._metadata = tuple(metadata)
         self._peer = peer
         self._auth = auth or {}
+        self.record_payloads = record_payloads
         self.trailing_metadata: tuple[tuple[str, str], ...] = ()
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
@@ -103,12 +118,17 @@ class ExchangeServicer(handler_pb2_grpc.KafkaHandlerStreamServicer):
             return _failed(call.call_id, grpc.StatusCode.UNIMPLEMENTED,
                            f"no handler method {call.method!r}")
         method, request_type = entry
+        path = REQUEST_RECORDS.get(call.method)
+        records = None
         try:
-            request = request_type.FromString(request_bytes)
+            if path is None:
+                request = request_type.FromString(request_bytes)
+            else:
+                request, records = payloads.parse(request_bytes, request_type, path)
         except DecodeError as exc:
             return _failed(call.call_id, grpc.StatusCode.INVALID_ARGUMENT,
                            f"{call.method}: bad request: {exc}")
-        context = CallContext([(m.key, m.value) for m in call.metadata], peer, auth)
+        context = CallContext([(m.key, m.value) for m in call.metadata], peer, auth, records)
         try:
             response = await method(request, context)
         except CallAbortedError as exc:
@@ -119,6 +139,8 @@ class ExchangeServicer(handler_pb2_grpc.KafkaHandlerStreamServicer):
         reply = handler_pb2.HandlerReply(call_id=call.call_id)
         for key, value in context.trailing_metadata:
             reply.trailing_metadata.add(key=key, value=str(value))
+        if isinstance(response, Detached):
+            return encode_handler_reply(reply, response.pieces())
         return encode_handler_reply(reply, response.SerializeToString())
 
 

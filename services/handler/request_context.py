@@ -7,6 +7,7 @@ port per broker id (``broker_ports`` > N), else at the advertised port itself.""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from services.common.acls import ANONYMOUS
@@ -30,6 +31,13 @@ class RequestContext:
     # named one) and its checks against the ACLs (unrestricted without an authorizer).
     principal: str = ANONYMOUS
     access: Access = UNRESTRICTED
+    # The request's record batches when they came beside it (a Produce over the frontend's
+    # stream, see services.common.payloads): each partition's, in request order, the
+    # request's own records left empty. None: they are in the request.
+    record_payloads: Sequence[bytes | memoryview | None] | None = None
+    # Whether the caller takes an answer's record batches beside it (a
+    # services.common.payloads.Detached answer), rather than a whole message.
+    detached_payloads: bool = False
 
 
 def broker_port(context: RequestContext, node_id: int) -> int:

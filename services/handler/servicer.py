@@ -29,6 +29,7 @@ import grpc
 from kbroker.handler.v1 import kafka_handler_pb2, kafka_handler_pb2_grpc
 from services.common.error_answers import error_codes, error_response
 from services.common.errors import ErrorCode
+from services.common.payloads import Detached
 
 from .collaborators import RequestOutcomeUnknownError
 from .config import HandlerConfig
@@ -104,6 +105,9 @@ class KafkaHandlerServicer:
             broker_id=_int_or_none(values.get("kafka-broker-id")),
             principal=principal,
             access=self._authorization.access(await self._acls(), principal, client_host),
+            # Set by the stream of calls (.exchange.CallContext), not by a unary call.
+            record_payloads=getattr(context, "record_payloads", None),
+            detached_payloads=getattr(context, "detached_payloads", False),
         )
 
     async def _acls(self) -> tuple[Any, ...] | None:
@@ -121,7 +125,9 @@ class KafkaHandlerServicer:
         return snapshot.acls
 
     async def serve(self, name: str, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        """Answer one Kafka request with the API registered as ``name``."""
+        """Answer one Kafka request with the API registered as ``name``: a message, or for a
+        caller that takes them (the stream of calls) a message with its record batches
+        beside it (:class:`~services.common.payloads.Detached`)."""
         started = time.perf_counter()
         api = self._apis.get(name)
         with remote_time(context):
@@ -138,8 +144,11 @@ class KafkaHandlerServicer:
                 except Exception:
                     log.exception("%s failed", name)
                     response = error_response(request, UNKNOWN_SERVER_ERROR)
-        codes = error_codes(response)
+        detached = isinstance(response, Detached)
+        codes = error_codes(response.message if detached else response)
         record_request(name, codes[0] if codes else 0, time.perf_counter() - started)
+        if detached and not getattr(context, "detached_payloads", False):
+            return response.whole()
         return response
 
 

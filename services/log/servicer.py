@@ -21,8 +21,10 @@ from google.protobuf import message_factory
 from google.protobuf.message import Message
 
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
+from services.common import payloads
 from services.common.call_streams import serve_calls
 from services.common.errors import ErrorCode, KafkaError, RecordValidationError, error_name
+from services.common.payloads import Detached, MaybePayload, PayloadPath
 from services.common.records.record_batch import NO_TIMESTAMP
 
 from . import metrics
@@ -36,6 +38,11 @@ from .verification import VerificationRequiredError
 log = logging.getLogger(__name__)
 
 R = TypeVar("R", bound=Message)
+
+# Where appends and reads carry their record batches: read from the received bytes as views,
+# and written around the batches (services.common.payloads), never copied by protobuf.
+APPEND_RECORDS = PayloadPath(log_pb2.AppendStreamRequest.DESCRIPTOR, "request.partitions.records")
+READ_RECORDS = PayloadPath(log_pb2.ReadResponse.DESCRIPTOR, "results.records")
 
 
 def _fail_append(api: str, exc: Exception, result: log_pb2.PartitionAppendResult,
@@ -148,25 +155,34 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
         return response
 
     async def AppendStream(self, request_iterator, context):
-        async def answer(message: log_pb2.AppendStreamRequest) -> log_pb2.AppendStreamResponse:
+        """Appends on one stream; the requests arrive as bytes (see
+        :func:`add_log_service_to_server`) and their record batches are appended from views
+        of them."""
+
+        async def answer(data: bytes) -> log_pb2.AppendStreamResponse:
+            message, records = payloads.parse(data, log_pb2.AppendStreamRequest,
+                                              APPEND_RECORDS)
             reply = log_pb2.AppendStreamResponse(call_id=message.call_id)
-            await self._append(message.request, reply.response)
+            await self._append(message.request, reply.response, records)
             return reply
 
         await serve_calls(request_iterator, context, answer)
 
     async def _append(self, request: log_pb2.AppendRequest,
-                      response: log_pb2.AppendResponse) -> None:
+                      response: log_pb2.AppendResponse,
+                      records: list[memoryview | None] | None = None) -> None:
+        """``records``: each partition's batches, when they came beside the request."""
         # The hot path: one loop of its own, each result added whole.
-        for item in request.partitions:
+        for number, item in enumerate(request.partitions):
             topic, partition = item.topic, item.partition
+            batches = item.records if records is None else records[number] or b""
             topic_metrics = metrics.topic(topic)
             topic_metrics.append_requests.inc()
             started = time.perf_counter()
             try:
                 leader = self._leader(topic, partition)
                 info = await leader.append(
-                    item.records, expected_log_end_offset=item.expected_log_end_offset
+                    batches, expected_log_end_offset=item.expected_log_end_offset
                     if item.HasField("expected_log_end_offset") else None,
                     verification_guard=item.verification_guard)
             except Exception as exc:  # noqa: BLE001 - becomes the partition's error code
@@ -225,11 +241,14 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
         fetch does: only the first partition that returns data may exceed a limit (with one
         whole batch); after it, partitions get at most what remains of the budget. With
         ``max_wait_ms``, a read that found nothing (and no error) waits for the next append to
-        any of the partitions, or the time limit, and reads again."""
+        any of the partitions, or the time limit, and reads again. The answer keeps its
+        record batches beside it (:class:`~services.common.payloads.Detached`), serialized
+        around them."""
         response = self._read(request)
         # As Kafka's fetch, a read of no partitions is answered at once.
         if (request.max_wait_ms <= 0 or not request.partitions
-                or any(r.records or r.error_code for r in response.results)):
+                or any(response.payloads)
+                or any(r.error_code for r in response.message.results)):
             return response
         try:
             logs = [self._log(r) for r in request.partitions]
@@ -247,13 +266,14 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
                 partition_log.forget_waiter(woken)
         return self._read(request)
 
-    def _read(self, request: log_pb2.ReadRequest) -> log_pb2.ReadResponse:
+    def _read(self, request: log_pb2.ReadRequest) -> Detached:
         # The hot path: one loop of its own.
         started = time.perf_counter()
         budget = request.max_bytes if request.max_bytes > 0 else None
         min_one = True
         committed = request.limit == LAST_STABLE
         response = log_pb2.ReadResponse()
+        found: list[MaybePayload] = []
         for item in request.partitions:
             result = response.results.add(topic=item.topic, partition=item.partition)
             max_bytes = item.max_bytes if budget is None else min(item.max_bytes, budget)
@@ -281,14 +301,14 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
                 result.last_stable_offset = partition_log.last_stable_offset
                 result.log_start_offset = partition_log.log_start_offset
                 result.log_end_offset = partition_log.log_end_offset
+            found.append(records or None)
             if records:
-                result.records = records
                 metrics.topic(item.topic).read_bytes.inc(len(records))
                 min_one = False
                 if budget is not None:
                     budget = max(budget - len(records), 0)
         metrics.READ_SECONDS.observe(time.perf_counter() - started)
-        return response
+        return Detached(response, READ_RECORDS, found)
 
     async def ListOffsets(self, request, context):
         def list_offset(query: log_pb2.PartitionTimestamp, result: log_pb2.PartitionOffset) -> None:
@@ -421,8 +441,12 @@ def _describe(state: log_pb2.PartitionState, partition_log: PartitionLog) -> Non
     state.partition_epoch = partition_log.state.partition_epoch
 
 
-# Methods whose answers the servicer serializes itself (bytes out).
+# Methods whose answers the servicer serializes itself (bytes out), answers kept beside their
+# record batches (serialized around them), and requests taken as bytes (their batches read as
+# views of them).
 _SERIALIZED_ANSWERS = frozenset({"ReplicaFetch", "ReplicaFetchOnce"})
+_DETACHED_ANSWERS = frozenset({"Read"})
+_RAW_REQUESTS = frozenset({"AppendStream"})
 _HANDLER_KINDS = {
     (False, False): grpc.unary_unary_rpc_method_handler,
     (False, True): grpc.unary_stream_rpc_method_handler,
@@ -431,19 +455,30 @@ _HANDLER_KINDS = {
 }
 
 
+def _serialize_detached(answer: Detached | Message) -> bytes:
+    return answer.SerializeToString()
+
+
 def add_log_service_to_server(servicer: LogServicer, server: grpc.aio.Server) -> None:
-    """Serve ``LogService`` as the generated function would, except that the follower fetch
-    answers go out as the bytes the servicer wrote (:mod:`.replica_fetch_codec`), so their
-    record batches are not copied into and out of a protobuf message."""
+    """Serve ``LogService`` as the generated function would, except that record batches are
+    never copied into or out of a protobuf message: the follower fetch answers go out as the
+    bytes the servicer wrote (:mod:`.replica_fetch_codec`), reads are serialized around their
+    batches and appends on the stream are read from the received bytes
+    (:mod:`services.common.payloads`)."""
     service = log_pb2.DESCRIPTOR.services_by_name["LogService"]
     handlers = {}
     for method in service.methods:
         kind = _HANDLER_KINDS[(method.client_streaming, method.server_streaming)]
         request = message_factory.GetMessageClass(method.input_type)
         response = message_factory.GetMessageClass(method.output_type)
+        serializer: Callable[[Any], bytes] | None = response.SerializeToString
+        if method.name in _SERIALIZED_ANSWERS:
+            serializer = None
+        elif method.name in _DETACHED_ANSWERS:
+            serializer = _serialize_detached
         handlers[method.name] = kind(
-            getattr(servicer, method.name), request_deserializer=request.FromString,
-            response_serializer=None if method.name in _SERIALIZED_ANSWERS
-            else response.SerializeToString)
+            getattr(servicer, method.name),
+            request_deserializer=None if method.name in _RAW_REQUESTS else request.FromString,
+            response_serializer=serializer)
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(service.full_name, handlers),))

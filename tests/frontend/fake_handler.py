@@ -12,7 +12,8 @@ import grpc
 
 from kbroker.handler.v1 import kafka_handler_pb2_grpc
 from kbroker.kafka.v1 import kafka_pb2 as k
-from services.handler.exchange import ExchangeServicer, add_exchange_to_server
+from services.common import payloads
+from services.handler.exchange import REQUEST_RECORDS, ExchangeServicer, add_exchange_to_server
 
 TOPIC_ID = "6b1c6ad4-62a2-4c3c-9a64-3e1ea9a0b9f1"
 
@@ -58,6 +59,11 @@ class FakeHandler(kafka_handler_pb2_grpc.KafkaHandlerServicer):
         return [request for name, request, _ in self.calls if name == rpc]
 
     async def _enter(self, rpc: str, request: Any, context: grpc.aio.ServicerContext) -> None:
+        # Record batches that came over the stream beside the request go back into it, as a
+        # handler reads them.
+        records = getattr(context, "record_payloads", None)
+        if records is not None:
+            payloads.fill(request, REQUEST_RECORDS[rpc], records)
         self.calls.append((rpc, request, dict(context.invocation_metadata())))
         self.received.set()
         self.in_flight += 1

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from kbroker.log.v1 import log_pb2
 from kbroker.purgatory.v1 import purgatory_pb2
 from kbroker.replicator.v1 import replicator_pb2
+from services.common import payloads
 from services.common.errors import ErrorCode
+from services.common.payloads import PayloadPath
 from services.common.records.control_records import (
     ControlRecordType,
     EndTransactionMarker,
@@ -28,6 +30,19 @@ from services.handler.metadata_cache import (
 from services.handler.request_context import RequestContext
 
 from .batches import batch_offsets, record_batch
+
+APPEND_RECORDS = PayloadPath(log_pb2.AppendRequest.DESCRIPTOR, "partitions.records")
+
+
+def whole_append(request: log_pb2.AppendRequest,
+                 records: Sequence[bytes | memoryview | None] | None) -> log_pb2.AppendRequest:
+    """An append as one message, its batches in it, however they came (``records``: beside
+    it, as the produce API sends them)."""
+    if records is None:
+        return request
+    whole = log_pb2.AppendRequest()
+    whole.CopyFrom(request)
+    return payloads.fill(whole, APPEND_RECORDS, records)
 
 CONTEXT = RequestContext(advertised_host="kafka.example", advertised_port=9092)
 
@@ -121,8 +136,10 @@ class FakeLogNodes:
         p.log_end += len(values)
         p.high_watermark = p.log_end
 
-    async def append(self, node: LogNode, request: log_pb2.AppendRequest,
-                     time_limit: float) -> log_pb2.AppendResponse:
+    async def append(self, node: LogNode, request: log_pb2.AppendRequest, time_limit: float,
+                     records: Sequence[bytes | memoryview | None] | None = None,
+                     ) -> log_pb2.AppendResponse:
+        request = whole_append(request, records)
         self.calls.append(("append", node.node_id, list(request.partitions)))
         self._check(node)
         out = log_pb2.AppendResponse()
@@ -329,10 +346,11 @@ class MemoryLog:
             high_watermark=base if self.lagging or where in self.lagging_partitions else end,
             leader_epoch=0, topic_id=f"id-{where[0]}")
 
-    async def append(self, node: LogNode, request: log_pb2.AppendRequest,
-                     time_limit: float) -> log_pb2.AppendResponse:
+    async def append(self, node: LogNode, request: log_pb2.AppendRequest, time_limit: float,
+                     records: Sequence[bytes | memoryview | None] | None = None,
+                     ) -> log_pb2.AppendResponse:
         await asyncio.sleep(0)
-        [append] = request.partitions
+        [append] = whole_append(request, records).partitions
         where = (append.topic, append.partition)
         expected = append.expected_log_end_offset
         assert append.HasField("expected_log_end_offset")

@@ -179,7 +179,7 @@ def test_an_idempotent_append_of_unknown_outcome_leaves_the_request_unanswered()
 
 def test_log_node_errors_pass_through_and_unknown_partitions_mean_not_leader():
     class Rejecting(FakeLogNodes):
-        async def append(self, node, request, time_limit):
+        async def append(self, node, request, time_limit, records=None):
             return log_pb2.AppendResponse(results=[log_pb2.PartitionAppendResult(
                 topic=a.topic, partition=a.partition, error_code=2 if a.partition == 0 else 3,
                 error_message="bad crc" if a.partition == 0 else None)

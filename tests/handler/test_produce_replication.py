@@ -87,8 +87,9 @@ def test_an_isr_that_shrank_during_the_wait_is_not_enough_after_append():
 
 def test_an_acks_all_wait_is_keyed_by_the_leader_epoch_of_the_append():
     class EpochLogNodes(FakeLogNodes):
-        async def append(self, node, request, time_limit):  # type: ignore[no-untyped-def]
-            response = await super().append(node, request, time_limit)
+        async def append(self, node, request, time_limit,  # type: ignore[no-untyped-def]
+                         records=None):
+            response = await super().append(node, request, time_limit, records)
             for result in response.results:
                 result.leader_epoch, result.topic_id = 4, "tid"
             return response

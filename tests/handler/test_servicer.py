@@ -135,7 +135,7 @@ def test_each_broker_id_gets_a_port_of_its_own_when_the_frontend_serves_one():
 
 def test_unexpected_failures_become_unknown_server_error_per_item():
     class Broken(FakeLogNodes):
-        async def append(self, node, request, time_limit):
+        async def append(self, node, request, time_limit, records=None):
             raise RuntimeError("boom")
 
         async def list_offsets(self, node, request, time_limit):

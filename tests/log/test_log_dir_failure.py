@@ -126,7 +126,7 @@ async def main(data_dir):
         request("small", build_batch([b"y"])), None)).results]
     out["read"] = [r.error_code for r in (await servicer.Read(log_pb2.ReadRequest(partitions=[
         log_pb2.PartitionRead(topic="small", partition=0, offset=0, max_bytes=1000)]),
-        None)).results]
+        None)).message.results]
     out["offline_replicas"] = manager.offline_replicas()
     manager.close()
     out["log"] = records

@@ -57,6 +57,7 @@ from kbroker.log.v1 import log_pb2
 from kbroker.purgatory.v1 import purgatory_pb2
 from services.common.acls import Operation, ResourceType
 from services.common.errors import ErrorCode, KafkaError
+from services.common.payloads import Detached, PayloadPath
 from services.common.progress_reports import partition_key
 from services.common.records.record_batch import LOG_OVERHEAD, read_log_overhead
 
@@ -85,6 +86,9 @@ READ_TIMEOUT_S = 10.0
 PURGATORY_SLACK_S = 0.2
 # When unset (a hand-made request), a partition may return as much as consumers default to.
 DEFAULT_PARTITION_MAX_BYTES = 1024 * 1024
+# Where a response's record batches go: beside it for a caller that takes them so (they are
+# views of what the log nodes answered, never copied here), else in it.
+RESPONSE_RECORDS = PayloadPath(k.FetchResponse.DESCRIPTOR, "responses.partitions.records")
 # Errors found before reading that do not end a wait early: as in Kafka, partitions of
 # unknown topics are answered with their error while the others wait for data.
 TOPIC_AUTHORIZATION_FAILED = ErrorCode.topic_authorization_failed.value
@@ -125,14 +129,18 @@ class FetchApi:
         self._log_nodes = log_nodes
         self._purgatory = purgatory
 
-    async def handle(self, request: k.FetchRequest, context: RequestContext) -> k.FetchResponse:
+    async def handle(self, request: k.FetchRequest,
+                     context: RequestContext) -> k.FetchResponse | Detached:
+        """The response; its record batches beside it when the caller takes them so
+        (``context.detached_payloads``)."""
         deadline = time.monotonic() + max(request.max_wait_ms, 0) / 1000
         if request.session_epoch not in (INITIAL_EPOCH, FINAL_EPOCH):
             return k.FetchResponse(error_code=ErrorCode.fetch_session_id_not_found.value)
+        detached = context.detached_payloads
         try:
             metadata = await self._cache.current()
         except MetadataUnavailableError:
-            return self._assemble(self._plan(None, request, context), request)[0]
+            return self._assemble(self._plan(None, request, context), request, detached)[0]
         plan = self._plan(metadata, request, context)
         reading = [s for t in plan for s in t.slots if s.route is not None]
         blocked = any(
@@ -141,7 +149,7 @@ class FetchApi:
         committed = request.isolation_level == READ_COMMITTED
         while True:
             await self._read(reading, request.max_bytes, committed)
-            response, size = self._assemble(plan, request)
+            response, size = self._assemble(plan, request, detached)
             remaining = deadline - time.monotonic()
             if (
                 request.max_wait_ms <= 0
@@ -155,7 +163,7 @@ class FetchApi:
             if not await self._wait(reading, deadline):
                 # Expired, or woken by a partition error: answer with one more read.
                 await self._read(reading, request.max_bytes, committed)
-                return self._assemble(plan, request)[0]
+                return self._assemble(plan, request, detached)[0]
 
     def _plan(
         self, metadata: ClusterMetadata | None, request: k.FetchRequest,
@@ -232,40 +240,45 @@ class FetchApi:
 
     @staticmethod
     def _assemble(
-        plan: list[_TopicSlots], request: k.FetchRequest
-    ) -> tuple[k.FetchResponse, int]:
-        """The response from the latest reads, sized as Kafka sizes it; and its record bytes.
-        Aborted transactions are null, except a list (maybe empty) for read_committed; an
-        errored partition has high watermark -1 and empty records (Kafka's
-        ``FetchResponse.partitionResponse``)."""
+        plan: list[_TopicSlots], request: k.FetchRequest, detached: bool = False,
+    ) -> tuple[k.FetchResponse | Detached, int]:
+        """The response from the latest reads, sized as Kafka sizes it (with ``detached``, its
+        record batches beside it); and its record bytes. Aborted transactions are null, except
+        a list (maybe empty) for read_committed; an errored partition has high watermark -1
+        and empty records (Kafka's ``FetchResponse.partitionResponse``)."""
         committed = request.isolation_level == READ_COMMITTED
         budget = max(request.max_bytes, 0)
         first = True
         total = 0
         response = k.FetchResponse()
+        # Every partition's records, in response order (each partition sets them: empty
+        # ones too).
+        batches: list[bytes | memoryview] = []
         for t in plan:
             add = response.responses.add(**t.names).partitions.add
             for s in t.slots:
                 read = s.read
                 code = s.error_code or (leader_error(read.error_code) if read is not None else 0)
                 if code or read is None:
-                    add(partition_index=s.partition, error_code=code, high_watermark=-1,
-                        records=b"")
+                    add(partition_index=s.partition, error_code=code, high_watermark=-1)
+                    batches.append(b"")
                     continue
                 limit = min(max(s.max_bytes, 0), budget - total)
                 records = trim_to_whole_batches(read.records, limit, at_least_one=first)
                 if records:
                     first = False
                     total += len(records)
+                batches.append(records)
                 partition = add(partition_index=s.partition, high_watermark=read.high_watermark,
                                 last_stable_offset=read.last_stable_offset,
-                                log_start_offset=read.log_start_offset, records=records)
+                                log_start_offset=read.log_start_offset)
                 if committed:
                     partition.aborted_transactions_is_null = False
                     for aborted in read.aborted_transactions:
                         partition.aborted_transactions.add(producer_id=aborted.producer_id,
                                                            first_offset=aborted.first_offset)
-        return response, total
+        answer = Detached(response, RESPONSE_RECORDS, batches)
+        return (answer if detached else answer.whole()), total
 
     async def _wait(self, slots: list[_Slot], deadline: float) -> bool:
         """Park until a partition's high watermark moves past the one last read, or the
@@ -300,7 +313,7 @@ class FetchApi:
         return not any(state.error_code for state in outcome.keys)
 
 
-def whole_batches_size(records: bytes, limit: int, at_least_one: bool) -> int:
+def whole_batches_size(records: bytes | memoryview, limit: int, at_least_one: bool) -> int:
     """The size of the longest run of whole batches at the start of ``records`` that fits in
     ``limit`` bytes; with ``at_least_one`` the first batch counts even if it alone does not
     (Kafka's rule for the first partition of a fetch). A torn or malformed batch ends the run.
@@ -317,7 +330,8 @@ def whole_batches_size(records: bytes, limit: int, at_least_one: bool) -> int:
     return pos
 
 
-def trim_to_whole_batches(records: bytes, limit: int, at_least_one: bool) -> bytes:
+def trim_to_whole_batches(records: bytes | memoryview, limit: int,
+                          at_least_one: bool) -> bytes | memoryview:
     """``records`` (whole batches, as log nodes return them) cut to :func:`whole_batches_size`;
     the same object when it fits, without walking its batches (the common case of a fetch)."""
     if len(records) <= limit:

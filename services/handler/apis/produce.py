@@ -160,7 +160,7 @@ class _Slot:
     response: PartitionResponse | None = None
     appended: log_pb2.PartitionAppendResult | None = None
     route: Route | None = None
-    records: bytes = b""
+    records: bytes | memoryview = b""
     # The guard to append with (0: none), and the one the leader asked to be verified.
     guard: int = 0
     unverified: int = 0
@@ -173,7 +173,7 @@ def _idempotent(records: bytes) -> bool:
     return len(records) >= HEADER_SIZE and read_header(records).producer_id >= 0
 
 
-def _transactional_producer(records: bytes) -> tuple[int, int] | None:
+def _transactional_producer(records: bytes | memoryview) -> tuple[int, int] | None:
     """(producer id, epoch) of the first batch when it is transactional (one byte looked at
     for the others: this runs for every partition of every produce)."""
     if len(records) < HEADER_SIZE or not records[ATTRIBUTES_OFFSET + 1] & TRANSACTIONAL_BIT:
@@ -195,8 +195,14 @@ class ProduceApi:
                      context: RequestContext) -> k.ProduceResponse:
         if request.acks not in VALID_ACKS:
             return error_response(request, ErrorCode.invalid_required_acks.value)
-        producers = {producer for t in request.topic_data for p in t.partition_data
-                     if (producer := _transactional_producer(p.records)) is not None}
+        # Each partition's batches, in request order: beside the request when the frontend's
+        # stream brought them so (views, never copied here), else read out of it once.
+        records = context.record_payloads
+        if records is None:
+            records = [p.records for t in request.topic_data for p in t.partition_data]
+        producers = {producer for batches in records
+                     if batches is not None
+                     and (producer := _transactional_producer(batches)) is not None}
         # A null transactional id may arrive as an empty string; neither names a transaction.
         if producers and (not request.transactional_id or context.access.check(
                 Operation.WRITE, ResourceType.TRANSACTIONAL_ID, request.transactional_id)):
@@ -212,6 +218,7 @@ class ProduceApi:
 
         slots: list[list[_Slot]] = []
         routed: list[_Slot] = []
+        batches_of = iter(records)
         for topic in request.topic_data:
             info = metadata.topic(topic.name) if topic.name else metadata.topic_by_id(
                 topic.topic_id)
@@ -220,6 +227,7 @@ class ProduceApi:
                 name) else 0
             row = []
             for p in topic.partition_data:
+                batches = next(batches_of)
                 slot = _Slot(p.index, name)
                 row.append(slot)
                 if denied:
@@ -243,7 +251,7 @@ class ProduceApi:
                         slot.response = _failed(
                             p.index, ErrorCode.not_enough_replicas.value, shortfall)
                         continue
-                slot.route, slot.records = route, p.records
+                slot.route, slot.records = route, batches if batches is not None else b""
                 routed.append(slot)
             slots.append(row)
 
@@ -277,11 +285,14 @@ class ProduceApi:
         """Append each slot's records on its leader (one Append per node, concurrently)."""
 
         async def append_on(node: LogNode, items: list[_Slot]) -> Sequence[Any]:
+            # The batches travel beside the request, as they came (no copy here).
             appends = log_pb2.AppendRequest(partitions=[
                 log_pb2.PartitionAppend(topic=slot.name, partition=slot.index,
-                                        records=slot.records, verification_guard=slot.guard)
+                                        verification_guard=slot.guard)
                 for slot in items])
-            return (await self._log_nodes.append(node, appends, APPEND_TIMEOUT_S)).results
+            return (await self._log_nodes.append(
+                node, appends, APPEND_TIMEOUT_S, records=[slot.records for slot in items])
+                    ).results
 
         routed = [(slot.route, slot) for slot in slots if slot.route is not None]
         for slot, code, detail in await call_leaders(routed, append_on, effect=True):

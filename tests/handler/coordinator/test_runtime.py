@@ -294,7 +294,7 @@ def test_transactional_writes_count_once_committed_and_never_once_aborted() -> N
 def test_a_transactional_write_refused_for_its_producer_fails_with_the_producer_error() -> None:
     class Refusing(Log):
         async def append(self, node: LogNode, request: log_pb2.AppendRequest,
-                         time_limit: float) -> log_pb2.AppendResponse:
+                         time_limit: float, records=None) -> log_pb2.AppendResponse:
             [append] = request.partitions
             return log_pb2.AppendResponse(results=[log_pb2.PartitionAppendResult(
                 topic=append.topic, partition=append.partition,

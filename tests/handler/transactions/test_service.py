@@ -42,6 +42,7 @@ from services.handler.config import HandlerConfig
 from services.handler.metadata_cache import LogNode
 
 from ...record_batches import build_batch
+from ..fakes import whole_append
 from ..groups.client import context
 from ..harness import CALL_TIMEOUT, Cluster, running_cluster
 
@@ -95,10 +96,11 @@ class TransactionalLogNodes(LogNodeClients):
                 self.side.native = False
         return self.side.native
 
-    async def append(self, node: LogNode, request: log_pb2.AppendRequest,
-                     time_limit: float) -> log_pb2.AppendResponse:
+    async def append(self, node: LogNode, request: log_pb2.AppendRequest, time_limit: float,
+                     records=None) -> log_pb2.AppendResponse:
         if await self._native(node):
-            return await super().append(node, request, time_limit)
+            return await super().append(node, request, time_limit, records)
+        request = whole_append(request, records)
         refused, passed = [], []
         for a in request.partitions:
             header = read_header(a.records) if len(a.records) >= HEADER_SIZE else None
