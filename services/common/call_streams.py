@@ -146,11 +146,13 @@ class CallStream:
 
 
 async def serve_calls(request_iterator: Any, context: Any,
-                      answer: Callable[[Any], Awaitable[Any]]) -> None:
+                      answer: Callable[[Any], Awaitable[Any]],
+                      cancel_at_end: bool = False) -> None:
     """The server side of a call stream: each request is answered by ``answer`` concurrently
     with the others, and its reply written as soon as it is ready. A call that started is
     finished even if the stream breaks meanwhile (its reply is then lost, as a unary call's
-    would be)."""
+    would be); with ``cancel_at_end``, calls still running when the stream ends are cancelled
+    instead, as a unary call is when its caller goes away (calls that only wait)."""
     writing = asyncio.Lock()
     pending: set[asyncio.Task[None]] = set()
 
@@ -169,4 +171,7 @@ async def serve_calls(request_iterator: Any, context: Any,
             task.add_done_callback(pending.discard)
     finally:
         if pending:
+            if cancel_at_end:
+                for task in pending:
+                    task.cancel()
             await asyncio.shield(asyncio.gather(*pending, return_exceptions=True))

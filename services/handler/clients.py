@@ -375,6 +375,7 @@ def _peer(node: LogNode) -> str:
 # Metric labels of the operation kinds: "fetch", "produce", "join".
 _KIND_LABELS = {value: name.removeprefix("OPERATION_KIND_").lower()
                 for name, value in purgatory_pb2.OperationKind.items()}
+_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
 # Session timer calls are quick; a purgatory that does not answer in this time is down.
 SESSION_TIMER_TIMEOUT_S = 5.0
 
@@ -388,6 +389,12 @@ class PurgatoryClient:
         self._stub = purgatory_pb2_grpc.PurgatoryStub(self._channel)
         # Its callers answer or retry each failure quietly: the outage is logged here, once.
         self._outages = OutageLog(log, f"the purgatory at {address}")
+        # Produce waits, one per acks=all request, share one stream (see :meth:`wait`).
+        self._await_stream = CallStream(
+            self._stub.AwaitStream,
+            lambda code, details: status_failure(code, details, address),
+            not_sent=lambda code, details: UnreachableError(
+                f"{address}: {code.name}: {details} (the wait was not sent)"))
 
     async def _call(self, method: Any, request: Any, time_limit: float) -> Any:
         try:
@@ -406,9 +413,12 @@ class PurgatoryClient:
             keys=[purgatory_pb2.WatchedKey(key=k, threshold=t) for k, t in thresholds.items()])
         started = time.perf_counter()
         outcome = "unavailable"
+        time_limit = timeout_ms / 1000 + PURGATORY_GRACE_S
         try:
-            response = await self._call(self._stub.Await, request,
-                                        timeout_ms / 1000 + PURGATORY_GRACE_S)
+            if kind == purgatory_pb2.OPERATION_KIND_PRODUCE:
+                response = await self._await_on_stream(request, time_limit)
+            else:
+                response = await self._call(self._stub.Await, request, time_limit)
             completed = response.outcome == purgatory_pb2.OUTCOME_COMPLETED
             outcome = "completed" if completed else "expired"
             return response
@@ -419,6 +429,25 @@ class PurgatoryClient:
             PURGATORY_WAITS.labels(_KIND_LABELS[kind], outcome).inc()
             PURGATORY_WAIT_SECONDS.labels(_KIND_LABELS[kind]).observe(
                 time.perf_counter() - started)
+
+    async def _await_on_stream(self, request: purgatory_pb2.AwaitRequest,
+                               time_limit: float) -> purgatory_pb2.AwaitResponse:
+        """A produce wait on the stream of waits: no new HTTP/2 stream and server task per
+        acks=all request. Only produce waits go there: their callers wait for the outcome
+        whatever happens, while a fetch or join wait is abandoned (its consumer or member left)
+        and cancelling its unary call takes the operation off the purgatory at once; one
+        abandoned on the stream would stay parked until its timeout."""
+        try:
+            answer = await self._await_stream.call(
+                purgatory_pb2.AwaitStreamRequest(request=request), time_limit)
+            if answer.status_code:
+                raise status_failure(_STATUS_CODES.get(answer.status_code, grpc.StatusCode.UNKNOWN),
+                                     answer.status_details, self._address)
+        except CallError as exc:
+            self._outages.failed(exc)
+            raise
+        self._outages.succeeded()
+        return answer.response
 
     async def complete(self, positions: Mapping[str, int]) -> None:
         request = purgatory_pb2.CheckAndCompleteRequest(keys=[
@@ -452,4 +481,5 @@ class PurgatoryClient:
             raise
 
     async def close(self) -> None:
+        await self._await_stream.close()
         await self._channel.close()

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from kbroker.purgatory.v1 import purgatory_pb2, purgatory_pb2_grpc
+from services.common.call_streams import serve_calls
 
 from .purgatories import Purgatories
 
@@ -30,6 +31,31 @@ class PurgatoryServicer(purgatory_pb2_grpc.PurgatoryServicer):
         if kind is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"unknown operation kind {request.kind}")
+        return await self._await(kind, request)
+
+    async def AwaitStream(
+        self, request_iterator: AsyncIterator[purgatory_pb2.AwaitStreamRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> None:
+        """Await, many calls on one stream; operations still parked when it ends are taken
+        off."""
+
+        async def answer(
+            message: purgatory_pb2.AwaitStreamRequest,
+        ) -> purgatory_pb2.AwaitStreamResponse:
+            reply = purgatory_pb2.AwaitStreamResponse(call_id=message.call_id)
+            kind = KIND_NAMES.get(message.request.kind)
+            if kind is None:
+                reply.status_code = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+                reply.status_details = f"unknown operation kind {message.request.kind}"
+            else:
+                reply.response.CopyFrom(await self._await(kind, message.request))
+            return reply
+
+        await serve_calls(request_iterator, context, answer, cancel_at_end=True)
+
+    async def _await(self, kind: str,
+                     request: purgatory_pb2.AwaitRequest) -> purgatory_pb2.AwaitResponse:
         thresholds: dict[str, int] = {}
         for watched in request.keys:
             # A key named twice must satisfy the stricter threshold.

@@ -1,5 +1,6 @@
 """The gRPC clients' own logic: failure classification, metadata conversion and channel
-upkeep (the calls themselves run in test_service.py)."""
+upkeep (the calls themselves run in test_service.py), and the stream the produce waits share
+to a real purgatory."""
 
 import asyncio
 from pathlib import Path
@@ -16,6 +17,8 @@ from services.handler.clients import (
     metadata_from_proto,
 )
 from services.handler.collaborators import OutcomeUnknownError, UnreachableError
+from services.purgatory.config import PurgatoryConfig
+from services.purgatory.server import start as start_purgatory
 
 from ..tls_material import internal_tls_dir
 from .fakes import cluster
@@ -81,6 +84,47 @@ def test_an_unreachable_purgatory_fails_fast():
         try:
             return await asyncio.wait_for(
                 purgatory.wait(purgatory_pb2.OPERATION_KIND_FETCH, {"t-0": 1}, False, 10_000), 5)
+        except UnreachableError:
+            return "unreachable"
+        finally:
+            await purgatory.close()
+
+    assert asyncio.run(main()) == "unreachable"
+
+
+def test_produce_waits_share_a_stream_to_the_purgatory():
+    async def main():
+        service = await start_purgatory(PurgatoryConfig(grpc_address="127.0.0.1:0"))
+        purgatory = PurgatoryClient(f"127.0.0.1:{service.port}")
+        try:
+            waits = [asyncio.ensure_future(purgatory.wait(
+                purgatory_pb2.OPERATION_KIND_PRODUCE, {f"t-{i}": 2}, True, 10_000))
+                for i in range(3)]
+            expired = await purgatory.wait(purgatory_pb2.OPERATION_KIND_PRODUCE, {"t-9": 1},
+                                           True, 50)
+            assert expired.outcome == purgatory_pb2.OUTCOME_EXPIRED
+            for i in (2, 0, 1):
+                await purgatory.complete({f"t-{i}": 2})
+                answer = await asyncio.wait_for(waits[i], 5)
+                assert answer.outcome == purgatory_pb2.OUTCOME_COMPLETED
+                assert [(k.key, k.position) for k in answer.keys] == [(f"t-{i}", 2)]
+            # All of them on one stream.
+            assert purgatory._await_stream.in_flight == 0
+            assert purgatory._await_stream._call is not None
+        finally:
+            await purgatory.close()
+            await service.stop(0)
+
+    asyncio.run(main())
+
+
+def test_an_unreachable_purgatory_fails_a_produce_wait_fast():
+    async def main():
+        purgatory = PurgatoryClient("127.0.0.1:1")
+        try:
+            return await asyncio.wait_for(
+                purgatory.wait(purgatory_pb2.OPERATION_KIND_PRODUCE, {"t-0": 1}, True, 10_000),
+                5)
         except UnreachableError:
             return "unreachable"
         finally:

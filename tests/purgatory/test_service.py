@@ -328,3 +328,33 @@ def test_watch_keys_publishes_the_keys_fetches_and_produces_park_on():
             await service.stop(0)
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_await_stream_answers_each_call_when_it_completes_and_ends_with_the_stream():
+    async def scenario() -> None:
+        async with purgatory() as (_, stub):
+            stream = stub.AwaitStream()
+
+            def call(call_id: int, request: pb.AwaitRequest) -> pb.AwaitStreamRequest:
+                return pb.AwaitStreamRequest(call_id=call_id, request=request)
+
+            await stream.write(call(1, await_request({"t-0": 5}, 10_000, PRODUCE, True)))
+            await stream.write(call(2, await_request({"t-1": 3}, 10_000, PRODUCE, True)))
+            await wait_for(pending_is(stub, "produce", 2, watched_keys=2))
+            await stub.CheckAndComplete(report(("t-1", 3)))
+            answer = await asyncio.wait_for(stream.read(), 5)  # the second call, first
+            assert (answer.call_id, answer.status_code) == (2, 0)
+            assert answer.response.outcome == pb.OUTCOME_COMPLETED
+            assert [(k.key, k.position) for k in answer.response.keys] == [("t-1", 3)]
+            await stream.write(call(3, await_request({"k": 1}, 100,
+                                                     pb.OPERATION_KIND_UNSPECIFIED)))
+            refused = await asyncio.wait_for(stream.read(), 5)
+            assert refused.call_id == 3
+            assert refused.status_code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+            assert not refused.HasField("response")
+            # Call 1 is still parked; the stream's end takes it off.
+            assert await pending_is(stub, "produce", 1)()
+            await stream.done_writing()
+            await wait_for(pending_is(stub, "produce", 0, watched_keys=0))
+
+    asyncio.run(scenario())
