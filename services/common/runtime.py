@@ -9,6 +9,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import functools
+import gc
 import logging
 import os
 import signal
@@ -107,6 +108,16 @@ class FreedMemoryRelease:
             self._pending = None
 
 
+def freeze_heap() -> None:
+    """Move every object alive now (modules, compiled codecs, config: what a started service
+    keeps for good) out of the garbage collector's reach (``gc.freeze``), after one last
+    collection. A full collection walks every tracked object; in a started frontend that is
+    about 140,000 of them, some 140 ms with the event loop stopped, and the collections that
+    requests' garbage triggers kept walking them for nothing."""
+    gc.collect()
+    gc.freeze()
+
+
 def run(service: str, main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
     """Run ``main(stop_event)`` on uvloop until it returns (logging to stderr at
     ``KBROKER_LOG_LEVEL``); SIGTERM/SIGINT set the event, and so does the end of the launcher
@@ -186,6 +197,7 @@ def serve_main(service: str, config_cls: type, start: Callable[[Any], Awaitable[
             host = config.grpc_address.rsplit(":", 1)[0].strip("[]") or "127.0.0.1"
             serve_prometheus(config.metrics_port, host)
         running = await start(config)
+        freeze_heap()
         log.info("%s ready: gRPC on %s (%s)", service, config.grpc_address,
                  InternalTls.of(config).describe())
         try:

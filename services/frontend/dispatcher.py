@@ -29,6 +29,7 @@ from kbroker.kafka.v1 import kafka_pb2
 from services.common.error_answers import error_codes
 from services.common.features import FEATURES, FINALIZED_FEATURES_EPOCH
 from services.common.payloads import Detached, PayloadPath
+from services.common.runtime import freeze_heap
 
 from . import converter, headers
 from .api_versions import API_VERSIONS_KEY, SUPPORTED_APIS, SupportedApi, supported_versions
@@ -238,8 +239,10 @@ class Dispatcher:
         self._grpc_metadata: dict[tuple[str | None, str, int, int, str, str], Metadata] = {}
 
     async def compile_schemas(self) -> None:
-        """Compile the codec of every supported API version (see :class:`_Schemas`)."""
+        """Compile the codec of every supported API version (see :class:`_Schemas`), then
+        keep them out of the garbage collector's walks (:func:`freeze_heap`)."""
         await self._schemas.compile_all()
+        freeze_heap()
 
     def decode(self, frame: bytes) -> Request:
         """The request in ``frame``; raises :class:`UnanswerableRequestError` if unreadable."""
