@@ -161,6 +161,7 @@ def scrape(port: int) -> dict[str, float]:
     return values
 
 
+GC_FULL = 'python_gc_collections_total{generation="2"}'
 # Per phase: the series whose sum over count is the mean time of one request at each hop
 # (service kind, the histogram's series without _sum/_count).
 HOPS = {
@@ -364,7 +365,8 @@ def run_round(args: argparse.Namespace, out: Path) -> dict:
                     wall = time.perf_counter() - started
                     after = {name: cpu_seconds(pid) for name, pid in pids.items()}
                     client_cpu = cpu_seconds(client.pid)["all"] - client_before
-                hops = hop_times(phase, metrics_before, scrape_all(cluster))
+                metrics_after = scrape_all(cluster)
+                hops = hop_times(phase, metrics_before, metrics_after)
                 gigabytes = outcome["bytes"] / 1e9
                 services = {}
                 for name in pids:
@@ -372,6 +374,10 @@ def run_round(args: argparse.Namespace, out: Path) -> dict:
                             for thread in after[name]}
                     services[name] = {
                         "cpu_s": round(used["all"], 2),
+                        # Full garbage collections (each walks every object not frozen).
+                        "gc_full_collections": int(
+                            metrics_after.get(name, {}).get(GC_FULL, 0)
+                            - metrics_before.get(name, {}).get(GC_FULL, 0)),
                         "cpu_s_per_GB": round(used["all"] / gigabytes, 1),
                         "event_loop_share": round(used.get("event loop", 0) / used["all"], 2)
                         if used["all"] else 0.0,
@@ -430,8 +436,8 @@ def markdown_table(results: dict) -> str:
     """Each phase and service as a row of a Markdown table: CPU seconds per GB, the share of
     them on the event loop's thread, and where py-spy found the samples (the three largest
     concerns and the function with the most samples of its own)."""
-    rows = ["| phase | MB/s | service | CPU s/GB | event loop | samples by concern | "
-            "top function (own samples) |", "|---|---|---|---|---|---|---|"]
+    rows = ["| phase | MB/s | service | CPU s/GB | event loop | full GCs | samples by concern | "
+            "top function (own samples) |", "|---|---|---|---|---|---|---|---|"]
     for phase, result in results.items():
         for name, service in sorted(result["services"].items(),
                                     key=lambda item: -item[1]["cpu_s"]):
@@ -442,10 +448,11 @@ def markdown_table(results: dict) -> str:
                                  list(profile.get("by_concern_pct", {}).items())[:3])
             top = next(iter(profile.get("top_own_pct", {}).items()), None)
             rows.append(f"| {phase} | {result['MBps']} | {name} | {service['cpu_s_per_GB']} | "
-                        f"{round(100 * service['event_loop_share'])}% | {concerns} | "
+                        f"{round(100 * service['event_loop_share'])}% | "
+                        f"{service['gc_full_collections']} | {concerns} | "
                         f"{f'{top[0]} {top[1]}%' if top else ''} |")
         rows.append(f"| {phase} | {result['MBps']} | all services | "
-                    f"{result['services_cpu_s_per_GB']} | | "
+                    f"{result['services_cpu_s_per_GB']} | | | "
                     f"{result['services_cpu_cores']} cores busy | |")
     return "\n".join(rows)
 
