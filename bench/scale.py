@@ -17,6 +17,11 @@ broker instance each:
   per leader (all its partitions in each Fetch);
 - connections: for each count C, C producers (one connection each) writing a topic of 10
   partitions for SECONDS, 16 records of 1 KB per request, acks=1;
+- operations: with every topic above in the cluster (1,121 partitions), Metadata of every
+  topic 20 times, the coordinator of each of GROUPS (200) consumer groups one after the other,
+  then the groups concurrently, each committing an offset for each partition of the
+  10-partition topic and fetching them back (a group without members, as a consumer with
+  manual assignment commits);
 - log nodes and handlers (kbroker only): the partitions load on a topic of 12 partitions, on
   clusters of N log nodes and N handlers for each N of ``--nodes``.
 
@@ -112,6 +117,8 @@ def run_point(bootstrap: str, pids: list[int], topic: str, *options: str) -> dic
         if client.poll() is None:
             client.kill()
             client.wait()
+    if not memory:  # the operations: no load to sample during
+        memory = round(sum(rss_mb(pid) for pid in pids), 1)
     if client.returncode != 0 or not result:
         raise RuntimeError(f"load client failed on {topic} ({client.returncode})")
     return {**result, "rss_mb": memory}
@@ -149,7 +156,12 @@ def run_broker(name: str, args: argparse.Namespace) -> dict[str, Any]:
                                  "--records", "16", "--seconds", str(args.seconds))}
             connection_points.append(point)
             print(json.dumps(point), flush=True)
+        operations = {"broker": name, "curve": "operations",
+                      **run_point(bootstrap, pids, topic, "--operations",
+                                  "--metadata", "20", "--groups", str(args.groups))}
+        print(json.dumps(operations), flush=True)
     return {
+        "operations": operations,
         "idle_rss_mb": idle, "partitions": partition_points, "connections": connection_points,
         "kb_per_partition": slope(partition_points[1:], "partitions_in_cluster"),
         "kb_per_connection": slope(connection_points, "connections"),
@@ -234,6 +246,18 @@ def markdown(results: dict[str, dict[str, Any]]) -> str:
         for p in nodes:
             rows.append(f"| {p['nodes']} | {p['produce_MBps']} | {p['produce_p99_ms']} | "
                         f"{p['fetch_MBps']} | {p['fetch_p99_ms']} |")
+    rows += ["", "| broker | partitions in cluster | Metadata p50 / p99 ms | groups | "
+             "FindCoordinator p50 / p99 ms | OffsetCommit p50 / p99 ms | "
+             "OffsetFetch p50 / p99 ms | errors |", "|---|---|---|---|---|---|---|---|"]
+    for broker, result in results.items():
+        o = result.get("operations")
+        if o:
+            rows.append(
+                f"| {broker} | {o['partitions_in_cluster']} | {o['metadata_p50_ms']} / "
+                f"{o['metadata_p99_ms']} | {o['groups']} | {o['find_coordinator_p50_ms']} / "
+                f"{o['find_coordinator_p99_ms']} | {o['offset_commit_p50_ms']} / "
+                f"{o['offset_commit_p99_ms']} | {o['offset_fetch_p50_ms']} / "
+                f"{o['offset_fetch_p99_ms']} | {o['group_errors']} |")
     rows += ["", "| broker | idle RSS MB | KB per partition | KB per connection |",
              "|---|---|---|---|"]
     for broker, result in results.items():
@@ -250,6 +274,7 @@ def main() -> None:
     parser.add_argument("--nodes", default="1,2,3",
                         help="kbroker only: log nodes and handlers (as many of each) of the "
                              "clusters of the third curve (empty: none)")
+    parser.add_argument("--groups", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--brokers", default="kbroker,reference")
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "scale")

@@ -17,7 +17,9 @@ Prints a JSON line ``{"running": ...}`` once every connection is open and has be
 and at the end one with produced MB/s, requests, errors and request latency p50/p99/max; with
 ``--fetch`` then reads everything back (Fetch v11, one connection per leader, each asking for
 all its partitions from where the last answer ended), with fetched MB/s and the fetch request
-latency percentiles.
+latency percentiles. With ``--operations`` it produces nothing: it times Metadata of every
+topic, then FindCoordinator, OffsetCommit (every partition of TOPIC) and OffsetFetch for each
+of ``--groups`` groups.
 """
 
 from __future__ import annotations
@@ -34,8 +36,18 @@ from pathlib import Path
 
 from kio.schema.fetch.v11.request import FetchPartition, FetchRequest, FetchTopic
 from kio.schema.fetch.v11.response import FetchResponse
+from kio.schema.find_coordinator.v1.request import FindCoordinatorRequest
+from kio.schema.find_coordinator.v1.response import FindCoordinatorResponse
 from kio.schema.metadata.v1.request import MetadataRequest, MetadataRequestTopic
 from kio.schema.metadata.v1.response import MetadataResponse
+from kio.schema.offset_commit.v2.request import (
+    OffsetCommitRequest,
+    OffsetCommitRequestPartition,
+    OffsetCommitRequestTopic,
+)
+from kio.schema.offset_commit.v2.response import OffsetCommitResponse
+from kio.schema.offset_fetch.v1.request import OffsetFetchRequest, OffsetFetchRequestTopic
+from kio.schema.offset_fetch.v1.response import OffsetFetchResponse
 from kio.schema.produce.v8.request import PartitionProduceData, ProduceRequest, TopicProduceData
 from kio.schema.produce.v8.response import ProduceResponse
 from kio.schema.request_header.v1.header import RequestHeader
@@ -247,6 +259,83 @@ async def fetch(args: argparse.Namespace, brokers: dict[int, tuple[str, int]],
             "fetched_records": totals["records"], **percentiles(times, "fetch")}
 
 
+async def operations(args: argparse.Namespace) -> dict[str, object]:
+    """Metadata of every topic, ``--metadata`` times; FindCoordinator for each of
+    ``--groups`` groups, one after the other; then each group's OffsetCommit (every partition
+    of TOPIC, as a consumer group without members commits) and OffsetFetch, the groups
+    concurrently (a connection each to its coordinator). Latency percentiles of each."""
+    host, port = args.bootstrap.rsplit(":", 1)
+    conn = await Connection.open(host, int(port))
+    metadata: list[float] = []
+    partitions: list[int] = []
+    for _ in range(args.metadata):
+        started = time.perf_counter()
+        body = await conn.call(frame(MetadataRequest(topics=None)))
+        metadata.append((time.perf_counter() - started) * 1000)
+        answer, _ = entity_reader(MetadataResponse)(body, 0)
+        partitions = [p.partition_index for t in answer.topics if t.name == args.topic
+                      for p in t.partitions]
+    total = 0
+    if args.metadata:
+        total = sum(len(t.partitions) for t in answer.topics)
+    times: dict[str, list[float]] = {"find_coordinator": [], "offset_commit": [],
+                                     "offset_fetch": []}
+    errors = [0]
+
+    # The first lookup on a fresh cluster creates the offsets topic: not timed.
+    await conn.call(frame(FindCoordinatorRequest(key="scale-warm")))
+    coordinators: dict[int, tuple[str, int]] = {}
+    for number in range(args.groups):  # one at a time, on one connection
+        started = time.perf_counter()
+        body = await conn.call(frame(FindCoordinatorRequest(key=f"scale-group-{number}")))
+        times["find_coordinator"].append((time.perf_counter() - started) * 1000)
+        found, _ = entity_reader(FindCoordinatorResponse)(body, 0)
+        if found.error_code != 0:
+            errors[0] += 1
+        else:
+            coordinators[number] = (found.host, found.port)
+    conn.close()
+
+    async def group(number: int) -> None:
+        name = f"scale-group-{number}"
+        if number not in coordinators:
+            return
+        coordinator = await Connection.open(*coordinators[number])
+        try:
+            started = time.perf_counter()
+            body = await coordinator.call(frame(OffsetCommitRequest(
+                group_id=name, member_id="", topics=(OffsetCommitRequestTopic(
+                    name=args.topic, partitions=tuple(OffsetCommitRequestPartition(
+                        partition_index=i32(p), committed_offset=i64(number),
+                        committed_metadata="") for p in partitions)),))))
+            times["offset_commit"].append((time.perf_counter() - started) * 1000)
+            committed, _ = entity_reader(OffsetCommitResponse)(body, 0)
+            errors[0] += sum(1 for t in committed.topics for p in t.partitions
+                             if p.error_code != 0)
+            started = time.perf_counter()
+            body = await coordinator.call(frame(OffsetFetchRequest(
+                group_id=name, topics=(OffsetFetchRequestTopic(
+                    name=args.topic, partition_indexes=tuple(i32(p) for p in partitions)),))))
+            times["offset_fetch"].append((time.perf_counter() - started) * 1000)
+            fetched, _ = entity_reader(OffsetFetchResponse)(body, 0)
+            errors[0] += sum(1 for t in fetched.topics for p in t.partitions
+                             if p.error_code != 0 or p.committed_offset != number)
+        finally:
+            coordinator.close()
+
+    # The groups' commits and fetches run concurrently, a connection each.
+    started = time.perf_counter()
+    await asyncio.gather(*(group(n) for n in range(args.groups)))
+    elapsed = time.perf_counter() - started
+    out: dict[str, object] = {"partitions_in_cluster": total, "groups": args.groups,
+                              "group_errors": errors[0],
+                              "groups_seconds": round(elapsed, 2),
+                              **percentiles(metadata, "metadata")}
+    for name, values in times.items():
+        out.update(percentiles(values, name))
+    return out
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -259,7 +348,14 @@ async def main() -> None:
     parser.add_argument("--acks", type=int, default=1)
     parser.add_argument("--fetch", action="store_true")
     parser.add_argument("--fetch-seconds", type=float, default=20.0)
+    parser.add_argument("--operations", action="store_true",
+                        help="instead of producing: Metadata and group operations")
+    parser.add_argument("--metadata", type=int, default=20)
+    parser.add_argument("--groups", type=int, default=200)
     args = parser.parse_args()
+    if args.operations:
+        print(json.dumps(await operations(args)), flush=True)
+        return
     brokers, leader_of = await leaders(args.bootstrap, args.topic)
     result = await produce(args, brokers, leader_of)
     if args.fetch:
