@@ -22,6 +22,12 @@ message's fields come in any order, so instead:
   handed on as a ``memoryview`` of the received bytes, and the message without its payloads is
   small and parsed by protobuf.
 
+Only large messages are taken apart so: below :data:`SPLICE_MIN_BYTES` of payloads, protobuf's
+own copies cost less than the walk in Python (measured per hop: a message of one 1 KB to 16 KB
+batch serialized whole in about 2 us and parsed in 1.5 us, spliced in 6 us and split in 4.5 us;
+at 64 KB both ways cost about the same; at 256 KB the copies took 160 and 100 us, the splice
+and the split 10 and 5 us). :meth:`Detached.serialized` and :func:`parse_message` choose.
+
 Leaves are the elements of the repeated fields on the path, in order, one payload each; None
 stands for a payload field left unset, which proto2 messages tell from an empty one (a Kafka
 null from empty records). Both sides stay plain protobuf: a peer that builds or parses
@@ -39,6 +45,8 @@ from google.protobuf.message import DecodeError, Message
 from .varints import VarintError, decode_uvarint, encode_uvarint
 
 _LENGTH_DELIMITED = 2
+# Payloads of fewer bytes than this, together, are left to protobuf (see the module docstring).
+SPLICE_MIN_BYTES = 64 * 1024
 
 Payload = bytes | bytearray | memoryview
 Pieces = list[Payload]
@@ -121,6 +129,16 @@ def parse(data: bytes | memoryview, message_type: Any,
     return message_type.FromString(rest), payloads
 
 
+def parse_message(data: bytes | memoryview, message_type: Any,
+                  path: PayloadPath) -> tuple[Any, list[memoryview | None] | None]:
+    """The message in ``data`` and its payloads: taken apart as :func:`parse` does when
+    ``data`` is large enough for it to pay (:data:`SPLICE_MIN_BYTES`), else parsed whole by
+    protobuf, its payloads in it and None in their place."""
+    if len(data) < SPLICE_MIN_BYTES:
+        return message_type.FromString(data), None
+    return parse(data, message_type, path)
+
+
 def leaves(message: Message, path: PayloadPath) -> Iterator[Message]:
     """The leaf messages of ``message`` (those holding a payload field), in order."""
     level: list[Message] = [message]
@@ -176,9 +194,17 @@ class Detached:
         """The serialized message as pieces (the payloads among them) and its size."""
         return splice(self.message.SerializeToString(), self.path, self.payloads)
 
+    def serialized(self) -> bytes | tuple[Pieces, int]:
+        """The serialized message: as :meth:`pieces` when its payloads are large enough for
+        splicing to pay (:data:`SPLICE_MIN_BYTES`), else as bytes serialized whole by
+        protobuf (the payloads copied into the message first)."""
+        if payload_sizes(self.payloads) < SPLICE_MIN_BYTES:
+            return self.whole().SerializeToString()
+        return self.pieces()
+
     def SerializeToString(self) -> bytes:
-        pieces, _ = self.pieces()
-        return b"".join(pieces)
+        serialized = self.serialized()
+        return serialized if isinstance(serialized, bytes) else b"".join(serialized[0])
 
     def whole(self) -> Message:
         """The message with its payloads in it (copied there)."""

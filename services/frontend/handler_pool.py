@@ -105,7 +105,7 @@ def _encode_call(call: tuple[str, Message | Detached, Metadata], call_id: int) -
     rpc, request, metadata = call
     # A request with its record batches beside it is written around them (one copy, into the
     # call).
-    serialized = request.pieces() if isinstance(request, Detached) else (
+    serialized = request.serialized() if isinstance(request, Detached) else (
         request.SerializeToString())
     return encode_handler_call(call_id, rpc, serialized, metadata)
 
@@ -146,8 +146,11 @@ class _Handler:
                 with contextlib.suppress(ValueError):
                     remote = max(float(entry.value), 0.0) / 1000
         if response_batches is not None:
-            message, batches = payloads.parse(response, _RESPONSE_TYPES[rpc], response_batches)
-            return Detached(message, response_batches, batches), remote
+            message, batches = payloads.parse_message(response, _RESPONSE_TYPES[rpc],
+                                                      response_batches)
+            if batches is not None:
+                return Detached(message, response_batches, batches), remote
+            return message, remote
         return _RESPONSE_TYPES[rpc].FromString(response), remote
 
     async def close(self, grace: float | None = None) -> None:

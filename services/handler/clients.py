@@ -226,7 +226,7 @@ def _encode_append(call: tuple[log_pb2.AppendRequest, list[MaybePayload] | None]
     message = log_pb2.AppendStreamRequest(call_id=call_id, request=request)
     if records is None:  # the batches are in the request
         return message.SerializeToString()
-    return payloads.spliced(message, _APPEND_RECORDS, records)
+    return payloads.Detached(message, _APPEND_RECORDS, records).SerializeToString()
 
 
 class PartitionRead:
@@ -244,14 +244,19 @@ class PartitionRead:
 
 
 class ReadAnswer:
-    """A Read's answer, as ``log_pb2.ReadResponse`` reads, its results :class:`PartitionRead`."""
+    """A Read's answer, as ``log_pb2.ReadResponse`` reads: its results :class:`PartitionRead`
+    (the batches views of the answer), or those of the response itself when it was small
+    enough to parse whole (:func:`services.common.payloads.parse_message`)."""
 
     __slots__ = ("results",)
 
     def __init__(self, data: bytes) -> None:
-        response, records = payloads.parse(data, log_pb2.ReadResponse, _READ_RECORDS)
-        self.results = [PartitionRead(result, batches)
-                        for result, batches in zip(response.results, records, strict=True)]
+        response, records = payloads.parse_message(data, log_pb2.ReadResponse, _READ_RECORDS)
+        if records is None:  # a small answer, parsed whole: its batches are in it
+            self.results = response.results
+        else:
+            self.results = [PartitionRead(result, batches)
+                            for result, batches in zip(response.results, records, strict=True)]
 
 
 class LogNodeClients:

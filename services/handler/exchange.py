@@ -124,7 +124,7 @@ class ExchangeServicer(handler_pb2_grpc.KafkaHandlerStreamServicer):
             if path is None:
                 request = request_type.FromString(request_bytes)
             else:
-                request, records = payloads.parse(request_bytes, request_type, path)
+                request, records = payloads.parse_message(request_bytes, request_type, path)
         except DecodeError as exc:
             return _failed(call.call_id, grpc.StatusCode.INVALID_ARGUMENT,
                            f"{call.method}: bad request: {exc}")
@@ -140,7 +140,7 @@ class ExchangeServicer(handler_pb2_grpc.KafkaHandlerStreamServicer):
         for key, value in context.trailing_metadata:
             reply.trailing_metadata.add(key=key, value=str(value))
         if isinstance(response, Detached):
-            return encode_handler_reply(reply, response.pieces())
+            return encode_handler_reply(reply, response.serialized())
         return encode_handler_reply(reply, response.SerializeToString())
 
 

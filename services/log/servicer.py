@@ -160,8 +160,8 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
         of them."""
 
         async def answer(data: bytes) -> log_pb2.AppendStreamResponse:
-            message, records = payloads.parse(data, log_pb2.AppendStreamRequest,
-                                              APPEND_RECORDS)
+            message, records = payloads.parse_message(data, log_pb2.AppendStreamRequest,
+                                                      APPEND_RECORDS)
             reply = log_pb2.AppendStreamResponse(call_id=message.call_id)
             await self._append(message.request, reply.response, records)
             return reply

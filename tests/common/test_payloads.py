@@ -109,3 +109,24 @@ def test_a_path_must_end_in_a_bytes_field() -> None:
         PayloadPath(log_pb2.ReadResponse.DESCRIPTOR, "results.topic")
     with pytest.raises(ValueError, match="not a message field"):
         PayloadPath(log_pb2.ReadResponse.DESCRIPTOR, "results.topic.x")
+
+
+def test_small_messages_are_left_to_protobuf_and_large_ones_taken_apart() -> None:
+    small = [b"\x01" * 1000, None]
+    large = [b"\x02" * payloads.SPLICE_MIN_BYTES, b""]
+    for batches, spliced in ((small, False), (large, True)):
+        head = log_pb2.AppendStreamRequest(call_id=3, request=log_pb2.AppendRequest(partitions=[
+            log_pb2.PartitionAppend(topic="a", partition=0),
+            log_pb2.PartitionAppend(topic="a", partition=1)]))
+        serialized = payloads.Detached(head, APPEND, list(batches)).serialized()
+        assert isinstance(serialized, tuple) == spliced
+        data = serialized if isinstance(serialized, bytes) else b"".join(serialized[0])
+        whole = log_pb2.AppendStreamRequest.FromString(data)
+        assert [p.records for p in whole.request.partitions] == [b or b"" for b in batches]
+        message, found = payloads.parse_message(data, log_pb2.AppendStreamRequest, APPEND)
+        if spliced:
+            assert found is not None
+            assert [None if p is None else bytes(p) for p in found] == [large[0], b""]
+            assert all(not p.records for p in message.request.partitions)
+        else:
+            assert found is None and message == whole
