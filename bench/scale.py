@@ -22,6 +22,9 @@ broker instance each:
   then the groups concurrently, each committing an offset for each partition of the
   10-partition topic and fetching them back (a group without members, as a consumer with
   manual assignment commits);
+- memory: on a fresh broker, the resident memory idle, after creating a topic of 1,000
+  partitions (no records) and while 1,000 connections (each answered one Metadata request)
+  stay open: KB per idle partition and per idle connection;
 - log nodes and handlers (kbroker only): the partitions load on a topic of 12 partitions, on
   clusters of N log nodes and N handlers for each N of ``--nodes``.
 
@@ -168,6 +171,34 @@ def run_broker(name: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def run_memory(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Memory of idle partitions and idle connections on a fresh broker: the services'
+    resident memory idle, after creating a topic of ``--memory-partitions`` partitions (no
+    records), and while ``--memory-connections`` connections, each answered one Metadata
+    request, stay open."""
+    start = kbroker if name == "kbroker" else reference
+    with start() as (bootstrap, pids):
+        time.sleep(3.0)
+        idle = sum(rss_mb(pid) for pid in pids)
+        topic = create_topic(bootstrap, args.memory_partitions)
+        time.sleep(3.0)
+        with_partitions = sum(rss_mb(pid) for pid in pids)
+        point = run_point(bootstrap, pids, topic, "--idle", "--producers",
+                          str(args.memory_connections), "--seconds", "4")
+    result = {
+        "broker": name, "curve": "memory", "idle_rss_mb": round(idle, 1),
+        "partitions": args.memory_partitions, "connections": args.memory_connections,
+        "rss_with_partitions_mb": round(with_partitions, 1),
+        "rss_with_connections_mb": point["rss_mb"],
+        "kb_per_idle_partition": round(1024 * (with_partitions - idle)
+                                       / args.memory_partitions, 1),
+        "kb_per_idle_connection": round(1024 * (point["rss_mb"] - with_partitions)
+                                        / args.memory_connections, 1),
+    }
+    print(json.dumps(result), flush=True)
+    return result
+
+
 def run_nodes(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The partitions load on 12 partitions, on kbroker clusters of N log nodes and N
     handlers."""
@@ -258,11 +289,15 @@ def markdown(results: dict[str, dict[str, Any]]) -> str:
                 f"{o['find_coordinator_p99_ms']} | {o['offset_commit_p50_ms']} / "
                 f"{o['offset_commit_p99_ms']} | {o['offset_fetch_p50_ms']} / "
                 f"{o['offset_fetch_p99_ms']} | {o['group_errors']} |")
-    rows += ["", "| broker | idle RSS MB | KB per partition | KB per connection |",
-             "|---|---|---|---|"]
+    rows += ["", "| broker | idle RSS MB | KB per partition under load (slope) | KB per "
+             "connection under load (slope) | KB per idle partition | KB per idle connection |",
+             "|---|---|---|---|---|---|"]
     for broker, result in results.items():
+        memory = result.get("memory", {})
         rows.append(f"| {broker} | {result['idle_rss_mb']} | {result['kb_per_partition']} | "
-                    f"{result['kb_per_connection']} |")
+                    f"{result['kb_per_connection']} | "
+                    f"{memory.get('kb_per_idle_partition', '')} | "
+                    f"{memory.get('kb_per_idle_connection', '')} |")
     return "\n".join(rows)
 
 
@@ -275,6 +310,9 @@ def main() -> None:
                         help="kbroker only: log nodes and handlers (as many of each) of the "
                              "clusters of the third curve (empty: none)")
     parser.add_argument("--groups", type=int, default=200)
+    parser.add_argument("--memory-partitions", type=int, default=1000,
+                        help="idle partitions of the memory measurement (0: none)")
+    parser.add_argument("--memory-connections", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--brokers", default="kbroker,reference")
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "scale")
@@ -284,6 +322,9 @@ def main() -> None:
     args.nodes = [int(v) for v in args.nodes.split(",") if v]
     args.out.mkdir(parents=True, exist_ok=True)
     results = {name: run_broker(name, args) for name in args.brokers.split(",") if name}
+    if args.memory_partitions and args.memory_connections:
+        for name in results:
+            results[name]["memory"] = run_memory(name, args)
     if args.nodes and "kbroker" in results:
         results["kbroker"]["nodes"] = run_nodes(args)
     (args.out / "scale.json").write_text(json.dumps(results, indent=1))

@@ -336,6 +336,22 @@ async def operations(args: argparse.Namespace) -> dict[str, object]:
     return out
 
 
+async def idle(args: argparse.Namespace) -> dict[str, object]:
+    """``--producers`` connections to the bootstrap broker, each answered one Metadata
+    request, then left idle for SECONDS."""
+    host, port = args.bootstrap.rsplit(":", 1)
+    connections = []
+    for _ in range(args.producers):
+        conn = await Connection.open(host, int(port))
+        await conn.call(frame(MetadataRequest(topics=(MetadataRequestTopic(name=args.topic),))))
+        connections.append(conn)
+    print(json.dumps({"running": len(connections)}), flush=True)
+    await asyncio.sleep(args.seconds)
+    for conn in connections:
+        conn.close()
+    return {"idle_connections": len(connections)}
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -350,9 +366,14 @@ async def main() -> None:
     parser.add_argument("--fetch-seconds", type=float, default=20.0)
     parser.add_argument("--operations", action="store_true",
                         help="instead of producing: Metadata and group operations")
+    parser.add_argument("--idle", action="store_true",
+                        help="instead of producing: PRODUCERS idle connections for SECONDS")
     parser.add_argument("--metadata", type=int, default=20)
     parser.add_argument("--groups", type=int, default=200)
     args = parser.parse_args()
+    if args.idle:
+        print(json.dumps(await idle(args)), flush=True)
+        return
     if args.operations:
         print(json.dumps(await operations(args)), flush=True)
         return
