@@ -263,6 +263,12 @@ def main() -> None:
             while time.monotonic() - start < args.minutes * 60:
                 number += 1
                 time.sleep(max(start + number * args.window - time.monotonic(), 0))
+                gone = {name: client.proc.returncode for name, client in
+                        zip(("producer", "consumer", "probe"), clients, strict=True)
+                        if client.proc.poll() is not None}
+                if gone:  # a client that died would read as a broker that stopped
+                    print(json.dumps({"window": number, "clients_exited": gone}), flush=True)
+                    break
                 produced, _ = producer.take()
                 consumed, _ = consumer.take()
                 _, probes = probe.take()
