@@ -16,9 +16,13 @@ temporary data folder) and three confluent-kafka processes:
 - a probe: one record every PROBE_MS, acks=all, linger.ms=0, the time until each is
   acknowledged.
 
-Every window (10 s) it records, from the clients: acknowledged MB/s, consumed MB/s, the
-consumer's lag (records acknowledged and not yet consumed) and the probe's p50/p99/max; from
-every service process: its resident memory (VmRSS); from the services' metrics: the
+The topic keeps at most 1 GiB per partition in 64 MiB segments, and the log nodes check
+retention every 10 s, so the run's disk use stays bounded (a run at 40 MB/s writes some 70 GB
+with three replicas in 10 minutes). Every window (10 s) it records, from the clients:
+acknowledged MB/s, consumed MB/s, the consumer's lag (Kafka's: each partition's high
+watermark, as the consumer last heard it, less its position) and the probe's p50/p99/max;
+from every service process: its resident memory (VmRSS); the bytes of the cluster's data
+folder; from the services' metrics: the
 operations parked in the purgatory and the frontend's mean Produce request queue time (frame
 read until a worker took it). Prints one JSON line per window and a summary: each series'
 first, last, minimum and maximum, and the growth from the first minute to the last (the first
@@ -93,7 +97,8 @@ bootstrap, topic, partitions = sys.argv[1], sys.argv[2], int(sys.argv[3])
 c = Consumer({"bootstrap.servers": bootstrap, "group.id": "sustained-nogroup",
               "enable.auto.commit": False, "fetch.max.bytes": 52428800,
               "max.partition.fetch.bytes": 10485760})
-c.assign([TopicPartition(topic, q, 0) for q in range(partitions)])
+assigned = [TopicPartition(topic, q, 0) for q in range(partitions)]
+c.assign(assigned)
 got = nbytes = 0
 last = time.perf_counter()
 while True:
@@ -102,7 +107,15 @@ while True:
         got += 1; nbytes += len(m.value() or b"")
     if time.perf_counter() - last >= 1.0:
         last = time.perf_counter()
-        print(json.dumps({"t": time.time(), "consumed": got, "bytes": nbytes}), flush=True)
+        # Kafka's consumer lag, from one view at one moment: each partition's high watermark
+        # as the last fetch answer gave it, less the consumer's position.
+        lag = 0
+        for tp in c.position(assigned):
+            high = c.get_watermark_offsets(tp, cached=True)[1]
+            if high >= 0 and tp.offset >= 0:
+                lag += max(high - tp.offset, 0)
+        print(json.dumps({"t": time.time(), "consumed": got, "bytes": nbytes, "lag": lag}),
+              flush=True)
 '''
 
 PROBE = r'''
@@ -134,6 +147,8 @@ bootstrap, topic = sys.argv[1], sys.argv[2]
 partitions, replication = int(sys.argv[3]), int(sys.argv[4])
 admin = AdminClient({"bootstrap.servers": bootstrap})
 configs = {"min.insync.replicas": "2"} if replication > 1 else {}
+# Disk use bounded: old segments are deleted as the run goes (retention checked every 10 s).
+configs.update({"retention.bytes": str(2**30), "segment.bytes": str(64 * 2**20)})
 for f in admin.create_topics([NewTopic(topic, partitions, replication, config=configs)]).values():
     f.result(60)
 '''
@@ -178,6 +193,16 @@ def rss_mb(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return round(int(line.split()[1]) / 1024, 1)
     return 0.0
+
+
+def folder_bytes(folder: Path) -> int:
+    """The bytes of the files under ``folder`` (the cluster's data: every log node's log)."""
+    total = 0
+    for path in folder.rglob("*"):
+        with contextlib.suppress(OSError):
+            if path.is_file():
+                total += path.stat().st_size
+    return total
 
 
 def metric_sum(scraped: dict[str, dict[str, float]], prefix: str, kind: str = "") -> float:
@@ -245,7 +270,7 @@ def main() -> None:
     args = parser.parse_args()
     topic = "sustained"
     windows: list[dict[str, Any]] = []
-    with kbroker_cluster(log_nodes=3) as cluster:
+    with kbroker_cluster(log_nodes=3, retention_check_interval_ms=10_000) as cluster:
         subprocess.run([sys.executable, "-c", SETUP, cluster.bootstrap, topic,
                         str(args.partitions), str(args.replication)], check=True, timeout=120)
         pids = {name: svc.proc.pid for name, svc in cluster.services.items()
@@ -285,7 +310,7 @@ def main() -> None:
                     "produce_MBps": round((acked - previous["acked"]) * args.size / 1e6
                                           / seconds, 1),
                     "consume_MBps": round((got_bytes - previous["bytes"]) / 1e6 / seconds, 1),
-                    "consumer_lag_records": acked - consumed.get("consumed", 0),
+                    "consumer_lag_records": consumed.get("lag", 0),
                     "producer_queue_records": produced.get("queued", 0),
                     "delivery_errors": produced.get("errors", 0),
                     "probe_p50_ms": percentile(probes, 0.5),
@@ -295,6 +320,7 @@ def main() -> None:
                         after, "kbroker_purgatory_pending_operations", "purgatory"),
                     "produce_request_queue_ms": round(queue_ms, 2),
                     "rss_mb": {name: rss_mb(pid) for name, pid in pids.items()},
+                    "data_gb": round(folder_bytes(cluster.spec.data_dir) / 1e9, 2),
                 }
                 previous = {"acked": acked, "bytes": got_bytes, "t": now}
                 scraped = after
