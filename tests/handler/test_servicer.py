@@ -170,7 +170,7 @@ def test_a_produce_without_a_safe_answer_fails_its_call_on_both_paths():
     """An idempotent append whose outcome is unknown: DEADLINE_EXCEEDED, over a unary call and
     over the stream, which the frontend answers by closing the client's connection."""
     class Unknown(FakeLogNodes):
-        async def append(self, node, request, time_limit):
+        async def append(self, node, request, time_limit, records=None):
             raise OutcomeUnknownError("the log node's stream broke")
 
     servicer = make_servicer(snapshot(topic("t")), Unknown())

@@ -168,7 +168,7 @@ class _Slot:
     outcome_unknown: bool = False
 
 
-def _idempotent(records: bytes) -> bool:
+def _idempotent(records: bytes | memoryview) -> bool:
     """Whether the first batch has a producer id (sequence numbers)."""
     return len(records) >= HEADER_SIZE and read_header(records).producer_id >= 0
 
