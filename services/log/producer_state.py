@@ -27,8 +27,15 @@ and ``ProducerAppendInfo``), in this order:
 - the same epoch: the base sequence must follow the last stored one (sequences wrap from
   2**31-1 to 0), else OUT_OF_ORDER_SEQUENCE_NUMBER; so must it while a verification guard
   stands, and be no higher than the lowest sequence seen while verifying.
-- a producer with no state here (new, expired, or whose batches were all removed) is accepted
-  with any sequence (KIP-360; older Kafka answered UNKNOWN_PRODUCER_ID).
+- a producer with no state here (new, expired, or whose batches were all removed) must start at
+  sequence 0, else OUT_OF_ORDER_SEQUENCE_NUMBER, which clients answer by bumping their epoch and
+  starting again at 0. Kafka accepts any sequence there (KIP-360), relying on its one
+  connection to the leader to keep a producer's requests in order. Here a request can be
+  refused on its way to the log node (its handler could not reach it: NOT_LEADER_OR_FOLLOWER,
+  nothing stored) while the next one on the same client connection gets through; accepted as
+  the producer's first batch, that one would make the client take the refused records as stored
+  (librdkafka acknowledges earlier records implicitly when a later batch succeeds), and they
+  would be lost.
 - a batch that is not transactional from a producer with an ongoing transaction here:
   INVALID_TXN_STATE. A transactional batch of a producer without one starts it, at its offset.
 
@@ -359,7 +366,14 @@ class ProducerStateManager:
                         ErrorCode.out_of_order_sequence_number,
                         f"sequence {first_seq} of producer {producer_id} is past "
                         f"{state.lowest_sequence}, the lowest still being verified")
-                # A producer unknown here may continue at any sequence (KIP-360).
+                # A producer unknown here starts at sequence 0 (see the module docstring).
+                if (entry is None or entry.epoch == NO_PRODUCER_EPOCH) and (
+                    producer_id not in pending and first_seq != 0
+                ):
+                    raise KafkaError(
+                        ErrorCode.out_of_order_sequence_number,
+                        f"producer {producer_id} is unknown to this partition: its first "
+                        f"batch must start at sequence 0, not {first_seq}")
                 if entry is not None and entry.epoch != NO_PRODUCER_EPOCH:
                     if epoch != current_epoch:
                         if first_seq != 0:

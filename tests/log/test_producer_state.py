@@ -82,8 +82,9 @@ def test_batches_without_a_producer_id_are_not_tracked(tmp_path: Path) -> None:
 
 def test_a_wrapped_sequence_continues_at_zero(tmp_path: Path) -> None:
     state = ProducerStateManager(tmp_path)
-    first = validate_append(batch(7, 0, MAX_SEQUENCE - 1, count=2), 1 << 20)
-    state.complete(state.validate(first), 0)
+    # Known here (as a copy of the leader's batches makes it), near the end of the range.
+    [(_, header)] = validate_append(batch(7, 0, MAX_SEQUENCE - 1, count=2), 1 << 20)
+    state.replay(header)
     entry = state.entry(7)
     assert entry is not None and entry.last_seq == MAX_SEQUENCE
     after = validate_append(batch(7, 0, 0, count=1), 1 << 20)
@@ -156,11 +157,13 @@ def test_an_older_epoch_is_fenced_and_a_new_epoch_starts_at_zero(tmp_path: Path)
     partition_log.close()
 
 
-def test_an_unknown_producer_may_start_at_any_sequence(tmp_path: Path) -> None:
+def test_an_unknown_producer_is_refused_past_sequence_zero(tmp_path: Path) -> None:
     partition_log = open_log(tmp_path)
-    assert append(partition_log, batch(9, 2, 41)).base_offset == 0
-    assert append_error(partition_log, batch(9, 2, 43)) is ErrorCode.out_of_order_sequence_number
-    assert append(partition_log, batch(9, 2, 42)).base_offset == 1
+    assert append_error(partition_log, batch(9, 2, 41)) is ErrorCode.out_of_order_sequence_number
+    assert partition_log.log_end_offset == 0
+    assert append(partition_log, batch(9, 2, 0)).base_offset == 0
+    assert append_error(partition_log, batch(9, 2, 2)) is ErrorCode.out_of_order_sequence_number
+    assert append(partition_log, batch(9, 2, 1)).base_offset == 1
     partition_log.close()
 
 
@@ -373,7 +376,7 @@ def test_random_retries_gaps_and_fencing_match_a_model(operations) -> None:
                             ErrorCode.out_of_order_sequence_number)
                 elif kind == "gap":
                     if not p.sent:
-                        continue  # unknown producers may start anywhere
+                        continue  # an unknown producer's gap: see the next test
                     records = batch(pid, p.epoch, p.next_seq + arg)
                     assert append_error(partition_log, records) is (
                         ErrorCode.out_of_order_sequence_number)
@@ -396,3 +399,21 @@ def test_random_retries_gaps_and_fencing_match_a_model(operations) -> None:
             assert sum(1 for _ in iter_batches(read)) <= len(expected)
         finally:
             partition_log.close()
+
+
+def test_an_unknown_producer_starts_at_sequence_zero(tmp_path: Path) -> None:
+    """A producer this partition has no state for must start at 0: a request refused before
+    the log node (nothing stored) must not let the next one be taken as the first, or the
+    client would count the refused records as stored."""
+    state = ProducerStateManager(tmp_path)
+    with pytest.raises(KafkaError) as caught:
+        state.validate(validate_append(batch(7, 0, 4), 1 << 20))
+    assert caught.value.code is ErrorCode.out_of_order_sequence_number
+    assert state.entry(7) is None
+    first = validate_append(batch(7, 0, 0, count=4), 1 << 20)
+    state.complete(state.validate(first), 0)
+    assert state.entry(7).last_seq == 3  # type: ignore[union-attr]
+    # Several batches of one append: the later ones follow the first.
+    both = validate_append(batch(8, 0, 0, count=2) + batch(8, 0, 2), 1 << 20)
+    state.complete(state.validate(both), 4)
+    assert state.entry(8).last_seq == 2  # type: ignore[union-attr]

@@ -101,7 +101,7 @@ def test_markers_end_transactions_on_every_named_partition(tmp_path: Path) -> No
         await create(stub, "a")
         await create(stub, "b")
         await append_verified(stub, "a", txn_batch(7, 0, count=2))   # a: 0-1
-        await append_verified(stub, "b", txn_batch(7, 2))            # b: 0
+        await append_verified(stub, "b", txn_batch(7, 0))            # b: 0
         results = await end(stub, 7, False, ("a", 0), ("b", 0), ("missing", 0),
                             coordinator_epoch=4)
         assert [(r.topic, r.error_code, r.base_offset, r.high_watermark) for r in results] == [
@@ -190,7 +190,9 @@ def test_describe_producers_answers_from_the_leaders_producer_state(tmp_path: Pa
         await become(stub, state("f", log_pb2.REPLICA_ROLE_FOLLOWER, 1))
         await append_verified(stub, "t", txn_batch(7, 0, count=3, epoch=2))
         await append_verified(stub, "t", plain_batch(producer_id=8, producer_epoch=0,
-                                                     base_sequence=5))
+                                                     base_sequence=0))
+        await append_verified(stub, "t", plain_batch(producer_id=8, producer_epoch=0,
+                                                     base_sequence=1))
         await end(stub, 8, True, ("t", 0), coordinator_epoch=6)
         response = await stub.DescribeProducers(log_pb2.DescribeProducersRequest(partitions=[
             log_pb2.TopicPartition(topic=t, partition=0) for t in ("t", "f", "none")]))
@@ -198,7 +200,7 @@ def test_describe_producers_answers_from_the_leaders_producer_state(tmp_path: Pa
         assert described.error_code == 0
         assert [(p.producer_id, p.producer_epoch, p.last_sequence, p.coordinator_epoch,
                  p.current_txn_start_offset) for p in described.active_producers] == [
-            (7, 2, 2, -1, 0), (8, 0, 5, 6, -1)]
+            (7, 2, 2, -1, 0), (8, 0, 1, 6, -1)]
         assert all(p.last_timestamp > 0 for p in described.active_producers)
         assert follower.error_code == ErrorCode.not_leader_or_follower.value
         assert missing.error_code == ErrorCode.unknown_topic_or_partition.value
