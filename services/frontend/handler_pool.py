@@ -70,19 +70,28 @@ class HandlerCallError(Exception):
 
 
 class StreamCallError(Exception):
-    """A call over a handler stream failed: the stream broke, the call ran out of time, or
-    the handler answered with this status."""
+    """A call over a handler stream failed: the stream broke (``broken``: whatever status it
+    ended with, e.g. INTERNAL for a reset stream, the handler never answered this call), the
+    call ran out of time, or the handler answered with this status."""
 
-    def __init__(self, code: grpc.StatusCode, details: str, *, sent: bool = True) -> None:
+    def __init__(self, code: grpc.StatusCode, details: str, *, sent: bool = True,
+                 broken: bool = False) -> None:
         super().__init__(f"{code.name}: {details}")
         self.code = code
         self.details = details
         self.sent = sent
+        self.broken = broken
 
     @classmethod
     def not_sent(cls, code: grpc.StatusCode, details: str) -> StreamCallError:
         """The stream had failed before it took the request."""
         return cls(code, details, sent=False)
+
+    @classmethod
+    def on_stream(cls, code: grpc.StatusCode, details: str) -> StreamCallError:
+        """The call's stream ended before the call was answered (or the call ran out of
+        time: DEADLINE_EXCEEDED)."""
+        return cls(code, details, broken=code != grpc.StatusCode.DEADLINE_EXCEEDED)
 
     @property
     def never_reached(self) -> bool:
@@ -134,7 +143,8 @@ class _Handler:
         request spent parked in the purgatory (trailing metadata ``kbroker-remote-ms``)."""
         if self.stream is None:
             self.stream = CallStream(self.channel.stream_stream(_EXCHANGE_METHOD),
-                                     StreamCallError, encode=_encode_call, decode=_decode_reply,
+                                     StreamCallError.on_stream, encode=_encode_call,
+                                     decode=_decode_reply,
                                      not_sent=StreamCallError.not_sent)
         reply, response = await self.stream.call((rpc, request, metadata), time_limit)
         if reply.status_code:
@@ -277,7 +287,7 @@ class HandlerPool:
                     log.debug("%s: handler %s unreachable: %s", rpc, handler.address, e.details)
                     continue
                 reached = True
-                mid_request = e.code in _MID_REQUEST_CODES
+                mid_request = e.broken or e.code in _MID_REQUEST_CODES
                 if mid_request:
                     log.warning("%s: handler %s failed mid-request (attempt %d): %s", rpc,
                                 handler.address, attempt + 1, e.details)

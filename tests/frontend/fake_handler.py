@@ -1,7 +1,7 @@
 """A stand-in for the handler service: a real gRPC KafkaHandler (served unary and over the
 KafkaHandlerStream the frontend uses) on a port-0 server that answers with simple canned
-content and records what it was asked, with knobs to make it block (to kill it mid-request) or
-be slow."""
+content and records what it was asked, with knobs to make it block (to kill it mid-request), be
+slow, or reset its streams mid-request."""
 
 from __future__ import annotations
 
@@ -16,6 +16,22 @@ from services.common import payloads
 from services.handler.exchange import REQUEST_RECORDS, ExchangeServicer, add_exchange_to_server
 
 TOPIC_ID = "6b1c6ad4-62a2-4c3c-9a64-3e1ea9a0b9f1"
+
+
+class _Exchange(ExchangeServicer):
+    """The handler's stream, which a handler with ``breaks_streams`` resets (INTERNAL, as gRPC
+    reports a stream reset under it) as soon as a call arrives on it, unanswered."""
+
+    def __init__(self, handler: FakeHandler) -> None:
+        super().__init__(handler)
+        self._handler = handler
+
+    async def Exchange(self, request_iterator, context):
+        if not self._handler.breaks_streams:
+            return await super().Exchange(request_iterator, context)
+        async for _ in request_iterator:
+            self._handler.streams_broken += 1
+            await context.abort(grpc.StatusCode.INTERNAL, "Internal error from Core")
 
 
 class FakeHandler(kafka_handler_pb2_grpc.KafkaHandlerServicer):
@@ -35,13 +51,15 @@ class FakeHandler(kafka_handler_pb2_grpc.KafkaHandlerServicer):
         self.errors: dict[str, grpc.StatusCode] = {}
         self.produce_errors: dict[str, int] = {}  # topic -> error code for its partitions
         self.next_offset: dict[tuple[str, int], int] = {}
+        self.breaks_streams = False
+        self.streams_broken = 0
         self.server: grpc.aio.Server | None = None
         self.port = 0
 
     async def start(self) -> FakeHandler:
         self.server = grpc.aio.server()
         kafka_handler_pb2_grpc.add_KafkaHandlerServicer_to_server(self, self.server)
-        add_exchange_to_server(ExchangeServicer(self), self.server)
+        add_exchange_to_server(_Exchange(self), self.server)
         self.port = self.server.add_insecure_port("127.0.0.1:0")
         await self.server.start()
         return self

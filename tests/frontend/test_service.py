@@ -363,6 +363,33 @@ def test_handler_error_status_is_unknown_server_error_and_not_retried() -> None:
     asyncio.run(main())
 
 
+def test_a_stream_reset_under_a_produce_closes_the_connection_and_a_fetch_goes_elsewhere(
+) -> None:
+    """A handler stream that ends mid-request, whatever status gRPC gives it (INTERNAL for a
+    reset stream, here), leaves the request's outcome unknown: never UNKNOWN_SERVER_ERROR,
+    which clients take as final (librdkafka fails the produce's records for good)."""
+    async def main() -> None:
+        breaking = FakeHandler("breaking")
+        breaking.breaks_streams = True
+        healthy = FakeHandler("healthy")
+        async with frontend(breaking, healthy) as service:
+            wire = await KafkaWire.connect(service.kafka_port)
+            await wire.send(encode_request(produce_v9_request(partitions=2), 1))
+            assert await wire.closed_by_peer()
+            await wire.close()
+            assert breaking.streams_broken == 1 and not healthy.called("Produce")
+            wire = await KafkaWire.connect(service.kafka_port)
+            for correlation_id in (2, 3):  # one of them starts at the breaking handler
+                fetched = await wire.request(fetch_v12_request(), correlation_id)
+                assert fetched.error_code == ErrorCode.none
+                assert all(p.error_code == ErrorCode.none
+                           for t in fetched.responses for p in t.partitions)
+            assert breaking.streams_broken == 2 and len(healthy.called("Fetch")) == 2
+            await wire.close()
+
+    asyncio.run(main())
+
+
 def test_a_produce_its_handler_could_not_answer_safely_closes_the_connection() -> None:
     """DEADLINE_EXCEEDED from the handler: an idempotent append whose outcome it does not
     know (the handler's own call to the log node failed midway)."""
