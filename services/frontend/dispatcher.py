@@ -34,6 +34,7 @@ from services.common.runtime import freeze_heap
 from . import converter, headers
 from .api_versions import API_VERSIONS_KEY, SUPPORTED_APIS, SupportedApi, supported_versions
 from .collection_sizes import size_checker
+from .coordinator_affinity import CoordinatorAffinity
 from .error_responses import UNAVAILABLE_CODES, error_response
 from .fetch_sessions import DEFAULT_FETCH_SESSION_SLOTS, FetchSessions
 from .framing import FrameWriter
@@ -223,8 +224,10 @@ class Dispatcher:
     def __init__(self, pool: HandlerPool, listeners: Mapping[str, ListenerAddress],
                  instance: str, broker_ports: int = 1,
                  quotas: ClientQuotas | None = None,
-                 fetch_sessions: FetchSessions | None = None) -> None:
+                 fetch_sessions: FetchSessions | None = None,
+                 affinity: CoordinatorAffinity | None = None) -> None:
         self._pool = pool
+        self.affinity = affinity if affinity is not None else CoordinatorAffinity()
         self.quotas = quotas if quotas is not None else ClientQuotas()
         self.fetch_sessions = fetch_sessions if fetch_sessions is not None \
             else FetchSessions(DEFAULT_FETCH_SESSION_SLOTS)
@@ -310,7 +313,7 @@ class Dispatcher:
                     api.rpc, outgoing,
                     metadata=self._metadata(request.client_id, request.version, session),
                     time_limit=_deadline_seconds(api.key, message), retry_safe=api.retry_safe,
-                    response_batches=apart)
+                    response_batches=apart, affinity=self.affinity.of(api.key, message))
                 # Bounded by the call it is part of (the handler's clock is not ours).
                 request.remote_seconds = min(remote, time.perf_counter() - called)
             except HandlerCallError as e:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 from collections.abc import Sequence
 
@@ -169,6 +170,12 @@ class _Handler:
         await self.channel.close(grace)
 
 
+def _rank(affinity: str, address: str) -> int:
+    """A handler's rendezvous score for ``affinity``: a stable hash (every frontend agrees)."""
+    return int.from_bytes(hashlib.blake2b(f"{affinity}|{address}".encode(),
+                                          digest_size=8).digest(), "big")
+
+
 class HandlerPool:
     """The handlers, seen as one service. Not thread-safe: used from one event loop.
 
@@ -236,12 +243,21 @@ class HandlerPool:
         self._handlers = handlers
         self._next = self._next % len(handlers) if handlers else 0
 
-    def _pick(self, tried: set[str]) -> _Handler | None:
-        """Next handler in turn, preferring untried ones not known to be failing."""
+    def _pick(self, tried: set[str], affinity: str | None = None) -> _Handler | None:
+        """Next handler in turn, preferring untried ones not known to be failing; with an
+        ``affinity``, the untried one it ranks first (rendezvous hashing: the same on every
+        frontend, and only the requests of a handler that left move) unless it is failing."""
         handlers = self._handlers
         n = len(handlers)
         if n == 0:
             return None
+        if affinity is not None:
+            ranked = sorted((h for h in handlers if h.address not in tried),
+                            key=lambda h: _rank(affinity, h.address), reverse=True)
+            healthy = [h for h in ranked if h.channel.get_state(try_to_connect=False)
+                       != grpc.ChannelConnectivity.TRANSIENT_FAILURE]
+            if healthy or ranked:
+                return (healthy or ranked)[0]
         start = self._next % n
         self._next = (start + 1) % n
         fallback = None
@@ -258,10 +274,11 @@ class HandlerPool:
 
     async def call(self, rpc: str, request: Message | Detached, *, metadata: Metadata,
                    time_limit: float, retry_safe: bool,
-                   response_batches: PayloadPath | None = None,
+                   response_batches: PayloadPath | None = None, affinity: str | None = None,
                    ) -> tuple[Message | Detached, float]:
         """Send ``request`` (a message, or one with its record batches beside it) to the
-        handler RPC ``rpc``; the whole call, retries included, ends
+        handler RPC ``rpc`` (the handler ``affinity`` ranks first, if given: see
+        :meth:`_pick`); the whole call, retries included, ends
         within ``time_limit`` seconds. Returns the response and the seconds the answering
         handler reports the request spent parked in the purgatory (0 if none). Raises
         :class:`HandlerCallError` when no answer came."""
@@ -274,7 +291,7 @@ class HandlerPool:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
-            handler = self._pick(tried)
+            handler = self._pick(tried, affinity)
             if handler is None:
                 raise HandlerCallError(rpc, grpc.StatusCode.UNAVAILABLE, "no handler is known",
                                        reached=reached, availability=True)

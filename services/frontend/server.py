@@ -157,6 +157,7 @@ class FrontendService:
         self._dispatcher = Dispatcher(
             self._pool, addresses, config.instance, broker_ports, self.quotas,
             FetchSessions(config.max_incremental_fetch_session_cache_slots))
+        self.cluster_view.add_listener(self._dispatcher.affinity.on_metadata)
         register_fetch_sessions(self._dispatcher.fetch_sessions)
         if mechanisms is not None:
             delays = FailedAuthenticationDelays(config.connection_failed_authentication_delay_ms)

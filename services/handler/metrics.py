@@ -96,8 +96,10 @@ PURGATORY_WAIT_SECONDS = LoopHistogram(
 
 GROUP_WRITES = Counter(
     "kbroker_handler_group_writes_total",
-    "Conditional appends of group state to __consumer_offsets, by outcome (appended, or"
-    " conflict: another handler appended first and the change is computed again).",
+    "Conditional appends of group state to __consumer_offsets, by outcome (appended; stale:"
+    " computed on this handler's cached state, which another handler's append had made"
+    " stale, computed again on the state read then; conflict: another handler appended first"
+    " after the state was read, computed again).",
     ["outcome"],
 )
 GROUP_REBALANCES = Counter(
@@ -116,8 +118,8 @@ GROUP_SESSION_EXPIRIES = Counter(
 
 TRANSACTION_WRITES = Counter(
     "kbroker_handler_transaction_writes_total",
-    "Conditional appends of transaction state to __transaction_state, by outcome (appended, or"
-    " conflict: another handler appended first and the change is computed again).",
+    "Conditional appends of transaction state to __transaction_state, by outcome (appended,"
+    " stale or conflict, as for kbroker_handler_group_writes_total).",
     ["outcome"],
 )
 TRANSACTIONS_COMPLETED = Counter(

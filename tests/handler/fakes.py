@@ -329,6 +329,7 @@ class MemoryLog:
         self.marker_calls_fail: Exception | None = None
         self.marker_written = asyncio.Event()
         self.producers: dict[tuple[str, int], list[log_pb2.ActiveProducer]] = {}
+        self.reads = 0
 
     def _store(self, where: tuple[str, int], records: bytes) -> tuple[int, int]:
         base = self.ends[where]
@@ -365,6 +366,7 @@ class MemoryLog:
                    time_limit: float) -> log_pb2.ReadResponse:
         await asyncio.sleep(0)
         assert request.limit == log_pb2.READ_LIMIT_LOG_END
+        self.reads += 1
         out = log_pb2.ReadResponse()
         for r in request.partitions:
             where = (r.topic, r.partition)

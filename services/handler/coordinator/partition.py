@@ -202,6 +202,11 @@ class CoordinatorPartition(Generic[S]):
         self._leader: Leader | None = None
         self.loaded = False
 
+    def current(self, leader: Leader) -> bool:
+        """Whether the cached state was read from ``leader`` (at its epoch): a conditional
+        append then proves whether it is still the partition's current state."""
+        return self.loaded and self._leader == leader
+
     def _reset(self, start: int) -> None:
         self.state = self._new_state()
         self.end = start

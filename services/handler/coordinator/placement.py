@@ -16,6 +16,7 @@ import asyncio
 import logging
 
 from kbroker.replicator.v1 import replicator_pb2
+from services.common.coordinator_keys import partition_for
 from services.common.errors import ErrorCode
 
 from ..collaborators import CallError, Controller
@@ -53,21 +54,6 @@ def leader_error(code: int, message: str) -> CoordinatorError:
     about to move), so they look the coordinator up again, else COORDINATOR_NOT_AVAILABLE."""
     moving = code in (NOT_LEADER_OR_FOLLOWER, KAFKA_STORAGE_ERROR)
     return CoordinatorError(NOT_COORDINATOR if moving else COORDINATOR_NOT_AVAILABLE, message)
-
-
-def java_string_hash(text: str) -> int:
-    """Java's ``String.hashCode``: over UTF-16 code units, 32-bit wrapping."""
-    data = text.encode("utf-16-be")
-    h = 0
-    for i in range(0, len(data), 2):
-        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
-    return h - (1 << 32) if h & 0x80000000 else h
-
-
-def partition_for(key: str, partitions: int) -> int:
-    """Kafka's ``Utils.abs(key.hashCode) % partitions`` (abs of MIN_VALUE is 0)."""
-    h = java_string_hash(key)
-    return (0 if h == -(1 << 31) else abs(h)) % partitions
 
 
 class Placement:

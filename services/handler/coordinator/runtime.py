@@ -181,16 +181,29 @@ class CoordinatorRuntime(Generic[S]):
         the records (written as one batch, transactional for :class:`TransactionalRecords`)
         are appended only if nothing else was appended since the state was read, else the
         change is computed again; an append is answered once replicated. Returns (result, the
-        partition's end after the change). Raises CoordinatorError."""
+        partition's end after the change). Raises CoordinatorError.
+
+        The state this handler cached is tried first, without reading the partition (the
+        frontends send a partition's requests to one handler, so it is usually current): the
+        conditional append proves it was, and a refused one is computed again on the state
+        read then. A change that writes nothing is answered only from a state read now."""
+        read_first = False
         for attempt in range(MAX_UPDATE_ATTEMPTS):
             store, leader, _ = await self._locate(key)
             async with store.lock:
-                state = await self._refresh(store, leader)
+                cached = not read_first and store.current(leader)
+                state = store.state if cached else await self._refresh(store, leader)
                 now = self.now()
                 records, result = change(state, now)
                 entries = records.records if isinstance(records, TransactionalRecords) \
                     else records
                 if not entries:
+                    if cached:
+                        end = store.end
+                        await self._refresh(store, leader)
+                        if store.end != end:  # the answer was of a state that had moved on
+                            read_first = True
+                            continue
                     return result, store.end
                 appended = await store.append(leader, records, now)
                 end = store.end
@@ -200,6 +213,11 @@ class CoordinatorRuntime(Generic[S]):
                     await self._await_replicated(store, appended.log_end_offset,
                                                  appended.leader_epoch, appended.topic_id)
                 return result, end
+            read_first = True
+            if cached:
+                # Another handler wrote since this one last did: read, and compute again.
+                self._count("stale")
+                continue
             self._count("conflict")
             # Lost to another handler: back off a little (more with each loss) and retry.
             await asyncio.sleep(random.uniform(0, min(0.001 * (attempt + 1), 0.05)))

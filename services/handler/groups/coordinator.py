@@ -14,10 +14,11 @@ from __future__ import annotations
 import functools
 
 from kbroker.replicator.v1 import replicator_pb2
+from services.common.coordinator_keys import OFFSETS_TOPIC, partition_for
 
 from ..collaborators import Controller, LogNodes, Purgatory
 from ..config import HandlerConfig
-from ..coordinator.placement import Placement, partition_for
+from ..coordinator.placement import Placement
 from ..coordinator.runtime import CoordinatorRuntime
 from ..metadata_cache import MetadataCache
 from ..metrics import GROUP_WRITES
@@ -73,7 +74,6 @@ def consumer_group_config(config: HandlerConfig) -> ConsumerGroupConfig:
         migration_policy=config.group_consumer_migration_policy.lower(),
         classic_max_size=config.group_max_size)
 
-OFFSETS_TOPIC = "__consumer_offsets"
 
 
 class GroupCoordinator:

@@ -41,6 +41,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
 from kbroker.replicator.v1 import replicator_pb2
+from services.common.coordinator_keys import TRANSACTION_STATE_TOPIC
 from services.common.errors import ErrorCode
 
 from ..collaborators import CallError, Controller, LogNodes, Purgatory
@@ -65,7 +66,6 @@ from .state import PartitionState, Record, transaction_record
 
 log = logging.getLogger(__name__)
 
-TRANSACTION_STATE_TOPIC = "__transaction_state"
 TIMER_PREFIX = "txn:"
 # A deadline timer wakes this long after the deadline, so it has surely passed by then.
 DEADLINE_SLACK_MS = 5

@@ -14,6 +14,7 @@ import pytest
 
 from kbroker.log.v1 import log_pb2
 from kbroker.replicator.v1 import replicator_pb2
+from services.common.coordinator_keys import java_string_hash, partition_for
 from services.common.errors import ErrorCode
 from services.common.records.control_records import (
     ControlRecordType,
@@ -25,9 +26,7 @@ from services.handler.coordinator.partition import TransactionalRecords
 from services.handler.coordinator.placement import (
     CoordinatorError,
     Placement,
-    java_string_hash,
     leader_error,
-    partition_for,
 )
 from services.handler.coordinator.runtime import CoordinatorRuntime
 from services.handler.metadata_cache import ClusterMetadata, LogNode
@@ -111,6 +110,43 @@ def test_handlers_racing_on_one_key_are_serialised_by_conditional_appends() -> N
         for handler in handlers:
             assert (await handler.read("hot")).counts == {"hot": 30}
         assert writes.counts["appended"] == 30 and writes.counts["conflict"] > 0
+
+    asyncio.run(main())
+
+
+def test_a_handler_that_wrote_last_appends_on_its_cached_state_without_reading() -> None:
+    async def main() -> None:
+        log, purgatory, writes = Log(), Purgatory(), Writes()
+        counters = runtime(log, purgatory, writes)
+        assert await counters.update("a", increment("a")) == (1, 1)  # loads: one read
+        reads = log.reads
+        for count in range(2, 12):
+            assert (await counters.update("a", increment("a")))[0] == count
+        assert log.reads == reads
+        assert writes.counts == {"appended": 11}
+        await counters.close()
+
+    asyncio.run(main())
+
+
+def test_a_cached_state_another_handler_moved_on_is_read_again_before_the_change_counts(
+) -> None:
+    async def main() -> None:
+        log, purgatory, writes = Log(), Purgatory(), Writes()
+        first, second = runtime(log, purgatory, writes), runtime(log, purgatory, writes)
+        assert (await first.update("a", increment("a")))[0] == 1
+        assert (await second.update("a", increment("a")))[0] == 2
+        # first's cache says 1: its append is refused, and the change is computed again on
+        # the state read then.
+        assert (await first.update("a", increment("a")))[0] == 3
+        assert writes.counts["stale"] == 1 and writes.counts["appended"] == 3
+        assert (await second.update("a", increment("a")))[0] == 4
+        # A change that writes nothing is answered from the state read now, never the cache.
+        peek = lambda state, now: ([], state.counts["a"])  # noqa: E731
+        assert (await first.update("a", peek))[0] == 4
+        assert (await first.read("a")).counts == {"a": 4}
+        await first.close()
+        await second.close()
 
     asyncio.run(main())
 

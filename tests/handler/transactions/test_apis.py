@@ -15,6 +15,7 @@ from typing import Any
 
 from kbroker.kafka.v1 import kafka_pb2 as k
 from kbroker.log.v1 import log_pb2
+from services.common.coordinator_keys import partition_for
 from services.common.errors import ErrorCode
 from services.handler.apis.group_offsets import OffsetFetchApi, TxnOffsetCommitApi
 from services.handler.apis.producer_ids import InitProducerIdApi, ProducerIdBlocks
@@ -28,7 +29,6 @@ from services.handler.apis.transactions import (
 )
 from services.handler.apis.txn_markers import WriteTxnMarkersApi
 from services.handler.config import HandlerConfig
-from services.handler.coordinator.placement import partition_for
 from services.handler.groups.coordinator import OFFSETS_TOPIC, GroupCoordinator
 from services.handler.groups.group import Group, GroupState, Member
 from services.handler.groups.state import group_record

@@ -12,9 +12,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from kbroker.replicator.v1 import replicator_pb2
+from services.common.coordinator_keys import partition_for
 from services.common.errors import ErrorCode
 from services.handler.config import HandlerConfig
-from services.handler.coordinator.placement import partition_for
 from services.handler.metadata_cache import MetadataCache
 from services.handler.metrics import (
     TRANSACTION_TIMER_ACTIONS,
