@@ -39,6 +39,7 @@ restarts (grpcio has no dynamic channel credentials): rotate before the old one 
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import logging
 import threading
@@ -211,6 +212,7 @@ def _host(address: str) -> str:
     return host.removeprefix("[").removesuffix("]")
 
 
+@functools.lru_cache(maxsize=4096)  # asked for every call a handler serves (its peer)
 def is_loopback(target: str) -> bool:
     """Whether a bind address or channel target (``host:port``, ``[v6]:port``, a
     ``dns:///``/``ipv4:``/``ipv6:`` target, a comma-separated list of them, ``unix:``) stays on
