@@ -145,15 +145,21 @@ class LeaderReplicas:
 
     # -- ISR changes -----------------------------------------------------------------------
 
-    def expansion(self, high_watermark: int, now_ms: int = 0) -> tuple[int, ...] | None:
+    def expansion(self, high_watermark: int, now_ms: int = 0,
+                  fetching: int | None = None) -> tuple[int, ...] | None:
         """The ISR with the followers that may join it now (caught up to the high watermark
         and past the start of this epoch), None when none may, a change is pending, or one was
-        refused a short while ago (see :meth:`answered`)."""
+        refused a short while ago (see :meth:`answered`). With ``fetching``, only that
+        follower, whose fetch is being served, may join (Kafka's expansion on a follower's
+        fetch): a follower that stopped fetching (it exited, or is shutting down) is not
+        asked for on its last position, where the controller would refuse the whole change
+        and hold back the followers that are fetching."""
         if self.pending is not None or high_watermark < 0 or now_ms < self.expand_after_ms:
             return None
         joining = {node for node, f in self.followers.items()
                    if node not in self.isr and f.log_end_offset >= high_watermark
-                   and f.log_end_offset >= self.epoch_start_offset}
+                   and f.log_end_offset >= self.epoch_start_offset
+                   and (fetching is None or node == fetching)}
         if not joining:
             return None
         return tuple(r for r in self.replicas if r in self.isr or r in joining or

@@ -269,7 +269,7 @@ class ReplicaManager:
                                      partition_log.log_end_offset, now):
             return None
         self._advance_high_watermark(partition_log, replicas)
-        joining = replicas.expansion(partition_log.high_watermark, now)
+        joining = replicas.expansion(partition_log.high_watermark, now, replica_id)
         if joining is not None:
             await self._propose(partition_log, replicas, joining)
         return partition_log

@@ -137,17 +137,19 @@ class ChaosRun:
         return fault
 
     def in_sync(self) -> bool:
-        """Whether every partition of the topic has its whole replica set in the ISR."""
+        """Whether every partition of every topic (the internal ones too: an operator waits
+        for no under-replicated partition in the whole cluster) has a leader and its whole
+        replica set in the ISR."""
         try:
             with self.cluster.health_channel("replicator") as channel:
                 metadata = replicator_pb2_grpc.ReplicatorStub(channel).GetMetadata(
-                    replicator_pb2.GetMetadataRequest(topics=[self.topic]), timeout=2)
+                    replicator_pb2.GetMetadataRequest(), timeout=2)
         except grpc.RpcError:
             return False
-        if not metadata.topics:
+        if self.topic not in {t.name for t in metadata.topics}:
             return False
         return all(sorted(p.isr) == sorted(p.replicas) and p.leader >= 0
-                   for p in metadata.topics[0].partitions)
+                   for t in metadata.topics for p in t.partitions)
 
     def settle(self, since: float, what: str) -> None:
         """Wait until every replica is in sync and every partition was acknowledged after

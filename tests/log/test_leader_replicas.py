@@ -80,6 +80,20 @@ def test_a_follower_joins_once_it_holds_the_high_watermark_and_the_epoch_start()
     assert r.expansion(high_watermark=9) == (L, F1, F2)
 
 
+def test_only_the_follower_fetching_now_joins_not_one_that_stopped_at_the_high_watermark():
+    r = replicas(isr=(L,), now=0)
+    r.record_fetch(F2, 10, 10, now_ms=5)  # F2's last fetch before it went away
+    r.record_fetch(F1, 10, 10, now_ms=6)
+    assert r.expansion(10, now_ms=6, fetching=F1) == (L, F1)
+    # Refused (F1 in controlled shutdown, say): F2 is asked for only on a fetch of its own.
+    r.propose((L, F1))
+    r.answered((L,), now_ms=7, retry_ms=1000)
+    r.record_fetch(F1, 10, 10, now_ms=1100)
+    assert r.expansion(10, now_ms=1100, fetching=F1) == (L, F1)
+    r.record_fetch(F2, 10, 10, now_ms=1101)
+    assert r.expansion(10, now_ms=1101, fetching=F2) == (L, F2)
+
+
 def test_a_pending_expansion_counts_the_new_follower_until_answered():
     r = replicas(isr=(L,), now=0)
     r.record_fetch(F1, 10, 10, now_ms=5)
