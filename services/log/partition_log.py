@@ -157,6 +157,8 @@ class AppendInfo:
     batch_count: int
     # The epoch of the leader that stored the batches (-1: a replica without a state).
     leader_epoch: int = NO_LEADER_EPOCH
+    # The partition epoch of its state then (the metadata version of its ISR).
+    partition_epoch: int = 0
 
 
 class OffsetAndTimestamp(NamedTuple):
@@ -306,6 +308,7 @@ class PartitionLog:
     async def append(
         self, records: bytes, now_ms: int | None = None,
         expected_log_end_offset: int | None = None, verification_guard: int = NO_GUARD,
+        min_insync_replicas: int = 0,
     ) -> AppendInfo:
         """Validate and append the record batches of one produce to this partition (as its
         leader), assigning offsets from the log end offset on. All or nothing: a bad batch
@@ -315,7 +318,9 @@ class PartitionLog:
         it happens only if the log end offset equals it, else INVALID_UPDATE_VERSION; such
         appends are a coordinator's (not verified, no sequences needed). A transactional batch
         that would start its producer's transaction here needs ``verification_guard`` (see
-        :mod:`services.log.verification`)."""
+        :mod:`services.log.verification`). An acks=all write passes ``min_insync_replicas``:
+        with a smaller ISR (as this leader has it at that moment) nothing is stored,
+        NOT_ENOUGH_REPLICAS (Kafka's check in ``Partition.appendRecordsToLeader``)."""
         config = self.config
         coordinator = expected_log_end_offset is not None
         batches = validate_append(records, config.max_message_bytes, coordinator)
@@ -334,6 +339,13 @@ class PartitionLog:
             self._check_open()
             self._check_role(LEADER)
             state = self.state
+            # Checked under the lock: two writes see the ISR in the order they are stored.
+            if min_insync_replicas > max(len(state.isr), 1):
+                raise KafkaError(
+                    ErrorCode.not_enough_replicas,
+                    f"The size of the current ISR {list(state.isr)} is insufficient to satisfy "
+                    f"the min.isr requirement of {min_insync_replicas} for partition "
+                    f"{self.topic}-{self.partition}")
             base_offset = self.log_end_offset
             if expected_log_end_offset is not None and expected_log_end_offset != base_offset:
                 raise KafkaError(ErrorCode.invalid_update_version,
@@ -371,7 +383,7 @@ class PartitionLog:
             log_append_time_ms=NO_TIMESTAMP if append_time is None else append_time,
             log_start_offset=self.log_start_offset, log_end_offset=self.log_end_offset,
             high_watermark=self._high_watermark, size_bytes=size, batch_count=batch_count,
-            leader_epoch=self.state.leader_epoch)
+            leader_epoch=self.state.leader_epoch, partition_epoch=self.state.partition_epoch)
 
     async def write_txn_marker(
         self, producer_id: int, producer_epoch: int, committed: bool, coordinator_epoch: int,

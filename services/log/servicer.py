@@ -184,7 +184,8 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
                 info = await leader.append(
                     batches, expected_log_end_offset=item.expected_log_end_offset
                     if item.HasField("expected_log_end_offset") else None,
-                    verification_guard=item.verification_guard)
+                    verification_guard=item.verification_guard,
+                    min_insync_replicas=item.min_insync_replicas)
             except Exception as exc:  # noqa: BLE001 - becomes the partition's error code
                 _fail_append("Append", exc, response.results.add(
                     topic=topic, partition=partition), self._manager.log_dir)
@@ -196,7 +197,7 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
                     log_append_time_ms=info.log_append_time_ms,
                     log_start_offset=info.log_start_offset, log_end_offset=info.log_end_offset,
                     high_watermark=info.high_watermark, leader_epoch=info.leader_epoch,
-                    topic_id=leader.topic_id)
+                    topic_id=leader.topic_id, partition_epoch=info.partition_epoch)
             metrics.APPEND_SECONDS.observe(time.perf_counter() - started)
 
     async def WriteTxnMarkers(self, request, context):

@@ -111,7 +111,10 @@ class FakeLogNodes:
     ``lagging_high_watermark`` is set. ``failures[node_id]`` makes calls to a node raise.
     ``guards[(topic, partition)]``: the partition wants the transaction of the next
     transactional batch verified (KIP-890): it refuses it (INVALID_TXN_STATE, the guard in the
-    answer) unless it comes with that guard, as a leader log node does."""
+    answer) unless it comes with that guard, as a leader log node does. ``isr[(topic,
+    partition)]``: the ISR its leader has (3 replicas when unset), which an append's
+    min_insync_replicas is checked against (NOT_ENOUGH_REPLICAS, nothing stored), at
+    ``partition_epoch`` (the metadata version the appends answer with)."""
 
     def __init__(self) -> None:
         self.partitions: dict[tuple[str, int], FakePartition] = {}
@@ -120,6 +123,8 @@ class FakeLogNodes:
         self.lagging_high_watermark = False
         self.appended = asyncio.Event()
         self.guards: dict[tuple[str, int], int] = {}
+        self.isr: dict[tuple[str, int], tuple[int, ...]] = {}
+        self.partition_epoch = 0
 
     def partition(self, topic: str, partition: int) -> FakePartition:
         return self.partitions.setdefault((topic, partition), FakePartition())
@@ -150,6 +155,14 @@ class FakeLogNodes:
                                 error_code=ErrorCode.invalid_txn_state.value,
                                 verification_guard=guard)
                 continue
+            isr = self.isr.get((a.topic, a.partition), (0, 1, 2))
+            if a.min_insync_replicas > len(isr):
+                out.results.add(topic=a.topic, partition=a.partition,
+                                error_code=ErrorCode.not_enough_replicas.value,
+                                error_message=f"The size of the current ISR {list(isr)} is "
+                                f"insufficient to satisfy the min.isr requirement of "
+                                f"{a.min_insync_replicas} for partition {a.topic}-{a.partition}")
+                continue
             self.guards.pop((a.topic, a.partition), None)
             p = self.partition(a.topic, a.partition)
             count = sum(n for _, n in batch_offsets(a.records))
@@ -160,7 +173,8 @@ class FakeLogNodes:
                 p.high_watermark = p.log_end
             out.results.add(topic=a.topic, partition=a.partition, base_offset=base,
                             log_start_offset=0, log_end_offset=p.log_end,
-                            high_watermark=p.high_watermark, leader_epoch=-1)
+                            high_watermark=p.high_watermark, leader_epoch=-1,
+                            partition_epoch=self.partition_epoch)
         self.appended.set()
         return out
 

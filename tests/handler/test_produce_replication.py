@@ -1,6 +1,6 @@
 """Produce with acks=-1 on replicated partitions: the purgatory wait for the high watermark and
-min.insync.replicas (NOT_ENOUGH_REPLICAS before the append, NOT_ENOUGH_REPLICAS_AFTER_APPEND
-when the ISR shrank meanwhile)."""
+min.insync.replicas (the leader checks it as it appends, NOT_ENOUGH_REPLICAS and nothing
+stored; NOT_ENOUGH_REPLICAS_AFTER_APPEND when the ISR shrank meanwhile)."""
 
 from __future__ import annotations
 
@@ -49,18 +49,46 @@ def test_a_replicated_acks_all_write_waits_for_the_high_watermark():
         (purgatory_pb2.OPERATION_KIND_PRODUCE, {"t-0": 2})]
 
 
-def test_too_small_an_isr_refuses_acks_all_before_appending():
+def test_the_leader_checks_min_insync_as_it_appends():
     log_nodes = FakeLogNodes()
+    log_nodes.isr[("t", 0)] = (0,)
     api = ProduceApi(cache_of(cluster(replicated("t", (0,), 2), nodes=(0, 1, 2))),
                      log_nodes, FakePurgatory())
     response = asyncio.run(api.handle(produce(), CONTEXT))
     assert errors(response) == [ErrorCode.not_enough_replicas.value]
     [partition] = response.responses[0].partition_responses
     assert "min.isr requirement of 2" in partition.error_message
-    assert log_nodes.calls == []
+    [(_, _, [append])] = log_nodes.calls
+    assert append.min_insync_replicas == 2
+    assert log_nodes.partition("t", 0).batches == []
     # acks=1 does not care about the ISR size.
     response = asyncio.run(api.handle(produce(acks=1), CONTEXT))
     assert errors(response) == [0]
+    assert log_nodes.calls[-1][2][0].min_insync_replicas == 0
+
+
+def test_the_leaders_isr_decides_not_an_older_view_of_it_in_this_handler():
+    # The handler's metadata (version 1) still has the ISR shrunk; the leader already has it
+    # grown back (at version 5): neither before nor after the append is its older view used.
+    log_nodes = FakeLogNodes()
+    log_nodes.isr[("t", 0)] = (0, 2)
+    log_nodes.partition_epoch = 5
+    api = ProduceApi(cache_of(cluster(replicated("t", (0,), 2), nodes=(0, 1, 2), version=1)),
+                     log_nodes, FakePurgatory())
+    assert errors(asyncio.run(api.handle(produce(), CONTEXT))) == [0]
+    # A newer view than the leader's (it appended before learning of the shrink): the write
+    # is stored, but not acknowledged.
+    log_nodes.isr[("t", 0)] = (0, 1, 2)
+    log_nodes.partition_epoch = 0
+    assert errors(asyncio.run(api.handle(produce(), CONTEXT))) == [
+        ErrorCode.not_enough_replicas_after_append.value]
+    assert len(log_nodes.partition("t", 0).batches) == 2
+    # And the other way round: the leader's smaller ISR refuses what the handler would pass.
+    log_nodes.isr[("t", 0)] = (0,)
+    api = ProduceApi(cache_of(cluster(replicated("t", (0, 1, 2), 2), nodes=(0, 1, 2))),
+                     log_nodes, FakePurgatory())
+    assert errors(asyncio.run(api.handle(produce(), CONTEXT))) == [
+        ErrorCode.not_enough_replicas.value]
 
 
 def test_the_default_min_insync_is_one():

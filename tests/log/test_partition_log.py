@@ -162,6 +162,33 @@ def test_a_rejected_append_stores_nothing(tmp_path: Path) -> None:
     partition_log.close()
 
 
+def test_an_acks_all_append_needs_min_insync_replicas_in_the_leaders_isr(
+        tmp_path: Path) -> None:
+    partition_log = open_log(tmp_path)
+    asyncio.run(partition_log.become(replica_state.state(
+        LEADER, 3, leader=0, replicas=(0, 1, 2), isr=(0,))))
+    with pytest.raises(KafkaError) as caught:
+        asyncio.run(partition_log.append(build_batch(values(2)), min_insync_replicas=2))
+    assert caught.value.code == ErrorCode.not_enough_replicas
+    assert "current ISR [0] is insufficient to satisfy the min.isr requirement of 2" in (
+        caught.value.message)
+    assert partition_log.log_end_offset == 0
+    # Without the check (acks=1), and once the ISR has grown back, it is stored.
+    asyncio.run(partition_log.append(build_batch(values(1))))
+    asyncio.run(partition_log.become(replica_state.state(
+        LEADER, 3, leader=0, replicas=(0, 1, 2), isr=(0, 2), partition_epoch=1)))
+    info = asyncio.run(partition_log.append(build_batch(values(2)), min_insync_replicas=2))
+    assert (info.base_offset, partition_log.log_end_offset) == (1, 3)
+    assert info.partition_epoch == 1  # the metadata version of the ISR it was checked against
+    # A replica led without a replicated state counts itself as its ISR.
+    alone = open_log(tmp_path / "alone")
+    asyncio.run(alone.append(build_batch(values(1)), min_insync_replicas=1))
+    with pytest.raises(KafkaError):
+        asyncio.run(alone.append(build_batch(values(1)), min_insync_replicas=2))
+    partition_log.close()
+    alone.close()
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     counts=st.lists(st.integers(1, 30), min_size=1, max_size=40),

@@ -61,9 +61,13 @@ grouped per leader node, one Append per node, the nodes concurrently.
   (``<topic>-<partition>@<epoch>@<topic id>``): a leader elected meanwhile, whose log may lack
   the append, never completes the wait; the end of the epoch fails it with
   NOT_LEADER_OR_FOLLOWER, also when the wait is parked after the end was reported.
-- min.insync.replicas (topic config, default 1), acks=-1 only, as Kafka's leader checks it: a
-  partition whose ISR (in this handler's metadata) is smaller gets NOT_ENOUGH_REPLICAS and
-  nothing is appended to it; one whose ISR shrank below it while the produce waited gets
+- min.insync.replicas (topic config, default 1), acks=-1 only, as Kafka's leader checks it:
+  the leader refuses the append when the partition's ISR is smaller, NOT_ENOUGH_REPLICAS and
+  nothing stored. The check is the leader's, in the step that appends: this handler's
+  metadata may lag an ISR change, and two pipelined writes checked against two views (a
+  refused one, then an accepted one skipping its sequence numbers) would make an idempotent
+  client renumber records whose outcome it did not know. A partition whose ISR (in this
+  handler's metadata) shrank below it while the produce waited gets
   NOT_ENOUGH_REPLICAS_AFTER_APPEND (the records are stored, but not acknowledged).
 """
 
@@ -161,6 +165,8 @@ class _Slot:
     appended: log_pb2.PartitionAppendResult | None = None
     route: Route | None = None
     records: bytes | memoryview = b""
+    # The ISR size the leader must have to append (acks=-1's min.insync.replicas; 0: any).
+    min_insync: int = 0
     # The guard to append with (0: none), and the one the leader asked to be verified.
     guard: int = 0
     unverified: int = 0
@@ -246,11 +252,7 @@ class ProduceApi:
                     slot.response = _failed(p.index, code, exc.message)
                     continue
                 if request.acks == ACKS_ALL:
-                    shortfall = _insync_shortfall(route.topic, route.partition)
-                    if shortfall is not None:
-                        slot.response = _failed(
-                            p.index, ErrorCode.not_enough_replicas.value, shortfall)
-                        continue
+                    slot.min_insync = _min_insync_replicas(route.topic)
                 slot.route, slot.records = route, batches if batches is not None else b""
                 routed.append(slot)
             slots.append(row)
@@ -288,7 +290,8 @@ class ProduceApi:
             # The batches travel beside the request, as they came (no copy here).
             appends = log_pb2.AppendRequest(partitions=[
                 log_pb2.PartitionAppend(topic=slot.name, partition=slot.index,
-                                        verification_guard=slot.guard)
+                                        verification_guard=slot.guard,
+                                        min_insync_replicas=slot.min_insync)
                 for slot in items])
             return (await self._log_nodes.append(
                 node, appends, APPEND_TIMEOUT_S, records=[slot.records for slot in items])
@@ -346,8 +349,11 @@ class ProduceApi:
                     slot.response = _unverified(slot.index, error, context)
 
     def _check_insync_after_append(self, slots: list[_Slot]) -> None:
-        """Kafka's check when a DelayedProduce completes: the ISR (as now known) must still
-        satisfy min.insync.replicas, or the write is not acknowledged."""
+        """Kafka's check when a DelayedProduce completes: the ISR must still satisfy
+        min.insync.replicas, or the write is not acknowledged. This handler's metadata counts
+        only when it is not older than the leader's state at the append (its version at least
+        the partition epoch the leader answered with): an older view knows less of the ISR
+        than the leader's own check did."""
         metadata = self._cache.snapshot
         if metadata is None:
             return
@@ -357,6 +363,9 @@ class ProduceApi:
             topic = metadata.topic(slot.name)
             partition = topic.partitions.get(slot.index) if topic is not None else None
             if topic is None or partition is None:
+                continue
+            assert slot.appended is not None
+            if metadata.version < slot.appended.partition_epoch:
                 continue
             shortfall = _insync_shortfall(topic, partition)
             if shortfall is not None:
@@ -393,13 +402,18 @@ class ProduceApi:
                 slot.response = _failed(slot.index, ErrorCode.request_timed_out.value)
 
 
+def _min_insync_replicas(topic: TopicInfo) -> int:
+    """The topic's min.insync.replicas (1 when unset or unreadable)."""
+    try:
+        return int(topic.configs.get("min.insync.replicas", DEFAULT_MIN_INSYNC_REPLICAS))
+    except ValueError:
+        return DEFAULT_MIN_INSYNC_REPLICAS
+
+
 def _insync_shortfall(topic: TopicInfo, partition: PartitionInfo) -> str | None:
     """Why an acks=-1 write to ``partition`` cannot be acknowledged (its ISR is smaller than
-    the topic's min.insync.replicas, 1 when unset or unreadable), or None if it can."""
-    try:
-        required = int(topic.configs.get("min.insync.replicas", DEFAULT_MIN_INSYNC_REPLICAS))
-    except ValueError:
-        required = DEFAULT_MIN_INSYNC_REPLICAS
+    the topic's min.insync.replicas), or None if it can."""
+    required = _min_insync_replicas(topic)
     if len(partition.isr) >= required:
         return None
     return (f"The size of the current ISR {list(partition.isr)} is insufficient to satisfy "
