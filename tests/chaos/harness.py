@@ -152,21 +152,25 @@ class ChaosRun:
                    for t in metadata.topics for p in t.partitions)
 
     def settle(self, since: float, what: str) -> None:
-        """Wait until every replica is in sync and every partition was acknowledged after
-        ``since``; raise with the service logs when not within the settle timeout."""
+        """Wait until every replica is in sync, every partition was acknowledged after
+        ``since`` and every client (the group's consumers too) progressed after it; raise with
+        the service logs when not within the settle timeout. The next fault starts from a
+        cluster in full work, and a client's pause is never the sum of two faults' (nor of the
+        group's first rebalance and a fault)."""
         assert self.injector is not None and self.workload is not None
         deadline = time.monotonic() + self.settings.settle_timeout
         partitions = set(range(self.settings.partitions))
         while True:
             acked = self.workload.acked_after(since)
+            idle = self.workload.idle_since(since)
             synced = self.in_sync()
-            if synced and acked >= partitions:
+            if synced and acked >= partitions and not idle:
                 return
             if time.monotonic() > deadline:
                 raise AssertionError(
                     f"after {what}: not settled within {self.settings.settle_timeout}s "
-                    f"(in sync: {synced}; partitions acknowledged since: {sorted(acked)})\n"
-                    f"{self.logs()}")
+                    f"(in sync: {synced}; partitions acknowledged since: {sorted(acked)}; "
+                    f"clients without progress since: {idle})\n{self.logs()}")
             self.injector.hold(0.2)
 
     def logs(self, lines: int = 15) -> str:

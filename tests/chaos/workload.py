@@ -208,6 +208,12 @@ class Workload:
         with self.lock:
             return {a.partition for a in reversed(self.history.acked) if a.at > since}
 
+    def idle_since(self, since: float) -> list[str]:
+        """The running clients (producers and consumers) without progress after ``since``."""
+        with self.lock:
+            return sorted(name for name, span in self.history.clients.items()
+                          if span.end is None and not (span.progress and span.progress[-1] > since))
+
     def unread_by_group(self) -> int:
         with self.lock:
             read = {r.record for r in self.history.reads if r.group}

@@ -120,11 +120,20 @@ def log_ends(cluster: LocalCluster, node: int, topic: str) -> dict[int, int]:
     return {d.partition: d.log_end_offset for d in described.partitions}
 
 
-def write_acks_1(bootstrap: str, topic: str, partitions: list[int], count: int = 5
-                 ) -> list[bytes]:
-    """``count`` acks=1 writes to each of ``partitions``, one produce request each."""
+def acks_1_producer(bootstrap: str, topic: str, partitions: list[int]) -> Producer:
+    """An acks=1 producer that has written once to each of ``partitions`` (its metadata known
+    and its connections to their leader open), so that its next writes take milliseconds."""
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "1", "linger.ms": 0,
                          "retries": 0, "message.timeout.ms": 10_000})
+    for partition in partitions:
+        producer.produce(topic, value=f"warm-up:{partition}".encode(), partition=partition)
+    assert producer.flush(20) == 0
+    return producer
+
+
+def write_acks_1(producer: Producer, topic: str, partitions: list[int], count: int = 5
+                 ) -> list[bytes]:
+    """``count`` acks=1 writes to each of ``partitions``, one produce request each."""
     values, failures = [], []
     for i in range(count):
         for partition in partitions:
@@ -284,24 +293,31 @@ def test_kills_of_a_leader_log_node_and_the_replicator_lose_no_acknowledged_reco
         # follower has: the tail its restart must cut off. acks=1 writes make that tail
         # certain (acks=all ones wait, one produce per connection at a time); at most the
         # first of them can reach a follower, through the answer to a fetch parked before the
-        # pause.
+        # pause. The pause stays well under the replica lag time (the writer is connected
+        # beforehand): a longer one would have the victim ask to shrink its ISR to itself, a
+        # change the controller commits once the others resume, and then no replica may lead.
+        writer = acks_1_producer(faulty.bootstrap, topic_name, led)
         others = [faulty.services[f"log-{n}"].proc for n in range(LOG_NODES) if n != victim]
         for process in others:
             assert process is not None
             process.send_signal(signal.SIGSTOP)
+        paused = time.monotonic()
         try:
             before_writes = log_ends(faulty, victim, topic_name)
-            uncommitted = write_acks_1(faulty.bootstrap, topic_name, led)
+            uncommitted = write_acks_1(writer, topic_name, led)
             tails = {p: end - before_writes[p]
                      for p, end in log_ends(faulty, victim, topic_name).items() if p in led}
             faulty.kill(f"log-{victim}")
         finally:
             for process in others:
                 process.send_signal(signal.SIGCONT)
+            paused = time.monotonic() - paused
+        print(f"\nthe other log nodes were paused for {paused * 1000:.0f} ms")
         assert all(tail > 1 for tail in tails.values()), f"no un-replicated tail: {tails}"
         wait_until(faulty, lambda: all(p.leader != victim and victim not in p.isr
                                        for p in topic_metadata(faulty, topic_name)), 20,
-                   f"new leaders for partitions {led} of killed log node {victim}")
+                   f"new leaders for partitions {led} of killed log node {victim} (the "
+                   f"others paused for {paused * 1000:.0f} ms)")
         after = {p.partition: p for p in topic_metadata(faulty, topic_name)}
         for partition in led:
             assert after[partition].leader_epoch == before[partition].leader_epoch + 1
@@ -334,8 +350,7 @@ def test_kills_of_a_leader_log_node_and_the_replicator_lose_no_acknowledged_reco
         stored = logs[partition]
         values = [stored[o] for o in sorted(stored)]
         assert len(set(values)) == len(values), f"partition {partition}: a record is stored twice"
-        sequences = [int(v.decode().split(":")[1]) for v in values
-                     if not v.startswith(b"uncommitted:")]
+        sequences = [int(v.decode().split(":")[1]) for v in values if v[:1].isdigit()]
         assert sequences == sorted(sequences), f"partition {partition}: out of send order"
         for sequence, offset in acked[partition]:
             assert stored.get(offset) == value_of(partition, sequence), (
