@@ -15,7 +15,8 @@ tmpfs of DISK_MB per log node (root only; ``--disk-mb 0`` leaves full disks out)
 6 partitions, RF=3, min.insync.replicas=2; 2 idempotent acks=all producers at RATE records/s
 each and a consumer group of 2. Every INTERVAL seconds one fault, drawn at random (kind
 first, then a target of a chosen role), is injected, held, healed, and the cluster is given
-time to settle (every replica back in its ISR, every partition acknowledging again):
+time to settle (every replica back in its ISR, every partition acknowledging again, every
+client progressing again):
 
     kill        SIGKILL, the supervisor restarts it
     pause       SIGSTOP, SIGCONT after --pause-seconds

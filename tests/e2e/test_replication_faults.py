@@ -104,10 +104,20 @@ def all_in_sync(cluster: LocalCluster, topic: str) -> bool:
 
 
 def handler_isr(bootstrap: str, topic: str, partition: int) -> list[int]:
-    """The ISR as the handlers' metadata (what min.insync.replicas is checked against) has it."""
+    """The ISR as the handlers' metadata (what clients are told) has it."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     metadata = admin.list_topics(topic, timeout=10)
     return sorted(metadata.topics[topic].partitions[partition].isrs)
+
+
+def partition_epoch(cluster: LocalCluster, node: int, topic: str, partition: int) -> int:
+    """The partition epoch of one log node's replica state (the metadata version of the ISR
+    it has)."""
+    with grpc.insecure_channel(cluster.services[f"log-{node}"].grpc_address) as channel:
+        stub = log_pb2_grpc.LogServiceStub(channel)
+        described = stub.DescribePartitions(log_pb2.DescribePartitionsRequest(partitions=[
+            log_pb2.TopicPartition(topic=topic, partition=partition)]), timeout=5)
+    return described.partitions[0].partition_epoch
 
 
 def log_ends(cluster: LocalCluster, node: int, topic: str) -> dict[int, int]:
@@ -395,12 +405,18 @@ def test_with_one_replica_in_sync_acks_all_writes_are_refused_and_never_stored(
     [partition] = topic_metadata(faulty, topic_name)
     followers = [n for n in partition.replicas if n != partition.leader]
     processes = [faulty.services[f"log-{n}"].proc for n in followers]
+    in_sync_epoch = partition_epoch(faulty, partition.leader, topic_name, 0)
     for process in processes:
         assert process is not None
         process.send_signal(signal.SIGSTOP)
     try:
+        # The shrink as the handlers have it, and as the leader (which checks
+        # min.insync.replicas) has it.
         wait_until(faulty, lambda: handler_isr(faulty.bootstrap, topic_name, 0) == [
             partition.leader], 20, f"the ISR shrinking to the leader {partition.leader}")
+        wait_until(faulty, lambda: partition_epoch(
+            faulty, partition.leader, topic_name, 0) > in_sync_epoch, 10,
+                   "the leader knowing its shrunk ISR")
         refused = [f"refused-{i}".encode() for i in range(5)]
         send(refused)
         codes = [outcomes[v].code() if outcomes[v] is not None else None for v in refused]
