@@ -66,9 +66,10 @@ grouped per leader node, one Append per node, the nodes concurrently.
   nothing stored. The check is the leader's, in the step that appends: this handler's
   metadata may lag an ISR change, and two pipelined writes checked against two views (a
   refused one, then an accepted one skipping its sequence numbers) would make an idempotent
-  client renumber records whose outcome it did not know. A partition whose ISR (in this
-  handler's metadata) shrank below it while the produce waited gets
-  NOT_ENOUGH_REPLICAS_AFTER_APPEND (the records are stored, but not acknowledged).
+  client renumber records whose outcome it did not know. A partition whose ISR shrank below it
+  while the produce waited, as this handler's metadata has it when the wait ends (a view no
+  older than the leader's state at the append), gets NOT_ENOUGH_REPLICAS_AFTER_APPEND (the
+  records are stored, but not acknowledged).
 """
 
 from __future__ import annotations
