@@ -7,9 +7,11 @@ error field of the answer.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from kio.schema.errors import ErrorCode
 
-__all__ = ["ErrorCode", "KafkaError", "error_name"]
+__all__ = ["ErrorCode", "KafkaError", "NotEnoughReplicasError", "error_name"]
 
 
 class KafkaError(Exception):
@@ -44,6 +46,18 @@ class RecordValidationError(KafkaError):
         super().__init__(code, f"{len(record_errors)} record(s) rejected, so the batch was: "
                                f"{named}" + (f"; and {more} more" if more > 0 else ""))
         self.record_errors = record_errors
+
+
+class NotEnoughReplicasError(KafkaError):
+    """An acks=all write to a partition whose ISR is smaller than the topic's
+    min.insync.replicas, with Kafka's message: refused before it is stored
+    (NOT_ENOUGH_REPLICAS), or stored but not acknowledged (NOT_ENOUGH_REPLICAS_AFTER_APPEND)."""
+
+    def __init__(self, isr: Sequence[int], required: int, topic: str, partition: int,
+                 code: ErrorCode = ErrorCode.not_enough_replicas) -> None:
+        super().__init__(code, f"The size of the current ISR {list(isr)} is insufficient to "
+                               f"satisfy the min.isr requirement of {required} for partition "
+                               f"{topic}-{partition}")
 
 
 def error_name(code: int) -> str:

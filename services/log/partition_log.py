@@ -75,7 +75,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from kbroker.log.v1 import log_pb2
-from services.common.errors import ErrorCode, KafkaError
+from services.common.errors import ErrorCode, KafkaError, NotEnoughReplicasError
 from services.common.records.control_records import (
     ControlRecordType,
     EndTransactionMarker,
@@ -341,11 +341,8 @@ class PartitionLog:
             state = self.state
             # Checked under the lock: two writes see the ISR in the order they are stored.
             if min_insync_replicas > max(len(state.isr), 1):
-                raise KafkaError(
-                    ErrorCode.not_enough_replicas,
-                    f"The size of the current ISR {list(state.isr)} is insufficient to satisfy "
-                    f"the min.isr requirement of {min_insync_replicas} for partition "
-                    f"{self.topic}-{self.partition}")
+                raise NotEnoughReplicasError(state.isr, min_insync_replicas, self.topic,
+                                             self.partition)
             base_offset = self.log_end_offset
             if expected_log_end_offset is not None and expected_log_end_offset != base_offset:
                 raise KafkaError(ErrorCode.invalid_update_version,

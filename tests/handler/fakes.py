@@ -12,7 +12,7 @@ from kbroker.log.v1 import log_pb2
 from kbroker.purgatory.v1 import purgatory_pb2
 from kbroker.replicator.v1 import replicator_pb2
 from services.common import payloads
-from services.common.errors import ErrorCode
+from services.common.errors import ErrorCode, NotEnoughReplicasError
 from services.common.payloads import PayloadPath
 from services.common.records.control_records import (
     ControlRecordType,
@@ -157,11 +157,10 @@ class FakeLogNodes:
                 continue
             isr = self.isr.get((a.topic, a.partition), (0, 1, 2))
             if a.min_insync_replicas > len(isr):
-                out.results.add(topic=a.topic, partition=a.partition,
-                                error_code=ErrorCode.not_enough_replicas.value,
-                                error_message=f"The size of the current ISR {list(isr)} is "
-                                f"insufficient to satisfy the min.isr requirement of "
-                                f"{a.min_insync_replicas} for partition {a.topic}-{a.partition}")
+                refused = NotEnoughReplicasError(isr, a.min_insync_replicas, a.topic,
+                                                 a.partition)
+                out.results.add(topic=a.topic, partition=a.partition, error_code=refused.errno,
+                                error_message=refused.message)
                 continue
             self.guards.pop((a.topic, a.partition), None)
             p = self.partition(a.topic, a.partition)

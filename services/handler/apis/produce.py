@@ -84,7 +84,7 @@ from kbroker.log.v1 import log_pb2
 from kbroker.purgatory.v1 import purgatory_pb2
 from services.common.acls import Operation, ResourceType
 from services.common.error_answers import error_response
-from services.common.errors import ErrorCode, KafkaError, error_name
+from services.common.errors import ErrorCode, KafkaError, NotEnoughReplicasError, error_name
 from services.common.records.record_batch import (
     ATTRIBUTES_OFFSET,
     HEADER_SIZE,
@@ -104,7 +104,6 @@ from ..metadata_cache import (
     LogNode,
     MetadataCache,
     MetadataUnavailableError,
-    PartitionInfo,
     TopicInfo,
 )
 from ..metrics import parked
@@ -368,10 +367,11 @@ class ProduceApi:
             assert slot.appended is not None
             if metadata.version < slot.appended.partition_epoch:
                 continue
-            shortfall = _insync_shortfall(topic, partition)
-            if shortfall is not None:
-                slot.response = _failed(
-                    slot.index, ErrorCode.not_enough_replicas_after_append.value, shortfall)
+            required = _min_insync_replicas(topic)
+            if len(partition.isr) < required:
+                refused = NotEnoughReplicasError(partition.isr, required, slot.name, slot.index,
+                                                 ErrorCode.not_enough_replicas_after_append)
+                slot.response = _failed(slot.index, refused.errno, refused.message)
 
     async def _await_high_watermarks(self, slots: list[_Slot], timeout_ms: int) -> None:
         """Hold acks=-1 answers until each partition's high watermark passes the appended
@@ -409,17 +409,6 @@ def _min_insync_replicas(topic: TopicInfo) -> int:
         return int(topic.configs.get("min.insync.replicas", DEFAULT_MIN_INSYNC_REPLICAS))
     except ValueError:
         return DEFAULT_MIN_INSYNC_REPLICAS
-
-
-def _insync_shortfall(topic: TopicInfo, partition: PartitionInfo) -> str | None:
-    """Why an acks=-1 write to ``partition`` cannot be acknowledged (its ISR is smaller than
-    the topic's min.insync.replicas), or None if it can."""
-    required = _min_insync_replicas(topic)
-    if len(partition.isr) >= required:
-        return None
-    return (f"The size of the current ISR {list(partition.isr)} is insufficient to satisfy "
-            f"the min.isr requirement of {required} for partition "
-            f"{topic.name}-{partition.partition}")
 
 
 def _success(slot: _Slot) -> PartitionResponse:
