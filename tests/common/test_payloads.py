@@ -111,22 +111,50 @@ def test_a_path_must_end_in_a_bytes_field() -> None:
         PayloadPath(log_pb2.ReadResponse.DESCRIPTOR, "results.topic.x")
 
 
-def test_small_messages_are_left_to_protobuf_and_large_ones_taken_apart() -> None:
-    small = [b"\x01" * 1000, None]
-    large = [b"\x02" * payloads.SPLICE_MIN_BYTES, b""]
-    for batches, spliced in ((small, False), (large, True)):
-        head = log_pb2.AppendStreamRequest(call_id=3, request=log_pb2.AppendRequest(partitions=[
-            log_pb2.PartitionAppend(topic="a", partition=0),
-            log_pb2.PartitionAppend(topic="a", partition=1)]))
-        serialized = payloads.Detached(head, APPEND, list(batches)).serialized()
-        assert isinstance(serialized, tuple) == spliced
-        data = serialized if isinstance(serialized, bytes) else b"".join(serialized[0])
-        whole = log_pb2.AppendStreamRequest.FromString(data)
-        assert [p.records for p in whole.request.partitions] == [b or b"" for b in batches]
-        message, found = payloads.parse_message(data, log_pb2.AppendStreamRequest, APPEND)
-        if spliced:
-            assert found is not None
-            assert [None if p is None else bytes(p) for p in found] == [large[0], b""]
-            assert all(not p.records for p in message.request.partitions)
-        else:
-            assert found is None and message == whole
+def _append_of(batches: list[bytes | None]) -> log_pb2.AppendStreamRequest:
+    return log_pb2.AppendStreamRequest(call_id=3, request=log_pb2.AppendRequest(partitions=[
+        log_pb2.PartitionAppend(topic="a", partition=number) for number in range(len(batches))]))
+
+
+@pytest.mark.parametrize("batches, spliced", [
+    ([b"\x01" * 1000, None], False),  # small
+    ([b"\x02" * payloads.SPLICE_MIN_BYTES, b""], True),  # large
+    # Large, but in payloads too small for the walk per payload to pay.
+    ([b"\x03" * 3000] * 40, False),
+    # One large payload among small ones: spliced, and split (the first payload is large).
+    ([b"\x04" * 200_000] + [b"\x05" * 100] * 3, True),
+])
+def test_messages_of_large_payloads_are_taken_apart_and_the_rest_left_to_protobuf(
+        batches: list[bytes | None], spliced: bool) -> None:
+    serialized = payloads.Detached(_append_of(batches), APPEND, list(batches)).serialized()
+    assert isinstance(serialized, tuple) == spliced
+    data = serialized if isinstance(serialized, bytes) else b"".join(serialized[0])
+    whole = log_pb2.AppendStreamRequest.FromString(data)
+    assert [p.records for p in whole.request.partitions] == [b or b"" for b in batches]
+    message, found = payloads.parse_message(data, log_pb2.AppendStreamRequest, APPEND)
+    if spliced:
+        assert found is not None
+        assert [None if p is None else bytes(p) for p in found] == [b or b"" for b in batches]
+        assert all(not p.records for p in message.request.partitions)
+    else:
+        assert found is None and message == whole
+
+
+def test_a_receiver_goes_by_the_first_payload_unless_the_message_is_very_large() -> None:
+    # Spliced by a sender that judges otherwise (any valid serialization may arrive).
+    def received(batches: list[bytes]) -> bytes:
+        return b"".join(payloads.Detached(_append_of(batches), APPEND, batches).pieces()[0])
+
+    small_first = [b"\x06" * 100, b"\x07" * 100_000]
+    message, found = payloads.parse_message(received(small_first), log_pb2.AppendStreamRequest,
+                                            APPEND)
+    assert found is None
+    assert [p.records for p in message.request.partitions] == small_first
+    very_large = [b"\x08" * 100, b"\x09" * payloads.SPLIT_ALWAYS_BYTES]
+    message, found = payloads.parse_message(received(very_large), log_pb2.AppendStreamRequest,
+                                            APPEND)
+    assert found is not None and [bytes(p) for p in found] == very_large
+    # Bytes that are no message fail as protobuf fails them.
+    with pytest.raises(DecodeError):
+        payloads.parse_message(b"\x0a\xff" + bytes(payloads.SPLICE_MIN_BYTES),
+                               log_pb2.AppendStreamRequest, APPEND)
