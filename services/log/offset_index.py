@@ -33,6 +33,7 @@ class OffsetIndex(IndexFile[IndexEntry]):
 
     FIELDS = "II"
     OFFSET_FIELD = 0
+    DEFERRED_ENTRIES = 128
 
     def _entry(self, slot: int) -> IndexEntry:
         relative, position = self._row(slot)
@@ -45,9 +46,7 @@ class OffsetIndex(IndexFile[IndexEntry]):
             raise ValueError(
                 f"index entry ({offset}, {position}) is not after {self.last_entry} in {self.path}"
             )
-        self._write(relative, position)
-        offsets.append(relative)
-        positions.append(position)
+        self._add(relative, position)
 
     def lookup(self, target_offset: int) -> IndexEntry:
         """The last entry whose offset is <= ``target_offset``: the batch holding the target

@@ -38,6 +38,7 @@ class TimeIndex(IndexFile[TimeEntry]):
 
     FIELDS = "qI"
     OFFSET_FIELD = 1
+    DEFERRED_ENTRIES = 128
 
     def _entry(self, slot: int) -> TimeEntry:
         timestamp, relative = self._row(slot)
@@ -53,9 +54,7 @@ class TimeIndex(IndexFile[TimeEntry]):
                 timestamp <= timestamps[-1] or offset - self.base_offset <= offsets[-1]):
             return False
         relative = self._relative(offset)
-        self._write(timestamp, relative)
-        timestamps.append(timestamp)
-        offsets.append(relative)
+        self._add(timestamp, relative)
         return True
 
     def lookup(self, target_timestamp: int) -> int:

@@ -77,10 +77,7 @@ class TransactionIndex(IndexFile[AbortedTxn]):
         if lasts and txn.last_offset <= lasts[-1]:
             raise ValueError(f"aborted transaction {txn} is not after {self.last_entry} in "
                              f"{self.path}")
-        row = (VERSION, *txn)
-        self._write(*row)
-        for column, value in zip(self._columns, row, strict=True):
-            column.append(value)
+        self._add(VERSION, *txn)
         self._dirty = True
 
     def collect(self, fetch_offset: int, upper_bound: int) -> tuple[list[AbortedTxn], bool]:

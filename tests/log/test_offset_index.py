@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import bisect
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from services.common.records.record_batch import iter_batches
 from services.log.offset_index import ENTRY_SIZE, IndexEntry, OffsetIndex
+from services.log.partition_log import LOG_END, PartitionLog
+from services.log.topic_config import TopicConfig
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # A segment as (record count, size in bytes) per batch.
 segment_batches = st.lists(
@@ -130,8 +138,69 @@ def test_truncation_drops_entries_at_or_past_a_position(tmp_path: Path) -> None:
     index = OffsetIndex(path, 0)
     for i in range(1, 6):
         index.append(i * 10, i * 100)
+    index.flush()
     index.truncate_to_position(300)
     assert index.last_entry == IndexEntry(20, 200)
     assert path.stat().st_size == 2 * ENTRY_SIZE
     index.append(30, 250)
     index.close()
+
+
+def test_entries_wait_to_be_written_together_and_a_flush_or_close_writes_them(
+        tmp_path: Path) -> None:
+    path = tmp_path / "00000000000000000000.index"
+    index = OffsetIndex(path, 0)
+    waiting = OffsetIndex.DEFERRED_ENTRIES
+    for i in range(1, waiting):
+        index.append(i, i * 100)
+    assert path.stat().st_size == 0 and len(index) == waiting - 1
+    assert index.lookup(5) == IndexEntry(5, 500)  # served from memory meanwhile
+    index.append(waiting, waiting * 100)  # the last that may wait: all written at once
+    assert path.stat().st_size == waiting * ENTRY_SIZE
+    index.append(waiting + 1, (waiting + 1) * 100)
+    index.append(waiting + 2, (waiting + 2) * 100)
+    # Cutting into entries not yet written never grows the file, nor keeps what was cut.
+    index.truncate_to_position((waiting + 2) * 100)
+    assert path.stat().st_size == waiting * ENTRY_SIZE
+    index.flush()
+    assert path.stat().st_size == (waiting + 1) * ENTRY_SIZE
+    index.append(waiting + 5, (waiting + 5) * 100)
+    index.close()
+    reloaded = OffsetIndex(path, 0)
+    assert len(reloaded) == waiting + 2
+    assert reloaded.last_entry == IndexEntry(waiting + 5, (waiting + 5) * 100)
+    assert reloaded.problem() is None
+    reloaded.close()
+
+
+@pytest.mark.processes
+def test_a_process_killed_with_entries_waiting_leaves_a_prefix_that_recovery_rebuilds(
+        tmp_path: Path) -> None:
+    """A process appends and dies with index entries waiting (its data written, nothing
+    flushed or closed): past the recovery point, start-up recovers the segment and its index
+    is whole again."""
+    script = f"""
+import asyncio, os, sys
+from pathlib import Path
+sys.path[:0] = {[str(ROOT), str(ROOT / "tests")]!r}
+from record_batches import build_batch, values
+from services.log.partition_log import PartitionLog
+from services.log.topic_config import TopicConfig
+log = PartitionLog(Path({str(tmp_path / "t-0")!r}), "t", 0, "", TopicConfig(index_interval_bytes=0))
+for _ in range(10):
+    asyncio.run(log.append(build_batch(values(2))))
+assert len(log.segments[-1].index) == 9
+os._exit(0)
+"""
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    index_path = tmp_path / "t-0" / "00000000000000000000.index"
+    assert index_path.stat().st_size == 0  # the entries were waiting
+    reopened = PartitionLog(tmp_path / "t-0", "t", 0, "", TopicConfig(index_interval_bytes=0))
+    try:
+        assert reopened.log_end_offset == 20
+        assert [e.offset for e in reopened.segments[-1].index.entries()] == list(range(3, 20, 2))
+        assert index_path.stat().st_size == 9 * ENTRY_SIZE  # recovery flushed it
+        first = next(iter_batches(reopened.read(11, 1 << 20, LOG_END)))
+        assert (first.header.base_offset, first.header.last_offset) == (10, 11)
+    finally:
+        reopened.close()

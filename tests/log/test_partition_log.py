@@ -377,10 +377,10 @@ def test_missing_or_damaged_indexes_are_rebuilt(tmp_path: Path) -> None:
     spans = [(b.header.base_offset, b.header.last_offset)
              for s in partition_log.segments
              for b in iter_batches(partition_log.read(s.base_offset, 1 << 20, END))]
-    indexes = sorted((tmp_path / "t-0").glob("*.index"))
-    expected = {p.name: p.read_bytes() for p in indexes}
     end = partition_log.log_end_offset
     partition_log.close()
+    indexes = sorted((tmp_path / "t-0").glob("*.index"))
+    expected = {p.name: p.read_bytes() for p in indexes}
     assert len(indexes) >= 3 and all(expected.values())
     indexes[0].unlink()                              # missing
     indexes[1].write_bytes(b"\xff" * 16)             # nonsense entries
