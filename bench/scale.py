@@ -36,7 +36,9 @@ process together (the reference: its one process), sampled while the load runs; 
 it is the slope from the second-smallest to the largest partition count (topics accumulate, so
 the counts are cumulative), per connection the slope from the fewest to the most
 connections. The reference keeps every record in memory (its storage is ``memory://``): its
-memory grows with the data written, not only with partitions.
+memory grows with the data written, not only with partitions. Each point also gives the CPU
+(user and system) every service process used over it, per MB produced
+(``cpu_ms_per_MB_produced``; for the partitions curve, the fetch phase included).
 
 Prints one JSON line per point, then Markdown tables; writes OUT/scale.json and the plots
 OUT/scale-partitions.png, OUT/scale-connections.png and OUT/scale-nodes.png.
@@ -59,6 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from fetch_sessions import cpu_seconds  # noqa: E402
 from sustained import rss_mb  # noqa: E402
 from throughput import kbroker_cluster, reference_binary, wait_port  # noqa: E402
 
@@ -101,7 +104,9 @@ def create_topic(bootstrap: str, partitions: int) -> str:
 
 
 def run_point(bootstrap: str, pids: list[int], topic: str, *options: str) -> dict[str, Any]:
-    """One run of the load client; the services' memory sampled two seconds into it."""
+    """One run of the load client; the services' memory sampled two seconds into it, and the
+    CPU they used over the whole run per MB produced (produce and fetch phases together)."""
+    cpu_before = cpu_seconds(pids)
     client = subprocess.Popen([sys.executable, str(CLIENT), bootstrap, topic, *options],
                               stdout=subprocess.PIPE, text=True)
     assert client.stdout is not None
@@ -124,6 +129,10 @@ def run_point(bootstrap: str, pids: list[int], topic: str, *options: str) -> dic
         memory = round(sum(rss_mb(pid) for pid in pids), 1)
     if client.returncode != 0 or not result:
         raise RuntimeError(f"load client failed on {topic} ({client.returncode})")
+    cpu = cpu_seconds(pids) - cpu_before
+    produced = result.get("produced_bytes", 0) / 1e6
+    if produced:
+        result["cpu_ms_per_MB_produced"] = round(1000 * cpu / produced, 2)
     return {**result, "rss_mb": memory}
 
 
