@@ -11,11 +11,12 @@ it, also one parked later (an append the old leader took just before it heard th
 leads, whose produce parks after the epoch's end was reported), where the error of any other key
 only concerns the operations parked before it.
 
-A report never waits: :meth:`ProgressStream.report` records the newest (position, error) per
-key, and one task writes everything recorded as one message on a long-lived ``ReportProgress``
-stream (far cheaper than a call per report); what is recorded while a write is in flight
-coalesces into the next message. When the stream breaks, the reports in hand are dropped - a
-parked operation still completes by timeout - and the next report opens a new stream.
+A report never waits: :meth:`ProgressStream.report` records the newest (position, error, ISR)
+per key (a leader's ISR on its epoch keys, see ``KeyState.isr``), and one task writes everything
+recorded as one message on a long-lived ``ReportProgress`` stream (far cheaper than a call per
+report); what is recorded while a write is in flight coalesces into the next message. When the
+stream breaks, the reports in hand are dropped - a parked operation still completes by timeout -
+and the next report opens a new stream.
 
 Only keys the purgatory watches are reported (its ``WatchKeys`` stream lists the keys with
 parked fetch or produce operations), so a partition nobody waits on costs no message per move.
@@ -89,8 +90,16 @@ def parse_key(key: str) -> ParsedKey | None:
     return ParsedKey(topic, int(partition), int(epoch), topic_id)
 
 
-PositionSource = Callable[[str], "int | None"]
-"""The current position of a key at this reporter, or None if it does not report the key."""
+class Progress(NamedTuple):
+    """Where a key is at a reporter: its position, and for a leader's epoch key the ISR that
+    position was reached with (empty: not said)."""
+
+    position: int
+    isr: tuple[int, ...] = ()
+
+
+PositionSource = Callable[[str], "Progress | None"]
+"""The current progress of a key at this reporter, or None if it does not report the key."""
 
 
 class ProgressStream:
@@ -103,8 +112,8 @@ class ProgressStream:
         self.address = address
         self._channel = internal_channel(address, tls, "purgatory")
         self._stub = purgatory_pb2_grpc.PurgatoryStub(self._channel)
-        # key -> (position, Kafka error code)
-        self._pending: dict[str, tuple[int, int]] = {}
+        # key -> (position, Kafka error code, ISR)
+        self._pending: dict[str, tuple[int, int, Sequence[int]]] = {}
         self._stream: grpc.aio.StreamUnaryCall | None = None
         self._wake = asyncio.Event()
         # Keys the purgatory watches; None while that is not known (then every key is reported).
@@ -119,12 +128,13 @@ class ProgressStream:
         self._watch_task = loop.create_task(self._follow_watched_keys(),
                                             name="purgatory-watched-keys")
 
-    def report(self, key: str, position: int, error_code: int = 0) -> None:
+    def report(self, key: str, position: int, error_code: int = 0,
+               isr: Sequence[int] = ()) -> None:
         """Report ``key``'s new position (unless nobody watches it); returns at once."""
         watched = self._watched
         if watched is not None and key not in watched:
             return
-        self._pending[key] = (position, error_code)
+        self._pending[key] = (position, error_code, isr)
         self._wake.set()
 
     @property
@@ -145,9 +155,9 @@ class ProgressStream:
         if position_of is None:
             return
         for key in added:
-            position = position_of(key)
-            if position is not None:
-                self._pending[key] = (position, 0)
+            progress = position_of(key)
+            if progress is not None:
+                self._pending[key] = (progress.position, 0, progress.isr)
                 self._wake.set()
 
     async def _follow_watched_keys(self) -> None:
@@ -175,10 +185,10 @@ class ProgressStream:
             if pending:
                 await self._send(pending)
 
-    async def _send(self, positions: dict[str, tuple[int, int]]) -> None:
+    async def _send(self, positions: dict[str, tuple[int, int, Sequence[int]]]) -> None:
         request = purgatory_pb2.CheckAndCompleteRequest(keys=[
-            purgatory_pb2.KeyState(key=key, position=position, error_code=error)
-            for key, (position, error) in positions.items()])
+            purgatory_pb2.KeyState(key=key, position=position, error_code=error, isr=isr)
+            for key, (position, error, isr) in positions.items()])
         try:
             if self._stream is None or self._stream.done():
                 self._stream = self._stub.ReportProgress()

@@ -135,9 +135,9 @@ HIGH_WATERMARK_CHECKPOINT_MS = 5_000
 HIGH_WATERMARK, LOG_END = log_pb2.READ_LIMIT_HIGH_WATERMARK, log_pb2.READ_LIMIT_LOG_END
 LAST_STABLE = log_pb2.READ_LIMIT_LAST_STABLE
 
-HighWatermarkListener = Callable[[str, int, int, int, str], None]
-"""Called with (topic, partition, new high watermark, leader epoch, topic id) whenever a leader's
-high watermark moves."""
+HighWatermarkListener = Callable[[str, int, int, int, str, Sequence[int]], None]
+"""Called with (topic, partition, new high watermark, leader epoch, topic id, ISR) whenever a
+leader's high watermark moves; the ISR is the leader's at that moment."""
 
 
 def now_ms() -> int:
@@ -270,7 +270,8 @@ class PartitionLog:
             # Readers and producers wait on the leader's high watermark only.
             if self._on_high_watermark is not None and self.state.role == LEADER:
                 self._on_high_watermark(self.topic, self.partition, offset,
-                                        self.state.leader_epoch, self.topic_id)
+                                        self.state.leader_epoch, self.topic_id,
+                                        tuple(self.state.isr))
 
     @property
     def last_stable_offset(self) -> int:

@@ -7,6 +7,8 @@ watched keys, fire and forget).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from services.common.channels import PLAINTEXT
 from services.common.errors import ErrorCode
 from services.common.progress_reports import ProgressStream, epoch_key, partition_key
@@ -25,12 +27,15 @@ class PurgatoryNotifier(ProgressStream):
                          tls=tls)
 
     def on_high_watermark(self, topic: str, partition: int, high_watermark: int,
-                          leader_epoch: int = -1, topic_id: str = "") -> None:
+                          leader_epoch: int = -1, topic_id: str = "",
+                          isr: Sequence[int] = ()) -> None:
         """A partition log's high watermark listener. Besides the partition's key, a leader at
-        an epoch reports its epoch key: acks=all produces wait on that one."""
+        an epoch reports its epoch key, with its ISR at that moment: acks=all produces wait on
+        that one, and min.insync.replicas is checked against that ISR."""
         self.report(partition_key(topic, partition), high_watermark)
         if leader_epoch >= 0:
-            self.report(epoch_key(topic, partition, leader_epoch, topic_id), high_watermark)
+            self.report(epoch_key(topic, partition, leader_epoch, topic_id), high_watermark,
+                        isr=isr)
 
     def on_epoch_ended(self, topic: str, partition: int, leader_epoch: int,
                        high_watermark: int, topic_id: str) -> None:

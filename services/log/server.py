@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 
 from kbroker.log.v1 import log_pb2
-from services.common.progress_reports import PositionSource, parse_key
+from services.common.progress_reports import PositionSource, Progress, parse_key
 from services.common.server import ServiceBinding, create_server
 from services.common.tls import InternalTls
 
@@ -139,9 +139,9 @@ def out_of_service(health: HealthServicer, loop: asyncio.AbstractEventLoop
 
 def leader_high_watermarks(manager: LogManager) -> PositionSource:
     """What this node reports for a purgatory key: the high watermark of a partition it leads
-    (at the key's leader epoch, for an epoch key); None for anything else."""
+    (at the key's leader epoch and with its ISR, for an epoch key); None for anything else."""
 
-    def position_of(key: str) -> int | None:
+    def position_of(key: str) -> Progress | None:
         parsed = parse_key(key)
         if parsed is None:
             return None
@@ -151,6 +151,7 @@ def leader_high_watermarks(manager: LogManager) -> PositionSource:
                     parsed.leader_epoch != replica.state.leader_epoch
                     or parsed.topic_id != replica.topic_id)):
             return None
-        return replica.high_watermark
+        isr = tuple(replica.state.isr) if parsed.leader_epoch is not None else ()
+        return Progress(replica.high_watermark, isr)
 
     return position_of

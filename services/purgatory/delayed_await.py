@@ -16,7 +16,10 @@ and "any" never does, so the latter is a plain delay. It answers exactly once th
 ``result``, with the Await RPC's own answer (``AwaitResponse``): COMPLETED with each key's state,
 or EXPIRED after ``timeout_ms`` with each key's state as :meth:`DelayedAwait.expired_state`
 reports it; keys in the order they were given, each with the state that decided it (its error)
-or else its last reported state.
+or else its last reported state. A key's ISR in the answer is that of the report that satisfied
+it (a leader's ISR when its high watermark reached the threshold: what min.insync.replicas is
+checked against, as Kafka checks it when a partition of a DelayedProduce is satisfied), empty
+for a key not satisfied.
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ class DelayedAwait(DelayedOperation):
         self._parked_after = states.sequence
         self._waiting = dict(self.thresholds)
         self._failed: dict[str, KeyState] = {}
+        # The ISR each key was satisfied with (see the module docstring).
+        self._satisfied_with: dict[str, tuple[int, ...]] = {}
         self._satisfied = False
         self._listener = listener
         self.started = time.monotonic()
@@ -70,11 +75,13 @@ class DelayedAwait(DelayedOperation):
                 continue
             if state.ended and state.position >= threshold:
                 del waiting[key]  # the ended epoch had covered it
+                self._satisfied_with[key] = state.isr
             elif state.error_code and (state.sequence > self._parked_after or state.ended):
                 self._failed[key] = state
                 del waiting[key]
             elif state.position >= threshold:
                 del waiting[key]
+                self._satisfied_with[key] = state.isr
         done = not waiting if self.require_all else len(waiting) < len(self.thresholds)
         if not done:
             return False
@@ -101,7 +108,8 @@ class DelayedAwait(DelayedOperation):
             else:
                 error_code = state.error_code
             keys.append(purgatory_pb2.KeyState(key=key, position=state.position,
-                                               error_code=error_code))
+                                               error_code=error_code,
+                                               isr=self._satisfied_with.get(key, ())))
         answer = purgatory_pb2.AwaitResponse(
             outcome=purgatory_pb2.OUTCOME_COMPLETED if satisfied else purgatory_pb2.OUTCOME_EXPIRED,
             keys=keys)

@@ -1,4 +1,5 @@
-"""The last reported state of each operation key (position and error), and a report sequence.
+"""The last reported state of each operation key (position, error and the reporter's ISR), and
+a report sequence.
 
 Reports are stored as they come: a later report replaces the earlier one even if its position
 is lower (a leader change may legitimately move a high watermark observation backwards), so the
@@ -34,11 +35,13 @@ UNKNOWN_POSITION = -1
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KeyState:
     """One report: ``position`` of ``key`` (e.g. a high watermark), ``error_code`` a Kafka
-    error (0 if none), ``sequence`` the report's number (0: never reported)."""
+    error (0 if none), ``isr`` the reporting leader's ISR at that position (an epoch key's;
+    empty if not said), ``sequence`` the report's number (0: never reported)."""
 
     key: str
     position: int
     error_code: int = 0
+    isr: tuple[int, ...] = ()
     sequence: int = 0
     # An epoch key whose epoch is over: its error concerns every waiter.
     ended: bool = False
@@ -56,7 +59,8 @@ class KeyStates:
         """The number of the latest report (0 before any)."""
         return self._sequence
 
-    def report(self, key: str, position: int, error_code: int = 0) -> None:
+    def report(self, key: str, position: int, error_code: int = 0,
+               isr: tuple[int, ...] = ()) -> None:
         self._sequence += 1
         states = self._states
         ended = False
@@ -66,7 +70,7 @@ class KeyStates:
                 position = max(position, previous.position)
                 error_code = previous.error_code
             ended = error_code != 0
-        states[key] = KeyState(key=key, position=position, error_code=error_code,
+        states[key] = KeyState(key=key, position=position, error_code=error_code, isr=isr,
                                sequence=self._sequence, ended=ended)
         states.move_to_end(key)
         if len(states) > CAPACITY:

@@ -14,7 +14,7 @@ Not thread-safe (one event loop).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from kbroker.purgatory.v1 import purgatory_pb2
 
@@ -71,12 +71,13 @@ class Purgatories:
         self._by_kind[kind].try_complete_else_watch(op, op.thresholds)
         return op
 
-    def report(self, reports: Iterable[tuple[str, int, int]]) -> int:
-        """Store each (key, position, error_code) and complete the operations that now can;
-        returns how many completed."""
+    def report(self, reports: Iterable[tuple[str, int, int] | tuple[str, int, int, Sequence[int]]]
+               ) -> int:
+        """Store each (key, position, error_code[, ISR]) and complete the operations that now
+        can; returns how many completed."""
         keys: dict[str, None] = {}
-        for key, position, error_code in reports:
-            self.states.report(key, position, error_code)
+        for key, position, error_code, *isr in reports:
+            self.states.report(key, position, error_code, tuple(isr[0]) if isr else ())
             keys[key] = None
         purgatories = tuple(self._by_kind.values())
         return sum(purgatory.check_and_complete(key)

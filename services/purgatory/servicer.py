@@ -90,7 +90,7 @@ class PurgatoryServicer(purgatory_pb2_grpc.PurgatoryServicer):
 
     def _report(self, request: purgatory_pb2.CheckAndCompleteRequest) -> int:
         return self._purgatories.report(
-            (state.key, state.position, state.error_code) for state in request.keys)
+            (state.key, state.position, state.error_code, state.isr) for state in request.keys)
 
     async def WatchKeys(
         self, request: purgatory_pb2.WatchKeysRequest, context: grpc.aio.ServicerContext,

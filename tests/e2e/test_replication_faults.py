@@ -456,6 +456,48 @@ def test_with_one_replica_in_sync_acks_all_writes_are_refused_and_never_stored(
     assert stored == before + after
 
 
+def test_a_write_whose_isr_shrinks_below_the_minimum_while_it_waits_is_not_acknowledged(
+        faulty, topic_name):
+    """Appended while the ISR was whole, its followers then stop: once the leader is alone in
+    its ISR its high watermark passes the write, which is stored but answered
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND (min.insync.replicas 2), as Kafka answers it."""
+    create_topic(faulty.bootstrap, topic_name, 1)
+    wait_until(faulty, lambda: all_in_sync(faulty, topic_name), 20, "a fully replicated topic")
+    producer = Producer({"bootstrap.servers": faulty.bootstrap, "acks": "all", "linger.ms": 0,
+                         "retries": 0, "message.timeout.ms": 20000,
+                         "request.timeout.ms": 20000})
+    outcomes: dict[bytes, KafkaError | None] = {}
+
+    def record(err: KafkaError | None, msg) -> None:  # type: ignore[no-untyped-def]
+        outcomes[msg.value()] = err
+
+    producer.produce(topic_name, value=b"warm-up", partition=0, on_delivery=record)
+    assert producer.flush(30) == 0 and outcomes[b"warm-up"] is None
+    [partition] = topic_metadata(faulty, topic_name)
+    followers = [n for n in partition.replicas if n != partition.leader]
+    processes = [faulty.services[f"log-{n}"].proc for n in followers]
+    for process in processes:
+        assert process is not None
+        process.send_signal(signal.SIGSTOP)
+    try:
+        producer.produce(topic_name, value=b"stranded", partition=0, on_delivery=record)
+        assert producer.flush(30) == 0
+        error = outcomes[b"stranded"]
+        assert error is not None and error.code() == KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND, (
+            error)
+        assert handler_isr(faulty.bootstrap, topic_name, 0) == [partition.leader]
+    finally:
+        for process in processes:
+            process.send_signal(signal.SIGCONT)
+    # Stored all the same (Kafka keeps it too): the leader's high watermark passed it.
+    consumer = Consumer({"bootstrap.servers": faulty.bootstrap, "group.id": f"hw-{topic_name}"})
+    try:
+        assert consumer.get_watermark_offsets(TopicPartition(topic_name, 0), timeout=10) == (0, 2)
+    finally:
+        consumer.close()
+    wait_until(faulty, lambda: all_in_sync(faulty, topic_name), 30, "the followers back in sync")
+
+
 # The longest pause of acknowledgements a kill -9 of the replicator may cause.
 REPLICATOR_STALL_S = 2.0
 

@@ -216,12 +216,15 @@ class FakeLogNodes:
 
 
 def wait_result(completed: bool, positions: Mapping[str, int] | None = None,
-                errors: Mapping[str, int] | None = None) -> purgatory_pb2.AwaitResponse:
-    """The purgatory's answer to an Await: its outcome and each key's position and error."""
+                errors: Mapping[str, int] | None = None,
+                isr: Sequence[int] = ()) -> purgatory_pb2.AwaitResponse:
+    """The purgatory's answer to an Await: its outcome and each key's position and error (and
+    the leader's ISR it was satisfied with, the same for every key)."""
     errors = errors or {}
     return purgatory_pb2.AwaitResponse(
         outcome=purgatory_pb2.OUTCOME_COMPLETED if completed else purgatory_pb2.OUTCOME_EXPIRED,
-        keys=[purgatory_pb2.KeyState(key=key, position=position, error_code=errors.get(key, 0))
+        keys=[purgatory_pb2.KeyState(key=key, position=position, error_code=errors.get(key, 0),
+                                     isr=isr)
               for key, position in (positions or {}).items()])
 
 

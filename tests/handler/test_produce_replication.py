@@ -1,6 +1,7 @@
 """Produce with acks=-1 on replicated partitions: the purgatory wait for the high watermark and
 min.insync.replicas (the leader checks it as it appends, NOT_ENOUGH_REPLICAS and nothing
-stored; NOT_ENOUGH_REPLICAS_AFTER_APPEND when the ISR shrank meanwhile)."""
+stored; NOT_ENOUGH_REPLICAS_AFTER_APPEND when the ISR shrank meanwhile, by the leader's ISR
+reported with the high watermark that satisfied the wait)."""
 
 from __future__ import annotations
 
@@ -111,6 +112,41 @@ def test_an_isr_that_shrank_during_the_wait_is_not_enough_after_append():
     api = ProduceApi(cache, log_nodes, ShrinkingPurgatory())
     response = asyncio.run(api.handle(produce(), CONTEXT))
     assert errors(response) == [ErrorCode.not_enough_replicas_after_append.value]
+
+
+def test_the_isr_the_leader_reports_with_its_high_watermark_decides_after_the_append():
+    """Kafka checks min.insync.replicas when the wait for a partition is satisfied, against
+    the leader's ISR at that moment: a shrink that leaves the leader alone moves its high
+    watermark at once, before any handler's metadata has the shrink."""
+    log_nodes = FakeLogNodes()
+    log_nodes.lagging_high_watermark = True
+    # This handler's metadata still has both in sync: the leader's report decides.
+    cache = cache_of(cluster(replicated("t", (0, 1), 2), nodes=(0, 1, 2), version=3))
+
+    class Reporting(FakePurgatory):
+        isr: tuple[int, ...] = ()
+
+        async def wait(self, kind, thresholds, require_all, timeout_ms):  # type: ignore[no-untyped-def]
+            return wait_result(True, thresholds, isr=self.isr)
+
+    purgatory = Reporting()
+    api = ProduceApi(cache, log_nodes, purgatory)
+    purgatory.isr = (0,)
+    [refused] = asyncio.run(api.handle(produce(), CONTEXT)).responses[0].partition_responses
+    assert refused.error_code == ErrorCode.not_enough_replicas_after_append.value
+    assert "ISR [0]" in refused.error_message and "min.isr requirement of 2" in (
+        refused.error_message)
+    assert len(log_nodes.partition("t", 0).batches) == 1  # stored, not acknowledged
+    purgatory.isr = (0, 1)
+    assert errors(asyncio.run(api.handle(produce(), CONTEXT))) == [0]
+    # A view newer than the report (the ISR shrank after the high watermark had passed, as the
+    # leader had it) does not take back what the report satisfied.
+    cache.install(cluster(replicated("t", (0,), 2), nodes=(0, 1, 2), version=4))
+    assert errors(asyncio.run(api.handle(produce(), CONTEXT))) == [0]
+    # Without a report of the ISR, this handler's metadata decides as before.
+    purgatory.isr = ()
+    assert errors(asyncio.run(api.handle(produce(), CONTEXT))) == [
+        ErrorCode.not_enough_replicas_after_append.value]
 
 
 def test_an_acks_all_wait_is_keyed_by_the_leader_epoch_of_the_append():

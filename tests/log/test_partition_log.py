@@ -101,7 +101,7 @@ def test_consumers_never_read_past_the_high_watermark(tmp_path: Path) -> None:
         tmp_path / "t-0", "t", 0, "", TopicConfig(), lambda *move: moves.append(move)
     )
     append(partition_log, build_batch(values(3)))
-    assert moves == [("t", 0, 3, -1, "")]  # -1: a replica without a leader epoch
+    assert moves == [("t", 0, 3, -1, "", ())]  # -1: a replica without a leader epoch
     partition_log.state = replica_state.state(LEADER, -1)
     append(partition_log, build_batch(values(2)))
     append(partition_log, build_batch(values(4)))
@@ -114,7 +114,7 @@ def test_consumers_never_read_past_the_high_watermark(tmp_path: Path) -> None:
     assert offsets_in(partition_log.read(0, 1 << 20, HW)) == [(0, 2), (3, 4)]
     partition_log.high_watermark = 100  # clamped to the log end
     assert partition_log.high_watermark == 9
-    assert moves == [("t", 0, 3, -1, ""), ("t", 0, 5, -1, ""), ("t", 0, 9, -1, "")]
+    assert moves == [("t", 0, 3, -1, "", ()), ("t", 0, 5, -1, "", ()), ("t", 0, 9, -1, "", ())]
     partition_log.close()
 
 

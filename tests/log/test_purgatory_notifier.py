@@ -96,11 +96,13 @@ def test_unwatched_keys_are_not_reported_and_a_new_watch_gets_the_current_positi
         await eventually(lambda: (states.get("t-0") or states.current("t-0")).position == 7)
         assert states.get("t-0@4@tid") is None
 
-        # An acks=all producer waits on the epoch key: answered with the epoch's position.
+        # An acks=all producer waits on the epoch key: answered with the epoch's position, and
+        # the leader's ISR at it (min.insync.replicas is checked against that).
         answer = await purgatory_stub.Await(pb.AwaitRequest(
             kind=pb.OPERATION_KIND_PRODUCE, require_all=True, timeout_ms=10_000,
             keys=[pb.WatchedKey(key="t-0@4@tid", threshold=7)]))
         assert answer.outcome == pb.OUTCOME_COMPLETED
+        assert [(k.key, k.position, list(k.isr)) for k in answer.keys] == [("t-0@4@tid", 7, [0])]
         # A key of another epoch, or of another topic of the same name, is not this leader's to
         # answer.
         for key in ("t-0@3@tid", "t-0@4@other"):

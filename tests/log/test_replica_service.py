@@ -16,10 +16,11 @@ import grpc
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from services.common.channels import insecure_channel
 from services.common.errors import ErrorCode, KafkaError
+from services.common.progress_reports import Progress
 from services.common.records.record_batch import iter_batches
 from services.log.config import LogConfig
 from services.log.purgatory_notifier import PurgatoryNotifier
-from services.log.server import LogService, start
+from services.log.server import LogService, leader_high_watermarks, start
 
 from ..record_batches import build_batch, values
 from .test_service import append, describe, read, run_node
@@ -534,18 +535,33 @@ def test_a_cut_across_segments_keeps_a_consistent_log(tmp_path: Path) -> None:
     run_node(tmp_path, body, segment_bytes=1000)
 
 
-def test_leaders_report_their_high_watermark_per_epoch_too(tmp_path: Path) -> None:
-    reported: list[tuple[str, int]] = []
+def test_leaders_report_their_high_watermark_per_epoch_too_with_their_isr(
+        tmp_path: Path) -> None:
+    reported: list[tuple[str, int, tuple[int, ...]]] = []
 
     async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
         await create_with(stub, "t", state("t", LEADER, 5, alone=True))
         notifier = PurgatoryNotifier("127.0.0.1:1")
-        notifier.report = lambda key, position: reported.append((key, position))  # type: ignore[method-assign]
+        notifier.report = lambda key, position, isr=(): reported.append(  # type: ignore[method-assign]
+            (key, position, tuple(isr)))
         for partition_log in service.manager.partitions():
             partition_log._on_high_watermark = notifier.on_high_watermark
         await append(stub, "t", build_batch(values(2)))
+        assert reported == [("t-0", 2, ()), ("t-0@5@tid", 2, (0,))]
+        # With a follower in the ISR the high watermark waits for it; when the ISR shrinks
+        # back to the leader alone it moves at once, and the report names that ISR: an acks=all
+        # write it satisfies did not reach two replicas.
+        reported.clear()
+        assert await become(stub, state("t", LEADER, 5, partition_epoch=1)) == [0]
+        await append(stub, "t", build_batch(values(2)))
+        assert reported == []
+        assert await become(stub, state("t", LEADER, 5, alone=True, partition_epoch=2)) == [0]
+        assert reported == [("t-0", 4, ()), ("t-0@5@tid", 4, (0,))]
+        # What a newly watched epoch key is answered with carries the ISR too.
+        position_of = leader_high_watermarks(service.manager)
+        assert position_of("t-0@5@tid") == Progress(4, (0,))
+        assert position_of("t-0") == Progress(4, ())
         await notifier.close()
-        assert reported == [("t-0", 2), ("t-0@5@tid", 2)]
 
     run_node(tmp_path, body)
 
@@ -560,7 +576,7 @@ def test_only_leaders_report_high_watermarks(tmp_path: Path) -> None:
             partition_log._on_high_watermark = lambda *args: reported.append(args)
         await append(stub, "lead", build_batch(values(2)))
         await replicate(service, "copy", build_batch(values(2)), epoch=0, high_watermark=2)
-        assert reported == [("lead", 0, 2, 0, "tid")]
+        assert reported == [("lead", 0, 2, 0, "tid", (0,))]
 
     run_node(tmp_path, body)
 

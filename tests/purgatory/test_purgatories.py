@@ -102,6 +102,29 @@ def test_all_keys_must_reach_their_thresholds():
     on_loop(scenario)
 
 
+def test_each_key_answers_with_the_isr_of_the_report_that_satisfied_it():
+    """What min.insync.replicas is checked against: the leader's ISR when its high watermark
+    passed the threshold, not what a later report of the key said."""
+
+    def scenario(p: Purgatories, timer: ManualTimer) -> None:
+        p.report([("a", 9, 0, (1, 2, 3))])  # before parking: satisfies "a" at parking
+        op = p.park(kind="produce", thresholds={"a": 5, "b": 7, "c": 1}, require_all=True,
+                    timeout_ms=100)
+        assert p.report([("b", 7, 0, (1, 2))]) == 0
+        p.report([("a", 10, 0, (1,)), ("b", 8, 0, (1,))])  # a shrink, after both were satisfied
+        assert p.report([("c", 1, 0)]) == 1  # a reporter that names no ISR
+        answer = op.result.result()
+        assert answer.outcome == COMPLETED
+        assert [(k.key, k.position, list(k.isr)) for k in answer.keys] == [
+            ("a", 10, [1, 2, 3]), ("b", 8, [1, 2]), ("c", 1, [])]
+        expiring = p.park(kind="produce", thresholds={"a": 50}, require_all=True,
+                          timeout_ms=10)
+        timer.advance(20)
+        assert [list(k.isr) for k in expiring.result.result().keys] == [[]]  # not satisfied
+
+    on_loop(scenario)
+
+
 def test_a_report_made_before_parking_is_seen_at_parking():
     def scenario(p: Purgatories, timer: ManualTimer) -> None:
         p.report([("a", 10, 0)])

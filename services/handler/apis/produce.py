@@ -67,9 +67,14 @@ grouped per leader node, one Append per node, the nodes concurrently.
   metadata may lag an ISR change, and two pipelined writes checked against two views (a
   refused one, then an accepted one skipping its sequence numbers) would make an idempotent
   client renumber records whose outcome it did not know. A partition whose ISR shrank below it
-  while the produce waited, as this handler's metadata has it when the wait ends (a view no
-  older than the leader's state at the append), gets NOT_ENOUGH_REPLICAS_AFTER_APPEND (the
-  records are stored, but not acknowledged).
+  while the produce waited gets NOT_ENOUGH_REPLICAS_AFTER_APPEND (the records are stored, but
+  not acknowledged), judged as Kafka judges it when the wait for a partition is satisfied: by
+  the ISR the leader had when its high watermark passed the records, which it reports with the
+  high watermark (a shrink that leaves the leader alone moves its high watermark at once, so a
+  view of the ISR taken later, or elsewhere, could acknowledge records only the leader holds).
+  Without that report (a leader alone when it appended: it answered with its high watermark
+  already past them) this handler's metadata decides, if it is no older than the leader's
+  state at the append.
 """
 
 from __future__ import annotations
@@ -172,6 +177,8 @@ class _Slot:
     unverified: int = 0
     # The last append failed after it may have happened.
     outcome_unknown: bool = False
+    # The leader's ISR when its high watermark passed the records (acks=-1; None: not known).
+    isr_at_commit: Sequence[int] | None = None
 
 
 def _idempotent(records: bytes | memoryview) -> bool:
@@ -349,27 +356,28 @@ class ProduceApi:
                     slot.response = _unverified(slot.index, error, context)
 
     def _check_insync_after_append(self, slots: list[_Slot]) -> None:
-        """Kafka's check when a DelayedProduce completes: the ISR must still satisfy
-        min.insync.replicas, or the write is not acknowledged. This handler's metadata counts
-        only when it is not older than the leader's state at the append (its version at least
-        the partition epoch the leader answered with): an older view knows less of the ISR
-        than the leader's own check did."""
+        """Kafka's check when a DelayedProduce's partition is satisfied: the ISR must still
+        satisfy min.insync.replicas, or the write is not acknowledged. The ISR is the one the
+        leader reported with the high watermark that satisfied the wait; without one, this
+        handler's metadata, only when it is not older than the leader's state at the append
+        (its version at least the partition epoch the leader answered with): an older view
+        knows less of the ISR than the leader's own check did."""
         metadata = self._cache.snapshot
-        if metadata is None:
-            return
         for slot in slots:
             if slot.response is not None:
                 continue
-            topic = metadata.topic(slot.name)
-            partition = topic.partitions.get(slot.index) if topic is not None else None
-            if topic is None or partition is None:
-                continue
-            assert slot.appended is not None
-            if metadata.version < slot.appended.partition_epoch:
-                continue
-            required = _min_insync_replicas(topic)
-            if len(partition.isr) < required:
-                refused = NotEnoughReplicasError(partition.isr, required, slot.name, slot.index,
+            isr, required = slot.isr_at_commit, slot.min_insync
+            if not isr:
+                topic = metadata.topic(slot.name) if metadata is not None else None
+                partition = topic.partitions.get(slot.index) if topic is not None else None
+                if metadata is None or topic is None or partition is None:
+                    continue
+                assert slot.appended is not None
+                if metadata.version < slot.appended.partition_epoch:
+                    continue
+                isr, required = partition.isr, _min_insync_replicas(topic)
+            if len(isr) < required:
+                refused = NotEnoughReplicasError(isr, required, slot.name, slot.index,
                                                  ErrorCode.not_enough_replicas_after_append)
                 slot.response = _failed(slot.index, refused.errno, refused.message)
 
@@ -401,6 +409,8 @@ class ProduceApi:
                 slot.response = _failed(slot.index, state.error_code)
             elif state is None or state.position < thresholds[key]:
                 slot.response = _failed(slot.index, ErrorCode.request_timed_out.value)
+            elif state.isr:
+                slot.isr_at_commit = tuple(state.isr)
 
 
 def _min_insync_replicas(topic: TopicInfo) -> int:
