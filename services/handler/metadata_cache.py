@@ -35,6 +35,8 @@ from .topic_identity import canonical_topic_id
 log = logging.getLogger(__name__)
 
 NO_NODE = -1
+# A topic's min.insync.replicas when it sets none (Kafka's default).
+DEFAULT_MIN_INSYNC_REPLICAS = 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,6 +73,15 @@ class TopicInfo:
     internal: bool = False
     configs: Mapping[str, str] = field(default_factory=dict)
     partitions: Mapping[int, PartitionInfo] = field(default_factory=dict)
+
+    @property
+    def min_insync_replicas(self) -> int:
+        """The topic's min.insync.replicas: the ISR an acks=all write needs (1 when unset or
+        unreadable)."""
+        try:
+            return int(self.configs.get("min.insync.replicas", DEFAULT_MIN_INSYNC_REPLICAS))
+        except ValueError:
+            return DEFAULT_MIN_INSYNC_REPLICAS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -333,9 +333,12 @@ class MemoryLog:
     the network. ``lagging``: appends are not replicated at once (the high watermark stays
     behind), on every partition or on those in ``lagging_partitions``.
     ``marker_errors[(topic, partition)]``: the error markers there get (and nothing is
-    written); ``marker_calls_fail``: every WriteTxnMarkers call raises it."""
+    written); ``marker_calls_fail``: every WriteTxnMarkers call raises it. ``isr[(topic,
+    partition)]``: the leader's ISR an append's min_insync_replicas is checked against (the
+    leader alone when not given)."""
 
     def __init__(self) -> None:
+        self.isr: dict[tuple[str, int], tuple[int, ...]] = {}
         self.batches: dict[tuple[str, int], list[tuple[int, int, bytes]]] = defaultdict(list)
         self.ends: dict[tuple[str, int], int] = defaultdict(int)
         self.lagging = False
@@ -375,6 +378,12 @@ class MemoryLog:
             return log_pb2.AppendResponse(results=[log_pb2.PartitionAppendResult(
                 topic=append.topic, partition=append.partition,
                 error_code=ErrorCode.invalid_update_version.value)])
+        isr = self.isr.get(where, (0,))
+        if append.min_insync_replicas > len(isr):
+            refused = NotEnoughReplicasError(isr, append.min_insync_replicas, *where)
+            return log_pb2.AppendResponse(results=[log_pb2.PartitionAppendResult(
+                topic=append.topic, partition=append.partition, error_code=refused.errno,
+                error_message=refused.message)])
         return log_pb2.AppendResponse(results=[self._result(where, *self._store(
             where, append.records))])
 
@@ -432,13 +441,14 @@ class MemoryLog:
 
 class MemoryPurgatory:
     """Waits on positions, timers by key and an expiry stream, in memory. Produce waits (for
-    replication) complete at once unless ``replicated`` is False; ``expire(key)`` makes a
-    timer run out."""
+    replication) complete at once unless ``replicated`` is False, answered with the leader's
+    ISR ``isr`` (empty: not reported); ``expire(key)`` makes a timer run out."""
 
     def __init__(self) -> None:
         self.positions: dict[str, int] = {}
         self.changed = asyncio.Condition()
         self.replicated = True
+        self.isr: tuple[int, ...] = ()
         self.produce_waits: list[dict[str, int]] = []
         self.armed_timers: dict[str, int] = {}
         self.expired: asyncio.Queue[str] = asyncio.Queue()
@@ -448,7 +458,8 @@ class MemoryPurgatory:
                    timeout_ms: int) -> purgatory_pb2.AwaitResponse:
         if kind == purgatory_pb2.OPERATION_KIND_PRODUCE:
             self.produce_waits.append(dict(thresholds))
-            return wait_result(self.replicated, thresholds if self.replicated else None)
+            return wait_result(self.replicated, thresholds if self.replicated else None,
+                               isr=self.isr)
 
         def reached() -> bool:
             return any(self.positions.get(k, -1) >= t for k, t in thresholds.items())

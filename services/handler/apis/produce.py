@@ -109,7 +109,6 @@ from ..metadata_cache import (
     LogNode,
     MetadataCache,
     MetadataUnavailableError,
-    TopicInfo,
 )
 from ..metrics import parked
 from ..request_context import RequestContext
@@ -121,7 +120,6 @@ log = logging.getLogger(__name__)
 
 VALID_ACKS = (0, 1, -1)
 ACKS_ALL = -1
-DEFAULT_MIN_INSYNC_REPLICAS = 1
 # An append is a local disk write; a leader that takes longer than this is in trouble.
 APPEND_TIMEOUT_S = 30.0
 INVALID_TXN_STATE = ErrorCode.invalid_txn_state.value
@@ -259,7 +257,7 @@ class ProduceApi:
                     slot.response = _failed(p.index, code, exc.message)
                     continue
                 if request.acks == ACKS_ALL:
-                    slot.min_insync = _min_insync_replicas(route.topic)
+                    slot.min_insync = route.topic.min_insync_replicas
                 slot.route, slot.records = route, batches if batches is not None else b""
                 routed.append(slot)
             slots.append(row)
@@ -375,7 +373,7 @@ class ProduceApi:
                 assert slot.appended is not None
                 if metadata.version < slot.appended.partition_epoch:
                     continue
-                isr, required = partition.isr, _min_insync_replicas(topic)
+                isr, required = partition.isr, topic.min_insync_replicas
             if len(isr) < required:
                 refused = NotEnoughReplicasError(isr, required, slot.name, slot.index,
                                                  ErrorCode.not_enough_replicas_after_append)
@@ -411,14 +409,6 @@ class ProduceApi:
                 slot.response = _failed(slot.index, ErrorCode.request_timed_out.value)
             elif state.isr:
                 slot.isr_at_commit = tuple(state.isr)
-
-
-def _min_insync_replicas(topic: TopicInfo) -> int:
-    """The topic's min.insync.replicas (1 when unset or unreadable)."""
-    try:
-        return int(topic.configs.get("min.insync.replicas", DEFAULT_MIN_INSYNC_REPLICAS))
-    except ValueError:
-        return DEFAULT_MIN_INSYNC_REPLICAS
 
 
 def _success(slot: _Slot) -> PartitionResponse:

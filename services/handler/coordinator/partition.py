@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from kbroker.log.v1 import log_pb2
-from services.common.errors import ErrorCode
+from services.common.errors import ErrorCode, error_name
 from services.common.records.control_records import (
     ControlRecordType,
     read_end_transaction_marker,
@@ -199,6 +199,8 @@ class CoordinatorPartition(Generic[S]):
         self._transactional = isinstance(self.state, TransactionalCoordinatorState)
         self.end = 0
         self.lock = asyncio.Lock()
+        # The topic's min.insync.replicas, as the runtime last found it: what an append needs.
+        self.min_insync_replicas = 1
         self._leader: Leader | None = None
         self.loaded = False
 
@@ -285,11 +287,14 @@ class CoordinatorPartition(Generic[S]):
                                       offset=offset, max_bytes=READ_CHUNK_BYTES)]), "reading")
 
     async def append(self, leader: Leader, records: Records | TransactionalRecords,
-                     timestamp: int) -> log_pb2.PartitionAppendResult | None:
+                     timestamp: int, min_insync_replicas: int = 0,
+                     ) -> log_pb2.PartitionAppendResult | None:
         """Append ``records`` as one batch if nothing was appended since the state was read;
         on success replay them into the state and return the append's result, on a conflict
         return None. Raises CoordinatorError (for transactional records, with the producer's
-        error when the log node refuses the producer: a fenced epoch, say)."""
+        error when the log node refuses the producer: a fenced epoch, say; a leader whose ISR
+        is smaller than ``min_insync_replicas`` refuses the append, NOT_ENOUGH_REPLICAS, which
+        coordinators answer COORDINATOR_NOT_AVAILABLE as Kafka's do)."""
         expected = self.end
         if isinstance(records, TransactionalRecords):
             entries, producer_id = records.records, records.producer_id
@@ -300,11 +305,13 @@ class CoordinatorPartition(Generic[S]):
         result = await self._call(self._log_nodes.append, leader.node, log_pb2.AppendRequest(
             partitions=[log_pb2.PartitionAppend(
                 topic=self.topic, partition=self.partition, expected_log_end_offset=expected,
-                records=batch)]), "appending to")
+                min_insync_replicas=min_insync_replicas, records=batch)]), "appending to")
         if result.error_code == CONFLICT:
             return None
         if result.error_code:
-            message = f"appending to {self.topic}-{self.partition}: error {result.error_code}"
+            message = (f"appending to {self.topic}-{self.partition}: "
+                       f"{error_name(result.error_code)}"
+                       + (f": {result.error_message}" if result.error_message else ""))
             if producer_id != NO_PRODUCER_ID and result.error_code in PRODUCER_ERRORS:
                 raise CoordinatorError(result.error_code, message)
             raise leader_error(result.error_code, message)

@@ -48,6 +48,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from kbroker.purgatory.v1 import purgatory_pb2
+from services.common.errors import ErrorCode, NotEnoughReplicasError
 
 from ..collaborators import CallError, LogNodes, Purgatory
 from ..metadata_cache import Backoff, ClusterMetadata, TopicInfo
@@ -131,6 +132,7 @@ class CoordinatorRuntime(Generic[S]):
         if store is None:
             store = self._partitions[(topic.topic_id, partition)] = CoordinatorPartition(
                 topic.name, partition, self._log_nodes, self._new_state)
+        store.min_insync_replicas = topic.min_insync_replicas  # as the topic has it now
         return store, Leader(node=node, epoch=info.leader_epoch)
 
     async def _refresh(self, store: CoordinatorPartition[S], leader: Leader) -> S:
@@ -205,13 +207,15 @@ class CoordinatorRuntime(Generic[S]):
                             read_first = True
                             continue
                     return result, store.end
-                appended = await store.append(leader, records, now)
+                required = store.min_insync_replicas
+                appended = await store.append(leader, records, now, required)
                 end = store.end
             if appended is not None:
                 self._count("appended")
                 if appended.high_watermark < appended.log_end_offset:
                     await self._await_replicated(store, appended.log_end_offset,
-                                                 appended.leader_epoch, appended.topic_id)
+                                                 appended.leader_epoch, appended.topic_id,
+                                                 required)
                 return result, end
             read_first = True
             if cached:
@@ -228,10 +232,12 @@ class CoordinatorRuntime(Generic[S]):
             self._writes.labels(outcome).inc()
 
     async def _await_replicated(self, store: CoordinatorPartition[S], end: int,
-                                leader_epoch: int, topic_id: str) -> None:
+                                leader_epoch: int, topic_id: str, required: int) -> None:
         """Wait until the partition's high watermark reaches ``end``, as an acks=all produce
-        does (:func:`~..routing.replication_key`). Without a purgatory the write stands as the
-        leader has it."""
+        does (:func:`~..routing.replication_key`), with the leader's ISR then at least
+        ``required`` (min.insync.replicas; Kafka's coordinators answer a write that fell short
+        COORDINATOR_NOT_AVAILABLE, as one not replicated in time). Without a purgatory the write
+        stands as the leader has it."""
         key = replication_key(store.topic, store.partition, leader_epoch, topic_id)
         timeout_ms = COMMIT_TIMEOUT_MS
         try:
@@ -248,6 +254,11 @@ class CoordinatorRuntime(Generic[S]):
         if outcome.outcome != purgatory_pb2.OUTCOME_COMPLETED:
             raise CoordinatorError(COORDINATOR_NOT_AVAILABLE,
                                    f"{key}: not replicated within {timeout_ms} ms")
+        for state in outcome.keys:
+            if state.key == key and state.isr and len(state.isr) < required:
+                raise CoordinatorError(COORDINATOR_NOT_AVAILABLE, NotEnoughReplicasError(
+                    state.isr, required, store.topic, store.partition,
+                    ErrorCode.not_enough_replicas_after_append).message)
 
     # -- waits --------------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -77,9 +78,10 @@ class Writes:
         self.counts[self._outcome] += 1
 
 
-def runtime(log: Log, purgatory: Purgatory,
-            writes: Writes | None = None) -> CoordinatorRuntime[Counters]:
-    metadata = cluster(topic(TOPIC.name, 2, topic_id="0123456789abcdef"))
+def runtime(log: Log, purgatory: Purgatory, writes: Writes | None = None,
+            configs: dict[str, str] | None = None) -> CoordinatorRuntime[Counters]:
+    info = topic(TOPIC.name, 2, topic_id="0123456789abcdef")
+    metadata = cluster(replace(info, configs=configs or {}))
     return CoordinatorRuntime(
         Placement(TOPIC, cache_of(metadata), FakeController(metadata)), log,  # type: ignore[arg-type]
         purgatory, Counters, kind="counter", timers_of=timers_of, writes=writes)
@@ -202,6 +204,41 @@ def test_a_write_answers_only_once_replicated() -> None:
         with pytest.raises(CoordinatorError) as failed:
             await counters.update("a", increment("a"))
         assert failed.value.code == COORDINATOR_NOT_AVAILABLE
+
+    asyncio.run(main())
+
+
+def test_a_write_needs_the_topics_min_insync_replicas_as_the_leader_has_its_isr() -> None:
+    """An operator's min.insync.replicas on the internal topic holds for the coordinator's
+    writes, as Kafka's coordinators append with acks=all: refused by a leader with a smaller
+    ISR (nothing stored), or stored but not answered when the ISR shrank below it as the high
+    watermark passed; both COORDINATOR_NOT_AVAILABLE, which clients retry."""
+
+    async def main() -> None:
+        log, purgatory = Log(), Purgatory()
+        counters = runtime(log, purgatory, configs={"min.insync.replicas": "2"})
+        where = (TOPIC.name, partition_for("a", 2))
+        log.isr[where] = (0,)
+        with pytest.raises(CoordinatorError) as refused:
+            await counters.update("a", increment("a"))
+        assert refused.value.code == COORDINATOR_NOT_AVAILABLE
+        assert "min.isr requirement of 2" in str(refused.value)
+        assert log.batches[where] == []
+        log.isr[where], log.lagging, purgatory.isr = (0, 1), True, (0,)
+        with pytest.raises(CoordinatorError) as after:
+            await counters.update("a", increment("a"))
+        assert after.value.code == COORDINATOR_NOT_AVAILABLE
+        assert "ISR [0]" in str(after.value)
+        assert len(log.batches[where]) == 1  # stored: the next change counts it
+        purgatory.isr = (0, 1)
+        assert await counters.update("a", increment("a")) == (2, 2)
+        # Unset, the default of one asks nothing of the ISR.
+        plain_log, plain_purgatory = Log(), Purgatory()
+        plain = runtime(plain_log, plain_purgatory)
+        plain_log.isr[where], plain_log.lagging, plain_purgatory.isr = (0,), True, (0,)
+        assert await plain.update("a", increment("a")) == (1, 1)
+        await counters.close()
+        await plain.close()
 
     asyncio.run(main())
 
