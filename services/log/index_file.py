@@ -18,7 +18,8 @@ flushed or closed, as Kafka's memory-mapped indexes reach the disk when the page
 them back. A process killed meanwhile leaves a file whose entries are a prefix of the index:
 the segment is past the recovery point then (a flush writes every waiting entry before it
 forces the file), so start-up rebuilds its indexes from the batches
-(:meth:`~services.log.segment.LogSegment.recover`). Appending 3 KB batches, an entry every
+(:meth:`~services.log.segment.LogSegment.recover`). A failed log directory gets nothing more
+written, waiting entries included, when its logs close. Appending 3 KB batches, an entry every
 other batch, the write of each entry was a third of a log node's write system calls.
 """
 
@@ -155,12 +156,13 @@ class IndexFile(Generic[Entry]):
         self.write_waiting()
         os.fsync(self._fd)
 
-    def close(self) -> None:
-        """Write what waits and close the file; a write error is logged (the segment is past
-        the recovery point then, and start-up rebuilds the index)."""
+    def close(self, write_waiting: bool = True) -> None:
+        """Write what waits (unless told not to) and close the file; a write error is logged
+        (the segment is past the recovery point then, and start-up rebuilds the index)."""
         if self._fd >= 0:
             try:
-                self.write_waiting()
+                if write_waiting:
+                    self.write_waiting()
             except OSError as exc:
                 log.error("%s: %d index entries not written: %s", self.path,
                           len(self) - self._on_disk, exc)

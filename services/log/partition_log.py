@@ -1019,7 +1019,7 @@ class PartitionLog:
                 self.checkpoint_high_watermark()
         finally:
             for segment in self._segments:
-                segment.close()
+                segment.close(write_waiting=not self.log_dir.offline)
 
 
 def load_segments(

@@ -445,13 +445,15 @@ class LogSegment:
             raise
         FLUSH_SECONDS.observe(time.perf_counter() - started)
 
-    def close(self) -> None:
+    def close(self, write_waiting: bool = True) -> None:
+        """Close the files; ``write_waiting`` False leaves index entries not yet written
+        unwritten (a failed log directory gets no more writes: start-up rebuilds them)."""
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-        self.index.close()
-        self.time_index.close()
-        self.txn_index.close()
+        self.index.close(write_waiting)
+        self.time_index.close(write_waiting)
+        self.txn_index.close(write_waiting)
 
     def delete(self) -> None:
         self.close()

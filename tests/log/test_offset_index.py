@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import subprocess
 import sys
@@ -16,6 +17,8 @@ from services.common.records.record_batch import iter_batches
 from services.log.offset_index import ENTRY_SIZE, IndexEntry, OffsetIndex
 from services.log.partition_log import LOG_END, PartitionLog
 from services.log.topic_config import TopicConfig
+
+from ..record_batches import build_batch, values
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -202,5 +205,25 @@ os._exit(0)
         assert index_path.stat().st_size == 9 * ENTRY_SIZE  # recovery flushed it
         first = next(iter_batches(reopened.read(11, 1 << 20, LOG_END)))
         assert (first.header.base_offset, first.header.last_offset) == (10, 11)
+    finally:
+        reopened.close()
+
+
+def test_a_failed_log_directory_gets_no_index_entries_written_when_its_logs_close(
+        tmp_path: Path) -> None:
+    """Nothing more is written to a failed log directory, the index entries still waiting
+    included: start-up rebuilds them (the segment is past the recovery point)."""
+    partition_log = PartitionLog(tmp_path / "t-0", "t", 0, "",
+                                 TopicConfig(index_interval_bytes=0))
+    for _ in range(3):
+        asyncio.run(partition_log.append(build_batch(values(2))))
+    index_path = partition_log.segments[-1].index.path
+    assert len(partition_log.segments[-1].index) == 2 and index_path.stat().st_size == 0
+    partition_log.log_dir.fail(OSError(5, "Input/output error"), "a test")
+    partition_log.close()
+    assert index_path.stat().st_size == 0
+    reopened = PartitionLog(tmp_path / "t-0", "t", 0, "", TopicConfig(index_interval_bytes=0))
+    try:
+        assert [e.offset for e in reopened.segments[-1].index.entries()] == [3, 5]
     finally:
         reopened.close()
