@@ -156,12 +156,13 @@ class IndexFile(Generic[Entry]):
         self.write_waiting()
         os.fsync(self._fd)
 
-    def close(self, write_waiting: bool = True) -> None:
-        """Write what waits (unless told not to) and close the file; a write error is logged
-        (the segment is past the recovery point then, and start-up rebuilds the index)."""
+    def close(self, write: bool = True) -> None:
+        """Write what waits (unless ``write`` is False) and close the file; a write error is
+        logged (the segment is past the recovery point then, and start-up rebuilds the
+        index)."""
         if self._fd >= 0:
             try:
-                if write_waiting:
+                if write:
                     self.write_waiting()
             except OSError as exc:
                 log.error("%s: %d index entries not written: %s", self.path,

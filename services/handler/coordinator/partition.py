@@ -287,14 +287,13 @@ class CoordinatorPartition(Generic[S]):
                                       offset=offset, max_bytes=READ_CHUNK_BYTES)]), "reading")
 
     async def append(self, leader: Leader, records: Records | TransactionalRecords,
-                     timestamp: int, min_insync_replicas: int = 0,
-                     ) -> log_pb2.PartitionAppendResult | None:
+                     timestamp: int) -> log_pb2.PartitionAppendResult | None:
         """Append ``records`` as one batch if nothing was appended since the state was read;
         on success replay them into the state and return the append's result, on a conflict
         return None. Raises CoordinatorError (for transactional records, with the producer's
         error when the log node refuses the producer: a fenced epoch, say; a leader whose ISR
-        is smaller than ``min_insync_replicas`` refuses the append, NOT_ENOUGH_REPLICAS, which
-        coordinators answer COORDINATOR_NOT_AVAILABLE as Kafka's do)."""
+        is smaller than :attr:`min_insync_replicas` refuses the append, NOT_ENOUGH_REPLICAS,
+        which coordinators answer COORDINATOR_NOT_AVAILABLE as Kafka's do)."""
         expected = self.end
         if isinstance(records, TransactionalRecords):
             entries, producer_id = records.records, records.producer_id
@@ -305,7 +304,8 @@ class CoordinatorPartition(Generic[S]):
         result = await self._call(self._log_nodes.append, leader.node, log_pb2.AppendRequest(
             partitions=[log_pb2.PartitionAppend(
                 topic=self.topic, partition=self.partition, expected_log_end_offset=expected,
-                min_insync_replicas=min_insync_replicas, records=batch)]), "appending to")
+                min_insync_replicas=self.min_insync_replicas, records=batch)]),
+            "appending to")
         if result.error_code == CONFLICT:
             return None
         if result.error_code:

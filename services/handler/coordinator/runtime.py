@@ -207,8 +207,8 @@ class CoordinatorRuntime(Generic[S]):
                             read_first = True
                             continue
                     return result, store.end
-                required = store.min_insync_replicas
-                appended = await store.append(leader, records, now, required)
+                required = store.min_insync_replicas  # what the append was checked against
+                appended = await store.append(leader, records, now)
                 end = store.end
             if appended is not None:
                 self._count("appended")
