@@ -42,12 +42,14 @@ from .handler_pool import HandlerCallError, HandlerPool, Metadata
 from .metrics import (
     HANDLER_FAILURES,
     METRICS_ENABLED,
+    PRODUCE_RESENDS,
     QUOTA_BYTES,
     QUOTA_THROTTLE_SECONDS,
     ApiMetrics,
     count_fetched_bytes,
     produce_outcome,
 )
+from .produce_resend import ProduceResend
 from .quotas import Charge, ClientQuotas, ClientSensors
 from .session import ClientSession
 from .tagged_fields import tolerant_reader
@@ -289,6 +291,7 @@ class Dispatcher:
         quotas = self.quotas
         sensors = quotas.sensors(session.user, request.client_id) if quotas.enabled else None
         fetch_context = None
+        resend: ProduceResend | None = None
         if api.key == FETCH_KEY:
             # The handler gets a full, sessionless fetch (or none, after a session error).
             fetch_context = self.fetch_sessions.open(request.version, message)  # type: ignore[arg-type]
@@ -301,9 +304,13 @@ class Dispatcher:
         else:
             called = time.perf_counter()
             outgoing: Message | Detached = message
+            retry_safe: bool | ProduceResend = api.retry_safe
             if schema.request_batches is not None:
                 outgoing = Detached(message, schema.request_batches, converter.batches_of(
                     request.body, schema.request_batches.names))
+                if api.key == PRODUCE_KEY:
+                    resend = retry_safe = ProduceResend(request.body,
+                                                        schema.request_batches.names)
             # An answer's record batches may stay beside it unless something here reshapes
             # the answer around them (an incremental fetch session, quotas).
             apart = schema.response_batches if sensors is None and (
@@ -312,7 +319,7 @@ class Dispatcher:
                 response, remote = await self._pool.call(
                     api.rpc, outgoing,
                     metadata=self._metadata(request.client_id, request.version, session),
-                    time_limit=_deadline_seconds(api.key, message), retry_safe=api.retry_safe,
+                    time_limit=_deadline_seconds(api.key, message), retry_safe=retry_safe,
                     response_batches=apart, affinity=self.affinity.of(api.key, message))
                 # Bounded by the call it is part of (the handler's clock is not ours).
                 request.remote_seconds = min(remote, time.perf_counter() - called)
@@ -335,6 +342,14 @@ class Dispatcher:
             commit(message_of)  # type: ignore[arg-type]
         if api.key == PRODUCE_KEY:
             codes = produce_outcome(request.body, message_of)  # acks=0 needs them too
+            if resend is not None and resend.resent:
+                PRODUCE_RESENDS.labels("closed" if codes else "answered").inc()
+                if codes:  # where it failed, the first copy may still land later
+                    raise UnanswerableRequestError(
+                        f"Produce v{request.version} from {request.client_id}: resent after "
+                        f"a handler failed mid-request, it failed on a partition "
+                        f"({sorted(codes)}) whose first append may still land; closing the "
+                        "connection", kind="produce_outcome_unknown")
         elif METRICS_ENABLED:
             codes = set(error_codes(message_of))
         else:
@@ -452,7 +467,8 @@ class Dispatcher:
         api = request.api
         HANDLER_FAILURES.labels(api.name, error.status.name).inc()
         if api.key == PRODUCE_KEY and error.reached and error.availability:
-            # Its append may still arrive: no answer may let a later request overtake it.
+            # Its append may still arrive: no answer may let a later request overtake it
+            # (an idempotent one was resent to every other handler first: produce_resend).
             raise UnanswerableRequestError(
                 f"Produce v{request.version} from {request.client_id}: the outcome is unknown "
                 f"({error}); closing the connection", kind="produce_outcome_unknown")

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import grpc
 from google.protobuf import message_factory
@@ -273,15 +273,16 @@ class HandlerPool:
         return handlers[start] if fallback is None else fallback
 
     async def call(self, rpc: str, request: Message | Detached, *, metadata: Metadata,
-                   time_limit: float, retry_safe: bool,
+                   time_limit: float, retry_safe: bool | Callable[[], bool],
                    response_batches: PayloadPath | None = None, affinity: str | None = None,
                    ) -> tuple[Message | Detached, float]:
         """Send ``request`` (a message, or one with its record batches beside it) to the
         handler RPC ``rpc`` (the handler ``affinity`` ranks first, if given: see
-        :meth:`_pick`); the whole call, retries included, ends
-        within ``time_limit`` seconds. Returns the response and the seconds the answering
-        handler reports the request spent parked in the purgatory (0 if none). Raises
-        :class:`HandlerCallError` when no answer came."""
+        :meth:`_pick`); the whole call, retries included, ends within ``time_limit``
+        seconds. A request that failed mid-request goes to another handler if ``retry_safe``
+        is true, or returns true when called (it is asked only then). Returns the response and
+        the seconds the answering handler reports the request spent parked in the purgatory
+        (0 if none). Raises :class:`HandlerCallError` when no answer came."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + time_limit
         tried: set[str] = set()
@@ -308,7 +309,7 @@ class HandlerPool:
                 if mid_request:
                     log.warning("%s: handler %s failed mid-request (attempt %d): %s", rpc,
                                 handler.address, attempt + 1, e.details)
-                    if retry_safe:
+                    if retry_safe if isinstance(retry_safe, bool) else retry_safe():
                         continue
                 raise HandlerCallError(
                     rpc, e.code, e.details, reached=True,

@@ -103,6 +103,11 @@ ERROR_RESPONSES = LoopCounter(
 HANDLER_FAILURES = LoopCounter(
     "kbroker_frontend_handler_failures_total",
     "Requests no handler answered, by API and gRPC status.", ["api", "status"])
+PRODUCE_RESENDS = LoopCounter(
+    "kbroker_frontend_produce_resends_total",
+    "Idempotent Produce requests sent again to another handler after one failed "
+    "mid-request, by outcome: answered (stored on every partition), or closed (a partition "
+    "failed on the resend, so the connection closed).", ["outcome"])
 
 
 # Client quotas (:mod:`.quotas`), by quota type (produce, fetch, request): Kafka keeps these per

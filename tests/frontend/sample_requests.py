@@ -9,6 +9,8 @@ from kio.schema.metadata.v12.request import MetadataRequest as MetadataRequestV1
 from kio.schema.metadata.v12.request import MetadataRequestTopic
 from kio.schema.produce.v9 import request as produce_v9
 
+from services.common.records.record_batch import BatchHeader, pack_batch
+
 
 def metadata_v12(*topics: str) -> MetadataRequestV12:
     return MetadataRequestV12(
@@ -16,12 +18,25 @@ def metadata_v12(*topics: str) -> MetadataRequestV12:
         allow_auto_topic_creation=True, include_topic_authorized_operations=False)
 
 
-def produce_v9_request(acks: int = 1, partitions: int = 2) -> produce_v9.ProduceRequest:
+def produce_v9_request(acks: int = 1, partitions: int = 2,
+                       producer_id: int | None = None) -> produce_v9.ProduceRequest:
+    """A Produce to ``orders``: a few bytes per partition that the fake handler takes as
+    they are, or, with a ``producer_id``, one idempotent record batch per partition."""
     return produce_v9.ProduceRequest(
         transactional_id=None, acks=acks, timeout=datetime.timedelta(milliseconds=1500),
         topic_data=(produce_v9.TopicProduceData(name="orders", partition_data=tuple(
-            produce_v9.PartitionProduceData(index=i, records=b"batch-%d" % i)
+            produce_v9.PartitionProduceData(index=i, records=b"batch-%d" % i
+                                            if producer_id is None else idempotent_batch(
+                                                producer_id, sequence=10 * i))
             for i in range(partitions))),))
+
+
+def idempotent_batch(producer_id: int, sequence: int, records: int = 1) -> bytes:
+    """A record batch with a producer id and sequence numbers (its records' bytes are not
+    looked at here)."""
+    return pack_batch(BatchHeader(producer_id=producer_id, producer_epoch=0,
+                                  base_sequence=sequence, last_offset_delta=records - 1,
+                                  record_count=records), b"\x00" * 8 * records)
 
 
 def fetch_v12_request() -> fetch_v12.FetchRequest:

@@ -323,6 +323,52 @@ def test_handler_dying_mid_produce_closes_the_connection() -> None:
     asyncio.run(main())
 
 
+def test_an_idempotent_produce_whose_handler_died_is_resent_to_another_and_answered() -> None:
+    """Every batch has a producer id: the leader recognises a copy it already stored, so the
+    request is finished on another handler instead of leaving the client an unknown outcome."""
+    async def main() -> None:
+        first = FakeHandler("first", block=("Produce",))
+        second = FakeHandler("second")
+        async with frontend(first, second) as service:
+            wire = await KafkaWire.connect(service.kafka_port)
+            await wire.send(encode_request(produce_v9_request(partitions=3, producer_id=7), 9))
+            await wire.send(encode_request(produce_v9_request(partitions=1, producer_id=7), 10))
+            await asyncio.wait_for(first.entered.wait(), 5)
+            sent = first.called("Produce")[0]
+            await first.stop()
+            for correlation_id in (9, 10):
+                got, produced = await wire.read_response(ProduceResponseV9)
+                assert got == correlation_id
+                assert [p.error_code for p in produced.responses[0].partition_responses] == [
+                    ErrorCode.none] * (3 if correlation_id == 9 else 1)
+            resent = second.called("Produce")
+            assert len(resent) == 2
+            assert [p.records for p in resent[0].topic_data[0].partition_data] == [
+                p.records for p in sent.topic_data[0].partition_data]
+            await wire.close()
+
+    asyncio.run(main())
+
+
+def test_an_idempotent_produce_resent_and_refused_closes_the_connection() -> None:
+    """The first copy may still land after the refusal: an answer would let the client's next
+    produce for the partition overtake it."""
+    async def main() -> None:
+        first = FakeHandler("first", block=("Produce",))
+        second = FakeHandler("second")
+        second.produce_errors["orders"] = int(ErrorCode.not_leader_or_follower)
+        async with frontend(first, second) as service:
+            wire = await KafkaWire.connect(service.kafka_port)
+            await wire.send(encode_request(produce_v9_request(partitions=2, producer_id=7), 9))
+            await asyncio.wait_for(first.entered.wait(), 5)
+            await first.stop()
+            assert await wire.closed_by_peer()
+            assert len(second.called("Produce")) == 1
+            await wire.close()
+
+    asyncio.run(main())
+
+
 async def dead_address() -> str:
     """host:port that nothing listens on: bound once, then freed."""
     probe = FakeHandler()
