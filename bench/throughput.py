@@ -67,7 +67,7 @@ p = Producer({"bootstrap.servers": bootstrap, "acks": acks, "linger.ms": 5,
 errors = [0]
 def on_delivery(err, msg):
     if err: errors[0] += 1
-t0 = time.perf_counter()
+t0 = time.perf_counter(); cpu0 = time.process_time()
 for i in range(n):
     while True:
         try:
@@ -76,23 +76,25 @@ for i in range(n):
             p.poll(0.01)
     if i % 10000 == 0: p.poll(0)
 left = p.flush(300)
-t_produce = time.perf_counter() - t0
+t_produce = time.perf_counter() - t0; cpu_produce = time.process_time() - cpu0
 c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-nogroup",
               "enable.auto.commit": False, "fetch.max.bytes": 52428800,
               "max.partition.fetch.bytes": 10485760})
 c.assign([TopicPartition(topic, q, 0) for q in range(partitions)])
 got = nbytes = 0
-t1 = time.perf_counter(); deadline = t1 + 300
+t1 = time.perf_counter(); deadline = t1 + 300; cpu1 = time.process_time()
 while got < n and time.perf_counter() < deadline:
     for m in c.consume(10000, 1.0):
         if m.error(): continue
         got += 1; nbytes += len(m.value() or b"")
-t_consume = time.perf_counter() - t1
+t_consume = time.perf_counter() - t1; cpu_consume = time.process_time() - cpu1
 c.close()
 print(json.dumps({"produce_MBps": round(n * size / 1e6 / t_produce, 1),
                   "produce_msgps": round(n / t_produce), "delivery_errors": errors[0],
                   "unflushed": left, "consume_MBps": round(nbytes / 1e6 / t_consume, 1),
-                  "consumed": got, "expected": n}))
+                  "consumed": got, "expected": n,
+                  "client_cpu_s": {"produce": round(cpu_produce, 2),
+                                   "consume": round(cpu_consume, 2)}}))
 '''
 
 
@@ -125,8 +127,9 @@ def wait_port(port: int, timeout: float = 30) -> None:
 
 
 @contextlib.contextmanager
-def reference_broker(binary: Path | None = None) -> Iterator[str]:
-    """A reference broker (Tansu, in memory) on a free loopback port: its bootstrap address."""
+def reference_process(binary: Path | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A reference broker (Tansu, in memory) on a free loopback port: its bootstrap address
+    and its process."""
     port = free_port()
     ref = subprocess.Popen(
         [str(binary or reference_binary()), "broker",
@@ -136,10 +139,17 @@ def reference_broker(binary: Path | None = None) -> Iterator[str]:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_port(port)
-        yield f"127.0.0.1:{port}"
+        yield f"127.0.0.1:{port}", ref
     finally:
         ref.terminate()
         ref.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def reference_broker(binary: Path | None = None) -> Iterator[str]:
+    """A reference broker (Tansu, in memory) on a free loopback port: its bootstrap address."""
+    with reference_process(binary) as (bootstrap, _):
+        yield bootstrap
 
 
 @contextlib.contextmanager
