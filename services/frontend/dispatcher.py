@@ -324,7 +324,8 @@ class Dispatcher:
                 # Bounded by the call it is part of (the handler's clock is not ours).
                 request.remote_seconds = min(remote, time.perf_counter() - called)
             except HandlerCallError as e:
-                response = self._failure_response(request, message, e)
+                response = self._failure_response(request, message, e,
+                                                  resent=resend is not None and resend.resent)
         commit = None
         if fetch_context is not None:
             if isinstance(response, Detached):
@@ -462,13 +463,14 @@ class Dispatcher:
             count_fetched_bytes(message, entity)
         return out.finish()  # type: ignore[return-value]
 
-    def _failure_response(self, request: Request, message: Message,
-                          error: HandlerCallError) -> Message:
+    def _failure_response(self, request: Request, message: Message, error: HandlerCallError,
+                          resent: bool = False) -> Message:
         api = request.api
         HANDLER_FAILURES.labels(api.name, error.status.name).inc()
-        if api.key == PRODUCE_KEY and error.reached and error.availability:
+        if api.key == PRODUCE_KEY and error.reached and (error.availability or resent):
             # Its append may still arrive: no answer may let a later request overtake it
-            # (an idempotent one was resent to every other handler first: produce_resend).
+            # (an idempotent one was resent to the other handlers first, and a resend's
+            # failure says nothing of the first copy: produce_resend).
             raise UnanswerableRequestError(
                 f"Produce v{request.version} from {request.client_id}: the outcome is unknown "
                 f"({error}); closing the connection", kind="produce_outcome_unknown")

@@ -369,6 +369,25 @@ def test_an_idempotent_produce_resent_and_refused_closes_the_connection() -> Non
     asyncio.run(main())
 
 
+def test_an_idempotent_produce_resent_to_a_failing_handler_closes_the_connection() -> None:
+    """The resend's own failure (an error status, which alone would be answered
+    UNKNOWN_SERVER_ERROR) says nothing of the first copy: the outcome stays unknown."""
+    async def main() -> None:
+        first = FakeHandler("first", block=("Produce",))
+        second = FakeHandler("second")
+        second.errors["Produce"] = grpc.StatusCode.INTERNAL
+        async with frontend(first, second) as service:
+            wire = await KafkaWire.connect(service.kafka_port)
+            await wire.send(encode_request(produce_v9_request(partitions=2, producer_id=7), 9))
+            await asyncio.wait_for(first.entered.wait(), 5)
+            await first.stop()
+            assert await wire.closed_by_peer()
+            assert len(second.called("Produce")) == 1
+            await wire.close()
+
+    asyncio.run(main())
+
+
 async def dead_address() -> str:
     """host:port that nothing listens on: bound once, then freed."""
     probe = FakeHandler()
