@@ -350,32 +350,19 @@ def test_an_idempotent_produce_whose_handler_died_is_resent_to_another_and_answe
     asyncio.run(main())
 
 
-def test_an_idempotent_produce_resent_and_refused_closes_the_connection() -> None:
-    """The first copy may still land after the refusal: an answer would let the client's next
-    produce for the partition overtake it."""
+@pytest.mark.parametrize("resend_fails", ["refused", "error status"])
+def test_an_idempotent_produce_whose_resend_failed_closes_the_connection(
+        resend_fails: str) -> None:
+    """The first copy may still land after the resend failed (refused on a partition, or the
+    call failed with an error status, which alone is answered UNKNOWN_SERVER_ERROR): an answer
+    would let the client's next produce for the partition overtake it."""
     async def main() -> None:
         first = FakeHandler("first", block=("Produce",))
         second = FakeHandler("second")
-        second.produce_errors["orders"] = int(ErrorCode.not_leader_or_follower)
-        async with frontend(first, second) as service:
-            wire = await KafkaWire.connect(service.kafka_port)
-            await wire.send(encode_request(produce_v9_request(partitions=2, producer_id=7), 9))
-            await asyncio.wait_for(first.entered.wait(), 5)
-            await first.stop()
-            assert await wire.closed_by_peer()
-            assert len(second.called("Produce")) == 1
-            await wire.close()
-
-    asyncio.run(main())
-
-
-def test_an_idempotent_produce_resent_to_a_failing_handler_closes_the_connection() -> None:
-    """The resend's own failure (an error status, which alone would be answered
-    UNKNOWN_SERVER_ERROR) says nothing of the first copy: the outcome stays unknown."""
-    async def main() -> None:
-        first = FakeHandler("first", block=("Produce",))
-        second = FakeHandler("second")
-        second.errors["Produce"] = grpc.StatusCode.INTERNAL
+        if resend_fails == "refused":
+            second.produce_errors["orders"] = int(ErrorCode.not_leader_or_follower)
+        else:
+            second.errors["Produce"] = grpc.StatusCode.INTERNAL
         async with frontend(first, second) as service:
             wire = await KafkaWire.connect(service.kafka_port)
             await wire.send(encode_request(produce_v9_request(partitions=2, producer_id=7), 9))
