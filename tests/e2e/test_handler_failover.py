@@ -61,12 +61,14 @@ def test_an_idempotent_producers_requests_on_a_killed_handler_are_resent_not_cut
     assert process is not None
     process.send_signal(signal.SIGSTOP)
     try:
-        for m in messages[30:120]:
-            producer.produce(topic_name, value=m.value, key=m.key, partition=m.partition,
-                             headers=list(m.headers), timestamp=m.timestamp_ms,
-                             on_delivery=on_delivery)
-        # Long enough for the frontend to have handed the paused handler a request.
-        producer.poll(1.0)
+        # A few requests per connection (the frontend takes turns between the handlers),
+        # until each waits on the paused handler.
+        for start in (30, 60, 90):
+            for m in messages[start:start + 30]:
+                producer.produce(topic_name, value=m.value, key=m.key, partition=m.partition,
+                                 headers=list(m.headers), timestamp=m.timestamp_ms,
+                                 on_delivery=on_delivery)
+            producer.poll(0.4)
         time.sleep(0.5)
     finally:
         cluster.kill("handler-0")
