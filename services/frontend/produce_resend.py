@@ -10,8 +10,8 @@ duplicates), so such a Produce closes the client's connection.
 One kind of Produce can be finished instead: one whose every record batch is idempotent
 (magic 2, a producer id and a base sequence). The frontend sends it again to another handler.
 Each leader recognises a batch it already stored among the producer's last five and answers it
-with its original offsets, appends one it has not seen, and refuses a late copy of either (a
-duplicate, or a sequence already passed). When the resend succeeds on every partition, every
+with its original offsets, appends one it has not seen, and stores no late copy of either (it
+is a duplicate, or its sequence was passed). When the resend succeeds on every partition, every
 batch is stored exactly once, whichever copy got there first, and the answer is the one the
 client would have had. When any partition of the resend fails, its first copy may still land
 later, so the connection closes as before.
