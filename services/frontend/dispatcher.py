@@ -471,6 +471,8 @@ class Dispatcher:
             # Its append may still arrive: no answer may let a later request overtake it
             # (an idempotent one was resent to the other handlers first, and a resend's
             # failure says nothing of the first copy: produce_resend).
+            if resent:
+                PRODUCE_RESENDS.labels("closed").inc()
             raise UnanswerableRequestError(
                 f"Produce v{request.version} from {request.client_id}: the outcome is unknown "
                 f"({error}); closing the connection", kind="produce_outcome_unknown")

@@ -106,8 +106,8 @@ HANDLER_FAILURES = LoopCounter(
 PRODUCE_RESENDS = LoopCounter(
     "kbroker_frontend_produce_resends_total",
     "Idempotent Produce requests sent again to another handler after one failed "
-    "mid-request, by outcome: answered (stored on every partition), or closed (a partition "
-    "failed on the resend, so the connection closed).", ["outcome"])
+    "mid-request, by outcome: answered (stored on every partition), or closed (the resend "
+    "failed, on a partition or as a whole, so the connection closed).", ["outcome"])
 
 
 # Client quotas (:mod:`.quotas`), by quota type (produce, fetch, request): Kafka keeps these per

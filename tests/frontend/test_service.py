@@ -345,8 +345,10 @@ def test_an_idempotent_produce_whose_handler_died_is_resent_to_another_and_answe
             assert len(resent) == 2
             assert [p.records for p in resent[0].topic_data[0].partition_data] == [
                 p.records for p in sent.topic_data[0].partition_data]
+            assert resends("answered") == answered_before + 1
             await wire.close()
 
+    answered_before = resends("answered")
     asyncio.run(main())
 
 
@@ -370,9 +372,16 @@ def test_an_idempotent_produce_whose_resend_failed_closes_the_connection(
             await first.stop()
             assert await wire.closed_by_peer()
             assert len(second.called("Produce")) == 1
+            assert resends("closed") == closed_before + 1
             await wire.close()
 
+    closed_before = resends("closed")
     asyncio.run(main())
+
+
+def resends(outcome: str) -> float:
+    return REGISTRY.get_sample_value("kbroker_frontend_produce_resends_total",
+                                     {"outcome": outcome}) or 0.0
 
 
 async def dead_address() -> str:
