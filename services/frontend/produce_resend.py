@@ -19,16 +19,9 @@ later, so the connection closes as before.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
-from services.common.records.record_batch import (
-    HEADER_SIZE,
-    LOG_OVERHEAD,
-    MAGIC,
-    MIN_BATCH_LENGTH,
-    read_header,
-)
+from services.common.records.record_batch import MAGIC, iter_batches
 
 from . import converter
 
@@ -37,20 +30,12 @@ def all_idempotent(records: bytes | memoryview | None) -> bool:
     """Whether ``records`` (one partition's record batches, as a client sent them) is whole
     and every batch in it carries a producer id and sequence numbers. Reads the 61-byte header
     of each batch, nothing else."""
-    if not records:
-        return False
-    view = memoryview(records)
-    position, size = 0, len(view)
-    while position < size:
-        if size - position < HEADER_SIZE:
+    end = 0
+    for position, header in iter_batches(records or b""):
+        if header.magic != MAGIC or header.producer_id < 0 or header.base_sequence < 0:
             return False
-        header = read_header(view, position)
-        if header.magic != MAGIC or header.batch_length < MIN_BATCH_LENGTH:
-            return False
-        if header.producer_id < 0 or header.base_sequence < 0:
-            return False
-        position += LOG_OVERHEAD + header.batch_length
-    return position == size
+        end = position + header.size
+    return 0 < end == len(records or b"")
 
 
 class ProduceResend:
@@ -67,6 +52,5 @@ class ProduceResend:
         self.resent = False
 
     def __call__(self) -> bool:
-        batches: Iterable[Any] = converter.batches_of(self._body, self._names)
-        self.resent = all(all_idempotent(records) for records in batches)
+        self.resent = all(map(all_idempotent, converter.batches_of(self._body, self._names)))
         return self.resent
