@@ -7,7 +7,8 @@ all per GB, in one run: the floor under kbroker's produce and fetch throughput o
 Two measurements, one after the other:
 
 - one hop: a process writes SIZE-byte messages on a gRPC stream (grpc.aio on uvloop, the
-  services' channel and server options from ``services/common/channels.py``) to a server in
+  services' channel and server options from ``services/common/channels.py`` and their TCP
+  transport from ``services/common/grpc_transport.py``) to a server in
   another process, which answers each with two bytes, one message at a time, as a produce
   request crosses frontend -> handler and handler -> log node (a fetch answer the other way).
   Each side's user and system CPU per MB moved (``getrusage``: every thread, gRPC's included).
@@ -41,6 +42,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+# The services' TCP transport, chosen before anything loads grpc.
+import services.common.grpc_transport  # noqa: E402,F401
+
+# isort: split
 from fetch_sessions import cpu_seconds  # noqa: E402
 from throughput import WORKLOAD, reference_binary, reference_process  # noqa: E402
 

@@ -1,5 +1,6 @@
 """``python -m services.handler [--flags]``: run one handler until SIGTERM/SIGINT."""
 
+import services.common.grpc_transport  # noqa: F401 - before grpc loads
 from services.common.runtime import serve_main
 
 from .config import HandlerConfig

@@ -9,6 +9,7 @@ at a newer controller epoch) stops acting at once and exits with status 1.
 import asyncio
 import sys
 
+import services.common.grpc_transport  # noqa: F401 - before grpc loads
 from services.common.config import load
 from services.common.metrics import serve_prometheus
 from services.common.runtime import run
