@@ -14,9 +14,10 @@ library adds its own latency), N of each, one in flight:
   and for acks=-1 with followers the replica fetches and the purgatory besides.
 
 The floor: a grpc.aio stream echoing 100-byte messages between two processes on uvloop (a
-write and a read on each side, as one hop has). The reference is a single broker keeping its
-records in memory: its acks=-1 waits for no replica. Prints one JSON line per broker and one
-for the floor, p50 and p99 in ms.
+write and a read on each side, as one hop has), on the services' TCP transport
+(``services/common/grpc_transport.py``; ``GRPC_EXPERIMENTS=`` for gRPC's default one). The
+reference is a single broker keeping its records in memory: its acks=-1 waits for no replica.
+Prints one JSON line per broker and one for the floor, p50 and p99 in ms.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+# The services' TCP transport for the floor's processes, chosen before anything loads grpc.
+import services.common.grpc_transport  # noqa: E402,F401
+
+# isort: split
 from kio.schema.api_versions.v2.request import ApiVersionsRequest  # noqa: E402
 from kio.schema.metadata.v1.request import MetadataRequest, MetadataRequestTopic  # noqa: E402
 from scale_client import Connection, frame, leaders, percentiles, produce_request  # noqa: E402
