@@ -35,14 +35,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-# The services' TCP transport for the floor's processes, chosen before anything loads grpc.
-import services.common.grpc_transport  # noqa: E402,F401
-
-# isort: split
 from kio.schema.api_versions.v2.request import ApiVersionsRequest  # noqa: E402
 from kio.schema.metadata.v1.request import MetadataRequest, MetadataRequestTopic  # noqa: E402
 from scale_client import Connection, frame, leaders, percentiles, produce_request  # noqa: E402
 from throughput import kbroker_cluster, reference_broker  # noqa: E402
+
+# Imported once grpc is loaded here: this process, whose launcher checks the services' health
+# on blocking channels, keeps gRPC's default transport; the processes it starts (the services,
+# both ends of the floor) inherit the services' choice from its environment.
+import services.common.grpc_transport  # noqa: E402,F401
 
 ECHO_METHOD = "/bench.Echo/Stream"
 
@@ -137,8 +138,6 @@ async def _echo_client(port: int, n: int) -> list[float]:
 def grpc_floor(n: int) -> dict[str, float]:
     import tempfile
 
-    import uvloop
-
     with tempfile.TemporaryDirectory() as folder:
         port_file = os.path.join(folder, "port")
         server = subprocess.Popen([sys.executable, __file__, "--echo-server", port_file])
@@ -148,7 +147,10 @@ def grpc_floor(n: int) -> dict[str, float]:
                 if time.monotonic() > deadline:
                     raise TimeoutError("echo server did not start")
                 time.sleep(0.05)
-            times = uvloop.run(_echo_client(int(Path(port_file).read_text()), n))
+            client = subprocess.run(
+                [sys.executable, __file__, "--echo-client", Path(port_file).read_text(),
+                 "--n", str(n)], capture_output=True, text=True, timeout=300, check=True)
+            times = json.loads(client.stdout)
         finally:
             server.kill()
             server.wait(10)
@@ -160,10 +162,14 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=500)
     parser.add_argument("--echo-server", help=argparse.SUPPRESS)
+    parser.add_argument("--echo-client", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.echo_server:
+    if args.echo_server or args.echo_client:
         import uvloop
-        uvloop.run(_echo_server(args.echo_server))
+        if args.echo_server:
+            uvloop.run(_echo_server(args.echo_server))
+        else:
+            print(json.dumps(uvloop.run(_echo_client(args.echo_client, args.n))))
         return
     with kbroker_cluster(log_nodes=3, handlers=2) as cluster:
         topics = create_topics(cluster.bootstrap, {"rf1": 1, "rf3": 3})

@@ -5,9 +5,8 @@ pinned grpcio uses by default. Each service's ``__main__`` imports it first, sin
 
 Measured between two processes of this machine, the I/O manager's endpoints spend a fifth to a
 third less CPU per MB moved and deliver a small message sooner (docs/performance.md, "The gRPC
-transport"); every call between the services rides on them.
-A ``GRPC_EXPERIMENTS`` set in the environment (an operator's choice; empty for gRPC's own
-defaults) is kept.
+transport"); every call between the services rides on them. A ``GRPC_EXPERIMENTS`` set in the
+environment (an operator's choice; empty for gRPC's own defaults) is kept.
 
 Only the services' event loops use it: a blocking channel on the I/O manager whose first
 connection failed does not connect again between its calls, so blocking clients (the local
