@@ -39,6 +39,7 @@ from services.common.channels import PLAINTEXT, internal_sync_channel
 from services.common.config import flag_name
 from services.common.runtime import PARENT_PID_ENV
 from services.common.tls import SERVICE_KINDS, InternalTls
+from services.port_claims import claimed_ports
 from services.supervision import Backoff, Supervisor
 
 # Ports picked for local services lie between this and the kernel's ephemeral range.
@@ -146,20 +147,25 @@ def free_port_range(host: str, count: int, attempts: int = 100) -> int:
     A service binds its port only after it started, so a port the kernel chose (port 0) could
     be given to an outgoing connection in between ("Address already in use"). Ports below the
     ephemeral range are never chosen by the kernel, so they are picked at random there and
-    checked; where that range is too small, the kernel's choice is checked instead."""
+    checked; where that range is too small, the kernel's choice is checked instead. Every port
+    handed out is claimed for the launchers of the whole machine (:mod:`services.port_claims`),
+    so that two launchers starting at once do not pick the same one."""
     low, _ = _ephemeral_range()
-    for _ in range(attempts):
-        if low > _FIRST_PRIVATE_PORT + 1000:
-            first = _random.randrange(_FIRST_PRIVATE_PORT, low - count)
-        else:
-            with socket.socket() as s:
-                s.bind((host, 0))
-                first = int(s.getsockname()[1])
-        ports = range(first, first + count)
-        if first + count <= 65536 and _HANDED_OUT.isdisjoint(ports) and all(
-                _bindable(host, port) for port in ports):
-            _HANDED_OUT.update(ports)
-            return first
+    with claimed_ports() as claims:
+        for _ in range(attempts):
+            if low > _FIRST_PRIVATE_PORT + 1000:
+                first = _random.randrange(_FIRST_PRIVATE_PORT, low - count)
+            else:
+                with socket.socket() as s:
+                    s.bind((host, 0))
+                    first = int(s.getsockname()[1])
+            ports = range(first, first + count)
+            if (first + count <= 65536 and _HANDED_OUT.isdisjoint(ports)
+                    and claims.free(ports)
+                    and all(_bindable(host, port) for port in ports)):
+                _HANDED_OUT.update(ports)
+                claims.claim(ports)
+                return first
     raise OSError(f"no {count} consecutive free ports on {host}")
 
 
