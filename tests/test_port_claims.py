@@ -19,25 +19,33 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.processes
 
 # Each process picks ports one after another, as a launcher does for a cluster's services,
-# without binding them: in this window no bound socket keeps another launcher away.
+# without binding them (in this window no bound socket keeps another launcher away), and lives
+# on until told to end, as a launcher does while its cluster runs: the claims of a process that
+# ended lapse.
 PICKER = """
 import sys
 from pathlib import Path
-from services import local_cluster, port_claims
+from services import port_claims
 from services.local_cluster import free_port
 port_claims.claims_file = lambda: Path(sys.argv[1])
-print(" ".join(str(free_port()) for _ in range(int(sys.argv[2]))))
+print(" ".join(str(free_port()) for _ in range(int(sys.argv[2]))), flush=True)
+sys.stdin.read()
 """
 
 
 def pick_in_parallel(claims: Path, processes: int, each: int) -> list[list[int]]:
     procs = [subprocess.Popen([sys.executable, "-c", PICKER, str(claims), str(each)], cwd=REPO,
-                              stdout=subprocess.PIPE, text=True) for _ in range(processes)]
-    picked = []
-    for proc in procs:
-        out, _ = proc.communicate(timeout=60)
-        assert proc.returncode == 0
-        picked.append([int(p) for p in out.split()])
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             for _ in range(processes)]
+    try:
+        picked = []
+        for proc in procs:
+            assert proc.stdout is not None
+            picked.append([int(p) for p in proc.stdout.readline().split()])
+    finally:
+        for proc in procs:
+            proc.communicate(input="", timeout=60)
+    assert [proc.returncode for proc in procs] == [0] * processes
     return picked
 
 
