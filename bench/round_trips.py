@@ -17,7 +17,9 @@ The floor: a grpc.aio stream echoing 100-byte messages between two processes on 
 write and a read on each side, as one hop has), on the services' TCP transport
 (``services/common/grpc_transport.py``; ``GRPC_EXPERIMENTS=`` for gRPC's default one). The
 reference is a single broker keeping its records in memory: its acks=-1 waits for no replica.
-Prints one JSON line per broker and one for the floor, p50 and p99 in ms.
+Prints one JSON line per broker and one for the floor, p50 and p99 in ms; for kbroker also the
+CPU each kind of service spent per request (user and system time from /proc, every process of
+the kind together), in µs.
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from fetch_sessions import cpu_seconds  # noqa: E402
 from kio.schema.api_versions.v2.request import ApiVersionsRequest  # noqa: E402
 from kio.schema.metadata.v1.request import MetadataRequest, MetadataRequestTopic  # noqa: E402
 from scale_client import Connection, frame, leaders, percentiles, produce_request  # noqa: E402
@@ -57,18 +61,27 @@ async def _times(connection: Connection, request: bytearray, n: int) -> list[flo
     return times
 
 
-async def measure(bootstrap: str, topics: dict[str, str], n: int) -> dict[str, float]:
-    out: dict[str, float] = {}
+async def measure(bootstrap: str, topics: dict[str, str], n: int,
+                  services: dict[str, list[int]] | None = None) -> dict[str, Any]:
+    """Percentiles of each request's round trips; with ``services`` (process ids by kind of
+    service), also the CPU each kind spent per request, in µs (``<request>_cpu_us``)."""
+    out: dict[str, Any] = {}
 
-    def keep(name: str, times: list[float]) -> None:
+    async def timed(name: str, connection: Connection, request: bytearray) -> None:
+        before = {kind: cpu_seconds(pids) for kind, pids in (services or {}).items()}
+        times = await _times(connection, request, n)
         out.update({k: v for k, v in percentiles(times, name).items() if "max" not in k})
+        if services:
+            spent = {kind: round((cpu_seconds(pids) - before[kind]) / n * 1e6)
+                     for kind, pids in services.items()}
+            out[f"{name}_cpu_us"] = {**spent, "all": sum(spent.values())}
 
     host, port = bootstrap.rsplit(":", 1)
     connection = await Connection.open(host, int(port))
     try:
-        keep("api_versions", await _times(connection, frame(ApiVersionsRequest()), n))
-        keep("metadata", await _times(connection, frame(MetadataRequest(
-            topics=(MetadataRequestTopic(name=topics["rf1"]),))), n))
+        await timed("api_versions", connection, frame(ApiVersionsRequest()))
+        await timed("metadata", connection, frame(MetadataRequest(
+            topics=(MetadataRequestTopic(name=topics["rf1"]),))))
     finally:
         connection.close()
     for label, topic in topics.items():
@@ -77,8 +90,8 @@ async def measure(bootstrap: str, topics: dict[str, str], n: int) -> dict[str, f
         try:
             for acks in (1, -1):
                 request, _ = produce_request(topic, [0], 1, 1000, acks)
-                keep(f"produce_{label}_acks{'_all' if acks < 0 else '1'}",
-                     await _times(leader, request, n))
+                await timed(f"produce_{label}_acks{'_all' if acks < 0 else '1'}", leader,
+                            request)
         finally:
             leader.close()
     return out
@@ -173,9 +186,12 @@ def main() -> None:
         return
     with kbroker_cluster(log_nodes=3, handlers=2) as cluster:
         topics = create_topics(cluster.bootstrap, {"rf1": 1, "rf3": 3})
-        print(json.dumps({"broker": "kbroker",
-                          **asyncio.run(measure(cluster.bootstrap, topics, args.n))}),
-              flush=True)
+        services: dict[str, list[int]] = {}
+        for service in cluster.services.values():
+            assert service.proc is not None
+            services.setdefault(service.kind, []).append(service.proc.pid)
+        print(json.dumps({"broker": "kbroker", **asyncio.run(
+            measure(cluster.bootstrap, topics, args.n, services))}), flush=True)
     with reference_broker() as bootstrap:
         topics = create_topics(bootstrap, {"rf1": 1})
         print(json.dumps({"broker": "reference (tansu, memory)",

@@ -163,9 +163,15 @@ def parked() -> Iterator[None]:
     try:
         yield
     finally:
-        account = _REMOTE_TIME.get()
-        if account is not None:
-            account.seconds += time.perf_counter() - started
+        add_remote_time(time.perf_counter() - started)
+
+
+def add_remote_time(seconds: float) -> None:
+    """Count ``seconds`` the request waited elsewhere (a leader holding an acks=all append's
+    answer for its commit) as its remote time."""
+    account = _REMOTE_TIME.get()
+    if account is not None:
+        account.seconds += seconds
 
 
 @contextlib.contextmanager

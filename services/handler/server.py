@@ -164,7 +164,8 @@ def kafka_apis(config: HandlerConfig, cache: MetadataCache, replicator: Controll
     """Every Kafka API this handler serves, by RPC name, over its collaborators."""
     alter_configs = AlterConfigsApi(cache, replicator)
     return {
-        "Produce": ProduceApi(cache, log_nodes, purgatory, transactions),
+        "Produce": ProduceApi(cache, log_nodes, purgatory, transactions,
+                              leader_wait_ms=config.acks_all_leader_wait_ms),
         "Fetch": FetchApi(cache, log_nodes, purgatory),
         "ListOffsets": ListOffsetsApi(cache, log_nodes),
         "Metadata": MetadataApi(cache, replicator, config.auto_create_topics_enable),

@@ -77,6 +77,13 @@ APPEND_REQUESTS = LoopCounter(
     "kbroker_log_append_requests_total", "Partition appends attempted (one per partition of an "
     "Append call).", ["topic"]
 )
+COMMIT_WAIT_SECONDS = LoopHistogram(
+    "kbroker_log_commit_wait_seconds",
+    "Time the answer to an acks=all partition append waited for the high watermark to pass it "
+    "(AppendRequest.commit_wait_ms), by outcome: committed (answered committed, so the produce "
+    "did not wait in the purgatory) or handed_on (not committed within the wait, or the "
+    "replica stopped leading at that epoch: the produce waits in the purgatory).", ["outcome"],
+    buckets=LATENCY_BUCKETS)
 READ_BYTES = LoopCounter(
     "kbroker_log_read_bytes_total",
     "Bytes of record batches read, for consumers and followers (BytesOutPerSec).", ["topic"])

@@ -174,6 +174,10 @@ def directory_name(topic: str, partition: int) -> str:
     return f"{topic}-{partition}"
 
 
+# Commit waits given up are dropped when the high watermark moves, or once this many wait.
+_COMMIT_WAITERS_PRUNED_FROM = 64
+
+
 class PartitionLog:
     """A partition replica's log."""
 
@@ -233,6 +237,9 @@ class PartitionLog:
         self._checkpoint_lock = threading.Lock()
         # Long-poll readers waiting for the log end offset to grow (or the state to change).
         self._waiters: set[asyncio.Future[None]] = set()
+        # Acks=all appends whose answers wait for the high watermark to pass them: (their end
+        # offset, the future of the ISR it passed them with; None: the state changed first).
+        self._commit_waiters: list[tuple[int, asyncio.Future[tuple[int, ...] | None]]] = []
         self.state = replica_state.restored(replica_state.read(directory))
         if not commits_alone(self.state):
             # What was committed when the high watermark was last checkpointed, never past
@@ -272,6 +279,8 @@ class PartitionLog:
                 self._on_high_watermark(self.topic, self.partition, offset,
                                         self.state.leader_epoch, self.topic_id,
                                         tuple(self.state.isr))
+            if self._commit_waiters and self.state.role == LEADER:
+                self._commit_passed(offset)
 
     @property
     def last_stable_offset(self) -> int:
@@ -533,6 +542,8 @@ class PartitionLog:
                 return False
             replica_state.write(self.directory, state)
             self.state = state
+            if (state.role, state.leader_epoch) != (LEADER, current.leader_epoch):
+                self._end_commit_waits()
             if state.role == LEADER:
                 self.leader_epochs.assign(state.leader_epoch, self.log_end_offset)
             if commits_alone(state):
@@ -695,6 +706,40 @@ class PartitionLog:
 
     def forget_waiter(self, waiter: asyncio.Future[None]) -> None:
         self._waiters.discard(waiter)
+
+    def committed(self, offset: int) -> asyncio.Future[tuple[int, ...] | None]:
+        """The ISR with which this leader's high watermark passes ``offset`` (the end of an
+        acks=all append), once it does; None if the replica's state changes first (it no longer
+        leads, or leads at another epoch, or closes): what it appended is then not known to be
+        committed here. The caller cancels the future when it stops waiting."""
+        future: asyncio.Future[tuple[int, ...] | None] = (
+            asyncio.get_running_loop().create_future())
+        if self._high_watermark >= offset and self.state.role == LEADER:
+            future.set_result(tuple(self.state.isr))
+            return future
+        if len(self._commit_waiters) >= _COMMIT_WAITERS_PRUNED_FROM:
+            # Waits given up (cancelled) while the high watermark stood still.
+            self._commit_waiters = [w for w in self._commit_waiters if not w[1].done()]
+        self._commit_waiters.append((offset, future))
+        return future
+
+    def _commit_passed(self, high_watermark: int) -> None:
+        isr = tuple(self.state.isr)
+        waiting = []
+        for offset, future in self._commit_waiters:
+            if future.done():
+                continue
+            if offset <= high_watermark:
+                future.set_result(isr)
+            else:
+                waiting.append((offset, future))
+        self._commit_waiters = waiting
+
+    def _end_commit_waits(self) -> None:
+        waiters, self._commit_waiters = self._commit_waiters, []
+        for _, future in waiters:
+            if not future.done():
+                future.set_result(None)
 
     def wake_readers(self) -> None:
         """Complete every waiting long-poll reader now (the node stops)."""
@@ -1009,6 +1054,7 @@ class PartitionLog:
         if self._closed:
             return
         self._closed = True
+        self._end_commit_waits()
         try:
             if flush and not self.log_dir.offline:
                 for segment in self._segments:

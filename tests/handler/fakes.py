@@ -114,9 +114,13 @@ class FakeLogNodes:
     answer) unless it comes with that guard, as a leader log node does. ``isr[(topic,
     partition)]``: the ISR its leader has (3 replicas when unset), which an append's
     min_insync_replicas is checked against (NOT_ENOUGH_REPLICAS, nothing stored), at
-    ``partition_epoch`` (the metadata version the appends answer with)."""
+    ``partition_epoch`` (the metadata version the appends answer with). ``commits_with``: the
+    ISR with which a lagging high watermark passes an acks=all append while its leader holds
+    the answer (AppendRequest.commit_wait_ms; None: not within the wait)."""
 
     def __init__(self) -> None:
+        self.commits_with: tuple[int, ...] | None = None
+        self.append_requests: list[log_pb2.AppendRequest] = []
         self.partitions: dict[tuple[str, int], FakePartition] = {}
         self.calls: list[tuple[str, int, list]] = []
         self.failures: dict[int, Exception] = {}
@@ -145,6 +149,7 @@ class FakeLogNodes:
                      records: Sequence[bytes | memoryview | None] | None = None,
                      ) -> log_pb2.AppendResponse:
         request = whole_append(request, records)
+        self.append_requests.append(request)
         self.calls.append(("append", node.node_id, list(request.partitions)))
         self._check(node)
         out = log_pb2.AppendResponse()
@@ -168,12 +173,17 @@ class FakeLogNodes:
             base = p.log_end
             p.batches.append(a.records)
             p.log_end += count
-            if not self.lagging_high_watermark:
+            committed = (request.commit_wait_ms > 0 and a.min_insync_replicas > 0
+                         and self.commits_with is not None)
+            if not self.lagging_high_watermark or committed:
                 p.high_watermark = p.log_end
-            out.results.add(topic=a.topic, partition=a.partition, base_offset=base,
-                            log_start_offset=0, log_end_offset=p.log_end,
-                            high_watermark=p.high_watermark, leader_epoch=-1,
-                            partition_epoch=self.partition_epoch)
+            result = out.results.add(topic=a.topic, partition=a.partition, base_offset=base,
+                                     log_start_offset=0, log_end_offset=p.log_end,
+                                     high_watermark=p.high_watermark, leader_epoch=-1,
+                                     partition_epoch=self.partition_epoch)
+            if committed and self.commits_with is not None:
+                result.commit_isr.extend(self.commits_with)
+                out.commit_wait_us = 1500
         self.appended.set()
         return out
 

@@ -167,3 +167,41 @@ def test_an_acks_all_wait_is_keyed_by_the_leader_epoch_of_the_append():
                      log_nodes, purgatory)
     assert errors(asyncio.run(api.handle(produce(), CONTEXT))) == [0]
     assert [thresholds for _, thresholds, _, _ in purgatory.waits] == [{"t-0@4@tid": 2}]
+
+
+def test_a_leader_that_answers_committed_spares_the_purgatory_wait():
+    log_nodes = FakeLogNodes()
+    log_nodes.lagging_high_watermark = True
+    log_nodes.commits_with = (0, 1, 2)
+    purgatory = FakePurgatory()
+    cache = cache_of(cluster(replicated("t", (0, 1, 2), 2), nodes=(0, 1, 2)))
+    api = ProduceApi(cache, log_nodes, purgatory, leader_wait_ms=100)
+    assert errors(asyncio.run(api.handle(produce(), CONTEXT))) == [0]
+    assert purgatory.waits == []
+    # The leader holds the answer for at most the wait, never past the produce's timeout.
+    [(_, _, [append])] = log_nodes.calls
+    assert append.min_insync_replicas == 2
+    short = produce()
+    short.timeout_ms = 40
+    asyncio.run(api.handle(short, CONTEXT))
+    assert [request.commit_wait_ms for request in log_nodes.append_requests] == [100, 40]
+    # The ISR the leader committed with decides min.insync.replicas after the append.
+    log_nodes.commits_with = (0,)
+    [refused] = asyncio.run(api.handle(produce(), CONTEXT)).responses[0].partition_responses
+    assert refused.error_code == ErrorCode.not_enough_replicas_after_append.value
+    assert "ISR [0]" in refused.error_message
+    assert purgatory.waits == []
+
+
+def test_what_the_leader_did_not_commit_within_its_wait_waits_in_the_purgatory():
+    log_nodes = FakeLogNodes()
+    log_nodes.lagging_high_watermark = True
+    purgatory = FakePurgatory(wait_result(True, {"t-0": 2}))
+    api = ProduceApi(cache_of(cluster(replicated("t", (0, 1, 2), 2), nodes=(0, 1, 2))),
+                     log_nodes, purgatory, leader_wait_ms=100)
+    assert errors(asyncio.run(api.handle(produce(), CONTEXT))) == [0]
+    assert [thresholds for _, thresholds, _, _ in purgatory.waits] == [{"t-0": 2}]
+    # acks=1 asks no leader to wait.
+    asyncio.run(api.handle(produce(acks=1), CONTEXT))
+    assert [request.commit_wait_ms for request in log_nodes.append_requests] == [100, 0]
+

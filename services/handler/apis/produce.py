@@ -54,10 +54,12 @@ grouped per leader node, one Append per node, the nodes concurrently.
   under the same sequence numbers, and the leader recognises what it already stored.
 - acks=-1: the write is acknowledged once the high watermark passes its last offset, i.e.
   every in-sync replica has it. A leader alone in its ISR commits at once (its append answers
-  with the high watermark at the log end); otherwise partitions whose high watermark is still
-  short park a DelayedProduce in the purgatory (all keys must reach their threshold; the
-  replicator moves the leaders' high watermarks) and whatever is still short when it expires
-  gets REQUEST_TIMED_OUT. The keys carry the leader epoch of the append and the topic id
+  with the high watermark at the log end); a replicated leader holds its answer until its
+  followers have the records, for up to ``acks_all_leader_wait_ms`` (never past the timeout),
+  and answers them committed. Partitions whose high watermark is still short then park a
+  DelayedProduce in the purgatory (all keys must reach their threshold; the leaders report
+  their high watermarks to it) and whatever is still short when it expires gets
+  REQUEST_TIMED_OUT; the leader's wait counts in the timeout. The keys carry the leader epoch of the append and the topic id
   (``<topic>-<partition>@<epoch>@<topic id>``): a leader elected meanwhile, whose log may lack
   the append, never completes the wait; the end of the epoch fails it with
   NOT_LEADER_OR_FOLLOWER, also when the wait is parked after the end was reported.
@@ -69,8 +71,8 @@ grouped per leader node, one Append per node, the nodes concurrently.
   client renumber records whose outcome it did not know. A partition whose ISR shrank below it
   while the produce waited gets NOT_ENOUGH_REPLICAS_AFTER_APPEND (the records are stored, but
   not acknowledged), judged as Kafka judges it when the wait for a partition is satisfied: by
-  the ISR the leader had when its high watermark passed the records, which it reports with the
-  high watermark (a shrink that leaves the leader alone moves its high watermark at once, so a
+  the ISR the leader had when its high watermark passed the records, which it answers with
+  (``commit_isr``) or reports with the high watermark (a shrink that leaves the leader alone moves its high watermark at once, so a
   view of the ISR taken later, or elsewhere, could acknowledge records only the leader holds).
   Without that report (a leader alone when it appended: it answered with its high watermark
   already past them) this handler's metadata decides, if it is no older than the leader's
@@ -110,7 +112,7 @@ from ..metadata_cache import (
     MetadataCache,
     MetadataUnavailableError,
 )
-from ..metrics import parked
+from ..metrics import add_remote_time, parked
 from ..request_context import RequestContext
 from ..routing import Route, call_leaders, locate, replication_key
 from ..transactions.coordinator import TransactionCoordinator
@@ -196,11 +198,15 @@ def _transactional_producer(records: bytes | memoryview) -> tuple[int, int] | No
 
 class ProduceApi:
     def __init__(self, cache: MetadataCache, log_nodes: LogNodes, purgatory: Purgatory,
-                 transactions: TransactionCoordinator | None = None) -> None:
+                 transactions: TransactionCoordinator | None = None, *,
+                 leader_wait_ms: int = 0) -> None:
+        """``leader_wait_ms``: how long a leader may hold an acks=-1 append's answer for its
+        high watermark to pass the records (AppendRequest.commit_wait_ms)."""
         self._cache = cache
         self._log_nodes = log_nodes
         self._purgatory = purgatory
         self._transactions = transactions
+        self._leader_wait_ms = leader_wait_ms
 
     async def handle(self, request: k.ProduceRequest,
                      context: RequestContext) -> k.ProduceResponse:
@@ -262,11 +268,15 @@ class ProduceApi:
                 routed.append(slot)
             slots.append(row)
 
-        await self._append(routed)
+        # acks=-1: the leaders answer once committed, if that comes within the wait; the
+        # produce's timeout covers that wait and the purgatory's after it.
+        commit_wait_ms = min(self._leader_wait_ms, max(request.timeout_ms, 0)) if (
+            request.acks == ACKS_ALL) else 0
+        waited_ms = await self._append(routed, commit_wait_ms)
         unverified = [s for s in routed if s.unverified]
         if unverified:
             await self._verify(request, context, unverified)
-            await self._append([s for s in unverified if s.guard])
+            waited_ms += await self._append([s for s in unverified if s.guard], commit_wait_ms)
         unknown = [s for s in routed if s.outcome_unknown and _idempotent(s.records)]
         if unknown:
             raise RequestOutcomeUnknownError(
@@ -275,7 +285,7 @@ class ProduceApi:
 
         if request.acks == ACKS_ALL:
             appended = [s for row in slots for s in row if s.appended is not None]
-            await self._await_high_watermarks(appended, request.timeout_ms)
+            await self._await_high_watermarks(appended, request.timeout_ms - int(waited_ms))
             self._check_insync_after_append(appended)
 
         response = k.ProduceResponse()
@@ -288,19 +298,23 @@ class ProduceApi:
                 answer.topic_id = topic.topic_id
         return response
 
-    async def _append(self, slots: list[_Slot]) -> None:
-        """Append each slot's records on its leader (one Append per node, concurrently)."""
+    async def _append(self, slots: list[_Slot], commit_wait_ms: int = 0) -> float:
+        """Append each slot's records on its leader (one Append per node, concurrently), the
+        leaders holding their answers up to ``commit_wait_ms`` for commits. Returns how long
+        the longest of them held its answer, in milliseconds (counted as remote time)."""
+        waits_us = [0]
 
         async def append_on(node: LogNode, items: list[_Slot]) -> Sequence[Any]:
             # The batches travel beside the request, as they came (no copy here).
-            appends = log_pb2.AppendRequest(partitions=[
+            appends = log_pb2.AppendRequest(commit_wait_ms=commit_wait_ms, partitions=[
                 log_pb2.PartitionAppend(topic=slot.name, partition=slot.index,
                                         verification_guard=slot.guard,
                                         min_insync_replicas=slot.min_insync)
                 for slot in items])
-            return (await self._log_nodes.append(
+            answer = await self._log_nodes.append(
                 node, appends, APPEND_TIMEOUT_S, records=[slot.records for slot in items])
-                    ).results
+            waits_us.append(answer.commit_wait_us)
+            return answer.results
 
         routed = [(slot.route, slot) for slot in slots if slot.route is not None]
         for slot, code, detail in await call_leaders(routed, append_on, effect=True):
@@ -319,6 +333,9 @@ class ProduceApi:
                                         detail.record_errors)
                 if code == INVALID_TXN_STATE and detail.verification_guard and not slot.guard:
                     slot.unverified = detail.verification_guard
+        waited_ms = max(waits_us) / 1000
+        add_remote_time(waited_ms / 1000)
+        return waited_ms
 
     async def _verify(self, request: k.ProduceRequest, context: RequestContext,
                       slots: list[_Slot]) -> None:
@@ -381,13 +398,16 @@ class ProduceApi:
 
     async def _await_high_watermarks(self, slots: list[_Slot], timeout_ms: int) -> None:
         """Hold acks=-1 answers until each partition's high watermark passes the appended
-        batches (log end right after the append = last offset + 1): Kafka's DelayedProduce."""
+        batches (log end right after the append = last offset + 1): Kafka's DelayedProduce,
+        for the partitions whose leaders did not answer them committed."""
         pending = {}
         for slot in slots:
             assert slot.appended is not None
             if slot.appended.high_watermark < slot.appended.log_end_offset:
                 pending[replication_key(slot.name, slot.index, slot.appended.leader_epoch,
                                         slot.appended.topic_id)] = slot
+            elif slot.appended.commit_isr:
+                slot.isr_at_commit = tuple(slot.appended.commit_isr)
         if not pending:
             return
         thresholds = {key: s.appended.log_end_offset for key, s in pending.items()
