@@ -63,7 +63,7 @@ def test_an_append_not_committed_within_the_wait_is_answered_as_appended(
         handed_on = waits("handed_on")
         started = time.monotonic()
         response = await stub.Append(acks_all("t", build_batch(values(2)), wait_ms=400))
-        assert time.monotonic() - started >= 0.4
+        assert time.monotonic() - started >= 0.35  # held for the wait (timers may fire early)
         [result] = response.results
         assert (result.error_code, result.log_end_offset, result.high_watermark) == (0, 2, 0)
         assert list(result.commit_isr) == []
