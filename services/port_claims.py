@@ -52,6 +52,8 @@ def claimed_ports(path: Path | None = None) -> Iterator[PortClaims]:
             raw = json.loads(file.read() or "{}")
         except ValueError:
             raw = {}
+        if not isinstance(raw, dict):
+            raw = {}
         claims = PortClaims.live(raw, time.time())
         yield claims
         file.seek(0)
@@ -70,7 +72,7 @@ class PortClaims:
     def live(cls, raw: dict[str, list[float]], now: float) -> PortClaims:
         claims: dict[int, tuple[int, float]] = {}
         for port, entry in raw.items():
-            with contextlib.suppress(TypeError, ValueError):
+            with contextlib.suppress(TypeError, ValueError, IndexError):
                 pid, at = int(entry[0]), float(entry[1])
                 if now - at < CLAIM_SECONDS and _alive(pid):
                     claims[int(port)] = (pid, at)

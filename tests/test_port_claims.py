@@ -79,8 +79,12 @@ def test_claims_lapse_with_their_process_or_their_age(tmp_path: Path):
     dead.wait(timeout=30)
     old = time.time() - port_claims.CLAIM_SECONDS - 1
     claims.write_text(json.dumps({"21000": [dead.pid, time.time()], "21001": [os.getpid(), old],
-                                  "21002": [os.getpid(), time.time()], "21003": "garbage"}))
+                                  "21002": [os.getpid(), time.time()], "21003": "garbage",
+                                  "21004": []}))
     with port_claims.claimed_ports(claims) as live:
-        assert live.free([21000, 21001, 21003])
+        assert live.free([21000, 21001, 21003, 21004])
         assert not live.free([21002])
     assert list(json.loads(claims.read_text())) == ["21002"]
+    claims.write_text("[1, 2]")  # not claims at all: none are kept
+    with port_claims.claimed_ports(claims) as live:
+        assert live.free([21002])
