@@ -173,16 +173,16 @@ class FakeLogNodes:
             base = p.log_end
             p.batches.append(a.records)
             p.log_end += count
-            committed = (request.commit_wait_ms > 0 and a.min_insync_replicas > 0
-                         and self.commits_with is not None)
-            if not self.lagging_high_watermark or committed:
+            commit_isr = self.commits_with if (
+                request.commit_wait_ms > 0 and a.min_insync_replicas > 0) else None
+            if not self.lagging_high_watermark or commit_isr is not None:
                 p.high_watermark = p.log_end
             result = out.results.add(topic=a.topic, partition=a.partition, base_offset=base,
                                      log_start_offset=0, log_end_offset=p.log_end,
                                      high_watermark=p.high_watermark, leader_epoch=-1,
                                      partition_epoch=self.partition_epoch)
-            if committed and self.commits_with is not None:
-                result.commit_isr.extend(self.commits_with)
+            if commit_isr is not None:
+                result.commit_isr.extend(commit_isr)
                 out.commit_wait_us = 1500
         self.appended.set()
         return out

@@ -59,10 +59,11 @@ grouped per leader node, one Append per node, the nodes concurrently.
   and answers them committed. Partitions whose high watermark is still short then park a
   DelayedProduce in the purgatory (all keys must reach their threshold; the leaders report
   their high watermarks to it) and whatever is still short when it expires gets
-  REQUEST_TIMED_OUT; the leader's wait counts in the timeout. The keys carry the leader epoch of the append and the topic id
-  (``<topic>-<partition>@<epoch>@<topic id>``): a leader elected meanwhile, whose log may lack
-  the append, never completes the wait; the end of the epoch fails it with
-  NOT_LEADER_OR_FOLLOWER, also when the wait is parked after the end was reported.
+  REQUEST_TIMED_OUT; the leader's wait counts in the timeout. The keys carry the leader epoch
+  of the append and the topic id (``<topic>-<partition>@<epoch>@<topic id>``): a leader
+  elected meanwhile, whose log may lack the append, never completes the wait; the end of the
+  epoch fails it with NOT_LEADER_OR_FOLLOWER, also when the wait is parked after the end was
+  reported.
 - min.insync.replicas (topic config, default 1), acks=-1 only, as Kafka's leader checks it:
   the leader refuses the append when the partition's ISR is smaller, NOT_ENOUGH_REPLICAS and
   nothing stored. The check is the leader's, in the step that appends: this handler's
@@ -72,8 +73,9 @@ grouped per leader node, one Append per node, the nodes concurrently.
   while the produce waited gets NOT_ENOUGH_REPLICAS_AFTER_APPEND (the records are stored, but
   not acknowledged), judged as Kafka judges it when the wait for a partition is satisfied: by
   the ISR the leader had when its high watermark passed the records, which it answers with
-  (``commit_isr``) or reports with the high watermark (a shrink that leaves the leader alone moves its high watermark at once, so a
-  view of the ISR taken later, or elsewhere, could acknowledge records only the leader holds).
+  (``commit_isr``) or reports with the high watermark (a shrink that leaves the leader alone
+  moves its high watermark at once, so a view of the ISR taken later, or elsewhere, could
+  acknowledge records only the leader holds).
   Without that report (a leader alone when it appended: it answered with its high watermark
   already past them) this handler's metadata decides, if it is no older than the leader's
   state at the append.
@@ -272,11 +274,11 @@ class ProduceApi:
         # produce's timeout covers that wait and the purgatory's after it.
         commit_wait_ms = min(self._leader_wait_ms, max(request.timeout_ms, 0)) if (
             request.acks == ACKS_ALL) else 0
-        waited_ms = await self._append(routed, commit_wait_ms)
+        waited = await self._append(routed, commit_wait_ms)
         unverified = [s for s in routed if s.unverified]
         if unverified:
             await self._verify(request, context, unverified)
-            waited_ms += await self._append([s for s in unverified if s.guard], commit_wait_ms)
+            waited += await self._append([s for s in unverified if s.guard], commit_wait_ms)
         unknown = [s for s in routed if s.outcome_unknown and _idempotent(s.records)]
         if unknown:
             raise RequestOutcomeUnknownError(
@@ -285,7 +287,8 @@ class ProduceApi:
 
         if request.acks == ACKS_ALL:
             appended = [s for row in slots for s in row if s.appended is not None]
-            await self._await_high_watermarks(appended, request.timeout_ms - int(waited_ms))
+            await self._await_high_watermarks(appended,
+                                              request.timeout_ms - int(waited * 1000))
             self._check_insync_after_append(appended)
 
         response = k.ProduceResponse()
@@ -301,7 +304,7 @@ class ProduceApi:
     async def _append(self, slots: list[_Slot], commit_wait_ms: int = 0) -> float:
         """Append each slot's records on its leader (one Append per node, concurrently), the
         leaders holding their answers up to ``commit_wait_ms`` for commits. Returns how long
-        the longest of them held its answer, in milliseconds (counted as remote time)."""
+        the longest of them held its answer, in seconds (counted as remote time)."""
         waits_us = [0]
 
         async def append_on(node: LogNode, items: list[_Slot]) -> Sequence[Any]:
@@ -333,9 +336,9 @@ class ProduceApi:
                                         detail.record_errors)
                 if code == INVALID_TXN_STATE and detail.verification_guard and not slot.guard:
                     slot.unverified = detail.verification_guard
-        waited_ms = max(waits_us) / 1000
-        add_remote_time(waited_ms / 1000)
-        return waited_ms
+        waited = max(waits_us) / 1e6
+        add_remote_time(waited)
+        return waited
 
     async def _verify(self, request: k.ProduceRequest, context: RequestContext,
                       slots: list[_Slot]) -> None:
