@@ -22,10 +22,11 @@ Only keys the purgatory watches are reported (its ``WatchKeys`` stream lists the
 parked fetch or produce operations), so a partition nobody waits on costs no message per move.
 A reporter given a ``position_of`` source answers each newly watched key with its current
 position, which covers what it skipped before (log nodes do: they are the authority on their
-high watermarks); a reporter without one relies on those answers. Errors are filtered alike: the
-purgatory honours an error only for operations parked before it was reported. While the
-WatchKeys stream is not open (not yet, or broken) every key is reported, so no wake-up is ever
-missed.
+high watermarks, and on the end of an epoch they have seen pass, which a report made while
+nobody watched the key would otherwise lose); a reporter without one relies on those answers.
+Errors are filtered alike: the purgatory honours an error only for operations parked before it
+was reported (but an epoch's end for all). While the WatchKeys stream is not open (not yet, or
+broken) every key is reported, so no wake-up is ever missed.
 
 Not thread-safe: create and use inside one event loop.
 """
@@ -53,6 +54,11 @@ WRITE_TIMEOUT_SECONDS = 5.0
 _WATCH_RETRY_SECONDS = (0.1, 2.0)
 # Repeated failures (a purgatory that is down) are logged at most this often.
 _FAILURE_LOG_INTERVAL_SECONDS = 30.0
+
+
+# The position of a key that is not known (never reported, or an epoch ended where its last high
+# watermark is not known to the reporter).
+UNKNOWN_POSITION = -1
 
 
 def partition_key(topic: str, partition: int) -> str:
@@ -92,10 +98,12 @@ def parse_key(key: str) -> ParsedKey | None:
 
 class Progress(NamedTuple):
     """Where a key is at a reporter: its position, and for a leader's epoch key the ISR that
-    position was reached with (empty: not said)."""
+    position was reached with (empty: not said); a Kafka error for an epoch key whose epoch the
+    reporter knows to be over (0: none)."""
 
     position: int
     isr: tuple[int, ...] = ()
+    error_code: int = 0
 
 
 PositionSource = Callable[[str], "Progress | None"]
@@ -157,7 +165,7 @@ class ProgressStream:
         for key in added:
             progress = position_of(key)
             if progress is not None:
-                self._pending[key] = (progress.position, 0, progress.isr)
+                self._pending[key] = (progress.position, progress.error_code, progress.isr)
                 self._wake.set()
 
     async def _follow_watched_keys(self) -> None:

@@ -19,7 +19,13 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 
 from kbroker.log.v1 import log_pb2
-from services.common.progress_reports import PositionSource, Progress, parse_key
+from services.common.errors import ErrorCode
+from services.common.progress_reports import (
+    UNKNOWN_POSITION,
+    PositionSource,
+    Progress,
+    parse_key,
+)
 from services.common.server import ServiceBinding, create_server
 from services.common.tls import InternalTls
 
@@ -139,19 +145,27 @@ def out_of_service(health: HealthServicer, loop: asyncio.AbstractEventLoop
 
 def leader_high_watermarks(manager: LogManager) -> PositionSource:
     """What this node reports for a purgatory key: the high watermark of a partition it leads
-    (at the key's leader epoch and with its ISR, for an epoch key); None for anything else."""
+    (at the key's leader epoch and with its ISR, for an epoch key); for an epoch key of an
+    epoch older than its replica's, that the epoch is over (NOT_LEADER_OR_FOLLOWER, at an
+    unknown position: its last high watermark is the purgatory's to keep). An acks=all
+    produce whose leader held its answer may park after its epoch ended, when the end's report
+    found nobody watching. None for anything else."""
 
     def position_of(key: str) -> Progress | None:
         parsed = parse_key(key)
         if parsed is None:
             return None
         replica = manager.find(parsed.topic, parsed.partition)
-        if replica is None or replica.state.role != LEADER or (
-                parsed.leader_epoch is not None and (
-                    parsed.leader_epoch != replica.state.leader_epoch
-                    or parsed.topic_id != replica.topic_id)):
+        if replica is None:
             return None
-        isr = tuple(replica.state.isr) if parsed.leader_epoch is not None else ()
-        return Progress(replica.high_watermark, isr)
+        if parsed.leader_epoch is None:
+            return Progress(replica.high_watermark) if replica.state.role == LEADER else None
+        if parsed.topic_id != replica.topic_id:
+            return None
+        if parsed.leader_epoch < replica.state.leader_epoch:
+            return Progress(UNKNOWN_POSITION, error_code=ErrorCode.not_leader_or_follower.value)
+        if parsed.leader_epoch != replica.state.leader_epoch or replica.state.role != LEADER:
+            return None
+        return Progress(replica.high_watermark, tuple(replica.state.isr))
 
     return position_of

@@ -9,8 +9,8 @@ an operation tell reports made after it was parked from older ones.
 One exception: an epoch key (:func:`~services.common.progress_reports.is_epoch_key`) that was
 reported with an error is *ended*: its leader epoch is over, so the error stays whatever is
 reported later (an old leader that has not yet heard of its end may still report it), with the
-highest position reported for it, and :attr:`KeyState.ended` tells waiters to honour it however
-late they were parked.
+highest position reported for it before or after the end, and :attr:`KeyState.ended` tells
+waiters to honour it however late they were parked.
 
 The table is bounded: past :data:`CAPACITY` keys the least recently reported key is forgotten, so
 churning keys (members of groups that come and go) cannot grow it without limit. Forgetting a
@@ -24,12 +24,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from services.common.progress_reports import is_epoch_key
+from services.common.progress_reports import UNKNOWN_POSITION, is_epoch_key
 
 CAPACITY = 1_000_000
-
-# The position of a key nobody has reported yet.
-UNKNOWN_POSITION = -1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,9 +64,12 @@ class KeyStates:
         if is_epoch_key(key):
             previous = states.get(key)
             if previous is not None and previous.ended:
-                position = max(position, previous.position)
                 error_code = previous.error_code
             ended = error_code != 0
+            if ended and previous is not None and previous.position > position:
+                # One leader's high watermark at one epoch only grows: an end reported where
+                # it is not known (UNKNOWN_POSITION) keeps what the leader reported.
+                position, isr = previous.position, previous.isr
         states[key] = KeyState(key=key, position=position, error_code=error_code, isr=isr,
                                sequence=self._sequence, ended=ended)
         states.move_to_end(key)

@@ -17,6 +17,7 @@ from kbroker.log.v1 import log_pb2_grpc
 from kbroker.purgatory.v1 import purgatory_pb2 as pb
 from kbroker.purgatory.v1 import purgatory_pb2_grpc
 from services.common.channels import insecure_channel
+from services.common.errors import ErrorCode
 from services.common.progress_reports import parse_key
 from services.log.config import LogConfig
 from services.log.server import LogService
@@ -27,7 +28,7 @@ from services.purgatory.server import start as start_purgatory
 from services.replicator.replication.progress import ProgressReporter
 
 from ..record_batches import build_batch, values
-from .test_replica_service import LEADER, create_with, state
+from .test_replica_service import FOLLOWER, LEADER, become, create_with, state
 from .test_service import append
 
 TIMEOUT = 30
@@ -103,13 +104,47 @@ def test_unwatched_keys_are_not_reported_and_a_new_watch_gets_the_current_positi
             keys=[pb.WatchedKey(key="t-0@4@tid", threshold=7)]))
         assert answer.outcome == pb.OUTCOME_COMPLETED
         assert [(k.key, k.position, list(k.isr)) for k in answer.keys] == [("t-0@4@tid", 7, [0])]
-        # A key of another epoch, or of another topic of the same name, is not this leader's to
-        # answer.
-        for key in ("t-0@3@tid", "t-0@4@other"):
+        # A key of a later epoch, or of another topic of the same name, is not this leader's
+        # to answer (one of an earlier epoch is over: see the test below).
+        for key in ("t-0@5@tid", "t-0@4@other"):
             answer = await purgatory_stub.Await(pb.AwaitRequest(
                 kind=pb.OPERATION_KIND_PRODUCE, require_all=True, timeout_ms=300,
                 keys=[pb.WatchedKey(key=key, threshold=1)]))
             assert answer.outcome == pb.OUTCOME_EXPIRED
+
+    run(tmp_path, body)
+
+
+def test_a_produce_parked_after_its_epoch_ended_unwatched_fails_at_once(
+        tmp_path: Path) -> None:
+    """A leader that held an acks=all append's answer may step down meanwhile; its report of
+    the epoch's end found nobody watching the key, so the produce that parks afterwards is
+    answered by the node's answer to the new watch: NOT_LEADER_OR_FOLLOWER, not a timeout."""
+    async def body(purgatory: PurgatoryService, node: LogService,
+                   stub: log_pb2_grpc.LogServiceStub,
+                   purgatory_stub: purgatory_pb2_grpc.PurgatoryStub) -> None:
+        notifier = node.notifier
+        assert notifier is not None
+        await eventually(lambda: notifier.watched_keys == frozenset())
+        await create_with(stub, "t", state("t", LEADER, 4))  # a follower in the ISR
+        await append(stub, "t", build_batch(values(2)))
+        assert await become(stub, state("t", FOLLOWER, 5)) == [0]
+        await asyncio.sleep(0.2)
+        assert purgatory.purgatories.states.get("t-0@4@tid") is None  # the end went unheard
+
+        begin = time.monotonic()
+        answer = await purgatory_stub.Await(pb.AwaitRequest(
+            kind=pb.OPERATION_KIND_PRODUCE, require_all=True, timeout_ms=10_000,
+            keys=[pb.WatchedKey(key="t-0@4@tid", threshold=2)]))
+        assert answer.outcome == pb.OUTCOME_COMPLETED
+        assert [(k.key, k.error_code) for k in answer.keys] == [
+            ("t-0@4@tid", ErrorCode.not_leader_or_follower.value)]
+        assert time.monotonic() - begin < 2.0
+        # The epoch it follows at now is not over, and not this node's to answer.
+        answer = await purgatory_stub.Await(pb.AwaitRequest(
+            kind=pb.OPERATION_KIND_PRODUCE, require_all=True, timeout_ms=300,
+            keys=[pb.WatchedKey(key="t-0@5@tid", threshold=1)]))
+        assert answer.outcome == pb.OUTCOME_EXPIRED
 
     run(tmp_path, body)
 

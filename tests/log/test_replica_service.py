@@ -595,5 +595,12 @@ def test_a_leader_stepping_down_reports_the_end_of_its_epoch(tmp_path: Path) -> 
         assert await become(stub, state("t", FOLLOWER, 2)) == [0]
         # What waits on epoch 1 beyond its last high watermark fails.
         assert ended == [("t", 0, 1, 3, "tid")]
+        # And so does what is parked on it later, when the purgatory asks about the key.
+        position_of = leader_high_watermarks(service.manager)
+        assert position_of("t-0@1@tid") == Progress(
+            -1, error_code=ErrorCode.not_leader_or_follower.value)
+        assert position_of("t-0@2@tid") is None  # a follower's epoch
+        assert position_of("t-0@1@other") is None  # another topic of the same name
+        assert position_of("t-0") is None
 
     run_node(tmp_path, body)

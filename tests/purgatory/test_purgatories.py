@@ -154,6 +154,11 @@ def test_the_end_of_a_leader_epoch_fails_every_wait_on_its_key_however_late():
         ended = "t-0@3@3b4d6a10-8f1e-4bd2-9c55-6e0f3f2d6a01"
         p.report([(ended, 7, 0)])
         p.report([(ended, -1, 6)])  # the epoch ended (the replicator does not know where)
+        # What the leader's last report covered stays covered.
+        before = p.park(kind="produce", thresholds={ended: 7}, require_all=True,
+                        timeout_ms=100)
+        assert outcome(before) == COMPLETED
+        assert [(k.position, k.error_code) for k in before.result.result().keys] == [(7, 0)]
         p.report([(ended, 8, 0)])  # the old leader, still unaware, moves on: the end stands
         late = p.park(kind="produce", thresholds={ended: 9}, require_all=True, timeout_ms=100)
         answer = late.result.result()

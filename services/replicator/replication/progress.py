@@ -14,17 +14,14 @@ node answers each newly watched key.
 from __future__ import annotations
 
 from services.common.errors import ErrorCode
-from services.common.progress_reports import ProgressStream, epoch_key
-
-# What the replicator reports as the ended epoch's position: it does not know the last high
-# watermark (the purgatory holds the leader's last report; waits parked before this report fail).
-UNKNOWN_POSITION = -1
+from services.common.progress_reports import UNKNOWN_POSITION, ProgressStream, epoch_key
 
 
 class ProgressReporter(ProgressStream):
     """Coalescing, fire-and-forget reports; create inside the event loop."""
 
     def leader_changed(self, topic: str, partition: int, old_epoch: int, topic_id: str) -> None:
-        """Fail what waits on ``old_epoch``'s key, now or later: that epoch has ended."""
+        """Fail what waits on ``old_epoch``'s key, now or later: that epoch has ended. Its
+        position is unknown here (the purgatory keeps the leader's last report of it)."""
         self.report(epoch_key(topic, partition, old_epoch, topic_id), UNKNOWN_POSITION,
                     ErrorCode.not_leader_or_follower.value)
