@@ -2,12 +2,14 @@
 broker, in one run.
 
     python bench/transactions.py [--n 100000] [--size 1000] [--partitions 3]
-                                 [--transactions 100,10000] [--rounds 1]
+                                 [--transactions 100,10000] [--rounds 1] [--replication 1]
 
 Starts a local kbroker cluster (every service a process, free loopback ports, a temporary data
-folder, replication factor 1) and the reference broker (Tansu, in memory, installed into
-bench/.venv-ref on first use, see bench/throughput.py), and runs with confluent-kafka in a
-separate process, on each broker:
+folder; the topic has REPLICATION replicas, min.insync.replicas 2 when more than one, and each
+transaction's markers then wait for its followers) and the reference broker (Tansu, in memory,
+installed into bench/.venv-ref on first use, see bench/throughput.py), and runs with
+confluent-kafka in a separate process, on each broker (the reference, a single broker, always
+at replication factor 1):
 
 - idempotent: N records of SIZE bytes, acks=all, enable.idempotence, linger.ms=5;
 - transactional: the same N records in transactions of T records each (begin, produce T,
@@ -36,10 +38,12 @@ WORKLOAD = r'''
 import json, sys, time, uuid
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-bootstrap, n, size, partitions, per_txn = sys.argv[1], *map(int, sys.argv[2:6])
+bootstrap, n, size, partitions, per_txn, replication = sys.argv[1], *map(int, sys.argv[2:7])
 topic = f"bench-{uuid.uuid4().hex[:8]}"
 admin = AdminClient({"bootstrap.servers": bootstrap})
-for f in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+configs = {"min.insync.replicas": "2"} if replication > 1 else {}
+for f in admin.create_topics([NewTopic(topic, partitions, replication,
+                                       config=configs)]).values():
     f.result(30)
 time.sleep(0.5)
 payload = b"x" * size
@@ -87,10 +91,11 @@ print(json.dumps({"produce_MBps": round(n * size / 1e6 / elapsed, 1),
 '''
 
 
-def run_workload(bootstrap: str, args: argparse.Namespace, per_txn: int) -> dict:
+def run_workload(bootstrap: str, args: argparse.Namespace, per_txn: int,
+                 replication: int = 1) -> dict:
     done = subprocess.run(
         [sys.executable, "-c", WORKLOAD, bootstrap, str(args.n), str(args.size),
-         str(args.partitions), str(per_txn)],
+         str(args.partitions), str(per_txn), str(replication)],
         capture_output=True, text=True, timeout=900, check=False)
     if done.returncode != 0:
         return {"failed": done.stderr.strip().splitlines()[-1:]}
@@ -111,6 +116,8 @@ def main() -> None:
     parser.add_argument("--transactions", default="100,10000",
                         help="records per transaction, comma-separated")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--replication", type=int, default=1,
+                        help="replicas of kbroker's topic (the reference's has 1)")
     args = parser.parse_args()
 
     binary = reference_binary()
@@ -122,7 +129,8 @@ def main() -> None:
                 results["reference"][name] = run_workload(bootstrap, args, per_txn)
         with kbroker_cluster() as cluster:
             for name, per_txn in workloads(args):
-                results["kbroker"][name] = run_workload(cluster.bootstrap, args, per_txn)
+                results["kbroker"][name] = run_workload(cluster.bootstrap, args, per_txn,
+                                                        args.replication)
         for broker, runs in results.items():
             for name, result in runs.items():
                 print(json.dumps({"round": round_number, "broker": broker, "workload": name,
@@ -132,7 +140,8 @@ def main() -> None:
             if "produce_MBps" in ours and "produce_MBps" in theirs:
                 ratios[name].append(round(ours["produce_MBps"] / theirs["produce_MBps"], 2))
     print(json.dumps({
-        "workload": f"{args.n} x {args.size} B, acks=all, {args.partitions} partitions",
+        "workload": f"{args.n} x {args.size} B, acks=all, {args.partitions} partitions, "
+                    f"kbroker's replication factor {args.replication}",
         "rounds": args.rounds,
         "produce_ratio_medians": {name: statistics.median(values) if values else None
                                   for name, values in ratios.items()},

@@ -79,10 +79,11 @@ APPEND_REQUESTS = LoopCounter(
 )
 COMMIT_WAIT_SECONDS = LoopHistogram(
     "kbroker_log_commit_wait_seconds",
-    "Time the answer to an acks=all partition append waited for the high watermark to pass it "
-    "(AppendRequest.commit_wait_ms), by outcome: committed (answered committed, so the produce "
-    "did not wait in the purgatory) or handed_on (not committed within the wait, or the "
-    "replica stopped leading at that epoch: the produce waits in the purgatory).", ["outcome"],
+    "Time the answer to an acks=all partition append or a transaction marker waited for the "
+    "high watermark to pass it (commit_wait_ms), by outcome: committed (answered committed, so "
+    "the produce or marker did not wait in the purgatory) or handed_on (not committed within "
+    "the wait, or the replica stopped leading at that epoch: it waits in the purgatory).",
+    ["outcome"],
     buckets=LATENCY_BUCKETS)
 READ_BYTES = LoopCounter(
     "kbroker_log_read_bytes_total",

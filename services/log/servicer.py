@@ -238,8 +238,9 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
 
     async def WriteTxnMarkers(self, request, context):
         """Each marker on each of its partitions, in order, answered as an Append is (the
-        marker's offset as base_offset)."""
+        marker's offset as base_offset), held like an acks=all one with ``commit_wait_ms``."""
         response = log_pb2.WriteTxnMarkersResponse()
+        commits = []
         for marker in request.markers:
             results = response.markers.add(producer_id=marker.producer_id).partitions
             for item in marker.partitions:
@@ -253,12 +254,16 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
                     _fail_append("WriteTxnMarkers", exc, results.add(
                         topic=topic, partition=partition), self._manager.log_dir)
                 else:
-                    results.add(
+                    result = results.add(
                         topic=topic, partition=partition, base_offset=info.base_offset,
                         log_append_time_ms=info.log_append_time_ms,
                         log_start_offset=info.log_start_offset,
                         log_end_offset=info.log_end_offset, high_watermark=info.high_watermark,
                         leader_epoch=info.leader_epoch, topic_id=leader.topic_id)
+                    if request.commit_wait_ms > 0 and info.high_watermark < info.log_end_offset:
+                        commits.append((result, leader.committed(info.log_end_offset)))
+        if commits:
+            await _await_commits(commits, request.commit_wait_ms / 1000)
         return response
 
     async def DescribeProducers(self, request, context):

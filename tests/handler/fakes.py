@@ -343,9 +343,11 @@ class MemoryLog:
     the network. ``lagging``: appends are not replicated at once (the high watermark stays
     behind), on every partition or on those in ``lagging_partitions``.
     ``marker_errors[(topic, partition)]``: the error markers there get (and nothing is
-    written); ``marker_calls_fail``: every WriteTxnMarkers call raises it. ``isr[(topic,
-    partition)]``: the leader's ISR an append's min_insync_replicas is checked against (the
-    leader alone when not given)."""
+    written); ``marker_calls_fail``: every WriteTxnMarkers call raises it;
+    ``markers_commit_in_wait``: a lagging partition's marker is committed while its leader
+    holds the answer (WriteTxnMarkersRequest.commit_wait_ms), whose values are kept in
+    ``marker_waits``. ``isr[(topic, partition)]``: the leader's ISR an append's
+    min_insync_replicas is checked against (the leader alone when not given)."""
 
     def __init__(self) -> None:
         self.isr: dict[tuple[str, int], tuple[int, ...]] = {}
@@ -356,6 +358,8 @@ class MemoryLog:
         self.markers: list[tuple[int, int, bool, int, tuple[str, int]]] = []
         self.marker_errors: dict[tuple[str, int], int] = {}
         self.marker_calls_fail: Exception | None = None
+        self.markers_commit_in_wait = False
+        self.marker_waits: list[int] = []
         self.marker_written = asyncio.Event()
         self.producers: dict[tuple[str, int], list[log_pb2.ActiveProducer]] = {}
         self.reads = 0
@@ -417,6 +421,7 @@ class MemoryLog:
         if self.marker_calls_fail is not None:
             raise self.marker_calls_fail
         out = log_pb2.WriteTxnMarkersResponse()
+        self.marker_waits.append(request.commit_wait_ms)
         for marker in request.markers:
             answer = out.markers.add(producer_id=marker.producer_id)
             for tp in marker.partitions:
@@ -433,7 +438,10 @@ class MemoryLog:
                         coordinator_epoch=marker.coordinator_epoch),
                     producer_id=marker.producer_id, producer_epoch=marker.producer_epoch,
                     timestamp=0)
-                answer.partitions.append(self._result(where, *self._store(where, batch)))
+                result = self._result(where, *self._store(where, batch))
+                if request.commit_wait_ms > 0 and self.markers_commit_in_wait:
+                    result.high_watermark = result.log_end_offset
+                answer.partitions.append(result)
                 self.markers.append((marker.producer_id, marker.producer_epoch,
                                      marker.committed, marker.coordinator_epoch, where))
         self.marker_written.set()

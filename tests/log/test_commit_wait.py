@@ -106,3 +106,28 @@ def test_a_leader_that_steps_down_answers_at_once_as_appended(tmp_path: Path) ->
         assert (result.error_code, result.high_watermark, list(result.commit_isr)) == (0, 0, [])
 
     run_node(tmp_path, body)
+
+
+def test_a_transaction_marker_is_held_like_an_acks_all_append(tmp_path: Path) -> None:
+    async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
+        await create_with(stub, "t", state("t", LEADER, 3))
+        request = log_pb2.WriteTxnMarkersRequest(commit_wait_ms=10_000, markers=[
+            log_pb2.TxnMarker(producer_id=9, producer_epoch=0, committed=True,
+                              coordinator_epoch=0,
+                              partitions=[log_pb2.TopicPartition(topic="t", partition=0)])])
+        task = asyncio.ensure_future(stub.WriteTxnMarkers(request))
+        await asyncio.sleep(0.3)
+        assert not task.done()
+        assert (await fetch(stub, "t", 0, epoch=3)).log_end_offset == 1
+        await fetch(stub, "t", 1, epoch=3)
+        [marker] = (await asyncio.wait_for(task, 5)).markers
+        [result] = marker.partitions
+        assert (result.error_code, result.base_offset, result.log_end_offset,
+                result.high_watermark) == (0, 0, 1, 1)
+        # Without a wait it is answered as written.
+        request.commit_wait_ms = 0
+        [marker] = (await asyncio.wait_for(stub.WriteTxnMarkers(request), 5)).markers
+        assert (marker.partitions[0].log_end_offset, marker.partitions[0].high_watermark) == (
+            2, 1)
+
+    run_node(tmp_path, body)

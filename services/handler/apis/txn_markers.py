@@ -37,10 +37,12 @@ MarkerResult = k.WriteTxnMarkersResponse.WritableTxnMarkerResult
 
 
 class WriteTxnMarkersApi:
-    def __init__(self, cache: MetadataCache, log_nodes: LogNodes, purgatory: Purgatory) -> None:
+    def __init__(self, cache: MetadataCache, log_nodes: LogNodes, purgatory: Purgatory, *,
+                 leader_wait_ms: int = 0) -> None:
         self._cache = cache
         self._log_nodes = log_nodes
         self._purgatory = purgatory
+        self._leader_wait_ms = leader_wait_ms
 
     async def handle(self, request: k.WriteTxnMarkersRequest,
                      context: RequestContext) -> k.WriteTxnMarkersResponse:
@@ -54,7 +56,8 @@ class WriteTxnMarkersApi:
         if denied:
             return error_response(request, denied)  # type: ignore[no-any-return]
         errors = await write_markers(self._cache, self._log_nodes, self._purgatory, markers,
-                                     REPLICATION_TIMEOUT_MS) if markers else []
+                                     REPLICATION_TIMEOUT_MS,
+                                     self._leader_wait_ms) if markers else []
         by_producer: dict[int, dict[str, dict[int, int]]] = {}
         for marker, answered in zip(request.markers, errors, strict=True):
             topics = by_producer.setdefault(marker.producer_id, {})

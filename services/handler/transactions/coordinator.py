@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
@@ -73,8 +74,12 @@ DEADLINE_SLACK_MS = 5
 MAX_DECISIONS = 3
 # First pause before a failed attempt to finish a prepared transaction is made again.
 FINISH_BACKOFF_S = 0.2
+# How long InitProducerId and AddPartitionsToTxn wait for a prepared transaction's markers
+# before they answer CONCURRENT_TRANSACTIONS (see TransactionCoordinator._decide_when_settled).
+SETTLE_WAIT_MS = 1_000
 
 INVALID_REQUEST = ErrorCode.invalid_request.value
+CONCURRENT_TRANSACTIONS = ErrorCode.concurrent_transactions.value
 INVALID_TRANSACTION_TIMEOUT = ErrorCode.invalid_transaction_timeout.value
 COORDINATOR_LOAD_IN_PROGRESS = ErrorCode.coordinator_load_in_progress.value
 TRANSACTIONAL_ID_NOT_FOUND = ErrorCode.transactional_id_not_found.value
@@ -134,7 +139,9 @@ class TransactionCoordinator:
         self.runtime = CoordinatorRuntime(self.placement, log_nodes, purgatory, PartitionState,
                                           kind="transaction", timers_of=timers_of(self.config),
                                           writes=TRANSACTION_WRITES)
-        self.markers = MarkerWriter(cache, log_nodes, purgatory)
+        self.settle_wait_ms = SETTLE_WAIT_MS
+        self.markers = MarkerWriter(cache, log_nodes, purgatory,
+                                    leader_wait_ms=config.acks_all_leader_wait_ms)
         self._producer_ids = producer_ids
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -167,6 +174,28 @@ class TransactionCoordinator:
         raise CoordinatorError(COORDINATOR_LOAD_IN_PROGRESS,
                                f"{transactional_id}: no producer id decided")
 
+    async def _decide_when_settled(
+            self, transactional_id: str,
+            decide: Callable[[TransactionMetadata | None, int, int | None], Decision],
+    ) -> Decision:
+        """:meth:`_decide`, except that a decision of CONCURRENT_TRANSACTIONS while the
+        transaction's markers are being written (PrepareCommit or PrepareAbort) waits for it to
+        complete, up to :attr:`settle_wait_ms`, and is made again. Kafka answers at once and the
+        client retries after a backoff; a client that begins its next transaction right after
+        EndTxn (whose answer does not wait for the markers) would otherwise pay that backoff on
+        every transaction. The answers are Kafka's: only when they come differs."""
+        give_up = time.monotonic() + self.settle_wait_ms / 1000
+        while True:
+            decision = await self._decide(transactional_id, decide)
+            remaining_ms = (give_up - time.monotonic()) * 1000
+            if decision.error != CONCURRENT_TRANSACTIONS or remaining_ms <= 0:
+                return decision
+            state, end = await self.runtime.read_at(transactional_id)
+            meta = state.get(transactional_id)
+            if meta is not None and meta.state in PREPARED:
+                # Woken by the write that completes it (see _finish_once), or the time limit.
+                await self.runtime.wait(transactional_id, end + 1, remaining_ms)
+
     async def init_producer_id(self, transactional_id: str, timeout_ms: int,
                                expected: ProducerIdAndEpoch | None) -> Decision:
         """InitProducerId with a transactional id (its own error when the decision is made;
@@ -175,7 +204,7 @@ class TransactionCoordinator:
             return Decision(error=INVALID_REQUEST)
         if not 0 < timeout_ms <= self.config.max_timeout_ms:
             return Decision(error=INVALID_TRANSACTION_TIMEOUT)
-        return await self._decide(transactional_id, lambda meta, now, fresh: (
+        return await self._decide_when_settled(transactional_id, lambda meta, now, fresh: (
             txn.init_producer_id(meta, transactional_id, timeout_ms, expected, now, fresh)))
 
     async def add_partitions(self, transactional_id: str, producer_id: int, epoch: int,
@@ -187,7 +216,7 @@ class TransactionCoordinator:
         error for every partition."""
         if not transactional_id:
             return INVALID_REQUEST
-        decision = await self._decide(transactional_id, lambda meta, now, fresh: (
+        decision = await self._decide_when_settled(transactional_id, lambda meta, now, fresh: (
             txn.add_partitions(meta, producer_id, epoch, partitions, now,
                                transaction_version)))
         return decision.error
@@ -284,8 +313,9 @@ class TransactionCoordinator:
             completed = txn.complete(meta, now)
             return [transaction_record(tid, completed)], completed
 
-        completed, _ = await self.runtime.update(tid, change)
+        completed, end = await self.runtime.update(tid, change)
         if completed is not None:
+            await self.runtime.signal(tid, end)  # what waits for it to settle
             TRANSACTIONS_COMPLETED.labels(
                 "commit" if prepared.committing else "abort").inc()
             log.info("transaction of %s (producer %d, epoch %d) %s", tid,

@@ -103,11 +103,14 @@ def _exists(metadata: ClusterMetadata, tp: TopicPartition) -> bool:
 
 
 async def write_markers(cache: MetadataCache, log_nodes: LogNodes, purgatory: Purgatory,
-                        markers: Sequence[Marker], timeout_ms: int
+                        markers: Sequence[Marker], timeout_ms: int, leader_wait_ms: int = 0
                         ) -> list[dict[TopicPartition, int]]:
     """Write every marker on its partitions' leaders once and wait, up to ``timeout_ms``, until
-    the high watermarks cover them; per marker, the error of each of its partitions (see the
+    the high watermarks cover them: the leaders hold their answers up to ``leader_wait_ms``
+    (never past the timeout) for that, as for an acks=all produce, and what is not covered by
+    then waits in the purgatory. Per marker, the error of each of its partitions (see the
     module docstring)."""
+    commit_wait_ms = min(leader_wait_ms, timeout_ms)
     items = [_Written(i, tp) for i, m in enumerate(markers) for tp in sorted(m.partitions)]
     metadata = await _metadata(cache, markers)
     by_node: dict[int, tuple[LogNode, list[_Written]]] = {}
@@ -123,7 +126,7 @@ async def write_markers(cache: MetadataCache, log_nodes: LogNodes, purgatory: Pu
         by_node.setdefault(route.leader.node_id, (route.leader, []))[1].append(item)
 
     async def on(node: LogNode, written: list[_Written]) -> None:
-        request = log_pb2.WriteTxnMarkersRequest()
+        request = log_pb2.WriteTxnMarkersRequest(commit_wait_ms=commit_wait_ms)
         positions: dict[int, int] = {}
         for item in written:
             if item.marker not in positions:
@@ -154,9 +157,10 @@ async def write_markers(cache: MetadataCache, log_nodes: LogNodes, purgatory: Pu
             item.error = UNKNOWN_SERVER_ERROR if result is None else leader_error(
                 result.error_code)
 
+    started = time.monotonic()
     await asyncio.gather(*(on(node, written) for node, written in by_node.values()))
     await _await_replicated(purgatory, [i for i in items if i.result is not None and not i.error],
-                            timeout_ms)
+                            timeout_ms - int((time.monotonic() - started) * 1000))
     errors: list[dict[TopicPartition, int]] = [{} for _ in markers]
     for item in items:
         errors[item.marker][item.tp] = item.error
@@ -200,11 +204,13 @@ class MarkerWriter:
     or the time limit passes (the caller's timers start another writer later)."""
 
     def __init__(self, cache: MetadataCache, log_nodes: LogNodes, purgatory: Purgatory, *,
-                 replication_timeout_ms: int = 5_000, time_limit_s: float = 60.0) -> None:
+                 replication_timeout_ms: int = 5_000, time_limit_s: float = 60.0,
+                 leader_wait_ms: int = 0) -> None:
         self._cache = cache
         self._log_nodes = log_nodes
         self._purgatory = purgatory
         self.replication_timeout_ms = replication_timeout_ms
+        self.leader_wait_ms = leader_wait_ms
         self.time_limit_s = time_limit_s
 
     async def write(self, producer_id: int, producer_epoch: int, committed: bool,
@@ -224,7 +230,8 @@ class MarkerWriter:
                             committed=committed, coordinator_epoch=coordinator_epoch,
                             partitions=frozenset(pending))
             [errors] = await write_markers(self._cache, self._log_nodes, self._purgatory,
-                                           [marker], self.replication_timeout_ms)
+                                           [marker], self.replication_timeout_ms,
+                                           self.leader_wait_ms)
             for tp, error in errors.items():
                 if error in DONE:
                     pending.discard(tp)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -29,6 +30,7 @@ from services.handler.transactions.coordinator import (
 from services.handler.transactions.metadata import (
     TV_0,
     TV_2,
+    Decision,
     ProducerIdAndEpoch,
     TxnState,
 )
@@ -132,6 +134,10 @@ def test_a_transaction_commits_its_markers_on_every_partition_then_completes() -
         await txn.close()
 
     run(main())
+
+
+async def _error(decision: Awaitable[Decision]) -> int:
+    return (await decision).error
 
 
 async def _is(txn: TransactionCoordinator, tid: str, state: TxnState) -> bool:
@@ -265,14 +271,39 @@ def test_init_producer_id_fences_an_ongoing_transaction_first() -> None:
         log, purgatory = MemoryLog(), MemoryPurgatory()
         txn = coordinator(log, purgatory)
         pid, epoch = await begin(txn, "tx", A0, B0)
-        # A new instance of the producer (same transactional id) starts.
-        fenced = await txn.init_producer_id("tx", 60_000, None)
-        assert (fenced.error, fenced.producer_id) == (E.concurrent_transactions.value, -1)
-        await eventually(lambda: _is(txn, "tx", TxnState.COMPLETE_ABORT), "aborted")
-        assert sorted((m[1], m[2], m[4]) for m in log.markers) == [
-            (epoch + 1, False, A0), (epoch + 1, False, B0)]
+        # A new instance of the producer (same transactional id) starts: the ongoing
+        # transaction is fenced and aborted, and the answer waits for the abort's markers
+        # (Kafka answers CONCURRENT_TRANSACTIONS at once, and the client's retry this).
         again = await txn.init_producer_id("tx", 60_000, None)
         assert (again.error, again.producer_id, again.producer_epoch) == (0, pid, epoch + 2)
+        assert sorted((m[1], m[2], m[4]) for m in log.markers) == [
+            (epoch + 1, False, A0), (epoch + 1, False, B0)]
+        await txn.close()
+
+    run(main())
+
+
+def test_markers_not_written_within_the_settle_wait_are_concurrent_transactions() -> None:
+    async def main() -> None:
+        log, purgatory = MemoryLog(), MemoryPurgatory()
+        txn = coordinator(log, purgatory)
+        txn.settle_wait_ms = 300
+        pid, epoch = await begin(txn, "tx", A0)
+        log.marker_errors[A0] = E.not_leader_or_follower.value  # written again and again
+        assert (await txn.end_transaction("tx", pid, epoch, True, TV_0)).error == 0
+        for ask in (lambda: txn.add_partitions("tx", pid, epoch, frozenset({A0})),
+                    lambda: _error(txn.init_producer_id("tx", 60_000, None))):
+            started = time.monotonic()
+            assert await ask() == E.concurrent_transactions.value
+            assert 0.25 <= time.monotonic() - started < 5
+        # Once the markers are written, a waiting request is decided again: the next
+        # transaction begins.
+        txn.settle_wait_ms = 10_000
+        waiting = asyncio.ensure_future(txn.add_partitions("tx", pid, epoch, frozenset({A0})))
+        await asyncio.sleep(0.1)
+        del log.marker_errors[A0]
+        assert await asyncio.wait_for(waiting, 5) == 0
+        assert await _is(txn, "tx", TxnState.ONGOING)
         await txn.close()
 
     run(main())
@@ -372,6 +403,32 @@ def test_replication_of_markers_is_awaited_and_the_timeout_retried() -> None:
         assert len(log.markers) >= 2  # written again after each timeout
         purgatory.replicated = True
         await eventually(lambda: _is(txn, "tx", TxnState.COMPLETE_COMMIT), "complete")
+        await txn.close()
+
+    run(main())
+
+
+def test_markers_committed_while_their_leader_holds_the_answer_need_no_purgatory() -> None:
+    async def main() -> None:
+        log, purgatory = MemoryLog(), MemoryPurgatory()
+        txn = coordinator(log, purgatory, acks_all_leader_wait_ms=250)
+        pid, epoch = await begin(txn, "tx", A0)
+        log.lagging_partitions.add(A0)
+        log.markers_commit_in_wait = True
+        purgatory.replicated = False  # the purgatory would never see the marker replicated
+        waits = len(purgatory.produce_waits)
+        assert (await txn.end_transaction("tx", pid, epoch, True, TV_0)).error == 0
+        await eventually(lambda: _is(txn, "tx", TxnState.COMPLETE_COMMIT), "complete")
+        assert log.marker_waits == [250]
+        assert len(purgatory.produce_waits) == waits
+        # With no leader wait, the marker's replication is awaited in the purgatory.
+        txn.markers.leader_wait_ms = 0
+        pid, epoch = await begin(txn, "tx", A0)
+        purgatory.replicated = True
+        assert (await txn.end_transaction("tx", pid, epoch, True, TV_0)).error == 0
+        await eventually(lambda: _is(txn, "tx", TxnState.COMPLETE_COMMIT), "complete")
+        assert log.marker_waits == [250, 0]
+        assert len(purgatory.produce_waits) == waits + 1
         await txn.close()
 
     run(main())
