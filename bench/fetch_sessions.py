@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from throughput import kbroker_cluster, reference_broker  # noqa: E402
+from throughput import cpu_seconds, kbroker_cluster, reference_broker  # noqa: E402
 
 WORKLOAD = r'''
 import json, sys, time, uuid
@@ -98,15 +98,6 @@ print(json.dumps({"partitions": partitions, "fetches": int(fetches),
                   "request_bytes_per_fetch": round((after[1] - before[1]) / max(fetches, 1)),
                   "response_bytes_per_fetch": round((after[2] - before[2]) / max(fetches, 1))}))
 '''
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU seconds of the processes ``pids`` so far."""
-    total = 0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / 100
 
 
 def run_workload(bootstrap: str, args: argparse.Namespace, pids: list[int]) -> dict:

@@ -44,6 +44,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from throughput import cpu_seconds  # noqa: E402
+
 from services.local_cluster import ClusterSpec, LocalCluster  # noqa: E402
 
 PRODUCE = r'''
@@ -85,15 +87,6 @@ def produce_requests(metrics_port: int) -> float:
             if line.startswith('kbroker_frontend_requests_total{api="Produce"}'):
                 return float(line.rsplit(" ", 1)[1])
     return 0.0
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / tick
 
 
 class Side:

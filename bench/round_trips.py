@@ -38,11 +38,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from fetch_sessions import cpu_seconds  # noqa: E402
 from kio.schema.api_versions.v2.request import ApiVersionsRequest  # noqa: E402
 from kio.schema.metadata.v1.request import MetadataRequest, MetadataRequestTopic  # noqa: E402
 from scale_client import Connection, frame, leaders, percentiles, produce_request  # noqa: E402
-from throughput import kbroker_cluster, reference_broker  # noqa: E402
+from throughput import cpu_seconds, kbroker_cluster, reference_broker  # noqa: E402
 
 # Imported once grpc is loaded here: this process, whose launcher checks the services' health
 # on blocking channels, keeps gRPC's default transport; the processes it starts (the services,

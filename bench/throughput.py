@@ -98,6 +98,15 @@ print(json.dumps({"produce_MBps": round(n * size / 1e6 / t_produce, 1),
 '''
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of the processes ``pids`` so far (from /proc)."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def reference_binary() -> Path:
     python = REF_VENV / "bin" / "python"
     if not python.exists():
