@@ -49,7 +49,9 @@ def crashing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]
 
 
 class CopyLoop:
-    """Copies ``source`` to ``sink`` in transactions of up to ``batch`` records."""
+    """Copies ``source`` to ``sink`` in transactions of up to ``batch`` records, committing at
+    most ``allowed`` transactions in all (None: no limit), so that a test's phases each see
+    transactions of their own however fast the copying goes."""
 
     def __init__(self, bootstrap: str, source: str, sink: str, group: str,
                  transactional_id: str, batch: int = 25) -> None:
@@ -69,6 +71,7 @@ class CopyLoop:
         # thread at a time, and a busy loop would starve another thread's calls).
         self.copied = 0
         self.errors: list[str] = []
+        self.allowed: int | None = None
 
     def _new_producer(self) -> None:
         self.producer = Producer({
@@ -87,6 +90,9 @@ class CopyLoop:
     def run(self) -> None:
         self.consumer.assign([TopicPartition(self.source, p, 0) for p in range(PARTITIONS)])
         while not self.stop.is_set():
+            if self.allowed is not None and self.committed_transactions >= self.allowed:
+                time.sleep(0.05)
+                continue
             try:
                 if self.producer is None:
                     self._new_producer()
@@ -160,22 +166,27 @@ def test_every_input_is_copied_exactly_once_across_kills(crashing, topic_name):
 
     transactional_id = f"copier-{topic_name}"
     loop = CopyLoop(crashing.bootstrap, source, sink, f"g-{topic_name}", transactional_id)
+    # 5 transactions per phase, of the 48 or more the input makes: input is left for each.
+    loop.allowed = 5
     thread = threading.Thread(target=loop.run, name="copy-loop", daemon=True)
     thread.start()
     try:
         loop.reaches(lambda: loop.committed_transactions >= 5, 60,
                      "transactions before any kill", crashing)
         crashing.kill("handler-0")
+        loop.allowed = 10
         loop.reaches(lambda: loop.committed_transactions >= 10, 60,
                      "transactions with a handler down", crashing)
         crashing.start_service("handler-0")
         victim = coordinator_node(crashing, transactional_id)
         before = loop.committed_transactions
         crashing.kill(f"log-{victim}")
+        loop.allowed = before + 5
         loop.reaches(lambda: loop.committed_transactions >= before + 5, 90,
                      f"transactions after the coordinator's log node {victim} was killed",
                      crashing)
         crashing.start_service(f"log-{victim}")
+        loop.allowed = None
         loop.reaches(loop.done, 180, "every record copied", crashing)
     finally:
         loop.stop.set()
