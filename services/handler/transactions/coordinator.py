@@ -28,9 +28,11 @@ coordinator that lost its partition, as Kafka's does; handlers of one epoch shar
 handler stalled for longer than the takeover time inside one marker call could, in principle,
 have that call land after another handler completed the transaction and after the producer
 started its next one on that partition (at the same producer epoch), ending it early there; a
-writer checks before every attempt that the transaction is still the one it prepared, so only
-a call already in flight (bounded by its time limit) is exposed. A new producer epoch in
-between (InitProducerId) fences such a marker at the partition (INVALID_PRODUCER_EPOCH).
+writer checks before every attempt that the transaction is still the one it prepared (but for
+a first attempt within half the takeover time of its own write, when nobody else can have
+acted on it yet), so only a call already in flight (bounded by its time limit) is exposed. A
+new producer epoch in between (InitProducerId) fences such a marker at the partition
+(INVALID_PRODUCER_EPOCH).
 """
 
 from __future__ import annotations
@@ -255,26 +257,28 @@ class TransactionCoordinator:
     async def _written(self, meta: TransactionMetadata) -> None:
         """Arm the transaction's timer for its new deadline; write the markers of a prepared
         one (in the background: the request that prepared it is answered at once)."""
+        written_at = time.monotonic()
         await self.runtime.arm({timer_key(meta.transactional_id):
                                 _timeout(meta, self.now(), self.config)})
         if meta.state in PREPARED:
-            self._spawn(self._finish(meta))
+            self._spawn(self._finish(meta, written_at))
 
     def _spawn(self, coroutine: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _finish(self, prepared: TransactionMetadata) -> None:
+    async def _finish(self, prepared: TransactionMetadata, written_at: float) -> None:
         """Write the markers of a prepared transaction, then complete it; stop if it moves on
         (another handler took it over or finished it). A failed attempt (the partition's
         leader just died) is made again after a backoff for up to half the takeover time;
         after that the takeover timer runs out and another handler finishes it."""
         deadline = asyncio.get_running_loop().time() + self.config.marker_takeover_ms / 2000
         backoff = FINISH_BACKOFF_S
+        first = True
         while True:
             try:
-                await self._finish_once(prepared)
+                await self._finish_once(prepared, written_at if first else None)
                 return
             except CoordinatorError as exc:
                 if asyncio.get_running_loop().time() + backoff > deadline:
@@ -285,13 +289,26 @@ class TransactionCoordinator:
                          prepared.transactional_id, backoff, exc)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 1.0)
+            first = False
 
-    async def _finish_once(self, prepared: TransactionMetadata) -> None:
-        """One attempt of :meth:`_finish`. Raises CoordinatorError."""
+    async def _finish_once(self, prepared: TransactionMetadata,
+                           written_at: float | None = None) -> None:
+        """One attempt of :meth:`_finish`. Raises CoordinatorError. ``written_at``: when this
+        handler wrote ``prepared`` (monotonic seconds), just before it armed the takeover
+        timer; until half the takeover time has passed since, no other handler can have acted
+        on the transaction, so the first marker attempt needs neither a read of the state nor
+        the timer armed again."""
         tid = prepared.transactional_id
         key = timer_key(tid)
+        unchecked = written_at
 
         async def still_due() -> int | None:
+            nonlocal unchecked
+            if unchecked is not None and (time.monotonic() - unchecked
+                                          < self.config.marker_takeover_ms / 2000):
+                unchecked = None
+                return await self.runtime.leader_epoch(tid)
+            unchecked = None
             meta = (await self.runtime.read(tid)).get(tid)
             if meta != prepared:
                 return None

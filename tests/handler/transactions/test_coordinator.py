@@ -7,6 +7,7 @@ Ongoing transaction, handlers racing, and what marker errors mean."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import time
 from collections.abc import Awaitable, Callable
@@ -278,6 +279,44 @@ def test_init_producer_id_fences_an_ongoing_transaction_first() -> None:
         assert (again.error, again.producer_id, again.producer_epoch) == (0, pid, epoch + 2)
         assert sorted((m[1], m[2], m[4]) for m in log.markers) == [
             (epoch + 1, False, A0), (epoch + 1, False, B0)]
+        await txn.close()
+
+    run(main())
+
+
+def test_the_first_marker_attempt_after_its_own_write_reads_nothing_again() -> None:
+    """The handler that prepared a transaction writes its markers at once: nobody else acts
+    on it before its takeover timer (just armed) runs out, so that attempt needs no read of
+    the state; a later attempt, or a first one late by half the takeover time, checks."""
+    async def main() -> None:
+        log, purgatory = MemoryLog(), MemoryPurgatory()
+        txn = coordinator(log, purgatory)
+        pid, epoch = await begin(txn, "tx", A0)
+        reads = log.reads
+        assert (await txn.end_transaction("tx", pid, epoch, True, TV_0)).error == 0
+        await asyncio.wait_for(log.marker_written.wait(), 5)
+        assert log.reads == reads
+        await eventually(lambda: _is(txn, "tx", TxnState.COMPLETE_COMMIT), "complete")
+        # A failed first attempt is made again after a read of the state.
+        pid, epoch = await begin(txn, "tx", A0)
+        log.marker_errors[A0] = E.not_leader_or_follower.value
+        log.marker_written.clear()
+        reads = log.reads
+        assert (await txn.end_transaction("tx", pid, epoch, True, TV_0)).error == 0
+        await asyncio.wait_for(log.marker_written.wait(), 5)
+        log.marker_written.clear()
+        await asyncio.wait_for(log.marker_written.wait(), 5)
+        assert log.reads > reads
+        del log.marker_errors[A0]
+        await eventually(lambda: _is(txn, "tx", TxnState.COMPLETE_COMMIT), "complete")
+        # Late (as after a stall): the state is read, and a transaction that moved on gets no
+        # marker.
+        _, meta = await txn.describe("tx")
+        assert meta is not None
+        prepared = dataclasses.replace(meta, state=TxnState.PREPARE_COMMIT)
+        reads, markers = log.reads, len(log.markers)
+        await txn._finish_once(prepared, time.monotonic() - 1.0)  # takeover: 1 s
+        assert log.reads > reads and len(log.markers) == markers
         await txn.close()
 
     run(main())
