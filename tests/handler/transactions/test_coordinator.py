@@ -313,7 +313,8 @@ def test_the_first_marker_attempt_after_its_own_write_reads_nothing_again() -> N
         # marker.
         _, meta = await txn.describe("tx")
         assert meta is not None
-        prepared = dataclasses.replace(meta, state=TxnState.PREPARE_COMMIT)
+        prepared = dataclasses.replace(meta, state=TxnState.PREPARE_COMMIT,
+                                       partitions=frozenset({A0}))
         reads, markers = log.reads, len(log.markers)
         await txn._finish_once(prepared, time.monotonic() - 1.0)  # takeover: 1 s
         assert log.reads > reads and len(log.markers) == markers
