@@ -53,12 +53,12 @@ async def _await_commits(
         commits: list[tuple[log_pb2.PartitionAppendResult,
                             asyncio.Future[tuple[int, ...] | None]]],
         seconds: float) -> float:
-    """Hold an acks=all append's answer until the leader's high watermark passes what it
-    appended to each partition, for at most ``seconds``: a partition committed meanwhile is
-    answered with its high watermark at its log end offset and the ISR that committed it, so
-    the produce needs no wait in the purgatory (one hop and up to three messages fewer); the
-    others are answered as they were appended. Returns how long the answer was held, in
-    seconds."""
+    """Hold the answer to an acks=all append (or to transaction markers) until the leader's
+    high watermark passes what it wrote to each partition, for at most ``seconds``: a partition
+    committed meanwhile is answered with its high watermark at its log end offset and the ISR
+    that committed it, so the write needs no wait in the purgatory (one hop and up to three
+    messages fewer); the others are answered as they were written. Returns how long the answer
+    was held, in seconds."""
     started = time.perf_counter()
     await asyncio.wait([future for _, future in commits], timeout=seconds)
     waited = time.perf_counter() - started
