@@ -263,7 +263,8 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
                     if request.commit_wait_ms > 0 and info.high_watermark < info.log_end_offset:
                         commits.append((result, leader.committed(info.log_end_offset)))
         if commits:
-            await _await_commits(commits, request.commit_wait_ms / 1000)
+            waited = await _await_commits(commits, request.commit_wait_ms / 1000)
+            response.commit_wait_us = int(waited * 1e6)
         return response
 
     async def DescribeProducers(self, request, context):

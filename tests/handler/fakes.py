@@ -345,8 +345,8 @@ class MemoryLog:
     ``marker_errors[(topic, partition)]``: the error markers there get (and nothing is
     written); ``marker_calls_fail``: every WriteTxnMarkers call raises it;
     ``markers_commit_in_wait``: a lagging partition's marker is committed while its leader
-    holds the answer (WriteTxnMarkersRequest.commit_wait_ms), whose values are kept in
-    ``marker_waits``. ``isr[(topic, partition)]``: the leader's ISR an append's
+    holds the answer (WriteTxnMarkersRequest.commit_wait_ms, whose values are kept in
+    ``marker_waits``), after 1.5 ms of it. ``isr[(topic, partition)]``: the leader's ISR an append's
     min_insync_replicas is checked against (the leader alone when not given)."""
 
     def __init__(self) -> None:
@@ -441,6 +441,7 @@ class MemoryLog:
                 result = self._result(where, *self._store(where, batch))
                 if request.commit_wait_ms > 0 and self.markers_commit_in_wait:
                     result.high_watermark = result.log_end_offset
+                    out.commit_wait_us = 1500
                 answer.partitions.append(result)
                 self.markers.append((marker.producer_id, marker.producer_epoch,
                                      marker.committed, marker.coordinator_epoch, where))

@@ -120,13 +120,17 @@ def test_a_transaction_marker_is_held_like_an_acks_all_append(tmp_path: Path) ->
         assert not task.done()
         assert (await fetch(stub, "t", 0, epoch=3)).log_end_offset == 1
         await fetch(stub, "t", 1, epoch=3)
-        [marker] = (await asyncio.wait_for(task, 5)).markers
+        response = await asyncio.wait_for(task, 5)
+        [marker] = response.markers
         [result] = marker.partitions
         assert (result.error_code, result.base_offset, result.log_end_offset,
                 result.high_watermark) == (0, 0, 1, 1)
+        assert 200_000 <= response.commit_wait_us < 5_000_000  # held while the test slept
         # Without a wait it is answered as written.
         request.commit_wait_ms = 0
-        [marker] = (await asyncio.wait_for(stub.WriteTxnMarkers(request), 5)).markers
+        response = await asyncio.wait_for(stub.WriteTxnMarkers(request), 5)
+        assert response.commit_wait_us == 0
+        [marker] = response.markers
         assert (marker.partitions[0].log_end_offset, marker.partitions[0].high_watermark) == (
             2, 1)
 

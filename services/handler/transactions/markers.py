@@ -45,7 +45,7 @@ from ..metadata_cache import (
     MetadataCache,
     MetadataUnavailableError,
 )
-from ..metrics import parked
+from ..metrics import add_remote_time, parked
 from ..routing import leader_error, locate, replication_key
 
 log = logging.getLogger(__name__)
@@ -125,6 +125,8 @@ async def write_markers(cache: MetadataCache, log_nodes: LogNodes, purgatory: Pu
             continue
         by_node.setdefault(route.leader.node_id, (route.leader, []))[1].append(item)
 
+    waits_us = [0]  # what each leader held its answer for commits, in microseconds
+
     async def on(node: LogNode, written: list[_Written]) -> None:
         request = log_pb2.WriteTxnMarkersRequest(commit_wait_ms=commit_wait_ms)
         positions: dict[int, int] = {}
@@ -147,6 +149,7 @@ async def write_markers(cache: MetadataCache, log_nodes: LogNodes, purgatory: Pu
             for item in written:
                 item.error = error
             return
+        waits_us.append(response.commit_wait_us)
         results: dict[tuple[int, TopicPartition], log_pb2.PartitionAppendResult] = {}
         for position, answer in enumerate(response.markers):
             for result in answer.partitions:
@@ -159,6 +162,8 @@ async def write_markers(cache: MetadataCache, log_nodes: LogNodes, purgatory: Pu
 
     started = time.monotonic()
     await asyncio.gather(*(on(node, written) for node, written in by_node.values()))
+    # The longest a leader held its answer for commits: remote time, as a produce counts it.
+    add_remote_time(max(waits_us) / 1e6)
     await _await_replicated(purgatory, [i for i in items if i.result is not None and not i.error],
                             timeout_ms - int((time.monotonic() - started) * 1000))
     errors: list[dict[TopicPartition, int]] = [{} for _ in markers]

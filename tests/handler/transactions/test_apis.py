@@ -32,6 +32,7 @@ from services.handler.config import HandlerConfig
 from services.handler.groups.coordinator import OFFSETS_TOPIC, GroupCoordinator
 from services.handler.groups.group import Group, GroupState, Member
 from services.handler.groups.state import group_record
+from services.handler.metrics import remote_time
 from services.handler.request_context import RequestContext
 from services.handler.transactions.coordinator import (
     TRANSACTION_STATE_TOPIC,
@@ -435,6 +436,31 @@ def test_write_txn_markers_for_an_admin_client() -> None:
         assert sorted(c.log.markers) == [(7, 1, False, 4, ("a", 0)), (7, 1, False, 4, ("a", 1)),
                                          (8, 0, True, 4, ("a", 0))]
         assert (await c.markers.handle(k.WriteTxnMarkersRequest(), at(1))).markers == []
+
+    run(test)
+
+
+def test_write_txn_markers_counts_the_leaders_hold_as_remote_time() -> None:
+    class Trailers:
+        def set_trailing_metadata(self, trailers: object) -> None:
+            pass
+
+    async def test(c: Cluster) -> None:
+        c.log.markers_commit_in_wait = True
+        markers = WriteTxnMarkersApi(cache_of(METADATA), c.log,  # type: ignore[arg-type]
+                                     c.purgatory, leader_wait_ms=100)  # type: ignore[arg-type]
+        request = k.WriteTxnMarkersRequest(markers=[
+            {"producer_id": 7, "producer_epoch": 1, "transaction_result": True,
+             "coordinator_epoch": 4, "topics": [{"name": "a", "partition_indexes": [0, 1]}]}])
+        waits = len(c.purgatory.produce_waits)
+        with remote_time(Trailers()) as account:
+            response = await markers.handle(request, at(1))
+        assert [p.error_code for m in response.markers for t in m.topics
+                for p in t.partitions] == [0, 0]
+        assert c.log.marker_waits == [100]
+        # Committed in the leader's hold: no purgatory wait, and the hold is the remote time.
+        assert len(c.purgatory.produce_waits) == waits
+        assert account.seconds == 0.0015
 
     run(test)
 
