@@ -346,8 +346,9 @@ class MemoryLog:
     written); ``marker_calls_fail``: every WriteTxnMarkers call raises it;
     ``markers_commit_in_wait``: a lagging partition's marker is committed while its leader
     holds the answer (WriteTxnMarkersRequest.commit_wait_ms, whose values are kept in
-    ``marker_waits``), after 1.5 ms of it. ``isr[(topic, partition)]``: the leader's ISR an append's
-    min_insync_replicas is checked against (the leader alone when not given)."""
+    ``marker_waits``), the answer reporting a hold of 1.5 ms. ``isr[(topic, partition)]``: the
+    leader's ISR an append's min_insync_replicas is checked against (the leader alone when not
+    given)."""
 
     def __init__(self) -> None:
         self.isr: dict[tuple[str, int], tuple[int, ...]] = {}
