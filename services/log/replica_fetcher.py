@@ -51,7 +51,7 @@ import grpc
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from services.common.channels import internal_channel
 from services.common.errors import ErrorCode, KafkaError, error_name
-from services.common.tls import InternalTls
+from services.common.tls import InternalTls, InternalTlsError
 
 from . import metrics
 from .log_manager import LogManager
@@ -217,8 +217,15 @@ class ReplicaFetcher:
                 asyncio.get_running_loop().create_task(channel.close())
             self._address, self._channel, self._stub = address, None, None
             if address is not None:
-                self._channel = internal_channel(address, self._tls, "log")
-                self._stub = _LeaderCalls(self._channel)
+                try:
+                    self._channel = internal_channel(address, self._tls, "log")
+                except InternalTlsError as exc:
+                    # Not an address this node may dial (plaintext off loopback): nothing is
+                    # fetched from this leader until the settings name another.
+                    log.error("fetcher of leader %d: cannot reach it at %r: %s", self.leader,
+                              address, exc)
+                else:
+                    self._stub = _LeaderCalls(self._channel)
         return self._stub
 
     def _close_stream(self) -> None:

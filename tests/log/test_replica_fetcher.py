@@ -198,3 +198,29 @@ def test_a_follower_is_cut_back_to_its_new_leader_before_it_fetches(tmp_path: Pa
             assert zero.log("t").leader_epochs.latest_epoch == 1
 
     asyncio.run(asyncio.wait_for(main(), TIMEOUT))
+
+
+def test_a_leader_address_the_follower_may_not_dial_is_logged_once_and_waits_for_new_settings(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> None:
+        async with two_nodes(tmp_path) as (leader, follower):
+            # Plaintext gRPC is for loopback only: the follower cannot dial this address.
+            settings = log_pb2.ReplicationSettings(
+                configs={"replica.fetch.wait.max.ms": "200", "replica.fetch.backoff.ms": "50"},
+                log_nodes={0: "leader.example:9093", 1: follower.address})
+            await follower.stub.UpdateReplicationSettings(settings)
+            await create((leader, follower), "t", epoch=1)
+            end = (await append(leader, "t", build_batch(values(3)))).log_end_offset
+            await asyncio.sleep(1.0)  # twenty backoffs' worth
+            assert follower.log("t").log_end_offset == 0
+            refused = [r for r in caplog.records if "cannot reach it" in r.getMessage()]
+            assert len(refused) == 1 and refused[0].levelname == "ERROR", refused
+            assert "leader.example:9093" in refused[0].getMessage()
+            assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+            # Settings naming the leader's real address: the follower catches up.
+            settings.log_nodes[0] = leader.address
+            await follower.stub.UpdateReplicationSettings(settings)
+            await eventually(lambda: follower.log("t").log_end_offset == end)
+
+    with caplog.at_level("INFO"):
+        asyncio.run(asyncio.wait_for(main(), TIMEOUT))
