@@ -29,9 +29,9 @@ Failures: a partition whose fetch or append failed backs off for ``replica.fetch
 yet; another error is logged), the others go on; a session that fails as a whole backs off,
 doubling up to eight times. A leader address this node may not dial (plaintext gRPC off
 loopback) is logged once, and nothing is fetched from it until the settings change.
-OFFSET_OUT_OF_RANGE from the leader either finds this log ending
-below the leader's log start (it starts over there) or past the leader's end (it is checked
-against the leader's log again, with a warning). Replication throttles: a partition whose
+OFFSET_OUT_OF_RANGE from the leader either finds this log ending below the leader's log start
+(it starts over there) or past the leader's end (it is checked against the leader's log again,
+with a warning). Replication throttles: a partition whose
 replica is throttled on the follower side and not caught up is left out of fetches while the
 follower's bucket is empty (:mod:`services.log.replication_quota`).
 

@@ -268,17 +268,16 @@ class TransactionCoordinator:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _finish(self, prepared: TransactionMetadata, written_at: float) -> None:
+    async def _finish(self, prepared: TransactionMetadata, written_at: float | None) -> None:
         """Write the markers of a prepared transaction, then complete it; stop if it moves on
         (another handler took it over or finished it). A failed attempt (the partition's
         leader just died) is made again after a backoff for up to half the takeover time;
         after that the takeover timer runs out and another handler finishes it."""
         deadline = asyncio.get_running_loop().time() + self.config.marker_takeover_ms / 2000
         backoff = FINISH_BACKOFF_S
-        first = True
         while True:
             try:
-                await self._finish_once(prepared, written_at if first else None)
+                await self._finish_once(prepared, written_at)
                 return
             except CoordinatorError as exc:
                 if asyncio.get_running_loop().time() + backoff > deadline:
@@ -289,7 +288,7 @@ class TransactionCoordinator:
                          prepared.transactional_id, backoff, exc)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 1.0)
-            first = False
+            written_at = None  # a later attempt checks the state first
 
     async def _finish_once(self, prepared: TransactionMetadata,
                            written_at: float | None = None) -> None:
