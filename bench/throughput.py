@@ -17,6 +17,13 @@ Before anything is timed, the workload looks up the group coordinator its consum
 group id, as the shared kconsume tool's does) will ask for: on a fresh cluster that lookup
 creates the offsets topic, a one-time cost of the cluster's first consumer, not of fetching.
 
+The consume line also gives the longest stretch of the phase in which no record arrived
+(``consume_longest_wait_s``, the wait for the first one included). About a second there, in a
+round far slower than the others, is most likely the client's own pause: librdkafka stops
+fetching a partition for ``fetch.queue.backoff.ms`` (1 s by default) when it finds its queue of
+fetched records full, which happens when the brokers answer faster than the application takes
+the records (docs/performance.md, "Why a consume round is sometimes slow").
+
 Prints one JSON line per broker and workload, then the ratios kbroker / reference. With
 ``--rounds R`` the two brokers alternate R times (the machine's load drifts; alternating
 exposes both to it alike) and the last line holds every round's ratios and their medians.
@@ -83,16 +90,21 @@ c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-nogroup",
 c.assign([TopicPartition(topic, q, 0) for q in range(partitions)])
 got = nbytes = 0
 t1 = time.perf_counter(); deadline = t1 + 300; cpu1 = time.process_time()
+last = t1; longest_wait = 0.0  # the longest stretch without a record (the first one's included)
 while got < n and time.perf_counter() < deadline:
+    before = got
     for m in c.consume(10000, 1.0):
         if m.error(): continue
         got += 1; nbytes += len(m.value() or b"")
+    if got > before:
+        now = time.perf_counter(); longest_wait = max(longest_wait, now - last); last = now
 t_consume = time.perf_counter() - t1; cpu_consume = time.process_time() - cpu1
 c.close()
 print(json.dumps({"produce_MBps": round(n * size / 1e6 / t_produce, 1),
                   "produce_msgps": round(n / t_produce), "delivery_errors": errors[0],
                   "unflushed": left, "consume_MBps": round(nbytes / 1e6 / t_consume, 1),
                   "consumed": got, "expected": n,
+                  "consume_longest_wait_s": round(longest_wait, 3),
                   "client_cpu_s": {"produce": round(cpu_produce, 2),
                                    "consume": round(cpu_consume, 2)}}))
 '''
