@@ -21,8 +21,7 @@ The consume line also gives the longest stretch of the phase in which no record 
 (``consume_longest_wait_s``, the wait for the first one included). About a second there, in a
 round far slower than the others, is most likely the client's own pause: librdkafka stops
 fetching a partition for ``fetch.queue.backoff.ms`` (1 s by default) when it finds its queue of
-fetched records full, which happens when the brokers answer faster than the application takes
-the records (docs/performance.md, "Why a consume round is sometimes slow").
+fetched records full (docs/performance.md, "Why a consume round is sometimes slow").
 
 Prints one JSON line per broker and workload, then the ratios kbroker / reference. With
 ``--rounds R`` the two brokers alternate R times (the machine's load drifts; alternating

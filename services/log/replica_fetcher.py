@@ -25,15 +25,15 @@ abandoned (the stream closed; reads change nothing on the leader but the recorde
 which stays true) and the round starts over.
 
 Failures: a partition whose fetch or append failed backs off for ``replica.fetch.backoff.ms``
-(NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH: the states have not met
-yet; another error is logged), the others go on; a session that fails as a whole backs off,
-doubling up to eight times. A leader address this node may not dial (plaintext gRPC off
-loopback) is logged once, and nothing is fetched from it until the settings change.
-OFFSET_OUT_OF_RANGE from the leader either finds this log ending below the leader's log start
-(it starts over there) or past the leader's end (it is checked against the leader's log again,
-with a warning). Replication throttles: a partition whose
-replica is throttled on the follower side and not caught up is left out of fetches while the
-follower's bucket is empty (:mod:`services.log.replication_quota`).
+(NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH: the states have not met yet;
+another error is logged), the others go on; a session that fails as a whole backs off, doubling
+up to eight times. A leader address this node may not dial (plaintext gRPC off loopback) is
+logged once, and nothing is fetched from it until the settings change. OFFSET_OUT_OF_RANGE from
+the leader either finds this log ending below the leader's log start (it starts over there) or
+past the leader's end (it is checked against the leader's log again, with a warning).
+Replication throttles: a partition whose replica is throttled on the follower side and not
+caught up is left out of fetches while the follower's bucket is empty
+(:mod:`services.log.replication_quota`).
 
 Not thread-safe: one event loop.
 """
