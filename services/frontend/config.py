@@ -45,6 +45,10 @@ class FrontendConfig:
     max_incremental_fetch_session_cache_slots: int = option(
         1000, "fetch sessions (KIP-227) this frontend keeps "
               "(max.incremental.fetch.session.cache.slots); 0: consumers send full fetches")
+    local_files: bool = option(
+        True, "read Fetch answers' record batches from the segment files of log nodes on this "
+              "host (same kernel and mount namespace) instead of receiving them through a "
+              "handler")
     instance: str = option("frontend-0", "name of this frontend instance (kafka-frontend-id)")
     quota_window_num: int = option(11, "samples a client quota rate is measured over "
                                        "(quota.window.num)")

@@ -28,6 +28,8 @@ from kio.static.constants import EntityType
 from kbroker.kafka.v1 import kafka_pb2
 from services.common.error_answers import error_codes
 from services.common.features import FEATURES, FINALIZED_FEATURES_EPOCH
+from services.common.file_records import METADATA_KEY as FILE_RECORDS_METADATA_KEY
+from services.common.file_records import local_host_key
 from services.common.payloads import Detached, PayloadPath
 from services.common.runtime import freeze_heap
 
@@ -38,7 +40,7 @@ from .coordinator_affinity import CoordinatorAffinity
 from .error_responses import UNAVAILABLE_CODES, error_response
 from .fetch_sessions import DEFAULT_FETCH_SESSION_SLOTS, FetchSessions
 from .framing import FrameWriter
-from .handler_pool import HandlerCallError, HandlerPool, Metadata
+from .handler_pool import FileRecordsUnreadableError, HandlerCallError, HandlerPool, Metadata
 from .metrics import (
     HANDLER_FAILURES,
     METRICS_ENABLED,
@@ -227,8 +229,13 @@ class Dispatcher:
                  instance: str, broker_ports: int = 1,
                  quotas: ClientQuotas | None = None,
                  fetch_sessions: FetchSessions | None = None,
-                 affinity: CoordinatorAffinity | None = None) -> None:
+                 affinity: CoordinatorAffinity | None = None,
+                 local_files: bool = True) -> None:
         self._pool = pool
+        # Fetch answers' batches from log nodes on this host are read from their segment
+        # files here (services.common.file_records).
+        key = local_host_key() if local_files else ""
+        self._local_files: Metadata = ((FILE_RECORDS_METADATA_KEY, key),) if key else ()
         self.affinity = affinity if affinity is not None else CoordinatorAffinity()
         self.quotas = quotas if quotas is not None else ClientQuotas()
         self.fetch_sessions = fetch_sessions if fetch_sessions is not None \
@@ -315,12 +322,22 @@ class Dispatcher:
             # the answer around them (an incremental fetch session, quotas).
             apart = schema.response_batches if sensors is None and (
                 fetch_context is None or fetch_context.keeps_answer) else None
+            metadata = self._metadata(request.client_id, request.version, session)
             try:
-                response, remote = await self._pool.call(
-                    api.rpc, outgoing,
-                    metadata=self._metadata(request.client_id, request.version, session),
-                    time_limit=_deadline_seconds(api.key, message), retry_safe=retry_safe,
-                    response_batches=apart, affinity=self.affinity.of(api.key, message))
+                try:
+                    response, remote = await self._pool.call(
+                        api.rpc, outgoing,
+                        metadata=metadata + self._local_files if api.key == FETCH_KEY
+                        else metadata,
+                        time_limit=_deadline_seconds(api.key, message), retry_safe=retry_safe,
+                        response_batches=apart, affinity=self.affinity.of(api.key, message))
+                except FileRecordsUnreadableError as exc:
+                    log.debug("Fetch from %s: %s; asking again for the records themselves",
+                              request.client_id, exc)
+                    response, remote = await self._pool.call(
+                        api.rpc, outgoing, metadata=metadata,
+                        time_limit=_deadline_seconds(api.key, message), retry_safe=retry_safe,
+                        response_batches=apart, affinity=self.affinity.of(api.key, message))
                 # Bounded by the call it is part of (the handler's clock is not ours).
                 request.remote_seconds = min(remote, time.perf_counter() - called)
             except HandlerCallError as e:

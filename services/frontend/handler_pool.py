@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 import grpc
 from google.protobuf import message_factory
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
 from kbroker.handler.v1 import handler_pb2, kafka_handler_pb2
 from services.common import payloads
@@ -31,9 +31,12 @@ from services.common.call_streams import CallStream
 from services.common.channels import PLAINTEXT, internal_channel
 from services.common.discovery import Resolver, StaticResolver, changes, resolver_for
 from services.common.envelopes import decode_handler_reply, encode_handler_call
+from services.common.file_records import FileRecordsReader
 from services.common.metrics import REMOTE_TIME_METADATA_KEY
 from services.common.payloads import Detached, PayloadPath
 from services.common.tls import InternalTls, InternalTlsError, require_plaintext_allowed
+
+from .metrics import FILE_RECORDS_BYTES, FILE_RECORDS_UNREADABLE
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +159,8 @@ class _Handler:
             if entry.key == REMOTE_TIME_METADATA_KEY:
                 with contextlib.suppress(ValueError):
                     remote = max(float(entry.value), 0.0) / 1000
+        if reply.file_records:
+            return _with_file_records(rpc, reply, response, response_batches is not None), remote
         if response_batches is not None:
             message, batches = payloads.parse_message(response, _RESPONSE_TYPES[rpc],
                                                       response_batches)
@@ -168,6 +173,45 @@ class _Handler:
         if self.stream is not None:
             await self.stream.close()
         await self.channel.close(grace)
+
+
+class FileRecordsUnreadableError(Exception):
+    """A handler's answer named record batches in log segment files that can no longer be
+    read as named: the caller asks again without ``kbroker-local-files``."""
+
+
+# The answers that may name their record batches as segment file ranges, and where the
+# batches go (services.common.file_records).
+_FILE_RECORDS_PATHS = {"Fetch": PayloadPath(_RESPONSE_TYPES["Fetch"].DESCRIPTOR,
+                                            "responses.partitions.records")}
+_FILES = FileRecordsReader()
+
+
+def _with_file_records(rpc: str, reply: handler_pb2.HandlerReply, response: memoryview,
+                       detached: bool) -> Message | Detached:
+    """The answer with the batches its ``file_records`` name read from their files: beside
+    it when ``detached``, else in it."""
+    path = _FILE_RECORDS_PATHS.get(rpc)
+    if path is None:
+        raise StreamCallError(grpc.StatusCode.INTERNAL, f"file records in a {rpc} answer")
+    try:
+        message, batches = payloads.parse(response, _RESPONSE_TYPES[rpc], path)
+    except DecodeError as exc:
+        raise StreamCallError(grpc.StatusCode.INTERNAL, f"bad {rpc} answer: {exc}") from None
+    size = 0
+    for files in reply.file_records:
+        data = _FILES.read(files.path, files.inode, files.position, files.size) if (
+            files.payload < len(batches)) else None
+        if data is None:
+            FILE_RECORDS_UNREADABLE.inc()
+            raise FileRecordsUnreadableError(f"{files.path}: {files.size} bytes at "
+                                        f"{files.position} of inode {files.inode}")
+        batches[files.payload] = memoryview(data)
+        size += files.size
+    FILE_RECORDS_BYTES.inc(size)
+    if detached:
+        return Detached(message, path, batches)
+    return payloads.fill(message, path, batches)
 
 
 def _rank(affinity: str, address: str) -> int:

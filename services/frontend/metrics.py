@@ -109,6 +109,15 @@ PRODUCE_RESENDS = LoopCounter(
     "mid-request, by outcome: answered (stored on every partition), or closed (the resend "
     "failed, on a partition or as a whole, so the connection closed).", ["outcome"])
 
+FILE_RECORDS_BYTES = LoopCounter(
+    "kbroker_frontend_file_records_bytes_total",
+    "Record batch bytes of Fetch answers the frontend read from log segment files on its own "
+    "host rather than receiving them through a handler.")
+FILE_RECORDS_UNREADABLE = LoopCounter(
+    "kbroker_frontend_file_records_unreadable_total",
+    "Fetch answers whose segment file ranges could no longer be read as named (the segment "
+    "deleted, replaced or truncated meanwhile, or the file not visible here), asked for again "
+    "with the record batches carried.")
 
 # Client quotas (:mod:`.quotas`), by quota type (produce, fetch, request): Kafka keeps these per
 # user and client id; here they are summed over clients to keep the label set small.

@@ -156,7 +156,8 @@ class FrontendService:
         self.advertised = self.advertised_listeners[first_spec.name]
         self._dispatcher = Dispatcher(
             self._pool, addresses, config.instance, broker_ports, self.quotas,
-            FetchSessions(config.max_incremental_fetch_session_cache_slots))
+            FetchSessions(config.max_incremental_fetch_session_cache_slots),
+            local_files=config.local_files)
         self.cluster_view.add_listener(self._dispatcher.affinity.on_metadata)
         register_fetch_sessions(self._dispatcher.fetch_sessions)
         if mechanisms is not None:

@@ -139,9 +139,17 @@ class ExchangeServicer(handler_pb2_grpc.KafkaHandlerStreamServicer):
         reply = handler_pb2.HandlerReply(call_id=call.call_id)
         for key, value in context.trailing_metadata:
             reply.trailing_metadata.add(key=key, value=str(value))
-        if isinstance(response, Detached):
-            return encode_handler_reply(reply, response.serialized())
-        return encode_handler_reply(reply, response.SerializeToString())
+        try:
+            if isinstance(response, Detached):
+                for leaf, files in response.files:
+                    reply.file_records.add(payload=leaf, path=files.path, inode=files.inode,
+                                           position=files.position, size=files.size)
+                return encode_handler_reply(reply, response.serialized())
+            return encode_handler_reply(reply, response.SerializeToString())
+        except Exception as exc:
+            # Answered all the same: an unanswered call would hold its caller to its deadline.
+            log.exception("%s: cannot encode the answer", call.method)
+            return _failed(call.call_id, grpc.StatusCode.INTERNAL, f"{call.method}: {exc}")
 
 
 def _failed(call_id: int, code: grpc.StatusCode, details: str) -> bytes:

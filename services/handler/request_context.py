@@ -38,6 +38,9 @@ class RequestContext:
     # Whether the caller takes an answer's record batches beside it (a
     # services.common.payloads.Detached answer), rather than a whole message.
     detached_payloads: bool = False
+    # The local host key of a caller that reads record batches from log segment files itself
+    # (services.common.file_records; only with detached_payloads). Empty: it does not.
+    local_reader: str = ""
 
 
 def broker_port(context: RequestContext, node_id: int) -> int:

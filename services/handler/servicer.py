@@ -29,6 +29,7 @@ import grpc
 from kbroker.handler.v1 import kafka_handler_pb2, kafka_handler_pb2_grpc
 from services.common.error_answers import error_codes, error_response
 from services.common.errors import ErrorCode
+from services.common.file_records import METADATA_KEY as FILE_RECORDS_METADATA_KEY
 from services.common.payloads import Detached
 
 from .collaborators import RequestOutcomeUnknownError
@@ -108,6 +109,8 @@ class KafkaHandlerServicer:
             # Set by the stream of calls (.exchange.CallContext), not by a unary call.
             record_payloads=getattr(context, "record_payloads", None),
             detached_payloads=getattr(context, "detached_payloads", False),
+            local_reader=str(values.get(FILE_RECORDS_METADATA_KEY, "")) if getattr(
+                context, "detached_payloads", False) else "",
         )
 
     async def _acls(self) -> tuple[Any, ...] | None:

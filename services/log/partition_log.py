@@ -161,6 +161,26 @@ class AppendInfo:
     partition_epoch: int = 0
 
 
+class FoundRecords(NamedTuple):
+    """What a read of ``offset`` found: the batches at [start, stop) of ``segment``'s file
+    (none when ``segment`` is None or the range is empty)."""
+
+    offset: int
+    segment: LogSegment | None
+    start: int
+    stop: int
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+    def read(self) -> bytes:
+        """The batches' bytes."""
+        if self.segment is None or self.stop <= self.start:
+            return b""
+        return self.segment.read_range(self.start, self.stop)
+
+
 class OffsetAndTimestamp(NamedTuple):
     offset: int
     timestamp: int = NO_TIMESTAMP
@@ -765,26 +785,31 @@ class PartitionLog:
         Kafka, a read returns data of a single segment. ``offset`` equal to the log end offset
         (or between the high watermark, or the last stable offset, and the end for consumers)
         gives no records; outside [log start, log end] it is OFFSET_OUT_OF_RANGE."""
-        return self._read(offset, max_bytes, limit, min_one)[0]
+        return self.locate(offset, max_bytes, limit, min_one).read()
 
     def read_committed(self, offset: int, max_bytes: int,
                        min_one: bool = True) -> tuple[bytes, list[AbortedTxn]]:
         """A read_committed read (Kafka's READ_COMMITTED fetch): :meth:`read` up to the last
         stable offset, with the aborted transactions that overlap the records returned, by
-        first offset (none without records). Their range ends, as Kafka bounds it, at the
-        offset of the first batch after the data returned (the next segment's base offset or
-        the log end offset when the data ends its segment)."""
-        records, segment, position = self._read(offset, max_bytes, LAST_STABLE, min_one)
-        if not records or segment is None:
-            return records, []
-        end = position + len(records)
-        if end < segment.size:
-            upper = segment.batch_at(end).header.base_offset
+        first offset (none without records)."""
+        found = self.locate(offset, max_bytes, LAST_STABLE, min_one)
+        return found.read(), self.aborted_within(found)
+
+    def aborted_within(self, found: FoundRecords) -> list[AbortedTxn]:
+        """The aborted transactions overlapping the records of ``found`` (a read_committed
+        :meth:`locate`). Their range ends, as Kafka bounds it, at the offset of the first
+        batch after the data (the next segment's base offset or the log end offset when the
+        data ends its segment)."""
+        segment = found.segment
+        if segment is None or not found.size:
+            return []
+        if found.stop < segment.size:
+            upper = segment.batch_at(found.stop).header.base_offset
         else:
             slot = self._slot_of(segment.base_offset) + 1
             upper = self._segments[slot].base_offset if slot < len(self._segments) else (
                 self.log_end_offset)
-        return records, self.collect_aborted_transactions(offset, upper)
+        return self.collect_aborted_transactions(found.offset, upper)
 
     def collect_aborted_transactions(self, start: int, upper_bound: int) -> list[AbortedTxn]:
         """The aborted transactions overlapping offsets [``start``, ``upper_bound``), by first
@@ -799,9 +824,10 @@ class PartitionLog:
         found.sort(key=attrgetter("first_offset"))
         return found
 
-    def _read(self, offset: int, max_bytes: int, limit: int,
-              min_one: bool) -> tuple[bytes, LogSegment | None, int]:
-        """:meth:`read`, and the segment and position the records come from."""
+    def locate(self, offset: int, max_bytes: int, limit: int,
+               min_one: bool = True) -> FoundRecords:
+        """Where the batches :meth:`read` returns lie: a segment and a range of its file
+        (no segment when there are none), without reading them."""
         start, end = self.log_start_offset, self.log_end_offset
         if offset < start or offset > end:
             raise KafkaError(
@@ -820,9 +846,9 @@ class PartitionLog:
                     segment.size if fetchable_end >= segment.next_offset
                     else segment.position_of(fetchable_end)
                 )
-                return (segment.read(first, end_position, max_bytes, min_one), segment,
-                        first.position)
-        return b"", None, 0
+                return FoundRecords(offset, segment,
+                                    *segment.locate(first, end_position, max_bytes, min_one))
+        return FoundRecords(offset, None, 0, 0)
 
     def list_offset(self, timestamp: int, limit: int) -> OffsetAndTimestamp:
         """Kafka's ListOffsets for one partition.

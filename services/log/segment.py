@@ -109,6 +109,9 @@ class LogSegment:
             directory / (stem + TXN_INDEX_SUFFIX + suffix), base_offset)
         stat = os.fstat(self._fd)
         self.size = stat.st_size
+        # What a reader on this host opens to read the segment's batches itself
+        # (services.common.file_records).
+        self.file_identity = (str(self.log_path.absolute()), stat.st_ino)
         # Whether the transaction index may not match the data (its file was lost, or the
         # segment was recovered): the partition log rebuilds it from the batches.
         self.txn_index_stale = bool(self.size) and not self.txn_index.existed
@@ -349,10 +352,20 @@ class LogSegment:
         """Whole batches from ``first`` up to ``end_position`` (a batch boundary), at most
         ``max_bytes`` of them, except that with ``min_one`` the first batch comes whole even if
         larger (KIP-74). Empty when nothing fits."""
+        return self.read_range(*self.locate(first, end_position, max_bytes, min_one))
+
+    def read_range(self, start: int, stop: int) -> bytes:
+        """The bytes at [start, stop) of the file (batch boundaries)."""
+        return os.pread(self._fd, stop - start, start) if stop > start else b""
+
+    def locate(self, first: Batch, end_position: int, max_bytes: int,
+               min_one: bool) -> tuple[int, int]:
+        """Where the batches :meth:`read` returns lie in the file: [start, stop), empty when
+        nothing fits."""
         start = first.position
         first_end = start + first.header.size
         if first_end > end_position:
-            return b""
+            return start, start
         limit = min(end_position, start + (max(max_bytes, first.header.size) if min_one
                                            else max_bytes))
         stop = limit
@@ -364,9 +377,7 @@ class LogSegment:
                 if batch_end > limit:
                     break
                 stop = batch_end
-        if stop <= start:
-            return b""
-        return os.pread(self._fd, stop - start, start)
+        return start, max(stop, start)
 
     @property
     def max_timestamp(self) -> int:

@@ -24,6 +24,7 @@ from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from services.common import payloads
 from services.common.call_streams import serve_calls
 from services.common.errors import ErrorCode, KafkaError, RecordValidationError, error_name
+from services.common.file_records import local_host_key
 from services.common.payloads import Detached, MaybePayload, PayloadPath
 from services.common.records.record_batch import NO_TIMESTAMP
 
@@ -291,6 +292,7 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
         # As Kafka's fetch, a read of no partitions is answered at once.
         if (request.max_wait_ms <= 0 or not request.partitions
                 or any(response.payloads)
+                or any(r.HasField("file_records") for r in response.message.results)
                 or any(r.error_code for r in response.message.results)):
             return response
         try:
@@ -315,25 +317,35 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
         budget = request.max_bytes if request.max_bytes > 0 else None
         min_one = True
         committed = request.limit == LAST_STABLE
+        # A reader on this host reads the batches from the segment files itself.
+        in_files = bool(request.local_reader) and request.local_reader == local_host_key()
         response = log_pb2.ReadResponse()
         found: list[MaybePayload] = []
         for item in request.partitions:
             result = response.results.add(topic=item.topic, partition=item.partition)
             max_bytes = item.max_bytes if budget is None else min(item.max_bytes, budget)
             partition_log = self._manager.find(item.topic, item.partition)
+            size = 0
             try:
+                where = self._log(item).locate(item.offset, max(max_bytes, 0), request.limit,
+                                               min_one)
                 if committed:
-                    records, aborted = self._log(item).read_committed(
-                        item.offset, max(max_bytes, 0), min_one)
-                    for txn in aborted:
+                    for txn in self._log(item).aborted_within(where):
                         result.aborted_transactions.add(producer_id=txn.producer_id,
                                                         first_offset=txn.first_offset)
+                size = where.size
+                if in_files and where.segment is not None and size:
+                    path, inode = where.segment.file_identity
+                    result.file_records.SetInParent()
+                    files = result.file_records
+                    files.path, files.inode, files.position, files.size = (
+                        path, inode, where.start, size)
+                    records = b""
                 else:
-                    records = self._log(item).read(item.offset, max(max_bytes, 0),
-                                                   request.limit, min_one)
+                    records = where.read()
             except Exception as exc:  # noqa: BLE001 - becomes the partition's error code
                 _fail("Read", exc, result, self._manager.log_dir)
-                records = b""
+                records, size = b"", 0
             # The replica's offsets, failed or not: they tell a reader whose offset is out of
             # range where the log is.
             if partition_log is None:
@@ -345,11 +357,11 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
                 result.log_start_offset = partition_log.log_start_offset
                 result.log_end_offset = partition_log.log_end_offset
             found.append(records or None)
-            if records:
-                metrics.topic(item.topic).read_bytes.inc(len(records))
+            if size:
+                metrics.topic(item.topic).read_bytes.inc(size)
                 min_one = False
                 if budget is not None:
-                    budget = max(budget - len(records), 0)
+                    budget = max(budget - size, 0)
         metrics.READ_SECONDS.observe(time.perf_counter() - started)
         return Detached(response, READ_RECORDS, found)
 

@@ -1,7 +1,8 @@
 """Request metrics after real traffic against a real cluster, read from the services'
 Prometheus endpoints over HTTP: an idle long-poll fetch is remote time (parked in the
 purgatory) of about its max wait; a pipelined burst waits in the request queue; bytes in and
-out per topic equal the record batches produced and fetched; error responses are counted per
+out per topic equal the record batches produced and fetched (those fetched read by the frontend
+from the leader's segment file, all services being on one host); error responses are counted per
 code; and an acks=all Produce's remote time is its wait for replication (at its leader, then
 parked in the purgatory)."""
 
@@ -139,11 +140,15 @@ def test_bytes_in_and_out_per_topic_are_the_record_batches(cluster, topic_name):
     with connect(cluster, topic_name) as sock:
         for i, batch in enumerate(batches):
             assert raw_produce(sock, topic_name, 0, batch, i) == 0
+        from_files = value(scrape(cluster, "frontend"), "kbroker_frontend_file_records_bytes_total")
         sock.sendall(encode_request(fetch_request(topic_name, 0, 0), 10))
         _, response = read_response(sock, FetchRequest)
     fetched = response.responses[0].partitions[0].records
     assert len(fetched) == sum(map(len, batches))  # offsets patched in place: same sizes
     samples = scrape(cluster, "frontend")
+    # On one host the frontend read them from the leader's segment file itself.
+    assert value(samples, "kbroker_frontend_file_records_bytes_total") - from_files == len(
+        fetched)
     # A fresh topic: these counters started with this test.
     assert value(samples, "kbroker_frontend_topic_produced_bytes_total",
                  topic=topic_name) == sum(map(len, batches))

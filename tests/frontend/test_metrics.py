@@ -91,7 +91,7 @@ class TimedHandler(FakeHandler):
 
 
 @contextlib.asynccontextmanager
-async def frontend(handler: FakeHandler, **settings: int) -> AsyncIterator[FrontendService]:
+async def frontend(handler: FakeHandler, **settings: object) -> AsyncIterator[FrontendService]:
     await handler.start()
     try:
         service = await start(FrontendConfig(

@@ -1,4 +1,5 @@
 import asyncio
+import dataclasses
 import time
 
 from kbroker.kafka.v1 import kafka_pb2 as k
@@ -301,3 +302,73 @@ def test_without_metadata_every_partition_is_not_leader_with_empty_records():
     assert response.error_code == 0
     assert parts(response) == [("t", 0, 6, -1, []), ("t", 1, 6, -1, [])]
     assert all(p.HasField("records") for p in response.responses[0].partitions)
+
+
+class InSegmentFiles(FakeLogNodes):
+    """Leaders that name each partition's batches as a range of a file (written here) to a
+    reader whose key they share, as log nodes on the frontend's host do."""
+
+    KEY = "this-host/mnt:[1]"
+
+    def __init__(self, directory):
+        super().__init__()
+        self.directory = directory
+        self.readers = []
+
+    async def read(self, node, request, time_limit):
+        self.readers.append(request.local_reader)
+        out = await super().read(node, request, time_limit)
+        if request.local_reader != self.KEY:
+            return out
+        for result in out.results:
+            if result.records:
+                path = self.directory / f"{result.topic}-{result.partition}.log"
+                path.write_bytes(b"\0" * 7 + result.records)
+                result.file_records.path = str(path)
+                result.file_records.inode = path.stat().st_ino
+                result.file_records.position = 7
+                result.file_records.size = len(result.records)
+                result.records = b""
+        return out
+
+
+def serve_locally(req, log_nodes):
+    context = dataclasses.replace(CONTEXT, detached_payloads=True,
+                                  local_reader=InSegmentFiles.KEY)
+    api = FetchApi(cache_of(cluster(topic("t", 2, leaders=[0, 1]), nodes=(0, 1))), log_nodes,
+                   FakePurgatory())
+    return asyncio.run(api.handle(req, context))
+
+
+def test_a_local_reader_gets_the_leaders_file_ranges_in_place_of_the_batches(tmp_path):
+    log_nodes = InSegmentFiles(tmp_path)
+    log_nodes.put("t", 0, [b"a", b"b"])
+    log_nodes.put("t", 1, [b"x"])
+    answer = serve_locally(fetch(("t", [(0, 0), (1, 0)])), log_nodes)
+    assert log_nodes.readers == [InSegmentFiles.KEY] * 2
+    assert [bytes(p) for p in answer.payloads] == [b"", b""]
+    assert [leaf for leaf, _ in answer.files] == [0, 1]
+    named = [(tmp_path / f"t-{n}.log").read_bytes()[7:] for n in (0, 1)]
+    assert [batch_offsets(records) for records in named] == [[(0, 2)], [(0, 1)]]
+    assert [files.size for _, files in answer.files] == [len(records) for records in named]
+    partitions = answer.message.responses[0].partitions
+    assert [(p.partition_index, p.error_code, p.high_watermark) for p in partitions] == [
+        (0, 0, 2), (1, 0, 1)]
+    # A caller that takes no batches beside the answer never names a key.
+    plain = InSegmentFiles(tmp_path)
+    plain.put("t", 0, [b"a"])
+    serve(fetch(("t", [(0, 0)])), cluster(topic("t")), plain)
+    assert plain.readers == [""]
+
+
+def test_ranges_past_the_fetchs_byte_limit_are_read_again_as_batches(tmp_path):
+    """Only cutting batches off would fit them: the batches themselves are read instead."""
+    log_nodes = InSegmentFiles(tmp_path)
+    for _ in range(3):
+        log_nodes.put("t", 0, [b"v" * 100])
+        log_nodes.put("t", 1, [b"v" * 100])
+    size = len(log_nodes.partition("t", 0).batches[0])
+    answer = serve_locally(fetch(("t", [(0, 0), (1, 0)]), max_bytes=size * 4), log_nodes)
+    assert log_nodes.readers == [InSegmentFiles.KEY] * 2 + [""] * 2
+    assert not answer.files
+    assert [len(batch_offsets(p)) for p in answer.payloads] == [3, 1]

@@ -22,6 +22,7 @@ from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from kbroker.purgatory.v1 import purgatory_pb2, purgatory_pb2_grpc
 from services.common.channels import insecure_channel
 from services.common.errors import ErrorCode
+from services.common.file_records import FileRecordsReader, local_host_key
 from services.common.records.record_batch import iter_batches
 from services.log.config import LogConfig
 from services.log.server import LogService, start
@@ -246,6 +247,48 @@ def test_the_request_byte_limit_spans_partitions(tmp_path: Path) -> None:
         # Only the first partition returning data may go over a limit, by one whole batch.
         assert await read_all(10, 1 << 20) == [1, 0, 0]
         assert await read_all(1 << 20, 10) == [1, 0, 0]
+
+    run_node(tmp_path, body)
+
+
+def test_a_reader_on_this_host_gets_ranges_of_segment_files(tmp_path: Path) -> None:
+    """Named by local_reader, the node's own host key: each partition's batches come as a
+    range of its segment file, decided exactly as the batches would be (limits included);
+    any other key gets the batches themselves."""
+    batch = build_batch(values(2, size=100))
+
+    async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
+        for partition in (0, 1, 2):
+            await create(stub, "t", partition)
+            for _ in range(3):
+                await append(stub, "t", batch, partition=partition)
+
+        async def read_all(reader: str) -> list[log_pb2.PartitionReadResult]:
+            response = await stub.Read(log_pb2.ReadRequest(
+                max_bytes=len(batch) * 4, local_reader=reader,
+                limit=log_pb2.READ_LIMIT_HIGH_WATERMARK,
+                partitions=[log_pb2.PartitionRead(topic="t", partition=p, offset=o,
+                                                  max_bytes=1 << 20)
+                            for p, o in ((0, 2), (1, 0), (2, 0))]))
+            return list(response.results)
+
+        carried = await read_all("another-host/mnt:[1]")
+        assert [len(r.records) // len(batch) for r in carried] == [2, 2, 0]
+        assert not any(r.HasField("file_records") for r in carried)
+        ranges = await read_all(local_host_key())
+        reader = FileRecordsReader()
+        for inline, named in zip(carried, ranges, strict=True):
+            assert named.records == b""
+            assert named.high_watermark == inline.high_watermark == 6
+            if not inline.records:
+                assert not named.HasField("file_records")
+                continue
+            files = named.file_records
+            assert files.size == len(inline.records)
+            assert Path(files.path).is_absolute() and files.path.endswith(".log")
+            assert reader.read(files.path, files.inode, files.position,
+                               files.size) == inline.records
+        reader.close()
 
     run_node(tmp_path, body)
 

@@ -147,8 +147,9 @@ class FetchApi:
             s.error_code and s.error_code not in _NON_BLOCKING_ERRORS
             for t in plan for s in t.slots)
         committed = request.isolation_level == READ_COMMITTED
+        local = context.local_reader
         while True:
-            await self._read(reading, request.max_bytes, committed)
+            await self._read(reading, request.max_bytes, committed, local)
             response, size = self._assemble(plan, request, detached)
             remaining = deadline - time.monotonic()
             if (
@@ -162,7 +163,7 @@ class FetchApi:
                 return response
             if not await self._wait(reading, deadline):
                 # Expired, or woken by a partition error: answer with one more read.
-                await self._read(reading, request.max_bytes, committed)
+                await self._read(reading, request.max_bytes, committed, local)
                 return self._assemble(plan, request, detached)[0]
 
     def _plan(
@@ -221,14 +222,18 @@ class FetchApi:
             plan.append(_TopicSlots(names, slots))
         return plan
 
-    async def _read(self, slots: list[_Slot], max_bytes: int, committed: bool) -> None:
-        """Read every routed partition from its leader, one Read per node, concurrently."""
+    async def _read(self, slots: list[_Slot], max_bytes: int, committed: bool,
+                    local_reader: str = "") -> None:
+        """Read every routed partition from its leader, one Read per node, concurrently.
+        With ``local_reader``, leaders on that host may answer with ranges of their segment
+        files instead of the batches; if the answers then exceed the fetch's byte limits
+        (which only cutting batches off could mend), they are read again with the batches."""
         limit = log_pb2.READ_LIMIT_LAST_STABLE if committed else (
             log_pb2.READ_LIMIT_HIGH_WATERMARK)
 
         async def read_on(node: LogNode, items: list[_Slot]) -> Sequence[Any]:
             reads = log_pb2.ReadRequest(
-                max_bytes=max_bytes, limit=limit, partitions=[
+                max_bytes=max_bytes, limit=limit, local_reader=local_reader, partitions=[
                     log_pb2.PartitionRead(topic=s.topic_name, partition=s.partition,
                                           offset=s.fetch_offset, max_bytes=s.max_bytes)
                     for s in items])
@@ -237,6 +242,8 @@ class FetchApi:
         routed = [(s.route, s) for s in slots if s.route is not None]
         for s, code, result in await call_leaders(routed, read_on, effect=False):
             s.read = result if not code else log_pb2.PartitionReadResult(error_code=code)
+        if local_reader and not _files_fit(slots, max_bytes):
+            await self._read(slots, max_bytes, committed)
 
     @staticmethod
     def _assemble(
@@ -252,8 +259,9 @@ class FetchApi:
         total = 0
         response = k.FetchResponse()
         # Every partition's records, in response order (each partition sets them: empty
-        # ones too).
+        # ones too), and those a reader takes from segment files (see _read).
         batches: list[bytes | memoryview] = []
+        files: list[tuple[int, Any]] = []
         for t in plan:
             add = response.responses.add(**t.names).partitions.add
             for s in t.slots:
@@ -263,12 +271,19 @@ class FetchApi:
                     add(partition_index=s.partition, error_code=code, high_watermark=-1)
                     batches.append(b"")
                     continue
-                limit = min(max(s.max_bytes, 0), budget - total)
-                records = trim_to_whole_batches(read.records, limit, at_least_one=first)
-                if records:
+                if read.HasField("file_records"):
+                    # Fits whole (_read made sure).
+                    files.append((len(batches), read.file_records))
+                    batches.append(b"")
                     first = False
-                    total += len(records)
-                batches.append(records)
+                    total += read.file_records.size
+                else:
+                    limit = min(max(s.max_bytes, 0), budget - total)
+                    records = trim_to_whole_batches(read.records, limit, at_least_one=first)
+                    if records:
+                        first = False
+                        total += len(records)
+                    batches.append(records)
                 partition = add(partition_index=s.partition, high_watermark=read.high_watermark,
                                 last_stable_offset=read.last_stable_offset,
                                 log_start_offset=read.log_start_offset)
@@ -277,7 +292,7 @@ class FetchApi:
                     for aborted in read.aborted_transactions:
                         partition.aborted_transactions.add(producer_id=aborted.producer_id,
                                                            first_offset=aborted.first_offset)
-        answer = Detached(response, RESPONSE_RECORDS, batches)
+        answer = Detached(response, RESPONSE_RECORDS, batches, files)
         return (answer if detached else answer.whole()), total
 
     async def _wait(self, slots: list[_Slot], deadline: float) -> bool:
@@ -311,6 +326,33 @@ class FetchApi:
         if outcome.outcome != purgatory_pb2.OUTCOME_COMPLETED:
             return False
         return not any(state.error_code for state in outcome.keys)
+
+
+def _files_fit(slots: list[_Slot], max_bytes: int) -> bool:
+    """Whether every partition read as a file range fits whole in the limits
+    :meth:`FetchApi._assemble` applies: the partition's, then what the fetch's ``max_bytes``
+    leaves after the partitions before it, except for the first partition with data (a log
+    node returns more than a limit only as one whole batch, which _assemble keeps too)."""
+    budget = max(max_bytes, 0)
+    total = 0
+    first = True
+    for s in slots:
+        read = s.read
+        if read is None or read.error_code:
+            continue
+        limit = min(max(s.max_bytes, 0), budget - total)
+        if read.HasField("file_records"):
+            kept = read.file_records.size
+            if kept > limit and not first:
+                return False
+        else:
+            records = read.records
+            kept = len(records) if len(records) <= limit else whole_batches_size(
+                records, limit, first)
+        if kept:
+            first = False
+            total += kept
+    return True
 
 
 def whole_batches_size(records: bytes | memoryview, limit: int, at_least_one: bool) -> int:

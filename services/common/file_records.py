@@ -1,0 +1,126 @@
+"""Record batches read from a log node's segment files by another process on the same host.
+
+Kafka's broker never copies a fetch answer's records through its heap: the answer holds a
+region of a segment file and the socket is handed that region (``FileRecords``). Here the log
+node, the handler and the frontend are separate processes, and every process a record's bytes
+pass through costs CPU per byte. So when the frontend runs on the same host as a log node, a
+Fetch answer may name its batches as ranges of segment files (path, inode, position, size)
+instead of carrying them: the log node decides what to answer exactly as before (whole batches,
+byte limits, the high watermark), the handler passes the ranges on, and the frontend reads
+them from the file.
+
+"The same host" is the same kernel and the same view of the file system: :func:`local_host_key`
+is the boot id with the mount namespace, which processes of one machine share and containers
+of different pods do not. A log node names ranges only to a reader whose key equals its own.
+
+A range read later than it was decided can find its file gone (the segment deleted by
+retention or replaced by compaction) or shorter (truncated): the reader checks the inode and
+the size and reports the range unreadable, and the caller asks again with the records carried.
+As with Kafka's sendfile, the bytes are whatever the file holds when read; a range lies below
+the high watermark when decided, and committed batches are not rewritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+# gRPC metadata on a frontend's Fetch call: the frontend's local host key.
+METADATA_KEY = "kbroker-local-files"
+
+_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+_MOUNT_NAMESPACE = "/proc/self/ns/mnt"
+
+_key: str | None = None
+
+
+def local_host_key() -> str:
+    """This process's local host key: equal for two processes exactly when they share a kernel
+    and a mount namespace, so a path one names is the file the other opens. Empty where it
+    cannot be told (no /proc): such a process never reads or names file ranges."""
+    global _key
+    if _key is None:
+        try:
+            _key = f"{_BOOT_ID.read_text().strip()}/{os.readlink(_MOUNT_NAMESPACE)}"
+        except OSError:
+            _key = ""
+    return _key
+
+
+class FileRecordsReader:
+    """Reads ranges of segment files, keeping the last ``max_open`` files open (a fetch reads
+    the same few segments over and over). A file unused for ``idle_seconds`` is closed, so a
+    deleted segment's space is not held for long."""
+
+    def __init__(self, max_open: int = 256, idle_seconds: float = 30.0) -> None:
+        self._max_open = max_open
+        self._idle_seconds = idle_seconds
+        # (path, inode) -> (fd, last used, monotonic seconds)
+        self._open: OrderedDict[tuple[str, int], tuple[int, float]] = OrderedDict()
+        self._swept = time.monotonic()
+
+    def read(self, path: str, inode: int, position: int, size: int) -> bytes | None:
+        """The ``size`` bytes at ``position`` of the file ``path`` if it is still the file of
+        that inode and holds them; None otherwise."""
+        if size < 0 or position < 0:
+            return None
+        now = time.monotonic()
+        key = (path, inode)
+        entry = self._open.get(key)
+        if entry is None:
+            fd = self._open_file(path, inode)
+            if fd is None:
+                return None
+            self._open[key] = (fd, now)
+            if len(self._open) > self._max_open:
+                _, (oldest, _) = self._open.popitem(last=False)
+                os.close(oldest)
+        else:
+            fd = entry[0]
+            self._open[key] = (fd, now)
+            self._open.move_to_end(key)
+        try:
+            data = os.pread(fd, size, position)
+        except OSError:
+            self._forget(key)
+            return None
+        if now - self._swept > self._idle_seconds / 3:
+            self._sweep(now)
+        return data if len(data) == size else None
+
+    @staticmethod
+    def _open_file(path: str, inode: int) -> int | None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            if os.fstat(fd).st_ino == inode:
+                return fd
+        except OSError:
+            pass
+        os.close(fd)
+        return None
+
+    def _forget(self, key: tuple[str, int]) -> None:
+        entry = self._open.pop(key, None)
+        if entry is not None:
+            with contextlib.suppress(OSError):
+                os.close(entry[0])
+
+    def _sweep(self, now: float) -> None:
+        self._swept = now
+        for key, (_, used) in list(self._open.items()):
+            if now - used > self._idle_seconds:
+                self._forget(key)
+
+    @property
+    def open_files(self) -> int:
+        return len(self._open)
+
+    def close(self) -> None:
+        for key in list(self._open):
+            self._forget(key)

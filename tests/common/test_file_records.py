@@ -1,0 +1,84 @@
+"""Reading ranges of segment files named by another process: only from the file the range was
+named in (same path and inode), only whole, and without holding files open for long."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from services.common.file_records import FileRecordsReader, local_host_key
+
+
+def segment(path, data: bytes) -> int:
+    path.write_bytes(data)
+    return os.stat(path).st_ino
+
+
+def test_a_range_reads_as_named(tmp_path) -> None:
+    path = tmp_path / "0.log"
+    inode = segment(path, b"0123456789")
+    reader = FileRecordsReader()
+    assert reader.read(str(path), inode, 2, 5) == b"23456"
+    assert reader.read(str(path), inode, 0, 10) == b"0123456789"
+    assert reader.open_files == 1
+    reader.close()
+    assert reader.open_files == 0
+
+
+def test_a_replaced_deleted_or_truncated_file_is_unreadable(tmp_path) -> None:
+    path = tmp_path / "0.log"
+    inode = segment(path, b"0123456789")
+    reader = FileRecordsReader()
+    assert reader.read(str(path), inode, 8, 3) is None  # past the end: short
+    assert reader.read(str(path), inode, -1, 3) is None
+    assert reader.read(str(path), inode, 0, -1) is None
+    assert reader.read(str(tmp_path / "missing.log"), inode, 0, 1) is None
+
+    # Replaced (the log cleaner's swap): the path names another file now.
+    fresh = FileRecordsReader()
+    other = tmp_path / "0.log.swap"
+    segment(other, b"abcdefghij")
+    os.replace(other, path)
+    assert fresh.read(str(path), inode, 0, 4) is None
+    assert fresh.read(str(path), os.stat(path).st_ino, 0, 4) == b"abcd"
+
+    # Truncated under an open reader (a follower truncating its log).
+    os.truncate(path, 2)
+    assert fresh.read(str(path), os.stat(path).st_ino, 0, 4) is None
+
+
+def test_a_file_kept_open_reads_as_named_after_it_is_deleted(tmp_path) -> None:
+    """As with Kafka's sendfile of a segment being deleted: the bytes decided are still there."""
+    path = tmp_path / "0.log"
+    inode = segment(path, b"0123456789")
+    reader = FileRecordsReader()
+    assert reader.read(str(path), inode, 0, 2) == b"01"
+    path.unlink()
+    assert reader.read(str(path), inode, 2, 2) == b"23"
+
+
+def test_open_files_are_bounded_and_idle_ones_closed(tmp_path) -> None:
+    reader = FileRecordsReader(max_open=2, idle_seconds=0.05)
+    files = []
+    for n in range(3):
+        path = tmp_path / f"{n}.log"
+        files.append((str(path), segment(path, b"x" * 10)))
+    for path, inode in files:
+        assert reader.read(path, inode, 0, 1) == b"x"
+    assert reader.open_files == 2
+    time.sleep(0.1)
+    assert reader.read(*files[0], 0, 1) == b"x"  # sweeps the idle ones
+    assert reader.open_files == 1
+    reader.close()
+
+
+def test_processes_of_one_host_and_mount_namespace_share_a_key() -> None:
+    key = local_host_key()
+    assert key and key == local_host_key()
+    other = subprocess.run(
+        [sys.executable, "-c",
+         "from services.common.file_records import local_host_key; print(local_host_key())"],
+        capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    assert other == key
