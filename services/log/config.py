@@ -96,6 +96,9 @@ class LogConfig:
     replica_fetch_transport: str = option(
         "stream", "how this node's followers fetch from their leaders: stream (one long-lived "
         "ReplicaFetch stream per leader node) or unary (a ReplicaFetchOnce call per fetch)")
+    local_files: bool = option(
+        True, "followers read the batches a leader on this host (same kernel and mount "
+              "namespace) names from its segment files instead of receiving them")
     cleaner_max_map_keys: int = option(
         DEFAULT_MAX_MAP_KEYS, "keys of the log cleaner's offset map per pass (a longer dirty "
         "section is cleaned over several passes)")

@@ -19,7 +19,12 @@ A session's round:
    next fetch goes out at once, reporting the new log end offsets.
 
 Fetches travel on one long-lived ``ReplicaFetch`` stream per leader (requests and answers in
-turn), or, with the ``unary`` transport, as one ``ReplicaFetchOnce`` call each. When the
+turn), or, with the ``unary`` transport, as one ``ReplicaFetchOnce`` call each. A follower on
+its leader's host (same kernel and mount namespace) offers its host key: the leader then names
+the batches as ranges of its segment files and the follower reads them from there
+(:mod:`services.common.file_records`); a range that no longer reads as named (the segment
+deleted, replaced or cut meanwhile) is skipped, fetched again with the batches carried, and the
+follower fetches so from that leader for a minute. When the
 partitions change (a partition added or moved to another epoch), a fetch in flight is
 abandoned (the stream closed; reads change nothing on the leader but the recorded position,
 which stays true) and the round starts over.
@@ -53,6 +58,7 @@ import grpc
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from services.common.channels import internal_channel
 from services.common.errors import ErrorCode, KafkaError, error_name
+from services.common.file_records import FileRecordsReader
 from services.common.tls import InternalTls, InternalTlsError
 
 from . import metrics
@@ -76,6 +82,9 @@ _FETCH_ONCE = f"/{_SERVICE}/ReplicaFetchOnce"
 TRANSPORTS = (STREAM, UNARY)
 # Calls other than the long poll (OffsetForLeaderEpoch) and the slack on a long poll's answer.
 CALL_TIMEOUT = 10.0
+# After a leader's file range could not be read as named, fetch with the batches carried for
+# this long.
+_FILES_REFUSED_SECONDS = 60.0
 _FAILURE_LOG_INTERVAL_S = 30.0
 _EXPECTED = frozenset(e.value for e in (
     ErrorCode.not_leader_or_follower, ErrorCode.fenced_leader_epoch,
@@ -118,7 +127,8 @@ class ReplicaFetcher:
 
     def __init__(self, *, node_id: int, leader: int, manager: LogManager,
                  settings: Callable[[], ReplicationSettings], quota: ReplicationQuota,
-                 tls: InternalTls, transport: str = STREAM) -> None:
+                 tls: InternalTls, transport: str = STREAM, local_reader: str = "",
+                 files: FileRecordsReader | None = None) -> None:
         self.node_id = node_id
         self.leader = leader
         self._manager = manager
@@ -126,6 +136,12 @@ class ReplicaFetcher:
         self._quota = quota
         self._tls = tls
         self._transport = transport
+        # This host's key, offered to the leader: its batches are then read from its segment
+        # files (services.common.file_records) - unless one of its ranges could not be, until
+        # then.
+        self._local_reader = local_reader
+        self._files = files if files is not None else FileRecordsReader()
+        self._files_refused_until = 0.0
         self._partitions: dict[TopicPartition, PartitionFetchState] = {}
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -254,7 +270,8 @@ class ReplicaFetcher:
         fetched: dict[TopicPartition, PartitionFetchState] = {}
         request = log_pb2.ReplicaFetchRequest(
             replica_id=self.node_id, max_wait_ms=settings.fetch_wait_max_ms,
-            max_bytes=settings.fetch_response_max_bytes)
+            max_bytes=settings.fetch_response_max_bytes,
+            local_reader=self._local_reader if now >= self._files_refused_until else "")
         throttled = False
         for key, state in ready.items():
             partition_log = self._manager.find(*key)
@@ -350,6 +367,14 @@ class ReplicaFetcher:
             if result.error_code:
                 self._fetch_failed(key, state, partition_log, result)
                 continue
+            if result.HasField("file_records"):
+                files = result.file_records
+                read = self._files.read(files.path, files.inode, files.position, files.size)
+                if read is None:
+                    # Deleted, replaced or cut meanwhile: fetched again, carried.
+                    self._files_refused_until = time.monotonic() + _FILES_REFUSED_SECONDS
+                    continue
+                records = memoryview(read)
             try:
                 await self._apply(key, state, partition_log, result, records)
             except KafkaError as exc:
@@ -483,7 +508,7 @@ class ReplicaFetcherManager:
 
     def __init__(self, *, node_id: int, manager: LogManager,
                  settings: Callable[[], ReplicationSettings], quota: ReplicationQuota,
-                 tls: InternalTls, transport: str = STREAM) -> None:
+                 tls: InternalTls, transport: str = STREAM, local_reader: str = "") -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"unknown replica fetch transport {transport!r}")
         self._node_id = node_id
@@ -492,6 +517,8 @@ class ReplicaFetcherManager:
         self._quota = quota
         self._tls = tls
         self._transport = transport
+        self._local_reader = local_reader
+        self._files = FileRecordsReader()
         self._fetchers: dict[int, ReplicaFetcher] = {}
         self._leader_of: dict[TopicPartition, int] = {}
         self._stopping: set[asyncio.Task[None]] = set()
@@ -510,7 +537,8 @@ class ReplicaFetcherManager:
             fetcher = self._fetchers[leader] = ReplicaFetcher(
                 node_id=self._node_id, leader=leader, manager=self._manager,
                 settings=self._settings, quota=self._quota, tls=self._tls,
-                transport=self._transport)
+                transport=self._transport, local_reader=self._local_reader,
+                files=self._files)
             fetcher.start()
         fetcher.add(key, leader_epoch)
         self._leader_of[key] = leader

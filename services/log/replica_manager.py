@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable
 
 from kbroker.log.v1 import log_pb2
 from services.common.errors import ErrorCode, KafkaError, error_name
+from services.common.file_records import local_host_key
 from services.common.tls import PLAINTEXT, InternalTls
 
 from . import metrics
@@ -91,9 +92,15 @@ class IsrChangeSubscription:
         self._on_close(self)
 
 
+def _answers(result: log_pb2.ReplicaFetchResult, records: bytes) -> bool:
+    """Whether a fetch result is worth answering at once: batches (carried or named in a
+    file) or an error."""
+    return bool(records or result.error_code or result.HasField("file_records"))
+
+
 class ReplicaManager:
     def __init__(self, manager: LogManager, node_id: int, *, tls: InternalTls = PLAINTEXT,
-                 transport: str = STREAM,
+                 transport: str = STREAM, local_files: bool = True,
                  on_epoch_ended: Callable[[str, int, int, int, str], None] | None = None,
                  ) -> None:
         self.manager = manager
@@ -105,7 +112,8 @@ class ReplicaManager:
         self.follower_quota = ReplicationQuota(FOLLOWER_SIDE, node_id)
         self.fetchers = ReplicaFetcherManager(
             node_id=node_id, manager=manager, settings=lambda: self.settings,
-            quota=self.follower_quota, tls=tls, transport=transport)
+            quota=self.follower_quota, tls=tls, transport=transport,
+            local_reader=local_host_key() if local_files else "")
         self.leaders: dict[TopicPartition, LeaderReplicas] = {}
         # ISR changes asked for and not yet answered.
         self._pending: dict[TopicPartition, log_pb2.IsrChange] = {}
@@ -232,7 +240,7 @@ class ReplicaManager:
             logs.append(await self._record_position(request.replica_id, item, started))
         response = self._read(request, logs)
         if (request.max_wait_ms <= 0 or not request.partitions
-                or any(records or r.error_code for r, records in response)):
+                or any(_answers(r, records) for r, records in response)):
             return response
         deadline = time.monotonic() + request.max_wait_ms / 1000
         waiting = [p for p in logs if p is not None]
@@ -252,7 +260,7 @@ class ReplicaManager:
                     partition_log.forget_waiter(woken)
             response = self._read(request, logs)
             # Throttled partitions count as having nothing: wait on unless time is up.
-            if any(records or r.error_code for r, records in response):
+            if any(_answers(r, records) for r, records in response):
                 return response
 
     async def _record_position(self, replica_id: int, item: log_pb2.ReplicaFetchPartition,
@@ -279,6 +287,8 @@ class ReplicaManager:
         response: FetchAnswer = []
         budget = request.max_bytes if request.max_bytes > 0 else None
         min_one = True
+        # A follower on this host reads the batches from the segment files itself.
+        in_files = bool(request.local_reader) and request.local_reader == local_host_key()
         for item, partition_log in zip(request.partitions, logs, strict=True):
             result = log_pb2.ReplicaFetchResult(topic=item.topic, partition=item.partition)
             try:
@@ -287,21 +297,28 @@ class ReplicaManager:
                 throttled = (request.replica_id not in replicas.isr
                              and self.leader_quota.is_throttled(partition_log.topic_configs,
                                                                 item.partition))
-                records = b""
+                records, size = b"", 0
                 if not (throttled and self.leader_quota.exceeded()):
                     max_bytes = item.max_bytes if budget is None else min(item.max_bytes,
                                                                           budget)
-                    records = partition_log.read(item.fetch_offset, max(max_bytes, 0),
+                    where = partition_log.locate(item.fetch_offset, max(max_bytes, 0),
                                                  LOG_END, min_one)
+                    size = where.size
+                    if in_files and where.segment is not None and size:
+                        files = result.file_records
+                        files.path, files.inode = where.segment.file_identity
+                        files.position, files.size = where.start, size
+                    else:
+                        records = where.read()
             except KafkaError as exc:
                 result.error_code, result.error_message = exc.errno, exc.message or ""
                 metrics.ERRORS.labels("ReplicaFetch", error_name(exc.errno)).inc()
-                records, throttled = b"", False
+                records, size, throttled = b"", 0, False
             except OSError as exc:
                 self.manager.storage_failed(exc, f"reading {item.topic}-{item.partition}")
                 result.error_code = ErrorCode.kafka_storage_error.value
                 result.error_message = str(exc)
-                records, throttled = b"", False
+                records, size, throttled = b"", 0, False
             found = self.manager.find(item.topic, item.partition)
             if found is None:
                 result.high_watermark = result.log_start_offset = NO_OFFSET
@@ -311,13 +328,13 @@ class ReplicaManager:
                 result.log_start_offset = found.log_start_offset
                 result.log_end_offset = found.log_end_offset
             response.append((result, records))
-            if records:
-                metrics.REPLICATION_BYTES_OUT.inc(len(records))
+            if size:
+                metrics.REPLICATION_BYTES_OUT.inc(size)
                 if throttled:
-                    self.leader_quota.record(len(records))
+                    self.leader_quota.record(size)
                 min_one = False
                 if budget is not None:
-                    budget = max(budget - len(records), 0)
+                    budget = max(budget - size, 0)
         return response
 
     def _check_fetch(self, replica_id: int, item: log_pb2.ReplicaFetchPartition,

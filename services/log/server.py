@@ -92,6 +92,7 @@ async def start(config: LogConfig) -> LogService:
     )
     replicas = ReplicaManager(
         manager, config.node_id, tls=tls, transport=config.replica_fetch_transport,
+        local_files=config.local_files,
         on_epoch_ended=notifier.on_epoch_ended if notifier is not None else None)
     shutdown = ControlledShutdown(config.node_id, manager, config.replicator_address, tls,
                                   config.controlled_shutdown())

@@ -15,6 +15,7 @@ import pytest
 
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from services.common.channels import insecure_channel
+from services.common.file_records import FileRecordsReader
 from services.common.records.record_batch import iter_batches
 from services.log.config import LogConfig
 from services.log.partition_log import PartitionLog
@@ -42,14 +43,15 @@ class Node:
 
 
 @contextlib.asynccontextmanager
-async def two_nodes(tmp_path: Path, transport: str = "stream",
+async def two_nodes(tmp_path: Path, transport: str = "stream", local_files: bool = True,
                     **settings: str) -> AsyncIterator[tuple[Node, Node]]:
     services = []
     try:
         for node_id in (0, 1):
             services.append(await start(LogConfig(
                 node_id=node_id, data_dir=str(tmp_path / f"log-{node_id}"),
-                grpc_address="127.0.0.1:0", replica_fetch_transport=transport)))
+                grpc_address="127.0.0.1:0", replica_fetch_transport=transport,
+                local_files=local_files)))
         nodes = [Node(s) for s in services]
         message = log_pb2.ReplicationSettings(
             configs={"replica.fetch.wait.max.ms": "200", "replica.fetch.backoff.ms": "50",
@@ -120,10 +122,13 @@ async def eventually(condition: Callable[[], bool | Awaitable[bool]], within: fl
 
 
 @pytest.mark.parametrize("transport", ["stream", "unary"])
+@pytest.mark.parametrize("local_files", [True, False], ids=["files", "carried"])
 def test_a_follower_holds_the_leaders_batches_and_both_high_watermarks_follow(
-        tmp_path: Path, transport: str) -> None:
+        tmp_path: Path, transport: str, local_files: bool) -> None:
+    """Its batches read from the leader's segment files (both nodes on this host), or carried
+    in the leader's answers."""
     async def main() -> None:
-        async with two_nodes(tmp_path, transport) as (leader, follower):
+        async with two_nodes(tmp_path, transport, local_files) as (leader, follower):
             await create((leader, follower), "t", epoch=2)
             end = 0
             for n in range(1, 20):
@@ -135,6 +140,30 @@ def test_a_follower_holds_the_leaders_batches_and_both_high_watermarks_follow(
             assert everything(follower, "t") == everything(leader, "t")
             assert {b.header.partition_leader_epoch
                     for b in iter_batches(everything(follower, "t"))} == {2}
+
+    asyncio.run(asyncio.wait_for(main(), TIMEOUT))
+
+
+def test_ranges_a_follower_cannot_read_as_named_are_fetched_again_carried(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As when the leader's segment is replaced or cut between its answer and the read."""
+    unreadable: list[str] = []
+
+    def gone(self: FileRecordsReader, path: str, inode: int, position: int,
+             size: int) -> bytes | None:
+        unreadable.append(path)
+        return None
+
+    async def main() -> None:
+        async with two_nodes(tmp_path) as (leader, follower):
+            await create((leader, follower), "t", epoch=1)
+            result = await append(leader, "t", build_batch(values(3)))
+            await eventually(lambda: follower.log("t").log_end_offset == 3)
+            monkeypatch.setattr(FileRecordsReader, "read", gone)
+            result = await append(leader, "t", build_batch(values(4)))
+            await eventually(lambda: follower.log("t").high_watermark == result.log_end_offset)
+            assert everything(follower, "t") == everything(leader, "t")
+            assert len(unreadable) == 1
 
     asyncio.run(asyncio.wait_for(main(), TIMEOUT))
 

@@ -16,6 +16,7 @@ import grpc
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from services.common.channels import insecure_channel
 from services.common.errors import ErrorCode, KafkaError
+from services.common.file_records import FileRecordsReader, local_host_key
 from services.common.progress_reports import Progress
 from services.common.records.record_batch import iter_batches
 from services.log.config import LogConfig
@@ -250,6 +251,33 @@ def test_a_follower_fetch_is_its_position_and_moves_the_high_watermark(tmp_path:
         beyond = await fetch(stub, "t", 9, epoch=3)
         assert (beyond.error_code, beyond.log_end_offset) == (
             ErrorCode.offset_out_of_range.value, 5)
+
+    run_node(tmp_path, body)
+
+
+def test_a_follower_on_this_host_gets_ranges_of_the_leaders_segment_files(
+        tmp_path: Path) -> None:
+    async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
+        await create_with(stub, "t", state("t", LEADER, 1))
+        await append(stub, "t", build_batch(values(5)))
+        await append(stub, "t", build_batch(values(2)))
+        carried = await fetch(stub, "t", 0, epoch=1)
+        named = (await stub.ReplicaFetchOnce(log_pb2.ReplicaFetchRequest(
+            replica_id=PEER, local_reader=local_host_key(), partitions=[
+                log_pb2.ReplicaFetchPartition(topic="t", partition=0, leader_epoch=1,
+                                              fetch_offset=0, max_bytes=1 << 20)]))).results[0]
+        assert named.records == b"" and named.log_end_offset == carried.log_end_offset == 7
+        files = named.file_records
+        reader = FileRecordsReader()
+        assert reader.read(files.path, files.inode, files.position,
+                           files.size) == carried.records
+        reader.close()
+        # Nothing to read: neither batches nor a range.
+        caught_up = (await stub.ReplicaFetchOnce(log_pb2.ReplicaFetchRequest(
+            replica_id=PEER, local_reader=local_host_key(), partitions=[
+                log_pb2.ReplicaFetchPartition(topic="t", partition=0, leader_epoch=1,
+                                              fetch_offset=7, max_bytes=1 << 20)]))).results[0]
+        assert not caught_up.HasField("file_records") and caught_up.high_watermark == 7
 
     run_node(tmp_path, body)
 
