@@ -95,7 +95,9 @@ def produce():
 def consume():
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": "profile-nogroup",
                   "enable.auto.commit": False, "fetch.max.bytes": 52428800,
-                  "max.partition.fetch.bytes": 10485760})
+                  "max.partition.fetch.bytes": 10485760,
+                  # As bench/throughput.py: no 1 s pause when the client's queue is full.
+                  "fetch.queue.backoff.ms": 10})
     c.assign([TopicPartition(topic, q, 0) for q in range(partitions)])
     got = nbytes = 0
     t0 = time.perf_counter(); deadline = t0 + 300
