@@ -13,6 +13,11 @@ them from the file.
 is the boot id with the mount namespace, which processes of one machine share and containers
 of different pods do not. A log node names ranges only to a reader whose key equals its own.
 
+Only segment files are read: an absolute path to a regular file named as a log segment
+(``<base offset, 20 digits>.log``), opened without following a symbolic link. A reader trusts
+the service that names a range to name one of its segments; the name check keeps any other file
+of the reader's host (its TLS key, say) out of what it could be made to send.
+
 A range read later than it was decided can find its file gone (the segment deleted by
 retention or replaced by compaction) or shorter (truncated): the reader checks the inode and
 the size and reports the range unreadable, and the caller asks again with the records carried.
@@ -24,6 +29,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import stat
 import time
 from collections import OrderedDict
 from pathlib import Path
@@ -35,6 +42,9 @@ _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 _MOUNT_NAMESPACE = "/proc/self/ns/mnt"
 
 _key: str | None = None
+
+# What a log segment's file is called (services.log.segment).
+_SEGMENT_FILE = re.compile(r"[0-9]{20}\.log")
 
 
 def local_host_key() -> str:
@@ -93,12 +103,15 @@ class FileRecordsReader:
 
     @staticmethod
     def _open_file(path: str, inode: int) -> int | None:
+        if not os.path.isabs(path) or not _SEGMENT_FILE.fullmatch(os.path.basename(path)):
+            return None
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except OSError:
             return None
         try:
-            if os.fstat(fd).st_ino == inode:
+            found = os.fstat(fd)
+            if found.st_ino == inode and stat.S_ISREG(found.st_mode):
                 return fd
         except OSError:
             pass

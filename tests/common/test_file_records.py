@@ -10,6 +10,8 @@ import time
 
 from services.common.file_records import FileRecordsReader, local_host_key
 
+SEGMENT = "00000000000000000000.log"
+
 
 def segment(path, data: bytes) -> int:
     path.write_bytes(data)
@@ -17,7 +19,7 @@ def segment(path, data: bytes) -> int:
 
 
 def test_a_range_reads_as_named(tmp_path) -> None:
-    path = tmp_path / "0.log"
+    path = tmp_path / SEGMENT
     inode = segment(path, b"0123456789")
     reader = FileRecordsReader()
     assert reader.read(str(path), inode, 2, 5) == b"23456"
@@ -28,17 +30,17 @@ def test_a_range_reads_as_named(tmp_path) -> None:
 
 
 def test_a_replaced_deleted_or_truncated_file_is_unreadable(tmp_path) -> None:
-    path = tmp_path / "0.log"
+    path = tmp_path / SEGMENT
     inode = segment(path, b"0123456789")
     reader = FileRecordsReader()
     assert reader.read(str(path), inode, 8, 3) is None  # past the end: short
     assert reader.read(str(path), inode, -1, 3) is None
     assert reader.read(str(path), inode, 0, -1) is None
-    assert reader.read(str(tmp_path / "missing.log"), inode, 0, 1) is None
+    assert reader.read(str(tmp_path / "00000000000000000009.log"), inode, 0, 1) is None
 
     # Replaced (the log cleaner's swap): the path names another file now.
     fresh = FileRecordsReader()
-    other = tmp_path / "0.log.swap"
+    other = tmp_path / (SEGMENT + ".swap")
     segment(other, b"abcdefghij")
     os.replace(other, path)
     assert fresh.read(str(path), inode, 0, 4) is None
@@ -49,9 +51,30 @@ def test_a_replaced_deleted_or_truncated_file_is_unreadable(tmp_path) -> None:
     assert fresh.read(str(path), os.stat(path).st_ino, 0, 4) is None
 
 
+def test_only_segment_files_are_read(tmp_path, monkeypatch) -> None:
+    """A file not named as a segment, a relative path, a symbolic link or a directory is not
+    read, whatever range names it."""
+    reader = FileRecordsReader()
+    key = tmp_path / "frontend.key"
+    inode = segment(key, b"-----BEGIN PRIVATE KEY-----")
+    assert reader.read(str(key), inode, 0, 5) is None
+    link = tmp_path / SEGMENT
+    link.symlink_to(key)
+    assert reader.read(str(link), inode, 0, 5) is None
+    folder = tmp_path / "d" / "00000000000000000001.log"
+    folder.mkdir(parents=True)
+    assert reader.read(str(folder), folder.stat().st_ino, 0, 0) is None
+    monkeypatch.chdir(tmp_path)
+    real = tmp_path / "00000000000000000002.log"
+    real_inode = segment(real, b"0123")
+    assert reader.read(real.name, real_inode, 0, 2) is None
+    assert reader.read(str(real), real_inode, 0, 2) == b"01"
+    assert reader.open_files == 1
+
+
 def test_a_file_kept_open_reads_as_named_after_it_is_deleted(tmp_path) -> None:
     """As with Kafka's sendfile of a segment being deleted: the bytes decided are still there."""
-    path = tmp_path / "0.log"
+    path = tmp_path / SEGMENT
     inode = segment(path, b"0123456789")
     reader = FileRecordsReader()
     assert reader.read(str(path), inode, 0, 2) == b"01"
@@ -63,7 +86,7 @@ def test_open_files_are_bounded_and_idle_ones_closed(tmp_path) -> None:
     reader = FileRecordsReader(max_open=2, idle_seconds=0.05)
     files = []
     for n in range(3):
-        path = tmp_path / f"{n}.log"
+        path = tmp_path / f"{n:020d}.log"
         files.append((str(path), segment(path, b"x" * 10)))
     for path, inode in files:
         assert reader.read(path, inode, 0, 1) == b"x"
