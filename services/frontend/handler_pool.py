@@ -205,7 +205,7 @@ def _with_file_records(rpc: str, reply: handler_pb2.HandlerReply, response: memo
         if data is None:
             FILE_RECORDS_UNREADABLE.inc()
             raise FileRecordsUnreadableError(f"{files.path}: {files.size} bytes at "
-                                        f"{files.position} of inode {files.inode}")
+                                             f"{files.position} of inode {files.inode}")
         batches[files.payload] = memoryview(data)
         size += files.size
     FILE_RECORDS_BYTES.inc(size)

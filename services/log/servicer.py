@@ -335,11 +335,9 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
                                                         first_offset=txn.first_offset)
                 size = where.size
                 if in_files and where.segment is not None and size:
-                    path, inode = where.segment.file_identity
-                    result.file_records.SetInParent()
                     files = result.file_records
-                    files.path, files.inode, files.position, files.size = (
-                        path, inode, where.start, size)
+                    files.path, files.inode = where.segment.file_identity
+                    files.position, files.size = where.start, size
                     records = b""
                 else:
                     records = where.read()
