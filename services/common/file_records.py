@@ -60,6 +60,11 @@ def local_host_key() -> str:
     return _key
 
 
+def is_local(key: str) -> bool:
+    """Whether ``key`` (another process's :func:`local_host_key`) is this process's."""
+    return bool(key) and key == local_host_key()
+
+
 class FileRecordsReader:
     """Reads ranges of segment files, keeping the last ``max_open`` files open (a fetch reads
     the same few segments over and over). A file unused for ``idle_seconds`` is closed, so a

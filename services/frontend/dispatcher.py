@@ -40,7 +40,7 @@ from .coordinator_affinity import CoordinatorAffinity
 from .error_responses import UNAVAILABLE_CODES, error_response
 from .fetch_sessions import DEFAULT_FETCH_SESSION_SLOTS, FetchSessions
 from .framing import FrameWriter
-from .handler_pool import FileRecordsUnreadableError, HandlerCallError, HandlerPool, Metadata
+from .handler_pool import HandlerCallError, HandlerPool, Metadata
 from .metrics import (
     HANDLER_FAILURES,
     METRICS_ENABLED,
@@ -323,21 +323,13 @@ class Dispatcher:
             apart = schema.response_batches if sensors is None and (
                 fetch_context is None or fetch_context.keeps_answer) else None
             metadata = self._metadata(request.client_id, request.version, session)
+            if api.key == FETCH_KEY:
+                metadata = (*metadata, *self._local_files)
             try:
-                try:
-                    response, remote = await self._pool.call(
-                        api.rpc, outgoing,
-                        metadata=metadata + self._local_files if api.key == FETCH_KEY
-                        else metadata,
-                        time_limit=_deadline_seconds(api.key, message), retry_safe=retry_safe,
-                        response_batches=apart, affinity=self.affinity.of(api.key, message))
-                except FileRecordsUnreadableError as exc:
-                    log.debug("Fetch from %s: %s; asking again for the records themselves",
-                              request.client_id, exc)
-                    response, remote = await self._pool.call(
-                        api.rpc, outgoing, metadata=metadata,
-                        time_limit=_deadline_seconds(api.key, message), retry_safe=retry_safe,
-                        response_batches=apart, affinity=self.affinity.of(api.key, message))
+                response, remote = await self._pool.call(
+                    api.rpc, outgoing, metadata=metadata,
+                    time_limit=_deadline_seconds(api.key, message), retry_safe=retry_safe,
+                    response_batches=apart, affinity=self.affinity.of(api.key, message))
                 # Bounded by the call it is part of (the handler's clock is not ours).
                 request.remote_seconds = min(remote, time.perf_counter() - called)
             except HandlerCallError as e:

@@ -31,6 +31,7 @@ from services.common.call_streams import CallStream
 from services.common.channels import PLAINTEXT, internal_channel
 from services.common.discovery import Resolver, StaticResolver, changes, resolver_for
 from services.common.envelopes import decode_handler_reply, encode_handler_call
+from services.common.file_records import METADATA_KEY as FILE_RECORDS_METADATA_KEY
 from services.common.file_records import FileRecordsReader
 from services.common.metrics import REMOTE_TIME_METADATA_KEY
 from services.common.payloads import Detached, PayloadPath
@@ -144,7 +145,10 @@ class _Handler:
                    ) -> tuple[Message | Detached, float]:
         """One attempt on this handler: the response (with ``response_batches``, its record
         batches beside it as views of the reply) and the seconds the handler reports the
-        request spent parked in the purgatory (trailing metadata ``kbroker-remote-ms``)."""
+        request spent parked in the purgatory (trailing metadata ``kbroker-remote-ms``). An
+        answer naming ranges of segment files that no longer read as named is asked for again,
+        within the same time limit, without ``kbroker-local-files``: with its batches."""
+        started = asyncio.get_running_loop().time()
         if self.stream is None:
             self.stream = CallStream(self.channel.stream_stream(_EXCHANGE_METHOD),
                                      StreamCallError.on_stream, encode=_encode_call,
@@ -160,7 +164,15 @@ class _Handler:
                 with contextlib.suppress(ValueError):
                     remote = max(float(entry.value), 0.0) / 1000
         if reply.file_records:
-            return _with_file_records(rpc, reply, response, response_batches is not None), remote
+            answer = _with_file_records(rpc, reply, response, response_batches is not None)
+            if answer is not None:
+                return answer, remote
+            without = _without_local_files(metadata)
+            if len(without) == len(metadata):
+                raise StreamCallError(grpc.StatusCode.INTERNAL,
+                                      f"{rpc}: file records in an answer that did not ask")
+            left = time_limit - (asyncio.get_running_loop().time() - started)
+            return await self.call(rpc, request, without, left, response_batches)
         if response_batches is not None:
             message, batches = payloads.parse_message(response, _RESPONSE_TYPES[rpc],
                                                       response_batches)
@@ -175,11 +187,6 @@ class _Handler:
         await self.channel.close(grace)
 
 
-class FileRecordsUnreadableError(Exception):
-    """A handler's answer named record batches in log segment files that can no longer be
-    read as named: the caller asks again without ``kbroker-local-files``."""
-
-
 # The answers that may name their record batches as segment file ranges, and where the
 # batches go (services.common.file_records).
 _FILE_RECORDS_PATHS = {"Fetch": PayloadPath(_RESPONSE_TYPES["Fetch"].DESCRIPTOR,
@@ -187,10 +194,15 @@ _FILE_RECORDS_PATHS = {"Fetch": PayloadPath(_RESPONSE_TYPES["Fetch"].DESCRIPTOR,
 _FILES = FileRecordsReader()
 
 
+def _without_local_files(metadata: Metadata) -> Metadata:
+    return tuple(entry for entry in metadata if entry[0] != FILE_RECORDS_METADATA_KEY)
+
+
 def _with_file_records(rpc: str, reply: handler_pb2.HandlerReply, response: memoryview,
-                       detached: bool) -> Message | Detached:
+                       detached: bool) -> Message | Detached | None:
     """The answer with the batches its ``file_records`` name read from their files: beside
-    it when ``detached``, else in it."""
+    it when ``detached``, else in it. None when a range no longer reads as named (the segment
+    deleted, replaced or cut meanwhile)."""
     path = _FILE_RECORDS_PATHS.get(rpc)
     if path is None:
         raise StreamCallError(grpc.StatusCode.INTERNAL, f"file records in a {rpc} answer")
@@ -204,8 +216,9 @@ def _with_file_records(rpc: str, reply: handler_pb2.HandlerReply, response: memo
             files.payload < len(batches)) else None
         if data is None:
             FILE_RECORDS_UNREADABLE.inc()
-            raise FileRecordsUnreadableError(f"{files.path}: {files.size} bytes at "
-                                             f"{files.position} of inode {files.inode}")
+            log.debug("%s answer: %d bytes at %d of %s (inode %d) unreadable; asking again",
+                      rpc, files.size, files.position, files.path, files.inode)
+            return None
         batches[files.payload] = memoryview(data)
         size += files.size
     FILE_RECORDS_BYTES.inc(size)

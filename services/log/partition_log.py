@@ -180,6 +180,15 @@ class FoundRecords(NamedTuple):
             return b""
         return self.segment.read_range(self.start, self.stop)
 
+    def name_in(self, files: log_pb2.FileRecords) -> bool:
+        """Set ``files`` to where the batches lie, for a reader on this host to read them
+        there (services.common.file_records); False, leaving it unset, when there are none."""
+        if self.segment is None or self.stop <= self.start:
+            return False
+        files.path, files.inode = self.segment.file_identity
+        files.position, files.size = self.start, self.size
+        return True
+
 
 class OffsetAndTimestamp(NamedTuple):
     offset: int

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable
 
 from kbroker.log.v1 import log_pb2
 from services.common.errors import ErrorCode, KafkaError, error_name
-from services.common.file_records import local_host_key
+from services.common.file_records import is_local, local_host_key
 from services.common.tls import PLAINTEXT, InternalTls
 
 from . import metrics
@@ -288,7 +288,7 @@ class ReplicaManager:
         budget = request.max_bytes if request.max_bytes > 0 else None
         min_one = True
         # A follower on this host reads the batches from the segment files itself.
-        in_files = bool(request.local_reader) and request.local_reader == local_host_key()
+        in_files = is_local(request.local_reader)
         for item, partition_log in zip(request.partitions, logs, strict=True):
             result = log_pb2.ReplicaFetchResult(topic=item.topic, partition=item.partition)
             try:
@@ -304,11 +304,7 @@ class ReplicaManager:
                     where = partition_log.locate(item.fetch_offset, max(max_bytes, 0),
                                                  LOG_END, min_one)
                     size = where.size
-                    if in_files and where.segment is not None and size:
-                        files = result.file_records
-                        files.path, files.inode = where.segment.file_identity
-                        files.position, files.size = where.start, size
-                    else:
+                    if not (in_files and where.name_in(result.file_records)):
                         records = where.read()
             except KafkaError as exc:
                 result.error_code, result.error_message = exc.errno, exc.message or ""

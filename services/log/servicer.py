@@ -24,7 +24,7 @@ from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from services.common import payloads
 from services.common.call_streams import serve_calls
 from services.common.errors import ErrorCode, KafkaError, RecordValidationError, error_name
-from services.common.file_records import local_host_key
+from services.common.file_records import is_local
 from services.common.payloads import Detached, MaybePayload, PayloadPath
 from services.common.records.record_batch import NO_TIMESTAMP
 
@@ -318,28 +318,22 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
         min_one = True
         committed = request.limit == LAST_STABLE
         # A reader on this host reads the batches from the segment files itself.
-        in_files = bool(request.local_reader) and request.local_reader == local_host_key()
+        in_files = is_local(request.local_reader)
         response = log_pb2.ReadResponse()
         found: list[MaybePayload] = []
         for item in request.partitions:
             result = response.results.add(topic=item.topic, partition=item.partition)
             max_bytes = item.max_bytes if budget is None else min(item.max_bytes, budget)
             partition_log = self._manager.find(item.topic, item.partition)
-            size = 0
             try:
-                where = self._log(item).locate(item.offset, max(max_bytes, 0), request.limit,
-                                               min_one)
+                read_log = self._log(item)
+                where = read_log.locate(item.offset, max(max_bytes, 0), request.limit, min_one)
                 if committed:
-                    for txn in self._log(item).aborted_within(where):
+                    for txn in read_log.aborted_within(where):
                         result.aborted_transactions.add(producer_id=txn.producer_id,
                                                         first_offset=txn.first_offset)
-                size = where.size
-                if in_files and where.segment is not None and size:
-                    files = result.file_records
-                    files.path, files.inode = where.segment.file_identity
-                    files.position, files.size = where.start, size
-                    records = b""
-                else:
+                size, records = where.size, b""
+                if not (in_files and where.name_in(result.file_records)):
                     records = where.read()
             except Exception as exc:  # noqa: BLE001 - becomes the partition's error code
                 _fail("Read", exc, result, self._manager.log_dir)

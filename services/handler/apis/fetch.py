@@ -146,11 +146,8 @@ class FetchApi:
         blocked = any(
             s.error_code and s.error_code not in _NON_BLOCKING_ERRORS
             for t in plan for s in t.slots)
-        committed = request.isolation_level == READ_COMMITTED
-        local = context.local_reader
         while True:
-            await self._read(reading, request.max_bytes, committed, local)
-            response, size = self._assemble(plan, request, detached)
+            response, size = await self._respond(plan, reading, request, context)
             remaining = deadline - time.monotonic()
             if (
                 request.max_wait_ms <= 0
@@ -163,8 +160,24 @@ class FetchApi:
                 return response
             if not await self._wait(reading, deadline):
                 # Expired, or woken by a partition error: answer with one more read.
-                await self._read(reading, request.max_bytes, committed, local)
-                return self._assemble(plan, request, detached)[0]
+                return (await self._respond(plan, reading, request, context))[0]
+
+    async def _respond(self, plan: list[_TopicSlots], reading: list[_Slot],
+                       request: k.FetchRequest, context: RequestContext,
+                       ) -> tuple[k.FetchResponse | Detached, int]:
+        """Read every routed partition and assemble the answer (see :meth:`_assemble`). With
+        ``context.local_reader``, leaders on that host may answer with ranges of their segment
+        files instead of the batches; if a range is past the fetch's byte limits, which only
+        cutting batches off would mend, the partitions are read again as batches."""
+        committed = request.isolation_level == READ_COMMITTED
+        detached = context.detached_payloads
+        local = context.local_reader
+        await self._read(reading, request.max_bytes, committed, local)
+        try:
+            return self._assemble(plan, request, detached)
+        except _RangePastLimitsError:
+            await self._read(reading, request.max_bytes, committed)
+            return self._assemble(plan, request, detached)
 
     def _plan(
         self, metadata: ClusterMetadata | None, request: k.FetchRequest,
@@ -224,10 +237,8 @@ class FetchApi:
 
     async def _read(self, slots: list[_Slot], max_bytes: int, committed: bool,
                     local_reader: str = "") -> None:
-        """Read every routed partition from its leader, one Read per node, concurrently.
-        With ``local_reader``, leaders on that host may answer with ranges of their segment
-        files instead of the batches; if the answers then exceed the fetch's byte limits
-        (which only cutting batches off could mend), they are read again with the batches."""
+        """Read every routed partition from its leader, one Read per node, concurrently
+        (``local_reader``: see :meth:`_respond`)."""
         limit = log_pb2.READ_LIMIT_LAST_STABLE if committed else (
             log_pb2.READ_LIMIT_HIGH_WATERMARK)
 
@@ -242,8 +253,6 @@ class FetchApi:
         routed = [(s.route, s) for s in slots if s.route is not None]
         for s, code, result in await call_leaders(routed, read_on, effect=False):
             s.read = result if not code else log_pb2.PartitionReadResult(error_code=code)
-        if local_reader and not _files_fit(slots, max_bytes):
-            await self._read(slots, max_bytes, committed)
 
     @staticmethod
     def _assemble(
@@ -252,14 +261,15 @@ class FetchApi:
         """The response from the latest reads, sized as Kafka sizes it (with ``detached``, its
         record batches beside it); and its record bytes. Aborted transactions are null, except
         a list (maybe empty) for read_committed; an errored partition has high watermark -1
-        and empty records (Kafka's ``FetchResponse.partitionResponse``)."""
+        and empty records (Kafka's ``FetchResponse.partitionResponse``). Raises
+        _RangePastLimitsError for a range of a segment file that only cutting would fit."""
         committed = request.isolation_level == READ_COMMITTED
         budget = max(request.max_bytes, 0)
         first = True
         total = 0
         response = k.FetchResponse()
         # Every partition's records, in response order (each partition sets them: empty
-        # ones too), and those a reader takes from segment files (see _read).
+        # ones too), and those a reader takes from segment files (see _respond).
         batches: list[bytes | memoryview] = []
         files: list[tuple[int, Any]] = []
         for t in plan:
@@ -271,14 +281,17 @@ class FetchApi:
                     add(partition_index=s.partition, error_code=code, high_watermark=-1)
                     batches.append(b"")
                     continue
+                limit = min(max(s.max_bytes, 0), budget - total)
                 if read.HasField("file_records"):
-                    # Fits whole (_read made sure).
+                    # Passed on whole: a log node answers past a limit only with one whole
+                    # batch, which the first partition with data keeps (as trimming would).
+                    if read.file_records.size > limit and not first:
+                        raise _RangePastLimitsError
                     files.append((len(batches), read.file_records))
                     batches.append(b"")
                     first = False
                     total += read.file_records.size
                 else:
-                    limit = min(max(s.max_bytes, 0), budget - total)
                     records = trim_to_whole_batches(read.records, limit, at_least_one=first)
                     if records:
                         first = False
@@ -328,31 +341,8 @@ class FetchApi:
         return not any(state.error_code for state in outcome.keys)
 
 
-def _files_fit(slots: list[_Slot], max_bytes: int) -> bool:
-    """Whether every partition read as a file range fits whole in the limits
-    :meth:`FetchApi._assemble` applies: the partition's, then what the fetch's ``max_bytes``
-    leaves after the partitions before it, except for the first partition with data (a log
-    node returns more than a limit only as one whole batch, which _assemble keeps too)."""
-    budget = max(max_bytes, 0)
-    total = 0
-    first = True
-    for s in slots:
-        read = s.read
-        if read is None or read.error_code:
-            continue
-        limit = min(max(s.max_bytes, 0), budget - total)
-        if read.HasField("file_records"):
-            kept = read.file_records.size
-            if kept > limit and not first:
-                return False
-        else:
-            records = read.records
-            kept = len(records) if len(records) <= limit else whole_batches_size(
-                records, limit, first)
-        if kept:
-            first = False
-            total += kept
-    return True
+class _RangePastLimitsError(Exception):
+    """A partition's range of a segment file is past the fetch's byte limits."""
 
 
 def whole_batches_size(records: bytes | memoryview, limit: int, at_least_one: bool) -> int:
