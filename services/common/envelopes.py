@@ -95,12 +95,14 @@ Metadata = Sequence[tuple[str, str]]
 
 def encode_handler_call(call_id: int, method: str,
                         request: bytes | tuple[Sequence[bytes | memoryview], int],
-                        metadata: Metadata = ()) -> bytes:
+                        metadata: Metadata = (),
+                        file_records: Sequence[handler_pb2.RequestFileRecords] = ()) -> bytes:
     """A serialized ``HandlerCall`` carrying ``request`` (a serialized request message, or its
-    pieces and size)."""
+    pieces and size) and naming ``file_records``."""
     head = handler_pb2.HandlerCall(
         call_id=call_id, method=method,
-        metadata=[handler_pb2.MetadataEntry(key=k, value=v) for k, v in metadata])
+        metadata=[handler_pb2.MetadataEntry(key=k, value=v) for k, v in metadata],
+        file_records=file_records)
     return with_bytes_field(head.SerializeToString(), _CALL_REQUEST_FIELD, request)
 
 

@@ -23,6 +23,14 @@ retention or replaced by compaction) or shorter (truncated): the reader checks t
 the size and reports the range unreadable, and the caller asks again with the records carried.
 As with Kafka's sendfile, the bytes are whatever the file holds when read; a range lies below
 the high watermark when decided, and committed batches are not rewritten.
+
+Produce goes the other way. A frontend writes a large Produce's batches into a spool file of its
+own (``kbroker-records-<pid>-<16 hex digits>.spool``, in a tmpfs such as /dev/shm:
+services.frontend.records_spool) and names them in its call; the handler passes the ranges on,
+and the leader log node reads them and appends them as if they had come carried. A spool file is
+only ever appended to, and removed once every call naming it has ended, so a range reads as
+written or not at all. Whoever cannot read a range (another host, a file gone) says so before
+anything is stored, and the batches are sent again carried.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import re
 import stat
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 
 # gRPC metadata on a frontend's Fetch call: the frontend's local host key.
@@ -43,8 +52,10 @@ _MOUNT_NAMESPACE = "/proc/self/ns/mnt"
 
 _key: str | None = None
 
-# What a log segment's file is called (services.log.segment).
-_SEGMENT_FILE = re.compile(r"[0-9]{20}\.log")
+# What a log segment's file is called (services.log.segment),
+SEGMENT_FILE = re.compile(r"[0-9]{20}\.log")
+# and a frontend's spool file of produced batches.
+SPOOL_FILE = re.compile(r"kbroker-records-[0-9]+-[0-9a-f]{16}\.spool")
 
 
 def local_host_key() -> str:
@@ -65,12 +76,27 @@ def is_local(key: str) -> bool:
     return bool(key) and key == local_host_key()
 
 
-class FileRecordsReader:
-    """Reads ranges of segment files, keeping the last ``max_open`` files open (a fetch reads
-    the same few segments over and over). A file unused for ``idle_seconds`` is closed, so a
-    deleted segment's space is not held for long."""
+@dataclass(frozen=True, slots=True)
+class SpooledRecords:
+    """A partition's batches left in a spool file: where they are, and the first batch's header
+    (``head``), which the handler's checks look at."""
 
-    def __init__(self, max_open: int = 256, idle_seconds: float = 30.0) -> None:
+    head: bytes | memoryview
+    path: str
+    inode: int
+    position: int
+    size: int
+
+
+class FileRecordsReader:
+    """Reads ranges of segment files (or of files whose names match ``names``: spool files),
+    keeping the last ``max_open`` files open (a fetch reads the same few segments over and
+    over). A file unused for ``idle_seconds`` is closed, so a deleted file's space is not held
+    for long."""
+
+    def __init__(self, max_open: int = 256, idle_seconds: float = 30.0,
+                 names: re.Pattern[str] = SEGMENT_FILE) -> None:
+        self._names = names
         self._max_open = max_open
         self._idle_seconds = idle_seconds
         # (path, inode) -> (fd, last used, monotonic seconds)
@@ -106,9 +132,8 @@ class FileRecordsReader:
             self._sweep(now)
         return data if len(data) == size else None
 
-    @staticmethod
-    def _open_file(path: str, inode: int) -> int | None:
-        if not os.path.isabs(path) or not _SEGMENT_FILE.fullmatch(os.path.basename(path)):
+    def _open_file(self, path: str, inode: int) -> int | None:
+        if not os.path.isabs(path) or not self._names.fullmatch(os.path.basename(path)):
             return None
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)

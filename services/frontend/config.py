@@ -48,7 +48,12 @@ class FrontendConfig:
     local_files: bool = option(
         True, "read Fetch answers' record batches from the segment files of log nodes on this "
               "host (same kernel and mount namespace) instead of receiving them through a "
-              "handler")
+              "handler, and leave large Produce requests' batches in spool files "
+              "(records-spool-dir) for them to read")
+    records_spool_dir: str = option(
+        "/dev/shm", "directory (a tmpfs) of the spool files that large Produce requests' "
+                    "batches are left in for log nodes on this host to read (with local-files); "
+                    "empty: always carried through a handler")
     instance: str = option("frontend-0", "name of this frontend instance (kafka-frontend-id)")
     quota_window_num: int = option(11, "samples a client quota rate is measured over "
                                        "(quota.window.num)")

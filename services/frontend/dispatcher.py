@@ -323,7 +323,7 @@ class Dispatcher:
             apart = schema.response_batches if sensors is None and (
                 fetch_context is None or fetch_context.keeps_answer) else None
             metadata = self._metadata(request.client_id, request.version, session)
-            if api.key == FETCH_KEY:
+            if api.key in (FETCH_KEY, PRODUCE_KEY):
                 metadata = (*metadata, *self._local_files)
             try:
                 response, remote = await self._pool.call(

@@ -37,7 +37,8 @@ from services.common.metrics import REMOTE_TIME_METADATA_KEY
 from services.common.payloads import Detached, PayloadPath
 from services.common.tls import InternalTls, InternalTlsError, require_plaintext_allowed
 
-from .metrics import FILE_RECORDS_BYTES, FILE_RECORDS_UNREADABLE
+from .metrics import FILE_RECORDS_BYTES, FILE_RECORDS_UNREADABLE, SPOOL_DECLINED, SPOOLED_BYTES
+from .records_spool import RecordsSpool, Spooled
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,9 @@ Metadata = tuple[tuple[str, str], ...]
 # that left may finish its calls.
 RESOLVE_INTERVAL_SECONDS = 5.0
 CLOSE_GRACE_SECONDS = 30.0
+# How long a handler that could not read spooled batches (it is on another host) is sent them
+# carried before the spool is tried again.
+SPOOL_RETRY_SECONDS = 60.0
 
 
 class HandlerCallError(Exception):
@@ -117,11 +121,15 @@ _EXCHANGE_METHOD = "/{}/Exchange".format(
 
 def _encode_call(call: tuple[str, Message | Detached, Metadata], call_id: int) -> bytes:
     rpc, request, metadata = call
+    if not isinstance(request, Detached):
+        return encode_handler_call(call_id, rpc, request.SerializeToString(), metadata)
     # A request with its record batches beside it is written around them (one copy, into the
-    # call).
-    serialized = request.serialized() if isinstance(request, Detached) else (
-        request.SerializeToString())
-    return encode_handler_call(call_id, rpc, serialized, metadata)
+    # call); those in a spool file are named instead.
+    return encode_handler_call(call_id, rpc, request.serialized(), metadata, [
+        handler_pb2.RequestFileRecords(payload=spooled.payload, path=spooled.path,
+                                       inode=spooled.inode, position=spooled.position,
+                                       size=spooled.size)
+        for spooled in request.files])
 
 
 def _decode_reply(data: bytes) -> tuple[int, tuple[handler_pb2.HandlerReply, memoryview]]:
@@ -139,22 +147,44 @@ class _Handler:
         self.address = address
         self.channel = internal_channel(address, tls, "handler")
         self.stream: CallStream | None = None  # set up by the first call
+        # Until when this handler is sent Produce batches carried (it could not read them).
+        self.spool_declined_until = 0.0
 
     async def call(self, rpc: str, request: Message | Detached, metadata: Metadata,
                    time_limit: float, response_batches: PayloadPath | None = None,
-                   ) -> tuple[Message | Detached, float]:
+                   spool: RecordsSpool | None = None) -> tuple[Message | Detached, float]:
         """One attempt on this handler: the response (with ``response_batches``, its record
         batches beside it as views of the reply) and the seconds the handler reports the
         request spent parked in the purgatory (trailing metadata ``kbroker-remote-ms``). An
         answer naming ranges of segment files that no longer read as named is asked for again,
-        within the same time limit, without ``kbroker-local-files``: with its batches."""
-        started = asyncio.get_running_loop().time()
+        within the same time limit, without ``kbroker-local-files``: with its batches. With a
+        ``spool``, a request's batches are written there and named, if large enough; a handler
+        that cannot read them (it did nothing) is sent them carried, within the same limit."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         if self.stream is None:
             self.stream = CallStream(self.channel.stream_stream(_EXCHANGE_METHOD),
                                      StreamCallError.on_stream, encode=_encode_call,
                                      decode=_decode_reply,
                                      not_sent=StreamCallError.not_sent)
-        reply, response = await self.stream.call((rpc, request, metadata), time_limit)
+        spooled = spool.write(request.payloads) if spool is not None and isinstance(
+            request, Detached) and _local_files(metadata) and (
+            started >= self.spool_declined_until) else None
+        if spooled is None:
+            reply, response = await self.stream.call((rpc, request, metadata), time_limit)
+        else:
+            try:
+                reply, response = await self.stream.call(
+                    (rpc, _named(request, spooled), metadata), time_limit)
+            finally:
+                spool.release(spooled)
+            if reply.request_files_unreadable:
+                SPOOL_DECLINED.inc()
+                self.spool_declined_until = loop.time() + SPOOL_RETRY_SECONDS
+                left = time_limit - (loop.time() - started)
+                return await self.call(rpc, request, _without_local_files(metadata), left,
+                                       response_batches)
+            SPOOLED_BYTES.inc(spooled.size)
         if reply.status_code:
             raise StreamCallError(_STATUS_CODES.get(reply.status_code, grpc.StatusCode.UNKNOWN),
                                   reply.status_details)
@@ -171,7 +201,7 @@ class _Handler:
             if len(without) == len(metadata):
                 raise StreamCallError(grpc.StatusCode.INTERNAL,
                                       f"{rpc}: file records in an answer that did not ask")
-            left = time_limit - (asyncio.get_running_loop().time() - started)
+            left = time_limit - (loop.time() - started)
             return await self.call(rpc, request, without, left, response_batches)
         if response_batches is not None:
             message, batches = payloads.parse_message(response, _RESPONSE_TYPES[rpc],
@@ -196,6 +226,19 @@ _FILES = FileRecordsReader()
 
 def _without_local_files(metadata: Metadata) -> Metadata:
     return tuple(entry for entry in metadata if entry[0] != FILE_RECORDS_METADATA_KEY)
+
+
+def _local_files(metadata: Metadata) -> bool:
+    return any(entry[0] == FILE_RECORDS_METADATA_KEY for entry in metadata)
+
+
+def _named(request: Detached, spooled: Spooled) -> Detached:
+    """``request`` carrying only its payloads' heads, naming where the batches were spooled.
+    A copy: its heads go into the message (serialized whole), and ``request`` may be sent
+    again with its batches."""
+    message = type(request.message)()
+    message.CopyFrom(request.message)
+    return Detached(message, request.path, spooled.heads, spooled.ranges)
 
 
 def _with_file_records(rpc: str, reply: handler_pb2.HandlerReply, response: memoryview,
@@ -240,12 +283,15 @@ class HandlerPool:
 
     def __init__(self, targets: Sequence[str] | str,
                  resolve_interval: float = RESOLVE_INTERVAL_SECONDS,
-                 resolver: Resolver | None = None, tls: InternalTls = PLAINTEXT) -> None:
+                 resolver: Resolver | None = None, tls: InternalTls = PLAINTEXT,
+                 spool: RecordsSpool | None = None) -> None:
         if resolver is None:
             # Refused at start-up rather than at the first resolution.
             for target in [targets] if isinstance(targets, str) else targets:
                 require_plaintext_allowed(tls, target, "handlers at")
         self._tls = tls
+        # Where large Produce requests' batches go for the log nodes of this host to read.
+        self.spool = spool
         self._resolver: Resolver = resolver or resolver_for(targets)
         self._resolve_interval = resolve_interval
         self._handlers: list[_Handler] = []
@@ -355,7 +401,8 @@ class HandlerPool:
                                        reached=reached, availability=True)
             tried.add(handler.address)
             try:
-                return await handler.call(rpc, request, metadata, remaining, response_batches)
+                return await handler.call(rpc, request, metadata, remaining, response_batches,
+                                          self.spool if rpc == "Produce" else None)
             except StreamCallError as e:
                 last = e
                 if e.never_reached:
@@ -378,6 +425,8 @@ class HandlerPool:
         raise HandlerCallError(rpc, last.code, last.details, reached=reached, availability=True)
 
     async def close(self) -> None:
+        if self.spool is not None:
+            self.spool.close()
         if self._watch is not None:
             self._watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -118,6 +118,14 @@ FILE_RECORDS_UNREADABLE = LoopCounter(
     "Fetch answers whose segment file ranges could no longer be read as named (the segment "
     "deleted, replaced or truncated meanwhile, or the file not visible here), asked for again "
     "with the record batches carried.")
+SPOOLED_BYTES = LoopCounter(
+    "kbroker_frontend_records_spool_bytes_total",
+    "Record batch bytes of Produce requests the frontend wrote to spool files for the leader "
+    "log nodes on its host to read, rather than sending them through a handler.")
+SPOOL_DECLINED = LoopCounter(
+    "kbroker_frontend_records_spool_declined_total",
+    "Produce requests whose spooled batches their handler could not read (it runs on another "
+    "host), sent again with the batches carried.")
 
 # Client quotas (:mod:`.quotas`), by quota type (produce, fetch, request): Kafka keeps these per
 # user and client id; here they are summed over clients to keep the label set small.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import socket
 from collections.abc import Sequence
 
@@ -34,6 +35,7 @@ from .metrics import (
 from .network_receive import FrameChannel
 from .principal import ssl_principal
 from .quotas import ClientQuotas
+from .records_spool import RecordsSpool
 from .sasl.authenticator import SaslAuthenticator, SaslAuthenticatorConfig
 from .sasl.credentials import CredentialStore
 from .sasl.failure_delays import FailedAuthenticationDelays
@@ -292,11 +294,22 @@ def inherited_sockets(entries: Sequence[str]) -> dict[int, socket.socket]:
     return sockets
 
 
+def _records_spool(config: FrontendConfig) -> RecordsSpool | None:
+    """The spool of large Produce requests' batches, if configured and usable."""
+    directory = config.records_spool_dir
+    if not (config.local_files and directory):
+        return None
+    if not os.path.isdir(directory) or not os.access(directory, os.W_OK | os.X_OK):
+        log.info("no spool for produced batches: %s is not a writable directory", directory)
+        return None
+    return RecordsSpool(directory)
+
+
 async def start(config: FrontendConfig) -> FrontendService:
     """Start the frontend: its gRPC port, the cluster metadata follower, then the Kafka
     listeners."""
     tls = InternalTls.of(config)
-    pool = HandlerPool(config.handlers, tls=tls)
+    pool = HandlerPool(config.handlers, tls=tls, spool=_records_spool(config))
     await pool.start()
     try:
         grpc_server, port, _health = await create_server(

@@ -29,6 +29,8 @@ from kbroker.kafka.v1 import kafka_pb2
 from services.common import payloads
 from services.common.call_streams import serve_calls
 from services.common.envelopes import decode_handler_call, encode_handler_reply
+from services.common.file_records import METADATA_KEY as FILE_RECORDS_METADATA_KEY
+from services.common.file_records import SpooledRecords, is_local
 from services.common.payloads import Detached, PayloadPath
 
 STREAM_SERVICE_NAME = handler_pb2.DESCRIPTOR.services_by_name["KafkaHandlerStream"].full_name
@@ -128,7 +130,24 @@ class ExchangeServicer(handler_pb2_grpc.KafkaHandlerStreamServicer):
         except DecodeError as exc:
             return _failed(call.call_id, grpc.StatusCode.INVALID_ARGUMENT,
                            f"{call.method}: bad request: {exc}")
-        context = CallContext([(m.key, m.value) for m in call.metadata], peer, auth, records)
+        metadata = [(m.key, m.value) for m in call.metadata]
+        if call.file_records:
+            if path is None:
+                return _failed(call.call_id, grpc.StatusCode.INVALID_ARGUMENT,
+                               f"{call.method}: file records in a call that takes none")
+            if not is_local(dict(metadata).get(FILE_RECORDS_METADATA_KEY, "")):
+                # Another host's spool: nothing done, the caller sends the batches carried.
+                return encode_handler_reply(handler_pb2.HandlerReply(
+                    call_id=call.call_id, request_files_unreadable=True))
+            records = list(payloads.take(request, path) if records is None else records)
+            for files in call.file_records:
+                if files.payload >= len(records) or records[files.payload] is None:
+                    return _failed(call.call_id, grpc.StatusCode.INVALID_ARGUMENT,
+                                   f"{call.method}: file records for payload {files.payload}")
+                records[files.payload] = SpooledRecords(
+                    records[files.payload], files.path, files.inode, files.position,
+                    files.size)
+        context = CallContext(metadata, peer, auth, records)
         try:
             response = await method(request, context)
         except CallAbortedError as exc:

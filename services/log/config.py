@@ -98,7 +98,8 @@ class LogConfig:
         "ReplicaFetch stream per leader node) or unary (a ReplicaFetchOnce call per fetch)")
     local_files: bool = option(
         True, "followers read the batches a leader on this host (same kernel and mount "
-              "namespace) names from its segment files instead of receiving them")
+              "namespace) names from its segment files instead of receiving them, and "
+              "appends read the batches a frontend on this host left in its spool files")
     cleaner_max_map_keys: int = option(
         DEFAULT_MAX_MAP_KEYS, "keys of the log cleaner's offset map per pass (a longer dirty "
         "section is cleaned over several passes)")

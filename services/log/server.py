@@ -96,7 +96,7 @@ async def start(config: LogConfig) -> LogService:
         on_epoch_ended=notifier.on_epoch_ended if notifier is not None else None)
     shutdown = ControlledShutdown(config.node_id, manager, config.replicator_address, tls,
                                   config.controlled_shutdown())
-    servicer = LogServicer(manager, replicas)
+    servicer = LogServicer(manager, replicas, local_files=config.local_files)
     servicer.refuses_append = shutdown.refuses
     try:
         manager.load()

@@ -24,7 +24,7 @@ from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from services.common import payloads
 from services.common.call_streams import serve_calls
 from services.common.errors import ErrorCode, KafkaError, RecordValidationError, error_name
-from services.common.file_records import is_local
+from services.common.file_records import SPOOL_FILE, FileRecordsReader, is_local
 from services.common.payloads import Detached, MaybePayload, PayloadPath
 from services.common.records.record_batch import NO_TIMESTAMP
 
@@ -110,9 +110,15 @@ def _fail(api: str, exc: Exception, result: Any, log_dir: LogDirFailureChannel) 
 class LogServicer(log_pb2_grpc.LogServiceServicer):
     """Serves one node's partition replicas."""
 
-    def __init__(self, manager: LogManager, replicas: ReplicaManager) -> None:
+    def __init__(self, manager: LogManager, replicas: ReplicaManager,
+                 local_files: bool = True) -> None:
         self._manager = manager
         self._replicas = replicas
+        # Appends whose batches wait in a frontend's spool file on this host are read from it
+        # (services.common.file_records); a frontend writes a file after another, so few stay
+        # open, and not for long.
+        self._spool = FileRecordsReader(max_open=8, idle_seconds=5.0,
+                                        names=SPOOL_FILE) if local_files else None
         # Whether an append to a replica is refused because the node hands it over (see
         # services.log.controlled_shutdown); the replica then answers NOT_LEADER_OR_FOLLOWER.
         self.refuses_append: Callable[[PartitionLog], bool] = lambda replica: False
@@ -202,6 +208,11 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
                       response: log_pb2.AppendResponse,
                       records: list[memoryview | None] | None = None) -> None:
         """``records``: each partition's batches, when they came beside the request."""
+        if request.local_reader:
+            records = self._spooled(request, records)
+            if records is None:
+                response.records_unreadable = True
+                return
         # The hot path: one loop of its own, each result added whole.
         commits = []
         for number, item in enumerate(request.partitions):
@@ -236,6 +247,27 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
         if commits:
             waited = await _await_commits(commits, request.commit_wait_ms / 1000)
             response.commit_wait_us = int(waited * 1e6)
+
+    def _spooled(self, request: log_pb2.AppendRequest, records: list[MaybePayload] | None,
+                 ) -> list[MaybePayload] | None:
+        """Every partition's batches, those named in spool files read from them; None (and
+        nothing appended) when one cannot be read: the files are on another host, gone, or
+        this node does not read them."""
+        if self._spool is None or not is_local(request.local_reader):
+            return None
+        found: list[MaybePayload] = []
+        for number, item in enumerate(request.partitions):
+            if item.HasField("file_records"):
+                files = item.file_records
+                data = self._spool.read(files.path, files.inode, files.position, files.size)
+                if data is None:
+                    log.info("append: %d bytes at %d of %s (inode %d) unreadable", files.size,
+                             files.position, files.path, files.inode)
+                    return None
+                found.append(data)
+            else:
+                found.append(item.records if records is None else records[number])
+        return found
 
     async def WriteTxnMarkers(self, request, context):
         """Each marker on each of its partitions, in order, answered as an Append is (the

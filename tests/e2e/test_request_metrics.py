@@ -1,8 +1,9 @@
 """Request metrics after real traffic against a real cluster, read from the services'
 Prometheus endpoints over HTTP: an idle long-poll fetch is remote time (parked in the
 purgatory) of about its max wait; a pipelined burst waits in the request queue; bytes in and
-out per topic equal the record batches produced and fetched (those fetched read by the frontend
-from the leader's segment file, all services being on one host); error responses are counted per
+out per topic equal the record batches produced and fetched (a large one produced left in the
+frontend's spool for the leader to read, those fetched read by the frontend from the leader's
+segment file, all services being on one host); error responses are counted per
 code; and an acks=all Produce's remote time is its wait for replication (at its leader, then
 parked in the purgatory)."""
 
@@ -136,11 +137,17 @@ def raw_produce(sock: socket.socket, topic: str, partition: int, records: bytes,
 
 def test_bytes_in_and_out_per_topic_are_the_record_batches(cluster, topic_name):
     create_topic(cluster.bootstrap, topic_name, partitions=1)
-    batches = [record_batch([b"value-%d" % i] * (i + 1)) for i in range(3)]
+    # The last one large enough for the frontend to leave it in its spool for the leader.
+    batches = [*(record_batch([b"value-%d" % i] * (i + 1)) for i in range(2)),
+               record_batch([b"v" * 1000] * 70)]
+    spooled = value(scrape(cluster, "frontend"), "kbroker_frontend_records_spool_bytes_total")
     with connect(cluster, topic_name) as sock:
         for i, batch in enumerate(batches):
             assert raw_produce(sock, topic_name, 0, batch, i) == 0
-        from_files = value(scrape(cluster, "frontend"), "kbroker_frontend_file_records_bytes_total")
+        before = scrape(cluster, "frontend")
+        assert value(before, "kbroker_frontend_records_spool_bytes_total") - spooled == len(
+            batches[-1])
+        from_files = value(before, "kbroker_frontend_file_records_bytes_total")
         sock.sendall(encode_request(fetch_request(topic_name, 0, 0), 10))
         _, response = read_response(sock, FetchRequest)
     fetched = response.responses[0].partitions[0].records

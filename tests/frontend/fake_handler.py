@@ -13,9 +13,13 @@ import grpc
 from kbroker.handler.v1 import kafka_handler_pb2_grpc
 from kbroker.kafka.v1 import kafka_pb2 as k
 from services.common import payloads
+from services.common.file_records import SPOOL_FILE, FileRecordsReader, SpooledRecords
 from services.handler.exchange import REQUEST_RECORDS, ExchangeServicer, add_exchange_to_server
 
 TOPIC_ID = "6b1c6ad4-62a2-4c3c-9a64-3e1ea9a0b9f1"
+
+# Batches a frontend left in its spool are read from there, as a leader log node reads them.
+_SPOOL = FileRecordsReader(names=SPOOL_FILE)
 
 
 class _Exchange(ExchangeServicer):
@@ -53,6 +57,7 @@ class FakeHandler(kafka_handler_pb2_grpc.KafkaHandlerServicer):
         self.next_offset: dict[tuple[str, int], int] = {}
         self.breaks_streams = False
         self.streams_broken = 0
+        self.spooled = 0  # payloads that came as ranges of a frontend's spool file
         self.server: grpc.aio.Server | None = None
         self.port = 0
 
@@ -81,7 +86,10 @@ class FakeHandler(kafka_handler_pb2_grpc.KafkaHandlerServicer):
         # handler reads them.
         records = getattr(context, "record_payloads", None)
         if records is not None:
-            payloads.fill(request, REQUEST_RECORDS[rpc], records)
+            self.spooled += sum(isinstance(r, SpooledRecords) for r in records)
+            payloads.fill(request, REQUEST_RECORDS[rpc], [
+                _SPOOL.read(r.path, r.inode, r.position, r.size)
+                if isinstance(r, SpooledRecords) else r for r in records])
         self.calls.append((rpc, request, dict(context.invocation_metadata())))
         self.received.set()
         self.in_flight += 1

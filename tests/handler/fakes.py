@@ -13,6 +13,7 @@ from kbroker.purgatory.v1 import purgatory_pb2
 from kbroker.replicator.v1 import replicator_pb2
 from services.common import payloads
 from services.common.errors import ErrorCode, NotEnoughReplicasError
+from services.common.file_records import SPOOL_FILE, FileRecordsReader, is_local
 from services.common.payloads import PayloadPath
 from services.common.records.control_records import (
     ControlRecordType,
@@ -116,7 +117,10 @@ class FakeLogNodes:
     min_insync_replicas is checked against (NOT_ENOUGH_REPLICAS, nothing stored), at
     ``partition_epoch`` (the metadata version the appends answer with). ``commits_with``: the
     ISR with which a lagging high watermark passes an acks=all append while its leader holds
-    the answer (AppendRequest.commit_wait_ms; None: not within the wait)."""
+    the answer (AppendRequest.commit_wait_ms; None: not within the wait). Batches named in a
+    frontend's spool file are read from it, as a leader on the handler's host does, unless
+    ``spool_elsewhere`` (a leader on another host): then nothing is stored and the answer says
+    records_unreadable."""
 
     def __init__(self) -> None:
         self.commits_with: tuple[int, ...] | None = None
@@ -129,6 +133,7 @@ class FakeLogNodes:
         self.guards: dict[tuple[str, int], int] = {}
         self.isr: dict[tuple[str, int], tuple[int, ...]] = {}
         self.partition_epoch = 0
+        self.spool_elsewhere = False
 
     def partition(self, topic: str, partition: int) -> FakePartition:
         return self.partitions.setdefault((topic, partition), FakePartition())
@@ -153,6 +158,9 @@ class FakeLogNodes:
         self.calls.append(("append", node.node_id, list(request.partitions)))
         self._check(node)
         out = log_pb2.AppendResponse()
+        if request.local_reader and not self._read_spooled(request):
+            out.records_unreadable = True
+            return out
         for a in request.partitions:
             guard = self.guards.get((a.topic, a.partition))
             if guard is not None and a.verification_guard != guard:
@@ -186,6 +194,23 @@ class FakeLogNodes:
                 out.commit_wait_us = 1500
         self.appended.set()
         return out
+
+    def _read_spooled(self, request: log_pb2.AppendRequest) -> bool:
+        """Whether every partition's batches named in a spool file were read into it."""
+        if self.spool_elsewhere or not is_local(request.local_reader):
+            return False
+        reader = FileRecordsReader(names=SPOOL_FILE)
+        try:
+            for a in request.partitions:
+                if a.HasField("file_records"):
+                    f = a.file_records
+                    data = reader.read(f.path, f.inode, f.position, f.size)
+                    if data is None:
+                        return False
+                    a.records = data
+        finally:
+            reader.close()
+        return True
 
     async def read(self, node: LogNode, request: log_pb2.ReadRequest,
                    time_limit: float) -> log_pb2.ReadResponse:

@@ -14,8 +14,13 @@ import grpc
 from kbroker.handler.v1 import handler_pb2, handler_pb2_grpc
 from kbroker.kafka.v1 import kafka_pb2 as k
 from services.common.channels import insecure_channel
+from services.common.file_records import METADATA_KEY, local_host_key
 from services.common.metrics import REMOTE_TIME_METADATA_KEY
+from services.common.payloads import Detached
 from services.frontend.handler_pool import HandlerPool
+from services.frontend.records_spool import RecordsSpool
+from services.handler.exchange import REQUEST_RECORDS
+from tests.record_batches import build_batch
 
 from .harness import FRONTEND_METADATA, running_cluster
 
@@ -92,5 +97,38 @@ def test_the_handler_pool_streams_to_handlers_that_serve_streams(tmp_path: Path)
                 assert answers[0].brokers[0].node_id == 0
             finally:
                 await pool.close()
+
+    run(main)
+
+
+def test_a_produce_whose_batches_are_spooled_is_appended_from_the_spool(tmp_path: Path) -> None:
+    """The frontend's handler pool leaves a large Produce's batches in its spool; the handler
+    names them to the leader log node, which reads them from there."""
+    batches = [build_batch([bytes([i]) * 1000] * 40) for i in range(2)]
+
+    async def main() -> None:
+        async with running_cluster(tmp_path) as cluster:
+            await cluster.create_topic("t", partitions=2)
+            spool_dir = tmp_path / "spool"
+            spool_dir.mkdir()
+            pool = HandlerPool([f"127.0.0.1:{cluster.handler.port}"],
+                               spool=RecordsSpool(str(spool_dir)))
+            await pool.start()
+            try:
+                request = k.ProduceRequest(acks=1, timeout_ms=5000, topic_data=[
+                    k.ProduceRequest.TopicProduceData(name="t", partition_data=[
+                        k.ProduceRequest.PartitionProduceData(index=p) for p in (0, 1)])])
+                answer, _remote = await pool.call(
+                    "Produce", Detached(request, REQUEST_RECORDS["Produce"], list(batches)),
+                    metadata=(*FRONTEND_METADATA, (METADATA_KEY, local_host_key())),
+                    time_limit=10, retry_safe=False)
+                assert [p.error_code for p in answer.responses[0].partition_responses] == [0, 0]
+                assert len(list(spool_dir.iterdir())) == 1
+            finally:
+                await pool.close()
+            assert list(spool_dir.iterdir()) == []
+            for partition, batch in enumerate(batches):
+                fetched = await cluster.fetch("t", partition, 0)
+                assert fetched.responses[0].partitions[0].records[16:] == batch[16:]
 
     run(main)

@@ -1,11 +1,14 @@
 import asyncio
+import dataclasses
+import os
 
 import pytest
 
 from kbroker.kafka.v1 import kafka_pb2 as k
 from kbroker.log.v1 import log_pb2
 from kbroker.purgatory.v1 import purgatory_pb2
-from services.common.records.record_batch import TRANSACTIONAL_BIT
+from services.common.file_records import SpooledRecords
+from services.common.records.record_batch import HEADER_SIZE, TRANSACTIONAL_BIT
 from services.handler.apis.produce import ProduceApi
 from services.handler.collaborators import (
     OutcomeUnknownError,
@@ -239,3 +242,80 @@ def test_a_partition_is_appended_only_at_the_broker_that_leads_it():
     assert appended == [("t", 0)]
     response, _, _ = serve(request(("t", [0, 1])), snapshot)
     assert [p.error_code for p in response.responses[0].partition_responses] == [0, 0]
+
+
+def spooled(directory, batches):
+    """``batches`` left in a frontend's spool file in ``directory``, as the frontend names
+    them to the handler."""
+    path = directory / f"kbroker-records-{os.getpid()}-{os.urandom(8).hex()}.spool"
+    path.write_bytes(b"".join(batches))
+    inode, position, found = os.stat(path).st_ino, 0, []
+    for batch in batches:
+        found.append(SpooledRecords(batch[:HEADER_SIZE], str(path), inode, position,
+                                    len(batch)))
+        position += len(batch)
+    return path, found
+
+
+def serve_spooled(req, snapshot, payloads, log_nodes, api=None):
+    context = dataclasses.replace(CONTEXT, record_payloads=payloads)
+    api = api or ProduceApi(cache_of(snapshot), log_nodes, FakePurgatory())
+    return asyncio.run(api.handle(req, context))
+
+
+def test_spooled_batches_are_named_to_the_leader_which_reads_them(tmp_path):
+    batches = [BATCH, record_batch([b"d", b"e"])]
+    _, payloads = spooled(tmp_path, batches)
+    log_nodes = FakeLogNodes()
+    response = serve_spooled(request(("t", [0, 1])), cluster(topic("t", 2)), payloads,
+                             log_nodes)
+    assert outcome(response) == [("t", 0, 0, 0), ("t", 1, 0, 0)]
+    (sent,) = log_nodes.append_requests
+    assert sent.local_reader
+    assert [(a.file_records.position, a.file_records.size) for a in sent.partitions] == [
+        (0, len(BATCH)), (len(BATCH), len(batches[1]))]
+    assert [log_nodes.partition("t", p).batches for p in (0, 1)] == [[b] for b in batches]
+
+
+def test_a_leader_on_another_host_gets_the_spooled_batches_carried(tmp_path):
+    batches = [BATCH, record_batch([b"d", b"e"])]
+    _, payloads = spooled(tmp_path, batches)
+    log_nodes = FakeLogNodes()
+    log_nodes.spool_elsewhere = True
+    response = serve_spooled(request(("t", [0, 1])), cluster(topic("t", 2)), payloads,
+                             log_nodes)
+    assert outcome(response) == [("t", 0, 0, 0), ("t", 1, 0, 0)]
+    named, carried = log_nodes.append_requests
+    assert named.local_reader and all(a.HasField("file_records") for a in named.partitions)
+    assert not carried.local_reader
+    assert [a.records for a in carried.partitions] == batches
+    assert not any(a.HasField("file_records") for a in carried.partitions)
+    assert [log_nodes.partition("t", p).batches for p in (0, 1)] == [[b] for b in batches]
+    # That leader is then sent them carried at once.
+    snapshot = cluster(topic("t", 2))
+    api = ProduceApi(cache_of(snapshot), log_nodes, FakePurgatory())
+    serve_spooled(request(("t", [0, 1])), snapshot, payloads, log_nodes, api)
+    log_nodes.append_requests.clear()
+    response = serve_spooled(request(("t", [0, 1])), snapshot, payloads, log_nodes, api)
+    assert outcome(response) == [("t", 0, 0, 6), ("t", 1, 0, 4)]
+    (carried,) = log_nodes.append_requests
+    assert [a.records for a in carried.partitions] == batches
+
+
+def test_spooled_batches_gone_fail_their_partitions_and_store_nothing(tmp_path):
+    path, payloads = spooled(tmp_path, [BATCH])
+    path.unlink()  # the frontend gave the request up
+    log_nodes = FakeLogNodes()
+    log_nodes.spool_elsewhere = True
+    response = serve_spooled(request(("t", [0])), cluster(topic("t")), payloads, log_nodes)
+    assert outcome(response) == [("t", 0, 56, -1)]  # KAFKA_STORAGE_ERROR: retriable
+    assert log_nodes.partition("t", 0).batches == []
+
+
+def test_the_checks_of_a_spooled_batch_look_at_its_header(tmp_path):
+    _, payloads = spooled(tmp_path, [transactional()])
+    log_nodes = FakeLogNodes()
+    response = serve_spooled(txn_request(0, transactional_id=None), cluster(topic("t")),
+                             payloads, log_nodes)
+    assert outcome(response) == [("t", 0, 53, -1)]
+    assert log_nodes.calls == []

@@ -293,6 +293,71 @@ def test_a_reader_on_this_host_gets_ranges_of_segment_files(tmp_path: Path) -> N
     run_node(tmp_path, body)
 
 
+def spool_file(directory: Path, data: bytes) -> Path:
+    """A frontend's spool file (services.frontend.records_spool) holding ``data``."""
+    path = directory / f"kbroker-records-{os.getpid()}-{os.urandom(8).hex()}.spool"
+    path.write_bytes(data)
+    return path
+
+
+def spooled(path: Path, position: int, size: int) -> log_pb2.FileRecords:
+    return log_pb2.FileRecords(path=str(path), inode=os.stat(path).st_ino, position=position,
+                               size=size)
+
+
+async def append_spooled(stub: log_pb2_grpc.LogServiceStub, reader: str,
+                         *partitions: log_pb2.PartitionAppend) -> log_pb2.AppendResponse:
+    return await stub.Append(log_pb2.AppendRequest(local_reader=reader, partitions=partitions))
+
+
+def test_an_append_reads_batches_named_in_a_spool_file_of_this_host(tmp_path: Path) -> None:
+    """Ranges of a spool file, beside batches carried, are appended as if carried; from
+    another host, or when one range cannot be read as named, nothing is appended and the
+    answer says so."""
+    first, second = build_batch(values(3, size=50)), build_batch(values(2, size=70))
+    path = spool_file(tmp_path, b"\xff" * 10 + first + second)
+
+    async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
+        await create(stub, "t", 0)
+        await create(stub, "t", 1)
+        both = (log_pb2.PartitionAppend(topic="t", partition=0,
+                                        file_records=spooled(path, 10, len(first))),
+                log_pb2.PartitionAppend(topic="t", partition=1, records=second))
+        refused = await append_spooled(stub, "another-host/mnt:[1]", *both)
+        assert refused.records_unreadable and not refused.results
+        gone = spooled(path, 10 + len(first), len(second) + 1)  # past the file's end
+        refused = await append_spooled(stub, local_host_key(), both[1], log_pb2.PartitionAppend(
+            topic="t", partition=0, file_records=gone))
+        assert refused.records_unreadable and not refused.results
+        assert (await describe(stub, "t", 0)).log_end_offset == 0
+        assert (await describe(stub, "t", 1)).log_end_offset == 0
+
+        appended = await append_spooled(stub, local_host_key(), *both)
+        assert not appended.records_unreadable
+        assert [(r.error_code, r.base_offset) for r in appended.results] == [(0, 0), (0, 0)]
+        stored = (await read(stub, "t", 0)).records
+        assert spans(stored) == [(0, 2)]
+        # Past what the log sets (base offset, length, leader epoch):
+        assert stored[16:] == first[16:]
+        assert (await read(stub, "t", 0, partition=1)).records[16:] == second[16:]
+
+    run_node(tmp_path, body)
+
+
+def test_a_node_not_reading_local_files_refuses_spooled_batches(tmp_path: Path) -> None:
+    batch = build_batch(values(1, size=50))
+    path = spool_file(tmp_path, batch)
+
+    async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
+        await create(stub, "t", 0)
+        refused = await append_spooled(stub, local_host_key(), log_pb2.PartitionAppend(
+            topic="t", partition=0, file_records=spooled(path, 0, len(batch))))
+        assert refused.records_unreadable and not refused.results
+        assert (await describe(stub, "t", 0)).log_end_offset == 0
+
+    run_node(tmp_path, body, local_files=False)
+
+
 def test_log_append_time_is_stamped_by_the_node(tmp_path: Path) -> None:
     async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
         await create(stub, "t", message_timestamp_type="LogAppendTime")

@@ -84,6 +84,7 @@ grouped per leader node, one Append per node, the nodes concurrently.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -94,6 +95,12 @@ from kbroker.purgatory.v1 import purgatory_pb2
 from services.common.acls import Operation, ResourceType
 from services.common.error_answers import error_response
 from services.common.errors import ErrorCode, KafkaError, NotEnoughReplicasError, error_name
+from services.common.file_records import (
+    SPOOL_FILE,
+    FileRecordsReader,
+    SpooledRecords,
+    local_host_key,
+)
 from services.common.records.record_batch import (
     ATTRIBUTES_OFFSET,
     HEADER_SIZE,
@@ -171,7 +178,8 @@ class _Slot:
     response: PartitionResponse | None = None
     appended: log_pb2.PartitionAppendResult | None = None
     route: Route | None = None
-    records: bytes | memoryview = b""
+    # The batches, or where the frontend spooled them.
+    records: bytes | memoryview | SpooledRecords = b""
     # The ISR size the leader must have to append (acks=-1's min.insync.replicas; 0: any).
     min_insync: int = 0
     # The guard to append with (0: none), and the one the leader asked to be verified.
@@ -183,19 +191,42 @@ class _Slot:
     isr_at_commit: Sequence[int] | None = None
 
 
-def _idempotent(records: bytes | memoryview) -> bool:
+# Spooled batches the leader could not read, read here to be sent carried;
+_SPOOL = FileRecordsReader(max_open=8, idle_seconds=5.0, names=SPOOL_FILE)
+# and for how long such a leader (on another host) is then sent them carried at once.
+SPOOL_RETRY_SECONDS = 60.0
+
+
+def _head(records: bytes | memoryview | SpooledRecords) -> bytes | memoryview:
+    """The batches, or as much of them as their first header (for spooled ones)."""
+    return records.head if isinstance(records, SpooledRecords) else records
+
+
+def _idempotent(records: bytes | memoryview | SpooledRecords) -> bool:
     """Whether the first batch has a producer id (sequence numbers)."""
+    records = _head(records)
     return len(records) >= HEADER_SIZE and read_header(records).producer_id >= 0
 
 
-def _transactional_producer(records: bytes | memoryview) -> tuple[int, int] | None:
+def _transactional_producer(records: bytes | memoryview | SpooledRecords,
+                            ) -> tuple[int, int] | None:
     """(producer id, epoch) of the first batch when it is transactional (one byte looked at
     for the others: this runs for every partition of every produce)."""
+    records = _head(records)
     if len(records) < HEADER_SIZE or not records[ATTRIBUTES_OFFSET + 1] & TRANSACTIONAL_BIT:
         return None
     header = read_header(records)
     return (header.producer_id, header.producer_epoch) if header.is_transactional and (
         header.producer_id >= 0) else None
+
+
+def _unspooled(slot: _Slot) -> log_pb2.PartitionAppendResult:
+    """The answer for a partition of an append not made: its spooled batches were gone (the
+    frontend gave the request up meanwhile)."""
+    return log_pb2.PartitionAppendResult(
+        topic=slot.name, partition=slot.index,
+        error_code=ErrorCode.kafka_storage_error.value,
+        error_message="the request's spooled record batches could not be read")
 
 
 class ProduceApi:
@@ -209,6 +240,8 @@ class ProduceApi:
         self._purgatory = purgatory
         self._transactions = transactions
         self._leader_wait_ms = leader_wait_ms
+        # Log node id -> until when (monotonic) it is sent spooled batches carried.
+        self._spool_declined: dict[int, float] = {}
 
     async def handle(self, request: k.ProduceRequest,
                      context: RequestContext) -> k.ProduceResponse:
@@ -308,14 +341,21 @@ class ProduceApi:
         waits_us = [0]
 
         async def append_on(node: LogNode, items: list[_Slot]) -> Sequence[Any]:
-            # The batches travel beside the request, as they came (no copy here).
+            # The batches travel beside the request, as they came (no copy here), or stay
+            # where the frontend spooled them for the leader to read.
             appends = log_pb2.AppendRequest(commit_wait_ms=commit_wait_ms, partitions=[
                 log_pb2.PartitionAppend(topic=slot.name, partition=slot.index,
                                         verification_guard=slot.guard,
                                         min_insync_replicas=slot.min_insync)
                 for slot in items])
-            answer = await self._log_nodes.append(
-                node, appends, APPEND_TIMEOUT_S, records=[slot.records for slot in items])
+            records = [slot.records for slot in items]
+            if any(isinstance(batches, SpooledRecords) for batches in records):
+                answer = await self._append_spooled(node, appends, records)
+                if answer is None:
+                    return [_unspooled(slot) for slot in items]
+            else:
+                answer = await self._log_nodes.append(node, appends, APPEND_TIMEOUT_S,
+                                                      records=records)
             waits_us.append(answer.commit_wait_us)
             return answer.results
 
@@ -339,6 +379,34 @@ class ProduceApi:
         waited = max(waits_us) / 1e6
         add_remote_time(waited)
         return waited
+
+    async def _append_spooled(self, node: LogNode, appends: log_pb2.AppendRequest,
+                              records: Sequence[bytes | memoryview | SpooledRecords],
+                              ) -> log_pb2.AppendResponse | None:
+        """``appends`` naming the spooled batches for the leader to read, or, when it cannot
+        (it is on another host; it then stored nothing), carrying them, read here. None when
+        they cannot be read here either (the frontend gave the request up meanwhile). A leader
+        that could not read them is sent them carried at once for :data:`SPOOL_RETRY_SECONDS`."""
+        if time.monotonic() >= self._spool_declined.get(node.node_id, 0.0):
+            appends.local_reader = local_host_key()
+            for item, batches in zip(appends.partitions, records, strict=True):
+                if isinstance(batches, SpooledRecords):
+                    item.file_records.MergeFrom(log_pb2.FileRecords(
+                        path=batches.path, inode=batches.inode, position=batches.position,
+                        size=batches.size))
+            answer = await self._log_nodes.append(node, appends, APPEND_TIMEOUT_S, records=[
+                None if isinstance(b, SpooledRecords) else b for b in records])
+            if not answer.records_unreadable:
+                return answer
+            self._spool_declined[node.node_id] = time.monotonic() + SPOOL_RETRY_SECONDS
+        carried = [_SPOOL.read(b.path, b.inode, b.position, b.size)
+                   if isinstance(b, SpooledRecords) else b for b in records]
+        if any(batches is None for batches in carried):
+            return None
+        appends.local_reader = ""
+        for item in appends.partitions:
+            item.ClearField("file_records")
+        return await self._log_nodes.append(node, appends, APPEND_TIMEOUT_S, records=carried)
 
     async def _verify(self, request: k.ProduceRequest, context: RequestContext,
                       slots: list[_Slot]) -> None:

@@ -1,0 +1,183 @@
+"""The frontend's spool of produced record batches: files that the leader log nodes on this host
+read a large Produce's batches from, so that those bytes cross no gRPC hop
+(services.common.file_records).
+
+Two gRPC hops cost about 1.8 s of CPU per GB between the frontend, a handler and a log node
+(docs/performance.md, "The floor under the throughput targets"); writing the batches into a
+tmpfs file and reading them back costs about 0.5. A spool file is written in one ``pwritev`` per
+request and only ever appended to: a range, once named, holds the same bytes for as long as the
+file exists, whoever reads it late. The current file takes requests until it is full; it is
+then retired, and removed (closed and unlinked) once every call that named it has ended. A file
+left behind by a frontend that died is removed when the next frontend on the host starts.
+
+Only requests whose batches come to :data:`MIN_BYTES` or more, :data:`MIN_PAYLOAD_BYTES` or
+more a partition on average, are spooled: for smaller ones the names and the reads cost more
+than carrying the bytes. A write that fails (the tmpfs full, say) carries that request's batches
+and turns the spool off for :data:`PAUSE_SECONDS`.
+
+Not thread-safe: used from the frontend's event loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from services.common.file_records import SPOOL_FILE
+from services.common.payloads import SPLICE_MIN_BYTES, SPLICE_MIN_PAYLOAD_BYTES
+from services.common.records.record_batch import HEADER_SIZE
+
+log = logging.getLogger(__name__)
+
+# What a spooled request's batches come to at least, in all and per partition on average: as
+# for splicing them into a message (services.common.payloads), below which the walk costs more.
+MIN_BYTES = SPLICE_MIN_BYTES
+MIN_PAYLOAD_BYTES = SPLICE_MIN_PAYLOAD_BYTES
+# How large a spool file grows before the next one starts.
+FILE_BYTES = 32 * 1024 * 1024
+# How long a failed write keeps the spool off.
+PAUSE_SECONDS = 60.0
+
+Payload = bytes | bytearray | memoryview
+
+
+class _File:
+    __slots__ = ("fd", "inode", "path", "retired", "users", "written")
+
+    def __init__(self, path: str, fd: int, inode: int) -> None:
+        self.path = path
+        self.fd = fd
+        self.inode = inode
+        self.written = 0
+        self.users = 0
+        self.retired = False
+
+
+@dataclass
+class SpooledRange:
+    """One payload written to a spool file."""
+
+    payload: int
+    path: str
+    inode: int
+    position: int
+    size: int
+
+
+@dataclass
+class Spooled:
+    """A request's batches in a spool file: the ranges, and each payload's head (what the
+    request carries in their place: the first batch's header). Give it back to
+    :meth:`RecordsSpool.release` once the call ended."""
+
+    ranges: list[SpooledRange]
+    heads: list[Payload | None]
+    size: int
+    _file: _File = field(repr=False)
+
+
+class RecordsSpool:
+    """Spool files in ``directory`` (a tmpfs, e.g. /dev/shm)."""
+
+    def __init__(self, directory: str, file_bytes: int = FILE_BYTES) -> None:
+        self._directory = os.path.abspath(directory)
+        self._file_bytes = file_bytes
+        self._current: _File | None = None
+        self._paused_until = 0.0
+        self._remove_orphans()
+
+    def write(self, payloads: Sequence[Payload | None]) -> Spooled | None:
+        """``payloads`` written to the current spool file, or None when they are carried
+        instead: too small in all or per partition, larger than half a file, or the write
+        failed."""
+        size = sum(len(p) for p in payloads if p is not None)
+        if (size < MIN_BYTES or size < MIN_PAYLOAD_BYTES * len(payloads)
+                or size > self._file_bytes // 2 or time.monotonic() < self._paused_until):
+            return None
+        try:
+            spool = self._room_for(size)
+            written = os.pwritev(spool.fd, [p for p in payloads if p], spool.written)
+            if written != size:
+                raise OSError(f"wrote {written} of {size} bytes")
+        except OSError as exc:
+            log.warning("cannot spool produced batches in %s (carrying them for %.0f s): %s",
+                        self._directory, PAUSE_SECONDS, exc)
+            self._paused_until = time.monotonic() + PAUSE_SECONDS
+            if self._current is not None:
+                self._retire(self._current)
+            return None
+        ranges, heads, position = [], [], spool.written
+        for index, payload in enumerate(payloads):
+            if not payload:
+                heads.append(payload)
+                continue
+            ranges.append(SpooledRange(index, spool.path, spool.inode, position, len(payload)))
+            heads.append(payload[:HEADER_SIZE])
+            position += len(payload)
+        spool.written = position
+        spool.users += 1
+        return Spooled(ranges, heads, size, spool)
+
+    def release(self, spooled: Spooled) -> None:
+        """The call that named ``spooled`` ended (answered, failed or given up)."""
+        spool = spooled._file
+        spool.users -= 1
+        if spool.retired and spool.users == 0:
+            self._remove(spool)
+
+    def close(self) -> None:
+        """Retire the current file (removed now, or when its last call ends)."""
+        if self._current is not None:
+            self._retire(self._current)
+
+    def _room_for(self, size: int) -> _File:
+        current = self._current
+        if current is not None and current.written + size <= self._file_bytes:
+            return current
+        if current is not None:
+            self._retire(current)
+        name = f"kbroker-records-{os.getpid()}-{secrets.token_hex(8)}.spool"
+        path = os.path.join(self._directory, name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
+                     0o600)
+        self._current = _File(path, fd, os.fstat(fd).st_ino)
+        return self._current
+
+    def _retire(self, spool: _File) -> None:
+        if self._current is spool:
+            self._current = None
+        spool.retired = True
+        if spool.users == 0:
+            self._remove(spool)
+
+    @staticmethod
+    def _remove(spool: _File) -> None:
+        with contextlib.suppress(OSError):
+            os.close(spool.fd)
+        with contextlib.suppress(OSError):
+            os.unlink(spool.path)
+
+    def _remove_orphans(self) -> None:
+        """Remove the spool files of frontends of this host that are gone."""
+        try:
+            names = os.listdir(self._directory)
+        except OSError:
+            return
+        for name in names:
+            if not SPOOL_FILE.fullmatch(name):
+                continue
+            pid = int(name.split("-")[2])
+            try:
+                os.kill(pid, 0)
+                continue
+            except ProcessLookupError:
+                pass
+            except OSError:
+                continue  # alive, another user's
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self._directory, name))
