@@ -27,10 +27,10 @@ the high watermark when decided, and committed batches are not rewritten.
 Produce goes the other way. A frontend writes a large Produce's batches into a spool file of its
 own (``kbroker-records-<pid>-<16 hex digits>.spool``, in a tmpfs such as /dev/shm:
 services.frontend.records_spool) and names them in its call; the handler passes the ranges on,
-and the leader log node reads them and appends them as if they had come carried. A spool file is
-only ever appended to, and removed once every call naming it has ended, so a range reads as
-written or not at all. Whoever cannot read a range (another host, a file gone) says so before
-anything is stored, and the batches are sent again carried.
+and the leader log node reads them and appends them as if they had come carried. A range is
+written over only once its call was answered with ``file_records_settled``: every service that
+was asked to read it answered, so none reads it late. Whoever cannot read a range (another
+host, a file gone) says so before anything is stored, and the batches are sent again carried.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import re
 import stat
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # gRPC metadata on a frontend's Fetch call: the frontend's local host key.
@@ -76,23 +76,34 @@ def is_local(key: str) -> bool:
     return bool(key) and key == local_host_key()
 
 
+class SpoolReads:
+    """Whether the spooled ranges of a call may still be read after it is answered: set when a
+    call that named them to another service ended without that service's answer."""
+
+    __slots__ = ("unsettled",)
+
+    def __init__(self) -> None:
+        self.unsettled = False
+
+
 @dataclass(frozen=True, slots=True)
 class SpooledRecords:
-    """A partition's batches left in a spool file: where they are, and the first batch's header
-    (``head``), which the handler's checks look at."""
+    """A partition's batches left in a spool file: where they are, the first batch's header
+    (``head``), which the handler's checks look at, and the call's :class:`SpoolReads`."""
 
     head: bytes | memoryview
     path: str
     inode: int
     position: int
     size: int
+    reads: SpoolReads = field(default_factory=SpoolReads)
 
 
 class FileRecordsReader:
     """Reads ranges of segment files (or of files whose names match ``names``: spool files),
     keeping the last ``max_open`` files open (a fetch reads the same few segments over and
-    over). A file unused for ``idle_seconds`` is closed, so a deleted file's space is not held
-    for long."""
+    over). Opening a file closes the open ones since deleted, and a file unused for
+    ``idle_seconds`` is closed, so a deleted file's space is not held for long."""
 
     def __init__(self, max_open: int = 256, idle_seconds: float = 30.0,
                  names: re.Pattern[str] = SEGMENT_FILE) -> None:
@@ -115,6 +126,7 @@ class FileRecordsReader:
             fd = self._open_file(path, inode)
             if fd is None:
                 return None
+            self._close_deleted()
             self._open[key] = (fd, now)
             if len(self._open) > self._max_open:
                 _, (oldest, _) = self._open.popitem(last=False)
@@ -153,6 +165,15 @@ class FileRecordsReader:
         if entry is not None:
             with contextlib.suppress(OSError):
                 os.close(entry[0])
+
+    def _close_deleted(self) -> None:
+        for key, (fd, _) in list(self._open.items()):
+            try:
+                deleted = os.fstat(fd).st_nlink == 0
+            except OSError:
+                deleted = True
+            if deleted:
+                self._forget(key)
 
     def _sweep(self, now: float) -> None:
         self._swept = now

@@ -173,11 +173,13 @@ class _Handler:
         if spooled is None:
             reply, response = await self.stream.call((rpc, request, metadata), time_limit)
         else:
+            settled = False
             try:
                 reply, response = await self.stream.call(
                     (rpc, _named(request, spooled), metadata), time_limit)
+                settled = reply.file_records_settled
             finally:
-                spool.release(spooled)
+                spool.release(spooled, settled)
             if reply.request_files_unreadable:
                 SPOOL_DECLINED.inc()
                 self.spool_declined_until = loop.time() + SPOOL_RETRY_SECONDS

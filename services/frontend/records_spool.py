@@ -4,11 +4,14 @@ read a large Produce's batches from, so that those bytes cross no gRPC hop
 
 Two gRPC hops cost about 1.8 s of CPU per GB between the frontend, a handler and a log node
 (docs/performance.md, "The floor under the throughput targets"); writing the batches into a
-tmpfs file and reading them back costs about 0.5. A spool file is written in one ``pwritev`` per
-request and only ever appended to: a range, once named, holds the same bytes for as long as the
-file exists, whoever reads it late. The current file takes requests until it is full; it is
-then retired, and removed (closed and unlinked) once every call that named it has ended. A file
-left behind by a frontend that died is removed when the next frontend on the host starts.
+tmpfs file and reading them back costs a fraction of that. A request's batches are written in one
+``pwritev``, after the previous request's, into the current file until it is full; the file is
+then retired. Once every call that named it has ended, a retired file is written over from its
+start if each of those calls was answered with ``file_records_settled`` (every service asked to
+read its ranges answered, so none reads them late; pages written over cost a fifth of fresh ones
+on the machines measured); otherwise it is removed (closed and unlinked), so a range that may still
+be read reads as written or not at all. A file left behind by a frontend that died is removed when
+the next frontend on the host starts.
 
 Only requests whose batches come to :data:`MIN_BYTES` or more, :data:`MIN_PAYLOAD_BYTES` or
 more a partition on average, are spooled: for smaller ones the names and the reads cost more
@@ -39,15 +42,17 @@ log = logging.getLogger(__name__)
 MIN_BYTES = SPLICE_MIN_BYTES
 MIN_PAYLOAD_BYTES = SPLICE_MIN_PAYLOAD_BYTES
 # How large a spool file grows before the next one starts.
-FILE_BYTES = 32 * 1024 * 1024
+FILE_BYTES = 16 * 1024 * 1024
 # How long a failed write keeps the spool off.
 PAUSE_SECONDS = 60.0
+# Retired files kept to be written over; more are removed.
+KEEP_FREE = 2
 
 Payload = bytes | bytearray | memoryview
 
 
 class _File:
-    __slots__ = ("fd", "inode", "path", "retired", "users", "written")
+    __slots__ = ("fd", "inode", "path", "retired", "tainted", "users", "written")
 
     def __init__(self, path: str, fd: int, inode: int) -> None:
         self.path = path
@@ -56,6 +61,8 @@ class _File:
         self.written = 0
         self.users = 0
         self.retired = False
+        # A call that named it ended unsettled: its ranges may still be read.
+        self.tainted = False
 
 
 @dataclass
@@ -73,7 +80,7 @@ class SpooledRange:
 class Spooled:
     """A request's batches in a spool file: the ranges, and each payload's head (what the
     request carries in their place: the first batch's header). Give it back to
-    :meth:`RecordsSpool.release` once the call ended."""
+    :meth:`RecordsSpool.release` once the call ended, saying whether it was settled."""
 
     ranges: list[SpooledRange]
     heads: list[Payload | None]
@@ -88,6 +95,8 @@ class RecordsSpool:
         self._directory = os.path.abspath(directory)
         self._file_bytes = file_bytes
         self._current: _File | None = None
+        self._free: list[_File] = []
+        self._closing = False
         self._paused_until = 0.0
         self._remove_orphans()
 
@@ -123,17 +132,23 @@ class RecordsSpool:
         spool.users += 1
         return Spooled(ranges, heads, size, spool)
 
-    def release(self, spooled: Spooled) -> None:
-        """The call that named ``spooled`` ended (answered, failed or given up)."""
+    def release(self, spooled: Spooled, settled: bool) -> None:
+        """The call that named ``spooled`` ended: answered with ``file_records_settled``
+        (``settled``), or otherwise (an answer without it, a failure, given up)."""
         spool = spooled._file
         spool.users -= 1
+        if not settled:
+            spool.tainted = True
         if spool.retired and spool.users == 0:
-            self._remove(spool)
+            self._done(spool)
 
     def close(self) -> None:
-        """Retire the current file (removed now, or when its last call ends)."""
+        """Remove the files (those still named by a call when its last call ends)."""
+        self._closing = True
         if self._current is not None:
             self._retire(self._current)
+        while self._free:
+            self._remove(self._free.pop())
 
     def _room_for(self, size: int) -> _File:
         current = self._current
@@ -141,6 +156,10 @@ class RecordsSpool:
             return current
         if current is not None:
             self._retire(current)
+        if self._free:
+            self._current = self._free.pop()
+            self._current.retired = False
+            return self._current
         name = f"kbroker-records-{os.getpid()}-{secrets.token_hex(8)}.spool"
         path = os.path.join(self._directory, name)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
@@ -153,7 +172,15 @@ class RecordsSpool:
             self._current = None
         spool.retired = True
         if spool.users == 0:
+            self._done(spool)
+
+    def _done(self, spool: _File) -> None:
+        """A retired file no call names any more: written over next, or removed."""
+        if spool.tainted or self._closing or len(self._free) >= KEEP_FREE:
             self._remove(spool)
+        else:
+            spool.written = 0
+            self._free.append(spool)
 
     @staticmethod
     def _remove(spool: _File) -> None:

@@ -30,7 +30,7 @@ from services.common import payloads
 from services.common.call_streams import serve_calls
 from services.common.envelopes import decode_handler_call, encode_handler_reply
 from services.common.file_records import METADATA_KEY as FILE_RECORDS_METADATA_KEY
-from services.common.file_records import SpooledRecords, is_local
+from services.common.file_records import SpooledRecords, SpoolReads, is_local
 from services.common.payloads import Detached, PayloadPath
 
 STREAM_SERVICE_NAME = handler_pb2.DESCRIPTOR.services_by_name["KafkaHandlerStream"].full_name
@@ -131,6 +131,7 @@ class ExchangeServicer(handler_pb2_grpc.KafkaHandlerStreamServicer):
             return _failed(call.call_id, grpc.StatusCode.INVALID_ARGUMENT,
                            f"{call.method}: bad request: {exc}")
         metadata = [(m.key, m.value) for m in call.metadata]
+        reads = None
         if call.file_records:
             if path is None:
                 return _failed(call.call_id, grpc.StatusCode.INVALID_ARGUMENT,
@@ -138,15 +139,17 @@ class ExchangeServicer(handler_pb2_grpc.KafkaHandlerStreamServicer):
             if not is_local(dict(metadata).get(FILE_RECORDS_METADATA_KEY, "")):
                 # Another host's spool: nothing done, the caller sends the batches carried.
                 return encode_handler_reply(handler_pb2.HandlerReply(
-                    call_id=call.call_id, request_files_unreadable=True))
+                    call_id=call.call_id, request_files_unreadable=True,
+                    file_records_settled=True))
             records = list(payloads.take(request, path) if records is None else records)
+            reads = SpoolReads()
             for files in call.file_records:
                 if files.payload >= len(records) or records[files.payload] is None:
                     return _failed(call.call_id, grpc.StatusCode.INVALID_ARGUMENT,
                                    f"{call.method}: file records for payload {files.payload}")
                 records[files.payload] = SpooledRecords(
                     records[files.payload], files.path, files.inode, files.position,
-                    files.size)
+                    files.size, reads)
         context = CallContext(metadata, peer, auth, records)
         try:
             response = await method(request, context)
@@ -155,7 +158,9 @@ class ExchangeServicer(handler_pb2_grpc.KafkaHandlerStreamServicer):
         except Exception as exc:
             log.exception("%s failed", call.method)
             return _failed(call.call_id, grpc.StatusCode.INTERNAL, f"{call.method}: {exc}")
-        reply = handler_pb2.HandlerReply(call_id=call.call_id)
+        # Answered: the spooled ranges may be written over unless a read of them is still out.
+        reply = handler_pb2.HandlerReply(call_id=call.call_id, file_records_settled=(
+            reads is not None and not reads.unsettled))
         for key, value in context.trailing_metadata:
             reply.trailing_metadata.add(key=key, value=str(value))
         try:

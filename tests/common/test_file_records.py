@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from services.common.file_records import FileRecordsReader, local_host_key
+from services.common.file_records import SPOOL_FILE, FileRecordsReader, local_host_key
 
 SEGMENT = "00000000000000000000.log"
 
@@ -95,6 +95,33 @@ def test_open_files_are_bounded_and_idle_ones_closed(tmp_path) -> None:
     assert reader.read(*files[0], 0, 1) == b"x"  # sweeps the idle ones
     assert reader.open_files == 1
     reader.close()
+
+
+def test_opening_a_file_closes_the_open_ones_since_deleted(tmp_path) -> None:
+    """A frontend's spool files come one after another: a reader keeps none of them, once
+    deleted, open past its next file."""
+    reader = FileRecordsReader(names=SPOOL_FILE)
+    files = []
+    for n in range(2):
+        path = tmp_path / f"kbroker-records-{os.getpid()}-{n:016x}.spool"
+        files.append((path, segment(path, b"y" * 10)))
+    assert reader.read(str(files[0][0]), files[0][1], 0, 1) == b"y"
+    files[0][0].unlink()
+    assert reader.read(str(files[0][0]), files[0][1], 1, 1) == b"y"  # still open: readable
+    assert reader.read(str(files[1][0]), files[1][1], 0, 1) == b"y"
+    assert reader.open_files == 1
+    assert reader.read(str(files[0][0]), files[0][1], 2, 1) is None
+    reader.close()
+
+
+def test_spool_files_are_read_only_by_a_spool_reader(tmp_path) -> None:
+    spool = tmp_path / f"kbroker-records-{os.getpid()}-{0:016x}.spool"
+    inode = segment(spool, b"z" * 4)
+    assert FileRecordsReader().read(str(spool), inode, 0, 4) is None
+    log_file = tmp_path / f"{0:020d}.log"
+    assert FileRecordsReader(names=SPOOL_FILE).read(
+        str(log_file), segment(log_file, b"z" * 4), 0, 4) is None
+    assert FileRecordsReader(names=SPOOL_FILE).read(str(spool), inode, 0, 4) == b"zzzz"
 
 
 def test_processes_of_one_host_and_mount_namespace_share_a_key() -> None:

@@ -55,7 +55,7 @@ def test_large_payloads_are_written_and_read_back_as_named(tmp_path) -> None:
     assert read_back(spooled) == [batches[0], batches[2]]
     assert spooled.heads == [batches[0][:HEADER_SIZE], None, batches[2][:HEADER_SIZE]]
     assert spooled.size == len(batches[0]) + len(batches[2])
-    spool.release(spooled)
+    spool.release(spooled, settled=True)
     spool.close()
     assert spool_files(tmp_path) == []
 
@@ -69,23 +69,30 @@ def test_small_payloads_are_carried(tmp_path) -> None:
     assert spool_files(tmp_path) == []
 
 
-def test_a_full_file_is_removed_once_its_last_call_ends(tmp_path) -> None:
+def test_a_full_file_is_written_over_once_every_call_naming_it_was_settled(tmp_path) -> None:
     spool = RecordsSpool(str(tmp_path), file_bytes=200_000)
     first = spool.write([large_batch(1, 90_000)])
     second = spool.write([large_batch(2, 90_000)])
-    assert first is not None and second is not None
-    (full,) = spool_files(tmp_path)
-    third = spool.write([large_batch(3, 90_000)])  # no room left: a new file
-    assert third is not None
+    third = spool.write([large_batch(3, 90_000)])  # no room left: a second file
+    assert first and second and third
+    full = first.ranges[0].inode
+    assert second.ranges[0].inode == full != third.ranges[0].inode
     assert len(spool_files(tmp_path)) == 2
-    spool.release(first)
-    assert full in spool_files(tmp_path)  # the second call still names it
-    assert read_back(second) == [large_batch(2, 90_000)]
-    spool.release(second)
-    assert full not in spool_files(tmp_path)
+    spool.release(first, settled=True)
+    assert read_back(second) == [large_batch(2, 90_000)]  # still named: untouched
+    spool.release(second, settled=True)
+    fourth = spool.write([large_batch(4, 90_000)])  # fits beside the third
+    fifth = spool.write([large_batch(5, 90_000)])  # the first file again, from its start
+    assert fourth and fifth
+    assert (fifth.ranges[0].inode, fifth.ranges[0].position) == (full, 0)
+    assert read_back(fifth) == [large_batch(5, 90_000)]
+    # A call that ended unsettled (its ranges may still be read): its file is removed.
+    spool.release(third, settled=False)
+    spool.release(fourth, settled=True)
     assert len(spool_files(tmp_path)) == 1
-    spool.release(third)
     spool.close()
+    assert len(spool_files(tmp_path)) == 1  # still named by the fifth
+    spool.release(fifth, settled=True)
     assert spool_files(tmp_path) == []
 
 

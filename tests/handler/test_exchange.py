@@ -7,6 +7,7 @@ handler that has none."""
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import grpc
@@ -17,8 +18,10 @@ from services.common.channels import insecure_channel
 from services.common.file_records import METADATA_KEY, local_host_key
 from services.common.metrics import REMOTE_TIME_METADATA_KEY
 from services.common.payloads import Detached
+from services.common.records.record_batch import HEADER_SIZE
 from services.frontend.handler_pool import HandlerPool
 from services.frontend.records_spool import RecordsSpool
+from services.handler import exchange
 from services.handler.exchange import REQUEST_RECORDS
 from tests.record_batches import build_batch
 
@@ -130,5 +133,51 @@ def test_a_produce_whose_batches_are_spooled_is_appended_from_the_spool(tmp_path
             for partition, batch in enumerate(batches):
                 fetched = await cluster.fetch("t", partition, 0)
                 assert fetched.responses[0].partitions[0].records[16:] == batch[16:]
+
+    run(main)
+
+
+def test_a_spooled_produce_is_answered_settled_unless_a_leader_left_it_unanswered(
+        tmp_path: Path, monkeypatch) -> None:
+    """The answer says whether the spooled ranges may be written over: yes once the leader
+    answered the append that named them, or when nothing was sent (a handler on another
+    host); no when the append to the leader failed."""
+    batch = build_batch([b"s" * 1000] * 70)
+    spool = tmp_path / f"kbroker-records-{os.getpid()}-{os.urandom(8).hex()}.spool"
+    spool.write_bytes(batch)
+    request = k.ProduceRequest(acks=1, timeout_ms=5000, topic_data=[
+        k.ProduceRequest.TopicProduceData(name="t", partition_data=[
+            k.ProduceRequest.PartitionProduceData(index=0, records=batch[:HEADER_SIZE])])])
+
+    def call(call_id: int) -> handler_pb2.HandlerCall:
+        sent = _call(call_id, "Produce", request.SerializeToString(),
+                     (*FRONTEND_METADATA, (METADATA_KEY, local_host_key())))
+        sent.file_records.add(payload=0, path=str(spool), inode=os.stat(spool).st_ino,
+                              position=0, size=len(batch))
+        return sent
+
+    async def main() -> None:
+        async with running_cluster(tmp_path) as cluster:
+            await cluster.create_topic("t")
+            channel = insecure_channel(f"127.0.0.1:{cluster.handler.port}")
+            try:
+                stream = handler_pb2_grpc.KafkaHandlerStreamStub(channel).Exchange()
+                await stream.write(call(1))
+                appended = await stream.read()
+                assert appended.status_code == 0 and appended.file_records_settled
+                answer = k.ProduceResponse.FromString(appended.response)
+                assert answer.responses[0].partition_responses[0].error_code == 0
+                with monkeypatch.context() as patched:
+                    patched.setattr(exchange, "is_local", lambda key: False)
+                    await stream.write(call(2))
+                    elsewhere = await stream.read()
+                assert elsewhere.request_files_unreadable and elsewhere.file_records_settled
+                await cluster.stop_log_node(0)
+                await stream.write(call(3))
+                unanswered = await stream.read()
+                assert not unanswered.file_records_settled
+                await stream.done_writing()
+            finally:
+                await channel.close()
 
     run(main)

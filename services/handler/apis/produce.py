@@ -192,7 +192,7 @@ class _Slot:
 
 
 # Spooled batches the leader could not read, read here to be sent carried;
-_SPOOL = FileRecordsReader(max_open=8, idle_seconds=5.0, names=SPOOL_FILE)
+_SPOOL = FileRecordsReader(max_open=4, idle_seconds=5.0, names=SPOOL_FILE)
 # and for how long such a leader (on another host) is then sent them carried at once.
 SPOOL_RETRY_SECONDS = 60.0
 
@@ -394,8 +394,15 @@ class ProduceApi:
                     item.file_records.MergeFrom(log_pb2.FileRecords(
                         path=batches.path, inode=batches.inode, position=batches.position,
                         size=batches.size))
-            answer = await self._log_nodes.append(node, appends, APPEND_TIMEOUT_S, records=[
-                None if isinstance(b, SpooledRecords) else b for b in records])
+            try:
+                answer = await self._log_nodes.append(node, appends, APPEND_TIMEOUT_S, records=[
+                    None if isinstance(b, SpooledRecords) else b for b in records])
+            except BaseException:
+                # Unanswered: the leader may still read the ranges.
+                for batches in records:
+                    if isinstance(batches, SpooledRecords):
+                        batches.reads.unsettled = True
+                raise
             if not answer.records_unreadable:
                 return answer
             self._spool_declined[node.node_id] = time.monotonic() + SPOOL_RETRY_SECONDS
