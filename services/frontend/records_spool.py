@@ -4,14 +4,14 @@ read a large Produce's batches from, so that those bytes cross no gRPC hop
 
 Two gRPC hops cost about 1.8 s of CPU per GB between the frontend, a handler and a log node
 (docs/performance.md, "The floor under the throughput targets"); writing the batches into a
-tmpfs file and reading them back costs a fraction of that. A request's batches are written in one
-``pwritev``, after the previous request's, into the current file until it is full; the file is
-then retired. Once every call that named it has ended, a retired file is written over from its
+tmpfs file and reading them back costs a fraction of that. A request's batches are written in
+one ``pwritev``, after the previous request's, into the current file until it is full; the file
+is then retired. Once every call that named it has ended, a retired file is written over from its
 start if each of those calls was answered with ``file_records_settled`` (every service asked to
-read its ranges answered, so none reads them late; pages written over cost a fifth of fresh ones
-on the machines measured); otherwise it is removed (closed and unlinked), so a range that may still
-be read reads as written or not at all. A file left behind by a frontend that died is removed when
-the next frontend on the host starts.
+read its ranges answered, so none reads them late; writing over pages costs about a fifth of
+writing fresh ones, docs/performance.md); otherwise it is removed (closed and unlinked), so a
+range that may still be read reads as written or not at all. A file left behind by a frontend
+that died is removed when the next frontend on the host starts.
 
 Only requests whose batches come to :data:`MIN_BYTES` or more, :data:`MIN_PAYLOAD_BYTES` or
 more a partition on average, are spooled: for smaller ones the names and the reads cost more
@@ -105,7 +105,7 @@ class RecordsSpool:
         instead: too small in all or per partition, larger than half a file, or the write
         failed."""
         size = sum(len(p) for p in payloads if p is not None)
-        if (size < MIN_BYTES or size < MIN_PAYLOAD_BYTES * len(payloads)
+        if (self._closing or size < MIN_BYTES or size < MIN_PAYLOAD_BYTES * len(payloads)
                 or size > self._file_bytes // 2 or time.monotonic() < self._paused_until):
             return None
         try:

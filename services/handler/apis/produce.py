@@ -10,7 +10,10 @@
                                log_start_offset error_message
 
 The batches travel untouched to the leader, which validates them and assigns offsets. Work is
-grouped per leader node, one Append per node, the nodes concurrently.
+grouped per leader node, one Append per node, the nodes concurrently. Batches the frontend left
+in its spool file (services.common.file_records) are named to the leader, which reads them
+there; a leader that cannot (another host) gets them carried, read here, and nothing else
+(only their first header) is looked at here.
 
 - acks outside {0, 1, -1}: INVALID_REQUIRED_ACKS for every partition, nothing appended.
 - Transactional records without a transactional id, or whose principal may not WRITE the
