@@ -58,6 +58,8 @@ def test_large_payloads_are_written_and_read_back_as_named(tmp_path) -> None:
     spool.release(spooled, settled=True)
     spool.close()
     assert spool_files(tmp_path) == []
+    assert spool.write(batches) is None  # closed: carried
+    assert spool_files(tmp_path) == []
 
 
 def test_small_payloads_are_carried(tmp_path) -> None:
