@@ -102,8 +102,8 @@ class SpooledRecords:
 class FileRecordsReader:
     """Reads ranges of segment files (or of files whose names match ``names``: spool files),
     keeping the last ``max_open`` files open (a fetch reads the same few segments over and
-    over). Opening a file closes the open ones since deleted, and a file unused for
-    ``idle_seconds`` is closed, so a deleted file's space is not held for long."""
+    over). Opening a file closes the open ones of its directory since deleted, and a file
+    unused for ``idle_seconds`` is closed, so a deleted file's space is not held for long."""
 
     def __init__(self, max_open: int = 256, idle_seconds: float = 30.0,
                  names: re.Pattern[str] = SEGMENT_FILE) -> None:
@@ -112,6 +112,8 @@ class FileRecordsReader:
         self._idle_seconds = idle_seconds
         # (path, inode) -> (fd, last used, monotonic seconds)
         self._open: OrderedDict[tuple[str, int], tuple[int, float]] = OrderedDict()
+        # directory -> its files in _open
+        self._in_directory: dict[str, set[tuple[str, int]]] = {}
         self._swept = time.monotonic()
 
     def read(self, path: str, inode: int, position: int, size: int) -> bytes | None:
@@ -126,11 +128,12 @@ class FileRecordsReader:
             fd = self._open_file(path, inode)
             if fd is None:
                 return None
-            self._close_deleted()
+            directory = os.path.dirname(path)
+            self._close_deleted(self._in_directory.get(directory, set()))
+            self._in_directory.setdefault(directory, set()).add(key)
             self._open[key] = (fd, now)
             if len(self._open) > self._max_open:
-                _, (oldest, _) = self._open.popitem(last=False)
-                os.close(oldest)
+                self._forget(next(iter(self._open)))
         else:
             fd = entry[0]
             self._open[key] = (fd, now)
@@ -162,14 +165,25 @@ class FileRecordsReader:
 
     def _forget(self, key: tuple[str, int]) -> None:
         entry = self._open.pop(key, None)
-        if entry is not None:
-            with contextlib.suppress(OSError):
-                os.close(entry[0])
+        if entry is None:
+            return
+        with contextlib.suppress(OSError):
+            os.close(entry[0])
+        directory = os.path.dirname(key[0])
+        neighbours = self._in_directory.get(directory)
+        if neighbours is not None:
+            neighbours.discard(key)
+            if not neighbours:
+                del self._in_directory[directory]
 
-    def _close_deleted(self) -> None:
-        for key, (fd, _) in list(self._open.items()):
+    def _close_deleted(self, keys: set[tuple[str, int]]) -> None:
+        """Close those of ``keys`` (the open files of the directory a file is being opened
+        in) whose file was deleted: a new file there (a segment rolled, a spool file started)
+        is when older ones go. Only that directory's are checked, so a reader of many
+        partitions' segments does not stat them all."""
+        for key in list(keys):
             try:
-                deleted = os.fstat(fd).st_nlink == 0
+                deleted = os.fstat(self._open[key][0]).st_nlink == 0
             except OSError:
                 deleted = True
             if deleted:

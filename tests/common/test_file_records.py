@@ -102,7 +102,7 @@ def test_opening_a_file_closes_the_open_ones_since_deleted(tmp_path) -> None:
     deleted, open past its next file."""
     reader = FileRecordsReader(names=SPOOL_FILE)
     files = []
-    for n in range(2):
+    for n in range(3):
         path = tmp_path / f"kbroker-records-{os.getpid()}-{n:016x}.spool"
         files.append((path, segment(path, b"y" * 10)))
     assert reader.read(str(files[0][0]), files[0][1], 0, 1) == b"y"
@@ -111,6 +111,24 @@ def test_opening_a_file_closes_the_open_ones_since_deleted(tmp_path) -> None:
     assert reader.read(str(files[1][0]), files[1][1], 0, 1) == b"y"
     assert reader.open_files == 1
     assert reader.read(str(files[0][0]), files[0][1], 2, 1) is None
+    # and so on, file after file.
+    files[1][0].unlink()
+    assert reader.read(str(files[2][0]), files[2][1], 0, 1) == b"y"
+    assert reader.open_files == 1
+    reader.close()
+
+
+def test_only_the_opened_files_directory_is_checked_for_deleted_files(tmp_path) -> None:
+    reader = FileRecordsReader()
+    files = []
+    for n in range(2):
+        (tmp_path / f"p{n}").mkdir()
+        path = tmp_path / f"p{n}" / f"{0:020d}.log"
+        files.append((path, segment(path, b"w" * 10)))
+    assert reader.read(str(files[0][0]), files[0][1], 0, 1) == b"w"
+    files[0][0].unlink()
+    assert reader.read(str(files[1][0]), files[1][1], 0, 1) == b"w"
+    assert reader.open_files == 2  # another partition's: left to the idle sweep
     reader.close()
 
 
