@@ -125,11 +125,7 @@ def _encode_call(call: tuple[str, Message | Detached, Metadata], call_id: int) -
         return encode_handler_call(call_id, rpc, request.SerializeToString(), metadata)
     # A request with its record batches beside it is written around them (one copy, into the
     # call); those in a spool file are named instead.
-    return encode_handler_call(call_id, rpc, request.serialized(), metadata, [
-        handler_pb2.RequestFileRecords(payload=spooled.payload, path=spooled.path,
-                                       inode=spooled.inode, position=spooled.position,
-                                       size=spooled.size)
-        for spooled in request.files])
+    return encode_handler_call(call_id, rpc, request.serialized(), metadata, request.files)
 
 
 def _decode_reply(data: bytes) -> tuple[int, tuple[handler_pb2.HandlerReply, memoryview]]:

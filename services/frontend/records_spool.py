@@ -31,6 +31,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kbroker.handler.v1 import handler_pb2
 from services.common.file_records import SPOOL_FILE
 from services.common.payloads import SPLICE_MIN_BYTES, SPLICE_MIN_PAYLOAD_BYTES
 from services.common.records.record_batch import HEADER_SIZE
@@ -66,23 +67,13 @@ class _File:
 
 
 @dataclass
-class SpooledRange:
-    """One payload written to a spool file."""
-
-    payload: int
-    path: str
-    inode: int
-    position: int
-    size: int
-
-
-@dataclass
 class Spooled:
-    """A request's batches in a spool file: the ranges, and each payload's head (what the
-    request carries in their place: the first batch's header). Give it back to
-    :meth:`RecordsSpool.release` once the call ended, saying whether it was settled."""
+    """A request's batches in a spool file: the ranges, as the call names them, and each
+    payload's head (what the request carries in their place: the first batch's header). Give
+    it back to :meth:`RecordsSpool.release` once the call ended, saying whether it was
+    settled."""
 
-    ranges: list[SpooledRange]
+    ranges: list[handler_pb2.RequestFileRecords]
     heads: list[Payload | None]
     size: int
     _file: _File = field(repr=False)
@@ -125,7 +116,9 @@ class RecordsSpool:
             if not payload:
                 heads.append(payload)
                 continue
-            ranges.append(SpooledRange(index, spool.path, spool.inode, position, len(payload)))
+            ranges.append(handler_pb2.RequestFileRecords(
+                payload=index, path=spool.path, inode=spool.inode, position=position,
+                size=len(payload)))
             heads.append(payload[:HEADER_SIZE])
             position += len(payload)
         spool.written = position
