@@ -6,8 +6,9 @@ node, the handler and the frontend are separate processes, and every process a r
 pass through costs CPU per byte. So when the frontend runs on the same host as a log node, a
 Fetch answer may name its batches as ranges of segment files (path, inode, position, size)
 instead of carrying them: the log node decides what to answer exactly as before (whole batches,
-byte limits, the high watermark), the handler passes the ranges on, and the frontend reads
-them from the file.
+byte limits, the high watermark), the handler passes the ranges on, and the frontend hands
+each large range to the client's socket with ``sendfile`` (:class:`FileSlice`; read and written
+on a TLS connection, and a small range read).
 
 "The same host" is the same kernel and the same view of the file system: :func:`local_host_key`
 is the boot id with the mount namespace, which processes of one machine share and containers
@@ -99,6 +100,47 @@ class SpooledRecords:
     reads: SpoolReads = field(default_factory=SpoolReads)
 
 
+# A range at least this large goes into a Fetch answer as a FileSlice (sent with sendfile);
+# a smaller one is read: for it a descriptor of its own and a sendfile of its own cost more
+# than the copies they save.
+SLICE_MIN_BYTES = 32 * 1024
+
+
+class FileSlice:
+    """``size`` bytes at ``position`` of an open file (Kafka's ``FileRecords`` slice, which
+    its socket server hands the socket whole): a frontend puts one among a Fetch answer's
+    buffers, and the client's connection sends it with ``sendfile`` (from the file's pages,
+    not copied through the process) or, where it cannot (TLS), :meth:`read` s it. It holds a
+    descriptor of its own until :meth:`close` (or until it is collected)."""
+
+    __slots__ = ("fd", "position", "size")
+
+    def __init__(self, fd: int, position: int, size: int) -> None:
+        self.fd = fd
+        self.position = position
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def read(self) -> bytes | None:
+        """Its bytes, or None when the file no longer holds them all (cut meanwhile)."""
+        try:
+            data = os.pread(self.fd, self.size, self.position)
+        except OSError:
+            return None
+        return data if len(data) == self.size else None
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
+
+
 class FileRecordsReader:
     """Reads ranges of segment files (or of files whose names match ``names``: spool files),
     keeping the last ``max_open`` files open (a fetch reads the same few segments over and
@@ -121,6 +163,35 @@ class FileRecordsReader:
         that inode and holds them; None otherwise."""
         if size < 0 or position < 0:
             return None
+        fd = self._file(path, inode)
+        if fd is None:
+            return None
+        try:
+            data = os.pread(fd, size, position)
+        except OSError:
+            self._forget((path, inode))
+            return None
+        return data if len(data) == size else None
+
+    def slice(self, path: str, inode: int, position: int, size: int) -> FileSlice | None:
+        """The ``size`` bytes at ``position`` of the file ``path`` as a :class:`FileSlice`, if
+        it is still the file of that inode and holds them; None otherwise. The slice holds a
+        descriptor of its own: this reader closing the file does not cut its send short."""
+        if size < 0 or position < 0:
+            return None
+        fd = self._file(path, inode)
+        if fd is None:
+            return None
+        try:
+            if os.fstat(fd).st_size < position + size:
+                return None
+            return FileSlice(os.dup(fd), position, size)
+        except OSError:
+            self._forget((path, inode))
+            return None
+
+    def _file(self, path: str, inode: int) -> int | None:
+        """The descriptor of ``path`` if it is the file of ``inode`` (kept open), else None."""
         now = time.monotonic()
         key = (path, inode)
         entry = self._open.get(key)
@@ -138,14 +209,9 @@ class FileRecordsReader:
             fd = entry[0]
             self._open[key] = (fd, now)
             self._open.move_to_end(key)
-        try:
-            data = os.pread(fd, size, position)
-        except OSError:
-            self._forget(key)
-            return None
         if now - self._swept > self._idle_seconds / 3:
             self._sweep(now)
-        return data if len(data) == size else None
+        return fd
 
     def _open_file(self, path: str, inode: int) -> int | None:
         if not os.path.isabs(path) or not self._names.fullmatch(os.path.basename(path)):

@@ -89,9 +89,8 @@ class Connection:
             ready = sending = perf_counter()
             response_bytes = 0
             if chunks is not None:
-                channel.write(chunks)
-                await channel.drain()
                 response_bytes = sum(map(len, chunks))
+                await channel.send(chunks)
             done = perf_counter() if chunks is not None else sending
             channel.request_done()
             request.metrics.observe(len(frame) + 4, response_bytes, received, started,

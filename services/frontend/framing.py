@@ -1,17 +1,22 @@
 """Kafka's framing on TCP: every request and response is ``Size => INT32`` followed by Size
 bytes. Reading (with the size limit, socket.request.max.bytes) is :mod:`.network_receive`'s;
-writing collects the serialised pieces of a response so large payloads (record batches) are
-sent as they are, never copied into one buffer.
+writing collects the serialised pieces of a response so large payloads (record batches, or
+ranges of segment files: services.common.file_records.FileSlice) are sent as they are, never
+copied into one buffer.
 """
 
 from __future__ import annotations
 
 import struct
 
+from services.common.file_records import SLICE_MIN_BYTES
+
 _SIZE = struct.Struct(">i")
 
 # Pieces at least this large go to the socket as their own buffer; smaller ones are coalesced.
+# A FileSlice (a range of a segment file, sent from the file) is never smaller.
 _SEPARATE_CHUNK_BYTES = 16 * 1024
+assert SLICE_MIN_BYTES >= _SEPARATE_CHUNK_BYTES
 
 
 class FrameError(Exception):

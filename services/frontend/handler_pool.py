@@ -32,7 +32,7 @@ from services.common.channels import PLAINTEXT, internal_channel
 from services.common.discovery import Resolver, StaticResolver, changes, resolver_for
 from services.common.envelopes import decode_handler_reply, encode_handler_call
 from services.common.file_records import METADATA_KEY as FILE_RECORDS_METADATA_KEY
-from services.common.file_records import FileRecordsReader
+from services.common.file_records import SLICE_MIN_BYTES, FileRecordsReader, FileSlice
 from services.common.metrics import REMOTE_TIME_METADATA_KEY
 from services.common.payloads import Detached, PayloadPath
 from services.common.tls import InternalTls, InternalTlsError, require_plaintext_allowed
@@ -241,9 +241,10 @@ def _named(request: Detached, spooled: Spooled) -> Detached:
 
 def _with_file_records(rpc: str, reply: handler_pb2.HandlerReply, response: memoryview,
                        detached: bool) -> Message | Detached | None:
-    """The answer with the batches its ``file_records`` name read from their files: beside
-    it when ``detached``, else in it. None when a range no longer reads as named (the segment
-    deleted, replaced or cut meanwhile)."""
+    """The answer with the batches its ``file_records`` name: beside it when ``detached``
+    (a large range as a FileSlice, which the client's connection sends from the file), else
+    read into it. None when a range no longer reads as named (the segment deleted, replaced or
+    cut meanwhile)."""
     path = _FILE_RECORDS_PATHS.get(rpc)
     if path is None:
         raise StreamCallError(grpc.StatusCode.INTERNAL, f"file records in a {rpc} answer")
@@ -253,14 +254,19 @@ def _with_file_records(rpc: str, reply: handler_pb2.HandlerReply, response: memo
         raise StreamCallError(grpc.StatusCode.INTERNAL, f"bad {rpc} answer: {exc}") from None
     size = 0
     for files in reply.file_records:
-        data = _FILES.read(files.path, files.inode, files.position, files.size) if (
-            files.payload < len(batches)) else None
+        data: FileSlice | bytes | None = None
+        if files.payload < len(batches):
+            data = (_FILES.slice if detached and files.size >= SLICE_MIN_BYTES else _FILES.read)(
+                files.path, files.inode, files.position, files.size)
         if data is None:
             FILE_RECORDS_UNREADABLE.inc()
             log.debug("%s answer: %d bytes at %d of %s (inode %d) unreadable; asking again",
                       rpc, files.size, files.position, files.path, files.inode)
+            for piece in batches:
+                if isinstance(piece, FileSlice):
+                    piece.close()
             return None
-        batches[files.payload] = memoryview(data)
+        batches[files.payload] = data if isinstance(data, FileSlice) else memoryview(data)
         size += files.size
     FILE_RECORDS_BYTES.inc(size)
     if detached:

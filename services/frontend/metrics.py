@@ -118,6 +118,11 @@ FILE_RECORDS_UNREADABLE = LoopCounter(
     "Fetch answers whose segment file ranges could no longer be read as named (the segment "
     "deleted, replaced or truncated meanwhile, or the file not visible here), asked for again "
     "with the record batches carried.")
+SENDFILE_BYTES = LoopCounter(
+    "kbroker_frontend_sendfile_bytes_total",
+    "Record batch bytes of Fetch answers handed from segment files to client sockets with "
+    "sendfile, never copied through the frontend (plain TCP connections; a TLS connection's "
+    "are read and written).")
 SPOOLED_BYTES = LoopCounter(
     "kbroker_frontend_records_spool_bytes_total",
     "Record batch bytes of Produce requests the frontend wrote to spool files for the leader "

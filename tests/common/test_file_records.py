@@ -1,5 +1,6 @@
 """Reading ranges of segment files named by another process: only from the file the range was
-named in (same path and inode), only whole, and without holding files open for long."""
+named in (same path and inode), only whole, and without holding files open for long; a range
+taken as a slice to send holds its file open itself."""
 
 from __future__ import annotations
 
@@ -49,6 +50,41 @@ def test_a_replaced_deleted_or_truncated_file_is_unreadable(tmp_path) -> None:
     # Truncated under an open reader (a follower truncating its log).
     os.truncate(path, 2)
     assert fresh.read(str(path), os.stat(path).st_ino, 0, 4) is None
+
+
+def test_a_slice_holds_its_range_until_closed(tmp_path) -> None:
+    path = tmp_path / SEGMENT
+    inode = segment(path, b"0123456789")
+    reader = FileRecordsReader()
+    piece = reader.slice(str(path), inode, 2, 5)
+    assert piece is not None and len(piece) == 5 and piece.read() == b"23456"
+    # Past the end, another inode or a negative range: no slice.
+    assert reader.slice(str(path), inode, 8, 3) is None
+    assert reader.slice(str(path), inode + 1, 0, 1) is None
+    assert reader.slice(str(path), inode, -1, 1) is None
+    # Its own descriptor: the reader closing the file and the file being deleted leave it.
+    reader.close()
+    path.unlink()
+    assert piece.read() == b"23456"
+    fd = piece.fd
+    piece.close()
+    assert piece.fd == -1
+    try:
+        os.fstat(fd)
+        raise AssertionError("the slice's descriptor is still open")
+    except OSError:
+        pass
+    piece.close()  # again: nothing
+
+
+def test_a_slice_whose_file_was_cut_since_reads_as_none(tmp_path) -> None:
+    path = tmp_path / SEGMENT
+    inode = segment(path, b"0123456789")
+    piece = FileRecordsReader().slice(str(path), inode, 4, 6)
+    assert piece is not None
+    os.truncate(path, 8)
+    assert piece.read() is None
+    piece.close()
 
 
 def test_only_segment_files_are_read(tmp_path, monkeypatch) -> None:

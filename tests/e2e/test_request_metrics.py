@@ -2,8 +2,8 @@
 Prometheus endpoints over HTTP: an idle long-poll fetch is remote time (parked in the
 purgatory) of about its max wait; a pipelined burst waits in the request queue; bytes in and
 out per topic equal the record batches produced and fetched (a large one produced left in the
-frontend's spool for the leader to read, those fetched read by the frontend from the leader's
-segment file, all services being on one host); error responses are counted per
+frontend's spool for the leader to read, those fetched sent by the frontend from the leader's
+segment file with sendfile, all services being on one host); error responses are counted per
 code; and an acks=all Produce's remote time is its wait for replication (at its leader, then
 parked in the purgatory)."""
 
@@ -148,14 +148,21 @@ def test_bytes_in_and_out_per_topic_are_the_record_batches(cluster, topic_name):
         assert value(before, "kbroker_frontend_records_spool_bytes_total") - spooled == len(
             batches[-1])
         from_files = value(before, "kbroker_frontend_file_records_bytes_total")
+        sent = value(before, "kbroker_frontend_sendfile_bytes_total")
         sock.sendall(encode_request(fetch_request(topic_name, 0, 0), 10))
         _, response = read_response(sock, FetchRequest)
     fetched = response.responses[0].partitions[0].records
     assert len(fetched) == sum(map(len, batches))  # offsets patched in place: same sizes
+    at = 0
+    for batch in batches:  # from the magic byte on (the leader sets offsets and its epoch)
+        assert fetched[at + 16:at + len(batch)] == batch[16:]
+        at += len(batch)
     samples = scrape(cluster, "frontend")
-    # On one host the frontend read them from the leader's segment file itself.
+    # On one host the frontend took them from the leader's segment file itself, and handed
+    # them (over 32 KiB together) to the socket with sendfile.
     assert value(samples, "kbroker_frontend_file_records_bytes_total") - from_files == len(
         fetched)
+    assert value(samples, "kbroker_frontend_sendfile_bytes_total") - sent == len(fetched)
     # A fresh topic: these counters started with this test.
     assert value(samples, "kbroker_frontend_topic_produced_bytes_total",
                  topic=topic_name) == sum(map(len, batches))

@@ -1,10 +1,12 @@
 """FrameChannel over a real loopback socket: frames cut from any split of the byte stream,
 large frames received in place, arrival times, size limits, a stream cut inside a frame, back
-pressure on a client that pipelines, and responses written back."""
+pressure on a client that pipelines, and responses written back, ranges of files among them
+(sent with sendfile)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import struct
 import time
@@ -13,7 +15,9 @@ from contextlib import asynccontextmanager
 
 import pytest
 import uvloop
+from prometheus_client import REGISTRY
 
+from services.common.file_records import FileSlice
 from services.frontend.framing import FrameError
 from services.frontend.network_receive import _QUEUED_BYTES_LIMIT, _SCRATCH_BYTES, FrameChannel
 
@@ -278,3 +282,138 @@ def test_responses_are_written_back_in_pieces() -> None:
             writer.close()
 
     run(main())
+
+
+def sendfile_bytes() -> float:
+    return REGISTRY.get_sample_value("kbroker_frontend_sendfile_bytes_total") or 0.0
+
+
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_file_slice_goes_to_the_socket_after_what_the_transport_holds(loop: str,
+                                                                       tmp_path) -> None:
+    """A response of bytes, a slice of a file and bytes again, to a client that starts reading
+    only after the transport has buffered megabytes: the slice waits for them, then goes out
+    with sendfile as the socket takes it, and is closed once sent."""
+    rng = random.Random(5)
+    content = rng.randbytes(6 << 20)
+    path = tmp_path / "segment"
+    path.write_bytes(b"skip" + content + b"more")
+    before, tail = rng.randbytes(5 << 20), b"tail"
+    size = len(before) + len(content) + len(tail)
+
+    async def main() -> None:
+        slices: list[FileSlice] = []
+        sent = asyncio.Event()
+
+        async def serve(channel: FrameChannel) -> None:
+            piece = FileSlice(os.open(path, os.O_RDONLY), 4, len(content))
+            slices.append(piece)
+            await channel.send([struct.pack(">i", size), before, piece, tail])
+            sent.set()
+            channel.close()
+
+        counted = sendfile_bytes()
+        async with listening(serve) as address:
+            reader, writer = await asyncio.open_connection(*address)
+            await asyncio.sleep(0.3)  # the transport holds what the socket did not take
+            prefix = await asyncio.wait_for(reader.readexactly(4), TIMEOUT)
+            assert struct.unpack(">i", prefix)[0] == size
+            body = await asyncio.wait_for(reader.readexactly(size), TIMEOUT)
+            assert body == before + content + tail
+            await asyncio.wait_for(sent.wait(), TIMEOUT)
+            writer.close()
+        assert slices[0].fd == -1
+        assert sendfile_bytes() - counted == len(content)
+
+    if loop == "uvloop":
+        uvloop.run(asyncio.wait_for(main(), TIMEOUT))
+    else:
+        run(main())
+
+
+def test_a_slice_cut_short_while_sent_closes_the_connection(tmp_path) -> None:
+    """The frame's size is out before the file is read: a file cut meanwhile cannot be sent
+    whole, so the send fails and the client sees the connection end inside the frame."""
+    content = b"c" * (1 << 20)
+    path = tmp_path / "segment"
+    path.write_bytes(content)
+
+    async def main() -> None:
+        failures: list[BaseException] = []
+
+        async def serve(channel: FrameChannel) -> None:
+            piece = FileSlice(os.open(path, os.O_RDONLY), 0, len(content))
+            os.truncate(path, 1000)
+            try:
+                await channel.send([struct.pack(">i", len(content)), piece])
+            except ConnectionError as e:
+                failures.append(e)
+            finally:
+                channel.close()
+
+        async with listening(serve) as address:
+            reader, writer = await asyncio.open_connection(*address)
+            prefix = await asyncio.wait_for(reader.readexactly(4), TIMEOUT)
+            assert struct.unpack(">i", prefix)[0] == len(content)
+            with pytest.raises(asyncio.IncompleteReadError) as cut:
+                await asyncio.wait_for(reader.readexactly(len(content)), TIMEOUT)
+            assert cut.value.partial == content[:1000]
+            writer.close()
+        assert [type(e) for e in failures] == [ConnectionAbortedError]
+
+    uvloop.run(asyncio.wait_for(main(), TIMEOUT))
+
+
+def test_a_client_gone_while_a_slice_waits_for_the_socket_ends_the_send(tmp_path) -> None:
+    """The client closes while the slice waits for room in the socket: the send fails, and
+    neither the slice's descriptor nor the socket's stay open."""
+    path = tmp_path / "segment"
+    path.write_bytes(b"d" * (32 << 20))
+
+    async def main() -> None:
+        failures: list[BaseException] = []
+        ended = asyncio.Event()
+        waiting = asyncio.Event()
+
+        async def serve(channel: FrameChannel) -> None:
+            piece = FileSlice(os.open(path, os.O_RDONLY), 0, 32 << 20)
+            try:
+                task = asyncio.ensure_future(channel.send([struct.pack(">i", 32 << 20), piece]))
+                for _ in range(200):
+                    if channel._writable_waiter is not None:
+                        break
+                    await asyncio.sleep(0.01)
+                assert channel._writable_waiter is not None, "the slice never waited"
+                waiting.set()
+                await task
+            except ConnectionError as e:
+                failures.append(e)
+            finally:
+                channel.close()
+                ended.set()
+
+        async def nothing(channel: FrameChannel) -> None:
+            channel.close()
+
+        async with listening(nothing) as address:  # the loop's own descriptors made
+            _, writer = await asyncio.open_connection(*address)
+            writer.close()
+            await writer.wait_closed()
+        descriptors = open_descriptors()
+        async with listening(serve) as address:
+            reader, writer = await asyncio.open_connection(*address)
+            await asyncio.wait_for(waiting.wait(), TIMEOUT)
+            writer.transport.abort()  # a reset: the server's next write fails at once
+            await asyncio.wait_for(ended.wait(), TIMEOUT)
+        assert len(failures) == 1
+        for _ in range(100):
+            if open_descriptors() <= descriptors:
+                break
+            await asyncio.sleep(0.01)
+        assert open_descriptors() <= descriptors
+
+    uvloop.run(asyncio.wait_for(main(), TIMEOUT))
