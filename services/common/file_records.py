@@ -53,6 +53,11 @@ _MOUNT_NAMESPACE = "/proc/self/ns/mnt"
 
 _key: str | None = None
 
+# How long a service that could not read ranges it was named (another host, a file gone) is
+# then sent the batches carried at once, before ranges are tried again: a frontend's handler,
+# a handler's leader, a follower's leader.
+CARRIED_AFTER_REFUSAL_SECONDS = 60.0
+
 # What a log segment's file is called (services.log.segment),
 SEGMENT_FILE = re.compile(r"[0-9]{20}\.log")
 # and a frontend's spool file of produced batches.

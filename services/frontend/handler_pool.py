@@ -31,8 +31,13 @@ from services.common.call_streams import CallStream
 from services.common.channels import PLAINTEXT, internal_channel
 from services.common.discovery import Resolver, StaticResolver, changes, resolver_for
 from services.common.envelopes import decode_handler_reply, encode_handler_call
+from services.common.file_records import (
+    CARRIED_AFTER_REFUSAL_SECONDS,
+    SLICE_MIN_BYTES,
+    FileRecordsReader,
+    FileSlice,
+)
 from services.common.file_records import METADATA_KEY as FILE_RECORDS_METADATA_KEY
-from services.common.file_records import SLICE_MIN_BYTES, FileRecordsReader, FileSlice
 from services.common.metrics import REMOTE_TIME_METADATA_KEY
 from services.common.payloads import Detached, PayloadPath
 from services.common.tls import InternalTls, InternalTlsError, require_plaintext_allowed
@@ -56,9 +61,6 @@ Metadata = tuple[tuple[str, str], ...]
 # that left may finish its calls.
 RESOLVE_INTERVAL_SECONDS = 5.0
 CLOSE_GRACE_SECONDS = 30.0
-# How long a handler that could not read spooled batches (it is on another host) is sent them
-# carried before the spool is tried again.
-SPOOL_RETRY_SECONDS = 60.0
 
 
 class HandlerCallError(Exception):
@@ -178,7 +180,7 @@ class _Handler:
                 spool.release(spooled, settled)
             if reply.request_files_unreadable:
                 SPOOL_DECLINED.inc()
-                self.spool_declined_until = loop.time() + SPOOL_RETRY_SECONDS
+                self.spool_declined_until = loop.time() + CARRIED_AFTER_REFUSAL_SECONDS
                 left = time_limit - (loop.time() - started)
                 return await self.call(rpc, request, _without_local_files(metadata), left,
                                        response_batches)

@@ -58,7 +58,7 @@ import grpc
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from services.common.channels import internal_channel
 from services.common.errors import ErrorCode, KafkaError, error_name
-from services.common.file_records import FileRecordsReader
+from services.common.file_records import CARRIED_AFTER_REFUSAL_SECONDS, FileRecordsReader
 from services.common.tls import InternalTls, InternalTlsError
 
 from . import metrics
@@ -82,9 +82,6 @@ _FETCH_ONCE = f"/{_SERVICE}/ReplicaFetchOnce"
 TRANSPORTS = (STREAM, UNARY)
 # Calls other than the long poll (OffsetForLeaderEpoch) and the slack on a long poll's answer.
 CALL_TIMEOUT = 10.0
-# After a leader's file range could not be read as named, fetch with the batches carried for
-# this long.
-_FILES_REFUSED_SECONDS = 60.0
 _FAILURE_LOG_INTERVAL_S = 30.0
 _EXPECTED = frozenset(e.value for e in (
     ErrorCode.not_leader_or_follower, ErrorCode.fenced_leader_epoch,
@@ -372,7 +369,7 @@ class ReplicaFetcher:
                 read = self._files.read(files.path, files.inode, files.position, files.size)
                 if read is None:
                     # Deleted, replaced or cut meanwhile: fetched again, carried.
-                    self._files_refused_until = time.monotonic() + _FILES_REFUSED_SECONDS
+                    self._files_refused_until = time.monotonic() + CARRIED_AFTER_REFUSAL_SECONDS
                     continue
                 records = memoryview(read)
             try:

@@ -99,6 +99,7 @@ from services.common.acls import Operation, ResourceType
 from services.common.error_answers import error_response
 from services.common.errors import ErrorCode, KafkaError, NotEnoughReplicasError, error_name
 from services.common.file_records import (
+    CARRIED_AFTER_REFUSAL_SECONDS,
     SPOOL_FILE,
     FileRecordsReader,
     SpooledRecords,
@@ -194,10 +195,9 @@ class _Slot:
     isr_at_commit: Sequence[int] | None = None
 
 
-# Spooled batches the leader could not read, read here to be sent carried;
+# Spooled batches the leader could not read, read here to be sent carried (such a leader, on
+# another host, is then sent them carried at once for CARRIED_AFTER_REFUSAL_SECONDS).
 _SPOOL = FileRecordsReader(max_open=4, idle_seconds=5.0, names=SPOOL_FILE)
-# and for how long such a leader (on another host) is then sent them carried at once.
-SPOOL_RETRY_SECONDS = 60.0
 
 
 def _head(records: bytes | memoryview | SpooledRecords) -> bytes | memoryview:
@@ -389,7 +389,8 @@ class ProduceApi:
         """``appends`` naming the spooled batches for the leader to read, or, when it cannot
         (it is on another host; it then stored nothing), carrying them, read here. None when
         they cannot be read here either (the frontend gave the request up meanwhile). A leader
-        that could not read them is sent them carried at once for :data:`SPOOL_RETRY_SECONDS`."""
+        that could not read them is sent them carried at once for
+        :data:`~services.common.file_records.CARRIED_AFTER_REFUSAL_SECONDS`."""
         if time.monotonic() >= self._spool_declined.get(node.node_id, 0.0):
             appends.local_reader = local_host_key()
             for item, batches in zip(appends.partitions, records, strict=True):
@@ -408,7 +409,7 @@ class ProduceApi:
                 raise
             if not answer.records_unreadable:
                 return answer
-            self._spool_declined[node.node_id] = time.monotonic() + SPOOL_RETRY_SECONDS
+            self._spool_declined[node.node_id] = time.monotonic() + CARRIED_AFTER_REFUSAL_SECONDS
         carried = [_SPOOL.read(b.path, b.inode, b.position, b.size)
                    if isinstance(b, SpooledRecords) else b for b in records]
         if any(batches is None for batches in carried):
