@@ -368,12 +368,16 @@ class FrameChannel(asyncio.BufferedProtocol):
                 try:
                     sent = os.sendfile(socket_fd, piece.fd, position, left)
                 except BlockingIOError:
-                    await self._writable(socket_fd)
-                    continue
+                    sent = None
                 if sent == 0:
                     raise ConnectionAbortedError("a fetched file range was cut while being sent")
-                position += sent
-                left -= sent
+                if sent is not None:
+                    position += sent
+                    left -= sent
+                if left:
+                    # The socket is full: the other connections have their turn until it has
+                    # room again.
+                    await self._writable(socket_fd)
         finally:
             os.close(socket_fd)
         SENDFILE_BYTES.inc(piece.size)

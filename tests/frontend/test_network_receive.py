@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import os
 import random
+import socket
 import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -418,5 +419,63 @@ def test_a_client_gone_while_a_slice_waits_for_the_socket_ends_the_send(tmp_path
                 break
             await asyncio.sleep(0.01)
         assert sockets[0] not in open_descriptors()
+
+    uvloop.run(asyncio.wait_for(main(), TIMEOUT))
+
+
+def test_a_slice_to_a_fast_reader_leaves_other_connections_their_turn(tmp_path) -> None:
+    """While one connection sends a large slice to a client reading as fast as it can (in
+    another thread), another connection's requests are still answered: the sender gives the
+    loop back whenever the socket is full instead of sending on until the slice is done."""
+    size = 256 << 20
+    path = tmp_path / "segment"
+    with open(path, "wb") as f:
+        f.truncate(size)  # sparse: read as zeros, no disk written
+
+    def drain(sock: socket.socket, done: list[float]) -> None:
+        left = size + 4
+        while left > 0:
+            got = sock.recv(1 << 20)
+            if not got:
+                break
+            left -= len(got)
+        done.append(time.perf_counter())
+
+    async def main() -> None:
+        async def serve(channel: FrameChannel) -> None:
+            read = await channel.read_frame()
+            assert read is not None
+            if bytes(read[0]) == b"slice":
+                piece = FileSlice(os.open(path, os.O_RDONLY), 0, size)
+                await channel.send([struct.pack(">i", size), piece])
+            else:  # echo every frame until the end
+                while read is not None:
+                    body = bytes(read[0])
+                    await channel.send([struct.pack(">i", len(body)), body])
+                    read = await channel.read_frame()
+            channel.close()
+
+        async with listening(serve) as address:
+            loop = asyncio.get_running_loop()
+            echo_reader, echo_writer = await asyncio.open_connection(*address)
+            echo_writer.write(frame(b"warm"))
+            await asyncio.wait_for(echo_reader.readexactly(8), TIMEOUT)
+            bulk = socket.create_connection(address)
+            bulk.sendall(frame(b"slice"))
+            done: list[float] = []
+            reading = loop.run_in_executor(None, drain, bulk, done)
+            started = time.perf_counter()
+            round_trips = []
+            while not done and time.perf_counter() - started < TIMEOUT:
+                sent = time.perf_counter()
+                echo_writer.write(frame(b"ping"))
+                await asyncio.wait_for(echo_reader.readexactly(8), TIMEOUT)
+                round_trips.append(time.perf_counter() - sent)
+            await asyncio.wait_for(reading, TIMEOUT)
+            bulk.close()
+            echo_writer.close()
+            transfer = done[0] - started
+            assert len(round_trips) >= 5, (transfer, round_trips)
+            assert max(round_trips) < transfer / 4, (transfer, max(round_trips))
 
     uvloop.run(asyncio.wait_for(main(), TIMEOUT))
