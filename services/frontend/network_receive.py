@@ -53,6 +53,8 @@ from .memory_pool import MemoryPool
 from .metrics import SENDFILE_BYTES
 
 _SCRATCH_BYTES = 64 * 1024
+# The most one sendfile call sends before the loop serves the other connections.
+_SENDFILE_BYTES = 1 << 20
 # Bytes of complete frames held before the socket is paused.
 _QUEUED_BYTES_LIMIT = 1 << 20
 
@@ -366,7 +368,7 @@ class FrameChannel(asyncio.BufferedProtocol):
             position, left = piece.position, piece.size
             while left:
                 try:
-                    sent = os.sendfile(socket_fd, piece.fd, position, left)
+                    sent = os.sendfile(socket_fd, piece.fd, position, min(left, _SENDFILE_BYTES))
                 except BlockingIOError:
                     sent = None
                 if sent == 0:
@@ -375,8 +377,9 @@ class FrameChannel(asyncio.BufferedProtocol):
                     position += sent
                     left -= sent
                 if left:
-                    # The socket is full: the other connections have their turn until it has
-                    # room again.
+                    # The other connections have their turn until the socket has room (a
+                    # client reading as fast as it is sent to would otherwise keep one
+                    # sendfile going for the whole slice).
                     await self._writable(socket_fd)
         finally:
             os.close(socket_fd)
