@@ -37,6 +37,7 @@ host, a file gone) says so before anything is stored, and the batches are sent a
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import stat
@@ -178,10 +179,11 @@ class FileRecordsReader:
             return None
         return data if len(data) == size else None
 
-    def slice(self, path: str, inode: int, position: int, size: int) -> FileSlice | None:
+    def slice(self, path: str, inode: int, position: int, size: int) -> FileSlice | bytes | None:
         """The ``size`` bytes at ``position`` of the file ``path`` as a :class:`FileSlice`, if
         it is still the file of that inode and holds them; None otherwise. The slice holds a
-        descriptor of its own: this reader closing the file does not cut its send short."""
+        descriptor of its own: this reader closing the file does not cut its send short. With
+        no descriptor left for one (the open file limit reached), the bytes themselves."""
         if size < 0 or position < 0:
             return None
         fd = self._file(path, inode)
@@ -191,7 +193,9 @@ class FileRecordsReader:
             if os.fstat(fd).st_size < position + size:
                 return None
             return FileSlice(os.dup(fd), position, size)
-        except OSError:
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                return self.read(path, inode, position, size)
             self._forget((path, inode))
             return None
 

@@ -1,6 +1,6 @@
-"""Process life cycle shared by every service's ``__main__``: allocator tuning, uvloop,
-logging, and a graceful stop on SIGTERM/SIGINT or when the launcher that started the process
-is gone."""
+"""Process life cycle shared by every service's ``__main__``: allocator tuning, the open file
+limit, uvloop, logging, and a graceful stop on SIGTERM/SIGINT or when the launcher that started
+the process is gone."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import functools
 import gc
 import logging
 import os
+import resource
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -72,6 +73,19 @@ def tune_allocator() -> bool:
     return bool(ok)
 
 
+def raise_open_file_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit (as the JVM does for
+    Kafka's broker) and return the soft limit now. A log node keeps three files open per
+    segment in use, a frontend a socket per client and the segment files it sends from, and
+    a soft limit of 1,024 (a common default) runs out long before the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        with contextlib.suppress(ValueError, OSError):  # an unlimited hard limit, say
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return soft
+
+
 def release_free_memory() -> bool:
     """Give the pages of freed heap memory back to the kernel (glibc ``malloc_trim``): with the
     trim threshold :func:`tune_allocator` sets, glibc keeps them otherwise, so a process's
@@ -130,6 +144,7 @@ def run(service: str, main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
                         stream=sys.stderr,
                         format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s")
     tune_allocator()
+    raise_open_file_limit()
     parent = os.environ.get(PARENT_PID_ENV, "")
     if parent.isdigit():
         die_with_parent(int(parent))

@@ -87,6 +87,33 @@ def test_a_slice_whose_file_was_cut_since_reads_as_none(tmp_path) -> None:
     piece.close()
 
 
+def test_with_no_descriptor_left_for_a_slice_its_bytes_are_read(tmp_path) -> None:
+    """In a process at its open file limit: the range comes back as bytes, not as a slice
+    and not as unreadable."""
+    path = tmp_path / SEGMENT
+    inode = segment(path, b"0123456789")
+    script = (
+        "import os, resource, sys\n"
+        "from services.common.file_records import FileRecordsReader, FileSlice\n"
+        "path, inode = sys.argv[1], int(sys.argv[2])\n"
+        "reader = FileRecordsReader()\n"
+        "first = reader.slice(path, inode, 2, 5)\n"
+        "assert isinstance(first, FileSlice), first\n"
+        "first.close()\n"
+        "held = []\n"
+        "hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))\n"
+        "try:\n"
+        "    while True:\n"
+        "        held.append(os.open(os.devnull, os.O_RDONLY))\n"
+        "except OSError:\n"
+        "    pass\n"
+        "print(repr(reader.slice(path, inode, 2, 5)), reader.open_files)\n")
+    done = subprocess.run([sys.executable, "-c", script, str(path), str(inode)],
+                          capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.split() == ["b'23456'", "1"]
+
+
 def test_only_segment_files_are_read(tmp_path, monkeypatch) -> None:
     """A file not named as a segment, a relative path, a symbolic link or a directory is not
     read, whatever range names it."""

@@ -4,6 +4,8 @@ and gRPC server metrics for unary and client-streaming calls, on a real server o
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -94,6 +96,22 @@ def test_server_serves_health_reflection_metrics_and_counts_calls():
 
 def test_allocator_tuning_applies_on_glibc():
     assert tune_allocator() is True
+
+
+def test_a_service_raises_its_open_file_limit_to_the_hard_one():
+    """In a process started with a soft limit of 256 (the service's own start-up step)."""
+    script = (
+        "import resource\n"
+        "from services.common.runtime import raise_open_file_limit\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+        "now = raise_open_file_limit()\n"
+        "print(now, resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, check=True)
+    now, soft, hard = map(int, done.stdout.split())
+    assert hard > 256
+    assert now == soft == hard
 
 
 def test_freed_memory_is_released_once_a_delay_after_a_burst(monkeypatch):
