@@ -356,15 +356,15 @@ class FrameChannel(asyncio.BufferedProtocol):
                 raise ConnectionAbortedError("a fetched file range was cut while being sent")
             self.write((data,))
             return
-        # The socket takes the slice only once what the transport holds is written.
-        while transport.get_write_buffer_size():
-            await self._socket_writable(transport)
         if self._closed or transport.is_closing():
             raise ConnectionResetError("connection lost")
         # A descriptor of our own for the socket: once the transport closes, its number may
         # be another connection's.
         socket_fd = os.dup(transport.get_extra_info("socket").fileno())
         try:
+            # The socket takes the slice only once what the transport holds is written.
+            while transport.get_write_buffer_size():
+                await self._writable(socket_fd)
             position, left = piece.position, piece.size
             while left:
                 try:
@@ -384,17 +384,6 @@ class FrameChannel(asyncio.BufferedProtocol):
         finally:
             os.close(socket_fd)
         SENDFILE_BYTES.inc(piece.size)
-
-    async def _socket_writable(self, transport: asyncio.Transport) -> None:
-        """Wait until the socket under ``transport`` can take bytes (or the connection is
-        lost)."""
-        if self._closed or transport.is_closing():
-            raise ConnectionResetError("connection lost")
-        socket_fd = os.dup(transport.get_extra_info("socket").fileno())
-        try:
-            await self._writable(socket_fd)
-        finally:
-            os.close(socket_fd)
 
     async def _writable(self, socket_fd: int) -> None:
         waiter = self._writable_waiter = self._loop.create_future()
