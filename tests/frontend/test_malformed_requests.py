@@ -11,6 +11,7 @@ import pytest
 
 from services.frontend.dispatcher import Dispatcher, UnanswerableRequestError
 
+from ..log_records import own
 from .fake_handler import FakeHandler
 from .kafka_wire import KafkaWire, frame
 from .sample_requests import metadata_v12
@@ -60,4 +61,4 @@ def test_the_connection_closes_without_an_unexpected_error(
 
     with caplog.at_level(logging.ERROR):
         asyncio.run(main())
-    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    assert not [r for r in own(caplog.records) if r.levelno >= logging.ERROR], caplog.text

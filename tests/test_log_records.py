@@ -1,0 +1,36 @@
+"""Which log records a test holds against its own code (tests/log_records.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from .log_records import own
+
+
+def _handle_events() -> None:
+    raise RuntimeError("Event loop is closed")
+
+
+def _handle_other() -> None:
+    raise RuntimeError("Event loop is closed")
+
+
+def test_a_late_grpc_event_for_a_closed_loop_is_left_out(caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        # As the loop's default exception handler reports a callback that raised.
+        for callback in (_handle_events, _handle_other):
+            handle = asyncio.Handle(callback, (), loop)
+            loop.call_exception_handler({
+                "message": f"Exception in callback PollerCompletionQueue.{callback.__name__}()",
+                "exception": RuntimeError("Event loop is closed"), "handle": handle})
+        logging.getLogger("services.frontend").error("a frontend error")
+
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(main())
+    assert len(caplog.records) == 3
+    assert [r.getMessage().splitlines()[0] for r in own(caplog.records)] == [
+        "Exception in callback PollerCompletionQueue._handle_other()", "a frontend error"]
