@@ -182,6 +182,8 @@ HOPS = {
                              'phase="local"}'),
                 ("frontend", 'kbroker_frontend_request_phase_seconds{api="Fetch",'
                              'phase="remote"}'),
+                ("frontend", 'kbroker_frontend_request_phase_seconds{api="Fetch",'
+                             'phase="response_send"}'),
                 ("handler", 'kbroker_handler_request_seconds{api="Fetch"}'),
                 ("log", "kbroker_log_read_seconds")],
 }
