@@ -167,9 +167,7 @@ class FileRecordsReader:
     def read(self, path: str, inode: int, position: int, size: int) -> bytes | None:
         """The ``size`` bytes at ``position`` of the file ``path`` if it is still the file of
         that inode and holds them; None otherwise."""
-        if size < 0 or position < 0:
-            return None
-        fd = self._file(path, inode)
+        fd = self._file(path, inode, position, size)
         if fd is None:
             return None
         try:
@@ -184,9 +182,7 @@ class FileRecordsReader:
         it is still the file of that inode and holds them; None otherwise. The slice holds a
         descriptor of its own: this reader closing the file does not cut its send short. With
         no descriptor left for one (the open file limit reached), the bytes themselves."""
-        if size < 0 or position < 0:
-            return None
-        fd = self._file(path, inode)
+        fd = self._file(path, inode, position, size)
         if fd is None:
             return None
         try:
@@ -199,8 +195,11 @@ class FileRecordsReader:
             self._forget((path, inode))
             return None
 
-    def _file(self, path: str, inode: int) -> int | None:
-        """The descriptor of ``path`` if it is the file of ``inode`` (kept open), else None."""
+    def _file(self, path: str, inode: int, position: int, size: int) -> int | None:
+        """The descriptor of ``path`` if it is the file of ``inode`` (kept open) and the range
+        is not negative, else None."""
+        if size < 0 or position < 0:
+            return None
         now = time.monotonic()
         key = (path, inode)
         entry = self._open.get(key)

@@ -54,6 +54,13 @@ class SegmentHandler(FakeHandler):
         return Detached(response, RESPONSE_RECORDS, [b""], [(0, files)])
 
 
+def segment_of(tmp_path: Path, batch: bytes, after: bytes = b"") -> Path:
+    """A segment file holding ``batch`` after SEGMENT_PREFIX, then ``after``."""
+    segment = tmp_path / "00000000000000000000.log"
+    segment.write_bytes(SEGMENT_PREFIX + batch + after)
+    return segment
+
+
 def keys_sent(handler: FakeHandler) -> list[str | None]:
     return [metadata.get(METADATA_KEY) for rpc, _, metadata in handler.calls if rpc == "Fetch"]
 
@@ -71,8 +78,7 @@ def fetched_records(response) -> bytes:
 
 def test_the_frontend_reads_a_fetch_answers_batches_from_the_segment_file(tmp_path) -> None:
     batch = build_batch([b"a", b"b", b"c"])
-    segment = tmp_path / "00000000000000000000.log"
-    segment.write_bytes(SEGMENT_PREFIX + batch + b"\x01" * 50)
+    segment = segment_of(tmp_path, batch, b"\x01" * 50)
 
     async def main() -> None:
         handler = SegmentHandler(segment, batch)
@@ -93,8 +99,7 @@ def test_the_frontend_reads_a_fetch_answers_batches_from_the_segment_file(tmp_pa
 
 def test_a_range_of_a_replaced_file_is_asked_for_again_with_the_batches(tmp_path) -> None:
     batch = build_batch([b"a", b"b", b"c"])
-    segment = tmp_path / "00000000000000000000.log"
-    segment.write_bytes(SEGMENT_PREFIX + batch)
+    segment = segment_of(tmp_path, batch)
 
     class Replacing(SegmentHandler):
         """Names the range, then replaces the file under it (the log cleaner's swap) before
@@ -123,8 +128,7 @@ def test_a_range_of_a_replaced_file_is_asked_for_again_with_the_batches(tmp_path
 
 def test_a_frontend_told_not_to_read_files_never_offers_to(tmp_path) -> None:
     batch = build_batch([b"a"])
-    segment = tmp_path / "00000000000000000000.log"
-    segment.write_bytes(SEGMENT_PREFIX + batch)
+    segment = segment_of(tmp_path, batch)
 
     async def main() -> None:
         handler = SegmentHandler(segment, batch)
@@ -146,8 +150,7 @@ def large_batch() -> bytes:
 
 def test_a_large_range_goes_from_the_segment_file_to_the_socket_with_sendfile(tmp_path) -> None:
     batch = large_batch()
-    segment = tmp_path / "00000000000000000000.log"
-    segment.write_bytes(SEGMENT_PREFIX + batch + b"\x01" * 50)
+    segment = segment_of(tmp_path, batch, b"\x01" * 50)
 
     async def main() -> None:
         handler = SegmentHandler(segment, batch)
@@ -168,8 +171,7 @@ def test_a_tls_connection_gets_a_large_range_read_and_written(tmp_path) -> None:
     ca = CertificateAuthority.create(tmp_path / "tls")
     server = localhost_server(ca)
     batch = large_batch()
-    segment = tmp_path / "00000000000000000000.log"
-    segment.write_bytes(SEGMENT_PREFIX + batch)
+    segment = segment_of(tmp_path, batch)
 
     async def main() -> None:
         handler = SegmentHandler(segment, batch)
