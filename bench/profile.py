@@ -176,7 +176,9 @@ HOPS = {
                              'phase="local"}'),
                 ("handler", 'kbroker_handler_request_seconds{api="Produce"}'),
                 ("handler", 'kbroker_handler_purgatory_wait_seconds{kind="produce"}'),
-                ("log", "kbroker_log_append_seconds")],
+                ("log", "kbroker_log_append_seconds"),
+                ("log", 'kbroker_log_commit_wait_seconds{outcome="committed"}'),
+                ("log", 'kbroker_log_commit_wait_seconds{outcome="handed_on"}')],
     "consume": [("frontend", 'kbroker_frontend_request_total_seconds{api="Fetch"}'),
                 ("frontend", 'kbroker_frontend_request_phase_seconds{api="Fetch",'
                              'phase="local"}'),
