@@ -21,9 +21,9 @@ class HandlerConfig:
     purgatory_address: str = option("127.0.0.1:19300", "host:port of the purgatory")
     acks_all_leader_wait_ms: int = option(
         100, "how long a partition leader may hold the answer to an acks=all append (or to a "
-        "transaction marker) for its high watermark to pass the records, so that the produce "
-        "needs no wait in the purgatory (0: answer at once; what is not committed within it "
-        "waits in the purgatory)")
+        "transaction marker, or a group or transaction coordinator's write) for its high "
+        "watermark to pass the records, so that the write needs no wait in the purgatory (0: "
+        "answer at once; what is not committed within it waits in the purgatory)")
     auto_create_topics_enable: bool = option(
         True, "create unknown topics asked for in Metadata requests (auto.create.topics.enable)"
     )

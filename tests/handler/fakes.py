@@ -373,7 +373,9 @@ class MemoryLog:
     holds the answer (WriteTxnMarkersRequest.commit_wait_ms, whose values are kept in
     ``marker_waits``), the answer reporting a hold of 1.5 ms. ``isr[(topic, partition)]``: the
     leader's ISR an append's min_insync_replicas is checked against (the leader alone when not
-    given)."""
+    given). ``appends_commit_with``: the ISR with which a lagging append is committed while its
+    leader holds the answer (AppendRequest.commit_wait_ms, whose values are kept in
+    ``append_waits``; None: not within the hold)."""
 
     def __init__(self) -> None:
         self.isr: dict[tuple[str, int], tuple[int, ...]] = {}
@@ -386,6 +388,8 @@ class MemoryLog:
         self.marker_calls_fail: Exception | None = None
         self.markers_commit_in_wait = False
         self.marker_waits: list[int] = []
+        self.appends_commit_with: tuple[int, ...] | None = None
+        self.append_waits: list[int] = []
         self.marker_written = asyncio.Event()
         self.producers: dict[tuple[str, int], list[log_pb2.ActiveProducer]] = {}
         self.reads = 0
@@ -411,6 +415,7 @@ class MemoryLog:
                      ) -> log_pb2.AppendResponse:
         await asyncio.sleep(0)
         [append] = whole_append(request, records).partitions
+        self.append_waits.append(request.commit_wait_ms)
         where = (append.topic, append.partition)
         expected = append.expected_log_end_offset
         assert append.HasField("expected_log_end_offset")
@@ -424,8 +429,11 @@ class MemoryLog:
             return log_pb2.AppendResponse(results=[log_pb2.PartitionAppendResult(
                 topic=append.topic, partition=append.partition, error_code=refused.errno,
                 error_message=refused.message)])
-        return log_pb2.AppendResponse(results=[self._result(where, *self._store(
-            where, append.records))])
+        result = self._result(where, *self._store(where, append.records))
+        if request.commit_wait_ms > 0 and self.appends_commit_with is not None:
+            result.high_watermark = result.log_end_offset
+            result.commit_isr.extend(self.appends_commit_with)
+        return log_pb2.AppendResponse(results=[result])
 
     async def read(self, node: LogNode, request: log_pb2.ReadRequest,
                    time_limit: float) -> log_pb2.ReadResponse:

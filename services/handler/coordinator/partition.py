@@ -201,6 +201,9 @@ class CoordinatorPartition(Generic[S]):
         self.lock = asyncio.Lock()
         # The topic's min.insync.replicas, as the runtime last found it: what an append needs.
         self.min_insync_replicas = 1
+        # Until when (monotonic) appends do not ask the leader to hold their answers for the
+        # commit: one was not committed within the hold (the runtime sets it).
+        self.hold_commits_after = 0.0
         self._leader: Leader | None = None
         self.loaded = False
 
@@ -287,10 +290,13 @@ class CoordinatorPartition(Generic[S]):
                                       offset=offset, max_bytes=READ_CHUNK_BYTES)]), "reading")
 
     async def append(self, leader: Leader, records: Records | TransactionalRecords,
-                     timestamp: int) -> log_pb2.PartitionAppendResult | None:
+                     timestamp: int, commit_wait_ms: int = 0,
+                     ) -> log_pb2.PartitionAppendResult | None:
         """Append ``records`` as one batch if nothing was appended since the state was read;
         on success replay them into the state and return the append's result, on a conflict
-        return None. Raises CoordinatorError (for transactional records, with the producer's
+        return None. With ``commit_wait_ms`` the leader holds its answer until the high
+        watermark passes the batch, for at most that long (``AppendRequest.commit_wait_ms``).
+        Raises CoordinatorError (for transactional records, with the producer's
         error when the log node refuses the producer: a fenced epoch, say; a leader whose ISR
         is smaller than :attr:`min_insync_replicas` refuses the append, NOT_ENOUGH_REPLICAS,
         which coordinators answer COORDINATOR_NOT_AVAILABLE as Kafka's do)."""
@@ -302,7 +308,7 @@ class CoordinatorPartition(Generic[S]):
             entries, producer_id = records, NO_PRODUCER_ID
             batch = build_batch(list(records), timestamp)
         result = await self._call(self._log_nodes.append, leader.node, log_pb2.AppendRequest(
-            partitions=[log_pb2.PartitionAppend(
+            commit_wait_ms=commit_wait_ms, partitions=[log_pb2.PartitionAppend(
                 topic=self.topic, partition=self.partition, expected_log_end_offset=expected,
                 min_insync_replicas=self.min_insync_replicas, records=batch)]),
             "appending to")

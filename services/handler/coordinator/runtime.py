@@ -9,6 +9,12 @@ partitions, records and timers, never what a coordinator coordinates.
   to append and a result), append the records only if the log end is still the one read, else
   read and compute again (another handler won: handlers are serialised as one process's lock
   would), then wait until the high watermark covers the write (acks=all) before answering.
+  The leader holds its answer for that, up to ``leader_wait_ms``, as it does for an acks=all
+  produce, so that a write replicated meanwhile needs no wait in the purgatory; the partition's
+  lock stays held meanwhile. A write not replicated in that time waits in the purgatory (the
+  lock released), and the partition's next writes for :data:`HOLD_PAUSE_S` do not ask the
+  leader to hold, so that a stalled follower does not queue every write of the partition
+  behind the hold of the one before.
 - Waits (:meth:`~CoordinatorRuntime.wait`, :meth:`~CoordinatorRuntime.signal`): an operation
   parks in the purgatory on its key's waiter key (``<kind>:<topic id>:<key>``) until a writer
   signals a change there with the partition's new end, or its timeout passes, then reads again
@@ -69,10 +75,22 @@ MAX_UPDATE_ATTEMPTS = 200
 # How long a write may wait to be replicated to the ISR (Kafka's offsets.commit.timeout.ms)
 # before the operation fails with COORDINATOR_NOT_AVAILABLE.
 COMMIT_TIMEOUT_MS = 5000
+# How long after a write the leader did not see replicated within its hold the partition's
+# writes wait in the purgatory instead.
+HOLD_PAUSE_S = 1.0
 
 
 def wall_clock_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _check_isr(store: CoordinatorPartition[Any], isr: Sequence[int], required: int) -> None:
+    """A write replicated to ``isr`` (empty: not known) stands only if that is at least
+    ``required`` replicas (min.insync.replicas), else COORDINATOR_NOT_AVAILABLE."""
+    if isr and len(isr) < required:
+        raise CoordinatorError(COORDINATOR_NOT_AVAILABLE, NotEnoughReplicasError(
+            isr, required, store.topic, store.partition,
+            ErrorCode.not_enough_replicas_after_append).message)
 
 
 async def _best_effort(call: Awaitable[T], what: str, otherwise: T) -> T:
@@ -89,7 +107,9 @@ class CoordinatorRuntime(Generic[S]):
 
     ``new_state`` makes the empty state of a partition; ``kind`` names the coordinator in its
     waiter keys; ``timers_of(state, now)`` gives the timers (key -> timeout ms) a partition's
-    state implies; ``writes`` (a counter labelled by outcome) counts appends and conflicts."""
+    state implies; ``writes`` (a counter labelled by outcome) counts appends and conflicts;
+    ``leader_wait_ms``: how long a leader may hold the answer to a write for its replication
+    (0: the purgatory waits for every write)."""
 
     def __init__(
         self,
@@ -101,6 +121,7 @@ class CoordinatorRuntime(Generic[S]):
         kind: str,
         timers_of: Callable[[S, int], Mapping[str, int]] | None = None,
         writes: Any = None,
+        leader_wait_ms: int = 0,
     ) -> None:
         self.placement = placement
         self._log_nodes = log_nodes
@@ -109,6 +130,7 @@ class CoordinatorRuntime(Generic[S]):
         self._kind = kind
         self._timers_of = timers_of
         self._writes = writes
+        self._leader_wait_ms = min(leader_wait_ms, COMMIT_TIMEOUT_MS)
         self.now = wall_clock_ms
         self._partitions: dict[tuple[str | None, int], CoordinatorPartition[S]] = {}
         self._background: set[asyncio.Task[None]] = set()
@@ -208,14 +230,20 @@ class CoordinatorRuntime(Generic[S]):
                             continue
                     return result, store.end
                 required = store.min_insync_replicas  # what the append was checked against
-                appended = await store.append(leader, records, now)
+                hold_ms = self._leader_wait_ms if (
+                    time.monotonic() >= store.hold_commits_after) else 0
+                appended = await store.append(leader, records, now, hold_ms)
                 end = store.end
             if appended is not None:
                 self._count("appended")
                 if appended.high_watermark < appended.log_end_offset:
+                    if hold_ms:
+                        store.hold_commits_after = time.monotonic() + HOLD_PAUSE_S
                     await self._await_replicated(store, appended.log_end_offset,
                                                  appended.leader_epoch, appended.topic_id,
                                                  required)
+                else:  # committed at once, or within the leader's hold
+                    _check_isr(store, appended.commit_isr, required)
                 return result, end
             read_first = True
             if cached:
@@ -255,10 +283,8 @@ class CoordinatorRuntime(Generic[S]):
             raise CoordinatorError(COORDINATOR_NOT_AVAILABLE,
                                    f"{key}: not replicated within {timeout_ms} ms")
         for state in outcome.keys:
-            if state.key == key and state.isr and len(state.isr) < required:
-                raise CoordinatorError(COORDINATOR_NOT_AVAILABLE, NotEnoughReplicasError(
-                    state.isr, required, store.topic, store.partition,
-                    ErrorCode.not_enough_replicas_after_append).message)
+            if state.key == key:
+                _check_isr(store, state.isr, required)
 
     # -- waits --------------------------------------------------------------------------------
 

@@ -93,7 +93,7 @@ class GroupCoordinator:
             timers_of=functools.partial(
                 timers_of,
                 consumer_session_timeout_ms=self.consumer_config.session_timeout_ms),
-            writes=GROUP_WRITES)
+            writes=GROUP_WRITES, leader_wait_ms=config.acks_all_leader_wait_ms)
         group_timers = GroupTimers(self.runtime)
         classic_config = GroupConfig(
             initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,

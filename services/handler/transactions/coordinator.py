@@ -140,7 +140,8 @@ class TransactionCoordinator:
                      "unclean.leader.election.enable": "false"}), cache, controller)
         self.runtime = CoordinatorRuntime(self.placement, log_nodes, purgatory, PartitionState,
                                           kind="transaction", timers_of=timers_of(self.config),
-                                          writes=TRANSACTION_WRITES)
+                                          writes=TRANSACTION_WRITES,
+                                          leader_wait_ms=config.acks_all_leader_wait_ms)
         self.settle_wait_ms = SETTLE_WAIT_MS
         self.markers = MarkerWriter(cache, log_nodes, purgatory,
                                     leader_wait_ms=config.acks_all_leader_wait_ms)

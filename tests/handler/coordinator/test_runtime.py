@@ -23,6 +23,7 @@ from services.common.records.control_records import (
     build_end_transaction_batch,
 )
 from services.common.records.record_batch import read_header
+from services.handler.coordinator import runtime as runtime_module
 from services.handler.coordinator.partition import TransactionalRecords
 from services.handler.coordinator.placement import (
     CoordinatorError,
@@ -79,12 +80,14 @@ class Writes:
 
 
 def runtime(log: Log, purgatory: Purgatory, writes: Writes | None = None,
-            configs: dict[str, str] | None = None) -> CoordinatorRuntime[Counters]:
+            configs: dict[str, str] | None = None,
+            leader_wait_ms: int = 0) -> CoordinatorRuntime[Counters]:
     info = topic(TOPIC.name, 2, topic_id="0123456789abcdef")
     metadata = cluster(replace(info, configs=configs or {}))
     return CoordinatorRuntime(
         Placement(TOPIC, cache_of(metadata), FakeController(metadata)), log,  # type: ignore[arg-type]
-        purgatory, Counters, kind="counter", timers_of=timers_of, writes=writes)
+        purgatory, Counters, kind="counter", timers_of=timers_of, writes=writes,
+        leader_wait_ms=leader_wait_ms)
 
 
 def test_changes_are_appended_conditionally_and_replayed() -> None:
@@ -237,6 +240,56 @@ def test_a_write_needs_the_topics_min_insync_replicas_as_the_leader_has_its_isr(
         plain = runtime(plain_log, plain_purgatory)
         plain_log.isr[where], plain_log.lagging, plain_purgatory.isr = (0,), True, (0,)
         assert await plain.update("a", increment("a")) == (1, 1)
+        await counters.close()
+        await plain.close()
+
+    asyncio.run(main())
+
+
+def test_a_write_the_leader_saw_replicated_while_holding_its_answer_waits_in_no_purgatory(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a leader wait, the leader holds the answer to a write until it is replicated (as
+    for an acks=all produce): one replicated meanwhile answers without the purgatory, if the
+    ISR that replicated it still meets min.insync.replicas. One the leader handed on waits in
+    the purgatory, and the partition's writes ask for no hold for a while after it."""
+    monkeypatch.setattr(runtime_module, "HOLD_PAUSE_S", 0.2)
+
+    async def main() -> None:
+        log, purgatory = Log(), Purgatory()
+        counters = runtime(log, purgatory, configs={"min.insync.replicas": "2"},
+                           leader_wait_ms=100)
+        where = (TOPIC.name, partition_for("a", 2))
+        log.isr[where], log.lagging, log.appends_commit_with = (0, 1), True, (0, 1)
+        assert await counters.update("a", increment("a")) == (1, 1)
+        assert log.append_waits == [100]
+        assert purgatory.produce_waits == []
+        # Replicated within the hold, but by an ISR below min.insync.replicas: stored, and
+        # not answered, as after a wait in the purgatory.
+        log.appends_commit_with = (0,)
+        with pytest.raises(CoordinatorError) as short:
+            await counters.update("a", increment("a"))
+        assert short.value.code == COORDINATOR_NOT_AVAILABLE
+        assert "ISR [0]" in str(short.value)
+        assert len(log.batches[where]) == 2
+        assert purgatory.produce_waits == []
+        # Not replicated within the hold: the purgatory waits, and the next write asks for
+        # no hold until the pause is over.
+        log.appends_commit_with = None
+        assert await counters.update("a", increment("a")) == (3, 3)
+        assert len(purgatory.produce_waits) == 1
+        assert await counters.update("a", increment("a")) == (4, 4)
+        assert log.append_waits[-2:] == [100, 0]
+        assert len(purgatory.produce_waits) == 2
+        await asyncio.sleep(0.25)
+        log.appends_commit_with = (0, 1)
+        assert await counters.update("a", increment("a")) == (5, 5)
+        assert log.append_waits[-1] == 100
+        assert len(purgatory.produce_waits) == 2
+        # Without a leader wait (the default) every write asks for none.
+        plain_log = Log()
+        plain = runtime(plain_log, Purgatory())
+        assert await plain.update("a", increment("a")) == (1, 1)
+        assert plain_log.append_waits == [0]
         await counters.close()
         await plain.close()
 
