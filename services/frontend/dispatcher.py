@@ -22,7 +22,7 @@ from urllib.parse import quote
 
 from google.protobuf.message import Message
 from kio.schema.errors import ErrorCode
-from kio.serial import entity_reader, entity_writer
+from kio.serial import entity_reader
 from kio.static.constants import EntityType
 
 from kbroker.kafka.v1 import kafka_pb2
@@ -37,6 +37,7 @@ from . import converter, headers
 from .api_versions import API_VERSIONS_KEY, SUPPORTED_APIS, SupportedApi, supported_versions
 from .collection_sizes import size_checker
 from .coordinator_affinity import CoordinatorAffinity
+from .entity_writers import entity_writer
 from .error_responses import UNAVAILABLE_CODES, error_response
 from .fetch_sessions import DEFAULT_FETCH_SESSION_SLOTS, FetchSessions
 from .framing import FrameWriter
@@ -131,7 +132,7 @@ def _compile_schema(api: SupportedApi, version: int) -> _Schema:
         request_to_proto=converter.to_proto_fn(request_cls, without_batches=batches is not None),
         request_batches=batches,
         response_from_proto=converter.from_proto_fn(response_cls),
-        write_response=entity_writer(response_cls),  # type: ignore[arg-type]
+        write_response=entity_writer(response_cls),
         flexible_response=response_cls.__flexible__,  # type: ignore[attr-defined]
         response_batches=FETCH_BATCHES if api.key == FETCH_KEY else None,
         response_from_proto_with_batches=converter.from_proto_with_batches_fn(response_cls)
