@@ -74,6 +74,47 @@ def test_partitions_describe_leaders_replicas_and_dead_leaders():
     assert [b.node_id for b in response.brokers] == [0, 1, 2]
 
 
+def test_topics_are_built_once_per_snapshot_and_answered_alike(monkeypatch):
+    """A snapshot's topics are described once and copied into later answers, whichever way
+    they are asked for; a new snapshot is described anew, and authorized operations (the
+    principal's) are never copied."""
+    from services.handler.apis import metadata as metadata_api
+
+    built = []
+    describe = metadata_api.describe_topic
+
+    def counting(topics, metadata, info, include_ops, access):
+        built.append(info.name)
+        describe(topics, metadata, info, include_ops, access)
+
+    monkeypatch.setattr(metadata_api, "describe_topic", counting)
+    first = cluster(topic("a", 2, leaders=[0, 1]), topic("b"), nodes=(0, 1), version=1)
+    controller = FakeController(first)
+    cache = MetadataCache(controller.load_metadata)
+    cache.install(first)
+    api = MetadataApi(cache, controller, True)
+
+    def answer(request):
+        return asyncio.run(api.handle(request, CONTEXT))
+
+    once = answer(EVERY_TOPIC)
+    assert sorted(built) == ["a", "b"]
+    assert answer(EVERY_TOPIC) == once
+    assert answer(named("b", "a")).topics[1] == once.topics[0]
+    assert sorted(built) == ["a", "b"]
+    with_ops = answer(named("a", include_topic_authorized_operations=True))
+    assert with_ops.topics[0].topic_authorized_operations == TOPIC_OPERATIONS
+    assert sorted(built) == ["a", "a", "b"]
+    # The leader of a-1 moved: the next snapshot says so.
+    cache.install(cluster(topic("a", 2, leaders=[0, 0], epoch=1), topic("b"), nodes=(0, 1),
+                          version=2))
+    moved = answer(EVERY_TOPIC)
+    assert [(p.leader_id, p.leader_epoch) for p in moved.topics[0].partitions] == [(0, 1),
+                                                                                    (0, 1)]
+    assert [(p.leader_id, p.leader_epoch) for p in once.topics[0].partitions] == [(0, 0),
+                                                                                   (1, 0)]
+
+
 def test_missing_topics_are_auto_created_and_answered_in_full():
     snapshot = cluster(topic("old"))
     # allow_auto_topic_creation unset: true.
