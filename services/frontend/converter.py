@@ -370,6 +370,37 @@ def _from_expr(f: _Field, pfield: FieldDescriptor, ns: dict[str, object],
     return f"({value} if m.HasField({f.pname!r}) else {fb})"
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class MessageField:
+    """A kio field as read from a message ``m`` of the class's protobuf form."""
+
+    name: str                       # kio attribute
+    pname: str                      # protobuf field
+    value: str                      # expression of its kio value, the conversion's
+    entity: type | None             # the nested kio class
+    message_type: Descriptor | None  # its protobuf message type
+    array: bool
+    nullable: bool
+
+
+def message_fields(cls: type, desc: Descriptor, ns: dict[str, object]) -> list[MessageField]:
+    """Each field of kio class ``cls`` with the expression that reads its value from a message
+    ``m`` of type ``desc`` as the compiled conversion does, the names it uses bound in
+    ``ns``."""
+    out = []
+    for f in _fields_of(cls):
+        pfield = _proto_field(desc, cls, f)
+        out.append(MessageField(f.name, f.pname, _from_expr(f, pfield, ns), f.entity,
+                                pfield.message_type if f.entity is not None else None,
+                                f.array, f.nullable))
+    return out
+
+
+def message_type_of(cls: type) -> Descriptor:
+    """The protobuf message type of a kio request or response class."""
+    return proto_class(*_api_kind(cls)).DESCRIPTOR
+
+
 def _define(lines: list[str], ns: dict[str, object], name: str) -> Callable[..., Any]:
     exec("\n".join(lines), ns)
     fn = ns["convert"]

@@ -37,7 +37,7 @@ from . import converter, headers
 from .api_versions import API_VERSIONS_KEY, SUPPORTED_APIS, SupportedApi, supported_versions
 from .collection_sizes import size_checker
 from .coordinator_affinity import CoordinatorAffinity
-from .entity_writers import entity_writer
+from .entity_writers import entity_writer, message_writer
 from .error_responses import UNAVAILABLE_CODES, error_response
 from .fetch_sessions import DEFAULT_FETCH_SESSION_SLOTS, FetchSessions
 from .framing import FrameWriter
@@ -111,6 +111,9 @@ class _Schema:
     request_batches: PayloadPath | None
     response_from_proto: Callable[[Message], Any]
     write_response: Callable[[FrameWriter, Any], None]
+    # The answer written straight from the handler's message (what write_response writes of
+    # its conversion).
+    write_response_message: Callable[[FrameWriter, Message], None]
     flexible_response: bool
     # Where answers may come with their record batches beside them, and their conversion
     # taking them from there (None: always in the message).
@@ -133,6 +136,7 @@ def _compile_schema(api: SupportedApi, version: int) -> _Schema:
         request_batches=batches,
         response_from_proto=converter.from_proto_fn(response_cls),
         write_response=entity_writer(response_cls),
+        write_response_message=message_writer(response_cls),
         flexible_response=response_cls.__flexible__,  # type: ignore[attr-defined]
         response_batches=FETCH_BATCHES if api.key == FETCH_KEY else None,
         response_from_proto_with_batches=converter.from_proto_with_batches_fn(response_cls)
@@ -456,20 +460,22 @@ class Dispatcher:
                 response: Message | Detached) -> list[bytes]:
         """The answer frame, as buffers: record batches that came beside the answer are among
         them as they are (the socket takes them without a copy here)."""
-        if isinstance(response, Detached):
-            message = response.message
-            converter.normalise_response(request.api.key, request.version, message)
-            assert schema.response_from_proto_with_batches is not None
-            entity = schema.response_from_proto_with_batches(message, response.payloads)
-        else:
-            message = response
-            converter.normalise_response(request.api.key, request.version, message)
-            entity = schema.response_from_proto(message)
         out = FrameWriter()
         out.write(headers.response_header(request.api.key, request.correlation_id,
                                           schema.flexible_response))
+        message = response.message if isinstance(response, Detached) else response
+        converter.normalise_response(request.api.key, request.version, message)
+        if request.api.key != FETCH_KEY:
+            # Written straight from the message: no kio entity is built.
+            schema.write_response_message(out, message)
+            return out.finish()  # type: ignore[return-value]
+        if isinstance(response, Detached):
+            assert schema.response_from_proto_with_batches is not None
+            entity = schema.response_from_proto_with_batches(message, response.payloads)
+        else:
+            entity = schema.response_from_proto(message)
         schema.write_response(out, entity)
-        if request.api.key == FETCH_KEY and METRICS_ENABLED:
+        if METRICS_ENABLED:
             count_fetched_bytes(message, entity)
         return out.finish()  # type: ignore[return-value]
 

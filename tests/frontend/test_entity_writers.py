@@ -15,6 +15,7 @@ from typing import Any
 
 import kio.schema
 import pytest
+from google.protobuf.message import Message
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_writer as kio_entity_writer
 from kio.serial._introspect import (
@@ -28,7 +29,8 @@ from kio.serial._introspect import (
 )
 from kio.serial.errors import OutOfBoundValue
 
-from services.frontend.entity_writers import entity_writer
+from services.frontend.converter import from_proto_fn, to_proto_fn
+from services.frontend.entity_writers import entity_writer, message_writer
 from services.frontend.framing import FrameWriter
 
 RANGES = {"int8": 8, "int16": 16, "int32": 32, "int64": 64}
@@ -172,3 +174,58 @@ def test_values_the_wire_cannot_carry_are_refused_as_kio_refuses_them() -> None:
             kio_bytes(MetadataResponse, entity)
         with pytest.raises(error):
             compiled_bytes(MetadataResponse, entity)
+
+
+def answer_classes() -> list[type]:
+    """The request and response class of every API version the frontend serves."""
+    from kio.static.constants import EntityType
+
+    from services.frontend.api_versions import SUPPORTED_APIS
+    from services.frontend.converter import load_schema
+
+    return [load_schema(api.schema_name, version, kind) for api in SUPPORTED_APIS.values()
+            for version in range(api.min_version, api.max_version + 1)
+            for kind in (EntityType.request, EntityType.response)]
+
+
+ANSWERS = answer_classes()
+
+
+def clear_some(message: Message, rng: random.Random) -> None:
+    """Leave fields of ``message`` and of the messages in it unset, at random, and mark some
+    arrays null though they have items (the null flag wins)."""
+    for field, value in message.ListFields():
+        null_flag = f"{field.name}_is_null"
+        if rng.random() < 0.2:
+            message.ClearField(field.name)
+        elif null_flag in message.DESCRIPTOR.fields_by_name and rng.random() < 0.2:
+            setattr(message, null_flag, True)
+        elif field.message_type is not None:
+            for item in value if field.is_repeated else [value]:
+                clear_some(item, rng)
+
+
+@pytest.mark.parametrize("cls", ANSWERS, ids=lambda cls: cls.__module__[len("kio.schema."):])
+def test_answers_written_from_their_messages_are_what_kio_writes_of_the_conversion(
+        cls: type) -> None:
+    convert_to, convert_from = to_proto_fn(cls), from_proto_fn(cls)
+    rng = random.Random(cls.__module__)
+    for round_ in range(8):
+        message = convert_to(random_entity(cls, rng))
+        if round_ % 2:
+            clear_some(message, rng)
+        out = FrameWriter()
+        try:
+            expected = kio_bytes(cls, convert_from(message))
+        except Exception as exc:  # noqa: BLE001 - the same must fail the same way
+            with pytest.raises(type(exc)):
+                message_writer(cls)(out, message)
+            continue
+        message_writer(cls)(out, message)
+        assert b"".join(out.finish()[1:]) == expected
+
+
+def test_every_answer_is_written_from_its_message_by_a_compiled_writer() -> None:
+    assert len(ANSWERS) > 300
+    assert all(message_writer(cls).__name__ == f"write_{cls.__name__}_message"
+               for cls in ANSWERS)
