@@ -11,8 +11,13 @@ class VarintError(ValueError):
     """Bytes that end inside a varint, or a varint longer than ten bytes."""
 
 
+_ONE_BYTE = [bytes([n]) for n in range(0x80)]
+
+
 def encode_uvarint(value: int) -> bytes:
     """``value`` (0 <= value < 2**64) as an unsigned varint."""
+    if 0 <= value <= 0x7F:
+        return _ONE_BYTE[value]  # most lengths and counts
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)

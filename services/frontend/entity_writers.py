@@ -51,6 +51,8 @@ from kio.serial._serialize import get_field_writer
 from kio.serial.errors import OutOfBoundValue
 from kio.static.constants import uuid_zero
 
+from services.common.varints import encode_uvarint as uvarint
+
 from . import converter
 
 Writer = Callable[[Any, Any], None]
@@ -73,23 +75,10 @@ _NULLABLE_FIXED = {
     "uuid": "(UUID_ZERO if ({1} := {0}) is None else {1}.bytes)",
     "datetime_i64": "(-1 if ({1} := {0}) is None else round({1}.timestamp() * 1000))"}
 _NULL_ENTITY, _ENTITY = struct.pack(">b", -1), struct.pack(">b", 1)
-_SMALL_UVARINTS = [bytes([n]) for n in range(128)]
 
 
 class _UnsupportedFieldError(Exception):
     """A field the compiler does not write: the class is written by kio."""
-
-
-def uvarint(value: int) -> bytes:
-    """Kafka's unsigned varint."""
-    if value < 128:
-        return _SMALL_UVARINTS[value]
-    out = bytearray()
-    while value >= 128:
-        out.append(0x80 | value & 0x7F)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def _encoded(value: str | bytes | memoryview) -> bytes | memoryview:
@@ -346,8 +335,9 @@ def _message_writer(cls: type, desc: Descriptor) -> Writer:
     try:
         source = _Source("m", bool(cls.__flexible__))  # type: ignore[attr-defined]
         tagged = []
-        read = converter.message_fields(cls, desc, source.ns)
-        for field, fields in zip(dataclasses.fields(cls), read, strict=True):
+        kio_fields = {field.name: field for field in dataclasses.fields(cls)}
+        for fields in converter.message_fields(cls, desc, source.ns):
+            field = kio_fields[fields.name]
             if get_field_tag(field) is not None:
                 tagged.append((field, fields.value))
             elif fields.entity is None:
