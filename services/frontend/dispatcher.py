@@ -109,12 +109,13 @@ class _Schema:
     request_to_proto: Callable[[Any], Message]
     # Where the request's record batches travel beside the message (None: in it).
     request_batches: PayloadPath | None
-    response_from_proto: Callable[[Message], Any]
-    write_response: Callable[[FrameWriter, Any], None]
-    # The answer written straight from the handler's message (what write_response writes of
-    # its conversion).
-    write_response_message: Callable[[FrameWriter, Message], None]
     flexible_response: bool
+    # Answers other than Fetch's: written straight from the handler's message.
+    write_response_message: Callable[[FrameWriter, Message], None] | None = None
+    # Fetch answers (whose record batches may come beside the message, and whose fetched
+    # bytes are counted on the entity): converted to kio's entity, then written.
+    response_from_proto: Callable[[Message], Any] | None = None
+    write_response: Callable[[FrameWriter, Any], None] | None = None
     # Where answers may come with their record batches beside them, and their conversion
     # taking them from there (None: always in the message).
     response_batches: PayloadPath | None = None
@@ -126,6 +127,7 @@ def _compile_schema(api: SupportedApi, version: int) -> _Schema:
     response_cls = converter.load_schema(api.schema_name, version, EntityType.response)
     flexible = request_cls.__flexible__  # type: ignore[attr-defined]
     batches = PRODUCE_BATCHES if api.key == PRODUCE_KEY else None
+    fetch = api.key == FETCH_KEY
     return _Schema(
         flexible_request=flexible,
         check_sizes=size_checker(request_cls),
@@ -134,13 +136,13 @@ def _compile_schema(api: SupportedApi, version: int) -> _Schema:
                       else entity_reader(request_cls)),
         request_to_proto=converter.to_proto_fn(request_cls, without_batches=batches is not None),
         request_batches=batches,
-        response_from_proto=converter.from_proto_fn(response_cls),
-        write_response=entity_writer(response_cls),
-        write_response_message=message_writer(response_cls),
         flexible_response=response_cls.__flexible__,  # type: ignore[attr-defined]
-        response_batches=FETCH_BATCHES if api.key == FETCH_KEY else None,
+        write_response_message=None if fetch else message_writer(response_cls),
+        response_from_proto=converter.from_proto_fn(response_cls) if fetch else None,
+        write_response=entity_writer(response_cls) if fetch else None,
+        response_batches=FETCH_BATCHES if fetch else None,
         response_from_proto_with_batches=converter.from_proto_with_batches_fn(response_cls)
-        if api.key == FETCH_KEY else None,
+        if fetch else None,
     )
 
 
@@ -465,10 +467,11 @@ class Dispatcher:
                                           schema.flexible_response))
         message = response.message if isinstance(response, Detached) else response
         converter.normalise_response(request.api.key, request.version, message)
-        if request.api.key != FETCH_KEY:
+        if schema.write_response_message is not None:
             # Written straight from the message: no kio entity is built.
             schema.write_response_message(out, message)
             return out.finish()  # type: ignore[return-value]
+        assert schema.response_from_proto is not None and schema.write_response is not None
         if isinstance(response, Detached):
             assert schema.response_from_proto_with_batches is not None
             entity = schema.response_from_proto_with_batches(message, response.payloads)
