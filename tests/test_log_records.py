@@ -34,3 +34,17 @@ def test_a_late_grpc_event_for_a_closed_loop_is_left_out(caplog: pytest.LogCaptu
     assert len(caplog.records) == 3
     assert [r.getMessage().splitlines()[0] for r in own(caplog.records)] == [
         "Exception in callback PollerCompletionQueue._handle_other()", "a frontend error"]
+
+
+def test_a_call_cancelled_by_its_server_stopping_is_left_out(
+        caplog: pytest.LogCaptureFixture) -> None:
+    grpc_log = logging.getLogger("grpc._cython.cygrpc")
+    message = "Exception not handled by _handle_exceptions in servicer method [/s/Exchange]"
+    with caplog.at_level(logging.ERROR):
+        for error in (asyncio.CancelledError(), ValueError("a servicer bug")):
+            try:
+                raise error
+            except BaseException:  # noqa: BLE001 - logged as gRPC logs it
+                grpc_log.exception(message)
+    assert len(caplog.records) == 2
+    assert [type(r.exc_info[1]) for r in own(caplog.records)] == [ValueError]
