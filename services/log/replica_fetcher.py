@@ -10,10 +10,14 @@ A session's round:
    epoch, the follower's own end of that one counts too; a leader that knows none keeps what
    was committed (the high watermark). A follower that must start over (its log ends below the
    leader's log start) drops its log and continues empty there (``truncateFullyAndStartAt``);
-2. one fetch names every other partition with this node's log end offset and leader epoch (the
-   leader records the offset as this follower's position, which moves its high watermark);
-   the leader answers at once when it has batches, else as soon as one of the partitions gets
-   an append, or after ``replica.fetch.wait.max.ms``;
+2. one fetch covers every other partition with this node's log end offset and leader epoch
+   (the leader records the offset as this follower's position, which moves its high
+   watermark); the leader answers at once when it has batches, else as soon as one of the
+   partitions gets an append, or after ``replica.fetch.wait.max.ms``. On a stream, after its
+   first request, the fetch is incremental (KIP-227, :mod:`services.log.replica_fetch_session`):
+   it names only the partitions whose offset, epoch or byte limit changed since the stream's
+   last request and lists those left out now as forgotten, and the answer carries only the
+   partitions with something new;
 3. the batches are appended exactly as the leader has them, the high watermark follows the
    leader's (within this log), the log start offset too (within the high watermark); then the
    next fetch goes out at once, reporting the new log end offsets.
@@ -146,6 +150,9 @@ class ReplicaFetcher:
         self._channel: grpc.aio.Channel | None = None
         self._stub: _LeaderCalls | None = None
         self._stream: Any = None
+        # What the leader holds of this stream's fetch session: each partition's leader epoch,
+        # fetch offset and byte limit as last named (empty: the next request is a full one).
+        self._session: dict[TopicPartition, tuple[int, int, int]] = {}
         self._in_flight: asyncio.Future[FetchResults] | None = None
         self._last_failure_log = 0.0
 
@@ -244,6 +251,7 @@ class ReplicaFetcher:
         return self._stub
 
     def _close_stream(self) -> None:
+        self._session = {}
         stream, self._stream = self._stream, None
         if stream is not None:
             stream.cancel()
@@ -265,10 +273,14 @@ class ReplicaFetcher:
             if self._changed.is_set():
                 return
         fetched: dict[TopicPartition, PartitionFetchState] = {}
+        # On a stream already open, only what changed since its last request is named.
+        incremental = self._transport == STREAM and self._stream is not None
         request = log_pb2.ReplicaFetchRequest(
             replica_id=self.node_id, max_wait_ms=settings.fetch_wait_max_ms,
             max_bytes=settings.fetch_response_max_bytes,
-            local_reader=self._local_reader if now >= self._files_refused_until else "")
+            local_reader=self._local_reader if now >= self._files_refused_until else "",
+            incremental=incremental)
+        session: dict[TopicPartition, tuple[int, int, int]] = {}
         throttled = False
         for key, state in ready.items():
             partition_log = self._manager.find(*key)
@@ -280,16 +292,21 @@ class ReplicaFetcher:
                 throttled = True
                 continue
             fetched[key] = state
-            request.partitions.add(topic=key[0], partition=key[1],
-                                   leader_epoch=state.leader_epoch,
-                                   fetch_offset=partition_log.log_end_offset,
-                                   max_bytes=settings.fetch_max_bytes)
+            named = session[key] = (state.leader_epoch, partition_log.log_end_offset,
+                                    settings.fetch_max_bytes)
+            if not incremental or self._session.get(key) != named:
+                request.partitions.add(topic=key[0], partition=key[1], leader_epoch=named[0],
+                                       fetch_offset=named[1], max_bytes=named[2])
         if not fetched:
             waits = [s.retry_at - now for s in self._partitions.values() if s.retry_at > now]
             if throttled:
                 waits.append(self._quota.delay())
             await self._wait_for_change(max(min(waits), 0.001) if waits else None)
             return
+        if incremental:
+            for topic, partition in self._session.keys() - session.keys():
+                request.forgotten.add(topic=topic, partition=partition)
+        self._session = session
         response = await self._fetch(stub, request, settings)
         if response is not None:
             await self._process(response, fetched)

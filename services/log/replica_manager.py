@@ -41,6 +41,7 @@ from . import metrics
 from .leader_replicas import LeaderReplicas
 from .log_manager import LogManager
 from .partition_log import LOG_END, NO_OFFSET, PartitionLog
+from .replica_fetch_session import CachedPartition, ReplicaFetchSession
 from .replica_fetcher import STREAM, ReplicaFetcherManager
 from .replica_state import FOLLOWER, LEADER, UNKNOWN, copy
 from .replication_quota import FOLLOWER as FOLLOWER_SIDE
@@ -230,23 +231,31 @@ class ReplicaManager:
 
     # -- serving follower fetches ----------------------------------------------------------
 
-    async def fetch(self, request: log_pb2.ReplicaFetchRequest) -> FetchAnswer:
+    async def fetch(self, request: log_pb2.ReplicaFetchRequest,
+                    session: ReplicaFetchSession | None = None) -> FetchAnswer:
         """Serve one follower fetch (see the module docstring): each partition's result
-        (without its records) and its records."""
+        (without its records) and its records. ``session``: the fetch session of the
+        follower's stream (:mod:`services.log.replica_fetch_session`); without one the request
+        is served on its own."""
         metrics.FOLLOWER_FETCHES.inc()
         started = self.clock.now_ms()
+        if session is None:
+            session = ReplicaFetchSession()
+        fetches = session.update(request)
         logs: list[PartitionLog | None] = []
-        for item in request.partitions:
-            logs.append(await self._record_position(request.replica_id, item, started))
-        response = self._read(request, logs)
-        if (request.max_wait_ms <= 0 or not request.partitions
+        for cached in fetches:
+            logs.append(await self._record_position(request.replica_id, cached.fetch, started))
+        response = self._read(request, fetches, logs)
+        if (request.max_wait_ms <= 0 or not fetches
                 or any(_answers(r, records) for r, records in response)):
+            session.answered(r for r, _ in response)
             return response
         deadline = time.monotonic() + request.max_wait_ms / 1000
         waiting = [p for p in logs if p is not None]
         while True:
             left = deadline - time.monotonic()
             if not waiting or left <= 0:
+                session.answered(r for r, _ in response)
                 return response
             woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             for partition_log in waiting:
@@ -258,9 +267,10 @@ class ReplicaManager:
             finally:
                 for partition_log in waiting:
                     partition_log.forget_waiter(woken)
-            response = self._read(request, logs)
+            response = self._read(request, fetches, logs)
             # Throttled partitions count as having nothing: wait on unless time is up.
             if any(_answers(r, records) for r, records in response):
+                session.answered(r for r, _ in response)
                 return response
 
     async def _record_position(self, replica_id: int, item: log_pb2.ReplicaFetchPartition,
@@ -273,23 +283,38 @@ class ReplicaManager:
         if (partition_log is None or replicas is None or partition_log.state.role != LEADER
                 or item.leader_epoch != partition_log.state.leader_epoch):
             return None
-        if not replicas.record_fetch(replica_id, item.fetch_offset,
-                                     partition_log.log_end_offset, now):
+        follower = replicas.followers.get(replica_id)
+        if follower is None:
             return None
+        moved = follower.log_end_offset != item.fetch_offset
+        replicas.record_fetch(replica_id, item.fetch_offset, partition_log.log_end_offset, now)
+        if not moved and replica_id in replicas.isr:
+            # The high watermark moves only with a member's position, and a member does not
+            # join: what a fetch session's quiet partitions come to on every round.
+            return partition_log
         self._advance_high_watermark(partition_log, replicas)
         joining = replicas.expansion(partition_log.high_watermark, now, replica_id)
         if joining is not None:
             await self._propose(partition_log, replicas, joining)
         return partition_log
 
-    def _read(self, request: log_pb2.ReplicaFetchRequest,
+    def _read(self, request: log_pb2.ReplicaFetchRequest, fetches: list[CachedPartition],
               logs: list[PartitionLog | None]) -> FetchAnswer:
+        """The results of ``fetches``, leaving out those with nothing new for the follower
+        when the request is incremental."""
         response: FetchAnswer = []
         budget = request.max_bytes if request.max_bytes > 0 else None
         min_one = True
+        incremental = request.incremental
         # A follower on this host reads the batches from the segment files itself.
         in_files = is_local(request.local_reader)
-        for item, partition_log in zip(request.partitions, logs, strict=True):
+        for cached, partition_log in zip(fetches, logs, strict=True):
+            item = cached.fetch
+            if (incremental and partition_log is not None and cached.answered
+                    and item.fetch_offset == partition_log.log_end_offset
+                    and cached.high_watermark == partition_log.high_watermark
+                    and cached.log_start_offset == partition_log.log_start_offset):
+                continue  # caught up, and told all there is
             result = log_pb2.ReplicaFetchResult(topic=item.topic, partition=item.partition)
             try:
                 partition_log = self._check_fetch(request.replica_id, item, partition_log)
@@ -323,6 +348,8 @@ class ReplicaManager:
                 result.high_watermark = found.high_watermark
                 result.log_start_offset = found.log_start_offset
                 result.log_end_offset = found.log_end_offset
+            if incremental and not cached.has_news(result, records):
+                continue
             response.append((result, records))
             if size:
                 metrics.REPLICATION_BYTES_OUT.inc(size)

@@ -33,6 +33,7 @@ from .log_dir_failure import DiskUsage, LogDirFailureChannel
 from .log_manager import LogManager
 from .partition_log import LAST_STABLE, NO_LEADER_EPOCH, NO_OFFSET, PartitionLog
 from .replica_fetch_codec import encode_fetch_response
+from .replica_fetch_session import ReplicaFetchSession
 from .replica_manager import ReplicaManager
 from .verification import VerificationRequiredError
 
@@ -452,8 +453,9 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
     async def ReplicaFetch(self, request_iterator, context):
         """A follower's fetch session: each request answered in turn (serialized by hand,
         see :func:`add_log_service_to_server`)."""
+        session = ReplicaFetchSession()
         async for request in request_iterator:
-            yield encode_fetch_response(await self._replicas.fetch(request))
+            yield encode_fetch_response(await self._replicas.fetch(request, session))
             if self._replicas.stopping:
                 return  # the follower opens a session elsewhere, or again once restarted
 
