@@ -83,6 +83,9 @@ class LogConfig:
         1000, "how often flush.ms is checked (log.flush.scheduler.interval.ms)")
     checkpoint_interval_ms: int = option(
         60000, "how often recovery points and log start offsets are checkpointed")
+    high_watermark_checkpoint_interval_ms: int = option(
+        5000, "how often the replicated replicas' high watermarks are checkpointed while one "
+        "moves (replica.high.watermark.checkpoint.interval.ms)")
     cleaner_backoff_ms: int = option(
         15000, "how often the log cleaner looks for logs to compact (log.cleaner.backoff.ms)")
     log_dir_min_free_bytes: int = option(

@@ -12,7 +12,9 @@ The node's checkpoints (``recovery-point-offset-checkpoint``, ``log-start-offset
 see :mod:`services.log.checkpoint`, and the cleaner's ``cleaner-offset-checkpoint``) are
 written together periodically, when a replica is deleted or DeleteRecords moves a log start
 offset (before it is answered), and on a clean shutdown, after the flush; the cleaner's also
-after each round. Not thread-safe: used from the event loop.
+after each round. The replicated replicas' high watermarks (``replication-offset-checkpoint``)
+are written every ``high_watermark_checkpoint_interval_ms`` while one moves (in a thread), when
+a follower is cut back, and on a clean shutdown. Not thread-safe: used from the event loop.
 
 The data directory is Kafka's log directory: a write error anywhere in it, or a write that
 would go below the free-space floor, fails it for good (see
@@ -37,8 +39,10 @@ from services.common.errors import ErrorCode, KafkaError
 
 from . import metrics
 from .checkpoint import (
+    HIGH_WATERMARK_FILE,
     LOG_START_OFFSET_FILE,
     RECOVERY_POINT_FILE,
+    HighWatermarkCheckpoint,
     OffsetCheckpoint,
     TopicPartition,
     fsync_directory,
@@ -47,6 +51,7 @@ from .cleaner import CLEANER_OFFSET_FILE, DEFAULT_MAX_MAP_KEYS, CleanResult, Log
 from .log_dir_failure import FreeSpaceFloor, LogDirFailureChannel
 from .partition_log import HighWatermarkListener, PartitionLog, directory_name
 from .partition_metadata import PartitionMetadata
+from .replica_state import commits_alone
 from .topic_config import TopicConfig
 
 log = logging.getLogger(__name__)
@@ -69,6 +74,8 @@ class Schedule:
     retention_check_interval_ms: int = 300_000
     flush_check_interval_ms: int = 1_000
     checkpoint_interval_ms: int = 60_000
+    # Kafka's replica.high.watermark.checkpoint.interval.ms.
+    high_watermark_checkpoint_interval_ms: int = 5_000
     cleaner_backoff_ms: int = 15_000
     cleaner_max_map_keys: int = DEFAULT_MAX_MAP_KEYS
 
@@ -92,6 +99,8 @@ class LogManager:
         self._logs: dict[TopicPartition, PartitionLog] = {}
         self._recovery_points = OffsetCheckpoint(data_dir / RECOVERY_POINT_FILE)
         self._log_starts = OffsetCheckpoint(data_dir / LOG_START_OFFSET_FILE)
+        self._high_watermarks = HighWatermarkCheckpoint(data_dir / HIGH_WATERMARK_FILE,
+                                                        self._replicated_high_watermarks)
         self._tasks: list[asyncio.Task[None]] = []
         self.cleaner = LogCleaner(data_dir / CLEANER_OFFSET_FILE,
                                   self.schedule.cleaner_max_map_keys)
@@ -101,6 +110,7 @@ class LogManager:
         finish deletions a crash interrupted."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         recovery_points, log_starts = self._recovery_points.read(), self._log_starts.read()
+        self._high_watermarks.read()
         self.cleaner.load()
         for directory in sorted(self.data_dir.iterdir()):
             if not directory.is_dir():
@@ -114,6 +124,21 @@ class LogManager:
             except (OSError, ValueError, KafkaError) as exc:
                 # One damaged replica must not keep the node's other replicas offline.
                 log.error("%s: cannot load replica: %s", directory, exc)
+        self._take_over_replica_high_watermarks()
+
+    def _take_over_replica_high_watermarks(self) -> None:
+        """Move the high watermarks replicas kept in their own directories (as a replica
+        opened without a node does) into the node's checkpoint, then remove their files."""
+        files = [d / HIGH_WATERMARK_FILE for d in (p.directory for p in self._logs.values())
+                 if (d / HIGH_WATERMARK_FILE).exists()]
+        if not files:
+            return
+        try:
+            self._high_watermarks.write_now()
+            for path in files:
+                path.unlink()
+        except OSError as exc:
+            self.storage_failed(exc, "taking over the replicas' high watermark checkpoints")
 
     def _load_one(self, directory: Path, recovery_points: Mapping[TopicPartition, int],
                   log_starts: Mapping[TopicPartition, int]) -> None:
@@ -134,12 +159,18 @@ class LogManager:
             raise ValueError(f"metadata names {metadata.topic}-{metadata.partition}")
         config = self.defaults.with_overrides(metadata.configs)
         key = (metadata.topic, metadata.partition)
+        own = directory / HIGH_WATERMARK_FILE
+        if key not in self._high_watermarks.stored and own.exists():
+            stored = OffsetCheckpoint(own).read().get(key)
+            if stored is not None:
+                self._high_watermarks.stored[key] = stored
         partition_log = PartitionLog(
             directory, metadata.topic, metadata.partition, metadata.topic_id, config,
             self._on_high_watermark,
             recovery_point=recovery_points.get(key, 0),
             log_start_offset=log_starts.get(key, 0),
             log_dir=self.log_dir,
+            high_watermarks=self._high_watermarks,
         )
         partition_log.topic_configs = dict(metadata.configs)
         self._logs[key] = partition_log
@@ -179,9 +210,10 @@ class LogManager:
         directory.mkdir(parents=True, exist_ok=True)
         metadata.write(directory)
         fsync_directory(self.data_dir)
+        self._high_watermarks.stored.pop((topic, partition), None)  # a new replica's own
         partition_log = PartitionLog(
             directory, topic, partition, topic_id, config, self._on_high_watermark,
-            log_dir=self.log_dir,
+            log_dir=self.log_dir, high_watermarks=self._high_watermarks,
         )
         partition_log.topic_configs = dict(configs)
         self._logs[(topic, partition)] = partition_log
@@ -299,6 +331,22 @@ class LogManager:
             self.storage_failed(exc, "writing the cleaner checkpoint")
         return results
 
+    def _replicated_high_watermarks(self) -> dict[TopicPartition, int]:
+        return {key: partition_log.high_watermark for key, partition_log in self._logs.items()
+                if not commits_alone(partition_log.state)}
+
+    async def checkpoint_high_watermarks(self) -> bool:
+        """Write the replicated replicas' high watermarks if one moved since the last write
+        (in a thread; a failure fails the log directory). Returns whether it wrote."""
+        if self.log_dir.offline:
+            return False
+        snapshot = self._high_watermarks.take()
+        try:
+            return await asyncio.to_thread(self._high_watermarks.write, snapshot)
+        except OSError as exc:
+            self.storage_failed(exc, "checkpointing high watermarks")
+            return False
+
     async def flush_by_time(self) -> None:
         for partition_log in list(self._logs.values()) if not self.log_dir.offline else ():
             try:
@@ -321,6 +369,8 @@ class LogManager:
             (schedule.retention_check_interval_ms, self.enforce_retention, "retention"),
             (schedule.flush_check_interval_ms, self.flush_by_time, "flush"),
             (schedule.checkpoint_interval_ms, checkpoints, "checkpoint"),
+            (schedule.high_watermark_checkpoint_interval_ms, self.checkpoint_high_watermarks,
+             "high watermark checkpoint"),
             (schedule.cleaner_backoff_ms, self.clean_logs, "log cleaner"))]
 
     async def stop_background(self) -> None:
@@ -353,6 +403,7 @@ class LogManager:
         if self._logs and not self.log_dir.offline:
             try:
                 self.write_checkpoints()
+                self._high_watermarks.write_now()
             except OSError as exc:
                 log.error("%s: cannot write checkpoints: %s", self.data_dir, exc)
         self._logs.clear()

@@ -49,9 +49,9 @@ once (high watermark = LEO); otherwise the high watermark moves as its followers
 say they have the records (:mod:`services.log.replica_manager`), and only a leader reports its
 moves to the listener (the purgatory). A follower's log is cut back where it
 parts from a new leader's (:meth:`PartitionLog.truncate_to`), or started over at the leader's
-log start when it ends below it (:meth:`PartitionLog.start_over_at`). A replicated replica
-checkpoints its high watermark (see :mod:`services.log.checkpoint`) every
-:data:`HIGH_WATERMARK_CHECKPOINT_MS` while it moves, when cut back and on a clean close;
+log start when it ends below it (:meth:`PartitionLog.start_over_at`). A replicated replica's
+high watermark is checkpointed (in the node's file, see :mod:`services.log.checkpoint`) every
+:data:`HIGH_WATERMARK_CHECKPOINT_MS` while it moves, when it is cut back and on a clean close;
 everything below it was committed, so consumers may read it again after a restart before the
 replicator confirms the replica's state (without a checkpoint it starts at the log start).
 
@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
@@ -91,7 +90,7 @@ from services.common.records.record_batch import (
 )
 
 from . import metrics, replica_state, segment_swap
-from .checkpoint import HIGH_WATERMARK_FILE, OffsetCheckpoint
+from .checkpoint import HIGH_WATERMARK_FILE, HighWatermarkCheckpoint, Snapshot
 from .index_file import MAX_RELATIVE_OFFSET
 from .leader_epochs import LeaderEpochCache
 from .log_dir_failure import LogDirFailureChannel
@@ -221,6 +220,7 @@ class PartitionLog:
         recovery_point: int = 0,
         log_start_offset: int = 0,
         log_dir: LogDirFailureChannel | None = None,
+        high_watermarks: HighWatermarkCheckpoint | None = None,
     ) -> None:
         """Open the log in ``directory`` (created if missing), recovering it (see
         :func:`load_segments`) with the node's checkpointed ``recovery_point``;
@@ -228,7 +228,9 @@ class PartitionLog:
         ``log_dir`` is the node's log directory: once it has failed, every mutation answers
         KAFKA_STORAGE_ERROR, each write first reserves its bytes under the free-space floor,
         and a write failure in the background (a rolled segment's flush, a checkpoint) fails
-        it."""
+        it. ``high_watermarks``: the node's high watermark checkpoint, read already and
+        written by the node except when this log is cut back; without one the log keeps its
+        own in its directory and writes it itself."""
         self.directory = directory
         self.log_dir = log_dir or LogDirFailureChannel(directory.parent)
         self.topic = topic
@@ -258,12 +260,14 @@ class PartitionLog:
             (s.base_offset for s in self._segments if s.txn_index_stale), default=None))
         self.leader_epochs = LeaderEpochCache(directory)
         self.leader_epochs.truncate_from_end(self.log_end_offset)
-        # The high watermark as last written to replication-offset-checkpoint (None: never).
-        self._high_watermark_file = OffsetCheckpoint(directory / HIGH_WATERMARK_FILE)
-        self._checkpointed_high_watermark: int | None = None
+        # Where the high watermark is checkpointed: the node's file, or this log's own.
+        self._owns_high_watermarks = high_watermarks is None
+        if high_watermarks is None:
+            high_watermarks = HighWatermarkCheckpoint(directory / HIGH_WATERMARK_FILE,
+                                                      self._replicated_high_watermark)
+            high_watermarks.read()
+        self._high_watermarks = high_watermarks
         self._last_high_watermark_checkpoint_ms = now_ms()
-        # Periodic checkpoints are written in a thread; this keeps writes one at a time.
-        self._checkpoint_lock = threading.Lock()
         # Long-poll readers waiting for the log end offset to grow (or the state to change).
         self._waiters: set[asyncio.Future[None]] = set()
         # Acks=all appends whose answers wait for the high watermark to pass them: (their end
@@ -274,8 +278,7 @@ class PartitionLog:
             # What was committed when the high watermark was last checkpointed, never past
             # what recovery kept; without a checkpoint nothing is known to be committed, and
             # consumers see nothing they might later have to unsee until the replicator says.
-            stored = self._high_watermark_file.read().get((topic, partition))
-            self._checkpointed_high_watermark = stored
+            stored = high_watermarks.stored.get((topic, partition))
             self._high_watermark = self._log_start_offset if stored is None else min(
                 max(stored, self._log_start_offset), self.log_end_offset)
         self.producer_state.on_high_watermark(self._high_watermark)
@@ -1022,12 +1025,11 @@ class PartitionLog:
         now = now_ms() if now is None else now
         if self._closed:
             return False
-        if now - self._last_high_watermark_checkpoint_ms >= HIGH_WATERMARK_CHECKPOINT_MS:
+        if (self._owns_high_watermarks
+                and now - self._last_high_watermark_checkpoint_ms >= HIGH_WATERMARK_CHECKPOINT_MS):
             self._last_high_watermark_checkpoint_ms = now
-            if not commits_alone(self.state) and (
-                self._high_watermark != self._checkpointed_high_watermark
-            ):
-                await asyncio.to_thread(self.checkpoint_high_watermark)
+            snapshot = self._high_watermarks.take()
+            await asyncio.to_thread(self._write_high_watermark, snapshot)
         if now - self._last_flush_ms < self.config.flush_ms:
             return False
         if not any(segment.dirty for segment in self._segments):
@@ -1045,22 +1047,24 @@ class PartitionLog:
         self.recovery_point = max(self.recovery_point, end)
 
     def checkpoint_high_watermark(self) -> bool:
-        """Write the high watermark of a replicated replica to its
-        ``replication-offset-checkpoint`` if it changed since the last write (atomically; see
-        :mod:`services.log.checkpoint`). Returns whether it wrote. A write failure is logged:
-        a missing or older checkpoint only hides more from consumers after a restart.
-        Thread-safe with respect to other checkpoint writes."""
-        with self._checkpoint_lock:
-            high_watermark = self._high_watermark
-            if commits_alone(self.state) or high_watermark == self._checkpointed_high_watermark:
-                return False
-            try:
-                self._high_watermark_file.write({(self.topic, self.partition): high_watermark})
-            except OSError as exc:
-                self.log_dir.fail(exc, f"checkpointing the high watermark of {self.directory}")
-                return False
-            self._checkpointed_high_watermark = high_watermark
-            return True
+        """Write the high watermarks of the checkpoint this log uses (its own, or the node's:
+        see :mod:`services.log.checkpoint`) if they changed since the last write. Returns
+        whether it wrote. A write failure is logged: a missing or older checkpoint only hides
+        more from consumers after a restart."""
+        return self._write_high_watermark(self._high_watermarks.take())
+
+    def _write_high_watermark(self, snapshot: Snapshot) -> bool:
+        try:
+            return self._high_watermarks.write(snapshot)
+        except OSError as exc:
+            self.log_dir.fail(exc, f"checkpointing the high watermark of {self.directory}")
+            return False
+
+    def _replicated_high_watermark(self) -> dict[tuple[str, int], int]:
+        """This log's entry in its own checkpoint: none while it commits alone."""
+        if commits_alone(self.state):
+            return {}
+        return {(self.topic, self.partition): self._high_watermark}
 
     def _check_open(self) -> None:
         """Raise UNKNOWN_TOPIC_OR_PARTITION once deleted, KAFKA_STORAGE_ERROR once the log
@@ -1097,7 +1101,8 @@ class PartitionLog:
                         segment.flush()
                 self.recovery_point = self.log_end_offset
                 self.producer_state.take_snapshot(self.log_end_offset)
-                self.checkpoint_high_watermark()
+                if self._owns_high_watermarks:
+                    self.checkpoint_high_watermark()
         finally:
             for segment in self._segments:
                 segment.close(write_waiting=not self.log_dir.offline)
