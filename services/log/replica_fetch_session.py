@@ -29,9 +29,13 @@ TopicPartition = tuple[str, int]
 
 @dataclass(slots=True)
 class CachedPartition:
-    """One partition of a session: the follower's fetch and what it was last answered."""
+    """One partition of a session: the follower's fetch (its key, leader epoch and offset
+    copied out of the message, read on every round) and what it was last answered."""
 
     fetch: log_pb2.ReplicaFetchPartition
+    key: TopicPartition
+    leader_epoch: int
+    fetch_offset: int
     answered: bool = False
     high_watermark: int = NO_OFFSET
     log_start_offset: int = NO_OFFSET
@@ -62,11 +66,14 @@ class ReplicaFetchSession:
             key = (fetch.topic, fetch.partition)
             cached = partitions.get(key)
             if cached is None:
-                partitions[key] = CachedPartition(fetch)
+                partitions[key] = CachedPartition(fetch, key, fetch.leader_epoch,
+                                                  fetch.fetch_offset)
             else:
-                if fetch.leader_epoch != cached.fetch.leader_epoch:
+                if fetch.leader_epoch != cached.leader_epoch:
                     cached.answered = False  # at another epoch: answered afresh
                 cached.fetch = fetch
+                cached.leader_epoch = fetch.leader_epoch
+                cached.fetch_offset = fetch.fetch_offset
         return list(partitions.values())
 
     def answered(self, results: Iterable[log_pb2.ReplicaFetchResult]) -> None:

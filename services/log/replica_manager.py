@@ -243,8 +243,12 @@ class ReplicaManager:
             session = ReplicaFetchSession()
         fetches = session.update(request)
         logs: list[PartitionLog | None] = []
+        replica_id = request.replica_id
         for cached in fetches:
-            logs.append(await self._record_position(request.replica_id, cached.fetch, started))
+            partition_log, replicas = self._record_position(replica_id, cached, started)
+            if replicas is not None:
+                await self._position_moved(partition_log, replicas, replica_id, started)
+            logs.append(partition_log)
         response = self._read(request, fetches, logs)
         if (request.max_wait_ms <= 0 or not fetches
                 or any(_answers(r, records) for r, records in response)):
@@ -273,30 +277,37 @@ class ReplicaManager:
                 session.answered(r for r, _ in response)
                 return response
 
-    async def _record_position(self, replica_id: int, item: log_pb2.ReplicaFetchPartition,
-                               now: int) -> PartitionLog | None:
-        """Check one partition of a fetch and record the follower's position; the log to
-        read, None when the partition's result is an error (found again by the read)."""
-        partition_log = self.manager.find(item.topic, item.partition)
-        key = (item.topic, item.partition)
+    def _record_position(self, replica_id: int, cached: CachedPartition, now: int
+                         ) -> tuple[PartitionLog | None, LeaderReplicas | None]:
+        """Check one partition of a fetch and record the follower's position: the log to read
+        (None when the partition's result is an error, found again by the read), and its
+        replicas when the position moved or the follower is out of the ISR (else None: the
+        high watermark moves only with a member's position, and a member does not join; what
+        a fetch session's quiet partitions come to on every round)."""
+        key = cached.key
+        partition_log = self.manager.find(*key)
         replicas = self.leaders.get(key)
         if (partition_log is None or replicas is None or partition_log.state.role != LEADER
-                or item.leader_epoch != partition_log.state.leader_epoch):
-            return None
+                or cached.leader_epoch != partition_log.state.leader_epoch):
+            return None, None
         follower = replicas.followers.get(replica_id)
         if follower is None:
-            return None
-        moved = follower.log_end_offset != item.fetch_offset
-        replicas.record_fetch(replica_id, item.fetch_offset, partition_log.log_end_offset, now)
+            return None, None
+        offset = cached.fetch_offset
+        moved = follower.log_end_offset != offset
+        replicas.record_fetch(replica_id, offset, partition_log.log_end_offset, now)
         if not moved and replica_id in replicas.isr:
-            # The high watermark moves only with a member's position, and a member does not
-            # join: what a fetch session's quiet partitions come to on every round.
-            return partition_log
+            return partition_log, None
+        return partition_log, replicas
+
+    async def _position_moved(self, partition_log: PartitionLog, replicas: LeaderReplicas,
+                              replica_id: int, now: int) -> None:
+        """Move the high watermark after a follower's position, and ask for the follower to
+        join the ISR when it may."""
         self._advance_high_watermark(partition_log, replicas)
         joining = replicas.expansion(partition_log.high_watermark, now, replica_id)
         if joining is not None:
             await self._propose(partition_log, replicas, joining)
-        return partition_log
 
     def _read(self, request: log_pb2.ReplicaFetchRequest, fetches: list[CachedPartition],
               logs: list[PartitionLog | None]) -> FetchAnswer:
@@ -309,12 +320,12 @@ class ReplicaManager:
         # A follower on this host reads the batches from the segment files itself.
         in_files = is_local(request.local_reader)
         for cached, partition_log in zip(fetches, logs, strict=True):
-            item = cached.fetch
             if (incremental and partition_log is not None and cached.answered
-                    and item.fetch_offset == partition_log.log_end_offset
+                    and cached.fetch_offset == partition_log.log_end_offset
                     and cached.high_watermark == partition_log.high_watermark
                     and cached.log_start_offset == partition_log.log_start_offset):
                 continue  # caught up, and told all there is
+            item = cached.fetch
             result = log_pb2.ReplicaFetchResult(topic=item.topic, partition=item.partition)
             try:
                 partition_log = self._check_fetch(request.replica_id, item, partition_log)
