@@ -270,6 +270,10 @@ class PartitionLog:
         self._last_high_watermark_checkpoint_ms = now_ms()
         # Long-poll readers waiting for the log end offset to grow (or the state to change).
         self._waiters: set[asyncio.Future[None]] = set()
+        # Counts changes a follower is told of: appends, high watermark, log start offset,
+        # state, cuts, the close (a follower's fetch session skips a partition it told all
+        # while this stands still, see services.log.replica_manager).
+        self.changes = 0
         # Acks=all appends whose answers wait for the high watermark to pass them: (their end
         # offset, the future of the ISR it passed them with; None: the state changed first).
         self._commit_waiters: list[tuple[int, asyncio.Future[tuple[int, ...] | None]]] = []
@@ -304,6 +308,7 @@ class PartitionLog:
         offset = min(max(offset, self.log_start_offset), self.log_end_offset)
         if offset != self._high_watermark:
             self._high_watermark = offset
+            self.changes += 1
             if self.producer_state.first_unstable_offset is not None:
                 self.producer_state.on_high_watermark(offset)
             # Readers and producers wait on the leader's high watermark only.
@@ -691,6 +696,7 @@ class PartitionLog:
             self.producer_state.load(self._segments, new_end)
             self.leader_epochs.truncate_from_end(new_end)
             self._high_watermark = min(self._high_watermark, new_end)
+            self.changes += 1
             self.producer_state.on_high_watermark(self._high_watermark)
             self.recovery_point = min(self.recovery_point, new_end)
             self.checkpoint_high_watermark()  # a restart must not find the old one
@@ -725,6 +731,7 @@ class PartitionLog:
         self._segments = [
             LogSegment.create(self.directory, offset, self.config.index_interval_bytes)]
         self._log_start_offset = self._high_watermark = self.recovery_point = offset
+        self.changes += 1
         self.checkpoint_high_watermark()
         for snapshot in self.producer_state.snapshot_offsets():
             (self.directory / snapshot_name(snapshot)).unlink(missing_ok=True)
@@ -775,6 +782,7 @@ class PartitionLog:
 
     def wake_readers(self) -> None:
         """Complete every waiting long-poll reader now (the node stops)."""
+        self.changes += 1
         waiters, self._waiters = self._waiters, set()
         for waiter in waiters:
             if not waiter.done():
@@ -918,6 +926,7 @@ class PartitionLog:
                 log.info("%s-%d: log start offset %d -> %d (DeleteRecords)", self.topic,
                          self.partition, self._log_start_offset, offset)
                 self._log_start_offset = offset
+                self.changes += 1
             self._delete_segments(lambda segment, next_base: next_base <= self._log_start_offset,
                                   "log start offset")
             return self._log_start_offset
@@ -974,6 +983,7 @@ class PartitionLog:
                      segment.base_offset, reason)
         if count:
             self._log_start_offset = max(self._log_start_offset, self._segments[0].base_offset)
+            self.changes += 1
         return count
 
     async def replace_segments(
@@ -1093,6 +1103,7 @@ class PartitionLog:
         if self._closed:
             return
         self._closed = True
+        self.changes += 1
         self._end_commit_waits()
         try:
             if flush and not self.log_dir.offline:

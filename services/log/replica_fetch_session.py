@@ -9,7 +9,10 @@ changes the partitions it names and drops those it lists as forgotten, and every
 the session is fetched. The answer to an incremental request leaves out the partitions with
 nothing new for the follower: no batches, no error, and the high watermark and log start offset
 it was last given. A follower following many partitions, few of them written, so sends and
-reads a few small entries per round instead of one per partition.
+reads a few small entries per round instead of one per partition. The leader, for its part,
+looks at a quiet partition (the follower at its log end and told all there is) only when its
+log changed since, or once in a while (its follower's position is then recorded again, so the
+follower stays caught up in the leader's eyes).
 
 The stream is the session: it begins with the stream (the follower's first request on it is
 not incremental) and ends with it; a follower whose stream broke starts a new one with a full
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from kbroker.log.v1 import log_pb2
 
@@ -39,6 +43,11 @@ class CachedPartition:
     answered: bool = False
     high_watermark: int = NO_OFFSET
     log_start_offset: int = NO_OFFSET
+    # Quiet: the follower holds the log's end and was told all there is, when the log had
+    # counted ``changes`` changes (see PartitionLog.changes); it stays quiet while the log
+    # counts no more and the follower names nothing new.
+    quiet_log: Any = None
+    changes: int = 0
 
     def has_news(self, result: log_pb2.ReplicaFetchResult, records: bytes) -> bool:
         """Whether ``result`` tells the follower something its last answer did not."""
@@ -53,6 +62,8 @@ class ReplicaFetchSession:
 
     def __init__(self) -> None:
         self.partitions: dict[TopicPartition, CachedPartition] = {}
+        # Monotonic seconds after which the next fetch looks at quiet partitions again.
+        self.look_again_at = 0.0
 
     def update(self, request: log_pb2.ReplicaFetchRequest) -> list[CachedPartition]:
         """Take ``request`` into the session; every partition to fetch now, in session
@@ -71,6 +82,7 @@ class ReplicaFetchSession:
             else:
                 if fetch.leader_epoch != cached.leader_epoch:
                     cached.answered = False  # at another epoch: answered afresh
+                cached.quiet_log = None
                 cached.fetch = fetch
                 cached.leader_epoch = fetch.leader_epoch
                 cached.fetch_offset = fetch.fetch_offset

@@ -57,6 +57,9 @@ TopicPartition = tuple[str, int]
 FetchAnswer = list[tuple[log_pb2.ReplicaFetchResult, bytes]]
 # An ISR change answered with a retriable error is asked for again after this long.
 ISR_RETRY_S = 1.0
+# A fetch session's quiet partitions are looked at again (their follower's position recorded
+# anew) at least this often, and at least four times in replica.lag.time.max.ms.
+QUIET_LOOK_S = 1.0
 
 
 class IsrChangeSubscription:
@@ -244,7 +247,17 @@ class ReplicaManager:
         fetches = session.update(request)
         logs: list[PartitionLog | None] = []
         replica_id = request.replica_id
+        now = time.monotonic()
+        look_at_quiet = now >= session.look_again_at
+        if look_at_quiet:
+            session.look_again_at = now + min(QUIET_LOOK_S, self.settings.lag_time_max_ms / 4000)
         for cached in fetches:
+            quiet = cached.quiet_log
+            if quiet is not None:
+                if not look_at_quiet and quiet.changes == cached.changes:
+                    logs.append(quiet)  # nothing happened to it: nothing to do
+                    continue
+                cached.quiet_log = None
             partition_log, replicas = self._record_position(replica_id, cached, started)
             if replicas is not None:
                 await self._position_moved(partition_log, replicas, replica_id, started)
@@ -320,11 +333,16 @@ class ReplicaManager:
         # A follower on this host reads the batches from the segment files itself.
         in_files = is_local(request.local_reader)
         for cached, partition_log in zip(fetches, logs, strict=True):
+            quiet = cached.quiet_log
+            if quiet is not None and quiet.changes == cached.changes:
+                continue
             if (incremental and partition_log is not None and cached.answered
                     and cached.fetch_offset == partition_log.log_end_offset
                     and cached.high_watermark == partition_log.high_watermark
                     and cached.log_start_offset == partition_log.log_start_offset):
-                continue  # caught up, and told all there is
+                # Caught up, and told all there is: quiet until its log changes.
+                cached.quiet_log, cached.changes = partition_log, partition_log.changes
+                continue
             item = cached.fetch
             result = log_pb2.ReplicaFetchResult(topic=item.topic, partition=item.partition)
             try:

@@ -152,6 +152,36 @@ def test_a_leader_answers_an_incremental_fetch_with_what_is_new_only(tmp_path: P
     run_node(tmp_path, body)
 
 
+def test_a_quiet_partition_is_told_the_high_watermark_another_follower_moved(
+        tmp_path: Path) -> None:
+    """Follower 1 holds the log's end and names nothing; follower 2's fetch then commits the
+    records: follower 1's next answer carries the new high watermark."""
+    async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
+        three = log_pb2.ReplicaState(topic="a", partition=0, role=LEADER, leader_epoch=EPOCH,
+                                     leader=0, replicas=[0, PEER, 2], isr=[0, PEER, 2],
+                                     partition_epoch=1)
+        await create_with(stub, "a", three)
+        await append(stub, "a", build_batch(values(2)))
+        one = stub.ReplicaFetch()
+        try:
+            await one.write(request(fetch_of("a", 2), incremental=False))
+            first = await asyncio.wait_for(one.read(), 10)
+            assert first.results[0].high_watermark == 0  # follower 2 has not fetched yet
+            for _ in range(3):  # quiet now
+                await one.write(request())
+                assert topics_of(await asyncio.wait_for(one.read(), 10)) == []
+            other = await stub.ReplicaFetchOnce(log_pb2.ReplicaFetchRequest(
+                replica_id=2, partitions=[fetch_of("a", 2)]))
+            assert other.results[0].high_watermark == 2
+            await one.write(request())
+            told = await asyncio.wait_for(one.read(), 10)
+            assert [(r.topic, r.high_watermark) for r in told.results] == [("a", 2)]
+        finally:
+            one.cancel()
+
+    run_node(tmp_path, body)
+
+
 def test_a_new_stream_is_a_new_session(tmp_path: Path) -> None:
     async def body(stub: log_pb2_grpc.LogServiceStub, service: LogService) -> None:
         await create_with(stub, "a", state("a", LEADER, EPOCH))
