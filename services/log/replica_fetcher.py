@@ -17,7 +17,10 @@ A session's round:
    first request, the fetch is incremental (KIP-227, :mod:`services.log.replica_fetch_session`):
    it names only the partitions whose offset, epoch or byte limit changed since the stream's
    last request and lists those left out now as forgotten, and the answer carries only the
-   partitions with something new;
+   partitions with something new. While every partition is fetched and nothing changes which
+   ones or how (no backoff, check, throttle, new partition or settings), the follower builds
+   its next request from the partitions it appended to alone, looking at all of them again at
+   least every second;
 3. the batches are appended exactly as the leader has them, the high watermark follows the
    leader's (within this log), the log start offset too (within the high watermark); then the
    next fetch goes out at once, reporting the new log end offsets.
@@ -87,6 +90,8 @@ TRANSPORTS = (STREAM, UNARY)
 # Calls other than the long poll (OffsetForLeaderEpoch) and the slack on a long poll's answer.
 CALL_TIMEOUT = 10.0
 _FAILURE_LOG_INTERVAL_S = 30.0
+# A steady session (see _Steady) looks at every partition again at least this often.
+STEADY_SECONDS = 1.0
 _EXPECTED = frozenset(e.value for e in (
     ErrorCode.not_leader_or_follower, ErrorCode.fenced_leader_epoch,
     ErrorCode.unknown_leader_epoch, ErrorCode.unknown_topic_or_partition))
@@ -110,6 +115,19 @@ class PartitionFetchState:
 
 class FetchSessionError(Exception):
     """A fetch session failed as a whole."""
+
+
+@dataclass(slots=True)
+class _Steady:
+    """A round that fetched every partition followed (none backing off, being checked against
+    the leader or open to a throttle): until ``until``, and while neither the partitions, their
+    states nor the settings change (``layout``), the next rounds fetch the same ones, naming
+    only those whose log end moved."""
+
+    layout: int
+    settings: ReplicationSettings
+    fetched: dict[TopicPartition, PartitionFetchState]
+    until: float
 
 
 class _LeaderCalls:
@@ -153,6 +171,11 @@ class ReplicaFetcher:
         # What the leader holds of this stream's fetch session: each partition's leader epoch,
         # fetch offset and byte limit as last named (empty: the next request is a full one).
         self._session: dict[TopicPartition, tuple[int, int, int]] = {}
+        # Counts the changes to which partitions are fetched and how (see _Steady), and the
+        # partitions appended to since the last request.
+        self._layout = 0
+        self._steady: _Steady | None = None
+        self._appended: set[TopicPartition] = set()
         self._in_flight: asyncio.Future[FetchResults] | None = None
         self._last_failure_log = 0.0
 
@@ -167,16 +190,19 @@ class ReplicaFetcher:
         if current is not None and current.leader_epoch == leader_epoch:
             return
         self._partitions[key] = PartitionFetchState(leader_epoch=leader_epoch)
+        self._layout += 1
         self._abandon()
 
     def remove(self, key: TopicPartition) -> None:
         if self._partitions.pop(key, None) is not None:
+            self._layout += 1
             self._abandon()
 
     def wake(self) -> None:
         """Start a new round now (new settings, a partition's state fixed)."""
         for state in self._partitions.values():
             state.retry_at = 0.0
+        self._layout += 1
         self._changed.set()
 
     def start(self) -> None:
@@ -229,6 +255,7 @@ class ReplicaFetcher:
         state = self._partitions.get(key)
         if state is not None:
             state.retry_at = time.monotonic() + self._settings().fetch_backoff_ms / 1000
+            self._layout += 1
 
     def _connect(self, settings: ReplicationSettings) -> _LeaderCalls | None:
         address = settings.log_nodes.get(self.leader)
@@ -252,6 +279,7 @@ class ReplicaFetcher:
 
     def _close_stream(self) -> None:
         self._session = {}
+        self._steady = None
         stream, self._stream = self._stream, None
         if stream is not None:
             stream.cancel()
@@ -261,6 +289,18 @@ class ReplicaFetcher:
         settings = self._settings()
         stub = self._connect(settings)
         now = time.monotonic()
+        steady = self._steady
+        if (steady is not None and stub is not None and self._stream is not None
+                and steady.layout == self._layout and steady.settings is settings
+                and now < steady.until):
+            response = await self._fetch(stub, self._steady_request(steady, settings, now),
+                                         settings)
+            if response is not None:
+                await self._process(response, steady.fetched)
+            return
+        self._steady = None
+        self._appended.clear()
+        layout = self._layout
         ready = {k: s for k, s in self._partitions.items() if s.retry_at <= now}
         if stub is None or not ready:
             waits = [s.retry_at - now for s in self._partitions.values()]
@@ -281,16 +321,16 @@ class ReplicaFetcher:
             local_reader=self._local_reader if now >= self._files_refused_until else "",
             incremental=incremental)
         session: dict[TopicPartition, tuple[int, int, int]] = {}
-        throttled = False
+        throttled = throttle_open = False
         for key, state in ready.items():
             partition_log = self._manager.find(*key)
             if state.truncating or partition_log is None or state.retry_at > now:
                 continue
-            if (not state.caught_up and self._quota.is_throttled(partition_log.topic_configs,
-                                                                  key[1])
-                    and self._quota.exceeded()):
-                throttled = True
-                continue
+            if self._quota.is_throttled(partition_log.topic_configs, key[1]):
+                throttle_open = True
+                if not state.caught_up and self._quota.exceeded():
+                    throttled = True
+                    continue
             fetched[key] = state
             named = session[key] = (state.leader_epoch, partition_log.log_end_offset,
                                     settings.fetch_max_bytes)
@@ -307,9 +347,34 @@ class ReplicaFetcher:
             for topic, partition in self._session.keys() - session.keys():
                 request.forgotten.add(topic=topic, partition=partition)
         self._session = session
+        if (self._transport == STREAM and not throttle_open and layout == self._layout
+                and len(fetched) == len(self._partitions)):
+            self._steady = _Steady(layout, settings, fetched, now + STEADY_SECONDS)
         response = await self._fetch(stub, request, settings)
         if response is not None:
             await self._process(response, fetched)
+
+    def _steady_request(self, steady: _Steady, settings: ReplicationSettings,
+                        now: float) -> log_pb2.ReplicaFetchRequest:
+        """The next incremental request of a steady session: the partitions appended to since
+        the last one, at their new log end."""
+        request = log_pb2.ReplicaFetchRequest(
+            replica_id=self.node_id, max_wait_ms=settings.fetch_wait_max_ms,
+            max_bytes=settings.fetch_response_max_bytes,
+            local_reader=self._local_reader if now >= self._files_refused_until else "",
+            incremental=True)
+        appended, self._appended = self._appended, set()
+        for key in appended:
+            state = steady.fetched.get(key)
+            partition_log = self._manager.find(*key)
+            if state is None or partition_log is None:
+                continue
+            named = (state.leader_epoch, partition_log.log_end_offset, settings.fetch_max_bytes)
+            if self._session.get(key) != named:
+                self._session[key] = named
+                request.partitions.add(topic=key[0], partition=key[1], leader_epoch=named[0],
+                                       fetch_offset=named[1], max_bytes=named[2])
+        return request
 
     async def _fetch(self, stub: _LeaderCalls,
                      request: log_pb2.ReplicaFetchRequest, settings: ReplicationSettings
@@ -412,6 +477,7 @@ class ReplicaFetcher:
             await self._manager.delete_records(key[0], key[1], start)
         state.caught_up = partition_log.log_end_offset >= result.high_watermark
         if records:
+            self._appended.add(key)
             metrics.REPLICATION_BYTES_IN.inc(len(records))
             if self._quota.is_throttled(partition_log.topic_configs, key[1]):
                 self._quota.record(len(records))

@@ -18,7 +18,7 @@ from services.log.replica_fetch_session import ReplicaFetchSession
 from services.log.server import LogService
 
 from ..record_batches import build_batch, values
-from .test_replica_fetcher import TIMEOUT, create, eventually, everything, two_nodes
+from .test_replica_fetcher import TIMEOUT, create, eventually, everything, states, two_nodes
 from .test_replica_fetcher import append as append_at
 from .test_replica_service import LEADER, PEER, become, create_with, next_isr_change, state
 from .test_service import append, run_node
@@ -270,5 +270,47 @@ def test_a_follower_names_only_what_changed_and_copies_every_partition(
                              and follower.log("p3").high_watermark == 3)
             for topic in topics:
                 assert everything(follower, topic) == everything(leader, topic)
+
+    asyncio.run(asyncio.wait_for(main(), TIMEOUT))
+
+
+def test_a_partition_failing_on_the_leader_leaves_a_steady_session_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its error backs it off: the next request forgets it, and the follower does not go on
+    asking for it (an error is answered at once, so asking again would spin)."""
+    async def main() -> None:
+        async with two_nodes(tmp_path) as (leader, follower):
+            seen: list[tuple[float, log_pb2.ReplicaFetchRequest]] = []
+            serve = leader.service.replicas.fetch
+
+            async def recording(message: log_pb2.ReplicaFetchRequest,
+                                session: ReplicaFetchSession | None = None):
+                seen.append((asyncio.get_running_loop().time(),
+                             log_pb2.ReplicaFetchRequest.FromString(
+                                 message.SerializeToString())))
+                return await serve(message, session)
+
+            monkeypatch.setattr(leader.service.replicas, "fetch", recording)
+            topics = ["s0", "s1", "s2"]
+            for topic in topics:
+                await create((leader, follower), topic)
+                await append_at(leader, topic, build_batch(values(2)))
+            await eventually(lambda: all(follower.log(t).high_watermark == 2 for t in topics))
+            await asyncio.sleep(0.5)  # steady: every partition fetched, nothing named
+            failing_from = len(seen)
+            # The leader moves to a new epoch of s1 the follower does not know yet.
+            [leader_state, _] = states("s1", 1)
+            response = await leader.stub.UpdateReplicaStates(
+                log_pb2.UpdateReplicaStatesRequest(states=[leader_state]))
+            assert [r.error_code for r in response.results] == [0]
+            await eventually(lambda: any(
+                any(f.topic == "s1" for f in r.forgotten) for _, r in seen[failing_from:]))
+            started = asyncio.get_running_loop().time()
+            await asyncio.sleep(1.0)
+            asked = [r for t, r in seen if t >= started]
+            assert len(asked) < 60, f"{len(asked)} requests in a second"
+            # The others still replicate.
+            await append_at(leader, "s2", build_batch(values(1)))
+            await eventually(lambda: follower.log("s2").high_watermark == 3)
 
     asyncio.run(asyncio.wait_for(main(), TIMEOUT))
