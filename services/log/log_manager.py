@@ -101,6 +101,7 @@ class LogManager:
         self._log_starts = OffsetCheckpoint(data_dir / LOG_START_OFFSET_FILE)
         self._high_watermarks = HighWatermarkCheckpoint(data_dir / HIGH_WATERMARK_FILE,
                                                         self._replicated_high_watermarks)
+        self._replica_high_watermark_files: list[Path] = []
         self._tasks: list[asyncio.Task[None]] = []
         self.cleaner = LogCleaner(data_dir / CLEANER_OFFSET_FILE,
                                   self.schedule.cleaner_max_map_keys)
@@ -111,6 +112,8 @@ class LogManager:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         recovery_points, log_starts = self._recovery_points.read(), self._log_starts.read()
         self._high_watermarks.read()
+        # High watermark files replicas kept in their own directories, taken over below.
+        self._replica_high_watermark_files: list[Path] = []
         self.cleaner.load()
         for directory in sorted(self.data_dir.iterdir()):
             if not directory.is_dir():
@@ -129,8 +132,7 @@ class LogManager:
     def _take_over_replica_high_watermarks(self) -> None:
         """Move the high watermarks replicas kept in their own directories (as a replica
         opened without a node does) into the node's checkpoint, then remove their files."""
-        files = [d / HIGH_WATERMARK_FILE for d in (p.directory for p in self._logs.values())
-                 if (d / HIGH_WATERMARK_FILE).exists()]
+        files, self._replica_high_watermark_files = self._replica_high_watermark_files, []
         if not files:
             return
         try:
@@ -160,10 +162,11 @@ class LogManager:
         config = self.defaults.with_overrides(metadata.configs)
         key = (metadata.topic, metadata.partition)
         own = directory / HIGH_WATERMARK_FILE
-        if key not in self._high_watermarks.stored and own.exists():
+        if own.exists():
+            self._replica_high_watermark_files.append(own)
             stored = OffsetCheckpoint(own).read().get(key)
             if stored is not None:
-                self._high_watermarks.stored[key] = stored
+                self._high_watermarks.stored.setdefault(key, stored)
         partition_log = PartitionLog(
             directory, metadata.topic, metadata.partition, metadata.topic_id, config,
             self._on_high_watermark,

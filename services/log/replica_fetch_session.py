@@ -23,9 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kbroker.log.v1 import log_pb2
+
+if TYPE_CHECKING:
+    from .partition_log import PartitionLog
 
 NO_OFFSET = -1
 TopicPartition = tuple[str, int]
@@ -46,7 +49,7 @@ class CachedPartition:
     # Quiet: the follower holds the log's end and was told all there is, when the log had
     # counted ``changes`` changes (see PartitionLog.changes); it stays quiet while the log
     # counts no more and the follower names nothing new.
-    quiet_log: Any = None
+    quiet_log: PartitionLog | None = None
     changes: int = 0
 
     def has_news(self, result: log_pb2.ReplicaFetchResult, records: bytes) -> bool:

@@ -315,11 +315,7 @@ class ReplicaFetcher:
         fetched: dict[TopicPartition, PartitionFetchState] = {}
         # On a stream already open, only what changed since its last request is named.
         incremental = self._transport == STREAM and self._stream is not None
-        request = log_pb2.ReplicaFetchRequest(
-            replica_id=self.node_id, max_wait_ms=settings.fetch_wait_max_ms,
-            max_bytes=settings.fetch_response_max_bytes,
-            local_reader=self._local_reader if now >= self._files_refused_until else "",
-            incremental=incremental)
+        request = self._new_request(settings, now, incremental)
         session: dict[TopicPartition, tuple[int, int, int]] = {}
         throttled = throttle_open = False
         for key, state in ready.items():
@@ -335,8 +331,7 @@ class ReplicaFetcher:
             named = session[key] = (state.leader_epoch, partition_log.log_end_offset,
                                     settings.fetch_max_bytes)
             if not incremental or self._session.get(key) != named:
-                request.partitions.add(topic=key[0], partition=key[1], leader_epoch=named[0],
-                                       fetch_offset=named[1], max_bytes=named[2])
+                _name(request, key, named)
         if not fetched:
             waits = [s.retry_at - now for s in self._partitions.values() if s.retry_at > now]
             if throttled:
@@ -358,11 +353,7 @@ class ReplicaFetcher:
                         now: float) -> log_pb2.ReplicaFetchRequest:
         """The next incremental request of a steady session: the partitions appended to since
         the last one, at their new log end."""
-        request = log_pb2.ReplicaFetchRequest(
-            replica_id=self.node_id, max_wait_ms=settings.fetch_wait_max_ms,
-            max_bytes=settings.fetch_response_max_bytes,
-            local_reader=self._local_reader if now >= self._files_refused_until else "",
-            incremental=True)
+        request = self._new_request(settings, now, incremental=True)
         appended, self._appended = self._appended, set()
         for key in appended:
             state = steady.fetched.get(key)
@@ -372,9 +363,17 @@ class ReplicaFetcher:
             named = (state.leader_epoch, partition_log.log_end_offset, settings.fetch_max_bytes)
             if self._session.get(key) != named:
                 self._session[key] = named
-                request.partitions.add(topic=key[0], partition=key[1], leader_epoch=named[0],
-                                       fetch_offset=named[1], max_bytes=named[2])
+                _name(request, key, named)
         return request
+
+    def _new_request(self, settings: ReplicationSettings, now: float,
+                     incremental: bool) -> log_pb2.ReplicaFetchRequest:
+        """A request naming no partition yet."""
+        return log_pb2.ReplicaFetchRequest(
+            replica_id=self.node_id, max_wait_ms=settings.fetch_wait_max_ms,
+            max_bytes=settings.fetch_response_max_bytes,
+            local_reader=self._local_reader if now >= self._files_refused_until else "",
+            incremental=incremental)
 
     async def _fetch(self, stub: _LeaderCalls,
                      request: log_pb2.ReplicaFetchRequest, settings: ReplicationSettings
@@ -581,6 +580,13 @@ class ReplicaFetcher:
             self._manager.storage_failed(exc, f"cutting {key[0]}-{key[1]}")
         elif isinstance(exc, KafkaError) and exc.errno not in _EXPECTED:
             self._log_failure(f"{key[0]}-{key[1]}: {exc}")
+
+
+def _name(request: log_pb2.ReplicaFetchRequest, key: TopicPartition,
+          named: tuple[int, int, int]) -> None:
+    """Name ``key`` in ``request`` at (leader epoch, fetch offset, byte limit) ``named``."""
+    request.partitions.add(topic=key[0], partition=key[1], leader_epoch=named[0],
+                           fetch_offset=named[1], max_bytes=named[2])
 
 
 class ReplicaFetcherManager:
