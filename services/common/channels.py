@@ -39,6 +39,11 @@ CHANNEL_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2_000),
     ("grpc.enable_retries", 0),
+    # Each channel its own connections: gRPC otherwise shares them between the channels of a
+    # process that dial one address, and a new channel to a service restarted there inherits
+    # the old connection's failure and backoff (its first call fails at once, "connection
+    # refused", though the service is up).
+    ("grpc.use_local_subchannel_pool", 1),
 ]
 
 SERVER_OPTIONS = [
