@@ -15,6 +15,14 @@ request the stream refused to take (it had already failed, e.g. on a connection 
 death closed, whatever the wording) was provably never sent: it fails through ``not_sent``. A
 call not answered within its time limit fails with DEADLINE_EXCEEDED and its late answer is
 dropped. Not thread-safe: one event loop.
+
+Batches (:class:`Batches`, for streams of raw envelopes that define a batch message): each
+message costs both sides a fixed amount of gRPC's work (a frame, a completion, a wake-up) that
+a small request weighs more than its bytes. Requests that are ready while a write is under way
+go together in the next one, as one batch message, once the peer said it takes them (its
+initial metadata carries :attr:`Batches.metadata_key`); the serving side answers the same way
+when the caller opened the stream with that key. A call that finds the stream idle is written
+at once: batching adds no wait. Large messages always go alone (a batch would copy them).
 """
 
 from __future__ import annotations
@@ -23,17 +31,107 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
+
+from .varints import VarintError, decode_uvarint, encode_uvarint
 
 log = logging.getLogger(__name__)
 
 
 FailureOf = Callable[[grpc.StatusCode, str], Exception]
 """Turns a failed call's status code and details into the exception its caller raises."""
+
+# Messages this large go alone; a batch holds at most BATCH_MAX_BYTES of messages.
+BATCHED_MESSAGE_MAX_BYTES = 64 * 1024
+BATCH_MAX_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Batches:
+    """How a stream of serialized envelopes carries several in one message: ``join(messages)``
+    makes the batch, ``split(message)`` gives a batch's messages (None: a message that is not
+    a batch). Each side says it takes batches with ``metadata_key``: the caller in the stream's
+    request metadata (it takes batched answers), the server in its initial metadata (it takes
+    batched requests)."""
+
+    join: Callable[[Sequence[bytes]], bytes]
+    split: Callable[[Any], Sequence[Any] | None]
+    metadata_key: str = "kbroker-call-batches"
+
+
+def protobuf_batches(field_number: int) -> Batches:
+    """Batches of a stream whose messages define ``repeated bytes batch = field_number``: a
+    message that begins with that field is a batch, each occurrence a serialized message (and
+    it holds nothing else); any other message is one call or answer."""
+    key = field_number << 3 | 2  # length-delimited
+    key_bytes = encode_uvarint(key)
+
+    def join(messages: Sequence[bytes]) -> bytes:
+        parts: list[bytes] = []
+        for message in messages:
+            parts += (key_bytes, encode_uvarint(len(message)), message)
+        return b"".join(parts)
+
+    def split(data: Any) -> list[memoryview] | None:
+        if not data or data[0] != key_bytes[0]:
+            return None
+        view = memoryview(data)
+        end = len(data)
+        position = 0
+        messages: list[memoryview] = []
+        try:
+            while position < end:
+                found, position = decode_uvarint(data, position, end)
+                if found != key:
+                    raise DecodeError(f"field key {found} in a batch")
+                length, position = decode_uvarint(data, position, end)
+                if position + length > end:
+                    raise DecodeError("truncated batch")
+                messages.append(view[position:position + length])
+                position += length
+        except VarintError as exc:
+            raise DecodeError(str(exc)) from None
+        return messages
+
+    return Batches(join, split)
+
+
+def _batches_of(messages: Sequence[bytes]) -> list[list[bytes]]:
+    """``messages`` in the groups they are written in: the large ones alone, the others
+    together up to BATCH_MAX_BYTES."""
+    groups: list[list[bytes]] = []
+    current: list[bytes] = []
+    size = 0
+    for message in messages:
+        length = len(message)
+        if length >= BATCHED_MESSAGE_MAX_BYTES:
+            groups.append([message])
+            continue
+        if current and size + length > BATCH_MAX_BYTES:
+            groups.append(current)
+            current, size = [], 0
+        current.append(message)
+        size += length
+    if current:
+        groups.append(current)
+    return groups
+
+
+class _Queued:
+    """A request waiting for a write, with its call id and its caller's answer."""
+
+    __slots__ = ("answer", "call_id", "message", "sent")
+
+    def __init__(self, call_id: int, message: Any, answer: asyncio.Future[Any]) -> None:
+        self.call_id = call_id
+        self.message = message
+        self.answer = answer
+        self.sent = False
 
 
 def _set_call_id(request: Any, call_id: int) -> Any:
@@ -55,71 +153,124 @@ class CallStream:
     def __init__(self, open_stream: Callable[[], Any], failure_of: FailureOf,
                  encode: Callable[[Any, int], Any] = _set_call_id,
                  decode: Callable[[Any], tuple[int, Any]] = _by_call_id,
-                 not_sent: FailureOf | None = None) -> None:
+                 not_sent: FailureOf | None = None, batches: Batches | None = None) -> None:
         self._open_stream = open_stream
         self._failure_of = failure_of
         self._not_sent = not_sent or failure_of
         self._encode = encode
         self._decode = decode
+        self._batches = batches
         self._ids = itertools.count(1)
         self._call: Any = None
         self._reader: asyncio.Task[None] | None = None
         # call id -> (the stream it was sent on, its answer)
         self._waiting: dict[int, tuple[Any, asyncio.Future[Any]]] = {}
         self._writing = asyncio.Lock()
+        # Requests waiting for the write under way, and the stream whose peer said it takes
+        # batches.
+        self._queue: list[_Queued] = []
+        self._batching_on: Any = None
 
     @property
     def in_flight(self) -> int:
         return len(self._waiting)
+
+    @property
+    def batching(self) -> bool:
+        """Whether the open stream's peer said it takes batches (see :class:`Batches`)."""
+        return self._call is not None and self._batching_on is self._call
 
     async def call(self, request: Any, time_limit: float) -> Any:
         """Send ``request`` (with a call id given here) and return the matching answer."""
         call_id = next(self._ids)
         message = self._encode(request, call_id)
         answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        return await self._call_queued(_Queued(call_id, message, answer), time_limit)
+
+    async def _call_queued(self, queued: _Queued, time_limit: float) -> Any:
+        """The request joins the queue, and whoever takes the write lock next writes
+        everything queued (one message each, or batches)."""
+        self._queue.append(queued)
         try:
             async with asyncio.timeout(time_limit):
                 async with self._writing:
-                    call = self._stream()
-                    self._waiting[call_id] = (call, answer)
-                    try:
-                        await call.write(message)
-                    except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
-                        # The stream had failed before it took the request (InvalidStateError:
-                        # it ended between the check and the write): never sent.
-                        self._waiting.pop(call_id, None)
-                        if answer.done():
-                            answer.exception()  # failed by the reader too: seen here
-                        if isinstance(exc, grpc.aio.AioRpcError):
-                            raise self._not_sent(exc.code(), exc.details() or "") from exc
-                        raise self._not_sent(grpc.StatusCode.UNAVAILABLE,
-                                             "stream closed") from exc
-                return await answer
+                    if not queued.sent:
+                        await self._write_queue(queued)
+                return await queued.answer
         except TimeoutError as exc:
             raise self._failure_of(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
                 f"no answer within {time_limit:.1f}s") from exc
         finally:
-            self._waiting.pop(call_id, None)
+            if not queued.sent:
+                self._queue.remove(queued)
+            self._waiting.pop(queued.call_id, None)
+
+    async def _write_queue(self, own: _Queued) -> None:
+        """Write every queued request (the write lock held), batched if the peer takes
+        batches. A request the stream refused fails through ``not_sent``: raised for ``own``,
+        set on the others' answers."""
+        call = self._stream()
+        queued, self._queue = self._queue, []
+        for entry in queued:
+            entry.sent = True
+            self._waiting[entry.call_id] = (call, entry.answer)
+        batches = self._batches
+        messages = [entry.message for entry in queued]
+        groups = (_batches_of(messages) if batches is not None and self._batching_on is call
+                  and len(queued) > 1 else [[message] for message in messages])
+        written = 0
+        try:
+            for group in groups:
+                if len(group) == 1:
+                    await call.write(group[0])
+                else:
+                    assert batches is not None
+                    await call.write(batches.join(group))
+                written += len(group)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+            # The stream had failed before it took these requests: never sent.
+            if isinstance(exc, grpc.aio.AioRpcError):
+                failure = self._not_sent(exc.code(), exc.details() or "")
+            else:
+                failure = self._not_sent(grpc.StatusCode.UNAVAILABLE, "stream closed")
+            for entry in queued[written:]:
+                self._waiting.pop(entry.call_id, None)
+                if entry.answer.done():
+                    entry.answer.exception()  # failed by the reader too: seen here
+                elif entry is not own:
+                    entry.answer.set_exception(failure)
+            if own in queued[written:]:
+                raise failure from exc
 
     def _stream(self) -> Any:
         if self._call is None or self._call.done():
-            self._call = self._open_stream()
+            if self._batches is None:
+                self._call = self._open_stream()
+            else:
+                self._call = self._open_stream(metadata=((self._batches.metadata_key, "1"),))
             self._reader = asyncio.create_task(self._read(self._call))
         return self._call
 
     async def _read(self, call: Any) -> None:
         failure: Exception
+        batches = self._batches
         try:
+            if batches is not None:
+                initial = await call.initial_metadata()
+                if any(key == batches.metadata_key for key, _ in initial or ()):
+                    self._batching_on = call
             while True:
                 message = await call.read()
                 if message is grpc.aio.EOF:
                     failure = self._failure_of(grpc.StatusCode.UNAVAILABLE, "stream ended")
                     break
-                call_id, answer = self._decode(message)
-                entry = self._waiting.get(call_id)
-                if entry is not None and entry[0] is call and not entry[1].done():
-                    entry[1].set_result(answer)
+                parts = batches.split(message) if batches is not None else None
+                for part in (message,) if parts is None else parts:
+                    call_id, answer = self._decode(part)
+                    entry = self._waiting.get(call_id)
+                    if entry is not None and entry[0] is call and not entry[1].done():
+                        entry[1].set_result(answer)
         except grpc.aio.AioRpcError as exc:
             failure = self._failure_of(exc.code(), exc.details() or "")
         except DecodeError as exc:
@@ -129,6 +280,8 @@ class CallStream:
             failure = self._failure_of(grpc.StatusCode.CANCELLED, "stream closed")
         if self._call is call:
             self._call = None
+        if self._batching_on is call:
+            self._batching_on = None
         for sent_on, waiter in self._waiting.values():
             if sent_on is call and not waiter.done():
                 waiter.set_exception(failure)
@@ -147,28 +300,50 @@ class CallStream:
 
 async def serve_calls(request_iterator: Any, context: Any,
                       answer: Callable[[Any], Awaitable[Any]],
-                      cancel_at_end: bool = False) -> None:
+                      cancel_at_end: bool = False, batches: Batches | None = None) -> None:
     """The server side of a call stream: each request is answered by ``answer`` concurrently
     with the others, and its reply written as soon as it is ready. A call that started is
     finished even if the stream breaks meanwhile (its reply is then lost, as a unary call's
     would be); with ``cancel_at_end``, calls still running when the stream ends are cancelled
-    instead, as a unary call is when its caller goes away (calls that only wait)."""
+    instead, as a unary call is when its caller goes away (calls that only wait). With
+    ``batches`` the stream takes batched requests (and says so in its initial metadata), and
+    answers in batches a caller that takes them."""
     writing = asyncio.Lock()
     pending: set[asyncio.Task[None]] = set()
+    replies: list[Any] = []  # ready, waiting for the write under way
+    batched = False
+    if batches is not None:
+        batched = any(key == batches.metadata_key
+                      for key, _ in context.invocation_metadata() or ())
+        await context.send_initial_metadata(((batches.metadata_key, "1"),))
+
+    async def write_replies() -> None:
+        ready = replies[:]
+        replies.clear()
+        for group in _batches_of(ready) if batched and len(ready) > 1 else [[r] for r in ready]:
+            if len(group) == 1:
+                await context.write(group[0])
+            else:
+                assert batches is not None
+                await context.write(batches.join(group))
 
     async def serve(request: Any) -> None:
         reply = await answer(request)
+        replies.append(reply)
         try:
             async with writing:
-                await context.write(reply)
+                if replies:  # else written with an earlier one's
+                    await write_replies()
         except Exception as exc:  # noqa: BLE001 - the caller went away
             log.debug("reply not delivered: %s", exc)
 
     try:
         async for request in request_iterator:
-            task = asyncio.create_task(serve(request))
-            pending.add(task)
-            task.add_done_callback(pending.discard)
+            parts = batches.split(request) if batches is not None else None
+            for part in (request,) if parts is None else parts:
+                task = asyncio.create_task(serve(part))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
     finally:
         if pending:
             if cancel_at_end:

@@ -24,7 +24,9 @@ from collections.abc import Sequence
 from google.protobuf.message import DecodeError
 
 from kbroker.handler.v1 import handler_pb2
+from kbroker.log.v1 import log_pb2
 
+from .call_streams import protobuf_batches
 from .varints import VarintError, decode_uvarint, encode_uvarint
 
 _LENGTH_DELIMITED = 2
@@ -128,3 +130,14 @@ def decode_handler_reply(data: bytes) -> tuple[handler_pb2.HandlerReply, memoryv
     ``data``). Raises ``DecodeError``."""
     rest, response = split_bytes_field(data, _REPLY_RESPONSE_FIELD)
     return handler_pb2.HandlerReply.FromString(rest), response
+
+
+# How KafkaHandlerStream.Exchange batches its calls and replies (HandlerCall.batch,
+# HandlerReply.batch).
+EXCHANGE_BATCHES = protobuf_batches(
+    handler_pb2.HandlerCall.DESCRIPTOR.fields_by_name["batch"].number)
+
+# How LogService.AppendStream batches its requests and answers (AppendStreamRequest.batch,
+# AppendStreamResponse.batch).
+APPEND_BATCHES = protobuf_batches(
+    log_pb2.AppendStreamRequest.DESCRIPTOR.fields_by_name["batch"].number)

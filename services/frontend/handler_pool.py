@@ -30,7 +30,11 @@ from services.common import payloads
 from services.common.call_streams import CallStream
 from services.common.channels import PLAINTEXT, internal_channel
 from services.common.discovery import Resolver, StaticResolver, changes, resolver_for
-from services.common.envelopes import decode_handler_reply, encode_handler_call
+from services.common.envelopes import (
+    EXCHANGE_BATCHES,
+    decode_handler_reply,
+    encode_handler_call,
+)
 from services.common.file_records import (
     CARRIED_AFTER_REFUSAL_SECONDS,
     SLICE_MIN_BYTES,
@@ -164,7 +168,8 @@ class _Handler:
             self.stream = CallStream(self.channel.stream_stream(_EXCHANGE_METHOD),
                                      StreamCallError.on_stream, encode=_encode_call,
                                      decode=_decode_reply,
-                                     not_sent=StreamCallError.not_sent)
+                                     not_sent=StreamCallError.not_sent,
+                                     batches=EXCHANGE_BATCHES)
         spooled = spool.write(request.payloads) if spool is not None and isinstance(
             request, Detached) and _local_files(metadata) and (
             started >= self.spool_declined_until) else None

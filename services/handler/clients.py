@@ -25,6 +25,7 @@ from services.common import payloads
 from services.common.acls import AclBinding
 from services.common.call_streams import CallStream
 from services.common.channels import PLAINTEXT, internal_channel
+from services.common.envelopes import APPEND_BATCHES
 from services.common.outages import OutageLog
 from services.common.payloads import MaybePayload, PayloadPath
 from services.common.tls import InternalTls
@@ -229,6 +230,11 @@ def _encode_append(call: tuple[log_pb2.AppendRequest, list[MaybePayload] | None]
     return payloads.Detached(message, _APPEND_RECORDS, records).SerializeToString()
 
 
+def _decode_append(data: bytes) -> tuple[int, log_pb2.AppendStreamResponse]:
+    answer = log_pb2.AppendStreamResponse.FromString(data)
+    return answer.call_id, answer
+
+
 class PartitionRead:
     """One partition's result of a Read, its record batches (``records``) a view of the
     answer received: every field of ``log_pb2.PartitionReadResult``."""
@@ -293,13 +299,12 @@ class LogNodeClients:
         if stream is None:
             peer = _peer(node)
             stream = CallStream(
-                self._channel(node).stream_stream(
-                    _APPEND_STREAM_METHOD, request_serializer=None,
-                    response_deserializer=log_pb2.AppendStreamResponse.FromString),
+                self._channel(node).stream_stream(_APPEND_STREAM_METHOD),
                 lambda code, details: status_failure(code, details, peer),
-                encode=_encode_append,
+                encode=_encode_append, decode=_decode_append,
                 not_sent=lambda code, details: UnreachableError(
-                    f"{peer}: {code.name}: {details} (the append was not sent)"))
+                    f"{peer}: {code.name}: {details} (the append was not sent)"),
+                batches=APPEND_BATCHES)
             self._append_streams[node.address] = stream
         return stream
 

@@ -28,7 +28,11 @@ from kbroker.handler.v1 import handler_pb2, handler_pb2_grpc, kafka_handler_pb2
 from kbroker.kafka.v1 import kafka_pb2
 from services.common import payloads
 from services.common.call_streams import serve_calls
-from services.common.envelopes import decode_handler_call, encode_handler_reply
+from services.common.envelopes import (
+    EXCHANGE_BATCHES,
+    decode_handler_call,
+    encode_handler_reply,
+)
 from services.common.file_records import METADATA_KEY as FILE_RECORDS_METADATA_KEY
 from services.common.file_records import SpooledRecords, SpoolReads, is_local
 from services.common.payloads import Detached, PayloadPath
@@ -105,7 +109,8 @@ class ExchangeServicer(handler_pb2_grpc.KafkaHandlerStreamServicer):
         # The peer is the stream's: read once, for every call it carries.
         peer, auth = context.peer(), dict(context.auth_context() or {})
         await serve_calls(request_iterator, context,
-                          lambda data: self.serve_one(data, peer, auth))
+                          lambda data: self.serve_one(data, peer, auth),
+                          batches=EXCHANGE_BATCHES)
 
     async def serve_one(self, data: bytes, peer: str = "",
                         auth: Mapping[str, Any] | None = None) -> bytes:

@@ -23,6 +23,7 @@ from google.protobuf.message import Message
 from kbroker.log.v1 import log_pb2, log_pb2_grpc
 from services.common import payloads
 from services.common.call_streams import serve_calls
+from services.common.envelopes import APPEND_BATCHES
 from services.common.errors import ErrorCode, KafkaError, RecordValidationError, error_name
 from services.common.file_records import SPOOL_FILE, FileRecordsReader, is_local
 from services.common.payloads import Detached, MaybePayload, PayloadPath
@@ -193,17 +194,18 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
 
     async def AppendStream(self, request_iterator, context):
         """Appends on one stream; the requests arrive as bytes (see
-        :func:`add_log_service_to_server`) and their record batches are appended from views
-        of them."""
+        :func:`add_log_service_to_server`), several in one message when the caller batches
+        them, and their record batches are appended from views of them; answers go in
+        batches to a caller that takes them."""
 
-        async def answer(data: bytes) -> log_pb2.AppendStreamResponse:
+        async def answer(data: bytes) -> bytes:
             message, records = payloads.parse_message(data, log_pb2.AppendStreamRequest,
                                                       APPEND_RECORDS)
             reply = log_pb2.AppendStreamResponse(call_id=message.call_id)
             await self._append(message.request, reply.response, records)
-            return reply
+            return reply.SerializeToString()
 
-        await serve_calls(request_iterator, context, answer)
+        await serve_calls(request_iterator, context, answer, batches=APPEND_BATCHES)
 
     async def _append(self, request: log_pb2.AppendRequest,
                       response: log_pb2.AppendResponse,
@@ -525,7 +527,7 @@ def _describe(state: log_pb2.PartitionState, partition_log: PartitionLog) -> Non
 # Methods whose answers the servicer serializes itself (bytes out), answers kept beside their
 # record batches (serialized around them), and requests taken as bytes (their batches read as
 # views of them).
-_SERIALIZED_ANSWERS = frozenset({"ReplicaFetch", "ReplicaFetchOnce"})
+_SERIALIZED_ANSWERS = frozenset({"ReplicaFetch", "ReplicaFetchOnce", "AppendStream"})
 _DETACHED_ANSWERS = frozenset({"Read"})
 _RAW_REQUESTS = frozenset({"AppendStream"})
 _HANDLER_KINDS = {

@@ -1,7 +1,8 @@
 """Appends over one long-lived stream per log node (``LogNodeClients.append`` on
 ``LogService.AppendStream``), against a real log node on port 0: concurrent calls are matched
-to their answers, offsets follow arrival order per partition, and a log node that goes away
-fails the calls in flight the way a unary call would, after which a new stream is opened."""
+to their answers (in batches: the log node takes them), offsets follow arrival order per
+partition, and a log node that goes away fails the calls in flight the way a unary call would,
+after which a new stream is opened."""
 
 from __future__ import annotations
 
@@ -62,6 +63,8 @@ def test_concurrent_appends_share_one_stream_and_get_their_own_answers(tmp_path:
             offsets = await asyncio.gather(
                 *(one("a" if i % 2 else "b", 1 + i % 2) for i in range(40)))
             assert len(clients._append_streams) == 1
+            # The log node said it takes batched appends.
+            assert clients._append_streams[address].batching
             # Per partition, offsets follow the order the appends were sent in.
             a_offsets = [o for i, o in enumerate(offsets) if i % 2]
             b_offsets = [o for i, o in enumerate(offsets) if not i % 2]

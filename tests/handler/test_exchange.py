@@ -96,6 +96,7 @@ def test_the_handler_pool_streams_to_handlers_that_serve_streams(tmp_path: Path)
                               retry_safe=True) for _ in range(20)))]
                 [handler] = pool._handlers
                 assert handler.stream is not None
+                assert handler.stream.batching  # the handler takes batched calls
                 assert len({a.SerializeToString() for a in answers}) == 1
                 assert answers[0].brokers[0].node_id == 0
             finally:
