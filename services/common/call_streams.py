@@ -38,6 +38,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from .metrics import CALL_STREAM_CALLS, CALL_STREAM_MESSAGES
 from .varints import VarintError, decode_uvarint, encode_uvarint
 
 log = logging.getLogger(__name__)
@@ -153,7 +154,8 @@ class CallStream:
     def __init__(self, open_stream: Callable[[], Any], failure_of: FailureOf,
                  encode: Callable[[Any, int], Any] = _set_call_id,
                  decode: Callable[[Any], tuple[int, Any]] = _by_call_id,
-                 not_sent: FailureOf | None = None, batches: Batches | None = None) -> None:
+                 not_sent: FailureOf | None = None, batches: Batches | None = None,
+                 name: str = "") -> None:
         self._open_stream = open_stream
         self._failure_of = failure_of
         self._not_sent = not_sent or failure_of
@@ -170,6 +172,9 @@ class CallStream:
         # batches.
         self._queue: list[_Queued] = []
         self._batching_on: Any = None
+        # Messages written, and the calls they carried (``name``: the stream's, in metrics).
+        self._messages = CALL_STREAM_MESSAGES.labels(name, "caller")
+        self._calls = CALL_STREAM_CALLS.labels(name, "caller")
 
     @property
     def in_flight(self) -> int:
@@ -228,6 +233,8 @@ class CallStream:
                     assert batches is not None
                     await call.write(batches.join(group))
                 written += len(group)
+                self._messages.inc()
+                self._calls.inc(len(group))
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
             # The stream had failed before it took these requests: never sent.
             if isinstance(exc, grpc.aio.AioRpcError):
@@ -300,17 +307,20 @@ class CallStream:
 
 async def serve_calls(request_iterator: Any, context: Any,
                       answer: Callable[[Any], Awaitable[Any]],
-                      cancel_at_end: bool = False, batches: Batches | None = None) -> None:
+                      cancel_at_end: bool = False, batches: Batches | None = None,
+                      name: str = "") -> None:
     """The server side of a call stream: each request is answered by ``answer`` concurrently
     with the others, and its reply written as soon as it is ready. A call that started is
     finished even if the stream breaks meanwhile (its reply is then lost, as a unary call's
     would be); with ``cancel_at_end``, calls still running when the stream ends are cancelled
     instead, as a unary call is when its caller goes away (calls that only wait). With
     ``batches`` the stream takes batched requests (and says so in its initial metadata), and
-    answers in batches a caller that takes them."""
+    answers in batches a caller that takes them. ``name``: the stream's, in metrics."""
     writing = asyncio.Lock()
     pending: set[asyncio.Task[None]] = set()
     replies: list[Any] = []  # ready, waiting for the write under way
+    messages = CALL_STREAM_MESSAGES.labels(name, "server")
+    calls = CALL_STREAM_CALLS.labels(name, "server")
     batched = False
     if batches is not None:
         batched = any(key == batches.metadata_key
@@ -326,6 +336,8 @@ async def serve_calls(request_iterator: Any, context: Any,
             else:
                 assert batches is not None
                 await context.write(batches.join(group))
+            messages.inc()
+            calls.inc(len(group))
 
     async def serve(request: Any) -> None:
         reply = await answer(request)

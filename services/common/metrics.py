@@ -224,6 +224,19 @@ GRPC_SECONDS = LoopHistogram(
     ["grpc_service", "grpc_method", "grpc_type"], buckets=LATENCY_BUCKETS,
 )
 
+CALL_STREAM_MESSAGES = LoopCounter(
+    "kbroker_call_stream_messages_total",
+    "Messages written on long-lived call streams (requests by the caller, answers by the"
+    " server), by stream and side.",
+    ["stream", "side"],
+)
+CALL_STREAM_CALLS = LoopCounter(
+    "kbroker_call_stream_calls_total",
+    "Calls (or answers) those messages carried: over kbroker_call_stream_messages_total, the"
+    " mean batch.",
+    ["stream", "side"],
+)
+
 
 def serve_prometheus(port: int, host: str = "127.0.0.1") -> int:
     """Serve Prometheus text on http://host:port/metrics; port 0 picks one. Returns the port."""

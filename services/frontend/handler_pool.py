@@ -169,7 +169,7 @@ class _Handler:
                                      StreamCallError.on_stream, encode=_encode_call,
                                      decode=_decode_reply,
                                      not_sent=StreamCallError.not_sent,
-                                     batches=EXCHANGE_BATCHES)
+                                     batches=EXCHANGE_BATCHES, name="exchange")
         spooled = spool.write(request.payloads) if spool is not None and isinstance(
             request, Detached) and _local_files(metadata) and (
             started >= self.spool_declined_until) else None

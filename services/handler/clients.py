@@ -304,7 +304,7 @@ class LogNodeClients:
                 encode=_encode_append, decode=_decode_append,
                 not_sent=lambda code, details: UnreachableError(
                     f"{peer}: {code.name}: {details} (the append was not sent)"),
-                batches=APPEND_BATCHES)
+                batches=APPEND_BATCHES, name="append")
             self._append_streams[node.address] = stream
         return stream
 
@@ -404,7 +404,7 @@ class PurgatoryClient:
             self._stub.AwaitStream,
             lambda code, details: status_failure(code, details, address),
             not_sent=lambda code, details: UnreachableError(
-                f"{address}: {code.name}: {details} (the wait was not sent)"))
+                f"{address}: {code.name}: {details} (the wait was not sent)"), name="await")
 
     async def _call(self, method: Any, request: Any, time_limit: float) -> Any:
         try:

@@ -110,7 +110,7 @@ class ExchangeServicer(handler_pb2_grpc.KafkaHandlerStreamServicer):
         peer, auth = context.peer(), dict(context.auth_context() or {})
         await serve_calls(request_iterator, context,
                           lambda data: self.serve_one(data, peer, auth),
-                          batches=EXCHANGE_BATCHES)
+                          batches=EXCHANGE_BATCHES, name="exchange")
 
     async def serve_one(self, data: bytes, peer: str = "",
                         auth: Mapping[str, Any] | None = None) -> bytes:

@@ -205,7 +205,8 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
             await self._append(message.request, reply.response, records)
             return reply.SerializeToString()
 
-        await serve_calls(request_iterator, context, answer, batches=APPEND_BATCHES)
+        await serve_calls(request_iterator, context, answer, batches=APPEND_BATCHES,
+                          name="append")
 
     async def _append(self, request: log_pb2.AppendRequest,
                       response: log_pb2.AppendResponse,

@@ -52,7 +52,7 @@ class PurgatoryServicer(purgatory_pb2_grpc.PurgatoryServicer):
                 reply.response.CopyFrom(await self._await(kind, message.request))
             return reply
 
-        await serve_calls(request_iterator, context, answer, cancel_at_end=True)
+        await serve_calls(request_iterator, context, answer, cancel_at_end=True, name="await")
 
     async def _await(self, kind: str,
                      request: purgatory_pb2.AwaitRequest) -> purgatory_pb2.AwaitResponse:

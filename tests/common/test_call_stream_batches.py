@@ -2,7 +2,7 @@
 servers on port 0 speaking bytes: requests that are ready together go in one message once the
 server said it takes batches, answers the same way when the caller asked for them, a peer that
 does neither gets one message per call, large messages go alone, and a call is never lost or
-sent late."""
+sent late; the messages and the calls they carried are counted."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 from google.protobuf.message import DecodeError
+from prometheus_client import REGISTRY
 
 from services.common.call_streams import (
     BATCHED_MESSAGE_MAX_BYTES,
@@ -42,8 +43,9 @@ class EchoServer:
     """Answers each call with its payload reversed, after ``delay`` seconds; records every
     message it received and wrote."""
 
-    def __init__(self, batches: bool, delay: float = 0.0) -> None:
+    def __init__(self, batches: bool, delay: float = 0.0, name: str = "echo") -> None:
         self.batches = BATCHES if batches else None
+        self.name = name
         self.delay = delay
         self.received: list[bytes] = []
         self.written: list[bytes] = []
@@ -72,7 +74,8 @@ class EchoServer:
             await asyncio.sleep(self.delay)
             return _encode(payload[::-1], call_id)
 
-        await serve_calls(recorded(), Recording(self), answer, batches=self.batches)
+        await serve_calls(recorded(), Recording(self), answer, batches=self.batches,
+                          name=self.name)
 
     async def __aenter__(self) -> EchoServer:
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
@@ -272,3 +275,27 @@ def test_batches_split_as_they_were_joined() -> None:
             batches.split(joined[:-1])  # truncated
         with pytest.raises(DecodeError):
             batches.split(joined + b"\x08\x01")  # another field in a batch
+
+
+def test_the_messages_and_the_calls_they_carried_are_counted() -> None:
+    def counted(side: str) -> tuple[float, float]:
+        labels = {"stream": "echo-counted", "side": side}
+        return (REGISTRY.get_sample_value("kbroker_call_stream_messages_total", labels) or 0.0,
+                REGISTRY.get_sample_value("kbroker_call_stream_calls_total", labels) or 0.0)
+
+    async def scenario() -> None:
+        async with EchoServer(True, delay=0.01, name="echo-counted") as server:
+            channel = insecure_channel(f"127.0.0.1:{server.port}")
+            stream = CallStream(channel.stream_stream(METHOD), _failure, encode=_encode,
+                                decode=_decode, batches=BATCHES, name="echo-counted")
+            try:
+                await stream.call(b"first", 10.0)
+                await _calls(stream, [f"{i}".encode() for i in range(100)])
+            finally:
+                await stream.close()
+                await channel.close()
+            assert counted("caller") == (len(server.received), 101)
+            assert counted("server") == (len(server.written), 101)
+            assert counted("caller")[0] < 50
+
+    _run(scenario)
