@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 from google.protobuf.message import DecodeError
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
 from services.common.call_streams import (
@@ -299,3 +301,10 @@ def test_the_messages_and_the_calls_they_carried_are_counted() -> None:
             assert counted("caller")[0] < 50
 
     _run(scenario)
+
+
+@given(st.lists(st.binary(max_size=300), min_size=1, max_size=20),
+       st.integers(min_value=1, max_value=2**29 - 1))
+def test_any_messages_split_as_they_were_joined(messages: list[bytes], field: int) -> None:
+    batches = protobuf_batches(field)
+    assert [bytes(m) for m in batches.split(batches.join(messages))] == messages
