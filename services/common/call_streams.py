@@ -39,7 +39,6 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from .metrics import CALL_STREAM_CALLS, CALL_STREAM_MESSAGES
-from .varints import VarintError, decode_uvarint, encode_uvarint
 
 log = logging.getLogger(__name__)
 
@@ -56,50 +55,14 @@ BATCH_MAX_BYTES = 1024 * 1024
 class Batches:
     """How a stream of serialized envelopes carries several in one message: ``join(messages)``
     makes the batch, ``split(message)`` gives a batch's messages (None: a message that is not
-    a batch). Each side says it takes batches with ``metadata_key``: the caller in the stream's
+    a batch); :func:`services.common.envelopes.protobuf_batches` makes them for protobuf
+    messages. Each side says it takes batches with ``metadata_key``: the caller in the stream's
     request metadata (it takes batched answers), the server in its initial metadata (it takes
     batched requests)."""
 
     join: Callable[[Sequence[bytes]], bytes]
     split: Callable[[Any], Sequence[Any] | None]
     metadata_key: str = "kbroker-call-batches"
-
-
-def protobuf_batches(field_number: int) -> Batches:
-    """Batches of a stream whose messages define ``repeated bytes batch = field_number``: a
-    message that begins with that field is a batch, each occurrence a serialized message (and
-    it holds nothing else); any other message is one call or answer."""
-    key = field_number << 3 | 2  # length-delimited
-    key_bytes = encode_uvarint(key)
-
-    def join(messages: Sequence[bytes]) -> bytes:
-        parts: list[bytes] = []
-        for message in messages:
-            parts += (key_bytes, encode_uvarint(len(message)), message)
-        return b"".join(parts)
-
-    def split(data: Any) -> list[memoryview] | None:
-        if not data or data[0] != key_bytes[0]:
-            return None
-        view = memoryview(data)
-        end = len(data)
-        position = 0
-        messages: list[memoryview] = []
-        try:
-            while position < end:
-                found, position = decode_uvarint(data, position, end)
-                if found != key:
-                    raise DecodeError(f"field key {found} in a batch")
-                length, position = decode_uvarint(data, position, end)
-                if position + length > end:
-                    raise DecodeError("truncated batch")
-                messages.append(view[position:position + length])
-                position += length
-        except VarintError as exc:
-            raise DecodeError(str(exc)) from None
-        return messages
-
-    return Batches(join, split)
 
 
 def _batches_of(messages: Sequence[bytes]) -> list[list[bytes]]:
@@ -189,12 +152,9 @@ class CallStream:
         """Send ``request`` (with a call id given here) and return the matching answer."""
         call_id = next(self._ids)
         message = self._encode(request, call_id)
-        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        return await self._call_queued(_Queued(call_id, message, answer), time_limit)
-
-    async def _call_queued(self, queued: _Queued, time_limit: float) -> Any:
-        """The request joins the queue, and whoever takes the write lock next writes
-        everything queued (one message each, or batches)."""
+        queued = _Queued(call_id, message, asyncio.get_running_loop().create_future())
+        # The request joins the queue; whoever takes the write lock next writes everything
+        # queued (one message each, or batches).
         self._queue.append(queued)
         try:
             async with asyncio.timeout(time_limit):

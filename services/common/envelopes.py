@@ -20,13 +20,14 @@ send and read these envelopes.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from google.protobuf.message import DecodeError
 
 from kbroker.handler.v1 import handler_pb2
 from kbroker.log.v1 import log_pb2
 
-from .call_streams import protobuf_batches
+from .call_streams import Batches
 from .varints import VarintError, decode_uvarint, encode_uvarint
 
 _LENGTH_DELIMITED = 2
@@ -130,6 +131,46 @@ def decode_handler_reply(data: bytes) -> tuple[handler_pb2.HandlerReply, memoryv
     ``data``). Raises ``DecodeError``."""
     rest, response = split_bytes_field(data, _REPLY_RESPONSE_FIELD)
     return handler_pb2.HandlerReply.FromString(rest), response
+
+
+# --- batches (a repeated bytes field holding whole messages) -----------------------------
+
+
+def protobuf_batches(field_number: int) -> Batches:
+    """Batches of a stream whose messages define ``repeated bytes batch = field_number``: a
+    message that begins with that field is a batch, each occurrence a serialized message (and
+    it holds nothing else); any other message is one call or answer."""
+    key = field_number << 3 | _LENGTH_DELIMITED
+    key_bytes = encode_uvarint(key)
+
+    def join(messages: Sequence[bytes]) -> bytes:
+        parts: list[bytes] = []
+        for message in messages:
+            parts += (key_bytes, encode_uvarint(len(message)), message)
+        return b"".join(parts)
+
+    def split(data: Any) -> list[memoryview] | None:
+        if not data or data[0] != key_bytes[0]:
+            return None
+        view = memoryview(data)
+        end = len(data)
+        position = 0
+        messages: list[memoryview] = []
+        try:
+            while position < end:
+                found, position = decode_uvarint(data, position, end)
+                if found != key:
+                    raise DecodeError(f"field key {found} in a batch")
+                length, position = decode_uvarint(data, position, end)
+                if position + length > end:
+                    raise DecodeError("truncated batch")
+                messages.append(view[position:position + length])
+                position += length
+        except VarintError as exc:
+            raise DecodeError(str(exc)) from None
+        return messages
+
+    return Batches(join, split)
 
 
 # How KafkaHandlerStream.Exchange batches its calls and replies (HandlerCall.batch,

@@ -7,6 +7,7 @@ sent late; the messages and the calls they carried are counted."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
 from collections.abc import AsyncIterator
 
@@ -17,14 +18,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
-from services.common.call_streams import (
-    BATCHED_MESSAGE_MAX_BYTES,
-    CallStream,
-    protobuf_batches,
-    serve_calls,
-)
+from services.common.call_streams import BATCHED_MESSAGE_MAX_BYTES, CallStream, serve_calls
 from services.common.channels import SERVER_OPTIONS, insecure_channel
-from services.common.envelopes import APPEND_BATCHES, EXCHANGE_BATCHES
+from services.common.envelopes import APPEND_BATCHES, EXCHANGE_BATCHES, protobuf_batches
 
 BATCHES = protobuf_batches(15)
 METHOD = "/test.Echo/Stream"
@@ -96,9 +92,20 @@ def _failure(code: grpc.StatusCode, details: str) -> Exception:
     return RuntimeError(f"{code.name}: {details}")
 
 
-def _client(channel: grpc.aio.Channel, batches: bool) -> CallStream:
-    return CallStream(channel.stream_stream(METHOD), _failure, encode=_encode, decode=_decode,
-                      batches=BATCHES if batches else None)
+@contextlib.asynccontextmanager
+async def _echo(server_batches: bool = True, client_batches: bool = True, delay: float = 0.0,
+                name: str = "echo") -> AsyncIterator[tuple[EchoServer, CallStream]]:
+    """An echo server and a call stream to it (both named ``name`` in metrics)."""
+    async with EchoServer(server_batches, delay, name) as server:
+        channel = insecure_channel(f"127.0.0.1:{server.port}")
+        stream = CallStream(channel.stream_stream(METHOD), _failure, encode=_encode,
+                            decode=_decode, batches=BATCHES if client_batches else None,
+                            name=name)
+        try:
+            yield server, stream
+        finally:
+            await stream.close()
+            await channel.close()
 
 
 def _run(scenario) -> None:
@@ -118,72 +125,54 @@ def _is_batch(message: bytes) -> bool:
 def test_calls_are_batched_only_where_both_sides_take_batches(
         client_batches: bool, server_batches: bool) -> None:
     async def scenario() -> None:
-        async with EchoServer(server_batches, delay=0.01) as server:
-            channel = insecure_channel(f"127.0.0.1:{server.port}")
-            stream = _client(channel, client_batches)
-            try:
-                await stream.call(b"first", 10.0)  # the stream is open and negotiated
-                payloads = [f"call {i}".encode() for i in range(200)]
-                answers = await _calls(stream, payloads)
-                assert answers == [p[::-1] for p in payloads]
-                # Requests in batches only to a server that takes them.
-                requests_batched = any(_is_batch(m) for m in server.received)
-                assert requests_batched == (client_batches and server_batches)
-                # Answers in batches only to a caller that asked for them.
-                answers_batched = any(_is_batch(m) for m in server.written)
-                assert answers_batched == (client_batches and server_batches)
-                if client_batches and server_batches:
-                    assert len(server.received) < 100
-                    assert len(server.written) < 100
-                else:
-                    assert len(server.received) == len(server.written) == 201
-            finally:
-                await stream.close()
-                await channel.close()
+        async with _echo(server_batches, client_batches, delay=0.01) as (server, stream):
+            await stream.call(b"first", 10.0)  # the stream is open and negotiated
+            payloads = [f"call {i}".encode() for i in range(200)]
+            answers = await _calls(stream, payloads)
+            assert answers == [p[::-1] for p in payloads]
+            # Requests in batches only to a server that takes them.
+            requests_batched = any(_is_batch(m) for m in server.received)
+            assert requests_batched == (client_batches and server_batches)
+            # Answers in batches only to a caller that asked for them.
+            answers_batched = any(_is_batch(m) for m in server.written)
+            assert answers_batched == (client_batches and server_batches)
+            if client_batches and server_batches:
+                assert len(server.received) < 100
+                assert len(server.written) < 100
+            else:
+                assert len(server.received) == len(server.written) == 201
 
     _run(scenario)
 
 
 def test_a_lone_call_goes_as_itself() -> None:
     async def scenario() -> None:
-        async with EchoServer(True) as server:
-            channel = insecure_channel(f"127.0.0.1:{server.port}")
-            stream = _client(channel, True)
-            try:
-                for _ in range(5):
-                    assert await stream.call(b"abc", 10.0) == b"cba"
-                assert [_is_batch(m) for m in server.received] == [False] * 5
-                assert [_is_batch(m) for m in server.written] == [False] * 5
-            finally:
-                await stream.close()
-                await channel.close()
+        async with _echo() as (server, stream):
+            for _ in range(5):
+                assert await stream.call(b"abc", 10.0) == b"cba"
+            assert [_is_batch(m) for m in server.received] == [False] * 5
+            assert [_is_batch(m) for m in server.written] == [False] * 5
 
     _run(scenario)
 
 
 def test_large_messages_go_alone() -> None:
     async def scenario() -> None:
-        async with EchoServer(True, delay=0.01) as server:
-            channel = insecure_channel(f"127.0.0.1:{server.port}")
-            stream = _client(channel, True)
-            try:
-                await stream.call(b"first", 10.0)
-                large = [bytes([i]) * BATCHED_MESSAGE_MAX_BYTES for i in range(1, 11)]
-                small = [f"small {i}".encode() for i in range(100)]
-                interleaved = [p for pair in zip(large, small[:10], strict=True) for p in pair]
-                payloads = interleaved + small[10:]
-                answers = await _calls(stream, payloads)
-                assert answers == [p[::-1] for p in payloads]
-                for messages in (server.received, server.written):
-                    assert any(_is_batch(m) for m in messages)
-                    for message in messages:
-                        parts = BATCHES.split(message) or []
-                        assert all(len(p) < BATCHED_MESSAGE_MAX_BYTES for p in parts)
-                    alone = [m for m in messages if len(m) >= BATCHED_MESSAGE_MAX_BYTES]
-                    assert len(alone) == 10 and not any(_is_batch(m) for m in alone)
-            finally:
-                await stream.close()
-                await channel.close()
+        async with _echo(delay=0.01) as (server, stream):
+            await stream.call(b"first", 10.0)
+            large = [bytes([i]) * BATCHED_MESSAGE_MAX_BYTES for i in range(1, 11)]
+            small = [f"small {i}".encode() for i in range(100)]
+            interleaved = [p for pair in zip(large, small[:10], strict=True) for p in pair]
+            payloads = interleaved + small[10:]
+            answers = await _calls(stream, payloads)
+            assert answers == [p[::-1] for p in payloads]
+            for messages in (server.received, server.written):
+                assert any(_is_batch(m) for m in messages)
+                for message in messages:
+                    parts = BATCHES.split(message) or []
+                    assert all(len(p) < BATCHED_MESSAGE_MAX_BYTES for p in parts)
+                alone = [m for m in messages if len(m) >= BATCHED_MESSAGE_MAX_BYTES]
+                assert len(alone) == 10 and not any(_is_batch(m) for m in alone)
 
     _run(scenario)
 
@@ -286,19 +275,12 @@ def test_the_messages_and_the_calls_they_carried_are_counted() -> None:
                 REGISTRY.get_sample_value("kbroker_call_stream_calls_total", labels) or 0.0)
 
     async def scenario() -> None:
-        async with EchoServer(True, delay=0.01, name="echo-counted") as server:
-            channel = insecure_channel(f"127.0.0.1:{server.port}")
-            stream = CallStream(channel.stream_stream(METHOD), _failure, encode=_encode,
-                                decode=_decode, batches=BATCHES, name="echo-counted")
-            try:
-                await stream.call(b"first", 10.0)
-                await _calls(stream, [f"{i}".encode() for i in range(100)])
-            finally:
-                await stream.close()
-                await channel.close()
-            assert counted("caller") == (len(server.received), 101)
-            assert counted("server") == (len(server.written), 101)
-            assert counted("caller")[0] < 50
+        async with _echo(delay=0.01, name="echo-counted") as (server, stream):
+            await stream.call(b"first", 10.0)
+            await _calls(stream, [f"{i}".encode() for i in range(100)])
+        assert counted("caller") == (len(server.received), 101)
+        assert counted("server") == (len(server.written), 101)
+        assert counted("caller")[0] < 50
 
     _run(scenario)
 
