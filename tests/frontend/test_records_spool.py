@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import errno
 import os
 import subprocess
 import sys
@@ -107,6 +108,32 @@ def test_a_failed_write_carries_the_batches_for_a_while(tmp_path) -> None:
     directory.mkdir()
     assert spool.write([large_batch(1, 70_000)]) is None  # paused
     assert spool_files(directory) == []
+
+
+def test_a_file_whose_space_cannot_be_allocated_is_not_used(tmp_path, monkeypatch) -> None:
+    # A tmpfs without room: the space of a new file is refused when the file is made, so no
+    # batch is ever copied into mapped pages the tmpfs could not back (SIGBUS).
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    spool = RecordsSpool(str(tmp_path))
+    assert spool.write([large_batch(1, 70_000)]) is None
+    assert spool_files(tmp_path) == []  # the file made for it is removed again
+    monkeypatch.undo()
+    assert spool.write([large_batch(1, 70_000)]) is None  # paused
+    assert spool_files(tmp_path) == []
+
+
+def test_a_file_has_its_whole_space_allocated_when_made(tmp_path) -> None:
+    spool = RecordsSpool(str(tmp_path), file_bytes=200_000)
+    spooled = spool.write([large_batch(1, 70_000)])
+    assert spooled is not None
+    stat = os.stat(spooled.ranges[0].path)
+    assert stat.st_size == 200_000
+    assert stat.st_blocks * 512 >= 200_000  # allocated, not a sparse file
+    spool.release(spooled, settled=True)
+    spool.close()
 
 
 def test_the_files_of_a_dead_frontend_are_removed(tmp_path) -> None:
