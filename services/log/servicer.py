@@ -119,7 +119,7 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
         # Appends whose batches wait in a frontend's spool file on this host are read from it
         # (services.common.file_records); a frontend writes a file after another, so few stay
         # open, and not for long.
-        self._spool = FileRecordsReader(max_open=4, idle_seconds=5.0,
+        self._spool = FileRecordsReader(max_open=4, idle_seconds=5.0, mapped=True,
                                         names=SPOOL_FILE) if local_files else None
         # Whether an append to a replica is refused because the node hands it over (see
         # services.log.controlled_shutdown); the replica then answers NOT_LEADER_OR_FOLLOWER.

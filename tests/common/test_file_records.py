@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from services.common.file_records import SPOOL_FILE, FileRecordsReader, local_host_key
 
 SEGMENT = "00000000000000000000.log"
@@ -19,10 +21,11 @@ def segment(path, data: bytes) -> int:
     return os.stat(path).st_ino
 
 
-def test_a_range_reads_as_named(tmp_path) -> None:
+@pytest.mark.parametrize("mapped", [False, True])
+def test_a_range_reads_as_named(tmp_path, mapped) -> None:
     path = tmp_path / SEGMENT
     inode = segment(path, b"0123456789")
-    reader = FileRecordsReader()
+    reader = FileRecordsReader(mapped=mapped)
     assert reader.read(str(path), inode, 2, 5) == b"23456"
     assert reader.read(str(path), inode, 0, 10) == b"0123456789"
     assert reader.open_files == 1
@@ -30,26 +33,47 @@ def test_a_range_reads_as_named(tmp_path) -> None:
     assert reader.open_files == 0
 
 
-def test_a_replaced_deleted_or_truncated_file_is_unreadable(tmp_path) -> None:
+@pytest.mark.parametrize("mapped", [False, True])
+def test_a_replaced_deleted_or_truncated_file_is_unreadable(tmp_path, mapped) -> None:
     path = tmp_path / SEGMENT
     inode = segment(path, b"0123456789")
-    reader = FileRecordsReader()
+    reader = FileRecordsReader(mapped=mapped)
     assert reader.read(str(path), inode, 8, 3) is None  # past the end: short
     assert reader.read(str(path), inode, -1, 3) is None
     assert reader.read(str(path), inode, 0, -1) is None
     assert reader.read(str(tmp_path / "00000000000000000009.log"), inode, 0, 1) is None
 
     # Replaced (the log cleaner's swap): the path names another file now.
-    fresh = FileRecordsReader()
+    fresh = FileRecordsReader(mapped=mapped)
     other = tmp_path / (SEGMENT + ".swap")
     segment(other, b"abcdefghij")
     os.replace(other, path)
     assert fresh.read(str(path), inode, 0, 4) is None
     assert fresh.read(str(path), os.stat(path).st_ino, 0, 4) == b"abcd"
 
-    # Truncated under an open reader (a follower truncating its log).
+    # Truncated under an open reader (a follower truncating its log), whose mapping (if it
+    # reads so) still spans the bytes cut: the size checked first, it reads nothing.
     os.truncate(path, 2)
     assert fresh.read(str(path), os.stat(path).st_ino, 0, 4) is None
+    assert fresh.read(str(path), os.stat(path).st_ino, 0, 2) == b"ab"
+
+
+def test_a_mapped_file_that_grew_is_read_past_its_first_mapping(tmp_path) -> None:
+    """A spool file written as it fills (by a frontend of an earlier version) is mapped again
+    once a range lies past the mapping."""
+    path = tmp_path / f"kbroker-records-{os.getpid()}-{0:016x}.spool"
+    inode = segment(path, b"0123456789")
+    reader = FileRecordsReader(names=SPOOL_FILE, mapped=True)
+    assert reader.read(str(path), inode, 6, 4) == b"6789"
+    assert reader.read(str(path), inode, 8, 4) is None  # not written yet
+    with open(path, "ab") as more:
+        more.write(b"abcdef")
+    assert reader.read(str(path), inode, 8, 4) == b"89ab"
+    assert reader.read(str(path), inode, 0, 16) == b"0123456789abcdef"
+    path.unlink()
+    assert reader.read(str(path), inode, 12, 4) == b"cdef"  # still open: readable
+    reader.close()
+    assert reader.open_files == 0
 
 
 def test_a_slice_holds_its_range_until_closed(tmp_path) -> None:
@@ -135,11 +159,12 @@ def test_only_segment_files_are_read(tmp_path, monkeypatch) -> None:
     assert reader.open_files == 1
 
 
-def test_a_file_kept_open_reads_as_named_after_it_is_deleted(tmp_path) -> None:
+@pytest.mark.parametrize("mapped", [False, True])
+def test_a_file_kept_open_reads_as_named_after_it_is_deleted(tmp_path, mapped) -> None:
     """As with Kafka's sendfile of a segment being deleted: the bytes decided are still there."""
     path = tmp_path / SEGMENT
     inode = segment(path, b"0123456789")
-    reader = FileRecordsReader()
+    reader = FileRecordsReader(mapped=mapped)
     assert reader.read(str(path), inode, 0, 2) == b"01"
     path.unlink()
     assert reader.read(str(path), inode, 2, 2) == b"23"
@@ -160,10 +185,11 @@ def test_open_files_are_bounded_and_idle_ones_closed(tmp_path) -> None:
     reader.close()
 
 
-def test_opening_a_file_closes_the_open_ones_since_deleted(tmp_path) -> None:
+@pytest.mark.parametrize("mapped", [False, True])
+def test_opening_a_file_closes_the_open_ones_since_deleted(tmp_path, mapped) -> None:
     """A frontend's spool files come one after another: a reader keeps none of them, once
     deleted, open past its next file."""
-    reader = FileRecordsReader(names=SPOOL_FILE)
+    reader = FileRecordsReader(names=SPOOL_FILE, mapped=mapped)
     files = []
     for n in range(3):
         path = tmp_path / f"kbroker-records-{os.getpid()}-{n:016x}.spool"

@@ -197,7 +197,7 @@ class _Slot:
 
 # Spooled batches the leader could not read, read here to be sent carried (such a leader, on
 # another host, is then sent them carried at once for CARRIED_AFTER_REFUSAL_SECONDS).
-_SPOOL = FileRecordsReader(max_open=4, idle_seconds=5.0, names=SPOOL_FILE)
+_SPOOL = FileRecordsReader(max_open=4, idle_seconds=5.0, names=SPOOL_FILE, mapped=True)
 
 
 def _head(records: bytes | memoryview | SpooledRecords) -> bytes | memoryview:
