@@ -8,9 +8,9 @@ buffers given by this class:
 - small frames (and size prefixes) land in a 64 KiB scratch buffer and are cut out of it as
   ``bytes``; a frame cut short by the end of a read is carried over to the next one;
 - a frame larger than the scratch buffer (a produce request of record batches) gets a buffer of
-  its own, exactly its size, and the rest of it is received in place: no copy from a stream
-  buffer, no buffer growth, no shifting of what follows. Such a frame is handed over as a
-  read-only ``memoryview``.
+  its own, exactly its size and not zeroed first (services.common.buffers), and the rest of it
+  is received in place: no copy from a stream buffer, no buffer growth, no shifting of what
+  follows. Such a frame is handed over, as a read-only ``memoryview``, only once it is whole.
 
 The scratch buffer is one per thread (so per event loop), shared by every connection: an idle
 connection holds no receive buffer, and 2,000 of them cost no more than a few. Sharing is safe
@@ -46,6 +46,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
+from services.common.buffers import unfilled
 from services.common.file_records import FileSlice
 
 from .framing import FrameError
@@ -211,7 +212,8 @@ class FrameChannel(asyncio.BufferedProtocol):
                 self._deliver(bytes(data[start:start + size]), now)
                 position = start + size
             else:
-                body = memoryview(bytearray(size))
+                # Filled whole before it is handed on: no zeros written first.
+                body = memoryview(unfilled(size))
                 body[:have] = data[start:end]
                 self._body, self._body_filled = body, have
                 return
