@@ -47,6 +47,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .buffers import unfilled
+
 # gRPC metadata on a frontend's Fetch call: the frontend's local host key.
 METADATA_KEY = "kbroker-local-files"
 
@@ -175,9 +177,10 @@ class FileRecordsReader:
         self._in_directory: dict[str, set[tuple[str, int]]] = {}
         self._swept = time.monotonic()
 
-    def read(self, path: str, inode: int, position: int, size: int) -> bytes | None:
+    def read(self, path: str, inode: int, position: int, size: int) -> bytes | bytearray | None:
         """The ``size`` bytes at ``position`` of the file ``path`` if it is still the file of
-        that inode and holds them; None otherwise."""
+        that inode and holds them (a bytearray of the reader's own when ``mapped``); None
+        otherwise."""
         fd = self._file(path, inode, position, size)
         if fd is None:
             return None
@@ -191,7 +194,7 @@ class FileRecordsReader:
         return data if len(data) == size else None
 
     def _read_mapped(self, key: tuple[str, int], fd: int, position: int, size: int
-                     ) -> bytes | None:
+                     ) -> bytearray | None:
         end = position + size
         try:
             # Checked on every read, so that a file cut short reads as unreadable rather than
@@ -214,7 +217,10 @@ class FileRecordsReader:
             if mapped is not None:
                 mapped.close()
             mapped = self._maps[key] = replaced
-        return mapped[position:end]
+        data = unfilled(size)  # one copy, into a buffer its reader may patch
+        with memoryview(mapped) as view:
+            data[:] = view[position:end]
+        return data
 
     def slice(self, path: str, inode: int, position: int, size: int) -> FileSlice | bytes | None:
         """The ``size`` bytes at ``position`` of the file ``path`` as a :class:`FileSlice`, if

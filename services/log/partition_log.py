@@ -353,7 +353,7 @@ class PartitionLog:
     # ----------------------------------------------------------------------------- append
 
     async def append(
-        self, records: bytes, now_ms: int | None = None,
+        self, records: bytes | bytearray | memoryview, now_ms: int | None = None,
         expected_log_end_offset: int | None = None, verification_guard: int = NO_GUARD,
         min_insync_replicas: int = 0,
     ) -> AppendInfo:
@@ -367,7 +367,11 @@ class PartitionLog:
         that would start its producer's transaction here needs ``verification_guard`` (see
         :mod:`services.log.verification`). An acks=all write passes ``min_insync_replicas``:
         with a smaller ISR (as this leader has it at that moment) nothing is stored,
-        NOT_ENOUGH_REPLICAS (Kafka's check in ``Partition.appendRecordsToLeader``)."""
+        NOT_ENOUGH_REPLICAS (Kafka's check in ``Partition.appendRecordsToLeader``).
+
+        The batches are patched (offsets, leader epoch) in a buffer of the append's own: a
+        copy of ``records``, or ``records`` itself when it is a bytearray, which the caller
+        hands over (it must not use it afterwards)."""
         config = self.config
         coordinator = expected_log_end_offset is not None
         batches = validate_append(records, config.max_message_bytes, coordinator)
@@ -378,7 +382,7 @@ class PartitionLog:
                 ErrorCode.record_list_too_large,
                 f"{len(records)} bytes of batches exceed segment.bytes {config.segment_bytes}",
             )
-        buffer = bytearray(records)
+        buffer = records if isinstance(records, bytearray) else bytearray(records)
         append_time: int | None = None
         if config.message_timestamp_type is TimestampType.LOG_APPEND_TIME:
             append_time = int(time.time() * 1000) if now_ms is None else now_ms

@@ -60,6 +60,22 @@ def test_appends_get_consecutive_offsets_and_read_back_whole(tmp_path: Path) -> 
     partition_log.close()
 
 
+def test_a_bytearray_appended_is_patched_in_place_and_stored_as_patched(tmp_path: Path) -> None:
+    """A caller that hands over a bytearray (a range read out of a spool file) saves the
+    append its copy: the batches are patched in it, and what is stored is what it holds."""
+    partition_log = open_log(tmp_path)
+    append(partition_log, build_batch(values(2)))
+    handed = bytearray(build_batch(values(3)))
+    info = append(partition_log, handed)
+    assert (info.base_offset, info.last_offset) == (2, 4)
+    assert offsets_in(bytes(handed)) == [(2, 4)]
+    assert partition_log.read(2, 1 << 20, HW) == bytes(handed)
+    given = build_batch(values(1))
+    append(partition_log, given)  # bytes: copied, left as they were
+    assert offsets_in(given) == [(0, 0)]
+    partition_log.close()
+
+
 def test_a_read_inside_a_batch_returns_the_whole_batch(tmp_path: Path) -> None:
     partition_log = open_log(tmp_path)
     append(partition_log, build_batch(values(5)))
