@@ -171,9 +171,9 @@ def test_keyless_records_in_a_batch_fail_exactly_with_their_own_error(cluster, t
     librdkafka fails those with INVALID_RECORD, the others with its 'part of a batch with
     invalid records' error. Nothing is stored."""
     create_topic(cluster.bootstrap, topic_name)
-    # One batch for the five records: a linger no stall of this process between two produce
-    # calls comes near (500 ms did, once, on a loaded machine: the first record went alone);
-    # flush sends at once, whatever the linger.
+    # One batch for the five records: a linger that no stall of this process between two
+    # produce calls comes near (with 500 ms, a stall of 0.7 s after the first call sends that
+    # record alone, and it is stored); flush sends at once, whatever the linger.
     producer = Producer({"bootstrap.servers": cluster.bootstrap, "linger.ms": 60_000,
                          "enable.idempotence": False, "retries": 0})
     reports: list[tuple[bytes, KafkaError | None]] = []
