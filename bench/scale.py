@@ -31,7 +31,8 @@ broker instance each:
 The load is bench/scale_client.py (the wire protocol spoken directly, batches built once:
 next to no client CPU per request, so the curves measure the brokers on this 2-core machine
 rather than the client). p99 is of the request round trips (one in flight per connection: at
-saturation, the queueing a client sees). Memory is the resident size (VmRSS) of every service
+saturation, the queueing a client sees). Memory is the resident size (VmRSS, less the pages of
+the frontend's spool files that a process maps: see ``sustained.rss_mb``) of every service
 process together (the reference: its one process), sampled while the load runs; per partition
 it is the slope from the second-smallest to the largest partition count (topics accumulate, so
 the counts are cumulative), per connection the slope from the fewest to the most

@@ -21,7 +21,8 @@ retention every 10 s, so the run's disk use stays bounded (a run at 40 MB/s writ
 with three replicas in 10 minutes). Every window (10 s) it records, from the clients:
 acknowledged MB/s, consumed MB/s, the consumer's lag (Kafka's: each partition's high
 watermark, as the consumer last heard it, less its position) and the probe's p50/p99/max;
-from every service process: its resident memory (VmRSS); the bytes of the cluster's data
+from every service process: its resident memory (VmRSS less the spool files' shared pages,
+see :func:`rss_mb`); the bytes of the cluster's data
 folder; from the services' metrics: the
 operations parked in the purgatory and the frontend's mean Produce request queue time (frame
 read until a worker took it). Prints one JSON line per window and a summary: each series'
@@ -188,11 +189,17 @@ class Client:
 
 
 def rss_mb(pid: int) -> float:
+    """The process's resident memory in MB: VmRSS less RssShmem, the pages of tmpfs files it
+    maps. Those are the frontend's spool files, mapped by the frontend and read through
+    mappings by the log nodes: memory of the files (bounded by the spool, counted once by the
+    tmpfs), which VmRSS would count again in every process that touched them."""
+    kb = {}
     with contextlib.suppress(OSError):
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    return 0.0
+            name, _, value = line.partition(":")
+            if name in ("VmRSS", "RssShmem"):
+                kb[name] = int(value.split()[0])
+    return round((kb.get("VmRSS", 0) - kb.get("RssShmem", 0)) / 1024, 1)
 
 
 def folder_bytes(folder: Path) -> int:
