@@ -25,7 +25,7 @@ from services.common import payloads
 from services.common.call_streams import serve_calls
 from services.common.envelopes import APPEND_BATCHES
 from services.common.errors import ErrorCode, KafkaError, RecordValidationError, error_name
-from services.common.file_records import SPOOL_FILE, FileRecordsReader, is_local
+from services.common.file_records import is_local, spool_reader
 from services.common.payloads import Detached, MaybePayload, PayloadPath
 from services.common.records.record_batch import NO_TIMESTAMP
 
@@ -117,10 +117,8 @@ class LogServicer(log_pb2_grpc.LogServiceServicer):
         self._manager = manager
         self._replicas = replicas
         # Appends whose batches wait in a frontend's spool file on this host are read from it
-        # (services.common.file_records); a frontend writes a file after another, so few stay
-        # open, and not for long.
-        self._spool = FileRecordsReader(max_open=4, idle_seconds=5.0, mapped=True,
-                                        names=SPOOL_FILE) if local_files else None
+        # (services.common.file_records).
+        self._spool = spool_reader() if local_files else None
         # Whether an append to a replica is refused because the node hands it over (see
         # services.log.controlled_shutdown); the replica then answers NOT_LEADER_OR_FOLLOWER.
         self.refuses_append: Callable[[PartitionLog], bool] = lambda replica: False

@@ -100,10 +100,9 @@ from services.common.error_answers import error_response
 from services.common.errors import ErrorCode, KafkaError, NotEnoughReplicasError, error_name
 from services.common.file_records import (
     CARRIED_AFTER_REFUSAL_SECONDS,
-    SPOOL_FILE,
-    FileRecordsReader,
     SpooledRecords,
     local_host_key,
+    spool_reader,
 )
 from services.common.records.record_batch import (
     ATTRIBUTES_OFFSET,
@@ -197,7 +196,7 @@ class _Slot:
 
 # Spooled batches the leader could not read, read here to be sent carried (such a leader, on
 # another host, is then sent them carried at once for CARRIED_AFTER_REFUSAL_SECONDS).
-_SPOOL = FileRecordsReader(max_open=4, idle_seconds=5.0, names=SPOOL_FILE, mapped=True)
+_SPOOL = spool_reader()
 
 
 def _head(records: bytes | memoryview | SpooledRecords) -> bytes | memoryview:
