@@ -28,10 +28,11 @@ broker instance each:
 - log nodes and handlers (kbroker only): the partitions load on a topic of 12 partitions, on
   clusters of N log nodes and N handlers for each N of ``--nodes``.
 
-The load is bench/scale_client.py (the wire protocol spoken directly, batches built once:
-next to no client CPU per request, so the curves measure the brokers on this 2-core machine
-rather than the client). p99 is of the request round trips (one in flight per connection: at
-saturation, the queueing a client sees). Memory is the resident size (VmRSS, less the pages of
+The load is bench/scale_client.py (the wire protocol spoken directly, batches built once,
+each answer read into a buffer its connection keeps: next to no client CPU per request, so the
+curves measure the brokers on this 2-core machine rather than the client). p99 is of the
+request round trips (one in flight per connection: at saturation, the queueing a client
+sees). Memory is the resident size (VmRSS, less the pages of
 the frontend's spool files that a process maps: see ``sustained.rss_mb``) of every service
 process together (the reference: its one process), sampled while the load runs; per partition
 it is the slope from the second-smallest to the largest partition count (topics accumulate, so
