@@ -82,8 +82,8 @@ class Connection:
     Each answer is read into one buffer the connection keeps and reuses: a buffer per answer
     (a stream reader's) costs the client fresh memory for every large Fetch answer, and on a
     virtual machine that returns freed memory to its host (see bench/page_cache.py) that cost
-    alone held the fetchers of a 1,000-partition topic, whose answers come to 50 MB, to a
-    fraction of what the broker sent."""
+    held the fetchers of a 1,000-partition topic, answered about 50 MB at a time, to half the
+    rate they reach this way (docs/performance.md, "The load's reading of large answers")."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
