@@ -68,7 +68,6 @@ import logging
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
 from typing import NamedTuple
@@ -143,8 +142,10 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AppendInfo:
+class AppendInfo(NamedTuple):
+    """What an append stored: one per partition of every produce, so a tuple (built in
+    half the time of a frozen dataclass)."""
+
     base_offset: int
     last_offset: int
     # The time the batches were stamped with under LogAppendTime, else -1.
@@ -391,7 +392,7 @@ class PartitionLog:
             self._check_role(LEADER)
             state = self.state
             # Checked under the lock: two writes see the ISR in the order they are stored.
-            if min_insync_replicas > max(len(state.isr), 1):
+            if min_insync_replicas > 1 and min_insync_replicas > len(state.isr):
                 raise NotEnoughReplicasError(state.isr, min_insync_replicas, self.topic,
                                              self.partition)
             base_offset = self.log_end_offset
@@ -412,8 +413,9 @@ class PartitionLog:
                 for batch in batches:
                     set_partition_leader_epoch(buffer, batch.position, state.leader_epoch)
                 self.leader_epochs.assign(state.leader_epoch, base_offset)
-            max_timestamp = append_time if append_time is not None else max(
-                batch.header.max_timestamp for batch in batches)
+            max_timestamp = append_time if append_time is not None else (
+                batches[0].header.max_timestamp if len(batches) == 1
+                else max(batch.header.max_timestamp for batch in batches))
             self.log_dir.reserve(len(buffer))
             segment = self._maybe_roll(len(buffer), next_offset - 1, max_timestamp)
             segment.append(buffer, [batch.position for batch in batches])
@@ -426,12 +428,11 @@ class PartitionLog:
 
     def _answer(self, base_offset: int, last_offset: int, append_time: int | None, size: int,
                 batch_count: int) -> AppendInfo:
+        state = self.state
         return AppendInfo(
-            base_offset=base_offset, last_offset=last_offset,
-            log_append_time_ms=NO_TIMESTAMP if append_time is None else append_time,
-            log_start_offset=self.log_start_offset, log_end_offset=self.log_end_offset,
-            high_watermark=self._high_watermark, size_bytes=size, batch_count=batch_count,
-            leader_epoch=self.state.leader_epoch, partition_epoch=self.state.partition_epoch)
+            base_offset, last_offset, NO_TIMESTAMP if append_time is None else append_time,
+            self._log_start_offset, self._segments[-1].next_offset, self._high_watermark, size,
+            batch_count, state.leader_epoch, state.partition_epoch)
 
     async def write_txn_marker(
         self, producer_id: int, producer_epoch: int, committed: bool, coordinator_epoch: int,
