@@ -306,7 +306,7 @@ class PartitionLog:
     def high_watermark(self, offset: int) -> None:
         """Move the high watermark, kept within [log start, log end] as Kafka does; listeners
         hear of every change."""
-        offset = min(max(offset, self.log_start_offset), self.log_end_offset)
+        offset = min(max(offset, self._log_start_offset), self._segments[-1].next_offset)
         if offset != self._high_watermark:
             self._high_watermark = offset
             self.changes += 1
@@ -788,10 +788,11 @@ class PartitionLog:
     def wake_readers(self) -> None:
         """Complete every waiting long-poll reader now (the node stops)."""
         self.changes += 1
-        waiters, self._waiters = self._waiters, set()
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+        if self._waiters:
+            waiters, self._waiters = self._waiters, set()
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     # ------------------------------------------------------------------------------ reads
 
