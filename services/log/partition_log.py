@@ -429,6 +429,7 @@ class PartitionLog:
     def _answer(self, base_offset: int, last_offset: int, append_time: int | None, size: int,
                 batch_count: int) -> AppendInfo:
         state = self.state
+        # By position, in the order of AppendInfo's fields (half the cost of keywords).
         return AppendInfo(
             base_offset, last_offset, NO_TIMESTAMP if append_time is None else append_time,
             self._log_start_offset, self._segments[-1].next_offset, self._high_watermark, size,

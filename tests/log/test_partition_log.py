@@ -438,3 +438,20 @@ def test_a_log_cut_short_under_its_index_keeps_every_whole_batch(tmp_path: Path)
     for base, last, _ in kept:
         assert offsets_in(reopened.read(last, 1, HW)) == [(base, last)]
     reopened.close()
+
+
+def test_an_append_answers_every_field_of_its_result(tmp_path: Path) -> None:
+    # Every field differs from the others, so a result built in the wrong order fails here.
+    partition_log = open_log(tmp_path)
+    asyncio.run(partition_log.become(replica_state.state(
+        LEADER, 4, leader=0, replicas=(0, 1), isr=(0, 1), partition_epoch=7)))
+    append(partition_log, build_batch(values(3)))
+    partition_log.advance_high_watermark(2)
+    asyncio.run(partition_log.delete_records(1))
+    records = build_batch(values(2)) + build_batch(values(3))
+    info = append(partition_log, records)
+    assert info._asdict() == {
+        "base_offset": 3, "last_offset": 7, "log_append_time_ms": -1, "log_start_offset": 1,
+        "log_end_offset": 8, "high_watermark": 2, "size_bytes": len(records),
+        "batch_count": 2, "leader_epoch": 4, "partition_epoch": 7}
+    partition_log.close()
