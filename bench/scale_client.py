@@ -63,9 +63,9 @@ from services.common.runtime import tune_allocator  # noqa: E402
 from tests.record_batches import build_batch  # noqa: E402
 
 _HEADER = entity_writer(RequestHeader)
+_READ_HEADER = entity_reader(ResponseHeader)
 # A fetcher's max_bytes (librdkafka's default fetch.max.bytes).
 FETCH_MAX_BYTES = 50 * 2**20
-_READ_HEADER = entity_reader(ResponseHeader)
 
 
 def frame(request: object, correlation_id: int = 0) -> bytearray:
@@ -123,7 +123,7 @@ class Connection:
         """The next ``size`` bytes of the connection, read into the start of its buffer (a
         larger one replaces it when needed: the views handed out of the old one stay valid)."""
         if size > len(self._buffer):
-            self._buffer = bytearray(max(size, 2 * len(self._buffer)))
+            self.reserve(max(size, 2 * len(self._buffer)))
         view = memoryview(self._buffer)[:size]
         loop = asyncio.get_running_loop()
         got = 0
@@ -440,8 +440,9 @@ async def main() -> None:
     parser.add_argument("--metadata", type=int, default=20)
     parser.add_argument("--groups", type=int, default=200)
     args = parser.parse_args()
-    # As the services do: a Fetch answer's record batches, decoded into a few hundred KB per
-    # partition, would otherwise cost fresh memory from the C library for every answer.
+    # As the services do: large buffers freed stay with the C library to be used again, rather
+    # than going back to the system and coming back as fresh pages (docs/performance.md, "The
+    # load's reading of large answers").
     tune_allocator()
     if args.idle:
         print(json.dumps(await idle(args)), flush=True)

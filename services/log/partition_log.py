@@ -306,7 +306,7 @@ class PartitionLog:
     def high_watermark(self, offset: int) -> None:
         """Move the high watermark, kept within [log start, log end] as Kafka does; listeners
         hear of every change."""
-        offset = min(max(offset, self._log_start_offset), self._segments[-1].next_offset)
+        offset = min(max(offset, self._log_start_offset), self.log_end_offset)
         if offset != self._high_watermark:
             self._high_watermark = offset
             self.changes += 1
@@ -413,9 +413,8 @@ class PartitionLog:
                 for batch in batches:
                     set_partition_leader_epoch(buffer, batch.position, state.leader_epoch)
                 self.leader_epochs.assign(state.leader_epoch, base_offset)
-            max_timestamp = append_time if append_time is not None else (
-                batches[0].header.max_timestamp if len(batches) == 1
-                else max(batch.header.max_timestamp for batch in batches))
+            max_timestamp = append_time if append_time is not None else max(
+                batch.header.max_timestamp for batch in batches)
             self.log_dir.reserve(len(buffer))
             segment = self._maybe_roll(len(buffer), next_offset - 1, max_timestamp)
             segment.append(buffer, [batch.position for batch in batches])
@@ -432,7 +431,7 @@ class PartitionLog:
         # By position, in the order of AppendInfo's fields (half the cost of keywords).
         return AppendInfo(
             base_offset, last_offset, NO_TIMESTAMP if append_time is None else append_time,
-            self._log_start_offset, self._segments[-1].next_offset, self._high_watermark, size,
+            self._log_start_offset, self.log_end_offset, self._high_watermark, size,
             batch_count, state.leader_epoch, state.partition_epoch)
 
     async def write_txn_marker(
