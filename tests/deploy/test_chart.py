@@ -144,6 +144,7 @@ def test_every_role_has_a_network_policy_and_its_own_config_map(scenario: Path) 
     for role in ROLES:
         cm = one(docs, "ConfigMap", f"kb-kbroker-{role}")
         assert cm["data"]["KBROKER_LOG_LEVEL"] == values["logLevel"]
+        assert cm["data"]["KBROKER_CPU_SCHEDULING"] == values["cpuScheduling"]
 
 
 def test_log_nodes_accept_grpc_only_from_handlers_and_the_replicator() -> None:

@@ -20,7 +20,8 @@ from .conftest import ROOT, SCENARIOS, find, one, probe_check, render
 
 REFERENCE = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 # Variables read outside the config classes, and where.
-RUNTIME_VARIABLES = {"KBROKER_LOG_LEVEL": ROOT / "services" / "common" / "runtime.py"}
+RUNTIME_VARIABLES = {name: ROOT / "services" / "common" / "runtime.py"
+                     for name in ("KBROKER_LOG_LEVEL", "KBROKER_CPU_SCHEDULING")}
 POD_INDEX = 2
 NAMESPACE = "kbroker"
 HOST_IP = "10.1.2.3"

@@ -188,6 +188,7 @@ metadata:
     {{- include "kbroker.labels" (list $ $role) | nindent 4 }}
 data:
   KBROKER_LOG_LEVEL: {{ $.Values.logLevel | quote }}
+  KBROKER_CPU_SCHEDULING: {{ $.Values.cpuScheduling | quote }}
   {{- range $key, $value := (index $.Values $role).config }}
   KBROKER_{{ upper $key }}: {{ include "kbroker.configValue" $value | quote }}
   {{- end }}
