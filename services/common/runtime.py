@@ -83,12 +83,12 @@ def schedule_as_batch() -> bool:
     it. Returns False where there is no such policy (not Linux) or a thread could not be moved.
 
     A record crosses three services and each hop wakes the next one. Under the kernel's default
-    policy a woken thread preempts the one running on its core, so a service was switched out
-    in the middle of its own work (its GIL held, in a socket write that woke the reader) about
-    37,000 times a second on 2 cores under produce load. A SCHED_BATCH thread does not preempt
-    the running one when woken: it waits for it to block or use up its time slice. Under the
-    same load: 24,000-26,000 switches a second, and 6% less of the services' CPU per MB
-    produced (docs/performance.md, "Batch scheduling")."""
+    policy a woken thread can preempt the one running on its core, even in the middle of the
+    socket write (its GIL held) that woke it; a produce load on 2 cores made 36,000-38,000
+    context switches a second. A SCHED_BATCH thread does not preempt the running one when
+    woken: it waits for it to block or use up its time slice. Under the same load: 24,000-26,000
+    switches a second, and 6% less of the services' CPU per MB produced (docs/performance.md,
+    "Batch scheduling")."""
     policy = getattr(os, "SCHED_BATCH", None)
     if policy is None:
         return False
@@ -184,7 +184,7 @@ def run(service: str, main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
                  + " or ".join(CPU_SCHEDULING))
     if scheduling == "batch" and not schedule_as_batch():
         logging.getLogger(f"services.{service}").warning(
-            "cannot run under SCHED_BATCH; keeping the kernel's default scheduling")
+            "could not move every thread to SCHED_BATCH; those left keep their scheduling")
     parent = os.environ.get(PARENT_PID_ENV, "")
     if parent.isdigit():
         die_with_parent(int(parent))
