@@ -87,7 +87,7 @@ def schedule_as_batch() -> bool:
     socket write (its GIL held) that woke it; a produce load on 2 cores made 36,000-38,000
     context switches a second. A SCHED_BATCH thread does not preempt the running one when
     woken: it waits for it to block or use up its time slice. Under the same load: 24,000-26,000
-    switches a second, and 6% less of the services' CPU per MB produced (docs/performance.md,
+    switches a second, and 7% less of the services' CPU per MB produced (docs/performance.md,
     "Batch scheduling")."""
     policy = getattr(os, "SCHED_BATCH", None)
     if policy is None:
