@@ -1,7 +1,8 @@
 """The CPU scheduling of the service processes (``services/common/runtime.py``): every thread of
 a service runs under Linux's SCHED_BATCH, those started before the choice and after it, unless
 ``KBROKER_CPU_SCHEDULING`` says ``normal``; any other value stops the service at start-up with
-one line saying why. Each case is a real process: a policy belongs to the threads that took it.
+one line saying why, and a service whose threads cannot be moved warns and runs on. Each case
+is a real process: a policy belongs to the threads that took it.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-
-pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling")
 
 # A thread started before the choice, one after it; then the policy of every thread.
 THREADS = """
@@ -68,6 +67,19 @@ def test_a_service_takes_the_scheduling_its_setting_names(scheduling, policy):
     assert done.returncode == 0, done.stderr
     expected = str(getattr(os, policy))
     assert done.stdout.split() == [expected, expected]
+
+
+def test_a_service_whose_threads_cannot_be_moved_says_so_and_runs_on():
+    # As in a sandbox that refuses the call.
+    refused = ("import os\n"
+               "def refuse(tid, policy, param):\n"
+               "    raise PermissionError(1, 'Operation not permitted')\n"
+               "os.sched_setscheduler = refuse\n")
+    done = run_python(refused + SERVICE, None)
+    assert done.returncode == 0, done.stderr
+    normal = str(os.SCHED_OTHER)
+    assert done.stdout.split() == [normal, normal]
+    assert "could not move every thread to SCHED_BATCH" in done.stderr
 
 
 def test_an_unknown_scheduling_stops_the_service_saying_why():

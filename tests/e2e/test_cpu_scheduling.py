@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
-pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling")
-
 
 def test_every_thread_of_every_service_runs_under_batch_scheduling(cluster):
     policies = {}
