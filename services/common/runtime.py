@@ -31,10 +31,10 @@ PARENT_PID_ENV = "KBROKER_PARENT_PID"
 _PARENT_CHECK_SECONDS = 1.0
 _PR_SET_PDEATHSIG = 1
 
-# The CPU scheduling of every thread of a service: "batch" (Linux's SCHED_BATCH, the default,
-# see schedule_as_batch) or "normal" (the kernel's default policy).
+# The CPU scheduling of every thread of a service: "normal" (the kernel's default policy, the
+# default) or "batch" (Linux's SCHED_BATCH, see schedule_as_batch).
 CPU_SCHEDULING_ENV = "KBROKER_CPU_SCHEDULING"
-CPU_SCHEDULING = ("batch", "normal")
+CPU_SCHEDULING = ("normal", "batch")
 
 
 @functools.cache
@@ -87,8 +87,11 @@ def schedule_as_batch() -> bool:
     socket write (its GIL held) that woke it; a produce load on 2 cores made 36,000-38,000
     context switches a second. A SCHED_BATCH thread does not preempt the running one when
     woken: it waits for it to block or use up its time slice. Under the same load: 24,000-26,000
-    switches a second, and 7% less of the services' CPU per MB produced (docs/performance.md,
-    "Batch scheduling")."""
+    switches a second, and 7% less of the services' CPU per MB produced. The same wait makes
+    every hop slower when another process keeps a core busy: beside one such process, acks=all
+    produce at RF=3 took 8.1-11.2 ms at p99 against 3.4-5.3 under the default policy. So it is
+    a choice for hosts the services have to themselves (docs/performance.md, "Batch
+    scheduling")."""
     policy = getattr(os, "SCHED_BATCH", None)
     if policy is None:
         return False
@@ -168,8 +171,8 @@ def run(service: str, main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
     """Run ``main(stop_event)`` on uvloop until it returns (logging to stderr at
     ``KBROKER_LOG_LEVEL``); SIGTERM/SIGINT set the event, and so does the end of the launcher
     whose pid is in ``KBROKER_PARENT_PID`` (when set). Every thread runs under the scheduling
-    ``KBROKER_CPU_SCHEDULING`` names (batch unless it says normal; another value ends the
-    process). Unusable internal TLS settings (plaintext on a non-loopback address, missing
+    ``KBROKER_CPU_SCHEDULING`` names (the kernel's default unless it says batch; another value
+    ends the process). Unusable internal TLS settings (plaintext on a non-loopback address, missing
     files) end the process with status 1 and one line saying why."""
     import uvloop
 
@@ -178,7 +181,7 @@ def run(service: str, main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
                         format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s")
     tune_allocator()
     raise_open_file_limit()
-    scheduling = os.environ.get(CPU_SCHEDULING_ENV, "batch")
+    scheduling = os.environ.get(CPU_SCHEDULING_ENV, "normal")
     if scheduling not in CPU_SCHEDULING:
         sys.exit(f"{service}: cannot start: {CPU_SCHEDULING_ENV} is {scheduling!r}; expected "
                  + " or ".join(CPU_SCHEDULING))

@@ -1,8 +1,9 @@
-"""The CPU scheduling of the service processes (``services/common/runtime.py``): every thread of
-a service runs under Linux's SCHED_BATCH, those started before the choice and after it, unless
-``KBROKER_CPU_SCHEDULING`` says ``normal``; any other value stops the service at start-up with
-one line saying why, and a service whose threads cannot be moved warns and runs on. Each case
-is a real process: a policy belongs to the threads that took it.
+"""The CPU scheduling of the service processes (``services/common/runtime.py``): a service runs
+under the kernel's default policy unless ``KBROKER_CPU_SCHEDULING`` says ``batch``, and then
+every thread of it runs under Linux's SCHED_BATCH, those started before the choice and after it;
+any other value stops the service at start-up with one line saying why, and a service whose
+threads cannot be moved warns and runs on. Each case is a real process: a policy belongs to the
+threads that took it.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def test_every_thread_runs_under_batch_scheduling_those_started_before_and_after
 
 
 @pytest.mark.parametrize(("scheduling", "policy"), [
-    (None, "SCHED_BATCH"), ("batch", "SCHED_BATCH"), ("normal", "SCHED_OTHER")])
+    (None, "SCHED_OTHER"), ("normal", "SCHED_OTHER"), ("batch", "SCHED_BATCH")])
 def test_a_service_takes_the_scheduling_its_setting_names(scheduling, policy):
     done = run_python(SERVICE, scheduling)
     assert done.returncode == 0, done.stderr
@@ -75,7 +76,7 @@ def test_a_service_whose_threads_cannot_be_moved_says_so_and_runs_on():
                "def refuse(tid, policy, param):\n"
                "    raise PermissionError(1, 'Operation not permitted')\n"
                "os.sched_setscheduler = refuse\n")
-    done = run_python(refused + SERVICE, None)
+    done = run_python(refused + SERVICE, "batch")
     assert done.returncode == 0, done.stderr
     normal = str(os.SCHED_OTHER)
     assert done.stdout.split() == [normal, normal]
@@ -87,4 +88,4 @@ def test_an_unknown_scheduling_stops_the_service_saying_why():
     assert done.returncode == 1
     assert done.stdout == ""
     assert done.stderr.strip().splitlines()[-1] == (
-        "log: cannot start: KBROKER_CPU_SCHEDULING is 'fifo'; expected batch or normal")
+        "log: cannot start: KBROKER_CPU_SCHEDULING is 'fifo'; expected normal or batch")
